@@ -1,0 +1,81 @@
+"""What an accelerator plugin provides: availability, devices, validation and an executor."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from core.config import Framework, Precision, RunConfig
+from core.results import DeviceRecord
+
+if TYPE_CHECKING:
+    from core.distributed import ProcessContext
+    from core.executors.base import Executor
+    from core.workload import Workload
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Whether something can be used here, and if not, why (with what to install where that helps)."""
+
+    available: bool
+    reason: str | None = None
+
+    @classmethod
+    def yes(cls) -> "Availability":
+        return cls(True, None)
+
+    @classmethod
+    def no(cls, reason: str) -> "Availability":
+        return cls(False, reason)
+
+
+class Accelerator(ABC):
+    """A kind of device that runs workloads. One instance is registered per plugin.
+
+    ``availability`` must be cheap and import no framework or vendor SDK: ``core plugins`` calls it.
+    Everything else may import what it needs, lazily.
+    """
+
+    name: ClassVar[str]
+    description: ClassVar[str] = ""
+    frameworks: ClassVar[tuple[Framework, ...]] = (Framework.torch,)
+    # None: replicas run inside one process (or replicas must be 1). "torchrun": replicas > 1 run as
+    # one process each under torch.distributed.run, with this torch.distributed backend.
+    launcher: ClassVar[str | None] = None
+    distributed_backend: ClassVar[str | None] = None
+    # Pipelining a replica over several devices and running several updates per host call are
+    # placement features only some accelerators have (Graphcore IPUs); the rest refuse them.
+    max_devices_per_replica: ClassVar[int] = 1
+    supports_device_iterations: ClassVar[bool] = False
+
+    @abstractmethod
+    def availability(self) -> Availability:
+        """Can this accelerator run here? Imports nothing heavy."""
+
+    @abstractmethod
+    def precisions(self, framework: Framework) -> tuple[Precision, ...]:
+        """The precision policies this accelerator supports with that framework."""
+
+    @abstractmethod
+    def max_replicas(self, config: RunConfig) -> int:
+        """The largest ``replicas`` this host can place for ``config``."""
+
+    @abstractmethod
+    def devices(self) -> list[DeviceRecord]:
+        """The devices this host offers, for ``core devices`` and the result."""
+
+    @abstractmethod
+    def create_executor(self, workload: "Workload", config: RunConfig, process: "ProcessContext") -> "Executor":
+        """Place the workload on this process's device(s) and return a ready executor."""
+
+    def validate(self, config: RunConfig) -> None:
+        """Raise ConfigError for options this accelerator cannot honour. Touches no device."""
+
+    def devices_for(self, config: RunConfig, process: "ProcessContext") -> list[DeviceRecord]:
+        """The devices a run with ``config`` uses, as recorded in its result."""
+        return self.devices()[: config.replicas * config.devices_per_replica]
+
+    def driver_versions(self) -> dict[str, str]:
+        return {}

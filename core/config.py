@@ -1,0 +1,93 @@
+"""The run configuration: every option a run takes, validated before any device is touched."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from core.errors import ConfigError, ConfigErrors
+
+
+class Framework(str, Enum):
+    torch = "torch"
+    tensorflow = "tensorflow"
+
+
+class Precision(str, Enum):
+    """Numeric policy for the training step.
+
+    fp32 means true fp32 (TF32 off for matmul and convolution); tf32 allows TF32 tensor cores;
+    bf16 and fp16 are autocast / mixed-precision policies (fp16 with loss scaling).
+    """
+
+    fp32 = "fp32"
+    tf32 = "tf32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+OptionValue = Union[bool, int, float, str]
+
+
+class RunConfig(BaseModel):
+    """One run. Field names are what the CLI flags, the sweep files and the result use."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_enum_values=False)
+
+    workload: str = Field(min_length=1, description="registered workload name, e.g. 'fcnn'")
+    accelerator: str = Field(min_length=1, description="registered accelerator name, e.g. 'cpu'")
+    framework: Framework = Framework.torch
+    micro_batch_size: int | None = Field(
+        default=None, ge=1, le=1 << 24,
+        description="samples per device per micro-step; None takes the workload's default",
+    )
+    gradient_accumulation: int = Field(default=1, ge=1, le=1 << 16)
+    replicas: int = Field(default=1, ge=1, le=1 << 16, description="data-parallel copies of the model")
+    devices_per_replica: int = Field(default=1, ge=1, le=1 << 10)
+    device_iterations: int = Field(
+        default=1, ge=1, le=1 << 16,
+        description="weight updates per host call, where the accelerator supports it",
+    )
+    precision: Precision = Precision.fp32
+    steps: int = Field(default=20, ge=1, le=1 << 24, description="weight updates in the timed window")
+    warmup_steps: int = Field(default=3, ge=0, le=1 << 24, description="untimed updates after the first")
+    seed: int = Field(default=0, ge=0, le=2**32 - 1)
+    compile: bool = Field(default=False, description="graph-compile the model (torch.compile / XLA)")
+    power_meter: str = Field(
+        default="auto", min_length=1,
+        description="'auto' picks the accelerator's meter, 'none' disables energy, or a registered meter name",
+    )
+    power_sample_interval_seconds: float = Field(default=0.05, gt=0.0, le=60.0)
+    threads_per_replica: int | None = Field(
+        default=None, ge=1, le=4096, description="host compute threads per replica; None lets the accelerator choose",
+    )
+    workload_options: dict[str, OptionValue] = Field(
+        default_factory=dict, description="workload hyper-parameters, validated by the workload"
+    )
+
+    @property
+    def samples_per_update(self) -> int:
+        """Global samples per weight update: micro-batch x accumulation x replicas."""
+        if self.micro_batch_size is None:
+            raise ValueError("micro_batch_size is not resolved yet")
+        return self.micro_batch_size * self.gradient_accumulation * self.replicas
+
+
+def _describe_pydantic_error(error: dict[str, Any]) -> ConfigError:
+    field = ".".join(str(part) for part in error.get("loc", ())) or "config"
+    if error.get("type") == "extra_forbidden":
+        allowed = "unknown option; allowed options are: " + ", ".join(RunConfig.model_fields)
+    else:
+        allowed = str(error.get("msg", "invalid"))
+    return ConfigError(field, error.get("input"), allowed)
+
+
+def make_config(**options: Any) -> RunConfig:
+    """Build a RunConfig, turning pydantic's errors into ConfigError (field, value, allowed)."""
+    try:
+        return RunConfig(**options)
+    except ValidationError as exc:
+        errors = [_describe_pydantic_error(e) for e in exc.errors()]
+        raise (errors[0] if len(errors) == 1 else ConfigErrors(errors)) from None

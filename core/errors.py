@@ -1,0 +1,44 @@
+"""Exceptions that core raises to users and plugins."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class CoreError(Exception):
+    """Base class of every error core raises on purpose."""
+
+
+class ConfigError(CoreError, ValueError):
+    """A run configuration is invalid; raised before any device is touched.
+
+    The message always names the field, the offending value and what is allowed.
+    """
+
+    def __init__(self, field: str, value: Any, allowed: str) -> None:
+        self.field = field
+        self.value = value
+        self.allowed = allowed
+        super().__init__(f"invalid {field} = {value!r}: {allowed}")
+
+
+class ConfigErrors(ConfigError):
+    """Several fields are invalid at once (pydantic reports them together)."""
+
+    def __init__(self, errors: list[ConfigError]) -> None:
+        self.errors = errors
+        first = errors[0]
+        CoreError.__init__(self, "; ".join(str(e) for e in errors))
+        self.field, self.value, self.allowed = first.field, first.value, first.allowed
+
+
+class PluginError(CoreError):
+    """A plugin failed to import, register or validate."""
+
+
+class RegistrationError(PluginError):
+    """A plugin handed over something core cannot accept (wrong type, duplicate name)."""
+
+
+class NonFiniteLossError(CoreError, ArithmeticError):
+    """The loss became NaN or infinite during a measured phase."""

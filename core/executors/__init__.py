@@ -1,0 +1,1 @@
+"""Framework executors shared by every vendor: a vendor configures them, it does not copy them."""

@@ -1,0 +1,77 @@
+"""The executor interface the runner drives: one call per weight update, syncs only when asked."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+
+class StepClock(ABC):
+    """Timestamps step boundaries without forcing the host to wait for the device."""
+
+    @abstractmethod
+    def mark(self) -> None:
+        """Record a boundary (a host timestamp, or a device event queued on the stream)."""
+
+    @abstractmethod
+    def intervals_seconds(self) -> list[float]:
+        """Seconds between consecutive marks; call only after the window's final synchronise."""
+
+
+class Executor(ABC):
+    """A workload placed on this process's devices, ready to train."""
+
+    #: samples this process consumes per weight update (micro-batch x accumulation [x in-process replicas])
+    local_samples_per_update: int
+
+    @abstractmethod
+    def step(self) -> None:
+        """One weight update: every micro-step of gradient accumulation, then the optimizer step.
+
+        Must not wait for the device: the runner synchronises at window boundaries only.
+        """
+
+    @abstractmethod
+    def synchronize(self) -> None:
+        """Wait until every queued device operation of this process has finished."""
+
+    @abstractmethod
+    def step_clock(self) -> StepClock:
+        """A fresh clock for the steady window."""
+
+    @abstractmethod
+    def check_finite(self) -> None:
+        """Raise NonFiniteLossError if any loss since the last check was NaN/inf. Called after a sync."""
+
+    def barrier(self) -> None:
+        """Wait for every process of the run (no-op in a single process)."""
+
+    def gather_max(self, value: float) -> float:
+        """The maximum of ``value`` over every process (itself in a single process)."""
+        return value
+
+    def details(self) -> dict[str, Any]:
+        """Effective settings recorded in the result: precision flags, threads, strategy."""
+        return {}
+
+    def framework_version(self) -> str | None:
+        return None
+
+    def close(self) -> None:
+        """Release what the executor holds (process groups, compiled graphs)."""
+
+
+class HostStepClock(StepClock):
+    """Host timestamps: exact where the device runs synchronously with the host (CPUs)."""
+
+    def __init__(self) -> None:
+        import time
+
+        self._now = time.perf_counter
+        self._marks: list[float] = []
+
+    def mark(self) -> None:
+        self._marks.append(self._now())
+
+    def intervals_seconds(self) -> list[float]:
+        return [b - a for a, b in zip(self._marks, self._marks[1:])]

@@ -1,0 +1,308 @@
+"""The TensorFlow/Keras executor: a custom training loop under a ``tf.distribute.Strategy``.
+
+A vendor plugin decides *where* the model runs (it supplies the strategy in a ``KerasPlacement``);
+this module decides *how* one weight update runs, identically for every vendor.
+
+TensorFlow is imported lazily, inside functions, so that importing this module (as plugin
+discovery does) stays cheap and does not initialise TensorFlow's runtime.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from core.config import Precision, RunConfig
+from core.errors import NonFiniteLossError
+from core.executors.base import Executor, StepClock
+from core.workload import KerasTrainingSpec
+
+_POLICY_BY_PRECISION = {
+    Precision.fp32: "float32",
+    Precision.tf32: "float32",
+    Precision.bf16: "mixed_bfloat16",
+    Precision.fp16: "mixed_float16",
+}
+
+
+@dataclass(frozen=True)
+class KerasPlacement:
+    """Where a Keras workload runs inside this process; built by the vendor plugin."""
+
+    make_strategy: Callable[[], Any]  # -> tf.distribute.Strategy
+    replicas: int  # replicas the strategy holds inside this process
+    device_label: str  # e.g. "/cpu:0" or "GPU", recorded in details
+    jit_compile: bool = False  # XLA for the gradient computation of a weight update
+
+
+def split_host_cpu(logical_devices: int) -> list[str]:
+    """Split the host CPU into ``logical_devices`` TensorFlow logical CPUs; return their names.
+
+    Lets ``tf.distribute.MirroredStrategy(devices=names, cross_device_ops=ReductionToOneDevice())``
+    hold several replicas in one process on a CPU. The logical CPUs share TensorFlow's one
+    intra-op thread pool: they give replicas separate variables and data, not separate cores.
+
+    Must run before TensorFlow initialises its runtime (any op, or listing logical devices).
+    Calling it again with the same count afterwards is harmless; another count raises.
+    """
+    import tensorflow as tf
+
+    if logical_devices < 1:
+        raise ValueError(f"logical_devices must be >= 1, got {logical_devices}")
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    try:
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(logical_devices)]
+        )
+    except RuntimeError as exc:
+        # TF refuses any change (even a no-op one) once its runtime is initialised.
+        existing = tf.config.list_logical_devices("CPU")
+        if len(existing) != logical_devices:
+            raise RuntimeError(
+                f"cannot split the host CPU into {logical_devices} logical devices: TensorFlow is "
+                f"already initialised with {len(existing)} logical CPU(s); split_host_cpu must run "
+                "before any TensorFlow op executes in this process"
+            ) from exc
+    return [d.name for d in tf.config.list_logical_devices("CPU")]
+
+
+class _HostClock(StepClock):
+    """Host timestamps around tf.function calls.
+
+    Calling a tf.function eagerly returns once its ops are dispatched; on GPU the kernels may
+    still be running, so an interval measures dispatch unless the runner synchronises. The
+    runner's window-level synchronise makes the window total exact either way.
+    """
+
+    def __init__(self) -> None:
+        self._marks: list[float] = []
+
+    def mark(self) -> None:
+        self._marks.append(time.perf_counter())
+
+    def intervals_seconds(self) -> list[float]:
+        return [b - a for a, b in zip(self._marks, self._marks[1:])]
+
+
+class KerasExecutor(Executor):
+    """One weight update per ``step()``: GA accumulated micro-steps on every replica, one apply.
+
+    ``model`` and ``optimizer`` are public for inspection. The global Keras dtype policy and the
+    TF32 flag are process-wide: one executor at a time per process, and ``close()`` restores them.
+    The update's samples live on the devices for the executor's lifetime (R x GA x micro samples).
+    """
+
+    def __init__(self, spec: KerasTrainingSpec, config: RunConfig, placement: KerasPlacement) -> None:
+        import numpy as np
+        import tensorflow as tf
+        from tensorflow import keras
+
+        if config.micro_batch_size is None:
+            raise ValueError("config.micro_batch_size must be resolved before building an executor")
+        self._tf = tf
+        micro = config.micro_batch_size
+        accumulation = config.gradient_accumulation
+        self.local_samples_per_update = placement.replicas * accumulation * micro
+
+        # Global state this executor changes; close() puts it back.
+        self._previous_policy = keras.mixed_precision.global_policy()
+        self._previous_tf32 = tf.config.experimental.tensor_float_32_execution_enabled()
+        self._closed = False
+        try:
+            policy = _POLICY_BY_PRECISION[config.precision]
+            # Layers read the global policy when constructed, so it must be set before make_model.
+            keras.mixed_precision.set_global_policy(policy)
+            if config.precision is Precision.fp32:
+                tf.config.experimental.enable_tensor_float_32_execution(False)
+            elif config.precision is Precision.tf32:
+                tf.config.experimental.enable_tensor_float_32_execution(True)
+
+            strategy = placement.make_strategy()
+            local_devices = list(strategy.extended.worker_devices)
+            if len(local_devices) != placement.replicas:
+                raise ValueError(
+                    f"placement says {placement.replicas} replica(s) in this process but the strategy "
+                    f"{type(strategy).__name__} holds {len(local_devices)}: {local_devices}"
+                )
+            self._strategy = strategy
+            # Across processes (multi-worker strategies) the all-reduce spans every replica.
+            global_replicas = strategy.num_replicas_in_sync
+
+            with strategy.scope():
+                self.model = spec.make_model()
+                loss_fn = spec.make_loss()
+                optimizer = spec.make_optimizer()
+                if config.precision is Precision.fp16 and not isinstance(
+                    optimizer, keras.mixed_precision.LossScaleOptimizer
+                ):
+                    # fp16 gradients underflow without loss scaling (bf16 has fp32's range).
+                    optimizer = keras.mixed_precision.LossScaleOptimizer(optimizer)
+                self.optimizer = optimizer
+                variables = list(self.model.trainable_variables)
+                # Optimizer slots must exist before the first trace: creating variables inside
+                # a replica function of a tf.function is not allowed under MirroredStrategy.
+                if hasattr(optimizer, "build"):
+                    optimizer.build(variables)
+                # One component per replica, summed when read in cross-replica context:
+                # accumulating costs no all-reduce per step.
+                self._loss_sum = tf.Variable(
+                    0.0,
+                    trainable=False,
+                    dtype=tf.float32,
+                    synchronization=tf.VariableSynchronization.ON_READ,
+                    aggregation=tf.VariableAggregation.SUM,
+                )
+
+            # Data: sample i of the run is pool[i % pool]. Micro-step g of global replica r takes
+            # samples [(g*N + r)*micro, (g*N + r + 1)*micro): the union over one update is the same
+            # whatever the split into replicas and micro-steps, which makes results comparable.
+            inputs = np.asarray(spec.inputs)
+            targets = np.asarray(spec.targets)
+            pool = inputs.shape[0]
+
+            def per_replica(array: Any) -> Any:
+                def value_fn(ctx: Any) -> Any:
+                    replica = ctx.replica_id_in_sync_group
+                    start = np.arange(accumulation)[:, None] * global_replicas + replica
+                    indices = (start * micro + np.arange(micro)[None, :]) % pool  # [GA, micro]
+                    # Copied to the replica's device once here, never per step.
+                    with tf.device(local_devices[replica % len(local_devices)]):
+                        return tf.identity(tf.convert_to_tensor(np.take(array, indices, axis=0)))
+
+                return strategy.experimental_distribute_values_from_function(value_fn)
+
+            self._inputs = per_replica(inputs)
+            self._targets = per_replica(targets)
+
+            loss_scaling = isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer)
+            if hasattr(optimizer, "get_scaled_loss"):
+                # tf.keras 2 LossScaleOptimizer: the caller scales the loss and unscales gradients.
+                scale_loss: Callable[[Any], Any] = optimizer.get_scaled_loss
+                unscale: Callable[[list[Any]], list[Any]] = optimizer.get_unscaled_gradients
+            else:
+                # Keras 3: scale_loss() here, apply_gradients() unscales.
+                scale_loss = getattr(optimizer, "scale_loss", lambda loss: loss)
+                unscale = lambda grads: grads  # noqa: E731
+            update_batch = float(global_replicas * accumulation * micro)
+
+            def micro_step(x: Any, y: Any) -> tuple[list[Any], Any]:
+                with tf.GradientTape() as tape:
+                    outputs = self.model(x, training=True)
+                    per_sample = tf.cast(loss_fn(y, outputs), tf.float32)
+                    # Divide by the whole update's batch, so that summing gradients over
+                    # micro-steps and (all-reduce) replicas gives the gradient of the mean loss.
+                    loss = tf.reduce_sum(per_sample) / update_batch
+                    scaled = scale_loss(loss)
+                grads = tape.gradient(scaled, variables)
+                # Dense accumulators: IndexedSlices (embeddings) are densified here.
+                grads = [
+                    tf.zeros(v.shape, tf.float32) if g is None else tf.convert_to_tensor(g)
+                    for g, v in zip(grads, variables)
+                ]
+                return grads, loss
+
+            def accumulate(xs: Any, ys: Any) -> tuple[list[Any], Any]:
+                # Micro-step 0 seeds the accumulators, so GA=1 needs no loop at all.
+                grads, loss = micro_step(xs[0], ys[0])
+                if accumulation == 1:
+                    return grads, loss
+
+                def body(g: Any, acc: list[Any], total: Any) -> tuple[Any, list[Any], Any]:
+                    step_grads, step_loss = micro_step(tf.gather(xs, g), tf.gather(ys, g))
+                    return g + 1, [a + b for a, b in zip(acc, step_grads)], total + step_loss
+
+                # A while loop, not Python unrolling: the graph stays one micro-step long.
+                _, grads, loss = tf.while_loop(
+                    lambda g, acc, total: g < accumulation, body, (tf.constant(1), grads, loss)
+                )
+                return grads, loss
+
+            # XLA compiles the per-replica gradient computation; the optimizer apply stays outside
+            # it, where every strategy supports its cross-replica merge.
+            compute = tf.function(accumulate, jit_compile=True) if placement.jit_compile else accumulate
+
+            def replica_update(xs: Any, ys: Any) -> None:
+                grads, loss = compute(xs, ys)
+                grads = unscale(grads)
+                if loss_scaling and global_replicas > 1:
+                    # Keras 3's LossScaleOptimizer judges finiteness on replica 0's local
+                    # gradients; make every replica see a non-finite gradient if any has one,
+                    # so a step that overflows anywhere is skipped everywhere.
+                    bad = tf.cast(
+                        tf.logical_not(tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])),
+                        tf.float32,
+                    )
+                    bad = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, bad)
+                    grads = [tf.where(bad > 0, tf.fill(tf.shape(g), math.nan), g) for g in grads]
+                # In replica context the optimizer all-reduces (sums) gradients across replicas.
+                optimizer.apply_gradients(zip(grads, variables))
+                self._loss_sum.assign_add(loss)
+
+            @tf.function
+            def train_step(xs: Any, ys: Any) -> None:
+                strategy.run(replica_update, args=(xs, ys))
+
+            self._train_step = train_step
+            self._details: dict[str, Any] = {
+                "framework": "tensorflow",
+                "tensorflow_version": tf.__version__,
+                "keras_version": getattr(keras, "__version__", None),
+                "mixed_precision_policy": keras.mixed_precision.global_policy().name,
+                "tf32_enabled": bool(tf.config.experimental.tensor_float_32_execution_enabled()),
+                "loss_scaling": "dynamic" if loss_scaling else None,
+                "optimizer": type(optimizer).__name__,
+                "strategy": type(strategy).__name__,
+                "replicas_in_process": placement.replicas,
+                "device": placement.device_label,
+                "jit_compile": placement.jit_compile,
+            }
+        except BaseException:
+            self.close()
+            raise
+
+    def step(self) -> None:
+        # Dispatches the update; nothing here reads a value back to the host.
+        self._train_step(self._inputs, self._targets)
+
+    def _read_loss_sum(self) -> float:
+        # Read in the strategy's scope, i.e. in cross-replica context, where a sync-on-read SUM
+        # variable returns the sum of every replica's component (in a replica context it would
+        # return only that replica's).
+        with self._strategy.scope():
+            return float(self._loss_sum.read_value().numpy())
+
+    def synchronize(self) -> None:
+        # Every update ends by writing the loss accumulator on each device, and copying a value to
+        # the host waits for the device work queued before it (GPU streams run in order; CPU ops
+        # complete within the call). So one scalar read is a sync of all queued updates.
+        self._read_loss_sum()
+
+    def step_clock(self) -> StepClock:
+        return _HostClock()
+
+    def check_finite(self) -> None:
+        total = self._read_loss_sum()
+        with self._strategy.scope():
+            self._loss_sum.assign(0.0)
+        if not math.isfinite(total):
+            raise NonFiniteLossError(f"training loss became {total} (summed since the last check)")
+
+    def details(self) -> dict[str, Any]:
+        return dict(self._details)
+
+    def framework_version(self) -> str | None:
+        return str(self._tf.__version__)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        from tensorflow import keras
+
+        keras.mixed_precision.set_global_policy(self._previous_policy)
+        self._tf.config.experimental.enable_tensor_float_32_execution(self._previous_tf32)
+        # Drop graphs, variables and device-resident data so memory can be reclaimed.
+        for name in ("_train_step", "_inputs", "_targets", "_loss_sum", "model", "optimizer"):
+            self.__dict__.pop(name, None)

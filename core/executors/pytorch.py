@@ -1,0 +1,219 @@
+"""The PyTorch executor every vendor shares: device placement, precision policy, gradient
+accumulation, DDP replicas and torch.compile. A vendor plugin describes its device in a
+TorchPlacement; it does not write its own training loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+from dataclasses import dataclass, field
+from typing import Any, Callable, ContextManager
+
+import torch
+
+from core.config import Precision, RunConfig
+from core.distributed import ProcessContext
+from core.errors import NonFiniteLossError
+from core.executors.base import Executor, HostStepClock, StepClock
+from core.workload import TorchTrainingSpec
+
+# A rank that dies must fail the run, not hang its peers for torch's default 30 minutes.
+DISTRIBUTED_TIMEOUT = datetime.timedelta(minutes=5)
+
+_AUTOCAST_DTYPES = {Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}
+
+
+@dataclass(frozen=True)
+class TorchPlacement:
+    """How a vendor places a PyTorch workload on this process's device."""
+
+    device: str  # "cpu", "cuda:0", ...
+    distributed_backend: str | None = None  # "gloo", "nccl" when the run has several processes
+    device_timing_events: bool = False  # time steps with device events instead of host clocks
+    channels_last: bool = False  # NHWC activations for convolutional models
+    configure: Callable[[RunConfig], dict[str, Any]] | None = None  # vendor settings; returns what it set
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+class DeviceEventStepClock(StepClock):
+    """Step boundaries as device events queued on the current stream: no host sync per step."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._module = getattr(torch, device.type)
+        self._events: list[Any] = []
+
+    def mark(self) -> None:
+        event = self._module.Event(enable_timing=True)
+        event.record()
+        self._events.append(event)
+
+    def intervals_seconds(self) -> list[float]:
+        return [a.elapsed_time(b) / 1000.0 for a, b in zip(self._events, self._events[1:])]
+
+
+def apply_precision_policy(precision: Precision) -> dict[str, Any]:
+    """Set PyTorch's global float32 switches; returns the effective flags for the result.
+
+    fp32 means true fp32: TF32 off for matmul and, separately, for cuDNN convolutions.
+    """
+    allow_tf32 = precision is Precision.tf32
+    torch.backends.cuda.matmul.allow_tf32 = allow_tf32
+    torch.backends.cudnn.allow_tf32 = allow_tf32
+    torch.set_float32_matmul_precision("high" if allow_tf32 else "highest")
+    return {
+        "precision": precision.value,
+        "autocast_dtype": str(_AUTOCAST_DTYPES[precision]).removeprefix("torch.") if precision in _AUTOCAST_DTYPES else None,
+        "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "grad_scaler": precision is Precision.fp16,
+    }
+
+
+def _grad_scaler(device: torch.device) -> Any:
+    # torch.amp.GradScaler(device_type) arrived in torch 2.3; older releases only scale on CUDA.
+    if hasattr(torch.amp, "GradScaler"):
+        return torch.amp.GradScaler(device.type)
+    return torch.cuda.amp.GradScaler()
+
+
+def micro_batch_indices(rank: int, micro_batch: int, accumulation: int, pool: int) -> list[torch.Tensor]:
+    """Sample indices of each micro-step of one update for this rank.
+
+    The update's global batch is samples [0, replicas x accumulation x micro) taken modulo the
+    pool; rank r holds a contiguous block of it. Any split of the same samples gives the same
+    mean gradient, which is what makes accumulation and replicas exactly comparable.
+    """
+    first = rank * accumulation * micro_batch
+    return [
+        (torch.arange(micro_batch) + first + step * micro_batch) % pool for step in range(accumulation)
+    ]
+
+
+class TorchExecutor(Executor):
+    def __init__(self, spec: TorchTrainingSpec, config: RunConfig, placement: TorchPlacement, process: ProcessContext) -> None:
+        assert config.micro_batch_size is not None
+        self._config = config
+        self._process = process
+        self._placement = placement
+        self.device = torch.device(placement.device)
+        self.local_samples_per_update = config.micro_batch_size * config.gradient_accumulation
+        self._details: dict[str, Any] = dict(placement.details)
+        if placement.configure is not None:
+            self._details.update(placement.configure(config))
+        self._details.update(apply_precision_policy(config.precision))
+
+        if process.is_distributed and not torch.distributed.is_initialized():
+            if placement.distributed_backend is None:
+                raise RuntimeError("a multi-process run needs a distributed backend in the placement")
+            torch.distributed.init_process_group(
+                backend=placement.distributed_backend, timeout=DISTRIBUTED_TIMEOUT
+            )
+
+        memory_format = torch.channels_last if placement.channels_last else torch.contiguous_format
+        model = spec.model.to(self.device)
+        if placement.channels_last:
+            model = model.to(memory_format=memory_format)
+        self._micro_batches = []
+        for indices in micro_batch_indices(
+            process.rank, config.micro_batch_size, config.gradient_accumulation, len(spec.inputs)
+        ):
+            inputs = spec.inputs.index_select(0, indices).to(self.device)
+            if placement.channels_last and inputs.dim() == 4:
+                inputs = inputs.contiguous(memory_format=memory_format)
+            self._micro_batches.append((inputs, spec.targets.index_select(0, indices).to(self.device)))
+
+        self._ddp: torch.nn.parallel.DistributedDataParallel | None = None
+        if process.is_distributed:
+            device_ids = [self.device.index] if self.device.type != "cpu" and self.device.index is not None else None
+            self._ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+            model = self._ddp
+        self._model = torch.compile(model) if config.compile else model
+        self._optimizer = spec.make_optimizer(model.parameters())
+        self._loss_fn = spec.loss_fn
+
+        dtype = _AUTOCAST_DTYPES.get(config.precision)
+        self._autocast: Callable[[], ContextManager[Any]] = (
+            (lambda: torch.autocast(device_type=self.device.type, dtype=dtype))
+            if dtype is not None else contextlib.nullcontext
+        )
+        self._scaler = _grad_scaler(self.device) if config.precision is Precision.fp16 else None
+        # Only a reference to the last loss is kept: it costs no device op per step, and a
+        # NaN in the weights makes every later loss NaN, so checking it at each phase
+        # boundary catches a diverged run without syncing inside the window.
+        self._last_loss: torch.Tensor | None = None
+        self._details.update({
+            "framework": "torch",
+            "device": str(self.device),
+            "ddp": self._ddp is not None,
+            "distributed_backend": placement.distributed_backend if process.is_distributed else None,
+            "compile": config.compile,
+            "channels_last": placement.channels_last,
+            "intra_op_threads": torch.get_num_threads(),
+            "inter_op_threads": torch.get_num_interop_threads(),
+        })
+
+    def step(self) -> None:
+        accumulation = len(self._micro_batches)
+        last = accumulation - 1
+        for index, (inputs, targets) in enumerate(self._micro_batches):
+            # DDP all-reduces gradients only on the final micro-step of an update.
+            sync_context = self._ddp.no_sync() if (self._ddp is not None and index < last) else contextlib.nullcontext()
+            with sync_context:
+                with self._autocast():
+                    loss = self._loss_fn(self._model(inputs), targets)
+                    if accumulation > 1:
+                        loss = loss / accumulation
+                if self._scaler is not None:
+                    self._scaler.scale(loss).backward()
+                else:
+                    loss.backward()
+        if self._scaler is not None:
+            self._scaler.step(self._optimizer)
+            self._scaler.update()
+        else:
+            self._optimizer.step()
+        self._optimizer.zero_grad(set_to_none=True)
+        self._last_loss = loss.detach()
+
+    def synchronize(self) -> None:
+        if self.device.type != "cpu":
+            getattr(torch, self.device.type).synchronize(self.device)
+
+    def step_clock(self) -> StepClock:
+        if self._placement.device_timing_events:
+            return DeviceEventStepClock(self.device)
+        return HostStepClock()
+
+    def check_finite(self) -> None:
+        if self._last_loss is not None and not bool(torch.isfinite(self._last_loss).all()):
+            raise NonFiniteLossError(f"loss is {self._last_loss.item()} (not finite)")
+
+    def barrier(self) -> None:
+        if self._process.is_distributed:
+            torch.distributed.barrier()
+
+    def gather_max(self, value: float) -> float:
+        if not self._process.is_distributed:
+            return value
+        device = self.device if self._placement.distributed_backend == "nccl" else torch.device("cpu")
+        tensor = torch.tensor([value], dtype=torch.float64, device=device)
+        torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX)
+        return float(tensor.item())
+
+    def details(self) -> dict[str, Any]:
+        return dict(self._details)
+
+    def framework_version(self) -> str:
+        return torch.__version__
+
+    def model_state(self) -> dict[str, torch.Tensor]:
+        """The trained weights on the host (tests compare them across placements)."""
+        module = self._ddp.module if self._ddp is not None else self._model
+        module = getattr(module, "_orig_mod", module)
+        return {name: tensor.detach().cpu().clone() for name, tensor in module.state_dict().items()}
+
+    def close(self) -> None:
+        if self._process.is_distributed and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()

@@ -1,0 +1,92 @@
+"""Turns options into a validated plan, checking everything that can be checked without a device."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+from core.accelerator import Accelerator
+from core.config import RunConfig, make_config
+from core.errors import ConfigError
+from core.plugins import PluginManager
+from core.power import PowerMeterFactory
+from core.workload import Workload
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    config: RunConfig  # micro_batch_size resolved
+    workload: Workload
+    workload_options: BaseModel
+    accelerator: Accelerator
+    meter_factory: PowerMeterFactory | None
+    meter_unavailable_reason: str | None
+
+    @property
+    def launches_processes(self) -> bool:
+        """Replicas that run as one process each under torchrun."""
+        return (self.config.replicas > 1 and self.config.framework.value == "torch"
+                and self.accelerator.launcher == "torchrun")
+
+
+def _choices(values: Any) -> str:
+    return ", ".join(getattr(v, "value", str(v)) for v in values)
+
+
+def plan_run(manager: PluginManager, workload: str | Workload, accelerator: str | Accelerator,
+             options: dict[str, Any]) -> RunPlan:
+    """Validate a run. Raises ConfigError naming the field, the value and what is allowed."""
+    workload_name = workload.name if isinstance(workload, Workload) else workload
+    accelerator_name = accelerator.name if isinstance(accelerator, Accelerator) else accelerator
+    config = make_config(workload=workload_name, accelerator=accelerator_name, **options)
+    workload_obj = workload if isinstance(workload, Workload) else manager.workload(workload_name)
+    accelerator_obj = accelerator if isinstance(accelerator, Accelerator) else manager.accelerator(accelerator_name)
+
+    availability = accelerator_obj.availability()
+    if not availability.available:
+        raise ConfigError("accelerator", accelerator_name, f"not available here: {availability.reason}")
+    framework = config.framework
+    if framework not in accelerator_obj.frameworks:
+        raise ConfigError("framework", framework.value,
+                          f"accelerator {accelerator_name!r} supports: {_choices(accelerator_obj.frameworks)}")
+    if framework not in workload_obj.frameworks:
+        raise ConfigError("framework", framework.value,
+                          f"workload {workload_name!r} supports: {_choices(workload_obj.frameworks)}")
+    precisions = accelerator_obj.precisions(framework)
+    if config.precision not in precisions:
+        raise ConfigError("precision", config.precision.value,
+                          f"accelerator {accelerator_name!r} with {framework.value} supports: {_choices(precisions)}")
+    workload_options = workload_obj.parse_options(dict(config.workload_options))
+    if config.micro_batch_size is None:
+        config = config.model_copy(update={"micro_batch_size": workload_obj.default_micro_batch_size})
+
+    max_replicas = accelerator_obj.max_replicas(config)
+    if config.replicas > max_replicas:
+        raise ConfigError("replicas", config.replicas,
+                          f"accelerator {accelerator_name!r} can place at most {max_replicas} here")
+    if config.devices_per_replica > accelerator_obj.max_devices_per_replica:
+        raise ConfigError("devices_per_replica", config.devices_per_replica,
+                          f"accelerator {accelerator_name!r} places at most {accelerator_obj.max_devices_per_replica} device(s) per replica")
+    if config.device_iterations > 1 and not accelerator_obj.supports_device_iterations:
+        raise ConfigError("device_iterations", config.device_iterations,
+                          f"accelerator {accelerator_name!r} runs one update per host call; allowed: 1")
+    accelerator_obj.validate(config)
+
+    meter_reason: str | None = None
+    factory = manager.power_meter_factory(accelerator_obj, config)
+    if factory is not None:
+        meter_availability = factory.availability()
+        if not meter_availability.available:
+            if config.power_meter != "auto":
+                raise ConfigError("power_meter", config.power_meter, f"not available here: {meter_availability.reason}")
+            meter_reason, factory = f"meter {factory.name!r} unavailable: {meter_availability.reason}", None
+    elif config.power_meter == "none":
+        meter_reason = "energy measurement disabled (power_meter='none')"
+    else:
+        reasons = [f"{r.item.name}: {r.item.availability().reason}" for r in manager.power_meters.values()
+                   if r.item.reads(accelerator_name) and not r.item.availability().available]
+        meter_reason = (f"no available power meter reads accelerator {accelerator_name!r}"
+                        + (f" ({'; '.join(reasons)})" if reasons else ""))
+    return RunPlan(config, workload_obj, workload_options, accelerator_obj, factory, meter_reason)

@@ -1,0 +1,122 @@
+"""The result of a run: a versioned JSON document with units in the field names."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from core.config import RunConfig
+
+SCHEMA_VERSION = "1.0"
+
+
+class RunState(str, Enum):
+    ok = "ok"
+    error = "error"
+    oom = "oom"
+    non_finite_loss = "non_finite_loss"
+    killed = "killed"
+
+
+class Status(BaseModel):
+    """ok, or what went wrong and in which phase; measurements taken before a fault are kept."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    state: RunState = RunState.ok
+    phase: str | None = Field(default=None, description="phase in which the fault happened")
+    error_type: str | None = None
+    message: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.state is RunState.ok
+
+
+class DeviceRecord(BaseModel):
+    """One device a run used, as the accelerator plugin describes it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    index: int
+    name: str
+    kind: str = Field(description="accelerator name, e.g. 'cpu'")
+    memory_bytes: int | None = None
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class EnergyMeasurement(BaseModel):
+    """Energy over exactly the steady window, or why there is none."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    meter: str
+    method: str | None = Field(default=None, description="'counter' (hardware accumulator) or 'sampled' (integrated power)")
+    energy_joules: float | None = None
+    unavailable_reason: str | None = None
+    components_joules: dict[str, float] = Field(
+        default_factory=dict, description="per device or per zone, e.g. {'package-0': 12.1, 'package-0/dram': 1.3}"
+    )
+    mean_power_watts: float | None = None
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class EnvironmentInfo(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    hostname: str
+    platform: str
+    python_version: str
+    core_version: str
+    framework_version: str | None = None
+    library_versions: dict[str, str] = Field(default_factory=dict)
+    driver_versions: dict[str, str] = Field(default_factory=dict)
+    processor: str | None = None
+    host_threads: dict[str, int] = Field(default_factory=dict, description="thread settings in force, e.g. intra_op")
+
+
+class RunResult(BaseModel):
+    """Everything a run measured. Fields that a fault prevented from being measured stay null."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: str = SCHEMA_VERSION
+    workload: str
+    accelerator: str
+    framework: str
+    config: RunConfig
+    started_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
+    status: Status = Field(default_factory=Status)
+
+    samples_per_update: int = Field(description="global: micro-batch x gradient accumulation x replicas")
+    world_size: int = Field(description="processes that trained together")
+    devices: list[DeviceRecord] = Field(default_factory=list)
+
+    setup_seconds: float | None = None
+    first_step_seconds: float | None = Field(default=None, description="first update, including compilation")
+    warmup_seconds: float | None = None
+    window_seconds: float | None = Field(default=None, description="the steady, timed window")
+    window_steps: int | None = None
+    window_samples: int | None = None
+    throughput_per_second: float | None = Field(default=None, description="window samples / window seconds")
+    step_seconds_median: float | None = None
+    step_seconds_p90: float | None = None
+
+    parameter_count: int | None = None
+    flops_per_sample: float | None = Field(default=None, description="training FLOPs (forward + backward) per sample")
+    flops_per_second: float | None = Field(default=None, description="achieved: flops_per_sample x throughput")
+
+    energy_joules: float | None = None
+    energy_unavailable_reason: str | None = None
+    samples_per_watt_hour: float | None = None
+    energy: EnergyMeasurement | None = None
+
+    environment: EnvironmentInfo | None = None
+    workload_details: dict[str, Any] = Field(default_factory=dict, description="model source, hyper-parameters")
+    executor_details: dict[str, Any] = Field(default_factory=dict, description="effective precision flags, threads, strategy")
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=2)

@@ -1,0 +1,179 @@
+"""Runs a plan in this process: times the phases apart, reads the meter over exactly the steady
+window, and assembles the result. Faults become a status; what was measured before stays.
+
+Phases: setup (placement, data on the device), first step (compilation happens here),
+warm-up, steady window. The host waits for the device only at phase boundaries.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from core.distributed import ProcessContext
+from core.environment import collect_environment
+from core.errors import NonFiniteLossError
+from core.executors.base import Executor
+from core.planning import RunPlan
+from core.power import PowerMeter
+from core.results import EnergyMeasurement, RunResult, RunState, Status
+
+JOULES_PER_WATT_HOUR = 3600.0
+
+ProgressCallback = Callable[[RunResult], None]
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * fraction
+    lower = int(position)
+    upper = min(lower + 1, len(ordered) - 1)
+    return ordered[lower] + (ordered[upper] - ordered[lower]) * (position - lower)
+
+
+def classify_fault(exc: BaseException) -> RunState:
+    if isinstance(exc, NonFiniteLossError):
+        return RunState.non_finite_loss
+    name = type(exc).__name__.lower()
+    if isinstance(exc, MemoryError) or "outofmemory" in name or "resourceexhausted" in name \
+            or "out of memory" in str(exc).lower():
+        return RunState.oom
+    return RunState.error
+
+
+def new_result(plan: RunPlan, world_size: int) -> RunResult:
+    config = plan.config
+    flops = plan.workload.flops_per_sample(plan.workload_options)
+    return RunResult(
+        workload=config.workload,
+        accelerator=config.accelerator,
+        framework=config.framework.value,
+        config=config,
+        samples_per_update=config.samples_per_update,
+        world_size=world_size,
+        parameter_count=plan.workload.parameter_count(plan.workload_options),
+        flops_per_sample=flops,
+        workload_details=plan.workload.details(plan.workload_options),
+        energy_unavailable_reason=plan.meter_unavailable_reason,
+    )
+
+
+class _Phase:
+    """Times one phase: the clock stops after the device has finished and every rank arrived."""
+
+    def __init__(self, executor: Executor) -> None:
+        self._executor = executor
+
+    def run(self, steps: int) -> float:
+        started = time.perf_counter()
+        for _ in range(steps):
+            self._executor.step()
+        self._executor.synchronize()
+        elapsed = time.perf_counter() - started
+        self._executor.check_finite()
+        self._executor.barrier()
+        return self._executor.gather_max(elapsed)
+
+
+def execute(plan: RunPlan, process: ProcessContext, on_progress: ProgressCallback | None = None) -> RunResult:
+    """Run the plan in this process. Every rank calls it; rank 0's result is the run's."""
+    config = plan.config
+    result = new_result(plan, world_size=max(process.world_size, 1))
+    report = on_progress if (on_progress is not None and process.is_main) else (lambda _r: None)
+    executor: Executor | None = None
+    meter: PowerMeter | None = None
+    phase = "setup"
+    try:
+        started = time.perf_counter()
+        executor = plan.accelerator.create_executor(plan.workload, config, process)
+        executor.synchronize()
+        executor.barrier()
+        result.setup_seconds = executor.gather_max(time.perf_counter() - started)
+        result.devices = plan.accelerator.devices_for(config, process)
+        result.executor_details = executor.details()
+        result.environment = collect_environment(
+            executor.framework_version(), plan.accelerator.driver_versions(),
+            {k: v for k, v in result.executor_details.items() if k.endswith("_threads") and isinstance(v, int)},
+        )
+        report(result)
+
+        phase = "first_step"
+        result.first_step_seconds = _Phase(executor).run(1)
+        report(result)
+
+        phase = "warmup"
+        result.warmup_seconds = _Phase(executor).run(config.warmup_steps) if config.warmup_steps else 0.0
+        report(result)
+
+        phase = "window"
+        if plan.meter_factory is not None and process.reads_node_meter:
+            meter = plan.meter_factory.create(result.devices, config)
+        window_seconds, step_seconds, energy = _timed_window(executor, meter, config.steps)
+        result.window_seconds = window_seconds
+        result.window_steps = config.steps
+        result.window_samples = config.steps * config.samples_per_update
+        result.throughput_per_second = result.window_samples / window_seconds
+        if step_seconds:
+            result.step_seconds_median = percentile(step_seconds, 0.5)
+            result.step_seconds_p90 = percentile(step_seconds, 0.9)
+        if result.flops_per_sample is not None:
+            result.flops_per_second = result.flops_per_sample * result.throughput_per_second
+        if energy is not None:
+            _record_energy(result, energy)
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt) and executor is None:
+            raise
+        result.status = Status(state=classify_fault(exc), phase=phase,
+                               error_type=type(exc).__name__, message=str(exc) or repr(exc))
+        if meter is not None and result.energy is None:
+            result.energy_unavailable_reason = f"the window did not complete ({result.status.state.value})"
+    finally:
+        if meter is not None:
+            _close_quietly(meter.close)
+        if executor is not None:
+            _close_quietly(executor.close)
+    report(result)
+    return result
+
+
+def _timed_window(executor: Executor, meter: PowerMeter | None, steps: int
+                  ) -> tuple[float, list[float], EnergyMeasurement | None]:
+    clock = executor.step_clock()
+    # The previous phase ended with a synchronise and a barrier: the device is idle here.
+    if meter is not None:
+        meter.start()
+    started = time.perf_counter()
+    clock.mark()
+    for _ in range(steps):
+        executor.step()
+        clock.mark()
+    executor.synchronize()
+    # Every rank must be done before the window (and the node's meter) closes.
+    executor.barrier()
+    elapsed = time.perf_counter() - started
+    energy: EnergyMeasurement | None = None
+    if meter is not None:
+        try:
+            energy = meter.stop()
+        except Exception as exc:  # a failing meter costs the energy figure, not the run
+            energy = EnergyMeasurement(meter=getattr(meter, "name", "?"),
+                                       unavailable_reason=f"meter failed: {type(exc).__name__}: {exc}")
+    executor.check_finite()
+    step_seconds = clock.intervals_seconds()
+    return executor.gather_max(elapsed), step_seconds, energy
+
+
+def _record_energy(result: RunResult, energy: EnergyMeasurement) -> None:
+    result.energy = energy
+    result.energy_joules = energy.energy_joules
+    result.energy_unavailable_reason = energy.unavailable_reason
+    if energy.energy_joules and result.window_samples:
+        result.samples_per_watt_hour = result.window_samples / (energy.energy_joules / JOULES_PER_WATT_HOUR)
+
+
+def _close_quietly(close: Callable[[], None]) -> None:
+    try:
+        close()
+    except Exception:
+        pass

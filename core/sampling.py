@@ -1,0 +1,296 @@
+"""Energy from power readings taken at a fixed rate: shared by every meter that can only read watts.
+
+Vendor meters (NVML, gcipuinfo, ...) pass a ``read_watts`` callable that returns one reading per
+component (device, rail); this module knows nothing about where the numbers come from.
+
+The window is exactly [start, stop]: ``start()`` and ``stop()`` each take a reading synchronously,
+so the first and last samples sit on the window's edges and no extrapolation is needed.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Optional, Protocol, Sequence
+
+from core.results import EnergyMeasurement
+
+# A reading: watts per component; None (or a missing key, or NaN) means "N/A" for that component.
+Reading = Mapping[str, Optional[float]]
+
+_MAX_KEPT_ERRORS = 10  # distinct messages kept; a meter failing every 50 ms for hours must not grow memory
+_FULL = 1e-9  # relative tolerance under which coverage counts as the whole window (float sums of dt)
+
+
+def trapezoid_joules(times_seconds: Sequence[float], watts: Sequence[float]) -> float:
+    """Integral of power over time by the trapezoid rule (exact for piecewise-linear power)."""
+    if len(times_seconds) != len(watts):
+        raise ValueError(f"{len(times_seconds)} times but {len(watts)} power values")
+    joules = 0.0
+    for k in range(1, len(times_seconds)):
+        dt = times_seconds[k] - times_seconds[k - 1]
+        if dt < 0:
+            raise ValueError(f"times must not decrease (index {k}: {times_seconds[k - 1]} -> {times_seconds[k]})")
+        joules += 0.5 * (watts[k] + watts[k - 1]) * dt
+    return joules
+
+
+class Clock(Protocol):
+    """Time source and waiting primitive; injectable so tests can run the sampler in simulated time."""
+
+    def now(self) -> float: ...
+
+    def wait_until(self, deadline: float, stop: threading.Event) -> bool:
+        """Return when the clock reads ``deadline`` (False) or as soon as ``stop`` is set (True)."""
+        ...
+
+
+class MonotonicClock:
+    """The real clock: time.monotonic, waiting on the stop event so stop() never waits a full interval."""
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def wait_until(self, deadline: float, stop: threading.Event) -> bool:
+        return stop.wait(max(0.0, deadline - time.monotonic()))
+
+
+@dataclass(frozen=True)
+class SampledEnergy:
+    """The integral over [start_seconds, stop_seconds] (clock readings), and how trustworthy it is."""
+
+    start_seconds: float
+    stop_seconds: float
+    components_joules: dict[str, float]  # only components with some valid coverage
+    coverage: dict[str, float]  # fraction of the window each component was integrated over, in [0, 1]
+    unavailable_components: tuple[str, ...]  # seen, but never two valid readings in a row
+    total_joules: float | None  # sum of components_joules; None when nothing could be integrated
+    unavailable_reason: str | None
+    sample_count: int  # readings that returned (failed readings are counted in error_count)
+    max_gap_seconds: float  # largest time between consecutive readings, failed ones included
+    error_count: int
+    errors: tuple[str, ...] = field(default=())  # first distinct messages only
+
+    @property
+    def duration_seconds(self) -> float:
+        return self.stop_seconds - self.start_seconds
+
+    @property
+    def mean_power_watts(self) -> float | None:
+        if self.total_joules is None or self.duration_seconds <= 0:
+            return None
+        return self.total_joules / self.duration_seconds
+
+    @property
+    def complete(self) -> bool:
+        """True when every component was integrated over the whole window."""
+        return (
+            self.total_joules is not None
+            and not self.unavailable_components
+            and all(c == 1.0 for c in self.coverage.values())
+        )
+
+    def to_measurement(self, meter: str, details: Mapping[str, object] | None = None) -> EnergyMeasurement:
+        """An EnergyMeasurement for the result. Partial coverage gives no total: a partial integral
+        is an underestimate, not the window's energy, so it is kept in details only."""
+        info: dict[str, object] = {
+            "sample_count": self.sample_count,
+            "max_gap_seconds": self.max_gap_seconds,
+            "coverage": dict(self.coverage),
+            **(details or {}),
+        }
+        if self.unavailable_components:
+            info["unavailable_components"] = list(self.unavailable_components)
+        if self.error_count:
+            info["error_count"] = self.error_count
+            info["errors"] = list(self.errors)
+        if self.total_joules is None:
+            return EnergyMeasurement(meter=meter, method="sampled", unavailable_reason=self.unavailable_reason,
+                                     details=info)
+        if not self.complete:
+            partial = {name: c for name, c in self.coverage.items() if c < 1.0}
+            missing = list(self.unavailable_components)
+            info["partial_components_joules"] = dict(self.components_joules)
+            reason = "power readings were N/A for part of the window"
+            if partial:
+                reason += " (coverage: " + ", ".join(f"{n} {c:.0%}" for n, c in partial.items()) + ")"
+            if missing:
+                reason += f"; never readable: {', '.join(missing)}"
+            return EnergyMeasurement(meter=meter, method="sampled", unavailable_reason=reason, details=info)
+        return EnergyMeasurement(
+            meter=meter, method="sampled", energy_joules=self.total_joules,
+            components_joules=dict(self.components_joules), mean_power_watts=self.mean_power_watts, details=info,
+        )
+
+
+@dataclass
+class _Component:
+    last_watts: float | None = None  # at the previous accepted reading
+    joules: float = 0.0
+    covered_seconds: float = 0.0
+
+
+class FixedRateSampler:
+    """Reads power at start, every ``interval_seconds`` on a fixed grid, and at stop; integrates it.
+
+    Deadlines are start + k * interval (not sleep(interval) after each read), so a slow read does not
+    stretch the period; deadlines missed entirely (a read slower than the interval) are skipped, not
+    caught up in a burst. Incremental integration keeps memory constant however long the window.
+
+    ``read_watts`` may run in the sampling thread and in the caller's thread at once (stop() reads
+    without waiting for an in-flight background read, so the window's end is exact): it must be
+    thread-safe, or take its own lock. Exceptions it raises are recorded, never propagated.
+    """
+
+    def __init__(
+        self,
+        read_watts: Callable[[], Reading],
+        interval_seconds: float,
+        *,
+        clock: Clock | None = None,
+        join_timeout_seconds: float = 5.0,
+    ) -> None:
+        if not interval_seconds > 0 or not math.isfinite(interval_seconds):
+            raise ValueError(f"interval_seconds must be a positive number, got {interval_seconds!r}")
+        self._read = read_watts
+        self._interval = float(interval_seconds)
+        self._clock: Clock = clock or MonotonicClock()
+        self._join_timeout = join_timeout_seconds
+        self._lock = threading.Lock()
+        self._stop_event = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._started = False
+        self._stopping = False
+        self._start_t = 0.0
+        self._last_t: float | None = None
+        self._components: dict[str, _Component] = {}
+        self._sample_count = 0
+        self._max_gap = 0.0
+        self._error_count = 0
+        self._errors: list[str] = []
+
+    # --- reading --------------------------------------------------------------------------------
+    def _take(self) -> tuple[float, Reading | None, str | None]:
+        """(time, reading or None, error). Reads outside the lock: a slow driver call must not block stop()."""
+        t = self._clock.now()
+        try:
+            return t, self._read(), None
+        except Exception as exc:  # noqa: BLE001 - any failure of a vendor call must be recorded, not raised
+            return t, None, f"{type(exc).__name__}: {exc}"
+
+    def _record_error(self, message: str) -> None:
+        """Caller holds the lock."""
+        self._error_count += 1
+        if message not in self._errors and len(self._errors) < _MAX_KEPT_ERRORS:
+            self._errors.append(message)
+
+    def _accept(self, t: float, reading: Reading | None, error: str | None) -> None:
+        """Integrate one reading. Caller holds the lock. A failed reading (None) is a hole for all."""
+        if error is not None:
+            self._record_error(error)
+        dt = 0.0 if self._last_t is None else t - self._last_t
+        if dt < 0:
+            return  # out of order (cannot happen with the stopping flag; guard the integral anyway)
+        self._max_gap = max(self._max_gap, dt)
+        if reading is not None:
+            self._sample_count += 1
+            for name in reading:
+                self._components.setdefault(name, _Component())
+        for name, comp in self._components.items():
+            watts = _valid(reading.get(name)) if reading is not None else None
+            if comp.last_watts is not None and watts is not None and self._last_t is not None:
+                comp.joules += 0.5 * (comp.last_watts + watts) * dt
+                comp.covered_seconds += dt
+            comp.last_watts = watts
+        self._last_t = t
+
+    # --- window ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._started:
+            raise RuntimeError("FixedRateSampler.start() called twice")
+        self._started = True
+        t, reading, error = self._take()
+        with self._lock:
+            self._start_t = t
+            self._accept(t, reading, error)
+        self._thread = threading.Thread(target=self._run, name="power-sampler", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        k = 1
+        while True:
+            deadline = self._start_t + k * self._interval
+            if self._clock.wait_until(deadline, self._stop_event):
+                return
+            t, reading, error = self._take()
+            with self._lock:
+                if self._stopping:
+                    return  # stop() has taken (or is taking) the final reading; later ones are outside the window
+                self._accept(t, reading, error)
+            # Next grid point strictly after now: skips deadlines a slow read overran, without drift.
+            k = max(k + 1, math.floor((self._clock.now() - self._start_t) / self._interval) + 1)
+
+    def stop(self) -> SampledEnergy:
+        if not self._started or self._thread is None:
+            raise RuntimeError("FixedRateSampler.stop() called before start()")
+        # Set the flag before the final reading: every sample integrated so far was read before it.
+        with self._lock:
+            if self._stopping:
+                raise RuntimeError("FixedRateSampler.stop() called twice")
+            self._stopping = True
+        t, reading, error = self._take()
+        self._stop_event.set()
+        self._thread.join(self._join_timeout)
+        with self._lock:
+            self._accept(t, reading, error)
+            if self._thread.is_alive():  # a read_watts call hung; it is a daemon and its result is discarded
+                self._record_error(f"sampling thread still inside read_watts after {self._join_timeout} s")
+            return self._result(t)
+
+    def _result(self, stop_t: float) -> SampledEnergy:
+        duration = stop_t - self._start_t
+        joules: dict[str, float] = {}
+        coverage: dict[str, float] = {}
+        missing: list[str] = []
+        for name, comp in self._components.items():
+            if duration > 0:
+                frac = min(1.0, comp.covered_seconds / duration)
+                frac = 1.0 if frac >= 1.0 - _FULL else frac
+            else:  # zero-length window: covered if the (only) reading was valid
+                frac = 1.0 if comp.last_watts is not None else 0.0
+            if frac <= 0.0:
+                missing.append(name)
+                continue
+            joules[name] = comp.joules
+            coverage[name] = frac
+        total: float | None = sum(joules.values()) if joules else None
+        reason: str | None = None
+        if total is None:
+            if self._sample_count == 0:
+                last = self._errors[-1] if self._errors else "no reading returned"
+                reason = f"every power reading in the window failed ({self._error_count} errors; e.g. {last})"
+            elif not self._components:
+                reason = "power readings named no component"
+            else:
+                reason = "no component had two consecutive valid power readings (all N/A): " + ", ".join(missing)
+                if self._error_count:
+                    reason += f"; {self._error_count} readings failed, e.g. {self._errors[-1]}"
+        return SampledEnergy(
+            start_seconds=self._start_t, stop_seconds=stop_t, components_joules=joules, coverage=coverage,
+            unavailable_components=tuple(missing), total_joules=total, unavailable_reason=reason,
+            sample_count=self._sample_count, max_gap_seconds=self._max_gap,
+            error_count=self._error_count, errors=tuple(self._errors),
+        )
+
+
+def _valid(value: object) -> float | None:
+    """A finite number of watts, or None ("N/A"); NaN/inf from a driver are N/A, not power."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        watts = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return watts if math.isfinite(watts) else None

@@ -1,0 +1,52 @@
+"""Helpers for plugin authors' tests (and core's own).
+
+    from core.testing import registered_plugins, run_tiny
+
+    def test_my_accelerator_runs_fcnn():
+        with registered_plugins(my_plugin_module):
+            result = run_tiny("fcnn", "my-accelerator")
+        assert result.throughput_per_second > 0
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+from core.plugins import PluginManager, set_plugin_manager
+from core.results import RunResult
+
+TINY_FCNN = {"layers": 2, "hidden_width": 32, "input_width": 16, "output_width": 8, "synthetic_pool_samples": 64}
+
+
+@contextmanager
+def registered_plugins(*plugins: object, entry_points: bool = True) -> Iterator[PluginManager]:
+    """Use a fresh plugin manager with ``plugins`` registered for the duration of the block.
+
+    :param plugins: modules or objects with ``@hookimpl`` functions; each is registered under its
+        ``__name__`` (modules) or class name.
+    :param entry_points: also load the installed entry-point plugins (the built-ins among them).
+    """
+    manager = PluginManager()
+    if entry_points:
+        manager.load_entry_points()
+    for plugin in plugins:
+        manager.register_plugin(plugin, name=getattr(plugin, "__name__", type(plugin).__name__))
+    previous = set_plugin_manager(manager)
+    try:
+        yield manager
+    finally:
+        set_plugin_manager(previous)
+
+
+def run_tiny(workload: str, accelerator: str, **options: Any) -> RunResult:
+    """Run two timed updates with small defaults; fails the test if the run did not succeed."""
+    from core.api import run
+
+    settings: dict[str, Any] = {"steps": 2, "warmup_steps": 1, "micro_batch_size": 4, "power_meter": "none"}
+    if workload == "fcnn":
+        settings["workload_options"] = TINY_FCNN
+    settings.update(options)
+    result = run(workload, accelerator, **settings)
+    assert result.status.ok, f"{workload} on {accelerator} failed: {result.status}"
+    return result

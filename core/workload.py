@@ -1,0 +1,89 @@
+"""What a workload plugin provides: a model, a loss, an optimizer and synthetic data per framework.
+
+Nothing here imports a framework: the training specs hold framework objects as ``Any`` so that
+``core workloads`` stays light.
+"""
+
+from __future__ import annotations
+
+from abc import ABC
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from core.config import Framework
+from core.errors import ConfigError
+
+
+class NoOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclass
+class TorchTrainingSpec:
+    """A PyTorch model ready to train: the executor moves it and the data to the device.
+
+    ``inputs``/``targets`` are a pool of synthetic samples on the host; sample ``i`` of any run is
+    ``pool[i % len(pool)]``, so data does not depend on how a global batch is split.
+    """
+
+    model: Any  # torch.nn.Module
+    loss_fn: Callable[[Any, Any], Any]  # (outputs, targets) -> scalar mean loss
+    make_optimizer: Callable[[Any], Any]  # parameters -> torch.optim.Optimizer
+    inputs: Any  # torch.Tensor [pool, ...]
+    targets: Any  # torch.Tensor [pool, ...]
+
+
+@dataclass
+class KerasTrainingSpec:
+    """A Keras model factory; ``make_model`` and ``make_optimizer`` run inside the strategy's scope."""
+
+    make_model: Callable[[], Any]
+    make_loss: Callable[[], Any]  # -> per-sample loss fn (targets, outputs) -> [batch]
+    make_optimizer: Callable[[], Any]
+    inputs: Any  # numpy array [pool, ...]
+    targets: Any  # numpy array [pool, ...]
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+class Workload(ABC):
+    """A model and its data, buildable in one or more frameworks."""
+
+    name: ClassVar[str]
+    description: ClassVar[str] = ""
+    task: ClassVar[str] = "classification"
+    sample_unit: ClassVar[str] = "samples"
+    frameworks: ClassVar[tuple[Framework, ...]] = (Framework.torch,)
+    default_micro_batch_size: ClassVar[int] = 32
+    options_model: ClassVar[type[BaseModel]] = NoOptions
+
+    def parse_options(self, options: dict[str, Any]) -> BaseModel:
+        """Validate workload_options; errors name ``workload_options.<key>``."""
+        try:
+            return self.options_model(**options)
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            key = ".".join(str(p) for p in error.get("loc", ())) or "?"
+            if error.get("type") == "extra_forbidden":
+                allowed = f"unknown option for workload {self.name!r}; allowed: {', '.join(self.options_model.model_fields) or 'none'}"
+            else:
+                allowed = str(error.get("msg"))
+            raise ConfigError(f"workload_options.{key}", error.get("input"), allowed) from None
+
+    def parameter_count(self, options: BaseModel) -> int | None:
+        return None
+
+    def flops_per_sample(self, options: BaseModel) -> float | None:
+        """Training FLOPs (forward and backward) for one sample, where known analytically."""
+        return None
+
+    def details(self, options: BaseModel) -> dict[str, Any]:
+        """What the result records about the model: source, version, hyper-parameters."""
+        return {"options": options.model_dump()}
+
+    def build_torch(self, options: BaseModel, seed: int) -> TorchTrainingSpec:
+        raise NotImplementedError(f"workload {self.name!r} has no PyTorch implementation")
+
+    def build_keras(self, options: BaseModel, seed: int) -> KerasTrainingSpec:
+        raise NotImplementedError(f"workload {self.name!r} has no TensorFlow implementation")

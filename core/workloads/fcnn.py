@@ -1,0 +1,134 @@
+"""The hyper-parameterised fully-connected network of the AI4NP roofline study.
+
+l hidden layers of width D_H between an input of width D_I and an output of width D_O:
+``Linear(D_I, D_H), ReLU, (l-1) x [Linear(D_H, D_H), ReLU], Linear(D_H, D_O)``.
+
+Parameter count, as the paper defines it, counts weights only:
+``Phi = D_H^2 (l-1) + D_H (D_I + D_O)``. The model also has ``l * D_H + D_O`` bias terms;
+they are left out of Phi (and so of the FLOP count) to keep figures comparable with the paper.
+FLOPs per update = 6 Phi bs (2 forward, 4 backward per weight per sample).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from core.config import Framework
+from core.workload import KerasTrainingSpec, TorchTrainingSpec, Workload
+
+LEARNING_RATE = 0.01
+MOMENTUM = 0.9
+
+
+class FcnnOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    layers: int = Field(default=4, ge=1, le=1024, description="hidden layers, l")
+    hidden_width: int = Field(default=512, ge=1, le=1 << 17, description="nodes per hidden layer, D_H")
+    input_width: int = Field(default=2000, ge=1, le=1 << 20, description="input features, D_I")
+    output_width: int = Field(default=200, ge=2, le=1 << 20, description="output classes, D_O")
+    synthetic_pool_samples: int = Field(
+        default=1024, ge=1, le=1 << 20, description="distinct synthetic samples; sample i is pool[i % pool]"
+    )
+
+
+def weight_count(o: FcnnOptions) -> int:
+    """Phi of the paper: weights only."""
+    return o.hidden_width**2 * (o.layers - 1) + o.hidden_width * (o.input_width + o.output_width)
+
+
+def bias_count(o: FcnnOptions) -> int:
+    return o.layers * o.hidden_width + o.output_width
+
+
+class Fcnn(Workload):
+    name: ClassVar[str] = "fcnn"
+    description: ClassVar[str] = "AI4NP hyper-parameterised fully-connected network (synthetic data)"
+    task: ClassVar[str] = "classification"
+    sample_unit: ClassVar[str] = "samples"
+    frameworks: ClassVar[tuple[Framework, ...]] = (Framework.torch, Framework.tensorflow)
+    default_micro_batch_size: ClassVar[int] = 64
+    options_model: ClassVar[type[BaseModel]] = FcnnOptions
+
+    def parameter_count(self, options: BaseModel) -> int:
+        assert isinstance(options, FcnnOptions)
+        return weight_count(options)
+
+    def flops_per_sample(self, options: BaseModel) -> float:
+        assert isinstance(options, FcnnOptions)
+        return 6.0 * weight_count(options)
+
+    def details(self, options: BaseModel) -> dict[str, Any]:
+        assert isinstance(options, FcnnOptions)
+        return {
+            "source": "core.workloads.fcnn (AI4NP FCNN, written here)",
+            "options": options.model_dump(),
+            "weights": weight_count(options),
+            "biases": bias_count(options),
+            "parameter_count_counts": "weights only (Phi); biases listed apart",
+        }
+
+    def build_torch(self, options: BaseModel, seed: int) -> TorchTrainingSpec:
+        import torch
+        from torch import nn
+
+        assert isinstance(options, FcnnOptions)
+        o = options
+        # fork_rng keeps the caller's global RNG untouched while the weights come from ``seed``.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            layers: list[nn.Module] = [nn.Linear(o.input_width, o.hidden_width), nn.ReLU()]
+            for _ in range(o.layers - 1):
+                layers += [nn.Linear(o.hidden_width, o.hidden_width), nn.ReLU()]
+            layers.append(nn.Linear(o.hidden_width, o.output_width))
+            model = nn.Sequential(*layers)
+        generator = torch.Generator().manual_seed(seed + 1)
+        inputs = torch.randn(o.synthetic_pool_samples, o.input_width, generator=generator)
+        targets = torch.randint(0, o.output_width, (o.synthetic_pool_samples,), generator=generator)
+        return TorchTrainingSpec(
+            model=model,
+            loss_fn=nn.CrossEntropyLoss(),
+            make_optimizer=lambda params: torch.optim.SGD(params, lr=LEARNING_RATE, momentum=MOMENTUM),
+            inputs=inputs,
+            targets=targets,
+        )
+
+    def build_keras(self, options: BaseModel, seed: int) -> KerasTrainingSpec:
+        import numpy as np
+
+        assert isinstance(options, FcnnOptions)
+        o = options
+
+        def make_model() -> Any:
+            from tensorflow import keras
+
+            keras.utils.set_random_seed(seed)
+            model = keras.Sequential(name="fcnn")
+            model.add(keras.Input(shape=(o.input_width,)))
+            for _ in range(o.layers):
+                model.add(keras.layers.Dense(o.hidden_width, activation="relu"))
+            model.add(keras.layers.Dense(o.output_width))
+            # Logits in float32 so mixed-precision policies keep a stable softmax.
+            model.add(keras.layers.Activation("linear", dtype="float32"))
+            return model
+
+        def make_loss() -> Any:
+            from tensorflow import keras
+
+            return keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+
+        def make_optimizer() -> Any:
+            from tensorflow import keras
+
+            return keras.optimizers.SGD(learning_rate=LEARNING_RATE, momentum=MOMENTUM)
+
+        rng = np.random.default_rng(seed + 1)
+        return KerasTrainingSpec(
+            make_model=make_model,
+            make_loss=make_loss,
+            make_optimizer=make_optimizer,
+            inputs=rng.standard_normal((o.synthetic_pool_samples, o.input_width), dtype=np.float32),
+            targets=rng.integers(0, o.output_width, size=(o.synthetic_pool_samples,), dtype=np.int64),
+        )

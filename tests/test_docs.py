@@ -1,0 +1,393 @@
+"""The documentation agrees with the code.
+
+- every hook in core/hookspecs.py has a ``## <hook>`` section in docs/hooks.md with its exact
+  signature, and the section's example registers and runs;
+- local Markdown links resolve; ``core.<name>`` references in backticks exist; every ``core``
+  command shown parses;
+- snippets quoted from the example plugin appear in its source verbatim;
+- the example plugin, installed and found only through its entry point, works end to end (slow).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import types
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+import core.hookspecs
+from core.config import make_config
+from core.plugins import PluginManager, PluginState
+from core.results import RunResult
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+EXAMPLE_PLUGIN = DOCS / "example-plugin"
+HOOKS_MD = DOCS / "hooks.md"
+MARKDOWN_FILES = sorted(DOCS.glob("*.md")) + [ROOT / "README.md"]
+
+_FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.S | re.M)
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def hook_specs() -> dict[str, types.FunctionType]:
+    """Every function in core.hookspecs carrying pluggy's spec marker (``core_spec``)."""
+    marker = f"{core.hookspecs.PROJECT_NAME}_spec"
+    return {name: function for name, function in inspect.getmembers(core.hookspecs, inspect.isfunction)
+            if hasattr(function, marker)}
+
+
+def normalise_signature(text: str) -> str:
+    """One line, single spaces, no padding inside the parentheses, no trailing comma."""
+    text = " ".join(text.split())
+    text = re.sub(r"\(\s+", "(", text)
+    text = re.sub(r",?\s*\)", ")", text)
+    return text
+
+
+def source_signature(function: types.FunctionType) -> str:
+    """``def name(params) -> ret:`` exactly as written in the source (quoted annotations kept)."""
+    source = inspect.getsource(function)
+    node = ast.parse(source).body[0]
+    assert isinstance(node, ast.FunctionDef)
+    lines = source.splitlines(keepends=True)
+    body_start = sum(len(line) for line in lines[: node.body[0].lineno - 1]) + node.body[0].col_offset
+    header = source[source.index("def "):body_start].rstrip()
+    assert header.endswith(":"), header
+    return normalise_signature(header)
+
+
+def markdown_sections(text: str) -> dict[str, str]:
+    """``## heading`` -> the text up to the next heading of level 1 or 2."""
+    sections: dict[str, str] = {}
+    for match in re.finditer(r"^## (.+?)\s*$(.*?)(?=^#{1,2} |\Z)", text, re.S | re.M):
+        sections[match.group(1)] = match.group(2)
+    return sections
+
+
+def code_blocks(text: str, language: str | None = None) -> list[str]:
+    return [m.group(2) for m in _FENCE.finditer(text) if language is None or m.group(1) == language]
+
+
+def hook_section(name: str) -> str:
+    sections = markdown_sections(HOOKS_MD.read_text(encoding="utf-8"))
+    assert name in sections, f"docs/hooks.md has no '## {name}' heading"
+    return sections[name]
+
+
+def load_example_module(name: str, code: str) -> types.ModuleType:
+    module = types.ModuleType(f"hooks_md_example_{name}")
+    exec(compile(code, f"docs/hooks.md ({name} example)", "exec"), module.__dict__)
+    return module
+
+
+def contains_lines(haystack: str, needle: str) -> bool:
+    """True if needle's lines occur consecutively in haystack, all shifted by one common indent."""
+    hay = haystack.splitlines()
+    lines = needle.rstrip("\n").splitlines()
+    first = lines[0]
+    for start, candidate in enumerate(hay):
+        if not candidate.endswith(first) or candidate[: len(candidate) - len(first)].strip():
+            continue
+        indent = candidate[: len(candidate) - len(first)]
+        window = hay[start:start + len(lines)]
+        if len(window) == len(lines) and all(
+            (h == indent + n) if n.strip() else not h.strip() for h, n in zip(window, lines)
+        ):
+            return True
+    return False
+
+
+# --- hooks.md --------------------------------------------------------------------------------
+
+HOOKS = sorted(hook_specs())
+
+
+def test_hookspecs_found() -> None:
+    assert len(HOOKS) >= 6, HOOKS
+
+
+@pytest.mark.parametrize("hook", HOOKS)
+def test_hook_documented_with_exact_signature(hook: str) -> None:
+    section = hook_section(hook)
+    blocks = code_blocks(section, "python")
+    assert blocks, f"docs/hooks.md '## {hook}' has no python code block with its signature"
+    expected = source_signature(hook_specs()[hook])
+    documented = normalise_signature(blocks[0])
+    assert documented == expected, f"docs/hooks.md signature of {hook} differs from core/hookspecs.py"
+
+
+@pytest.mark.parametrize("hook", HOOKS)
+def test_hook_firstresult_documented(hook: str) -> None:
+    firstresult = getattr(hook_specs()[hook], f"{core.hookspecs.PROJECT_NAME}_spec")["firstresult"]
+    assert ("firstresult" in hook_section(hook)) == firstresult
+
+
+@pytest.fixture
+def example_plugin_importable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(EXAMPLE_PLUGIN))
+
+
+def _exercise(hook: str, manager: PluginManager, tmp_path: Path) -> None:
+    """Call the hook the way core does and check the example did its job."""
+    from core_example_plugin import ExampleCpuAccelerator
+
+    config = make_config(workload="example-mlp", accelerator="example-cpu", micro_batch_size=4)
+    if hook == "core_register_accelerators":
+        assert "example-cpu" in manager.accelerators
+    elif hook == "core_register_workloads":
+        assert "example-mlp" in manager.workloads
+    elif hook == "core_register_power_meters":
+        factory = manager.power_meters["example-no-sensor"].item
+        assert factory.reads("example-cpu") and factory.availability().available
+        meter = factory.create([], config)
+        meter.start()
+        assert meter.stop().unavailable_reason
+    elif hook == "core_select_power_meter":
+        from core import Availability, PowerMeterFactory
+
+        class WallPlug(PowerMeterFactory):
+            name = "example-wall-plug"
+
+            def reads(self, accelerator_name: str) -> bool:
+                return False  # core's fallback would never pick it
+
+            def availability(self) -> Availability:
+                return Availability.yes()
+
+            def create(self, devices: Any, config: Any) -> Any:
+                raise NotImplementedError
+
+        wall_plug = WallPlug()
+        select = manager.hook.core_select_power_meter
+        assert select(accelerator=ExampleCpuAccelerator(), config=config, candidates=[wall_plug]) is wall_plug
+    elif hook == "core_run_started":
+        manager.hook.core_run_started(config=config)
+    elif hook == "core_result_ready":
+        result = RunResult(workload="example-mlp", accelerator="example-cpu", framework="torch", config=config,
+                           samples_per_update=4, world_size=1)
+        manager.hook.core_result_ready(result=result)
+        lines = (tmp_path / "results.jsonl").read_text(encoding="utf-8").splitlines()
+        assert RunResult.model_validate_json(lines[0]).workload == "example-mlp"
+    else:
+        pytest.fail(f"tests/test_docs.py does not know how to exercise {hook}; add it to _exercise")
+
+
+@pytest.mark.parametrize("hook", HOOKS)
+def test_hook_example_registers_and_runs(hook: str, example_plugin_importable: None, tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    blocks = code_blocks(hook_section(hook), "python")
+    assert len(blocks) >= 2, f"docs/hooks.md '## {hook}' has no example after its signature"
+    monkeypatch.chdir(tmp_path)
+    module = load_example_module(hook, blocks[1])
+    manager = PluginManager()
+    record = manager.register_plugin(module, name=module.__name__)
+    assert record.state is PluginState.loaded, record.error
+    assert hook in record.hooks
+    _exercise(hook, manager, tmp_path)
+
+
+# --- links, names and commands in every document ---------------------------------------------
+
+
+def _local_links(path: Path) -> Iterator[str]:
+    text = path.read_text(encoding="utf-8")
+    text = _FENCE.sub("", text)  # links inside code are code, not links
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if not re.match(r"^[a-z][a-z0-9+.-]*:", target):
+            yield target
+
+
+def heading_anchors(markdown: str) -> set[str]:
+    """GitHub's anchors: lower case, punctuation other than '-' and '_' dropped, spaces to '-'."""
+    anchors = set()
+    for heading in re.findall(r"^#{1,6} (.+?)\s*$", _FENCE.sub("", markdown), re.M):
+        text = re.sub(r"[`*]|\\", "", heading).strip().lower()
+        anchors.add(re.sub(r"[^\w\- ]", "", text).replace(" ", "-"))
+    return anchors
+
+
+@pytest.mark.parametrize("document", MARKDOWN_FILES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_local_links_resolve(document: Path) -> None:
+    broken = []
+    for target in _local_links(document):
+        path, _, anchor = target.partition("#")
+        resolved = (document.parent / path) if path else document
+        if not resolved.exists():
+            broken.append(target)
+        elif anchor and resolved.suffix == ".md" and anchor not in heading_anchors(resolved.read_text(encoding="utf-8")):
+            broken.append(target)
+    assert not broken, f"{document.relative_to(ROOT)} has links to missing files or headings: {broken}"
+
+
+def _resolve(dotted: str) -> object:
+    parts = dotted.split(".")
+    for split in range(len(parts), 0, -1):
+        try:
+            value: object = importlib.import_module(".".join(parts[:split]))
+        except ModuleNotFoundError:
+            continue
+        for attribute in parts[split:]:
+            value = getattr(value, attribute)
+        return value
+    raise ModuleNotFoundError(dotted)
+
+
+@pytest.mark.parametrize("document", MARKDOWN_FILES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_core_names_in_backticks_exist(document: Path) -> None:
+    names = set(re.findall(r"`(core(?:\.[A-Za-z_]\w*)+)(?:\(\))?`", document.read_text(encoding="utf-8")))
+    broken = []
+    for name in sorted(names):
+        try:
+            _resolve(name)
+        except (ImportError, AttributeError):
+            broken.append(name)
+    assert not broken, f"{document.relative_to(ROOT)} names what core does not have: {broken}"
+
+
+def _shell_commands(document: Path) -> Iterator[list[str]]:
+    for block in code_blocks(document.read_text(encoding="utf-8"), "bash"):
+        for line in block.splitlines():
+            for command in line.split("&&"):
+                words = shlex.split(command, comments=True)
+                while words and "=" in words[0] and not words[0].startswith("-"):
+                    words = words[1:]  # VAR=value prefixes
+                if words and (words[0] == "core" or words[0].endswith("/bin/core")):
+                    yield words[1:]
+
+
+@pytest.mark.parametrize("document", MARKDOWN_FILES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_core_commands_shown_parse(document: Path) -> None:
+    from core.cli import build_parser
+
+    parser = build_parser()
+    for arguments in _shell_commands(document):
+        try:
+            parser.parse_args(arguments)
+        except SystemExit:
+            pytest.fail(f"{document.relative_to(ROOT)}: `core {shlex.join(arguments)}` does not parse")
+
+
+def test_snippets_appear_verbatim_in_their_source() -> None:
+    """A block preceded by ``<!-- snippet: PATH -->`` must occur in PATH (repository-relative)."""
+    found = 0
+    for document in MARKDOWN_FILES:
+        text = document.read_text(encoding="utf-8")
+        for match in re.finditer(r"<!-- snippet: (\S+) -->\n```\w*\n(.*?)^```$", text, re.S | re.M):
+            source, snippet = ROOT / match.group(1), match.group(2)
+            assert source.is_file(), f"{document.name}: snippet source {match.group(1)} does not exist"
+            assert contains_lines(source.read_text(encoding="utf-8"), snippet), (
+                f"{document.name}: a snippet no longer matches {match.group(1)}:\n{snippet}")
+            found += 1
+    assert found, "no snippets found: has the marker changed?"
+
+
+# --- the example plugin itself (in this process, no install) ---------------------------------
+
+
+def test_example_plugin_imports_no_framework() -> None:
+    code = (f"import sys; sys.path.insert(0, {str(EXAMPLE_PLUGIN)!r}); import core_example_plugin; "
+            "print([m for m in ('torch', 'tensorflow', 'numpy') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_example_workload_counts_match_the_model(example_plugin_importable: None) -> None:
+    from core_example_plugin import ExampleMlp, ExampleMlpOptions
+
+    workload = ExampleMlp()
+    options = workload.parse_options({"hidden_width": 7, "input_width": 5, "output_width": 3})
+    assert isinstance(options, ExampleMlpOptions)
+    model = workload.build_torch(options, seed=0).model
+    assert workload.parameter_count(options) == sum(p.numel() for p in model.parameters())
+    weights = sum(p.numel() for p in model.parameters() if p.dim() == 2)
+    assert workload.flops_per_sample(options) == 6 * weights
+
+
+# --- the example plugin, installed and found through its entry point only --------------------
+
+
+def _has_setuptools(major: int) -> bool:
+    try:
+        from importlib.metadata import version
+
+        return int(version("setuptools").split(".")[0]) >= major
+    except Exception:  # not installed, or an unparsable version
+        return False
+
+
+@pytest.fixture(scope="module")
+def installed_example(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """pip-install docs/example-plugin into a temporary directory; an environment that sees it."""
+    base = tmp_path_factory.mktemp("example-plugin")
+    source, target = base / "src", base / "site"
+    # Build from a copy, so that setuptools' build/ and *.egg-info never land in docs/.
+    shutil.copytree(EXAMPLE_PLUGIN, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    command = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+               "--no-deps", "--target", str(target), str(source)]
+    if _has_setuptools(64):
+        command.insert(4, "--no-build-isolation")  # the build needs no package index
+    # else pip fetches setuptools into an isolated build environment from the index.
+    completed = subprocess.run(command, capture_output=True, text=True)
+    assert completed.returncode == 0, completed.stderr
+    environment = dict(os.environ)
+    for variable in ("CORE_PLUGINS", "CORE_DISABLE_PLUGINS", "CORE_DISABLE_PLUGIN_AUTOLOAD"):
+        environment.pop(variable, None)
+    environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(target), environment.get("PYTHONPATH")]))
+    return environment
+
+
+def core_cli(environment: dict[str, str], *arguments: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "core.cli", *arguments], capture_output=True, text=True,
+                          env=environment, cwd=ROOT, timeout=300)
+
+
+@pytest.mark.slow
+def test_example_plugin_loads_through_its_entry_point(installed_example: dict[str, str]) -> None:
+    completed = core_cli(installed_example, "plugins", "--json")
+    assert completed.returncode == 0, completed.stderr
+    plugins = {row["name"]: row for row in json.loads(completed.stdout)}
+    example = plugins["example"]
+    assert example["state"] == "loaded", example["error"]
+    assert example["distribution"] == "core-example-plugin"
+    assert example["module"] == "core_example_plugin"
+    assert example["registers"]["accelerators"] == [{"name": "example-cpu", "available": True, "reason": None}]
+    assert example["registers"]["workloads"] == [{"name": "example-mlp"}]
+
+
+@pytest.mark.slow
+def test_example_accelerator_runs_example_workload(installed_example: dict[str, str]) -> None:
+    completed = core_cli(installed_example, "run", "example-mlp", "--accelerator", "example-cpu",
+                         "--steps", "2", "--warmup-steps", "1", "--json")
+    assert completed.returncode == 0, completed.stderr
+    result = json.loads(completed.stdout)
+    assert result["status"]["state"] == "ok"
+    assert result["throughput_per_second"] > 0
+    assert result["executor_details"]["torch_num_threads"] == 1
+    assert result["executor_details"]["intra_op_threads"] == 1
+
+
+@pytest.mark.slow
+def test_example_accelerator_runs_builtin_fcnn(installed_example: dict[str, str]) -> None:
+    completed = core_cli(installed_example, "run", "fcnn", "--accelerator", "example-cpu", "--steps", "2",
+                         "--warmup-steps", "1", "--batch-size", "8", "--precision", "bf16",
+                         "-o", "hidden_width=16", "-o", "input_width=8", "-o", "output_width=4", "--json")
+    assert completed.returncode == 0, completed.stderr
+    result = json.loads(completed.stdout)
+    assert result["status"]["state"] == "ok"
+    assert result["accelerator"] == "example-cpu" and result["workload"] == "fcnn"
+    assert result["throughput_per_second"] > 0
+    assert result["executor_details"]["autocast_dtype"] == "bfloat16"

@@ -1,0 +1,146 @@
+"""Plugin loading: entry points, validation, failure isolation, allow/block switches."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable, ClassVar
+
+import pytest
+
+from core import Accelerator, Workload, hookimpl
+from core.plugins import PluginManager, PluginState
+from core.workloads.fcnn import Fcnn
+
+HEAVY_MODULES = ("torch", "tensorflow", "pynvml", "amdsmi", "poptorch", "gcipuinfo", "torch_xla")
+
+
+def core_cli(*arguments: str, env: dict[str, str] | None = None, check_light: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run the CLI in a fresh interpreter; optionally assert it imported no framework or SDK."""
+    code = "import sys; from core.cli import main; rc = main(sys.argv[1:]); "
+    if check_light:
+        code += f"heavy = [m for m in {HEAVY_MODULES!r} if m in sys.modules]; assert not heavy, heavy; "
+    code += "sys.exit(rc)"
+    return subprocess.run([sys.executable, "-c", code, *arguments], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=600)
+
+
+def test_plugins_json_lists_every_vendor_with_availability() -> None:
+    completed = core_cli("plugins", "--json", check_light=True)
+    assert completed.returncode == 0, completed.stderr
+    rows = {row["name"]: row for row in json.loads(completed.stdout)}
+    assert {"cpu", "nvidia", "amd", "graphcore", "workloads"} <= set(rows)
+    accelerators = {entry["name"]: entry for row in rows.values() for entry in row["registers"].get("accelerators", [])}
+    assert accelerators["cpu"]["available"] is True
+    for vendor in ("nvidia", "amd", "graphcore"):
+        assert accelerators[vendor]["available"] is False and accelerators[vendor]["reason"]
+    assert "pip install 'core[nvidia]'" in accelerators["nvidia"]["reason"]
+    assert "Poplar SDK" in accelerators["graphcore"]["reason"]
+    assert rows["cpu"]["version"] and rows["cpu"]["state"] == "loaded"
+    assert "core_register_accelerators" in rows["cpu"]["hooks"]
+
+
+def test_help_imports_nothing_heavy() -> None:
+    completed = subprocess.run(
+        [sys.executable, "-c", "import sys; from core.cli import main\ntry: main(['--help'])\nexcept SystemExit: pass\n"
+         f"heavy = [m for m in {HEAVY_MODULES!r} if m in sys.modules]; assert not heavy, heavy"],
+        capture_output=True, text=True)
+    assert completed.returncode == 0, completed.stderr
+    assert "run" in completed.stdout and "plugins" in completed.stdout
+
+
+def make_distribution(root: Path, name: str, module_source: str) -> None:
+    """A real installed distribution on sys.path: a module and a dist-info with a `core` entry point."""
+    (root / f"{name}.py").write_text(module_source)
+    info = root / f"{name}-1.2.3.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.2.3\n")
+    (info / "entry_points.txt").write_text(f"[core]\n{name} = {name}\n")
+
+
+@pytest.mark.slow
+def test_a_plugin_that_raises_on_import_is_reported_and_the_rest_work(tmp_path: Path) -> None:
+    make_distribution(tmp_path, "broken_plugin", "raise RuntimeError('vendor library exploded')\n")
+    env = {"PYTHONPATH": str(tmp_path)}
+    listing = core_cli("plugins", "--json", env=env)
+    assert listing.returncode == 0, listing.stderr
+    rows = {row["name"]: row for row in json.loads(listing.stdout)}
+    assert rows["broken_plugin"]["state"] == "failed"
+    assert rows["broken_plugin"]["error"] == 'Error importing plugin "broken_plugin": RuntimeError: vendor library exploded'
+    assert rows["broken_plugin"]["version"] == "1.2.3"
+    assert rows["cpu"]["state"] == "loaded"
+    text = core_cli("plugins", env=env)
+    assert "vendor library exploded" in text.stdout
+    ran = core_cli("run", "fcnn", "--accelerator", "cpu", "--steps", "2", "--warmup-steps", "0",
+                   "-o", "hidden_width=16", "--json", env=env)
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout)["status"]["state"] == "ok"
+
+
+class MisspelledHook:
+    @hookimpl
+    def core_register_acelerators(self, register: Any) -> None:  # typo on purpose
+        pass
+
+
+class WrongType:
+    @hookimpl
+    def core_register_workloads(self, register: Callable[[Workload], None]) -> None:
+        register("not a workload")  # type: ignore[arg-type]
+
+
+class DuplicateWorkload:
+    """Registers a fresh name, then a name the built-ins already took: nothing may stay registered."""
+
+    @hookimpl
+    def core_register_workloads(self, register: Callable[[Workload], None]) -> None:
+        class Other(Fcnn):
+            name: ClassVar[str] = "other-fcnn"
+
+        register(Other())
+        register(Fcnn())
+
+
+class RaisesInHook:
+    @hookimpl
+    def core_register_accelerators(self, register: Callable[[Accelerator], None]) -> None:
+        raise ImportError("libvendor.so: cannot open shared object file")
+
+
+@pytest.fixture
+def manager() -> PluginManager:
+    manager = PluginManager()
+    manager.load_entry_points()
+    return manager
+
+
+@pytest.mark.parametrize("plugin,message", [
+    (MisspelledHook(), "unknown hook 'core_register_acelerators'"),
+    (WrongType(), "expected a Workload instance, got str"),
+    (DuplicateWorkload(), "Workload 'fcnn' is already registered by plugin 'workloads'"),
+    (RaisesInHook(), "ImportError: libvendor.so"),
+])
+def test_bad_plugins_fail_alone(manager: PluginManager, plugin: object, message: str) -> None:
+    record = manager.register_plugin(plugin, name="bad")
+    assert record.state is PluginState.failed and message in (record.error or ""), record.error
+    assert "other-fcnn" not in manager.workloads
+    assert manager._pluggy.get_plugin("bad") is None  # unregistered: its hooks no longer fire
+    assert manager.workloads["fcnn"].plugin == "workloads"
+    assert manager.accelerators["cpu"].plugin == "cpu"
+
+
+def names_in_state(env: dict[str, str], state: str) -> set[str]:
+    completed = core_cli("plugins", "--json", env=env)
+    assert completed.returncode == 0, completed.stderr
+    return {row["name"] for row in json.loads(completed.stdout) if row["state"] == state}
+
+
+def test_block_allow_and_autoload_switches() -> None:
+    assert {"nvidia", "amd"} <= names_in_state({"CORE_DISABLE_PLUGINS": "nvidia,amd"}, "blocked")
+    assert names_in_state({"CORE_PLUGINS": "cpu,workloads"}, "loaded") == {"cpu", "workloads"}
+    no_autoload = {"CORE_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    assert names_in_state(no_autoload, "loaded") == set()
+    assert names_in_state({**no_autoload, "CORE_PLUGINS": "workloads"}, "loaded") == {"workloads"}

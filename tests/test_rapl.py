@@ -1,0 +1,280 @@
+"""plugins.cpu.rapl against fake powercap sysfs trees laid out like the kernel's."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from core.config import RunConfig
+from core.power import UnavailableMeter
+from plugins.cpu.rapl import RaplMeter, RaplMeterFactory, RaplZone, discover_zones
+
+MAX = 262143328850  # max_energy_range_uj of a typical Intel package (2^32 - 1 units of 61.035 uJ)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def zone_dir(path: Path, name: str, energy_uj: int, max_uj: int = MAX) -> Path:
+    path.mkdir(parents=True)
+    (path / "name").write_text(name + "\n")
+    (path / "energy_uj").write_text(f"{energy_uj}\n")
+    (path / "max_energy_range_uj").write_text(f"{max_uj}\n")
+    return path
+
+
+def kernel_tree(tmp_path: Path) -> Path:
+    """Two packages with core and dram subzones, plus psys and an MMIO duplicate of package 0, with the
+    kernel's symlinks: class/powercap/intel-rapl:N[:M] and class/powercap/intel-rapl -> devices/..."""
+    devices = tmp_path / "devices" / "virtual" / "powercap"
+    ctl = devices / "intel-rapl"
+    zone_dir(ctl / "intel-rapl:0", "package-0", 1_000_000)
+    zone_dir(ctl / "intel-rapl:0" / "intel-rapl:0:0", "core", 500_000)
+    zone_dir(ctl / "intel-rapl:0" / "intel-rapl:0:1", "dram", 200_000)
+    zone_dir(ctl / "intel-rapl:1", "package-1", 3_000_000)
+    zone_dir(ctl / "intel-rapl:1" / "intel-rapl:1:0", "dram", 0)
+    zone_dir(ctl / "intel-rapl:2", "psys", 7_000_000)
+    zone_dir(devices / "intel-rapl-mmio" / "intel-rapl-mmio:0", "package-0", 1_000_000)
+    (ctl / "enabled").write_text("1\n")
+    root = tmp_path / "class" / "powercap"
+    root.mkdir(parents=True)
+    (root / "intel-rapl").symlink_to(ctl)
+    (root / "intel-rapl-mmio").symlink_to(devices / "intel-rapl-mmio")
+    (root / "intel-rapl-mmio:0").symlink_to(devices / "intel-rapl-mmio" / "intel-rapl-mmio:0")
+    for n in ("0", "1", "2"):
+        (root / f"intel-rapl:{n}").symlink_to(ctl / f"intel-rapl:{n}")
+    for n, m in (("0", "0"), ("0", "1"), ("1", "0")):
+        (root / f"intel-rapl:{n}:{m}").symlink_to(ctl / f"intel-rapl:{n}" / f"intel-rapl:{n}:{m}")
+    return root
+
+
+def set_energy(root: Path, rel: str, energy_uj: int) -> None:
+    (root / rel / "energy_uj").write_text(f"{energy_uj}\n")
+
+
+def config() -> RunConfig:
+    return RunConfig(workload="fcnn", accelerator="cpu")
+
+
+# --- discovery ----------------------------------------------------------------------------------
+
+def test_discovers_each_kernel_zone_once(tmp_path: Path) -> None:
+    zones = discover_zones(kernel_tree(tmp_path))
+    assert [(z.key, z.in_total) for z in zones] == [
+        ("package-0", True), ("package-0/core", False), ("package-0/dram", True),
+        ("package-1", True), ("package-1/dram", True), ("psys", False),
+    ]  # no duplicate from the intel-rapl/ hierarchy, the flat subzone links, or intel-rapl-mmio
+    assert all(z.max_energy_range_uj == MAX for z in zones)
+
+
+def test_discovers_plain_nested_directories(tmp_path: Path) -> None:
+    # Hierarchy only (no flat links), as some container sysfs views show it.
+    zone_dir(tmp_path / "intel-rapl" / "intel-rapl:0", "package-0", 0)
+    zone_dir(tmp_path / "intel-rapl" / "intel-rapl:0" / "intel-rapl:0:0", "dram", 0)
+    assert [z.key for z in discover_zones(tmp_path)] == ["package-0", "package-0/dram"]
+
+
+# --- energy -------------------------------------------------------------------------------------
+
+def test_two_packages_and_dram_match_a_hand_calculation(tmp_path: Path) -> None:
+    root = kernel_tree(tmp_path)
+    clock = Clock()
+    meter = RaplMeter(discover_zones(root), clock=clock)
+    meter.start()
+    set_energy(root, "intel-rapl:0", 1_000_000 + 50_000_000)  # package-0: 50 J
+    set_energy(root, "intel-rapl:0:0", 500_000 + 30_000_000)  # core: 30 J, inside package-0
+    set_energy(root, "intel-rapl:0:1", 200_000 + 4_000_000)  # package-0 dram: 4 J
+    set_energy(root, "intel-rapl:1", 3_000_000 + 40_000_000)  # package-1: 40 J
+    set_energy(root, "intel-rapl:1:0", 6_000_000)  # package-1 dram: 6 J
+    set_energy(root, "intel-rapl:2", 7_000_000 + 120_000_000)  # psys: 120 J, overlaps the packages
+    clock.t += 2.0
+    m = meter.stop()
+    assert m.meter == "rapl" and m.method == "counter" and m.unavailable_reason is None
+    assert m.energy_joules == pytest.approx(50 + 4 + 40 + 6)  # packages + dram; not core, not psys
+    assert m.components_joules == pytest.approx({
+        "package-0": 50, "package-0/core": 30, "package-0/dram": 4,
+        "package-1": 40, "package-1/dram": 6, "psys": 120,
+    })
+    assert m.mean_power_watts == pytest.approx(50.0)
+    assert m.details["wraps"] == 0
+    assert [z["zone"] for z in m.details["zones"]][:3] == ["package-0", "package-0/core", "package-0/dram"]
+
+
+def test_wrap_is_handled(tmp_path: Path) -> None:
+    zone_dir(tmp_path / "intel-rapl:0", "package-0", MAX - 1_000_000)
+    meter = RaplMeter(discover_zones(tmp_path))
+    meter.start()
+    set_energy(tmp_path, "intel-rapl:0", 2_500_000)  # end < start: passed MAX and restarted at 0
+    m = meter.stop()
+    assert m.energy_joules == pytest.approx(3.5)  # (MAX - (MAX - 1e6)) + 2.5e6 uJ
+    assert m.details["wraps"] == 1 and m.details["zones"][0]["wraps"] == 1
+
+
+def test_several_wraps_are_counted_by_polling(tmp_path: Path) -> None:
+    zone_dir(tmp_path / "intel-rapl:0", "package-0", MAX - 1_000_000)
+    clock = Clock()
+    meter = RaplMeter(discover_zones(tmp_path), clock=clock)
+    meter.start()
+    for value in (MAX // 2, MAX - 2_000_000, 1_000_000):  # wraps before the first and the third poll
+        clock.t += 200.0  # well inside the ~524 s a 262 kJ counter needs to wrap at 500 W
+        set_energy(tmp_path, "intel-rapl:0", value)
+        meter.poll()
+    clock.t += 200.0
+    set_energy(tmp_path, "intel-rapl:0", 4_000_000)
+    m = meter.stop()
+    # Two whole ranges were passed; reads at start and stop alone would have seen one wrap and 5 J.
+    assert m.details["wraps"] == 2 and m.details["polls"] == 3
+    assert m.energy_joules == pytest.approx((2 * MAX + 4_000_000 - (MAX - 1_000_000)) / 1e6)
+    assert m.energy_joules == pytest.approx(5.0 + MAX / 1e6)
+
+
+def test_background_thread_polls_fast_enough_for_small_ranges() -> None:
+    # A 10 J counter at 20 W wraps every 0.5 s; with max_power_watts=25 the meter must read at least every
+    # 0.4 s (it polls every 0.2 s, leaving room for scheduling delays), so both wraps in 1.2 s count.
+    zone = RaplZone("package-0", Path("/fake/intel-rapl:0"), 10_000_000, True)
+    t0 = time.monotonic()
+
+    def read_text(path: Path) -> str:  # power as a function of real time
+        return str(round(20e6 * (time.monotonic() - t0)) % 10_000_000)
+
+    meter = RaplMeter([zone], read_text=read_text, max_power_watts=25.0)
+    assert meter.poll_interval_seconds == pytest.approx(0.2)
+    meter.start()
+    time.sleep(1.2)
+    m = meter.stop()
+    assert m.unavailable_reason is None, m.unavailable_reason
+    assert m.details["wraps"] >= 2 and m.details["polls"] >= 3
+    assert m.energy_joules == pytest.approx(20.0 * m.details["window_seconds"], rel=0.01)
+
+
+def test_a_gap_long_enough_to_hide_a_wrap_is_unavailable(tmp_path: Path) -> None:
+    zone_dir(tmp_path / "intel-rapl:0", "package-0", 0)
+    clock = Clock()
+    meter = RaplMeter(discover_zones(tmp_path), clock=clock)  # 262 kJ at 500 W: ~524 s per wrap
+    meter.start()
+    clock.t += 600.0  # the poller never ran (suspended host, say)
+    set_energy(tmp_path, "intel-rapl:0", 1_000_000)
+    m = meter.stop()
+    assert m.energy_joules is None
+    assert "600.0 s" in (m.unavailable_reason or "") and "wrap" in (m.unavailable_reason or "")
+
+
+# --- failures are reasons, never numbers --------------------------------------------------------
+
+def test_failed_read_at_stop_is_unavailable_not_a_wrap(tmp_path: Path) -> None:
+    root = kernel_tree(tmp_path)
+    meter = RaplMeter(discover_zones(root))
+    meter.start()
+    energy = tmp_path / "devices/virtual/powercap/intel-rapl/intel-rapl:1/energy_uj"
+    energy.unlink()
+    energy.mkdir()  # reading it now raises IsADirectoryError (chmod 000 would not stop root)
+    m = meter.stop()
+    assert m.energy_joules is None and m.components_joules == {}
+    assert "intel-rapl:1/energy_uj" in (m.unavailable_reason or "")
+    assert "IsADirectoryError" in (m.unavailable_reason or "")
+
+
+def test_garbage_counter_at_stop_is_unavailable(tmp_path: Path) -> None:
+    zone_dir(tmp_path / "intel-rapl:0", "package-0", 5_000_000)
+    meter = RaplMeter(discover_zones(tmp_path))
+    meter.start()
+    set_energy(tmp_path, "intel-rapl:0", 0)
+    (tmp_path / "intel-rapl:0" / "energy_uj").write_text("")  # empty: must not read as 0, i.e. a wrap
+    m = meter.stop()
+    assert m.energy_joules is None and "ValueError" in (m.unavailable_reason or "")
+
+
+def test_failed_read_at_start_is_reported_at_stop(tmp_path: Path) -> None:
+    zone_dir(tmp_path / "intel-rapl:0", "package-0", 0)
+
+    def deny(path: Path) -> str:
+        raise PermissionError(13, "Permission denied", str(path))
+
+    meter = RaplMeter(discover_zones(tmp_path), read_text=deny)
+    meter.start()
+    m = meter.stop()
+    assert m.energy_joules is None and "Permission denied" in (m.unavailable_reason or "")
+
+
+def test_stop_without_start_is_unavailable(tmp_path: Path) -> None:
+    zone_dir(tmp_path / "intel-rapl:0", "package-0", 0)
+    m = RaplMeter(discover_zones(tmp_path)).stop()
+    assert m.energy_joules is None and "before start()" in (m.unavailable_reason or "")
+
+
+def test_failed_poll_is_recorded_and_the_next_read_still_counts(tmp_path: Path) -> None:
+    zone_dir(tmp_path / "intel-rapl:0", "package-0", 0)
+    fail = {"now": False}
+
+    def read_text(path: Path) -> str:
+        if fail["now"] and path.name == "energy_uj":
+            raise OSError(5, "Input/output error")
+        return path.read_text()
+
+    meter = RaplMeter(discover_zones(tmp_path), read_text=read_text)
+    meter.start()
+    set_energy(tmp_path, "intel-rapl:0", 3_000_000)
+    fail["now"] = True
+    meter.poll()
+    fail["now"] = False
+    set_energy(tmp_path, "intel-rapl:0", 8_000_000)
+    m = meter.stop()
+    assert m.energy_joules == pytest.approx(8.0)
+    assert m.details["poll_error_count"] == 1 and "Input/output error" in m.details["poll_errors"][0]
+
+
+# --- factory ------------------------------------------------------------------------------------
+
+def test_factory_reads_cpu_and_creates_a_meter(tmp_path: Path) -> None:
+    factory = RaplMeterFactory(root=kernel_tree(tmp_path))
+    assert factory.name == "rapl" and factory.reads("cpu") and not factory.reads("nvidia")
+    assert factory.availability().available
+    meter = factory.create([], config())
+    assert isinstance(meter, RaplMeter) and len(meter.zones) == 6
+
+
+@pytest.mark.parametrize("make_root", [lambda p: p / "missing", lambda p: p])
+def test_no_zones_is_unavailable(tmp_path: Path, make_root) -> None:
+    factory = RaplMeterFactory(root=make_root(tmp_path))
+    availability = factory.availability()
+    assert not availability.available and "no RAPL zones" in (availability.reason or "")
+    meter = factory.create([], config())
+    assert isinstance(meter, UnavailableMeter)
+    m = meter.stop()
+    assert m.energy_joules is None and "no RAPL zones" in (m.unavailable_reason or "")
+
+
+def test_permission_denied_explains_the_fix(tmp_path: Path) -> None:
+    root = kernel_tree(tmp_path)
+
+    def read_text(path: Path) -> str:
+        if path.name == "energy_uj":  # what a non-root user gets since the CVE-2020-8694 fix
+            raise PermissionError(13, "Permission denied", str(path))
+        return path.read_text()
+
+    availability = RaplMeterFactory(root=root, read_text=read_text).availability()
+    assert not availability.available
+    reason = availability.reason or ""
+    assert "permission denied" in reason and "intel-rapl:0/energy_uj" in reason
+    assert "root" in reason and "CVE-2020-8694" in reason and "chmod" in reason
+
+
+def test_unreadable_counter_is_unavailable(tmp_path: Path) -> None:
+    zone_dir(tmp_path / "intel-rapl:0", "package-0", 0)
+    (tmp_path / "intel-rapl:0" / "energy_uj").unlink()
+    (tmp_path / "intel-rapl:0" / "energy_uj").mkdir()
+    availability = RaplMeterFactory(root=tmp_path).availability()
+    assert not availability.available and "energy_uj" in (availability.reason or "")
+
+
+def test_psys_only_is_unavailable(tmp_path: Path) -> None:
+    zone_dir(tmp_path / "intel-rapl:0", "psys", 0)
+    availability = RaplMeterFactory(root=tmp_path).availability()
+    assert not availability.available and "package" in (availability.reason or "")

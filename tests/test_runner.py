@@ -1,0 +1,218 @@
+"""The runner's phases, timed window, meter placement and fault handling, on scripted parts."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, ClassVar
+
+import pytest
+
+from core import (Accelerator, Availability, DeviceRecord, EnergyMeasurement, Framework, PowerMeter,
+                  PowerMeterFactory, Precision, ProcessContext, RunConfig, RunState, Workload, hookimpl, run)
+from core.errors import NonFiniteLossError
+from core.executors.base import Executor, HostStepClock, StepClock
+from core.testing import registered_plugins
+
+STEP_SECONDS = 0.002
+
+
+class ScriptedExecutor(Executor):
+    """Sleeps a fixed time per step and logs every call; can fail at a chosen step."""
+
+    def __init__(self, log: list[str], fail_at_step: int | None, failure: BaseException | None, samples: int) -> None:
+        self.log, self.fail_at_step, self.failure = log, fail_at_step, failure
+        self.local_samples_per_update = samples
+        self.steps = 0
+
+    def step(self) -> None:
+        self.steps += 1
+        if self.steps == self.fail_at_step and not isinstance(self.failure, NonFiniteLossError):
+            raise self.failure  # type: ignore[misc]
+        time.sleep(STEP_SECONDS)
+        self.log.append("step")
+
+    def synchronize(self) -> None:
+        self.log.append("sync")
+
+    def step_clock(self) -> StepClock:
+        return HostStepClock()
+
+    def check_finite(self) -> None:
+        if isinstance(self.failure, NonFiniteLossError) and self.fail_at_step and self.steps >= self.fail_at_step:
+            raise self.failure
+
+    def close(self) -> None:
+        self.log.append("close")
+
+
+class ScriptedAccelerator(Accelerator):
+    name: ClassVar[str] = "scripted"
+
+    def __init__(self, fail_at_step: int | None = None, failure: BaseException | None = None) -> None:
+        self.log: list[str] = []
+        self.fail_at_step, self.failure = fail_at_step, failure
+
+    def availability(self) -> Availability:
+        return Availability.yes()
+
+    def precisions(self, framework: Framework) -> tuple[Precision, ...]:
+        return (Precision.fp32,)
+
+    def max_replicas(self, config: RunConfig) -> int:
+        return 1
+
+    def devices(self) -> list[DeviceRecord]:
+        return [DeviceRecord(index=0, name="scripted device", kind=self.name)]
+
+    def create_executor(self, workload: Workload, config: RunConfig, process: ProcessContext) -> Executor:
+        assert config.micro_batch_size is not None
+        return ScriptedExecutor(self.log, self.fail_at_step, self.failure, config.micro_batch_size)
+
+
+class ScriptedWorkload(Workload):
+    name: ClassVar[str] = "scripted-workload"
+    default_micro_batch_size: ClassVar[int] = 8
+
+    def flops_per_sample(self, options: Any) -> float:
+        return 1000.0
+
+
+class RecordingMeter(PowerMeter):
+    name = "recording"
+
+    def __init__(self, log: list[str], joules: float | None, fail: bool) -> None:
+        self.log, self.joules, self.fail = log, joules, fail
+
+    def start(self) -> None:
+        self.log.append("meter-start")
+
+    def stop(self) -> EnergyMeasurement:
+        self.log.append("meter-stop")
+        if self.fail:
+            raise OSError("sensor went away")
+        return EnergyMeasurement(meter=self.name, method="counter", energy_joules=self.joules)
+
+
+class RecordingMeterFactory(PowerMeterFactory):
+    name: ClassVar[str] = "recording"
+
+    def __init__(self, log: list[str], joules: float | None = 36.0, fail: bool = False) -> None:
+        self.log, self.joules, self.fail = log, joules, fail
+
+    def reads(self, accelerator_name: str) -> bool:
+        return accelerator_name == "scripted"
+
+    def availability(self) -> Availability:
+        return Availability.yes()
+
+    def create(self, devices: list[DeviceRecord], config: RunConfig) -> PowerMeter:
+        return RecordingMeter(self.log, self.joules, self.fail)
+
+
+class MeterPlugin:
+    def __init__(self, factory: PowerMeterFactory) -> None:
+        self.factory = factory
+
+    @hookimpl
+    def core_register_power_meters(self, register: Callable[[PowerMeterFactory], None]) -> None:
+        register(self.factory)
+
+
+def test_phases_window_and_meter_placement() -> None:
+    accelerator = ScriptedAccelerator()
+    with registered_plugins(MeterPlugin(RecordingMeterFactory(accelerator.log))):
+        result = run(ScriptedWorkload(), accelerator, steps=10, warmup_steps=2, micro_batch_size=8)
+    assert result.status.ok, result.status
+    log = accelerator.log
+    # setup sync, 1 first step + sync, 2 warm-up steps + sync, meter on, 10 steps, sync, meter off.
+    assert log == (["sync", "step", "sync", "step", "step", "sync", "meter-start"]
+                   + ["step"] * 10 + ["sync", "meter-stop", "close"])
+    assert result.window_samples == 80 and result.window_steps == 10
+    assert result.throughput_per_second == pytest.approx(80 / result.window_seconds)
+    assert result.window_seconds >= 10 * STEP_SECONDS
+    assert result.step_seconds_median >= STEP_SECONDS * 0.9 and result.step_seconds_p90 >= result.step_seconds_median
+    assert None not in (result.setup_seconds, result.first_step_seconds, result.warmup_seconds)
+    assert result.flops_per_second == pytest.approx(1000.0 * result.throughput_per_second)
+    assert result.energy_joules == 36.0 and result.energy.method == "counter"
+    assert result.samples_per_watt_hour == pytest.approx(80 / (36.0 / 3600))
+    assert result.devices[0].name == "scripted device"
+
+
+def test_a_failing_meter_costs_only_the_energy_figure() -> None:
+    accelerator = ScriptedAccelerator()
+    with registered_plugins(MeterPlugin(RecordingMeterFactory(accelerator.log, fail=True))):
+        result = run(ScriptedWorkload(), accelerator, steps=3, warmup_steps=0)
+    assert result.status.ok
+    assert result.throughput_per_second is not None
+    assert result.energy_joules is None and "meter failed: OSError: sensor went away" in result.energy_unavailable_reason
+
+
+def test_no_meter_gives_a_reason_not_a_number() -> None:
+    with registered_plugins():
+        result = run(ScriptedWorkload(), ScriptedAccelerator(), steps=2, warmup_steps=0)
+    assert result.energy_joules is None and result.samples_per_watt_hour is None
+    assert "no available power meter reads accelerator 'scripted'" in result.energy_unavailable_reason
+
+
+@pytest.mark.parametrize("failure,step,state,phase", [
+    (MemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), 3, RunState.oom, "warmup"),
+    (RuntimeError("HIP error: out of memory"), 1, RunState.oom, "first_step"),
+    (NonFiniteLossError("loss is nan"), 5, RunState.non_finite_loss, "window"),
+    (ValueError("shapes do not match"), 6, RunState.error, "window"),
+])
+def test_faults_are_reported_and_earlier_figures_kept(failure: BaseException, step: int, state: RunState, phase: str) -> None:
+    accelerator = ScriptedAccelerator(fail_at_step=step, failure=failure)
+    with registered_plugins(MeterPlugin(RecordingMeterFactory(accelerator.log))):
+        result = run(ScriptedWorkload(), accelerator, steps=4, warmup_steps=2)
+    assert result.status.state is state and result.status.phase == phase
+    assert result.status.error_type == type(failure).__name__ and str(failure) in result.status.message
+    assert result.setup_seconds is not None
+    if phase == "window":
+        assert result.warmup_seconds is not None and result.throughput_per_second is None
+        assert result.energy_joules is None and "did not complete" in result.energy_unavailable_reason
+    assert accelerator.log[-1] == "close"
+
+
+def test_a_nan_loss_in_a_real_torch_run_is_reported() -> None:
+    from core.testing import TINY_FCNN
+    from plugins.cpu.accelerator import CpuAccelerator
+
+    class HugeLearningRate(Workload):
+        """FCNN whose optimizer diverges at once."""
+        name: ClassVar[str] = "diverging-fcnn"
+        options_model = __import__("core.workloads.fcnn", fromlist=["FcnnOptions"]).FcnnOptions
+
+        def build_torch(self, options: Any, seed: int) -> Any:
+            import torch
+            from core.workloads.fcnn import Fcnn
+
+            spec = Fcnn().build_torch(options, seed)
+            spec.inputs = spec.inputs * 1e30
+            spec.make_optimizer = lambda params: torch.optim.SGD(params, lr=1e30)
+            return spec
+
+    with registered_plugins():
+        result = run(HugeLearningRate(), CpuAccelerator(), micro_batch_size=4, steps=2, warmup_steps=1,
+                     power_meter="none", workload_options=TINY_FCNN)
+    assert result.status.state is RunState.non_finite_loss
+    assert result.setup_seconds is not None
+
+
+class Observer:
+    def __init__(self) -> None:
+        self.events: list[Any] = []
+
+    @hookimpl
+    def core_run_started(self, config: RunConfig) -> None:
+        self.events.append(("started", config.workload))
+
+    @hookimpl
+    def core_result_ready(self, result: Any) -> None:
+        self.events.append(("ready", result.status.state))
+
+
+def test_observers_see_the_start_and_the_result() -> None:
+    observer = Observer()
+    with registered_plugins(observer):
+        run(ScriptedWorkload(), ScriptedAccelerator(), steps=2, warmup_steps=0)
+    assert observer.events == [("started", "scripted-workload"), ("ready", RunState.ok)]
