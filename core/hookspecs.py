@@ -89,7 +89,8 @@ def core_select_power_meter(
 def core_run_started(config: "RunConfig") -> None:
     """A run passed validation and is about to set up its devices.
 
-    Fires in the process that called :func:`core.run` (once per run, not per rank).
+    Fires in the process that called :func:`core.run` (once per run, not per rank). An
+    exception raised here is reported as a warning on stderr and does not stop the run.
 
     :param config: the validated run configuration, with the micro-batch size resolved.
     :returns: nothing; results of this hook are ignored.

@@ -13,7 +13,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-from core.errors import ConfigError
 from core.planning import RunPlan
 from core.results import RunResult, RunState, Status
 from core.runner import new_result
@@ -53,9 +52,6 @@ def _last_phase(result: RunResult) -> str:
 
 
 def launch_with_torchrun(plan: RunPlan) -> RunResult:
-    if not all(name in (plan.config.workload, plan.config.accelerator) for name in
-               (plan.workload.name, plan.accelerator.name)):
-        raise ConfigError("replicas", plan.config.replicas, "multi-process replicas need registered plugin names")
     with tempfile.TemporaryDirectory(prefix="core-torchrun-") as tmp:
         config_path, result_path = Path(tmp, "config.json"), Path(tmp, "result.json")
         config_path.write_text(plan.config.model_dump_json(), encoding="utf-8")

@@ -74,6 +74,16 @@ def plan_run(manager: PluginManager, workload: str | Workload, accelerator: str 
                           f"accelerator {accelerator_name!r} runs one update per host call; allowed: 1")
     accelerator_obj.validate(config)
 
+    if (config.replicas > 1 and framework.value == "torch" and accelerator_obj.launcher == "torchrun"
+            and (manager.workloads.get(workload_name, None) is None
+                 or manager.workloads[workload_name].item is not workload_obj
+                 or manager.accelerators.get(accelerator_name, None) is None
+                 or manager.accelerators[accelerator_name].item is not accelerator_obj)):
+        # Worker processes find the workload and accelerator again by name, through the plugins.
+        raise ConfigError("replicas", config.replicas,
+                          "replicas > 1 start one process each, which needs the workload and accelerator "
+                          "registered through a plugin (objects passed to run() exist in this process only)")
+
     meter_reason: str | None = None
     factory = manager.power_meter_factory(accelerator_obj, config)
     if factory is not None:

@@ -122,8 +122,6 @@ class PluginManager:
         autoload = not _env_flag(ENV_NO_AUTOLOAD)
         for entry_point in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
             name = entry_point.name
-            if name in self.plugins:
-                continue
             distribution = getattr(entry_point, "dist", None)
             record = PluginRecord(
                 name=name,
@@ -156,6 +154,15 @@ class PluginManager:
         return self._add(plugin, PluginRecord(name=name, state=PluginState.loaded, module=module, version=version))
 
     def _add(self, plugin: object, record: PluginRecord) -> PluginRecord:
+        if record.name in self.plugins:
+            # Two plugins under one name: keep the first, report the second beside it.
+            first = self.plugins[record.name]
+            record.state = PluginState.failed
+            record.error = (f'Plugin "{record.name}" from {record.module} was not loaded: the name is taken '
+                            f"by {first.module}")
+            record.name = f"{record.name} ({record.module})"
+            self.plugins[record.name] = record
+            return record
         self.plugins[record.name] = record
         try:
             self._pluggy.register(plugin, name=record.name)
@@ -165,6 +172,10 @@ class PluginManager:
             self._unregister(record.name)
             record.state = PluginState.failed
             record.error = f'Plugin "{record.name}" failed validation: {exc}'
+            return record
+        except ValueError as exc:  # pluggy: this name or this object is registered already
+            record.state = PluginState.failed
+            record.error = f'Plugin "{record.name}" could not be registered: {exc}'
             return record
         record.hooks = sorted(caller.name for caller in self._pluggy.get_hookcallers(plugin) or [])
         try:
@@ -181,6 +192,9 @@ class PluginManager:
                 registry[item.name] = Registered(item, record.name)
             record.registered[registry_name] = [item.name for item in items]
         return record
+
+    def is_registered(self, plugin: object) -> bool:
+        return self._pluggy.is_registered(plugin)
 
     def _unregister(self, name: str) -> None:
         plugin = self._pluggy.get_plugin(name)

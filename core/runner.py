@@ -15,7 +15,7 @@ from core.environment import collect_environment
 from core.errors import NonFiniteLossError
 from core.executors.base import Executor
 from core.planning import RunPlan
-from core.power import PowerMeter
+from core.power import PowerMeter, UnavailableMeter
 from core.results import EnergyMeasurement, RunResult, RunState, Status
 
 JOULES_PER_WATT_HOUR = 3600.0
@@ -108,7 +108,10 @@ def execute(plan: RunPlan, process: ProcessContext, on_progress: ProgressCallbac
 
         phase = "window"
         if plan.meter_factory is not None and process.reads_node_meter:
-            meter = plan.meter_factory.create(result.devices, config)
+            try:
+                meter = plan.meter_factory.create(result.devices, config)
+            except Exception as exc:  # a meter that cannot open costs the energy figure only
+                meter = UnavailableMeter(plan.meter_factory.name, f"meter failed to open: {type(exc).__name__}: {exc}")
         window_seconds, step_seconds, energy = _timed_window(executor, meter, config.steps)
         result.window_seconds = window_seconds
         result.window_steps = config.steps
@@ -142,7 +145,10 @@ def _timed_window(executor: Executor, meter: PowerMeter | None, steps: int
     clock = executor.step_clock()
     # The previous phase ended with a synchronise and a barrier: the device is idle here.
     if meter is not None:
-        meter.start()
+        try:
+            meter.start()
+        except Exception as exc:
+            meter = UnavailableMeter(getattr(meter, "name", "?"), f"meter failed to start: {type(exc).__name__}: {exc}")
     started = time.perf_counter()
     clock.mark()
     for _ in range(steps):

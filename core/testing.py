@@ -31,6 +31,8 @@ def registered_plugins(*plugins: object, entry_points: bool = True) -> Iterator[
     if entry_points:
         manager.load_entry_points()
     for plugin in plugins:
+        if manager.is_registered(plugin):  # the plugin under test is installed: its entry point loaded it
+            continue
         manager.register_plugin(plugin, name=getattr(plugin, "__name__", type(plugin).__name__))
     previous = set_plugin_manager(manager)
     try:

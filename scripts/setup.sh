@@ -15,7 +15,9 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip >/dev/null
 if ! .venv/bin/python -c 'import torch' >/dev/null 2>&1; then
-    .venv/bin/python -m pip install --quiet --disable-pip-version-check "$TORCH_SPEC"
+    # Unquoted on purpose: TORCH_SPEC may carry pip options such as --index-url.
+    # shellcheck disable=SC2086
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check $TORCH_SPEC
 fi
 extras=""
 if [ "$#" -gt 0 ]; then extras="[$(IFS=,; echo "$*")]"; fi

@@ -144,3 +144,19 @@ def test_block_allow_and_autoload_switches() -> None:
     no_autoload = {"CORE_DISABLE_PLUGIN_AUTOLOAD": "1"}
     assert names_in_state(no_autoload, "loaded") == set()
     assert names_in_state({**no_autoload, "CORE_PLUGINS": "workloads"}, "loaded") == {"workloads"}
+
+
+def test_a_second_plugin_under_a_taken_name_is_reported_not_swapped_in(manager: PluginManager) -> None:
+    record = manager.register_plugin(RaisesInHook(), name="cpu")
+    assert record.state is PluginState.failed and "the name is taken" in (record.error or "")
+    assert manager.plugins["cpu"].state is PluginState.loaded
+    assert manager.accelerators["cpu"].plugin == "cpu"
+
+
+def test_registering_an_installed_plugin_again_is_harmless() -> None:
+    import plugins.cpu
+    from core.testing import registered_plugins
+
+    with registered_plugins(plugins.cpu) as manager:
+        assert manager.plugins["cpu"].state is PluginState.loaded
+        assert not [r for r in manager.plugins.values() if r.state is PluginState.failed]

@@ -80,15 +80,17 @@ class ScriptedWorkload(Workload):
 class RecordingMeter(PowerMeter):
     name = "recording"
 
-    def __init__(self, log: list[str], joules: float | None, fail: bool) -> None:
+    def __init__(self, log: list[str], joules: float | None, fail: str | None) -> None:
         self.log, self.joules, self.fail = log, joules, fail
 
     def start(self) -> None:
         self.log.append("meter-start")
+        if self.fail == "start":
+            raise OSError("sensor went away")
 
     def stop(self) -> EnergyMeasurement:
         self.log.append("meter-stop")
-        if self.fail:
+        if self.fail == "stop":
             raise OSError("sensor went away")
         return EnergyMeasurement(meter=self.name, method="counter", energy_joules=self.joules)
 
@@ -96,7 +98,7 @@ class RecordingMeter(PowerMeter):
 class RecordingMeterFactory(PowerMeterFactory):
     name: ClassVar[str] = "recording"
 
-    def __init__(self, log: list[str], joules: float | None = 36.0, fail: bool = False) -> None:
+    def __init__(self, log: list[str], joules: float | None = 36.0, fail: str | None = None) -> None:
         self.log, self.joules, self.fail = log, joules, fail
 
     def reads(self, accelerator_name: str) -> bool:
@@ -106,6 +108,8 @@ class RecordingMeterFactory(PowerMeterFactory):
         return Availability.yes()
 
     def create(self, devices: list[DeviceRecord], config: RunConfig) -> PowerMeter:
+        if self.fail == "create":
+            raise OSError("sensor went away")
         return RecordingMeter(self.log, self.joules, self.fail)
 
 
@@ -138,13 +142,16 @@ def test_phases_window_and_meter_placement() -> None:
     assert result.devices[0].name == "scripted device"
 
 
-def test_a_failing_meter_costs_only_the_energy_figure() -> None:
+@pytest.mark.parametrize("where,reason", [("create", "meter failed to open"), ("start", "meter failed to start"),
+                                          ("stop", "meter failed")])
+def test_a_failing_meter_costs_only_the_energy_figure(where: str, reason: str) -> None:
     accelerator = ScriptedAccelerator()
-    with registered_plugins(MeterPlugin(RecordingMeterFactory(accelerator.log, fail=True))):
+    with registered_plugins(MeterPlugin(RecordingMeterFactory(accelerator.log, fail=where))):
         result = run(ScriptedWorkload(), accelerator, steps=3, warmup_steps=0)
-    assert result.status.ok
+    assert result.status.ok, result.status
     assert result.throughput_per_second is not None
-    assert result.energy_joules is None and "meter failed: OSError: sensor went away" in result.energy_unavailable_reason
+    assert result.energy_joules is None and result.samples_per_watt_hour is None
+    assert f"{reason}: OSError: sensor went away" in result.energy_unavailable_reason
 
 
 def test_no_meter_gives_a_reason_not_a_number() -> None:
@@ -216,3 +223,13 @@ def test_observers_see_the_start_and_the_result() -> None:
     with registered_plugins(observer):
         run(ScriptedWorkload(), ScriptedAccelerator(), steps=2, warmup_steps=0)
     assert observer.events == [("started", "scripted-workload"), ("ready", RunState.ok)]
+
+
+def test_replicas_as_processes_need_registered_plugins() -> None:
+    from core import ConfigError
+    from plugins.cpu.accelerator import CpuAccelerator
+
+    with registered_plugins():
+        with pytest.raises(ConfigError) as caught:
+            run("fcnn", CpuAccelerator(), replicas=2)  # a new object, not the registered one
+    assert caught.value.field == "replicas" and "registered through a plugin" in caught.value.allowed

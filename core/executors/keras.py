@@ -10,14 +10,17 @@ discovery does) stays cheap and does not initialise TensorFlow's runtime.
 from __future__ import annotations
 
 import math
-import time
+import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from core.config import Precision, RunConfig
 from core.errors import NonFiniteLossError
-from core.executors.base import Executor, StepClock
+from core.executors.base import Executor, HostStepClock, StepClock
 from core.workload import KerasTrainingSpec
+
+# TensorFlow's C++ start-up chatter (CPU feature notes) would bury core's own output.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 _POLICY_BY_PRECISION = {
     Precision.fp32: "float32",
@@ -66,24 +69,6 @@ def split_host_cpu(logical_devices: int) -> list[str]:
                 "before any TensorFlow op executes in this process"
             ) from exc
     return [d.name for d in tf.config.list_logical_devices("CPU")]
-
-
-class _HostClock(StepClock):
-    """Host timestamps around tf.function calls.
-
-    Calling a tf.function eagerly returns once its ops are dispatched; on GPU the kernels may
-    still be running, so an interval measures dispatch unless the runner synchronises. The
-    runner's window-level synchronise makes the window total exact either way.
-    """
-
-    def __init__(self) -> None:
-        self._marks: list[float] = []
-
-    def mark(self) -> None:
-        self._marks.append(time.perf_counter())
-
-    def intervals_seconds(self) -> list[float]:
-        return [b - a for a, b in zip(self._marks, self._marks[1:])]
 
 
 class KerasExecutor(Executor):
@@ -280,7 +265,9 @@ class KerasExecutor(Executor):
         self._read_loss_sum()
 
     def step_clock(self) -> StepClock:
-        return _HostClock()
+        # Calling a tf.function returns once its ops are dispatched: on a GPU these host marks
+        # time dispatch, while the window's total stays exact through the runner's synchronise.
+        return HostStepClock()
 
     def check_finite(self) -> None:
         total = self._read_loss_sum()

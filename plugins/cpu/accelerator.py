@@ -94,9 +94,10 @@ class CpuAccelerator(Accelerator):
         return TorchExecutor(workload.build_torch(options, config.seed), config, placement, process)
 
     def _keras_executor(self, workload: Workload, options: Any, config: RunConfig, threads: int) -> "Executor":
-        import tensorflow as tf
-
+        # The executor module first: it quiets TensorFlow's start-up logging before TF loads.
         from core.executors.keras import KerasExecutor, KerasPlacement, split_host_cpu
+
+        import tensorflow as tf
 
         # Both must be set before TensorFlow starts its runtime; the executor records them.
         tf.config.threading.set_intra_op_parallelism_threads(threads * config.replicas)
