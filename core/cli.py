@@ -184,8 +184,8 @@ def _command_plugins(args: argparse.Namespace) -> int:
             for entry in entries:
                 state = ""
                 if "available" in entry:
-                    state = " available" if entry["available"] else f" unavailable: {entry['reason']}"
-                print(f"  {kind[:-1].replace('_', ' ')} {entry['name']}:{state}")
+                    state = ": available" if entry["available"] else f": unavailable: {entry['reason']}"
+                print(f"  {kind[:-1].replace('_', ' ')} {entry['name']}{state}")
         if row["hooks"]:
             print(f"  hooks: {', '.join(row['hooks'])}")
     return 0
