@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import BaseModel
 
 from core.config import Framework, Precision, RunConfig
 from core.results import DeviceRecord
+from core.workload import NoOptions, parse_plugin_options
 
 if TYPE_CHECKING:
     from core.distributed import ProcessContext
@@ -49,6 +52,12 @@ class Accelerator(ABC):
     # placement features only some accelerators have (Graphcore IPUs); the rest refuse them.
     max_devices_per_replica: ClassVar[int] = 1
     supports_device_iterations: ClassVar[bool] = False
+    #: pydantic model (extra="forbid") of this accelerator's ``accelerator_options``
+    options_model: ClassVar[type[BaseModel]] = NoOptions
+
+    def parse_options(self, options: dict[str, Any]) -> BaseModel:
+        """Validate accelerator_options; errors name ``accelerator_options.<key>``."""
+        return parse_plugin_options(self.options_model, options, "accelerator_options", f"accelerator {self.name!r}")
 
     @abstractmethod
     def availability(self) -> Availability:

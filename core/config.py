@@ -51,8 +51,8 @@ class RunConfig(BaseModel):
         description="weight updates per host call, where the accelerator supports it",
     )
     precision: Precision = Precision.fp32
-    steps: int = Field(default=20, ge=1, le=1 << 24, description="weight updates in the timed window")
-    warmup_steps: int = Field(default=3, ge=0, le=1 << 24, description="untimed updates after the first")
+    steps: int = Field(default=20, ge=1, le=1 << 24, description="host calls (steps) in the timed window; each makes updates_per_step weight updates (device_iterations)")
+    warmup_steps: int = Field(default=3, ge=0, le=1 << 24, description="untimed steps after the first")
     seed: int = Field(default=0, ge=0, le=2**32 - 1)
     compile: bool = Field(default=False, description="graph-compile the model (torch.compile / XLA)")
     power_meter: str = Field(
@@ -66,6 +66,14 @@ class RunConfig(BaseModel):
     workload_options: dict[str, OptionValue] = Field(
         default_factory=dict, description="workload hyper-parameters, validated by the workload"
     )
+    accelerator_options: dict[str, OptionValue] = Field(
+        default_factory=dict, description="vendor placement options (e.g. MI250 'mode'), validated by the accelerator"
+    )
+
+    @property
+    def samples_per_host_call(self) -> int:
+        """Samples per call from the host: samples_per_update x device_iterations."""
+        return self.samples_per_update * self.device_iterations
 
     @property
     def samples_per_update(self) -> int:

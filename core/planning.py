@@ -59,6 +59,7 @@ def plan_run(manager: PluginManager, workload: str | Workload, accelerator: str 
         raise ConfigError("precision", config.precision.value,
                           f"accelerator {accelerator_name!r} with {framework.value} supports: {_choices(precisions)}")
     workload_options = workload_obj.parse_options(dict(config.workload_options))
+    accelerator_obj.parse_options(dict(config.accelerator_options))
     if config.micro_batch_size is None:
         config = config.model_copy(update={"micro_batch_size": workload_obj.default_micro_batch_size})
 

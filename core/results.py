@@ -92,6 +92,7 @@ class RunResult(BaseModel):
     status: Status = Field(default_factory=Status)
 
     samples_per_update: int = Field(description="global: micro-batch x gradient accumulation x replicas")
+    samples_per_host_call: int = Field(description="samples_per_update x device_iterations")
     world_size: int = Field(description="processes that trained together")
     devices: list[DeviceRecord] = Field(default_factory=list)
 
@@ -99,7 +100,8 @@ class RunResult(BaseModel):
     first_step_seconds: float | None = Field(default=None, description="first update, including compilation")
     warmup_seconds: float | None = None
     window_seconds: float | None = Field(default=None, description="the steady, timed window")
-    window_steps: int | None = None
+    window_steps: int | None = Field(default=None, description="host calls in the window")
+    window_updates: int | None = Field(default=None, description="weight updates in the window")
     window_samples: int | None = None
     throughput_per_second: float | None = Field(default=None, description="window samples / window seconds")
     step_seconds_median: float | None = None

@@ -51,6 +51,7 @@ def new_result(plan: RunPlan, world_size: int) -> RunResult:
         framework=config.framework.value,
         config=config,
         samples_per_update=config.samples_per_update,
+        samples_per_host_call=config.samples_per_host_call,
         world_size=world_size,
         parameter_count=plan.workload.parameter_count(plan.workload_options),
         flops_per_sample=flops,
@@ -115,7 +116,8 @@ def execute(plan: RunPlan, process: ProcessContext, on_progress: ProgressCallbac
         window_seconds, step_seconds, energy = _timed_window(executor, meter, config.steps)
         result.window_seconds = window_seconds
         result.window_steps = config.steps
-        result.window_samples = config.steps * config.samples_per_update
+        result.window_updates = config.steps * executor.updates_per_step
+        result.window_samples = result.window_updates * config.samples_per_update
         result.throughput_per_second = result.window_samples / window_seconds
         if step_seconds:
             result.step_seconds_median = percentile(step_seconds, 0.5)

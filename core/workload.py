@@ -20,6 +20,20 @@ class NoOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def parse_plugin_options(model: type[BaseModel], options: dict[str, Any], field: str, owner: str) -> BaseModel:
+    """Validate a plugin's options; a bad one raises ConfigError naming ``<field>.<key>``."""
+    try:
+        return model(**options)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        key = ".".join(str(p) for p in error.get("loc", ())) or "?"
+        if error.get("type") == "extra_forbidden":
+            allowed = f"unknown option for {owner}; allowed: {', '.join(model.model_fields) or 'none'}"
+        else:
+            allowed = str(error.get("msg"))
+        raise ConfigError(f"{field}.{key}", error.get("input"), allowed) from None
+
+
 @dataclass
 class TorchTrainingSpec:
     """A PyTorch model ready to train: the executor moves it and the data to the device.
@@ -56,20 +70,13 @@ class Workload(ABC):
     sample_unit: ClassVar[str] = "samples"
     frameworks: ClassVar[tuple[Framework, ...]] = (Framework.torch,)
     default_micro_batch_size: ClassVar[int] = 32
+    #: convolutional models run faster with NHWC activations on GPUs (channels_last in PyTorch)
+    prefers_channels_last: ClassVar[bool] = False
     options_model: ClassVar[type[BaseModel]] = NoOptions
 
     def parse_options(self, options: dict[str, Any]) -> BaseModel:
         """Validate workload_options; errors name ``workload_options.<key>``."""
-        try:
-            return self.options_model(**options)
-        except ValidationError as exc:
-            error = exc.errors()[0]
-            key = ".".join(str(p) for p in error.get("loc", ())) or "?"
-            if error.get("type") == "extra_forbidden":
-                allowed = f"unknown option for workload {self.name!r}; allowed: {', '.join(self.options_model.model_fields) or 'none'}"
-            else:
-                allowed = str(error.get("msg"))
-            raise ConfigError(f"workload_options.{key}", error.get("input"), allowed) from None
+        return parse_plugin_options(self.options_model, options, "workload_options", f"workload {self.name!r}")
 
     def parameter_count(self, options: BaseModel) -> int | None:
         return None

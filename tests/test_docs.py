@@ -179,7 +179,7 @@ def _exercise(hook: str, manager: PluginManager, tmp_path: Path) -> None:
         manager.hook.core_run_started(config=config)
     elif hook == "core_result_ready":
         result = RunResult(workload="example-mlp", accelerator="example-cpu", framework="torch", config=config,
-                           samples_per_update=4, world_size=1)
+                           samples_per_update=4, samples_per_host_call=4, world_size=1)
         manager.hook.core_result_ready(result=result)
         lines = (tmp_path / "results.jsonl").read_text(encoding="utf-8").splitlines()
         assert RunResult.model_validate_json(lines[0]).workload == "example-mlp"

@@ -23,6 +23,8 @@ class Executor(ABC):
 
     #: samples this process consumes per weight update (micro-batch x accumulation [x in-process replicas])
     local_samples_per_update: int
+    #: weight updates one ``step()`` performs: device_iterations where the device loops on its own
+    updates_per_step: int = 1
 
     @abstractmethod
     def step(self) -> None:

@@ -1,0 +1,102 @@
+"""What every GPU that PyTorch drives through its CUDA API shares (NVIDIA CUDA, AMD ROCm/HIP).
+
+On ROCm, PyTorch keeps the device type "cuda" and the "nccl" backend (which is RCCL there), so the
+placement is the same: one process per GPU under torchrun, the device of the local rank, device
+events for step times, NCCL all-reduce, channels_last for convolutional models. TensorFlow runs
+its replicas in one process with MirroredStrategy. A vendor plugin subclasses this and supplies
+only what differs: device discovery (honouring its visibility variables), driver versions,
+precision support, extra PyTorch switches and its energy reader.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from core.accelerator import Accelerator
+from core.config import Framework, Precision, RunConfig
+from core.distributed import ProcessContext
+from core.results import DeviceRecord
+from core.workload import Workload
+
+if TYPE_CHECKING:
+    from core.executors.base import Executor
+
+ALL_PRECISIONS = (Precision.fp32, Precision.tf32, Precision.bf16, Precision.fp16)
+
+
+class TorchGpuAccelerator(Accelerator):
+    frameworks: ClassVar[tuple[Framework, ...]] = (Framework.torch, Framework.tensorflow)
+    launcher: ClassVar[str | None] = "torchrun"
+    distributed_backend: ClassVar[str | None] = "nccl"
+    #: environment variables that restrict which GPUs a process sees, in the order they apply
+    visibility_variables: ClassVar[tuple[str, ...]] = ()
+    #: the torch.version attribute a matching PyTorch build sets ("cuda" or "hip")
+    torch_build_attribute: ClassVar[str] = "cuda"
+
+    @abstractmethod
+    def visible_devices(self) -> list[DeviceRecord]:
+        """The GPUs this process may use, in the order PyTorch numbers them (cuda:0, cuda:1, ...)."""
+
+    def configure_torch(self, config: RunConfig) -> dict[str, Any]:
+        """Vendor switches set before the model is placed; returns them for the result."""
+        return {}
+
+    def precisions(self, framework: Framework) -> tuple[Precision, ...]:
+        return ALL_PRECISIONS
+
+    def max_replicas(self, config: RunConfig) -> int:
+        return len(self.visible_devices())
+
+    def devices(self) -> list[DeviceRecord]:
+        return self.visible_devices()
+
+    def devices_for(self, config: RunConfig, process: ProcessContext) -> list[DeviceRecord]:
+        return self.visible_devices()[: config.replicas]
+
+    def create_executor(self, workload: Workload, config: RunConfig, process: ProcessContext) -> "Executor":
+        options = workload.parse_options(dict(config.workload_options))
+        if config.framework is Framework.tensorflow:
+            return self._keras_executor(workload, options, config)
+        import torch
+
+        from core.executors.pytorch import TorchExecutor, TorchPlacement
+
+        build = getattr(torch.version, self.torch_build_attribute, None)
+        if not build or not torch.cuda.is_available():
+            raise RuntimeError(
+                f"this PyTorch ({torch.__version__}) cannot drive {self.name} GPUs: torch.version."
+                f"{self.torch_build_attribute} is {build!r}, torch.cuda.is_available() is {torch.cuda.is_available()}"
+            )
+        local_device = process.local_rank if process.is_distributed else 0
+
+        def configure(run_config: RunConfig) -> dict[str, Any]:
+            torch.cuda.set_device(local_device)  # NCCL and the default stream follow the current device
+            return {f"torch_{self.torch_build_attribute}_version": build, **self.configure_torch(run_config)}
+
+        placement = TorchPlacement(
+            device=f"cuda:{local_device}",
+            distributed_backend=self.distributed_backend,
+            device_timing_events=True,
+            channels_last=workload.prefers_channels_last,
+            configure=configure,
+        )
+        return TorchExecutor(workload.build_torch(options, config.seed), config, placement, process)
+
+    def _keras_executor(self, workload: Workload, options: Any, config: RunConfig) -> "Executor":
+        from core.executors.keras import KerasExecutor, KerasPlacement
+
+        import tensorflow as tf
+
+        gpus = [device.name for device in tf.config.list_logical_devices("GPU")][: config.replicas]
+        if len(gpus) < config.replicas:
+            raise RuntimeError(f"TensorFlow sees {len(gpus)} GPU(s); the run asks for {config.replicas} replicas")
+
+        def make_strategy() -> Any:
+            if config.replicas == 1:
+                return tf.distribute.OneDeviceStrategy(gpus[0])
+            return tf.distribute.MirroredStrategy(devices=gpus)
+
+        placement = KerasPlacement(make_strategy=make_strategy, replicas=config.replicas,
+                                   device_label=",".join(gpus), jit_compile=config.compile)
+        return KerasExecutor(workload.build_keras(options, config.seed), config, placement)
