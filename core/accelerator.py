@@ -88,3 +88,7 @@ class Accelerator(ABC):
 
     def driver_versions(self) -> dict[str, str]:
         return {}
+
+    def peak_flops_per_second(self, device: DeviceRecord, precision: Precision) -> tuple[float, str] | None:
+        """Datasheet peak of one device at that precision, with its source; None where unknown."""
+        return None

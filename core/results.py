@@ -19,6 +19,7 @@ class RunState(str, Enum):
     oom = "oom"
     non_finite_loss = "non_finite_loss"
     killed = "killed"
+    timeout = "timeout"  # a sweep cell that ran past its time limit and was stopped
 
 
 class Status(BaseModel):
@@ -110,6 +111,10 @@ class RunResult(BaseModel):
     parameter_count: int | None = None
     flops_per_sample: float | None = Field(default=None, description="training FLOPs (forward + backward) per sample")
     flops_per_second: float | None = Field(default=None, description="achieved: flops_per_sample x throughput")
+    peak_flops_per_second: float | None = Field(
+        default=None, description="sum of the datasheet peaks of the devices used, at the run's precision")
+    peak_flops_source: str | None = None
+    model_flops_utilization: float | None = Field(default=None, description="flops_per_second / peak_flops_per_second")
 
     energy_joules: float | None = None
     energy_unavailable_reason: str | None = None
@@ -119,6 +124,7 @@ class RunResult(BaseModel):
     environment: EnvironmentInfo | None = None
     workload_details: dict[str, Any] = Field(default_factory=dict, description="model source, hyper-parameters")
     executor_details: dict[str, Any] = Field(default_factory=dict, description="effective precision flags, threads, strategy")
+    warnings: list[str] = Field(default_factory=list, description="things that make the figures less clean, e.g. a recompilation in the window")
 
     def to_json(self) -> str:
         return self.model_dump_json(indent=2)

@@ -32,12 +32,17 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[lower] + (ordered[upper] - ordered[lower]) * (position - lower)
 
 
+_OUT_OF_MEMORY_MESSAGES = ("out of memory", "can't allocate memory", "cannot allocate memory")
+
+
 def classify_fault(exc: BaseException) -> RunState:
     if isinstance(exc, NonFiniteLossError):
         return RunState.non_finite_loss
     name = type(exc).__name__.lower()
+    message = str(exc).lower()
+    # PyTorch's CPU allocator raises a RuntimeError "can't allocate memory" (ENOMEM), not MemoryError.
     if isinstance(exc, MemoryError) or "outofmemory" in name or "resourceexhausted" in name \
-            or "out of memory" in str(exc).lower():
+            or any(text in message for text in _OUT_OF_MEMORY_MESSAGES):
         return RunState.oom
     return RunState.error
 
@@ -114,6 +119,7 @@ def execute(plan: RunPlan, process: ProcessContext, on_progress: ProgressCallbac
             except Exception as exc:  # a meter that cannot open costs the energy figure only
                 meter = UnavailableMeter(plan.meter_factory.name, f"meter failed to open: {type(exc).__name__}: {exc}")
         window_seconds, step_seconds, energy = _timed_window(executor, meter, config.steps)
+        result.warnings.extend(executor.window_warnings())
         result.window_seconds = window_seconds
         result.window_steps = config.steps
         result.window_updates = config.steps * executor.updates_per_step
@@ -124,6 +130,7 @@ def execute(plan: RunPlan, process: ProcessContext, on_progress: ProgressCallbac
             result.step_seconds_p90 = percentile(step_seconds, 0.9)
         if result.flops_per_sample is not None:
             result.flops_per_second = result.flops_per_sample * result.throughput_per_second
+            _record_utilization(result, plan)
         if energy is not None:
             _record_energy(result, energy)
     except BaseException as exc:
@@ -145,6 +152,7 @@ def execute(plan: RunPlan, process: ProcessContext, on_progress: ProgressCallbac
 def _timed_window(executor: Executor, meter: PowerMeter | None, steps: int
                   ) -> tuple[float, list[float], EnergyMeasurement | None]:
     clock = executor.step_clock()
+    executor.begin_window()
     # The previous phase ended with a synchronise and a barrier: the device is idle here.
     if meter is not None:
         try:
@@ -170,6 +178,16 @@ def _timed_window(executor: Executor, meter: PowerMeter | None, steps: int
     executor.check_finite()
     step_seconds = clock.intervals_seconds()
     return executor.gather_max(elapsed), step_seconds, energy
+
+
+def _record_utilization(result: RunResult, plan: RunPlan) -> None:
+    """MFU against the summed datasheet peaks of the devices used, where every one is known."""
+    peaks = [plan.accelerator.peak_flops_per_second(device, plan.config.precision) for device in result.devices]
+    if not peaks or any(peak is None for peak in peaks) or result.flops_per_second is None:
+        return
+    result.peak_flops_per_second = sum(peak[0] for peak in peaks if peak is not None)
+    result.peak_flops_source = "; ".join(sorted({peak[1] for peak in peaks if peak is not None}))
+    result.model_flops_utilization = result.flops_per_second / result.peak_flops_per_second
 
 
 def _record_energy(result: RunResult, energy: EnergyMeasurement) -> None:

@@ -64,6 +64,9 @@ class ScriptedAccelerator(Accelerator):
     def devices(self) -> list[DeviceRecord]:
         return [DeviceRecord(index=0, name="scripted device", kind=self.name)]
 
+    def peak_flops_per_second(self, device: DeviceRecord, precision: Precision) -> tuple[float, str] | None:
+        return (2.0e6, "scripted datasheet")
+
     def create_executor(self, workload: Workload, config: RunConfig, process: ProcessContext) -> Executor:
         assert config.micro_batch_size is not None
         return ScriptedExecutor(self.log, self.fail_at_step, self.failure, config.micro_batch_size)
@@ -137,6 +140,8 @@ def test_phases_window_and_meter_placement() -> None:
     assert result.step_seconds_median >= STEP_SECONDS * 0.9 and result.step_seconds_p90 >= result.step_seconds_median
     assert None not in (result.setup_seconds, result.first_step_seconds, result.warmup_seconds)
     assert result.flops_per_second == pytest.approx(1000.0 * result.throughput_per_second)
+    assert result.peak_flops_per_second == 2.0e6 and result.peak_flops_source == "scripted datasheet"
+    assert result.model_flops_utilization == pytest.approx(result.flops_per_second / 2.0e6)
     assert result.energy_joules == 36.0 and result.energy.method == "counter"
     assert result.samples_per_watt_hour == pytest.approx(80 / (36.0 / 3600))
     assert result.devices[0].name == "scripted device"

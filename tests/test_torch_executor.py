@@ -90,3 +90,17 @@ def test_two_torchrun_replicas_equal_one_process_with_the_whole_batch(tmp_path: 
     replicated = torch.load(out)
     whole = one_update(micro_batch_size=32, gradient_accumulation=1)
     assert relative_difference(replicated, whole) < 1e-6
+
+
+def test_a_recompilation_inside_the_window_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    import core.executors.pytorch as pytorch_executor
+
+    config = make_config(workload="fcnn", accelerator="cpu", micro_batch_size=4, workload_options=OPTIONS)
+    executor = TorchExecutor(Fcnn().build_torch(FcnnOptions(**OPTIONS), seed=0), config,
+                             TorchPlacement(device="cpu"), SINGLE_PROCESS)
+    executor._config = config.model_copy(update={"compile": True})  # count graphs without compiling for real
+    graphs = iter([3, 5])
+    monkeypatch.setattr(pytorch_executor, "_compiled_graph_count", lambda: next(graphs))
+    executor.begin_window()
+    warnings = executor.window_warnings()
+    assert len(warnings) == 1 and "compiled 2 new graph(s) inside the timed window" in warnings[0]

@@ -45,6 +45,13 @@ class Executor(ABC):
     def check_finite(self) -> None:
         """Raise NonFiniteLossError if any loss since the last check was NaN/inf. Called after a sync."""
 
+    def begin_window(self) -> None:
+        """Called before the steady window opens (outside it): snapshot what window_warnings compares."""
+
+    def window_warnings(self) -> list[str]:
+        """After the window: anything that makes its figures less clean (e.g. a recompilation)."""
+        return []
+
     def barrier(self) -> None:
         """Wait for every process of the run (no-op in a single process)."""
 

@@ -78,6 +78,13 @@ def _grad_scaler(device: torch.device) -> Any:
     return torch.cuda.amp.GradScaler()
 
 
+def _compiled_graph_count() -> int:
+    """Graphs TorchDynamo has compiled in this process; a rise inside the window is a recompilation."""
+    from torch._dynamo.utils import counters  # private, but the counter Dynamo's own tests read
+
+    return int(counters["stats"]["unique_graphs"])
+
+
 def micro_batch_indices(rank: int, micro_batch: int, accumulation: int, pool: int) -> list[torch.Tensor]:
     """Sample indices of each micro-step of one update for this rank.
 
@@ -176,6 +183,19 @@ class TorchExecutor(Executor):
             self._optimizer.step()
         self._optimizer.zero_grad(set_to_none=True)
         self._last_loss = loss.detach()
+
+    def begin_window(self) -> None:
+        self._graphs_before_window = _compiled_graph_count() if self._config.compile else None
+
+    def window_warnings(self) -> list[str]:
+        before = getattr(self, "_graphs_before_window", None)
+        if before is None:
+            return []
+        added = _compiled_graph_count() - before
+        if added > 0:
+            return [f"torch.compile compiled {added} new graph(s) inside the timed window (a recompilation): "
+                    "its compile time is in window_seconds"]
+        return []
 
     def synchronize(self) -> None:
         if self.device.type != "cpu":

@@ -1,0 +1,72 @@
+"""NVIDIA GPUs: the shared CUDA-API placement of core.gpu, discovered and described through NVML."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from core import Availability, DeviceRecord, Precision, RunConfig
+from core.gpu import TorchGpuAccelerator
+from plugins.nvidia import nvml
+from plugins.nvidia.peaks import NVIDIA_PEAKS
+from plugins.probing import SdkProbe
+
+PROBE = SdkProbe(
+    module="pynvml",
+    install_hint="nvidia-ml-py is not installed (pip install 'core[nvidia]')",
+    device_globs=("/dev/nvidia[0-9]*",),
+    device_hint="no NVIDIA GPU or driver found (no /dev/nvidia* device nodes)",
+)
+
+
+class NvidiaAccelerator(TorchGpuAccelerator):
+    name: ClassVar[str] = "nvidia"
+    description: ClassVar[str] = "NVIDIA GPUs through CUDA (PyTorch DDP/NCCL, TensorFlow MirroredStrategy), NVML energy"
+    visibility_variables: ClassVar[tuple[str, ...]] = ("CUDA_VISIBLE_DEVICES",)
+    torch_build_attribute: ClassVar[str] = "cuda"
+
+    def availability(self) -> Availability:
+        missing = PROBE.missing()
+        return Availability.no("; ".join(missing)) if missing else Availability.yes()
+
+    def visible_devices(self) -> list[DeviceRecord]:
+        return [
+            DeviceRecord(
+                index=position, name=gpu.name, kind=self.name, memory_bytes=gpu.memory_bytes,
+                details={"uuid": gpu.uuid, "nvml_index": gpu.nvml_index, "compute_capability": gpu.compute_capability,
+                         "power_limit_watts": gpu.power_limit_watts, "energy_counter": gpu.has_energy_counter},
+            )
+            for position, gpu in enumerate(nvml.visible_gpus())
+        ]
+
+    def precisions(self, framework: Any) -> tuple[Precision, ...]:
+        return (Precision.fp32, Precision.tf32, Precision.bf16, Precision.fp16)
+
+    def validate(self, config: RunConfig) -> None:
+        from core import ConfigError
+
+        if config.precision in (Precision.tf32, Precision.bf16):
+            # TF32 and bf16 need Ampere (compute capability 8.0) or newer.
+            old = [d for d in self.visible_devices()[: config.replicas]
+                   if float(d.details["compute_capability"]) < 8.0]
+            if old:
+                raise ConfigError("precision", config.precision.value,
+                                  f"{old[0].name} (compute capability {old[0].details['compute_capability']}) "
+                                  "supports fp32 and fp16; tf32 and bf16 need compute capability 8.0 or newer")
+
+    def configure_torch(self, config: RunConfig) -> dict[str, Any]:
+        import torch
+
+        # cuDNN picks the fastest convolution algorithm once per shape: the first step pays for it.
+        torch.backends.cudnn.benchmark = True
+        return {"cudnn_benchmark": True, "cudnn_version": torch.backends.cudnn.version()}
+
+    def driver_versions(self) -> dict[str, str]:
+        try:
+            return nvml.driver_versions()
+        except Exception as exc:  # versions are informative; their absence must not fail a run
+            return {"nvidia_driver": f"unknown ({type(exc).__name__}: {exc})"}
+
+    def peak_flops_per_second(self, device: DeviceRecord, precision: Precision) -> tuple[float, str] | None:
+        entry = NVIDIA_PEAKS.entry_for(device.name)
+        flops = NVIDIA_PEAKS.flops_per_second(device.name, precision)
+        return (flops, entry.source) if entry is not None and flops is not None else None

@@ -1,0 +1,57 @@
+"""GPU energy from NVML: the total-energy counter, cross-checked with sampled instantaneous power.
+
+One meter per node (the runner gives it to local rank 0 only) reads every GPU the run uses, found
+by UUID (NVML ignores CUDA_VISIBLE_DEVICES). Devices older than Volta have no counter; their
+energy is the integral of sampled power, and the result says so per device.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any, ClassVar
+
+from core import Availability, DeviceRecord, PowerMeter, PowerMeterFactory, RunConfig
+from core.energy import DeviceEnergyMeter, EnergySource
+from plugins.nvidia.nvml import energy_counter_joules, instant_power_watts, nvml_session
+
+
+class NvmlMeter(DeviceEnergyMeter):
+    def __init__(self, devices: list[DeviceRecord], config: RunConfig) -> None:
+        self._session = nvml_session()
+        pynvml = self._session.__enter__()
+        try:
+            sources = [self._source(pynvml, device) for device in devices]
+            super().__init__("nvml", sources, config.power_sample_interval_seconds, sample_power=True,
+                             details={"power_reading": "NVML_FI_DEV_POWER_INSTANT (fallback: nvmlDeviceGetPowerUsage)"})
+        except BaseException:
+            self._session.__exit__(None, None, None)
+            raise
+
+    @staticmethod
+    def _source(pynvml: Any, device: DeviceRecord) -> EnergySource:
+        handle = pynvml.nvmlDeviceGetHandleByUUID(device.details["uuid"])
+        counter = (lambda: energy_counter_joules(pynvml, handle)) if device.details.get("energy_counter") else None
+        return EnergySource(key=f"gpu{device.index}", read_counter_joules=counter,
+                            read_power_watts=lambda: instant_power_watts(pynvml, handle))
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._session.__exit__(None, None, None)
+
+
+class NvmlMeterFactory(PowerMeterFactory):
+    name: ClassVar[str] = "nvml"
+    description: ClassVar[str] = "NVIDIA GPU energy counter (Volta+) and sampled instantaneous power via NVML"
+
+    def reads(self, accelerator_name: str) -> bool:
+        return accelerator_name == "nvidia"
+
+    def availability(self) -> Availability:
+        if importlib.util.find_spec("pynvml") is None:
+            return Availability.no("nvidia-ml-py is not installed (pip install 'core[nvidia]')")
+        return Availability.yes()
+
+    def create(self, devices: list[DeviceRecord], config: RunConfig) -> PowerMeter:
+        return NvmlMeter(devices, config)

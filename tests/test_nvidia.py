@@ -1,0 +1,179 @@
+"""The NVIDIA plugin against a fake of pynvml: discovery, visibility, NVML energy, peaks."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from core import Precision, RunConfig, make_config
+from core.results import DeviceRecord
+from plugins.nvidia import nvml
+from plugins.nvidia.accelerator import NvidiaAccelerator
+from plugins.nvidia.meter import NvmlMeterFactory
+from plugins.nvidia.visibility import visible_nvml_indices
+
+UUIDS = ["GPU-1111aaaa-0000-0000-0000-000000000000", "GPU-2222bbbb-0000-0000-0000-000000000000",
+         "GPU-3333cccc-0000-0000-0000-000000000000"]
+
+
+@pytest.mark.parametrize("variable,expected", [
+    (None, [0, 1, 2]),
+    ("2,0", [2, 0]),
+    ("GPU-2222bbbb", [1]),
+    ("3333cccc,0", [2, 0]),  # CUDA accepts a UUID without its GPU- prefix
+    ("1,7,0", [1]),  # the list ends at the first entry that matches no device
+    ("0,0,1", [0]),  # and at a repeated one
+    ("", []),
+    ("-1", []),
+    ("GPU-", []),  # a prefix shared by every device is ambiguous
+])
+def test_cuda_visible_devices_follows_the_cuda_rules(variable: str | None, expected: list[int]) -> None:
+    assert visible_nvml_indices(variable, UUIDS) == expected
+
+
+def three_gpus(pynvml: Any) -> None:
+    pynvml.machine.gpus = [
+        pynvml.FakeGpu(name="NVIDIA H200", uuid=UUIDS[0], power_watts=lambda t: 400.0),
+        pynvml.FakeGpu(name="NVIDIA A100-SXM4-80GB", uuid=UUIDS[1], compute_capability=(8, 0),
+                       architecture=pynvml.NVML_DEVICE_ARCH_AMPERE, power_watts=lambda t: 100.0 + 100.0 * t),
+        pynvml.FakeGpu(name="Tesla P100-PCIE-16GB", uuid=UUIDS[2], compute_capability=(6, 0),
+                       architecture=pynvml.NVML_DEVICE_ARCH_PASCAL, power_watts=lambda t: 150.0),
+    ]
+
+
+def test_discovery_describes_each_visible_gpu(fake_pynvml: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    three_gpus(fake_pynvml)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,GPU-1111aaaa")
+    devices = NvidiaAccelerator().visible_devices()
+    assert [d.name for d in devices] == ["Tesla P100-PCIE-16GB", "NVIDIA H200"]
+    assert [d.index for d in devices] == [0, 1]  # cuda:0, cuda:1 as this process numbers them
+    p100, h200 = devices
+    assert p100.details["energy_counter"] is False and h200.details["energy_counter"] is True
+    assert h200.details["uuid"] == UUIDS[0] and h200.details["compute_capability"] == "9.0"
+    assert h200.details["power_limit_watts"] == 700.0 and h200.memory_bytes == 150_754_820_096
+    assert NvidiaAccelerator().max_replicas(make_config(workload="fcnn", accelerator="nvidia")) == 2
+    assert fake_pynvml.machine.calls.count("nvmlInit") == fake_pynvml.machine.calls.count("nvmlShutdown")
+
+
+def test_driver_versions(fake_pynvml: Any) -> None:
+    three_gpus(fake_pynvml)
+    assert NvidiaAccelerator().driver_versions() == {"nvidia_driver": "570.124.06", "cuda_driver": "12.8"}
+
+
+def run_meter(pynvml: Any, window_seconds: float, config: RunConfig | None = None) -> Any:
+    config = config or make_config(workload="fcnn", accelerator="nvidia", power_sample_interval_seconds=0.01)
+    devices = NvidiaAccelerator().visible_devices()
+    meter = NvmlMeterFactory().create(devices, config)
+    try:
+        meter.start()
+        time.sleep(window_seconds)
+        return meter.stop()
+    finally:
+        meter.close()
+
+
+def test_counter_energy_per_gpu_with_sampled_cross_check_and_sampled_fallback(fake_pynvml: Any) -> None:
+    three_gpus(fake_pynvml)
+    reads: list[float] = []
+    original = fake_pynvml.nvmlDeviceGetTotalEnergyConsumption
+
+    def recording(handle: Any) -> int:
+        value = original(handle)
+        reads.append((handle.gpu.uuid, value))
+        return value
+
+    fake_pynvml.nvmlDeviceGetTotalEnergyConsumption = recording
+    measurement = run_meter(fake_pynvml, 0.5)
+    assert measurement.energy_joules is not None, measurement.unavailable_reason
+    details = measurement.details
+    assert details["methods"] == {"gpu0": "counter", "gpu1": "counter", "gpu2": "sampled"}
+    assert measurement.method == "mixed"
+    # Counter devices: exactly the difference of the two counter reads, mJ -> J.
+    for key, uuid in (("gpu0", UUIDS[0]), ("gpu1", UUIDS[1])):
+        first, last = [value for u, value in reads if u == uuid]
+        assert measurement.components_joules[key] == pytest.approx((last - first) / 1000.0)
+    assert measurement.components_joules["gpu0"] == pytest.approx(400.0 * 0.5, rel=0.05)
+    # The P100 has no counter: its energy is the integral of 150 W over the window.
+    assert measurement.components_joules["gpu2"] == pytest.approx(150.0 * 0.5, rel=0.05)
+    # Counter and sampled integral agree on the counter devices; their ratio is reported.
+    for key in ("gpu0", "gpu1"):
+        assert details["counter_over_sampled"][key] == pytest.approx(1.0, abs=0.03)
+    assert measurement.energy_joules == pytest.approx(sum(measurement.components_joules.values()))
+    assert fake_pynvml.machine.calls.count("nvmlInit") == fake_pynvml.machine.calls.count("nvmlShutdown")
+
+
+def test_missing_instant_power_falls_back_to_the_average(fake_pynvml: Any) -> None:
+    three_gpus(fake_pynvml)
+    for gpu in fake_pynvml.machine.gpus:
+        gpu.instant_power_supported = False
+    measurement = run_meter(fake_pynvml, 0.2)
+    assert measurement.components_joules["gpu2"] == pytest.approx(150.0 * 0.2, rel=0.1)
+
+
+def test_a_lost_gpu_gives_no_number_but_the_reason(fake_pynvml: Any) -> None:
+    three_gpus(fake_pynvml)
+    config = make_config(workload="fcnn", accelerator="nvidia", power_sample_interval_seconds=0.01)
+    devices = NvidiaAccelerator().visible_devices()
+    meter = NvmlMeterFactory().create(devices[:1], config)
+    meter.start()
+    fake_pynvml.machine.gpus[0].lost = True
+    measurement = meter.stop()
+    meter.close()
+    assert measurement.energy_joules is None
+    assert "gpu0: NVMLError_GpuIsLost: GPU is lost" in measurement.unavailable_reason
+
+
+def test_missing_nvml_library_is_reported_as_such(fake_pynvml: Any) -> None:
+    fake_pynvml.machine.library_present = False
+    with pytest.raises(fake_pynvml.NVMLError_LibraryNotFound, match="NVML Shared Library Not Found"):
+        NvidiaAccelerator().visible_devices()
+
+
+def test_errors_map_to_the_named_subclasses(fake_pynvml: Any) -> None:
+    error = fake_pynvml.NVMLError(fake_pynvml.NVML_ERROR_NOT_SUPPORTED)
+    assert type(error).__name__ == "NVMLError_NotSupported" and str(error) == "Not Supported"
+    assert isinstance(error, fake_pynvml.NVMLError)
+
+
+@pytest.mark.parametrize("name,precision,tflops", [
+    ("NVIDIA H200", Precision.bf16, 989.5),
+    ("NVIDIA H100 80GB HBM3", Precision.tf32, 494.5),
+    ("NVIDIA H100 PCIe", Precision.fp32, 51.0),
+    ("NVIDIA H100 NVL", Precision.bf16, 835.5),
+    ("NVIDIA GH200 480GB", Precision.fp16, 990.0),
+    ("NVIDIA A100-SXM4-80GB", Precision.tf32, 156.0),
+    ("NVIDIA A100-PCIE-40GB", Precision.bf16, 312.0),
+    ("Tesla V100-SXM2-16GB", Precision.fp16, 125.0),
+    ("Tesla V100-PCIE-32GB", Precision.fp32, 14.0),
+    ("Tesla T4", Precision.fp16, 65.0),
+    ("Tesla T4", Precision.bf16, None),
+    ("NVIDIA GeForce RTX 4090", Precision.fp32, None),
+])
+def test_peak_table(name: str, precision: Precision, tflops: float | None) -> None:
+    peak = NvidiaAccelerator().peak_flops_per_second(DeviceRecord(index=0, name=name, kind="nvidia"), precision)
+    if tflops is None:
+        assert peak is None
+    else:
+        assert peak is not None and peak[0] == pytest.approx(tflops * 1e12) and "datasheet" in peak[1]
+
+
+def test_tf32_and_bf16_need_ampere(fake_pynvml: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from core import ConfigError
+
+    three_gpus(fake_pynvml)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2")
+    with pytest.raises(ConfigError) as caught:
+        NvidiaAccelerator().validate(make_config(workload="fcnn", accelerator="nvidia", precision="bf16"))
+    assert caught.value.field == "precision" and "compute capability 8.0" in caught.value.allowed
+    NvidiaAccelerator().validate(make_config(workload="fcnn", accelerator="nvidia", precision="fp16"))
+
+
+def test_meter_is_chosen_for_nvidia_and_needs_pynvml(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    factory = NvmlMeterFactory()
+    assert factory.reads("nvidia") and not factory.reads("cpu")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    assert "pip install 'core[nvidia]'" in factory.availability().reason
