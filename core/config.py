@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any, Union
+from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -63,6 +63,13 @@ class RunConfig(BaseModel):
     threads_per_replica: int | None = Field(
         default=None, ge=1, le=4096, description="host compute threads per replica; None lets the accelerator choose",
     )
+    data: str = Field(
+        default="synthetic", min_length=1,
+        description="'synthetic' (made on the device), 'synthetic-host' (copied from the host every micro-step) "
+                    "or the path of a dataset",
+    )
+    data_format: Literal["auto", "image-folder", "webdataset", "tokens", "tfrecord"] = "auto"
+    data_workers: int = Field(default=2, ge=0, le=256, description="background loader processes per replica")
     workload_options: dict[str, OptionValue] = Field(
         default_factory=dict, description="workload hyper-parameters, validated by the workload"
     )

@@ -9,6 +9,7 @@ from pydantic import BaseModel
 
 from core.accelerator import Accelerator
 from core.config import RunConfig, make_config
+from core.data import validate_data
 from core.errors import ConfigError
 from core.plugins import PluginManager
 from core.power import PowerMeterFactory
@@ -58,6 +59,7 @@ def plan_run(manager: PluginManager, workload: str | Workload, accelerator: str 
     if config.precision not in precisions:
         raise ConfigError("precision", config.precision.value,
                           f"accelerator {accelerator_name!r} with {framework.value} supports: {_choices(precisions)}")
+    validate_data(config.data, config.data_format, framework)
     workload_options = workload_obj.parse_options(dict(config.workload_options))
     accelerator_obj.parse_options(dict(config.accelerator_options))
     if config.micro_batch_size is None:

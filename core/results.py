@@ -108,6 +108,12 @@ class RunResult(BaseModel):
     step_seconds_median: float | None = None
     step_seconds_p90: float | None = None
 
+    data_wait_seconds: float | None = Field(default=None, description="window time the loop spent waiting for input data")
+    data_wait_fraction: float | None = Field(default=None, description="data_wait_seconds / window_seconds")
+    samples_per_epoch: int | None = Field(default=None, description="of the real dataset (the workload's, or the files')")
+    epoch_seconds: float | None = Field(default=None, description="samples_per_epoch / throughput_per_second")
+    energy_joules_per_epoch: float | None = None
+
     parameter_count: int | None = None
     flops_per_sample: float | None = Field(default=None, description="training FLOPs (forward + backward) per sample")
     flops_per_second: float | None = Field(default=None, description="achieved: flops_per_sample x throughput")

@@ -19,6 +19,8 @@ from core.power import PowerMeter, UnavailableMeter
 from core.results import EnergyMeasurement, RunResult, RunState, Status
 
 JOULES_PER_WATT_HOUR = 3600.0
+# Above this share of the window spent waiting for data, the run measures storage, not the device.
+DATA_BOUND_FRACTION = 0.10
 
 ProgressCallback = Callable[[RunResult], None]
 
@@ -118,8 +120,15 @@ def execute(plan: RunPlan, process: ProcessContext, on_progress: ProgressCallbac
                 meter = plan.meter_factory.create(result.devices, config)
             except Exception as exc:  # a meter that cannot open costs the energy figure only
                 meter = UnavailableMeter(plan.meter_factory.name, f"meter failed to open: {type(exc).__name__}: {exc}")
+        waited_before_window = executor.data_wait_seconds()
         window_seconds, step_seconds, energy = _timed_window(executor, meter, config.steps)
         result.warnings.extend(executor.window_warnings())
+        result.data_wait_seconds = executor.data_wait_seconds() - waited_before_window
+        result.data_wait_fraction = result.data_wait_seconds / window_seconds
+        if result.data_wait_fraction > DATA_BOUND_FRACTION:
+            result.warnings.append(
+                f"data-bound: the loop waited for input data {result.data_wait_fraction:.0%} of the window; "
+                "add data_workers or use faster storage to measure the accelerator")
         result.window_seconds = window_seconds
         result.window_steps = config.steps
         result.window_updates = config.steps * executor.updates_per_step
@@ -133,6 +142,7 @@ def execute(plan: RunPlan, process: ProcessContext, on_progress: ProgressCallbac
             _record_utilization(result, plan)
         if energy is not None:
             _record_energy(result, energy)
+        _record_epoch(result, plan, result.executor_details.get("dataset_samples"))
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt) and executor is None:
             raise
@@ -178,6 +188,17 @@ def _timed_window(executor: Executor, meter: PowerMeter | None, steps: int
     executor.check_finite()
     step_seconds = clock.intervals_seconds()
     return executor.gather_max(elapsed), step_seconds, energy
+
+
+def _record_epoch(result: RunResult, plan: RunPlan, dataset_samples: int | None) -> None:
+    """Time and energy for one pass over the real dataset, from the steady window's rates."""
+    samples = dataset_samples or plan.workload.samples_per_epoch(plan.workload_options)
+    if not samples or not result.throughput_per_second:
+        return
+    result.samples_per_epoch = samples
+    result.epoch_seconds = samples / result.throughput_per_second
+    if result.energy_joules is not None and result.window_samples:
+        result.energy_joules_per_epoch = result.energy_joules / result.window_samples * samples
 
 
 def _record_utilization(result: RunResult, plan: RunPlan) -> None:

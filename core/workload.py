@@ -81,6 +81,10 @@ class Workload(ABC):
     def parameter_count(self, options: BaseModel) -> int | None:
         return None
 
+    def samples_per_epoch(self, options: BaseModel) -> int | None:
+        """Samples in one epoch of the real dataset this workload stands for (ImageNet: 1,281,167)."""
+        return None
+
     def flops_per_sample(self, options: BaseModel) -> float | None:
         """Training FLOPs (forward and backward) for one sample, where known analytically."""
         return None

@@ -45,6 +45,10 @@ class Executor(ABC):
     def check_finite(self) -> None:
         """Raise NonFiniteLossError if any loss since the last check was NaN/inf. Called after a sync."""
 
+    def data_wait_seconds(self) -> float:
+        """Seconds, since setup, that step() spent blocked waiting for input data."""
+        return 0.0
+
     def begin_window(self) -> None:
         """Called before the steady window opens (outside it): snapshot what window_warnings compares."""
 

@@ -8,15 +8,19 @@ from __future__ import annotations
 import contextlib
 import datetime
 from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager
+from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
 import torch
 
 from core.config import Precision, RunConfig
+from core.data import SYNTHETIC_ON_HOST, SYNTHETIC_SOURCES
 from core.distributed import ProcessContext
 from core.errors import NonFiniteLossError
 from core.executors.base import Executor, HostStepClock, StepClock
 from core.workload import TorchTrainingSpec
+
+if TYPE_CHECKING:
+    from core.data.loading import FileBatches
 
 # A rank that dies must fail the run, not hang its peers for torch's default 30 minutes.
 DISTRIBUTED_TIMEOUT = datetime.timedelta(minutes=5)
@@ -122,14 +126,29 @@ class TorchExecutor(Executor):
         model = spec.model.to(self.device)
         if placement.channels_last:
             model = model.to(memory_format=memory_format)
+        self._memory_format = memory_format if placement.channels_last else None
+        self._files: FileBatches | None = None
+        # Synthetic micro-batches stay on the device ("synthetic") or on the host, where every
+        # micro-step copies them over as real data would be ("synthetic-host").
+        on_host = config.data == SYNTHETIC_ON_HOST
+        pin = on_host and self.device.type != "cpu"
         self._micro_batches = []
-        for indices in micro_batch_indices(
-            process.rank, config.micro_batch_size, config.gradient_accumulation, len(spec.inputs)
-        ):
-            inputs = spec.inputs.index_select(0, indices).to(self.device)
-            if placement.channels_last and inputs.dim() == 4:
-                inputs = inputs.contiguous(memory_format=memory_format)
-            self._micro_batches.append((inputs, spec.targets.index_select(0, indices).to(self.device)))
+        if config.data in SYNTHETIC_SOURCES:
+            for indices in micro_batch_indices(
+                process.rank, config.micro_batch_size, config.gradient_accumulation, len(spec.inputs)
+            ):
+                batch = (spec.inputs.index_select(0, indices), spec.targets.index_select(0, indices))
+                if on_host:
+                    self._micro_batches.append(tuple(t.pin_memory() if pin else t for t in batch))
+                else:
+                    self._micro_batches.append(self._to_device(*batch, non_blocking=False))
+        else:
+            from core.data.loading import FileBatches
+
+            self._files = FileBatches(config, spec.inputs, process, pin_memory=self.device.type != "cpu")
+            self._details.update(self._files.details())
+        self._copy_each_step = on_host or self._files is not None
+        self._details["data"] = config.data if config.data in SYNTHETIC_SOURCES else "files"
 
         self._ddp: torch.nn.parallel.DistributedDataParallel | None = None
         if process.is_distributed:
@@ -161,10 +180,26 @@ class TorchExecutor(Executor):
             "inter_op_threads": torch.get_num_interop_threads(),
         })
 
+    def _to_device(self, inputs: torch.Tensor, targets: torch.Tensor, non_blocking: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs = inputs.to(self.device, non_blocking=non_blocking)
+        if self._memory_format is not None and inputs.dim() == 4:
+            inputs = inputs.contiguous(memory_format=self._memory_format)
+        return inputs, targets.to(self.device, non_blocking=non_blocking)
+
+    def _micro_batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._files is not None:
+            return self._to_device(*self._files.next(), non_blocking=True)
+        batch = self._micro_batches[index]
+        return self._to_device(*batch, non_blocking=True) if self._copy_each_step else batch
+
+    def data_wait_seconds(self) -> float:
+        return self._files.wait_seconds if self._files is not None else 0.0
+
     def step(self) -> None:
-        accumulation = len(self._micro_batches)
+        accumulation = self._config.gradient_accumulation
         last = accumulation - 1
-        for index, (inputs, targets) in enumerate(self._micro_batches):
+        for index in range(accumulation):
+            inputs, targets = self._micro_batch(index)
             # DDP all-reduces gradients only on the final micro-step of an update.
             sync_context = self._ddp.no_sync() if (self._ddp is not None and index < last) else contextlib.nullcontext()
             with sync_context:

@@ -1,0 +1,71 @@
+"""Where a run's samples come from: synthetic (on the device or on the host) or real files.
+
+Synthetic data on the device measures the model alone; synthetic data on the host adds the
+host-to-device copy of every micro-batch; real data adds reading and decoding in background
+workers, and the runner reports the share of the window the training loop spent waiting for it.
+
+Nothing here imports a framework at module import: ``detect_format`` and ``validate_data`` run
+during planning, before any device is touched.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from core.config import Framework
+from core.errors import ConfigError
+
+SYNTHETIC_ON_DEVICE = "synthetic"
+SYNTHETIC_ON_HOST = "synthetic-host"
+SYNTHETIC_SOURCES = (SYNTHETIC_ON_DEVICE, SYNTHETIC_ON_HOST)
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
+TOKEN_SUFFIXES = (".bin", ".npy")
+
+# format -> frameworks whose executor reads it. TFRecord is recognised so that the error says what
+# it is, but the TensorFlow executor reads synthetic data only in this version.
+FORMAT_FRAMEWORKS: dict[str, tuple[Framework, ...]] = {
+    "image-folder": (Framework.torch,),
+    "webdataset": (Framework.torch,),
+    "tokens": (Framework.torch,),
+    "tfrecord": (),
+}
+
+
+def detect_format(path: Path) -> str:
+    """The dataset format at ``path``; raises ConfigError(data, ...) when it is none of them."""
+    if path.is_file():
+        if path.suffix in TOKEN_SUFFIXES:
+            return "tokens"
+        if path.suffix in (".tfrecord", ".tfrecords"):
+            return "tfrecord"
+        if path.suffix == ".tar":
+            return "webdataset"
+    elif path.is_dir():
+        entries = sorted(path.iterdir())
+        if any(e.suffix == ".tar" for e in entries):
+            return "webdataset"
+        if any(e.suffix in (".tfrecord", ".tfrecords") for e in entries):
+            return "tfrecord"
+        if any(e.is_dir() for e in entries):
+            return "image-folder"
+    raise ConfigError("data", str(path), "not a dataset: expected a folder of class folders of images, "
+                      ".tar shards (WebDataset), .tfrecord files, or a .bin/.npy token file")
+
+
+def validate_data(data: str, data_format: str, framework: Framework) -> str | None:
+    """Check a data source before anything runs; returns the resolved format (None for synthetic)."""
+    if data == SYNTHETIC_ON_DEVICE:
+        return None
+    if framework is Framework.tensorflow:
+        raise ConfigError("data", data, f"the TensorFlow executor reads synthetic data only; allowed: {SYNTHETIC_ON_DEVICE}")
+    if data == SYNTHETIC_ON_HOST:
+        return None
+    path = Path(data)
+    if not path.exists():
+        raise ConfigError("data", data, f"no such file or folder; allowed: {', '.join(SYNTHETIC_SOURCES)} or a dataset path")
+    resolved = detect_format(path) if data_format == "auto" else data_format
+    if framework not in FORMAT_FRAMEWORKS[resolved]:
+        readable = [name for name, readers in FORMAT_FRAMEWORKS.items() if framework in readers]
+        raise ConfigError("data_format", resolved, f"{framework.value} reads: {', '.join(readable) or 'synthetic data only'}")
+    return resolved

@@ -1,0 +1,173 @@
+"""Real and synthetic data sources for the PyTorch executor, on small files the tests make."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import pytest
+import torch
+
+from core import ConfigError, RunState, Workload, run
+from core.data import detect_format
+from core.data.torch_datasets import TokenFile, WebDatasetShards
+from core.testing import registered_plugins
+from core.workload import TorchTrainingSpec
+
+IMAGE_SHAPE = (3, 12, 12)
+
+
+class TinyCnn(Workload):
+    name: ClassVar[str] = "tiny-cnn"
+    default_micro_batch_size: ClassVar[int] = 4
+
+    def build_torch(self, options: Any, seed: int) -> TorchTrainingSpec:
+        torch.manual_seed(seed)
+        model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                                    torch.nn.Linear(4 * 10 * 10, 3))
+        return TorchTrainingSpec(model=model, loss_fn=torch.nn.CrossEntropyLoss(),
+                                 make_optimizer=lambda p: torch.optim.SGD(p, lr=0.01),
+                                 inputs=torch.randn(16, *IMAGE_SHAPE), targets=torch.randint(0, 3, (16,)))
+
+
+class TinyLanguageModel(Workload):
+    name: ClassVar[str] = "tiny-lm"
+    default_micro_batch_size: ClassVar[int] = 2
+
+    def build_torch(self, options: Any, seed: int) -> TorchTrainingSpec:
+        torch.manual_seed(seed)
+        model = torch.nn.Sequential(torch.nn.Embedding(100, 8), torch.nn.Linear(8, 100))
+
+        def next_token_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 100), tokens[:, 1:].reshape(-1))
+
+        pool = torch.randint(0, 100, (8, 6))
+        return TorchTrainingSpec(model=model, loss_fn=next_token_loss, make_optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+                                 inputs=pool, targets=pool)
+
+
+def png(color: tuple[int, int, int], size: int = 20) -> bytes:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (size, size), color).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+@pytest.fixture
+def image_folder(tmp_path: Path) -> Path:
+    root = tmp_path / "images"
+    for label, name in enumerate(["cat", "dog", "eel"]):
+        (root / name).mkdir(parents=True)
+        for i in range(4):
+            (root / name / f"{i}.png").write_bytes(png((80 * label, 10 * i, 200)))
+    return root
+
+
+@pytest.fixture
+def shards(tmp_path: Path) -> Path:
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    for shard in range(2):
+        with tarfile.open(folder / f"train-{shard:04d}.tar", "w") as archive:
+            for i in range(6):
+                key = f"{shard:02d}{i:04d}"
+                for extension, payload in (("png", png((i * 30, 0, 0))), ("cls", str(i % 3).encode())):
+                    info = tarfile.TarInfo(f"{key}.{extension}")
+                    info.size = len(payload)
+                    archive.addfile(info, io.BytesIO(payload))
+    return folder
+
+
+def train(workload: Workload, **options: Any) -> Any:
+    with registered_plugins():
+        return run(workload, "cpu", steps=4, warmup_steps=1, power_meter="none", **options)
+
+
+def test_formats_are_detected(image_folder: Path, shards: Path, tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens.bin"
+    np.arange(50, dtype=np.uint16).tofile(tokens)
+    assert detect_format(image_folder) == "image-folder"
+    assert detect_format(shards) == "webdataset" and detect_format(next(shards.glob("*.tar"))) == "webdataset"
+    assert detect_format(tokens) == "tokens"
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="not a dataset"):
+        detect_format(tmp_path / "empty")
+
+
+def test_image_folder_trains_and_reports_its_epoch(image_folder: Path) -> None:
+    result = train(TinyCnn(), data=str(image_folder), data_workers=0, gradient_accumulation=2)
+    assert result.status.ok, result.status
+    assert result.executor_details["data"] == "files" and result.executor_details["data_format"] == "image-folder"
+    assert result.samples_per_epoch == 12
+    assert result.epoch_seconds == pytest.approx(12 / result.throughput_per_second)
+    assert result.data_wait_seconds > 0 and 0 < result.data_wait_fraction <= 1
+
+
+def test_webdataset_shards_train_with_background_workers(shards: Path) -> None:
+    result = train(TinyCnn(), data=str(shards), data_workers=2)
+    assert result.status.ok, result.status
+    assert result.executor_details["data_format"] == "webdataset"
+
+
+def test_a_slow_reader_is_reported_as_data_bound(image_folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    from core.data import torch_datasets
+
+    original = torch_datasets.decode_image
+    monkeypatch.setattr(torch_datasets, "decode_image", lambda *a: (time.sleep(0.02), original(*a))[1])
+    result = train(TinyCnn(), data=str(image_folder), data_workers=0)
+    assert result.data_wait_fraction > 0.5
+    assert any(w.startswith("data-bound") for w in result.warnings)
+
+
+def test_token_file_feeds_a_language_model(tmp_path: Path) -> None:
+    path = tmp_path / "train.bin"
+    np.random.default_rng(0).integers(0, 100, 600).astype(np.uint16).tofile(path)
+    dataset = TokenFile(path, sequence_length=6)
+    assert len(dataset) == 100 and dataset[1][0].tolist() == np.fromfile(path, dtype=np.uint16)[6:12].tolist()
+    result = train(TinyLanguageModel(), data=str(path), data_workers=0)
+    assert result.status.ok, result.status
+    assert result.samples_per_epoch == 100
+
+
+def test_synthetic_on_host_copies_every_micro_step() -> None:
+    result = train(TinyCnn(), data="synthetic-host")
+    assert result.status.ok and result.executor_details["data"] == "synthetic-host"
+    assert result.data_wait_seconds == 0.0
+
+
+def test_shards_split_between_ranks_and_workers(shards: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from core.data import torch_datasets
+
+    many = [shards / f"s{i}.tar" for i in range(8)]
+    seen = []
+    for rank in range(2):
+        for worker in range(2):
+            monkeypatch.setattr(torch_datasets, "get_worker_info", lambda w=worker: SimpleNamespace(num_workers=2, id=w))
+            seen.extend(WebDatasetShards(many, IMAGE_SHAPE, rank=rank, world_size=2)._my_shards())
+    assert sorted(seen) == sorted(many)  # each shard read by exactly one worker of one rank
+
+
+@pytest.mark.parametrize("options,field,fragment", [
+    ({"data": "/no/such/dataset"}, "data", "no such file or folder"),
+    ({"data": "synthetic-host", "framework": "tensorflow"}, "data", "synthetic data only"),
+    ({"data_format": "bmp"}, "data_format", "'auto', 'image-folder'"),
+    ({"data_workers": -1}, "data_workers", "greater than or equal to 0"),
+])
+def test_bad_data_options_are_refused(options: dict[str, Any], field: str, fragment: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        run("fcnn", "cpu", **options)
+    assert caught.value.field == field and fragment in str(caught.value)
+
+
+def test_a_dataset_smaller_than_a_micro_batch_fails_in_setup(image_folder: Path) -> None:
+    result = train(TinyCnn(), data=str(image_folder), micro_batch_size=64, data_workers=0)
+    assert result.status.state is RunState.error and result.status.phase == "setup"
+    assert "fewer than one micro-batch" in result.status.message
