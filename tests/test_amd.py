@@ -1,0 +1,625 @@
+"""The AMD plugin against a fake of amdsmi: visibility, discovery, MI250 packages and modes,
+package energy, counter validation, wraps, missing library, peaks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+import core.workloads
+from core import (ConfigError, DeviceRecord, Framework, Precision, ProcessContext, RunConfig, hookimpl, make_config,
+                  run)
+from core.executors.base import Executor, HostStepClock, StepClock
+from core.planning import plan_run
+from core.power import UnavailableMeter
+from core.testing import registered_plugins
+from plugins.amd import smi
+from plugins.amd.accelerator import AmdAccelerator
+from plugins.amd.meter import AmdsmiMeter, AmdsmiMeterFactory
+from plugins.amd.peaks import AMD_PEAKS, peak_flops
+from plugins.amd.visibility import hip_visible, rocr_visible, visible_order
+from plugins.probing import SdkProbe
+
+RES = 15.300000190734863  # what amdsmi returns for rocm_smi's 15.3 uJ: a C float
+BDF_A0, BDF_A1, BDF_B0, BDF_B1 = "0000:c1:00.0", "0000:c6:00.0", "0000:c9:00.0", "0000:ce:00.0"
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+@pytest.fixture(autouse=True)
+def _no_leaked_amdsmi_session() -> Any:
+    yield
+    assert smi._sessions == 0, "an amdsmi session was left open"
+    smi._sessions = 0
+
+
+@pytest.fixture
+def probe(tmp_path: Path) -> SdkProbe:
+    """The real probe's module with a stand-in for /dev/kfd."""
+    (tmp_path / "kfd").write_text("")
+    return SdkProbe(module="amdsmi", install_hint=smi.INSTALL_HINT, device_globs=(str(tmp_path / "kfd"),),
+                    device_hint="no /dev/kfd")
+
+
+class Clock:
+    """Simulated time for the meter's validation: sleeping lets the fake node run."""
+
+    def __init__(self, node: Any) -> None:
+        self.t = 1000.0
+        self.node = node
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.t += seconds
+        self.node.advance(seconds)
+
+
+def node_with_draw(amdsmi: Any, **kwargs: Any) -> Any:
+    node = amdsmi.fake.mi250_node(**kwargs)
+    for gcd, watts in zip(node.gcds, (250.0, 200.0, 300.0, 150.0)):  # A0, A1, B0, B1
+        gcd.draw_watts = watts
+    return amdsmi.fake.install(node)
+
+
+def gcd(node: Any, bdf: str) -> Any:
+    return next(g for g in node.gcds if g.bdf == bdf)
+
+
+def accelerator(probe: SdkProbe, **environment: str) -> AmdAccelerator:
+    return AmdAccelerator(probe=probe, environment=environment)
+
+
+def config(**options: Any) -> RunConfig:
+    return make_config(workload="fcnn", accelerator="amd", micro_batch_size=4,
+                       power_sample_interval_seconds=0.01, **options)
+
+
+def factory(probe: SdkProbe, clock: Clock, **kwargs: Any) -> AmdsmiMeterFactory:
+    return AmdsmiMeterFactory(probe, clock=clock, sleep=clock.sleep, **kwargs)
+
+
+# --- visibility --------------------------------------------------------------------------------
+
+NODE_UUIDS = ["GPU-babababababababa", "GPU-abbaabbaabbaabba", "GPU-babaabbaabbababa", "GPU-abbababababaabba"]
+
+
+@pytest.mark.parametrize("value,expected", [
+    (None, [0, 1, 2, 3]),
+    ("", []),  # set but empty: no GPU
+    ("-1", []),
+    ("GPU-XX", []),
+    ("3,GPU-BABABABABABABABA,4", [3, 0]),  # the examples in ROCr's amd_filter_device.h
+    ("1,GPU-ABBAABBAABBAABBA,GPU-XX", [1]),
+    ("3,GPU-BABAABBA,GPU-XX", [3, 2]),
+    ("gpu-abbab", [3]),  # upper-cased, and a unique prefix is enough
+    ("0x2, 1", [2, 1]),  # strtol with base 0; tokens trimmed
+    ("1,1,2", [1]),  # a repeated device ends the list
+])
+def test_rocr_visible_devices_follows_rocr(value: str | None, expected: list[int]) -> None:
+    assert rocr_visible(value, NODE_UUIDS) == expected
+
+
+@pytest.mark.parametrize("value,expected", [
+    (None, [0, 1, 2, 3]),
+    ("", [0, 1, 2, 3]),  # empty filters nothing in HIP
+    ("2,0", [2, 0]),
+    ("0,0,1", [0, 1]),  # a repeated device is skipped, not an end
+    ("1,9,0", [1]),  # the list ends at the first invalid entry
+    ("01", []),  # an index must be a plain decimal
+    ("GPU-abbaabbaabbaabba,3", [1, 3]),
+])
+def test_hip_visible_devices_follows_hip(value: str | None, expected: list[int]) -> None:
+    assert hip_visible(value, NODE_UUIDS) == expected
+
+
+def test_rocr_applies_first_then_hip_or_cuda() -> None:
+    assert visible_order({"ROCR_VISIBLE_DEVICES": "2,3", "HIP_VISIBLE_DEVICES": "1"}, NODE_UUIDS) == [3]
+    assert visible_order({"CUDA_VISIBLE_DEVICES": "3,1"}, NODE_UUIDS) == [3, 1]
+    assert visible_order({"HIP_VISIBLE_DEVICES": "0", "CUDA_VISIBLE_DEVICES": "3"}, NODE_UUIDS) == [0]
+    assert visible_order({"HIP_VISIBLE_DEVICES": "", "CUDA_VISIBLE_DEVICES": "3"}, NODE_UUIDS) == [3]
+
+
+# --- discovery and packages ---------------------------------------------------------------------
+
+def test_two_mi250_packages_are_four_gcds_paired_by_xgmi_not_parity(fake_amdsmi: Any, probe: SdkProbe) -> None:
+    node = node_with_draw(fake_amdsmi)
+    devices = accelerator(probe).visible_devices()
+    # HIP (KFD) order interleaves the packages: hip 0 and 2 share package A, 1 and 3 package B.
+    assert [d.details["bdf"] for d in devices] == [BDF_A0, BDF_B0, BDF_A1, BDF_B1]
+    assert [d.index for d in devices] == [0, 1, 2, 3]
+    assert [d.details["package"] for d in devices] == ["package-0", "package-1", "package-0", "package-1"]
+    assert devices[0].details["package_gcds"] == [BDF_A0, BDF_A1]
+    # "AMD Instinct MI250X / MI250" is resolved by the GCD's 110 compute units.
+    assert {d.name for d in devices} == {"AMD Instinct MI250X"}
+    assert devices[0].details["market_name"] == "AMD Instinct MI250X / MI250"
+    assert devices[0].memory_bytes == 68_702_699_520 and devices[0].details["gfx_target"] == "gfx90a"
+    assert devices[3].details["uuid"] == "GPU-5a1f00000000bb02"
+    assert node.calls.count("amdsmi_init") == node.calls.count("amdsmi_shut_down") == 1
+    assert not node.initialized
+
+
+def test_visibility_variables_select_and_order_gcds(fake_amdsmi: Any, probe: SdkProbe) -> None:
+    node_with_draw(fake_amdsmi)
+    devices = accelerator(probe, ROCR_VISIBLE_DEVICES="GPU-5A1F00000000BB02,0,2",
+                          HIP_VISIBLE_DEVICES="2,0").visible_devices()
+    assert [(d.index, d.details["bdf"], d.details["hip_index"]) for d in devices] == [(0, BDF_A1, 2), (1, BDF_B1, 3)]
+    assert accelerator(probe, ROCR_VISIBLE_DEVICES="").max_replicas(config()) == 0
+
+
+def test_sibling_pairs_need_a_unique_mutual_strongest_link(fake_amdsmi: Any, probe: SdkProbe) -> None:
+    node = node_with_draw(fake_amdsmi)
+    node.link(node.gcds[0], node.gcds[2], 4)  # A0 now as strongly linked to B0 as to A1
+    amd = accelerator(probe)
+    assert amd.node().package_error is not None and "0000:c1:00.0" in amd.node().package_error
+    assert amd.visible_devices()[0].details["package"] is None
+    with pytest.raises(ConfigError) as refused:
+        amd.validate(config(replicas=2, accelerator_options={"mode": "package"}))
+    assert refused.value.field == "accelerator_options.mode" and "XGMI" in str(refused.value)
+
+
+@pytest.mark.parametrize("version,source", [
+    ((7, 0, 2), "amdsmi_get_gpu_enumeration_info hip_id"),
+    ((6, 4, 0), "amdsmi_get_gpu_enumeration_info hip_id"),
+    ((6, 3, 0), "amdsmi_get_gpu_kfd_info node_id"),
+    ((6, 2, 4), "KFD topology"),
+])
+def test_hip_order_on_every_amdsmi_version(fake_amdsmi: Any, probe: SdkProbe, tmp_path: Path,
+                                           version: tuple[int, int, int], source: str) -> None:
+    node = node_with_draw(fake_amdsmi, version=version)
+    topology = tmp_path / "nodes"
+    for number, bdf in [(0, None), (2, BDF_A0), (3, BDF_B0), (4, BDF_A1), (5, BDF_B1)]:
+        (topology / str(number)).mkdir(parents=True)
+        if bdf is None:  # the CPU node: no SIMDs
+            (topology / str(number) / "properties").write_text("cpu_cores_count 64\nsimd_count 0\n")
+            continue
+        bus, device = int(bdf[5:7], 16), int(bdf[8:10], 16)
+        (topology / str(number) / "properties").write_text(
+            f"cpu_cores_count 0\nsimd_count 440\nlocation_id {(bus << 8) | (device << 3)}\ndomain 0\n")
+    amd = AmdAccelerator(probe=probe, environment={}, kfd_topology=topology)
+    assert [d.details["bdf"] for d in amd.visible_devices()] == [BDF_A0, BDF_B0, BDF_A1, BDF_B1]
+    assert amd.node().hip_order.startswith(source)
+    assert fake_amdsmi.__version__ == ".".join(map(str, version)) and node.version == version
+
+
+def test_without_any_hip_order_source_the_guess_is_labelled(fake_amdsmi: Any, probe: SdkProbe, tmp_path: Path) -> None:
+    node_with_draw(fake_amdsmi, version=(6, 2, 4))
+    amd = AmdAccelerator(probe=probe, environment={}, kfd_topology=tmp_path / "absent")
+    assert [d.details["bdf"] for d in amd.visible_devices()] == [BDF_A0, BDF_A1, BDF_B0, BDF_B1]
+    assert "unverified" in amd.node().hip_order
+
+
+# --- modes ---------------------------------------------------------------------------------------
+
+class Plugin:
+    def __init__(self, *items: Any) -> None:
+        self.items = items
+
+    @hookimpl
+    def core_register_accelerators(self, register: Callable[[Any], None]) -> None:
+        for item in self.items:
+            if isinstance(item, AmdAccelerator):
+                register(item)
+
+    @hookimpl
+    def core_register_power_meters(self, register: Callable[[Any], None]) -> None:
+        for item in self.items:
+            if isinstance(item, AmdsmiMeterFactory):
+                register(item)
+
+
+def plan(amd: AmdAccelerator, **options: Any) -> Any:
+    with registered_plugins(core.workloads, Plugin(amd), entry_points=False) as manager:
+        return plan_run(manager, "fcnn", "amd", {"micro_batch_size": 4, **options})
+
+
+def test_mode_is_an_accelerator_option(fake_amdsmi: Any, probe: SdkProbe) -> None:
+    node_with_draw(fake_amdsmi)
+    amd = accelerator(probe)
+    with pytest.raises(ConfigError) as bad:
+        plan(amd, accelerator_options={"mode": "gpu"})
+    assert bad.value.field == "accelerator_options.mode" and "'gcd' or 'package'" in bad.value.allowed
+    with pytest.raises(ConfigError) as unknown:
+        plan(amd, accelerator_options={"gcds": 2})
+    assert unknown.value.field == "accelerator_options.gcds" and "mode" in unknown.value.allowed
+    assert plan(amd, accelerator_options={"mode": "package"}, replicas=4).config.replicas == 4
+    with pytest.raises(ConfigError) as tf32:
+        plan(amd, precision="tf32")
+    assert tf32.value.field == "precision"
+
+
+def test_package_mode_needs_whole_packages(fake_amdsmi: Any, probe: SdkProbe) -> None:
+    node_with_draw(fake_amdsmi)
+    with pytest.raises(ConfigError) as split:  # hip 0 and 1 are GCDs of two different packages
+        accelerator(probe).validate(config(replicas=2, accelerator_options={"mode": "package"}))
+    assert split.value.field == "replicas"
+    assert "package-0 without 0000:c6:00.0" in split.value.allowed and "package-1" in split.value.allowed
+    paired = accelerator(probe, HIP_VISIBLE_DEVICES="0,2,1,3")
+    paired.validate(config(replicas=2, accelerator_options={"mode": "package"}))
+    accelerator(probe).validate(config(replicas=2))  # gcd mode takes any GCDs
+
+
+def test_package_mode_records_packages_and_their_peaks(fake_amdsmi: Any, probe: SdkProbe) -> None:
+    node_with_draw(fake_amdsmi)
+    amd = accelerator(probe)
+    process = ProcessContext(rank=0, local_rank=0, world_size=4)
+    packages = amd.devices_for(config(replicas=4, accelerator_options={"mode": "package"}), process)
+    assert [(p.index, p.details["package"], p.details["unit"]) for p in packages] == [
+        (0, "package-0", "package"), (1, "package-1", "package")]
+    assert [g["bdf"] for g in packages[0].details["gcds"]] == [BDF_A0, BDF_A1]
+    assert [g["cuda_index"] for g in packages[1].details["gcds"]] == [1, 3]
+    assert packages[0].memory_bytes == 2 * 68_702_699_520
+    gcds = amd.devices_for(config(replicas=4), process)
+    assert len(gcds) == 4 and gcds[0].details["unit"] == "gcd"
+    package_peak = amd.peak_flops_per_second(packages[0], Precision.bf16)
+    gcd_peak = amd.peak_flops_per_second(gcds[0], Precision.bf16)
+    assert package_peak is not None and package_peak[0] == pytest.approx(383.0e12)
+    assert gcd_peak is not None and gcd_peak[0] == pytest.approx(191.5e12) and "1/2" in gcd_peak[1]
+
+
+# --- energy --------------------------------------------------------------------------------------
+
+def open_meter(amdsmi: Any, probe: SdkProbe, devices: list[DeviceRecord], **kwargs: Any) -> Any:
+    clock = Clock(amdsmi.amdsmi_wrapper.node)
+    return factory(probe, clock, **kwargs).create(devices, config())
+
+
+def test_energy_per_package_equals_a_hand_calculation_from_the_counters(fake_amdsmi: Any, probe: SdkProbe) -> None:
+    node = node_with_draw(fake_amdsmi, primary_first=False)  # package A reports on A1, package B on B0
+    a1, b0 = gcd(node, BDF_A1), gcd(node, BDF_B0)
+    meter = open_meter(fake_amdsmi, probe, accelerator(probe).visible_devices())
+    assert isinstance(meter, AmdsmiMeter)
+    try:
+        meter.start()
+        a_start, b_start = a1.accumulator, b0.accumulator
+        a1.accumulator += 29_411_764  # ~450 J
+        b0.accumulator += 19_607_843  # ~300 J
+        measurement = meter.stop()
+    finally:
+        meter.close()
+    assert measurement.unavailable_reason is None and measurement.method == "counter"
+    expected_a = ((a_start + 29_411_764) - a_start) * RES / 1e6
+    expected_b = ((b_start + 19_607_843) - b_start) * RES / 1e6
+    assert measurement.components_joules["package-0"] == pytest.approx(expected_a, rel=1e-12)
+    assert measurement.components_joules["package-1"] == pytest.approx(expected_b, rel=1e-12)
+    assert measurement.energy_joules == pytest.approx(expected_a + expected_b, rel=1e-12)
+    assert measurement.details["shared_packages"] == {}
+    package_a = measurement.details["packages"]["package-0"]
+    assert package_a["reporting_gcds"] == [BDF_A1] and package_a["silent_gcds"] == [BDF_A0]
+    assert package_a["counter"].startswith("validated") and package_a["ratio"] == pytest.approx(1.0, rel=1e-3)
+    assert package_a["gcds"][BDF_A0]["power_field"] == "average_socket_power"  # current power reads "N/A"
+    assert package_a["gcds"][BDF_A1]["counter_resolution_uj"] == RES and package_a["gcds"][BDF_A1]["counter_bits"] == 64
+    assert not node.initialized
+
+
+def test_a_run_on_the_silent_sibling_reports_its_package_flagged_shared(fake_amdsmi: Any, probe: SdkProbe) -> None:
+    node = node_with_draw(fake_amdsmi)  # A0 is primary, A1 the silent secondary
+    silent = [d for d in accelerator(probe).visible_devices() if d.details["bdf"] == BDF_A1]
+    meter = open_meter(fake_amdsmi, probe, silent)
+    try:
+        meter.start()
+        gcd(node, BDF_A0).accumulator += 10_000_000
+        measurement = meter.stop()
+    finally:
+        meter.close()
+    assert gcd(node, BDF_A1).accumulator == 0  # the die itself reads nothing...
+    assert measurement.components_joules == {"package-0": pytest.approx(10_000_000 * RES / 1e6)}  # ...its package does
+    assert BDF_A0 in measurement.details["shared_packages"]["package-0"]
+    assert measurement.details["packages"]["package-0"]["gcds"][BDF_A1]["in_run"] is True
+
+
+def test_both_gcds_of_a_package_are_counted_once(fake_amdsmi: Any, probe: SdkProbe) -> None:
+    node = node_with_draw(fake_amdsmi)
+    gcds = [d for d in accelerator(probe).visible_devices() if d.details["package"] == "package-1"]
+    meter = open_meter(fake_amdsmi, probe, gcds)
+    try:
+        meter.start()
+        gcd(node, BDF_B0).accumulator += 1_000_000
+        measurement = meter.stop()
+    finally:
+        meter.close()
+    assert list(measurement.components_joules) == ["package-1"]
+    assert measurement.energy_joules == pytest.approx(1_000_000 * RES / 1e6)
+    assert measurement.details["shared_packages"] == {}
+
+
+@pytest.mark.parametrize("version", [(6, 2, 4), (6, 3, 0), (7, 0, 2)])
+def test_accumulator_key_of_every_version(fake_amdsmi: Any, probe: SdkProbe, version: tuple[int, int, int]) -> None:
+    node = node_with_draw(fake_amdsmi, version=version)  # 'power' until 6.2, both in 6.3, then 'energy_accumulator'
+    keys = _reading_keys(fake_amdsmi)
+    assert ("power" in keys) == (version < (6, 4, 0)) and ("energy_accumulator" in keys) == (version >= (6, 3, 0))
+    meter = open_meter(fake_amdsmi, probe, accelerator(probe).visible_devices()[:1])
+    try:
+        meter.start()
+        gcd(node, BDF_A0).accumulator += 65_359
+        measurement = meter.stop()
+    finally:
+        meter.close()
+    assert measurement.components_joules["package-0"] == pytest.approx(65_359 * RES / 1e6)
+
+
+def _reading_keys(amdsmi: Any) -> set[str]:
+    amdsmi.amdsmi_init()
+    try:
+        return set(amdsmi.amdsmi_get_energy_count(amdsmi.amdsmi_get_processor_handles()[0]))
+    finally:
+        amdsmi.amdsmi_shut_down()
+
+
+def test_a_64_bit_counter_wrap_is_undone(fake_amdsmi: Any, probe: SdkProbe) -> None:
+    node = node_with_draw(fake_amdsmi)
+    primary = gcd(node, BDF_A0)
+    primary.accumulator = (1 << 64) - 10_000_000
+    meter = open_meter(fake_amdsmi, probe, accelerator(probe).visible_devices()[:1])
+    try:
+        meter.start()
+        start = primary.accumulator
+        primary.accumulator = 500  # passed 2**64 and restarted
+        measurement = meter.stop()
+    finally:
+        meter.close()
+    expected = ((1 << 64) - start + 500) * RES / 1e6
+    assert measurement.components_joules["package-0"] == pytest.approx(expected, rel=1e-9)
+    assert measurement.details["counter_wraps"] == {"package-0": 1}
+
+
+def mi100_node(amdsmi: Any, accumulator: int) -> Any:
+    node = amdsmi.fake.FakeNode(gcds=[amdsmi.fake.FakeGcd(
+        "0000:03:00.0", kfd_node=1, unique_id=0x100, market_name="AMD Instinct MI100", device_id=0x738C,
+        compute_units=120, gfx="gfx908", counter_bits=32, accumulator=accumulator, draw_watts=290.0)])
+    return amdsmi.fake.install(node)
+
+
+def test_a_32_bit_counter_is_polled_so_no_wrap_is_missed(fake_amdsmi: Any, probe: SdkProbe) -> None:
+    node = mi100_node(fake_amdsmi, 0)
+    counter = node.gcds[0]
+    meter = open_meter(fake_amdsmi, probe, accelerator(probe).visible_devices())
+    try:
+        assert meter.poll_seconds is not None  # MI100's SMU counter is 32 bits wide
+        counter.accumulator = (1 << 32) - 2_000
+        meter.start()
+        for value in (1_000_000_000, 3_000_000_000, 4_000_000_000, 500):  # wraps at the first and the last
+            counter.accumulator = value
+            meter.poll()
+        measurement = meter.stop()
+    finally:
+        meter.close()
+    assert measurement.details["counter_wraps"] == {"package-0": 2}
+    assert measurement.energy_joules == pytest.approx((2_000 + (1 << 32) + 500) * RES / 1e6, rel=1e-9)
+    assert measurement.energy_joules > 65_000  # more than the counter's whole range: reads at start and stop alone
+    # would have seen one wrap and 2500 ticks
+
+
+def test_a_counter_stepping_back_is_an_error_not_a_wrap(fake_amdsmi: Any, probe: SdkProbe) -> None:
+    node = node_with_draw(fake_amdsmi)
+    gcd(node, BDF_A0).accumulator = 4_750_896_266
+    meter = open_meter(fake_amdsmi, probe, accelerator(probe).visible_devices()[:1])
+    try:
+        meter.start()
+        gcd(node, BDF_A0).accumulator -= 13_952_475  # as in amdsmi issue #115: ~213 J back
+        measurement = meter.stop()
+    finally:
+        meter.close()
+    # The counter's figure is refused; the window's sampled power stands in, and the result says why.
+    assert measurement.method == "sampled" and measurement.details["methods"] == {"package-0": "sampled"}
+    assert "not a wrap" in measurement.details["counter_errors"]["package-0"]
+
+
+def test_counter_off_by_more_than_10x_is_replaced_by_sampling(fake_amdsmi: Any, probe: SdkProbe) -> None:
+    node = node_with_draw(fake_amdsmi)
+    gcd(node, BDF_A0).counter_scale = 40.0  # package A's counter runs 40x fast
+    meter = open_meter(fake_amdsmi, probe, accelerator(probe).visible_devices())
+    try:
+        meter.start()
+        time.sleep(0.05)
+        gcd(node, BDF_B0).accumulator += 1_000_000
+        measurement = meter.stop()
+    finally:
+        meter.close()
+    assert measurement.unavailable_reason is None and measurement.method == "mixed"
+    assert measurement.details["methods"] == {"package-0": "sampled", "package-1": "counter"}
+    assert "rejected" in measurement.details["counters_not_used"]["package-0"]
+    assert measurement.details["packages"]["package-0"]["ratio"] == pytest.approx(40.0, rel=1e-3)
+    window = measurement.details["sampled_joules"]["package-0"] / 450.0  # A draws 250 + 200 W
+    assert 0.04 < window < 1.0
+    assert measurement.components_joules["package-1"] == pytest.approx(1_000_000 * RES / 1e6)
+
+
+def test_frozen_or_unreadable_counters_fall_back_to_sampling(fake_amdsmi: Any, probe: SdkProbe) -> None:
+    node = node_with_draw(fake_amdsmi)
+    gcd(node, BDF_A0).counter_scale = 0.0  # frozen (amdsmi issue #38)
+    gcd(node, BDF_B0).failing["amdsmi_get_energy_count"] = fake_amdsmi.amdsmi_wrapper.AMDSMI_STATUS_NOT_SUPPORTED
+    meter = open_meter(fake_amdsmi, probe, accelerator(probe).visible_devices())
+    try:
+        meter.start()
+        measurement = meter.stop()
+    finally:
+        meter.close()
+    off = measurement.details["counters_not_used"]
+    assert "ratio 0" in off["package-0"]
+    assert "AMDSMI_STATUS_NOT_SUPPORTED" in off["package-1"]
+    assert measurement.method == "sampled" and measurement.energy_joules is not None
+
+
+def test_power_reading_na_is_no_reading(fake_amdsmi: Any, probe: SdkProbe) -> None:
+    node = node_with_draw(fake_amdsmi)
+    fake_amdsmi.amdsmi_init()
+    try:
+        handles = fake_amdsmi.amdsmi_get_processor_handles()
+        assert fake_amdsmi.amdsmi_get_power_info(handles[0])["current_socket_power"] == "N/A"
+        assert smi.power_watts(fake_amdsmi, handles[0], "current_socket_power") is None
+        assert smi.power_watts(fake_amdsmi, handles[0], "average_socket_power") == 450.0  # the package
+        assert smi.power_watts(fake_amdsmi, handles[1], "average_socket_power") == 0.0  # its secondary
+        node.version = (6, 0, 2)  # 6.0 returned the raw 0xFFFF
+        assert fake_amdsmi.amdsmi_get_power_info(handles[0])["current_socket_power"] == 0xFFFF
+        assert smi.power_watts(fake_amdsmi, handles[0], "current_socket_power") is None
+    finally:
+        fake_amdsmi.amdsmi_shut_down()
+    node.version = (7, 0, 2)
+    gcd(node, BDF_A0).counter_scale = 0.0  # frozen: rejected at validation, so power is sampled...
+    meter = open_meter(fake_amdsmi, probe, accelerator(probe).visible_devices()[:1])
+    gcd(node, BDF_A0).power_na = True  # ...and then reads "N/A"
+    try:
+        meter.start()
+        measurement = meter.stop()
+    finally:
+        meter.close()
+    assert measurement.energy_joules is None and "no complete power trace" in (measurement.unavailable_reason or "")
+    assert "package-0" in measurement.details["counters_not_used"]
+
+
+def test_mi300x_reports_current_power_and_is_its_own_package(fake_amdsmi: Any, probe: SdkProbe) -> None:
+    node = fake_amdsmi.fake.install(fake_amdsmi.fake.FakeNode(gcds=[fake_amdsmi.fake.FakeGcd(
+        "0000:05:00.0", kfd_node=2, unique_id=0x300, market_name="MI300X-O", device_id=0x74A1, compute_units=304,
+        gfx="gfx942", vram_bytes=205_822_885_888, current_power_supported=True, draw_watts=700.0)]))
+    device = accelerator(probe).visible_devices()[0]
+    assert device.details["package"] == "package-0" and device.name == "MI300X-O"
+    meter = open_meter(fake_amdsmi, probe, [device])
+    try:
+        meter.start()
+        node.gcds[0].accumulator += 100
+        measurement = meter.stop()
+    finally:
+        meter.close()
+    assert measurement.details["packages"]["package-0"]["gcds"]["0000:05:00.0"]["power_field"] == "current_socket_power"
+    assert peak_flops(device.name, Precision.bf16) == pytest.approx(1307.4e12)
+
+
+# --- unavailable ---------------------------------------------------------------------------------
+
+def test_missing_libamd_smi_gives_a_clear_reason(fake_amdsmi: Any, probe: SdkProbe, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    for name in [n for n in sys.modules if n == "amdsmi" or n.startswith("amdsmi.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setenv("ROCM_PATH", str(tmp_path / "no-rocm"))
+    assert AmdsmiMeterFactory(probe).availability().available  # cheap: it imports nothing
+    meter = AmdsmiMeterFactory(probe).create([], config())
+    assert isinstance(meter, UnavailableMeter)
+    assert "cannot load ROCm's libamd_smi.so" in meter.reason and "ROCM_PATH" in meter.reason
+    assert "Unable to find libamd_smi.so" in meter.reason  # what the module printed, kept as the reason
+    with pytest.raises(ConfigError) as refused:
+        accelerator(probe).max_replicas(config())
+    assert "libamd_smi.so" in refused.value.allowed
+    assert capsys.readouterr().out == ""  # nothing leaks onto stdout (it may carry --json output)
+    assert "amdsmi" not in sys.modules
+
+
+def test_amdsmi_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "amdsmi", None)
+    with pytest.raises(smi.AmdsmiUnavailable) as missing:
+        smi.import_amdsmi()
+    assert "pip install 'core[amd]'" in str(missing.value)
+
+
+def test_driver_not_loaded(fake_amdsmi: Any, probe: SdkProbe) -> None:
+    node = node_with_draw(fake_amdsmi)
+    node.init_status = fake_amdsmi.amdsmi_wrapper.AMDSMI_STATUS_DRIVER_NOT_LOADED
+    meter = AmdsmiMeterFactory(probe).create([], config())
+    assert isinstance(meter, UnavailableMeter)
+    assert "amdsmi_init failed" in meter.reason and "AMDSMI_STATUS_DRIVER_NOT_LOADED" in meter.reason
+
+
+def test_core_plugins_lists_amd_unavailable_with_the_reason() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    code = ("import json, sys; from core.cli import main; main(['plugins', '--json']); "
+            "assert 'amdsmi' not in sys.modules and 'torch' not in sys.modules")
+    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert completed.returncode == 0, completed.stderr
+    row = next(r for r in json.loads(completed.stdout) if r["name"] == "amd")
+    accelerator_entry, = row["registers"]["accelerators"]
+    meter_entry, = row["registers"]["power_meters"]
+    assert accelerator_entry["available"] is False and "/dev/kfd" in accelerator_entry["reason"]
+    assert meter_entry["name"] == "amdsmi" and meter_entry["available"] is False and meter_entry["reason"]
+
+
+# --- peaks ---------------------------------------------------------------------------------------
+
+def test_peak_table_has_a_source_for_every_entry_and_part() -> None:
+    models = {entry.model for entry in AMD_PEAKS.entries}
+    assert models == {"MI100", "MI210", "MI250", "MI250X", "MI300X"}
+    assert all(entry.source for entry in AMD_PEAKS.entries)
+    assert peak_flops("AMD Instinct MI250X", Precision.fp32) == pytest.approx(95.7e12)
+    assert peak_flops("AMD Instinct MI250", Precision.fp16) == pytest.approx(362.1e12)
+    assert peak_flops("AMD Instinct MI250X", Precision.bf16, per_gcd=True) == pytest.approx(191.5e12)
+    assert peak_flops("AMD Instinct MI100", Precision.bf16) == pytest.approx(92.3e12)
+    assert peak_flops("AMD Instinct MI210", Precision.fp16) == pytest.approx(181.0e12)
+    assert peak_flops("AMD Instinct MI250X / MI250", Precision.fp16) is None  # which of the two is unknown
+    assert peak_flops("AMD Instinct MI250X", Precision.tf32) is None
+    assert AmdAccelerator().precisions(Framework.torch) == (Precision.fp32, Precision.bf16, Precision.fp16)
+
+
+def test_package_records_feed_the_meter(fake_amdsmi: Any, probe: SdkProbe) -> None:
+    node = node_with_draw(fake_amdsmi)
+    packages = accelerator(probe, HIP_VISIBLE_DEVICES="0,2").devices_for(
+        config(replicas=2, accelerator_options={"mode": "package"}), ProcessContext(rank=0, local_rank=0, world_size=2))
+    meter = open_meter(fake_amdsmi, probe, packages)
+    try:
+        meter.start()
+        gcd(node, BDF_A0).accumulator += 2_000_000
+        measurement = meter.stop()
+    finally:
+        meter.close()
+    assert measurement.components_joules == {"package-0": pytest.approx(2_000_000 * RES / 1e6)}
+    assert measurement.details["shared_packages"] == {}
+
+
+def test_a_pytorch_without_rocm_is_refused_with_the_reason(fake_amdsmi: Any, probe: SdkProbe) -> None:
+    node_with_draw(fake_amdsmi)
+    from core.workloads.fcnn import Fcnn
+
+    with pytest.raises(RuntimeError, match=r"torch.version.hip is None"):
+        accelerator(probe).create_executor(Fcnn(), config(), ProcessContext(rank=0, local_rank=0, world_size=1))
+
+
+class SimulatedExecutor(Executor):
+    """Each update lets the fake node run 10 ms at its draw: the device's only sign of work."""
+
+    def __init__(self, node: Any, samples: int) -> None:
+        self.node, self.local_samples_per_update = node, samples
+
+    def step(self) -> None:
+        self.node.advance(0.01)
+
+    def synchronize(self) -> None:
+        pass
+
+    def step_clock(self) -> StepClock:
+        return HostStepClock()
+
+    def check_finite(self) -> None:
+        pass
+
+
+class SimulatedAmd(AmdAccelerator):
+    def create_executor(self, workload: Any, config: RunConfig, process: ProcessContext) -> Executor:
+        return SimulatedExecutor(sys.modules["amdsmi"].amdsmi_wrapper.node, config.micro_batch_size or 1)
+
+
+def test_a_package_mode_run_reports_packages_energy_and_peaks(fake_amdsmi: Any, probe: SdkProbe) -> None:
+    node = node_with_draw(fake_amdsmi)
+    clock = Clock(node)
+    plugin = Plugin(SimulatedAmd(probe=probe, environment={}), factory(probe, clock))
+    with registered_plugins(core.workloads, plugin, entry_points=False):
+        result = run("fcnn", "amd", framework="tensorflow", replicas=4, steps=5, warmup_steps=0,
+                     micro_batch_size=4, power_sample_interval_seconds=0.01,
+                     accelerator_options={"mode": "package"})
+    assert result.status.ok, result.status
+    assert [d.details["package"] for d in result.devices] == ["package-0", "package-1"]
+    ticks = round(450.0 * 0.01 * 1e6 / RES)  # per update and package: A draws 250 + 200 W, B 300 + 150 W
+    assert result.energy is not None and result.energy.method == "counter"
+    assert result.energy.components_joules == {"package-0": pytest.approx(5 * ticks * RES / 1e6),
+                                               "package-1": pytest.approx(5 * ticks * RES / 1e6)}
+    assert result.energy_joules == pytest.approx(10 * ticks * RES / 1e6)
+    assert result.energy.details["shared_packages"] == {}
+    assert result.peak_flops_per_second == pytest.approx(2 * 95.7e12)  # fp32: two MI250X packages
+    assert result.environment is not None and result.environment.driver_versions["amdgpu_driver"] == "6.10.5"
+    assert not node.initialized
