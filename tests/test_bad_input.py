@@ -22,7 +22,7 @@ BAD_CONFIGS = [
     (["fcnn", "--precision", "fp8"], "precision", "'fp32', 'tf32', 'bf16' or 'fp16'"),
     (["fcnn", "--precision", "tf32"], "precision", "supports: fp32, bf16, fp16"),
     (["fcnn", "--framework", "jax"], "framework", "'torch' or 'tensorflow'"),
-    (["resnet-9000"], "workload", "registered: fcnn"),
+    (["resnet-9000"], "workload", "unknown workload; registered:"),
     (["fcnn", "--accelerator", "tpu"], "accelerator", "registered: amd, cpu, graphcore, nvidia"),
     (["fcnn", "--accelerator", "nvidia"], "accelerator", "not available here"),
     (["fcnn", "--accelerator", "graphcore"], "accelerator", "Poplar SDK"),
