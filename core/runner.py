@@ -108,6 +108,8 @@ def execute(plan: RunPlan, process: ProcessContext, on_progress: ProgressCallbac
 
         phase = "first_step"
         result.first_step_seconds = _Phase(executor).run(1)
+        # Executors that compile lazily record what compiling took (e.g. compile_seconds) here.
+        result.executor_details = executor.details()
         report(result)
 
         phase = "warmup"

@@ -104,7 +104,16 @@ class Fcnn(Workload):
         def make_model() -> Any:
             from tensorflow import keras
 
-            keras.utils.set_random_seed(seed)
+            if hasattr(keras.utils, "set_random_seed"):
+                keras.utils.set_random_seed(seed)
+            else:  # TensorFlow < 2.7 (the Poplar SDK's 2.6): the seeds set_random_seed sets
+                import random
+
+                import tensorflow as tf
+
+                random.seed(seed)
+                np.random.seed(seed)
+                tf.random.set_seed(seed)
             model = keras.Sequential(name="fcnn")
             model.add(keras.Input(shape=(o.input_width,)))
             for _ in range(o.layers):

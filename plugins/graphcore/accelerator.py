@@ -1,0 +1,281 @@
+"""The Graphcore accelerator: IPUs through PopTorch or the IPU build of TensorFlow.
+
+``availability`` only looks for the SDK's Python packages (``importlib.util.find_spec`` and the
+installed TensorFlow's version, no import): PopTorch, or TensorFlow built by Graphcore (its version
+carries ``+gc``). Whether IPUs are there is asked when a run is planned: through gcipuinfo where
+installed, else the PCIe device nodes (``/dev/ipu*``) or an IPU-over-Fabric configuration. Without
+IPUs, ``accelerator_options.ipu_model=true`` runs the IPU Model, Poplar's simulator on the host.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.metadata
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from core import (Accelerator, Availability, ConfigError, DeviceRecord, Framework, Precision, ProcessContext,
+                  RunConfig, Workload)
+from plugins.graphcore.placement import (IpuPlacement, PoprunProcess, format_command, plan_placement,
+                                         poprun_command)
+
+if TYPE_CHECKING:
+    from core.executors.base import Executor
+
+POPLAR_SDK_INSTRUCTIONS = (
+    "PopTorch is not installed: it ships only inside Graphcore's Poplar SDK (3.3 is the last), not on a "
+    "package index. Install the SDK, `source <sdk>/enable`, then on Python 3.10 "
+    "`pip install 'torch==2.0.1' <sdk>/poptorch-*.whl <sdk>/gcipuinfo-*.whl` (for TensorFlow: "
+    "<sdk>/tensorflow-2.6*+gc*.whl and <sdk>/keras-2.6*+gc*.whl); see README 'Graphcore'"
+)
+NO_IPU_HINT = ("no IPU found here (gcipuinfo lists none, no /dev/ipu* device nodes, no IPU-over-Fabric "
+               "configuration)")
+
+_PRECISIONS = {Framework.torch: (Precision.fp32, Precision.fp16), Framework.tensorflow: (Precision.fp32,)}
+
+
+class GraphcoreOptions(BaseModel):
+    """``accelerator_options`` of the graphcore accelerator."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ipu_model: bool = Field(default=False, description="run on the IPU Model (Poplar's simulator on the host CPU)")
+    executable_cache_dir: str = Field(
+        default="", description="load/save compiled executables here (poptorch enableExecutableCaching); "
+                                "a cached executable makes the first step a load, not a compilation")
+    instances: int = Field(default=0, ge=0, le=1 << 12,
+                           description="host processes (poprun --num-instances); 0: as poprun started this one, else 1")
+    auto_round_num_ipus: bool = Field(
+        default=True, description="reserve the next power of two of IPUs when the run uses another count")
+    pipeline_splits: str = Field(
+        default="", description="comma-separated layer names where pipeline stages 2.. begin; "
+                                "default: the workload's split points, else balanced by parameter count")
+
+
+def _tensorflow_is_graphcore_build() -> bool:
+    try:
+        return "+gc" in importlib.metadata.version("tensorflow")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+def _has_poptorch() -> bool:
+    return importlib.util.find_spec("poptorch") is not None
+
+
+def _gcipuinfo_devices() -> list[dict[str, str]] | None:
+    """gcipuinfo's device list, or None where gcipuinfo is not installed or cannot list devices."""
+    if importlib.util.find_spec("gcipuinfo") is None:
+        return None
+    from plugins.graphcore.meter import import_gcipuinfo
+
+    try:
+        return [dict(device) for device in import_gcipuinfo().gcipuinfo().getDevices()]
+    except Exception:  # a library without its driver: fall back to the other probes
+        return None
+
+
+def _ipuof_configured() -> bool:
+    """An IPU-over-Fabric (IPU-POD) host: the V-IPU partition is named in the environment or config."""
+    if any(os.environ.get(v) for v in ("IPUOF_VIPU_API_PARTITION_ID", "IPUOF_CONFIG_PATH")):
+        return True
+    return bool(glob.glob(str(Path.home() / ".ipuof.conf.d" / "*.conf")))
+
+
+def count_ipus() -> int | None:
+    """IPUs this host can use: a count, None when there are some but how many is unknown, or 0."""
+    devices = _gcipuinfo_devices()
+    if devices is not None:
+        return len(devices)
+    nodes = glob.glob("/dev/ipu[0-9]*")
+    if nodes:
+        return len(nodes)
+    return None if _ipuof_configured() else 0
+
+
+def resolve_instances(options: GraphcoreOptions, environ: Any = None) -> tuple[int, PoprunProcess | None]:
+    """(instances, this process among them): from the option, else from poprun's environment."""
+    process = PoprunProcess.from_environment(os.environ if environ is None else environ)
+    if options.instances:
+        return options.instances, process
+    return (process.instances if process is not None else 1), process
+
+
+class GraphcoreAccelerator(Accelerator):
+    name: ClassVar[str] = "graphcore"
+    description: ClassVar[str] = ("Graphcore IPUs through PopTorch / TensorFlow-IPU: replicas, pipelining, "
+                                  "gradient accumulation, device iterations; gcipuinfo power")
+    frameworks: ClassVar[tuple[Framework, ...]] = (Framework.torch, Framework.tensorflow)
+    max_devices_per_replica: ClassVar[int] = 64
+    supports_device_iterations: ClassVar[bool] = True
+    options_model: ClassVar[type[BaseModel]] = GraphcoreOptions
+
+    def availability(self) -> Availability:
+        if _has_poptorch() or _tensorflow_is_graphcore_build():
+            return Availability.yes()
+        return Availability.no(POPLAR_SDK_INSTRUCTIONS)
+
+    def precisions(self, framework: Framework) -> tuple[Precision, ...]:
+        # IPUs compute in fp32 and fp16; no bf16, no TF32.
+        return _PRECISIONS.get(framework, ())
+
+    def _options(self, config: RunConfig) -> GraphcoreOptions:
+        parsed = self.parse_options(dict(config.accelerator_options))
+        assert isinstance(parsed, GraphcoreOptions)
+        return parsed
+
+    def max_replicas(self, config: RunConfig) -> int:
+        options = self._options(config)
+        ipus = None if options.ipu_model else count_ipus()
+        if not ipus:
+            # The IPU Model; an IPU-POD whose size only the SDK knows; or no IPU at all, which
+            # validate() explains better than "at most 0": the placement rules decide.
+            return 1 << 16
+        # At least 1: a replica too large for the host is refused by validate(), which says why.
+        return max(ipus // config.devices_per_replica, 1)
+
+    def placement(self, config: RunConfig) -> IpuPlacement:
+        """The validated placement of ``config`` (ConfigError naming the rule otherwise)."""
+        options = self._options(config)
+        instances, _ = resolve_instances(options)
+        assert config.micro_batch_size is not None
+        return plan_placement(
+            micro_batch_size=config.micro_batch_size, gradient_accumulation=config.gradient_accumulation,
+            replicas=config.replicas, ipus_per_replica=config.devices_per_replica,
+            device_iterations=config.device_iterations, instances=instances,
+            auto_round_num_ipus=options.auto_round_num_ipus, framework=config.framework.value)
+
+    def validate(self, config: RunConfig) -> None:
+        options = self._options(config)
+        if config.framework is Framework.torch and not _has_poptorch():
+            raise ConfigError("framework", "torch", POPLAR_SDK_INSTRUCTIONS)
+        if config.framework is Framework.tensorflow and not _tensorflow_is_graphcore_build():
+            raise ConfigError("framework", "tensorflow",
+                              "needs the IPU build of TensorFlow from the Poplar SDK (its version has '+gc'): "
+                              "pip install <sdk>/tensorflow-2.6*+gc*.whl <sdk>/keras-2.6*+gc*.whl")
+        if config.compile:
+            raise ConfigError("compile", True, "IPU programs are always compiled by Poplar; leave compile=False")
+        placement = self.placement(config)
+        instances, process = resolve_instances(options)
+        launched = process.instances if process is not None else 1
+        if instances != launched:
+            raise ConfigError(
+                "accelerator_options.instances", instances,
+                f"this process is one of {launched} started together; {instances} instances need one process "
+                "each, started by poprun: " + format_command(poprun_command(placement, _this_command())))
+        if config.framework is Framework.tensorflow and instances > 1:
+            raise ConfigError("accelerator_options.instances", instances,
+                              "the TensorFlow path runs in one instance; use framework torch under poprun")
+        if not options.ipu_model:
+            ipus = count_ipus()
+            if ipus == 0:
+                raise ConfigError("accelerator_options.ipu_model", False,
+                                  f"{NO_IPU_HINT}; set ipu_model=true to run on the IPU Model simulator")
+            if ipus is not None and placement.reserved_ipus > ipus:
+                raise ConfigError(
+                    "replicas", config.replicas,
+                    f"the run reserves {placement.reserved_ipus} IPUs ({placement.total_ipus} used); "
+                    f"this host sees {ipus}")
+
+    def devices(self) -> list[DeviceRecord]:
+        devices = _gcipuinfo_devices()
+        if devices is None:
+            return [DeviceRecord(index=i, name="IPU", kind=self.name, details={"device_node": node})
+                    for i, node in enumerate(sorted(glob.glob("/dev/ipu[0-9]*")))]
+        records = []
+        for position, device in enumerate(devices):
+            device_id = str(device.get("id", position))
+            records.append(DeviceRecord(
+                index=int(device_id) if device_id.isdigit() else position,
+                name=f"{device.get('board type', 'IPU')} {device.get('ipu architecture', '')}".strip(),
+                kind=self.name,
+                details={k: device[k] for k in ("id", "board type", "board serial number", "ipu architecture",
+                                                "board ipu index", "firmware version", "driver version",
+                                                "numa node", "pci id") if k in device},
+            ))
+        return records
+
+    def devices_for(self, config: RunConfig, process: ProcessContext) -> list[DeviceRecord]:
+        options = self._options(config)
+        if options.ipu_model:
+            placement = self.placement(config)
+            return [DeviceRecord(index=i, name="IPU Model", kind=self.name, details={"simulator": True})
+                    for i in range(placement.reserved_ipus_per_instance)]
+        # Which IPUs Poplar attaches to is known only once it has (in the first step); the meter finds
+        # them then, by process id. Here: as many as the run reserves, in gcipuinfo's order.
+        records = self.devices()[: self.placement(config).reserved_ipus_per_instance]
+        for record in records:
+            record.details["selection"] = "listed, not necessarily attached: Poplar picks the IPUs when it attaches"
+        return records
+
+    def driver_versions(self) -> dict[str, str]:
+        versions = {}
+        for package in ("poptorch", "tensorflow", "gcipuinfo", "popdist"):
+            try:
+                versions[package] = importlib.metadata.version(package)
+            except importlib.metadata.PackageNotFoundError:
+                continue
+        return versions
+
+    def create_executor(self, workload: Workload, config: RunConfig, process: ProcessContext) -> "Executor":
+        options = self._options(config)
+        placement = self.placement(config)
+        if config.framework is Framework.tensorflow:
+            from plugins.graphcore.tensorflow import create_keras_executor
+
+            return create_keras_executor(workload, config, placement, options)
+        _, poprun = resolve_instances(options)
+        return self._poptorch_executor(workload, config, placement, options, poprun)
+
+    def _poptorch_executor(self, workload: Workload, config: RunConfig, placement: IpuPlacement,
+                           options: GraphcoreOptions, poprun: PoprunProcess | None) -> "Executor":
+        import importlib
+
+        from plugins.graphcore.executor import PopTorchExecutor
+        from plugins.graphcore.options import OptionSettings
+
+        poptorch = importlib.import_module("poptorch")
+        popdist = None
+        if placement.instances > 1 and importlib.util.find_spec("popdist") is not None:
+            popdist = importlib.import_module("popdist")
+            importlib.import_module("popdist.poptorch")
+            if popdist.isPopdistEnvSet():
+                _check_popdist(popdist, placement)
+        workload_options = workload.parse_options(dict(config.workload_options))
+        split_points = [s.strip() for s in options.pipeline_splits.split(",") if s.strip()]
+        if not split_points and placement.pipelined:
+            named = getattr(workload, "pipeline_split_points", None)
+            split_points = list(named(workload_options, placement.ipus_per_replica) or ()) if callable(named) else []
+        settings = OptionSettings(seed=config.seed, ipu_model=options.ipu_model,
+                                  executable_cache_dir=options.executable_cache_dir or None,
+                                  half_precision=config.precision is Precision.fp16, process=poprun)
+        details: dict[str, Any] = {"ipu_model": options.ipu_model,
+                                   "executable_cache_dir": options.executable_cache_dir or None,
+                                   "instance_index": poprun.instance_index if poprun else 0}
+        if placement.instances > 1:
+            details["poprun_command"] = format_command(poprun_command(placement, ["<command>"]))
+        return PopTorchExecutor(workload.build_torch(workload_options, config.seed), config, placement, settings,
+                                poptorch=poptorch, popdist=popdist, split_points=split_points, details=details)
+
+
+def _this_command() -> list[str]:
+    """How this process was started, for the poprun command line a refusal suggests."""
+    argv = list(sys.argv) or ["<command>"]
+    if Path(argv[0]).name == "core":
+        return ["core", *argv[1:]]
+    return ["python3", *argv]
+
+
+def _check_popdist(popdist: Any, placement: IpuPlacement) -> None:
+    """poprun's own numbers must be the run's (poprun overrides what the application asks for)."""
+    checks = [("replicas", popdist.getNumTotalReplicas(), placement.replicas, "--num-replicas"),
+              ("devices_per_replica", popdist.getNumIpusPerReplica(), placement.ipus_per_replica, "--ipus-per-replica"),
+              ("accelerator_options.instances", popdist.getNumInstances(), placement.instances, "--num-instances")]
+    for field, launched, asked, flag in checks:
+        if launched != asked:
+            raise ConfigError(field, asked, f"poprun was started with {flag} {launched}; run with the same value")

@@ -1,0 +1,153 @@
+"""The PopTorch executor: one ``step()`` is one host call, running ``device_iterations`` weight
+updates on the IPUs.
+
+Setup (``__init__``) builds the workload on the host, pipelines it (``BeginBlock`` per stage) when
+a replica spans several IPUs, builds the ``poptorch.Options``, wraps model and optimizer with
+``poptorch.trainingModel``, and takes one host call's samples from a ``poptorch.DataLoader``.
+The first ``step()`` compiles explicitly (``PoplarExecutor.compile``) and then runs, so compilation
+falls in the runner's first-step phase, apart from the steady window; its own duration is recorded
+as ``compile_seconds`` (the ACES paper's first epoch against the second).
+
+Data: sample ``i`` of an update is ``pool[i % pool]`` as everywhere in core. A host call's combined
+batch is laid out ``[device_iterations, gradient_accumulation, replicas, micro_batch]`` (PopART's
+input layout, graphcore/popart ``docs/popart/glossary.rst``), and replica ``r`` holds samples
+``[(r x GA + a) x micro, ...)`` of the update, so every update trains on the same global batch as
+the other placements. The batch is built once, in setup; each call streams it to the IPUs, which
+is part of what a host call costs and so is inside the window.
+
+Imported only when a run starts: it imports torch at the top, and PopTorch through the caller.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Sequence
+
+import torch
+
+from core.config import RunConfig
+from core.errors import NonFiniteLossError
+from core.executors.base import Executor, HostStepClock, StepClock
+from core.workload import TorchTrainingSpec
+from plugins.graphcore.options import OptionSettings, build_options, options_summary
+from plugins.graphcore.pipeline import StagePlan, assign_blocks, plan_stages
+from plugins.graphcore.placement import IpuPlacement, host_call_samples
+
+
+class ModelWithLoss(torch.nn.Module):
+    """What ``poptorch.trainingModel`` wants: a model that returns its loss."""
+
+    def __init__(self, model: torch.nn.Module, loss_fn: Any, identity_loss: Any) -> None:
+        super().__init__()
+        self.model = model
+        self._loss_fn = loss_fn
+        self._identity_loss = identity_loss
+
+    def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        # identity_loss marks the (already reduced) loss as where backpropagation starts, whatever
+        # the workload computes it with (graphcore/poptorch python/ops.py).
+        return self._identity_loss(self._loss_fn(self.model(inputs), targets), reduction="none")
+
+
+def host_call_indices(placement: IpuPlacement, instance_index: int, pool: int) -> torch.Tensor:
+    """Pool indices of one host call of this instance, flattened from [D, GA, R_local, micro]."""
+    return torch.tensor(host_call_samples(placement, instance_index), dtype=torch.long) % pool
+
+
+class _PoolSamples(torch.utils.data.Dataset):
+    """Samples ``indices`` of the synthetic pool, in order."""
+
+    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor, indices: torch.Tensor) -> None:
+        self._inputs, self._targets, self._indices = inputs, targets, indices
+
+    def __len__(self) -> int:
+        return len(self._indices)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        i = int(self._indices[index])
+        return self._inputs[i], self._targets[i]
+
+
+class PopTorchExecutor(Executor):
+    def __init__(self, spec: TorchTrainingSpec, config: RunConfig, placement: IpuPlacement, settings: OptionSettings,
+                 *, poptorch: Any, popdist: Any = None, split_points: Sequence[str] = (),
+                 details: dict[str, Any] | None = None) -> None:
+        self._poptorch = poptorch
+        self._placement = placement
+        self.updates_per_step = placement.device_iterations
+        self.local_samples_per_update = (placement.micro_batch_size * placement.gradient_accumulation
+                                         * placement.replicas_per_instance)
+        self._details: dict[str, Any] = {"framework": "torch", "runtime": "poptorch", **(details or {}),
+                                         **placement.summary()}
+
+        model = spec.model
+        self.stage_plan: StagePlan | None = None
+        if placement.pipelined:
+            self.stage_plan = plan_stages(model, placement.ipus_per_replica, split_points)
+            assign_blocks(poptorch, model, self.stage_plan)
+            self._details.update(self.stage_plan.summary())
+        if settings.half_precision:
+            model.half()
+        self._user_model = model
+        wrapped = ModelWithLoss(model, spec.loss_fn, poptorch.identity_loss)
+        wrapped.train()
+        optimizer = spec.make_optimizer(model.parameters())
+
+        self.options = build_options(poptorch, placement, settings, popdist)
+        self._details["poptorch_options"] = options_summary(self.options)
+
+        # One host call's samples for every instance; the DataLoader hands this process its share.
+        every_instance = torch.cat([host_call_indices(placement, i, len(spec.inputs))
+                                    for i in range(placement.instances)])
+        loader = poptorch.DataLoader(self.options, _PoolSamples(spec.inputs, spec.targets, every_instance),
+                                     batch_size=placement.micro_batch_size, shuffle=False, drop_last=True)
+        inputs, targets = next(iter(loader))
+        if settings.half_precision and inputs.is_floating_point():
+            inputs = inputs.half()
+        self._inputs, self._targets = inputs, targets
+        self._details["host_call_samples"] = int(inputs.shape[0])
+
+        self.training_model = poptorch.trainingModel(wrapped, self.options, optimizer=optimizer)
+        self._compiled = False
+        self._last_loss: torch.Tensor | None = None
+
+    def step(self) -> None:
+        if not self._compiled:
+            started = time.perf_counter()
+            self.training_model.compile(self._inputs, self._targets)
+            self._details["compile_seconds"] = time.perf_counter() - started
+            self._compiled = True
+        # Returns once the IPUs have run device_iterations updates and the final loss is on the host.
+        self._last_loss = self.training_model(self._inputs, self._targets)
+
+    def synchronize(self) -> None:
+        # A PopTorch call returns after the device finished and its outputs reached the host.
+        pass
+
+    def step_clock(self) -> StepClock:
+        return HostStepClock()
+
+    def check_finite(self) -> None:
+        loss = self._last_loss
+        if loss is None:
+            return
+        values = [float(v) for v in torch.as_tensor(loss).float().reshape(-1)]
+        if not all(math.isfinite(v) for v in values):
+            raise NonFiniteLossError(f"loss is {values} (not finite)")
+
+    def details(self) -> dict[str, Any]:
+        return dict(self._details)
+
+    def framework_version(self) -> str:
+        return f"{torch.__version__} (poptorch {getattr(self._poptorch, '__version__', 'unknown')})"
+
+    def model_state(self) -> dict[str, torch.Tensor]:
+        """The trained weights on the host (tests compare them across placements)."""
+        if self.training_model.isCompiled():
+            self.training_model.copyWeightsToHost()
+        return {name: t.detach().cpu().clone() for name, t in self._user_model.state_dict().items()}
+
+    def close(self) -> None:
+        # Releases the IPUs and the executable (and copies the weights back to the host).
+        self.training_model.destroy()

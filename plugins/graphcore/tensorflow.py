@@ -1,0 +1,172 @@
+"""The TensorFlow path: Keras on IPUs through the IPU build of TensorFlow 2 (``tensorflow.python.ipu``).
+
+As the SDK's documentation and graphcore/examples do it: an ``ipu.config.IPUConfig`` selects the
+IPUs (``auto_select_ipus``) and ``configure_ipu_system()`` applies it; the model is built and
+compiled inside an ``ipu.ipu_strategy.IPUStrategy`` scope, which gives Keras models the IPU
+extensions: ``set_gradient_accumulation_options`` (``gradient_accumulation_steps_per_replica``) or,
+for a replica pipelined over several IPUs, ``set_pipeline_stage_assignment`` and
+``set_pipelining_options``. The replication factor is not an option: IPU Keras derives it from the
+IPUs selected (graphcore/keras ``keras/ipu/extensions/extensions_base.py``).
+
+One ``step()`` is one ``model.fit`` execution of ``steps_per_execution = gradient_accumulation x
+device_iterations`` micro-batches per replica, that is ``device_iterations`` weight updates; since
+SDK 2.5 ``steps_per_execution`` counts per replica and must be a multiple of the gradient
+accumulation. Gradients are averaged over the accumulated micro-batches
+(``gradient_accumulation_reduction_method="mean"``), as the other placements in core do. The first
+``fit`` compiles; the runner times it as the first step.
+
+The IPU Model and the executable cache are ``TF_POPLAR_FLAGS`` (``--use_ipu_model``,
+``--executable_cache_path=...``), read when the IPU system is configured; they are restored when
+the executor closes. The ``ipu`` module is imported through :func:`import_ipu`, which tests replace.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+from core.config import RunConfig
+from core.errors import ConfigError, NonFiniteLossError
+from core.executors.base import Executor, HostStepClock, StepClock
+from core.workload import KerasTrainingSpec, Workload
+from plugins.graphcore.pipeline import balance
+from plugins.graphcore.placement import (IpuPlacement, check_steps_per_execution, host_call_samples,
+                                         keras_steps_per_execution, tensorflow_ipus_per_instance)
+
+POPLAR_FLAGS = "TF_POPLAR_FLAGS"
+
+
+def import_ipu() -> Any:
+    from tensorflow.python import ipu  # the IPU build of TensorFlow only
+
+    return ipu
+
+
+def poplar_flags(existing: str, ipu_model: bool, executable_cache_dir: str | None) -> str:
+    """``TF_POPLAR_FLAGS`` with the IPU Model and cache flags added to what the user set."""
+    flags = existing.split()
+    if ipu_model and "--use_ipu_model" not in flags:
+        flags.append("--use_ipu_model")
+    if executable_cache_dir and not any(f.startswith("--executable_cache_path") for f in flags):
+        flags.append(f"--executable_cache_path={executable_cache_dir}")
+    return " ".join(flags)
+
+
+def stage_assignment(model: Any, stages: int) -> list[int]:
+    """The pipeline stage of each layer of a ``keras.Sequential``, balanced by parameter count."""
+    layers = [(f"{i}:{layer.name}", int(layer.count_params())) for i, layer in enumerate(model.layers)]
+    plan = balance(layers, stages)
+    stage_of = plan.layer_to_stage
+    return [stage_of[name] for name, _ in layers]
+
+
+class KerasIpuExecutor(Executor):
+    def __init__(self, spec: KerasTrainingSpec, config: RunConfig, placement: IpuPlacement, *, ipu: Any,
+                 ipu_model: bool = False, executable_cache_dir: str | None = None) -> None:
+        import numpy as np
+        import tensorflow as tf
+
+        self._tf = tf
+        self._placement = placement
+        self.updates_per_step = placement.device_iterations
+        self.local_samples_per_update = (placement.micro_batch_size * placement.gradient_accumulation
+                                         * placement.replicas_per_instance)
+        self.steps_per_execution = keras_steps_per_execution(placement)
+        check_steps_per_execution(self.steps_per_execution, placement.gradient_accumulation, placement.replicas)
+
+        self._previous_flags = os.environ.get(POPLAR_FLAGS)
+        os.environ[POPLAR_FLAGS] = poplar_flags(self._previous_flags or "", ipu_model, executable_cache_dir)
+        self._closed = False
+        try:
+            cfg = ipu.config.IPUConfig()
+            cfg.auto_select_ipus = tensorflow_ipus_per_instance(placement)
+            cfg.configure_ipu_system()
+            self._strategy = ipu.ipu_strategy.IPUStrategy()
+            with self._strategy.scope():
+                self.model = spec.make_model()
+                per_sample = spec.make_loss()
+
+                def mean_loss(targets: Any, outputs: Any) -> Any:
+                    return tf.reduce_mean(per_sample(targets, outputs))
+
+                self.model.compile(optimizer=spec.make_optimizer(), loss=mean_loss,
+                                   steps_per_execution=self.steps_per_execution)
+                assignment = None
+                if placement.pipelined:
+                    if not hasattr(self.model, "set_pipeline_stage_assignment") or not _is_sequential(self.model):
+                        raise ConfigError("devices_per_replica", placement.ipus_per_replica,
+                                          "pipelining a TensorFlow workload needs its model to be a keras.Sequential")
+                    assignment = stage_assignment(self.model, placement.ipus_per_replica)
+                    self.model.set_pipeline_stage_assignment(list(assignment))
+                    self.model.set_pipelining_options(
+                        gradient_accumulation_steps_per_replica=placement.gradient_accumulation,
+                        gradient_accumulation_reduction_method="mean")
+                elif placement.gradient_accumulation > 1:
+                    self.model.set_gradient_accumulation_options(
+                        gradient_accumulation_steps_per_replica=placement.gradient_accumulation,
+                        gradient_accumulation_reduction_method="mean")
+
+            indices = np.asarray(host_call_samples(placement), dtype=np.int64) % len(spec.inputs)
+            inputs = np.take(np.asarray(spec.inputs), indices, axis=0)
+            targets = np.take(np.asarray(spec.targets), indices, axis=0)
+            self._dataset = (tf.data.Dataset.from_tensor_slices((inputs, targets))
+                             .batch(placement.micro_batch_size, drop_remainder=True).repeat())
+            self._last_loss: float | None = None
+            self._details: dict[str, Any] = {
+                "framework": "tensorflow", "runtime": "tensorflow-ipu", "tensorflow_version": tf.__version__,
+                **placement.summary(),
+                "auto_select_ipus": cfg.auto_select_ipus, "steps_per_execution": self.steps_per_execution,
+                "gradient_accumulation_reduction_method": "mean", "pipeline_stage_assignment": assignment,
+                "ipu_model": ipu_model, "executable_cache_dir": executable_cache_dir,
+                POPLAR_FLAGS: os.environ[POPLAR_FLAGS],
+            }
+        except BaseException:
+            self.close()
+            raise
+
+    def step(self) -> None:
+        # One execution: steps_per_execution micro-batches per replica, device_iterations updates.
+        with self._strategy.scope():
+            history = self.model.fit(self._dataset, epochs=1, steps_per_epoch=self.steps_per_execution, shuffle=False,
+                                     verbose=0)
+        self._last_loss = float(history.history["loss"][-1])
+
+    def synchronize(self) -> None:
+        # fit() returns after the execution finished and its loss reached the host.
+        pass
+
+    def step_clock(self) -> StepClock:
+        return HostStepClock()
+
+    def check_finite(self) -> None:
+        if self._last_loss is not None and not math.isfinite(self._last_loss):
+            raise NonFiniteLossError(f"loss is {self._last_loss} (not finite)")
+
+    def details(self) -> dict[str, Any]:
+        return dict(self._details)
+
+    def framework_version(self) -> str:
+        return str(self._tf.__version__)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._previous_flags is None:
+            os.environ.pop(POPLAR_FLAGS, None)
+        else:
+            os.environ[POPLAR_FLAGS] = self._previous_flags
+
+
+def _is_sequential(model: Any) -> bool:
+    return any(cls.__name__ == "Sequential" for cls in type(model).__mro__)
+
+
+def create_keras_executor(workload: Workload, config: RunConfig, placement: IpuPlacement, options: Any) -> Executor:
+    # Quiets TensorFlow's start-up logging before it loads, as core's Keras executor does.
+    import core.executors.keras  # noqa: F401
+
+    workload_options = workload.parse_options(dict(config.workload_options))
+    return KerasIpuExecutor(workload.build_keras(workload_options, config.seed), config, placement, ipu=import_ipu(),
+                            ipu_model=options.ipu_model, executable_cache_dir=options.executable_cache_dir or None)

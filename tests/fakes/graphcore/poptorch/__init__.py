@@ -1,0 +1,773 @@
+"""A fake of PopTorch (Poplar SDK 3.3, graphcore/poptorch ``python/``) that runs on the CPU.
+
+Mirrors what the Graphcore plugin touches, by the real names:
+
+- ``Options`` with the real setters and the real option keys behind them (``replication_factor``,
+  ``device_iterations``, ``auto_round_num_ipus``, ``random_seed``, ``use_model``; ``Training.
+  gradient_accumulation``; ``Distributed``; PopART's ``cachePath``/``enableEngineCaching``), read
+  back as attributes as on the real ``OptionsDict``; frozen once a model or DataLoader uses them
+  ("Can't modify frozen Options"); ``randomSeed`` seeds torch as the real one does. Every setter
+  call is also appended to ``Options.calls`` so tests can compare configurations.
+- ``BeginBlock`` / ``Block`` (a forward pre-hook, refused twice on one module),
+  ``PipelinedExecution`` / ``ShardedExecution`` / ``AutoStage``, ``identity_loss``.
+- ``trainingModel`` / ``inferenceModel`` returning a ``PoplarExecutor`` with ``compile``,
+  ``isCompiled``, ``copyWeightsToHost``, ``destroy``, ``detachFromDevice``. Compilation runs the
+  checks PopTorch's compiler makes, with their messages: IPUs rounded to a power of two (or refused
+  without ``autoRoundNumIPUs``), at most 64 IPUs per process, gradient accumulation >= pipeline
+  stages for pipelined training, device iterations >= stages for pipelined inference, the batch
+  dimension a multiple of deviceIterations x replicationFactor x gradientAccumulation, and
+  "Failed to acquire N IPU(s)" when the simulated host has too few IPUs (the IPU Model needs none).
+- Execution emulates the IPU's arithmetic on the CPU: the combined batch is laid out
+  ``[device_iterations, gradient_accumulation, replicas, micro_batch]`` (PopART's input layout),
+  each device iteration is one weight update of the mean loss gradient over its micro-batches and
+  replicas, and the final micro-batch's loss of each replica comes back (``OutputMode.Final``).
+- ``DataLoader`` with PopTorch's combined batch size and per-process partitioning.
+- ``Error`` / ``RecoverableError`` / ``UnrecoverableError`` from ``poptorch.poptorch_core``.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+import os
+from collections import OrderedDict
+from datetime import timedelta
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+
+from . import poptorch_core
+from .poptorch_core import Error, RecoverableError, UnrecoverableError
+
+__version__ = "3.3.0"
+
+
+class FakeHardware:
+    """The IPUs this simulated host can attach to (0: no hardware, only the IPU Model works)."""
+
+    def __init__(self, ipus: int = 16) -> None:
+        self.ipus = ipus
+        self.attached: list[int] = []  # IPU counts attached by compiled executables
+
+
+fake_hardware = FakeHardware()
+
+
+def createPoptorchError(msg: str) -> Error:
+    error = Error(f"'poptorch_py_error': {msg}")
+    error.type = "poptorch_py_error"
+    error.message = msg
+    error.location = ""
+    return error
+
+
+# --- enums (python/enums.py) -------------------------------------------------------------------
+
+
+class DataLoaderMode(enum.IntEnum):
+    Sync = 0
+    Async = 1
+    AsyncRebatched = 2
+
+
+class OutputMode(enum.IntEnum):
+    Final = 0
+    EveryN = 1
+    All = 2
+    Sum = 3
+    Default = 4
+
+
+class ReductionType(enum.IntEnum):
+    Sum = 0
+    Mean = 1
+    NoReduction = 2
+
+
+class AutoStage(enum.IntEnum):
+    SameAsIpu = 0
+    AutoIncrement = 1
+
+
+class ConnectionType(enum.IntEnum):
+    Always = 0
+    OnDemand = 1
+    Never = 2
+
+
+# --- options (python/_options_impl.py, python/options.py) --------------------------------------
+
+
+class _OptionsDict:
+    """Only keys given at construction may be set, with a value of the same type; frozen after use."""
+
+    def __init__(self, **defaults: Any) -> None:
+        object.__setattr__(self, "_is_frozen", False)
+        object.__setattr__(self, "_values", dict(defaults))
+
+    def set(self, **kwargs: Any) -> None:
+        self.checkIsFrozen()
+        for option, value in kwargs.items():
+            assert option in self._values, f"Invalid option {option}, valid options are {self._values.keys()}"
+            assert isinstance(value, type(self._values[option])), (
+                f"Unexpected type {type(value)} for option {option}. Expected {type(self._values[option])}")
+            self._values[option] = value
+
+    def createOrSet(self, **kwargs: Any) -> None:
+        self.checkIsFrozen()
+        for option, value in kwargs.items():
+            if option in self._values:
+                self.set(**{option: value})
+            else:
+                self._values[option] = value
+
+    def exists(self, option: str) -> bool:
+        return option in self._values
+
+    def checkIsFrozen(self) -> None:
+        if self._is_frozen:
+            raise AttributeError("Can't modify frozen Options")
+
+    def _freeze(self) -> None:
+        object.__setattr__(self, "_is_frozen", True)
+        for value in self.__dict__.values():
+            if isinstance(value, _OptionsDict):
+                value._freeze()
+
+    def __getattr__(self, option: str) -> Any:
+        values = self.__dict__.get("_values", {})
+        if option in values:
+            return values[option]
+        raise AttributeError(f"Invalid attribute {option}.")
+
+    def __setattr__(self, option: str, value: Any) -> None:
+        if option.startswith("_"):
+            object.__setattr__(self, option, value)
+        else:
+            self.set(**{option: value})
+
+    def __deepcopy__(self, memo: dict) -> "_OptionsDict":
+        clone = self.__class__.__new__(self.__class__)
+        memo[id(self)] = clone
+        for key, value in self.__dict__.items():
+            object.__setattr__(clone, key, False if key == "_is_frozen" else copy.deepcopy(value, memo))
+        return clone
+
+    def toDict(self) -> Dict[str, Any]:
+        return dict(self._values)
+
+
+class _PopartOptions:
+    """PopART session options set by name (``opts._Popart.set(key, value)``)."""
+
+    def __init__(self, record: Callable[..., None]) -> None:
+        self.options: Dict[str, Any] = {}
+        self._record = record
+        self._is_frozen = False
+
+    def set(self, key: str, value: Any) -> "_PopartOptions":
+        if self._is_frozen:
+            raise AttributeError("Can't modify frozen Options")
+        self._record("_Popart.set", key, value)
+        self.options[key] = value
+        return self
+
+
+class _TrainingOptions(_OptionsDict):
+    def __init__(self, popart: _PopartOptions, record: Callable[..., None]) -> None:
+        super().__init__(gradient_accumulation=1, accumulation_and_replication_reduction_type=ReductionType.Mean)
+        object.__setattr__(self, "_popart_options", popart)
+        object.__setattr__(self, "_record", record)
+
+    def gradientAccumulation(self, gradient_accumulation: int) -> "_TrainingOptions":
+        self._record("Training.gradientAccumulation", gradient_accumulation)
+        self.set(gradient_accumulation=gradient_accumulation)
+        return self
+
+    def accumulationAndReplicationReductionType(self, reduction_type: ReductionType) -> "_TrainingOptions":
+        self._record("Training.accumulationAndReplicationReductionType", reduction_type)
+        if reduction_type not in (ReductionType.Sum, ReductionType.Mean):
+            raise ValueError("accumulationAndReplicationReductionType must be ReductionType.Sum or ReductionType.Mean")
+        self.set(accumulation_and_replication_reduction_type=reduction_type)
+        return self
+
+    def setAutomaticLossScaling(self, enabled: bool) -> "_TrainingOptions":
+        self._record("Training.setAutomaticLossScaling", enabled)
+        self._popart_options.set("automaticLossScalingSettings.enabled", enabled)
+        return self
+
+
+class _PrecisionOptions(_OptionsDict):
+    def __init__(self, popart: _PopartOptions, record: Callable[..., None]) -> None:
+        super().__init__()
+        object.__setattr__(self, "_popart_options", popart)
+        object.__setattr__(self, "_record", record)
+
+    def setPartialsType(self, dtype: torch.dtype) -> "_PrecisionOptions":
+        self._record("Precision.setPartialsType", dtype)
+        if dtype in (torch.float, torch.float32):
+            name = "float"
+        elif dtype in (torch.half, torch.float16):
+            name = "half"
+        else:
+            raise ValueError("parameter to setPartialsType should be either torch.float or torch.half")
+        self._popart_options.set("partialsTypeMatMuls", name)
+        self._popart_options.set("convolutionOptions", {"partialsType": name})
+        return self
+
+
+class _DistributedOptions(_OptionsDict):
+    def __init__(self, record: Callable[..., None]) -> None:
+        super().__init__(num_distributed_processes=1, distributed_process_id=0)
+        object.__setattr__(self, "_record", lambda *a: None)
+        # Like the real class: Open MPI's variables configure the process at construction.
+        self.setEnvVarNames("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK")
+        object.__setattr__(self, "_record", record)
+
+    def setEnvVarNames(self, var_num_processes: str, var_process_id: str) -> "_DistributedOptions":
+        return self.configureProcessId(int(os.environ.get(var_process_id, "0")),
+                                       int(os.environ.get(var_num_processes, "1")))
+
+    def configureProcessId(self, process_id: int, num_processes: int) -> "_DistributedOptions":
+        self._record("Distributed.configureProcessId", process_id, num_processes)
+        self.set(distributed_process_id=process_id)
+        self.set(num_distributed_processes=num_processes)
+        return self
+
+    @property
+    def processId(self) -> int:
+        return self.distributed_process_id
+
+    @property
+    def numProcesses(self) -> int:
+        return self.num_distributed_processes
+
+
+class Stage:
+    def __init__(self, *block_ids: str) -> None:
+        self._blocks = list(block_ids)
+        self._stage_id = -1
+        self._ipu: Optional[int] = None
+
+    @property
+    def blocks(self) -> List[str]:
+        return self._blocks
+
+    def ipu(self, ipu: int) -> "Stage":
+        self._ipu = ipu
+        return self
+
+
+class _IExecutionStrategy:
+    def backendOptions(self) -> Dict[str, Any]:
+        raise NotImplementedError
+
+
+class PipelinedExecution(_IExecutionStrategy):
+    def __init__(self, *args: Any) -> None:
+        self.auto_stage = AutoStage.SameAsIpu
+        self.stages: List[Stage] = []
+        if len(args) == 1 and isinstance(args[0], AutoStage):
+            self.auto_stage = args[0]
+        else:
+            for stage_id, arg in enumerate(args):
+                stage = arg if isinstance(arg, Stage) else Stage(arg) if isinstance(arg, str) else Stage(*arg)
+                stage._stage_id = stage_id
+                self.stages.append(stage)
+
+    def backendOptions(self) -> Dict[str, Any]:
+        return {"execution_mode": 0}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.auto_stage!r})"
+
+
+class ShardedExecution(PipelinedExecution):
+    def backendOptions(self) -> Dict[str, Any]:
+        return {"execution_mode": 1}
+
+
+class Options(_OptionsDict):
+    """Every option of a PopTorch run; ``calls`` lists the setters called, in order."""
+
+    def __init__(self) -> None:
+        object.__setattr__(self, "calls", [])
+        record = self._record
+        popart = _PopartOptions(record)
+        object.__setattr__(self, "_popart", popart)
+        object.__setattr__(self, "_training", _TrainingOptions(popart, record))
+        object.__setattr__(self, "_precision", _PrecisionOptions(popart, record))
+        object.__setattr__(self, "_distributed", _DistributedOptions(record))
+        object.__setattr__(self, "_execution_strategy", PipelinedExecution())
+        object.__setattr__(self, "_show_compilation_progress_bar", True)
+        super().__init__(replication_factor=1, input_group_size=1, broadcast_buffers=True, device_iterations=1,
+                         log_dir=".", auto_round_num_ipus=False, output_mode=OutputMode.Default.value,
+                         output_return_period=1, connection_type=ConnectionType.Always.value)
+        path = os.environ.get("POPTORCH_CACHE_DIR", "")
+        if path:
+            self.enableExecutableCaching(path)
+
+    def _record(self, name: str, *args: Any) -> None:
+        self.calls.append((name, args))
+
+    def _freeze(self) -> None:
+        super()._freeze()
+        self._popart._is_frozen = True
+
+    # Properties of sub-option groups, as on the real class.
+    @property
+    def Training(self) -> _TrainingOptions:
+        return self._training
+
+    @property
+    def Precision(self) -> _PrecisionOptions:
+        return self._precision
+
+    @property
+    def Distributed(self) -> _DistributedOptions:
+        return self._distributed
+
+    @property
+    def _Popart(self) -> _PopartOptions:
+        return self._popart
+
+    def autoRoundNumIPUs(self, auto_round_num_ipus: bool = True) -> "Options":
+        self._record("autoRoundNumIPUs", auto_round_num_ipus)
+        self.set(auto_round_num_ipus=auto_round_num_ipus)
+        return self
+
+    def deviceIterations(self, device_iterations: int) -> "Options":
+        self._record("deviceIterations", device_iterations)
+        self.set(device_iterations=device_iterations)
+        return self
+
+    def replicationFactor(self, replication_factor: int) -> "Options":
+        self._record("replicationFactor", replication_factor)
+        self.set(replication_factor=replication_factor)
+        return self
+
+    def setExecutionStrategy(self, strategy: _IExecutionStrategy) -> "Options":
+        self._record("setExecutionStrategy", strategy)
+        assert isinstance(strategy, _IExecutionStrategy)
+        self.checkIsFrozen()
+        object.__setattr__(self, "_execution_strategy", strategy)
+        return self
+
+    def enableExecutableCaching(self, path: Optional[str]) -> "Options":
+        self._record("enableExecutableCaching", path)
+        if path is None:
+            self._Popart.set("enableEngineCaching", False)
+        else:
+            self._Popart.set("cachePath", path)
+            self._Popart.set("enableEngineCaching", True)
+        return self
+
+    def useIpuModel(self, use_model: bool) -> "Options":
+        self._record("useIpuModel", use_model)
+        self.createOrSet(use_model=use_model)
+        return self
+
+    def useIpuId(self, ipu_id: int) -> "Options":
+        self._record("useIpuId", ipu_id)
+        self.createOrSet(ipu_id=ipu_id)
+        return self
+
+    def randomSeed(self, random_seed: int) -> "Options":
+        self._record("randomSeed", random_seed)
+        assert isinstance(random_seed, int)
+        torch.manual_seed(random_seed)
+        self.createOrSet(random_seed=random_seed)
+        return self
+
+    def outputMode(self, output_mode: OutputMode, output_return_period: Optional[int] = None) -> "Options":
+        self._record("outputMode", output_mode)
+        self.set(output_mode=output_mode.value)
+        return self
+
+    def defaultOutputMode(self) -> bool:
+        return self.output_mode == OutputMode.Default.value
+
+    def connectionType(self, connection_type: ConnectionType) -> "Options":
+        self._record("connectionType", connection_type)
+        self.set(connection_type=connection_type.value)
+        return self
+
+    def enableSyntheticData(self, enabled: bool) -> "Options":
+        self._record("enableSyntheticData", enabled)
+        self._Popart.set("syntheticDataMode", 2 if enabled else 0)
+        return self
+
+    def clone(self) -> "Options":
+        return copy.deepcopy(self)
+
+
+# --- blocks (python/ops.py) --------------------------------------------------------------------
+
+
+class _StageTracker:
+    """Set while the fake compiler traces the model: records the blocks entered, in order."""
+
+    def __init__(self) -> None:
+        self.blocks: List[tuple] = []
+        self._auto_id = 0
+
+    def beginStage(self, user_id: Optional[str], ipu_id: Optional[int]) -> None:
+        self.blocks.append((user_id, ipu_id))
+
+    def nextAutoId(self) -> str:
+        self._auto_id += 1
+        return str(self._auto_id - 1)
+
+    def resetAutoId(self) -> None:
+        self._auto_id = 0
+
+
+class Block(torch.nn.Module):
+    # None outside tracing: on the CPU the class is a no-op, as in PopTorch.
+    _stages_manager: Optional[_StageTracker] = None
+
+    @staticmethod
+    def useAutoId() -> None:
+        if Block._stages_manager is not None:
+            Block._stages_manager.resetAutoId()
+
+    @staticmethod
+    def start(user_id: Optional[str] = None, ipu_id: Optional[int] = None) -> None:
+        if Block._stages_manager is not None:
+            Block._stages_manager.beginStage(user_id, ipu_id)
+
+    def __init__(self, user_id: Optional[str] = None, ipu_id: Optional[int] = None) -> None:
+        super().__init__()
+        self._user_id = user_id
+        self._ipu_id = ipu_id
+
+    def __enter__(self) -> None:
+        Block.start(self._user_id, self._ipu_id)
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+
+class _BlockHook:
+    def __init__(self, user_id: Optional[str], ipu_id: Optional[int]) -> None:
+        self._user_id = user_id
+        self._ipu_id = ipu_id
+
+    def __call__(self, module: torch.nn.Module, inputs: Any) -> None:
+        if Block._stages_manager is not None:
+            if self._user_id is None:
+                self._user_id = Block._stages_manager.nextAutoId()
+            Block._stages_manager.beginStage(self._user_id, self._ipu_id)
+
+    def __repr__(self) -> str:
+        return f"BeginBlock(user_id={self._user_id}, ipu_id={self._ipu_id})"
+
+
+def BeginBlock(layer_to_call: torch.nn.Module, user_id: Optional[str] = None,
+               ipu_id: Optional[int] = None) -> torch.nn.Module:
+    if not isinstance(layer_to_call, torch.nn.Module):
+        raise createPoptorchError("module is not an instance of torch.nn.Module or function.")
+    if any(isinstance(hook, _BlockHook) for hook in layer_to_call._forward_pre_hooks.values()):
+        raise createPoptorchError("module has already been assigned to a block.")
+    layer_to_call.register_forward_pre_hook(_BlockHook(user_id, ipu_id))
+    return layer_to_call
+
+
+def removeBlocks(module: torch.nn.Module) -> None:
+    for m in module.modules():
+        m._forward_pre_hooks = OrderedDict(
+            (k, v) for k, v in m._forward_pre_hooks.items() if not isinstance(v, _BlockHook))
+
+
+def identity_loss(x: torch.Tensor, reduction: str) -> torch.Tensor:
+    if reduction == "sum":
+        return x.sum()
+    if reduction == "mean":
+        return x.mean()
+    assert reduction == "none", "reduction argument must be one of 'sum', 'mean' or 'none'"
+    return x
+
+
+# --- executor (python/_poplar_executor.py) ------------------------------------------------------
+
+_CPP_COMPILER = "popart_compiler/source/CompilerImpl.cpp"
+
+
+def _round_up_num_ipus(num_ipus: int) -> int:
+    rounded = 1
+    while rounded < num_ipus:
+        rounded *= 2
+    return rounded
+
+
+class PoplarExecutor:
+    def __init__(self, model: torch.nn.Module, options: Optional[Options], training: bool,
+                 optimizer: Optional[torch.optim.Optimizer] = None) -> None:
+        if options:
+            if not isinstance(options, Options):
+                raise createPoptorchError(f"Invalid type: 'options' is of type {type(options)} (Expected poptorch.Options)")
+            options._freeze()
+            options = options.clone()
+        else:
+            options = Options()
+        self._user_model = model
+        self._training = training
+        if training:
+            if options.defaultOutputMode():
+                options.outputMode(OutputMode.Final)
+            if optimizer is None:
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        else:
+            if options.defaultOutputMode():
+                options.outputMode(OutputMode.All)
+            if options.Training.gradient_accumulation != 1:
+                message = ("You must set poptorch.Options().Training.gradientAccumulation to 1 or leave it as its "
+                           "default value (1) when running a poptorch.inferenceModel().")
+                strategy = options._execution_strategy
+                if isinstance(strategy, PipelinedExecution) and not isinstance(strategy, ShardedExecution):
+                    message += (" Use poptorch.Options().deviceIterations to process a sufficient number of batches "
+                                "each run for pipelined execution instead.")
+                raise createPoptorchError(message)
+            assert optimizer is None, "Optimizer should be None for inference"
+        self._options = options
+        self._optimizer = optimizer
+        self._executable: Optional[dict] = None
+        self._is_attached = False
+        self.compile_count = 0
+        self.execute_count = 0
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self._user_model
+
+    @property
+    def options(self) -> Options:
+        return self._options
+
+    def isCompiled(self) -> bool:
+        return bool(self._executable)
+
+    def isAttachedToDevice(self) -> bool:
+        return self.isCompiled() and self._is_attached
+
+    def _batch_dims(self) -> int:
+        o = self._options
+        return o.device_iterations * (o.replication_factor // o.input_group_size) * o.Training.gradient_accumulation
+
+    def _narrow(self, tensor: torch.Tensor) -> torch.Tensor:
+        o = self._options
+        extra = self._batch_dims()
+        size = tensor.size()[0] if tensor.dim() else 1
+        assert size % extra == 0, (
+            "Invalid batch dimension: In the input %s, the batch dimension (%d) must be a multiple of "
+            "Options.deviceIterations(%d) * (Options.replicationFactor(%d) / "
+            "Options.inputReplicaGrouping.input_group_size(%d)) * Options.Training.gradientAccumulation(%d) = %d "
+            "because it is used to calculate the batch size which will be executed on the device in any given "
+            "iteration. For a full explanation see the batching semantics page of the documentation."
+        ) % (tensor.shape, size, o.device_iterations, o.replication_factor, o.input_group_size,
+             o.Training.gradient_accumulation, extra)
+        return tensor.narrow(0, 0, size // extra)
+
+    def compile(self, *args: torch.Tensor) -> None:
+        if self._executable is not None:
+            return  # "Call to compile() ignored: the executable is already compiled"
+        self._compile(args)
+
+    def _compile(self, args: tuple) -> None:
+        o = self._options
+        narrowed = [self._narrow(a) for a in args]
+        tracker = _StageTracker()
+        Block._stages_manager = tracker
+        try:
+            with torch.no_grad():
+                self._user_model(*narrowed)
+        finally:
+            Block._stages_manager = None
+        ipu_ids = [ipu for _, ipu in tracker.blocks if ipu is not None]
+        ipus_per_replica = (max(ipu_ids) + 1) if ipu_ids else 1
+        strategy = o._execution_strategy
+        if strategy.stages:
+            stages = len(strategy.stages)
+        elif strategy.auto_stage is AutoStage.AutoIncrement:
+            stages = max(1, len(tracker.blocks))
+        else:
+            stages = len(set(ipu_ids)) if ipu_ids else 1
+        num_ipus = ipus_per_replica * o.replication_factor
+        rounded = _round_up_num_ipus(num_ipus)
+        if rounded != num_ipus:
+            common = ", because PopTorch must reserve a power of 2 or maximum of 64 IPUs per process"
+            if not o.auto_round_num_ipus:
+                raise poptorch_core.raise_compiler_error(
+                    f"The model specifies the use of {num_ipus} IPUs, however PopTorch must reserve a minimum of "
+                    f"{rounded} in order to allow the model to run{common}. Please reconfigure your model to use a "
+                    "different number of IPUs or set poptorch.Options().autoRoundNumIPUs(True).", _CPP_COMPILER)
+            num_ipus = rounded
+        if num_ipus > 64:
+            raise poptorch_core.raise_compiler_error(
+                f"Too many IPUs requested ({num_ipus}). Experiments that need more than 64 IPUs require "
+                "distributed execution.", _CPP_COMPILER)
+        if isinstance(strategy, PipelinedExecution) and not isinstance(strategy, ShardedExecution) and stages > 1:
+            if self._training:
+                total = 2 * stages - 1
+                if o.Training.gradient_accumulation < total:
+                    raise poptorch_core.raise_compiler_error(
+                        f"poptorch.Options().Training.gradientAccumulation must be greater than or equal to the "
+                        f"number of pipeline stages ({total}) when using poptorch.PipelinedExecution. Please note "
+                        f"that a model with {(total + 1) // 2} pipeline stages in PopTorch will have an additional "
+                        f"{(total - 1) // 2} stages when training.", "popart_compiler/source/Compiler.cpp")
+            elif o.device_iterations < stages:
+                raise poptorch_core.raise_compiler_error(
+                    f"poptorch.Options().deviceIterations must be greater than or equal to the number of pipeline "
+                    f"stages ({stages}) when using PopTorch.PipelinedExecution.", "popart_compiler/source/Compiler.cpp")
+        use_model = o.exists("use_model") and o.use_model
+        if not use_model:
+            if fake_hardware.ipus < num_ipus:
+                raise poptorch_core.raise_compiler_error(f"Failed to acquire {num_ipus} IPU(s)", _CPP_COMPILER)
+            fake_hardware.attached.append(num_ipus)
+        self._executable = {"num_ipus": num_ipus, "ipus_per_replica": ipus_per_replica, "stages": stages,
+                            "blocks": list(tracker.blocks), "use_model": use_model}
+        self._is_attached = True
+        self.compile_count += 1
+
+    def compilationTime(self) -> timedelta:
+        if not self.isCompiled():
+            raise createPoptorchError("Please compile the model before obtaining compilation time.")
+        return timedelta(0)
+
+    def __call__(self, *args: torch.Tensor) -> Any:
+        if not self.isCompiled():
+            self._compile(args)
+        o = self._options
+        replicas = o.replication_factor
+        accumulation = o.Training.gradient_accumulation
+        iterations = o.device_iterations
+        micro = self._narrow(args[0]).shape[0]
+
+        def split(tensor: torch.Tensor) -> torch.Tensor:
+            return tensor.reshape(iterations, accumulation, replicas, micro, *tensor.shape[1:])
+
+        batches = [split(a) for a in args]
+        outputs: Any = None
+        for d in range(iterations):
+            if self._training:
+                assert self._optimizer is not None
+                self._optimizer.zero_grad()
+            last = []
+            for a in range(accumulation):
+                for r in range(replicas):
+                    micro_args = [b[d, a, r] for b in batches]
+                    if self._training:
+                        loss = self._user_model(*micro_args)
+                        scale = 1.0 / (accumulation * replicas) if (
+                            o.Training.accumulation_and_replication_reduction_type == ReductionType.Mean) else 1.0
+                        (loss.float() * scale).backward()
+                        if a == accumulation - 1:
+                            last.append(loss.detach())
+                    else:
+                        with torch.no_grad():
+                            last.append(self._user_model(*micro_args))
+            if self._training:
+                self._optimizer.step()
+            outputs = last[0] if len(last) == 1 else torch.stack(last)
+        self.execute_count += 1
+        return outputs
+
+    def copyWeightsToHost(self) -> None:
+        if not self.isCompiled():
+            raise createPoptorchError("Model has not been compiled or has been destroyed.")
+
+    def copyWeightsToDevice(self) -> None:
+        if not self.isCompiled():
+            raise createPoptorchError("Model has not been compiled or has been destroyed.")
+
+    def detachFromDevice(self) -> None:
+        if not self.isCompiled():
+            raise createPoptorchError("Model has not been compiled or has been destroyed.")
+        if not self._is_attached:
+            raise createPoptorchError("Device is not attached")
+        self._is_attached = False
+
+    def destroy(self) -> None:
+        if not self.isCompiled():
+            return
+        if self._executable and not self._executable["use_model"]:
+            fake_hardware.attached.remove(self._executable["num_ipus"])
+        self._executable = None
+        self._is_attached = False
+
+
+def trainingModel(model: torch.nn.Module, options: Optional[Options] = None,
+                  optimizer: Optional[torch.optim.Optimizer] = None) -> PoplarExecutor:
+    if isinstance(model, PoplarExecutor):
+        model = model._user_model
+    return PoplarExecutor(model, options, training=True, optimizer=optimizer)
+
+
+def inferenceModel(model: torch.nn.Module, options: Optional[Options] = None) -> PoplarExecutor:
+    if isinstance(model, PoplarExecutor):
+        model = model._user_model
+    return PoplarExecutor(model, options, training=False)
+
+
+def ipuHardwareIsAvailable(num_ipus: int = 1) -> bool:
+    return fake_hardware.ipus >= num_ipus
+
+
+# --- data (python/__init__.py) -----------------------------------------------------------------
+
+
+class _SubDataset(torch.utils.data.Dataset):
+    """Process ``processId``'s contiguous share of the dataset (drop_last=True)."""
+
+    def __init__(self, dataset: Any, opts: Options, step: int) -> None:
+        processes = opts.Distributed.numProcesses
+        per_process = step * (len(dataset) // (step * processes))
+        self._offset = opts.Distributed.processId * per_process
+        self._length = min(per_process, len(dataset) - self._offset)
+        self._dataset = dataset
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __getitem__(self, index: int) -> Any:
+        return self._dataset[index + self._offset]
+
+
+class DataLoader(torch.utils.data.DataLoader):
+    def __init__(self, options: Options, dataset: Any, batch_size: int = 1, shuffle: Optional[bool] = None,
+                 num_workers: int = 0, drop_last: bool = True, persistent_workers: Optional[bool] = None,
+                 auto_distributed_partitioning: bool = True, mode: DataLoaderMode = DataLoaderMode.Sync,
+                 **kwargs: Any) -> None:
+        assert isinstance(options, Options)
+        options._freeze()
+        if shuffle is None:
+            shuffle = False
+        if persistent_workers is None:
+            persistent_workers = num_workers > 0
+        groups = options.replication_factor // options.input_group_size
+        self._num_batches_to_combine = options.device_iterations * groups * options.Training.gradient_accumulation
+        self._combined_batch_size = batch_size * self._num_batches_to_combine
+        self._options = options
+        if options.Distributed.numProcesses > 1 and auto_distributed_partitioning:
+            assert not shuffle or options.exists("random_seed"), (
+                "When using auto_distributed_partitioning you must set poptorch.Options.randomSeed() to ensure "
+                "that tensors are in the same order in all processes.")
+            dataset = _SubDataset(dataset, options, self._combined_batch_size)
+        super().__init__(dataset, batch_size=self._combined_batch_size, shuffle=shuffle, num_workers=num_workers,
+                         drop_last=drop_last, persistent_workers=persistent_workers, **kwargs)
+
+    @property
+    def combinedBatchSize(self) -> Optional[int]:
+        return self._combined_batch_size
+
+    @property
+    def options(self) -> Options:
+        return self._options
+
+
+__all__ = [
+    "AutoStage", "BeginBlock", "Block", "ConnectionType", "DataLoader", "DataLoaderMode", "Error", "Options",
+    "OutputMode", "PipelinedExecution", "PoplarExecutor", "RecoverableError", "ReductionType", "ShardedExecution",
+    "Stage", "UnrecoverableError", "identity_loss", "inferenceModel", "ipuHardwareIsAvailable", "poptorch_core",
+    "trainingModel",
+]

@@ -1,0 +1,66 @@
+"""Fixtures for the Graphcore tests: the fakes of poptorch, popdist, gcipuinfo and
+``tensorflow.python.ipu`` importable under their real names for the duration of a test.
+
+Imported by tests/test_graphcore*.py (``from graphcore_support import ...``), so the fixtures
+live with the tests that need them and the shared conftest stays untouched.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+FAKES = Path(__file__).parent / "fakes" / "graphcore"
+_FAKE_MODULES = ("poptorch", "popdist", "gcipuinfo")
+
+
+def _forget(prefixes: tuple[str, ...]) -> None:
+    for name in list(sys.modules):
+        if name.split(".")[0] in prefixes:
+            del sys.modules[name]
+
+
+@pytest.fixture
+def fake_sdk(monkeypatch: pytest.MonkeyPatch) -> Iterator[types.SimpleNamespace]:
+    """poptorch, popdist and gcipuinfo fakes on sys.path; a host with 16 IPUs drawing 100 W each."""
+    monkeypatch.syspath_prepend(str(FAKES))
+    for variable in ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
+                     "POPTORCH_CACHE_DIR", "TF_POPLAR_FLAGS"):
+        monkeypatch.delenv(variable, raising=False)
+    _forget(_FAKE_MODULES)
+    import gcipuinfo
+    import popdist
+    import poptorch
+
+    poptorch.fake_hardware.ipus = 16
+    gcipuinfo.reset(gcipuinfo.FakeMachine.with_ipus(16))
+    popdist.environment = None
+    yield types.SimpleNamespace(poptorch=poptorch, popdist=popdist, gcipuinfo=gcipuinfo)
+    _forget(_FAKE_MODULES)
+
+
+@pytest.fixture
+def fake_tf_ipu(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """The fake ``tensorflow.python.ipu`` in sys.modules beside the real TensorFlow; a Graphcore-built
+    TensorFlow version for the availability probe. Removes the fake's Keras patches afterwards."""
+    import importlib.util
+
+    import tensorflow.python as tf_python
+
+    spec = importlib.util.spec_from_file_location(
+        "tensorflow.python.ipu", FAKES / "ipu_tensorflow" / "__init__.py",
+        submodule_search_locations=[str(FAKES / "ipu_tensorflow")])
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "tensorflow.python.ipu", module)
+    spec.loader.exec_module(module)
+    for name in ("config", "ipu_strategy", "gradient_accumulation"):
+        monkeypatch.setitem(sys.modules, f"tensorflow.python.ipu.{name}", getattr(module, name))
+    monkeypatch.setattr(tf_python, "ipu", module, raising=False)
+    monkeypatch.delenv("TF_POPLAR_FLAGS", raising=False)
+    yield module
+    module.remove_keras_extensions()

@@ -1,0 +1,329 @@
+"""The Graphcore plugin's PopTorch path, driven end to end against the fakes of poptorch, popdist and
+gcipuinfo (tests/fakes/graphcore): Options as graphcore/examples builds them, pipelining, the data
+layout, compilation in the first step, validation before anything compiles, poprun instances, the
+IPU Model."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+import torch
+
+from core import ConfigError, run
+from core.distributed import SINGLE_PROCESS
+from core.planning import plan_run
+from core.plugins import get_plugin_manager
+from core.testing import TINY_FCNN
+from graphcore_support import fake_sdk  # noqa: F401 - fixture
+from plugins.graphcore.executor import host_call_indices
+from plugins.graphcore.placement import plan_placement
+
+pytestmark = pytest.mark.usefixtures("fake_sdk")
+
+FCNN = {"layers": 4, "hidden_width": 16, "input_width": 8, "output_width": 4, "synthetic_pool_samples": 64}
+
+
+def build(**options: Any) -> tuple[Any, Any]:
+    """(executor, plan) for fcnn on graphcore, as the runner's setup phase would build them."""
+    settings: dict[str, Any] = {"workload_options": FCNN, "power_meter": "none"}
+    settings.update(options)
+    plan = plan_run(get_plugin_manager(), "fcnn", "graphcore", settings)
+    return plan.accelerator.create_executor(plan.workload, plan.config, SINGLE_PROCESS), plan
+
+
+def is_subsequence(expected: list, calls: list) -> bool:
+    remaining = iter(calls)
+    return all(any(call == item for call in remaining) for item in expected)
+
+
+# --- Options against graphcore/examples ---------------------------------------------------------
+
+
+def test_options_for_micro_20_ga_24_four_replicas_match_graphcore_examples(fake_sdk: Any) -> None:
+    # graphcore/examples 3cc8f81, vision/cnns/pytorch/train/train.py create_training_opts() for a run of
+    # 4 replicas (1 IPU each), gradient accumulation 24, device iterations 1, seed 42 (the resnet50
+    # config's): replicationFactor(4), deviceIterations(1),
+    # Training.accumulationAndReplicationReductionType(Mean), Training.gradientAccumulation(24),
+    # randomSeed(42). Micro-batch 20 x GA 24 x 4 replicas is the ResNet-50 M2000 benchmark of
+    # applications/tensorflow/cnns/training/README_Benchmarks.md (b30108f).
+    poptorch = fake_sdk.poptorch
+    executor, plan = build(micro_batch_size=20, gradient_accumulation=24, replicas=4, seed=42)
+    opts = executor.options
+    examples = [("replicationFactor", (4,)), ("deviceIterations", (1,)),
+                ("Training.accumulationAndReplicationReductionType", (poptorch.ReductionType.Mean,)),
+                ("Training.gradientAccumulation", (24,)), ("randomSeed", (42,))]
+    assert is_subsequence(examples, opts.calls), opts.calls
+    assert (opts.replication_factor, opts.device_iterations, opts.Training.gradient_accumulation,
+            opts.random_seed) == (4, 1, 24, 42)
+    assert opts.Training.accumulation_and_replication_reduction_type == poptorch.ReductionType.Mean
+    assert not any(name == "setExecutionStrategy" for name, _ in opts.calls)  # no pipelining
+    assert not opts.exists("use_model")  # hardware, not the IPU Model
+    # One host call: poptorch.DataLoader's combined batch = 20 x 1 x 4 x 24.
+    assert executor.details()["host_call_samples"] == 1920 == plan.config.samples_per_host_call
+    assert executor.updates_per_step == 1 and executor.local_samples_per_update == 1920
+
+
+def test_options_for_four_ipus_per_replica_four_replicas_match_graphcore_examples(fake_sdk: Any) -> None:
+    # graphcore/examples 3cc8f81, vision/cnns/pytorch/train/configs.yml efficientnet-b4-g1-gn-pod16
+    # (the ACES paper's Table 2 EfficientNet-B4: 4 IPUs per replica x 4 replicas): micro-batch 4,
+    # replicas 4, gradient_accumulation 48, device_iterations 4 and seed 0 (inherited), three
+    # pipeline_splits -> 4 IPUs per replica (train.py: ipus_per_replica = len(pipeline_splits) + 1);
+    # models/models.py puts poptorch.BeginBlock(ipu_id=1 + split index) at each split.
+    poptorch = fake_sdk.poptorch
+    executor, _ = build(micro_batch_size=4, gradient_accumulation=48, replicas=4, devices_per_replica=4,
+                        device_iterations=4, seed=0, accelerator_options={"pipeline_splits": "2,4,6"})
+    opts = executor.options
+    examples = [("replicationFactor", (4,)), ("deviceIterations", (4,)),
+                ("Training.accumulationAndReplicationReductionType", (poptorch.ReductionType.Mean,)),
+                ("Training.gradientAccumulation", (48,)), ("randomSeed", (0,))]
+    assert is_subsequence(examples, opts.calls), opts.calls
+    strategy = opts._execution_strategy
+    assert isinstance(strategy, poptorch.PipelinedExecution) and not isinstance(strategy, poptorch.ShardedExecution)
+    assert strategy.auto_stage == poptorch.AutoStage.SameAsIpu
+    hooks = {name: hook for name, module in executor._user_model.named_modules()
+             for hook in module._forward_pre_hooks.values() if isinstance(hook, poptorch._BlockHook)}
+    # The splits begin IPUs 1, 2, 3 as in graphcore/examples; the first stage is marked IPU 0 explicitly.
+    assert {name: hook._ipu_id for name, hook in hooks.items()} == {"0": 0, "2": 1, "4": 2, "6": 3}
+    executor.training_model.compile(executor._inputs, executor._targets)  # the fake compiler's checks pass
+    assert executor.training_model._executable["num_ipus"] == 16
+    assert executor.training_model._executable["stages"] == 4
+    assert executor.details()["host_call_samples"] == 4 * 4 * 48 * 4
+    executor.close()
+
+
+# --- running -------------------------------------------------------------------------------------
+
+
+def test_run_reports_batch_arithmetic_and_compiles_in_the_first_step(fake_sdk: Any) -> None:
+    result = run("fcnn", "graphcore", micro_batch_size=4, gradient_accumulation=3, replicas=2,
+                 devices_per_replica=2, device_iterations=3, steps=2, warmup_steps=1, power_meter="none",
+                 workload_options=FCNN)
+    assert result.status.ok, result.status
+    assert result.samples_per_update == 4 * 3 * 2 == 24
+    assert result.samples_per_host_call == 24 * 3
+    assert result.window_steps == 2 and result.window_updates == 6 and result.window_samples == 144
+    details = result.executor_details
+    assert 0 < details["compile_seconds"] <= result.first_step_seconds
+    assert details["pipeline_stages"] == 3 and len(details["pipeline_stage_plan"]) == 2
+    assert details["poptorch_options"]["replication_factor"] == 2
+    assert result.environment is not None and "poptorch 3.3.0" in (result.environment.framework_version or "")
+    assert fake_sdk.poptorch.fake_hardware.attached == []  # destroy() released the IPUs
+
+
+def test_weights_follow_the_cpu_placement_of_the_same_global_batch(fake_sdk: Any) -> None:
+    # GA 4 x 2 replicas x micro 4, 3 updates per host call, 2 host calls = 6 updates of the same 32
+    # samples; on the CPU: GA 8 x micro 4, 6 updates. The mean gradient is the same, so are the weights.
+    ipu, _ = build(micro_batch_size=4, gradient_accumulation=4, replicas=2, devices_per_replica=2,
+                   device_iterations=3)
+    for _ in range(2):
+        ipu.step()
+    cpu_plan = plan_run(get_plugin_manager(), "fcnn", "cpu",
+                        {"workload_options": FCNN, "power_meter": "none", "micro_batch_size": 4,
+                         "gradient_accumulation": 8, "threads_per_replica": 1})
+    cpu = cpu_plan.accelerator.create_executor(cpu_plan.workload, cpu_plan.config, SINGLE_PROCESS)
+    for _ in range(6):
+        cpu.step()
+    ipu_state, cpu_state = ipu.model_state(), cpu.model_state()
+    assert ipu_state.keys() == cpu_state.keys()
+    for name in ipu_state:
+        assert torch.allclose(ipu_state[name], cpu_state[name], atol=1e-6), name
+    ipu.close()
+
+
+def test_host_call_layout_is_device_iterations_ga_replicas_micro() -> None:
+    placement = plan_placement(micro_batch_size=2, gradient_accumulation=3, replicas=2, ipus_per_replica=1,
+                               device_iterations=2)
+    indices = host_call_indices(placement, 0, pool=1000).view(2, 3, 2, 2)  # [D, GA, R, micro]
+    assert torch.equal(indices[0], indices[1])  # every update trains on the same global batch
+    assert sorted(indices[0].reshape(-1).tolist()) == list(range(12))
+    assert indices[0, :, 1].reshape(-1).tolist() == [6, 7, 8, 9, 10, 11]  # replica 1's block of the update
+
+
+def test_fp16_halves_the_model_and_turns_on_automatic_loss_scaling(fake_sdk: Any) -> None:
+    executor, _ = build(micro_batch_size=4, precision="fp16")
+    assert all(p.dtype == torch.float16 for p in executor._user_model.parameters())
+    assert executor._inputs.dtype == torch.float16
+    assert ("Training.setAutomaticLossScaling", (True,)) in executor.options.calls
+
+
+def test_executable_cache_and_rounding_are_set_and_said(fake_sdk: Any, tmp_path: Any) -> None:
+    executor, _ = build(micro_batch_size=4, replicas=3, accelerator_options={"executable_cache_dir": str(tmp_path)})
+    opts = executor.options
+    assert opts._Popart.options["cachePath"] == str(tmp_path) and opts._Popart.options["enableEngineCaching"]
+    assert opts.auto_round_num_ipus is True
+    assert "reserves 4" in executor.details()["placement_notes"][0]
+    executor.step()
+    assert executor.training_model._executable["num_ipus"] == 4  # the fake compiler rounded up too
+    executor.close()
+
+
+def test_ipu_model_runs_without_ipus(fake_sdk: Any) -> None:
+    fake_sdk.poptorch.fake_hardware.ipus = 0
+    fake_sdk.gcipuinfo.reset()  # no IPU listed
+    with pytest.raises(ConfigError) as caught:
+        run("fcnn", "graphcore", workload_options=TINY_FCNN, micro_batch_size=4, power_meter="none")
+    assert caught.value.field == "accelerator_options.ipu_model" and "IPU Model" in caught.value.allowed
+    result = run("fcnn", "graphcore", workload_options=TINY_FCNN, micro_batch_size=4, replicas=2, steps=2,
+                 warmup_steps=0, accelerator_options={"ipu_model": True})
+    assert result.status.ok, result.status
+    assert result.executor_details["poptorch_options"]["use_ipu_model"] is True
+    assert [d.name for d in result.devices] == ["IPU Model", "IPU Model"]
+    assert "IPU Model" in (result.energy_unavailable_reason or "")
+
+
+def test_a_poptorch_error_while_compiling_fails_the_first_step(fake_sdk: Any) -> None:
+    fake_sdk.poptorch.fake_hardware.ipus = 2  # gcipuinfo lists 16, but only 2 can be attached
+    result = run("fcnn", "graphcore", workload_options=TINY_FCNN, micro_batch_size=4, replicas=4, steps=2,
+                 power_meter="none")
+    assert result.status.state.value == "error" and result.status.phase == "first_step"
+    assert result.status.error_type == "Error" and "Failed to acquire 4 IPU(s)" in (result.status.message or "")
+    assert result.setup_seconds is not None and result.window_seconds is None
+
+
+# --- refused before anything compiles ---------------------------------------------------------------
+
+REFUSED = [
+    (dict(replicas=3, accelerator_options={"auto_round_num_ipus": False}), "replicas", "not a power of two"),
+    (dict(devices_per_replica=4, gradient_accumulation=4), "gradient_accumulation", ">= 2 x devices_per_replica - 1 = 7"),
+    (dict(replicas=4, accelerator_options={"instances": 3}), "accelerator_options.instances", "must divide replicas"),
+    (dict(replicas=4, accelerator_options={"instances": 2}), "accelerator_options.instances",
+     "poprun --num-instances 2 --num-replicas 4 --ipus-per-replica 1"),
+    (dict(replicas=128, accelerator_options={"ipu_model": True}), "replicas", "at most 64 IPUs"),
+    (dict(precision="bf16"), "precision", "supports: fp32, fp16"),
+    (dict(compile=True), "compile", "always compiled by Poplar"),
+    (dict(devices_per_replica=65), "devices_per_replica", "at most 64 device(s) per replica"),
+    (dict(replicas=17), "replicas", "can place at most 16 here"),
+    (dict(accelerator_options={"pipeline_splitz": "2"}), "accelerator_options.pipeline_splitz", "allowed: ipu_model"),
+]
+
+
+@pytest.mark.parametrize("options,field,rule", REFUSED, ids=[c[1] + "-" + str(i) for i, c in enumerate(REFUSED)])
+def test_invalid_runs_are_refused_before_anything_compiles(fake_sdk: Any, options: dict, field: str, rule: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        run("fcnn", "graphcore", workload_options=TINY_FCNN, micro_batch_size=4, power_meter="none", **options)
+    assert caught.value.field == field, caught.value
+    assert rule in str(caught.value), caught.value
+    assert fake_sdk.poptorch.fake_hardware.attached == []
+
+
+def test_a_run_larger_than_the_host_is_refused(fake_sdk: Any) -> None:
+    fake_sdk.gcipuinfo.reset(fake_sdk.gcipuinfo.FakeMachine.with_ipus(12))
+    with pytest.raises(ConfigError, match="reserves 16 IPUs .12 used.; this host sees 12"):
+        run("fcnn", "graphcore", workload_options=TINY_FCNN, micro_batch_size=4, replicas=6, devices_per_replica=2,
+            gradient_accumulation=3, power_meter="none")
+
+
+def test_tensorflow_needs_the_ipu_build(fake_sdk: Any) -> None:
+    with pytest.raises(ConfigError) as caught:
+        run("fcnn", "graphcore", framework="tensorflow", workload_options=TINY_FCNN, power_meter="none")
+    assert caught.value.field == "framework" and "+gc" in caught.value.allowed
+
+
+def test_bad_split_points_are_refused_in_setup_before_compiling(fake_sdk: Any) -> None:
+    result = run("fcnn", "graphcore", workload_options=FCNN, micro_batch_size=4, devices_per_replica=2,
+                 gradient_accumulation=3, power_meter="none", accelerator_options={"pipeline_splits": "nope"})
+    assert result.status.phase == "setup" and result.status.error_type == "ConfigError"
+    assert "not a layer of the model" in (result.status.message or "")
+
+
+# --- the rules match the (fake) compiler's ------------------------------------------------------------
+
+
+def _fake_compile(poptorch: Any, replicas: int, ipus_per_replica: int, accumulation: int, auto_round: bool) -> None:
+    model = torch.nn.Sequential(*[torch.nn.Linear(2, 2) for _ in range(ipus_per_replica)])
+    for ipu in range(ipus_per_replica):
+        poptorch.BeginBlock(model[ipu], ipu_id=ipu)
+
+    class WithLoss(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return poptorch.identity_loss(self.model(x).sum(), reduction="none")
+
+    opts = poptorch.Options().replicationFactor(replicas).autoRoundNumIPUs(auto_round)
+    opts.Training.gradientAccumulation(accumulation)
+    poptorch.trainingModel(WithLoss(), opts).compile(torch.zeros(replicas * accumulation, 2))
+
+
+def test_placement_rules_refuse_exactly_what_the_compiler_refuses(fake_sdk: Any) -> None:
+    poptorch = fake_sdk.poptorch
+    poptorch.fake_hardware.ipus = 64
+    for replicas in (1, 2, 3, 5, 8, 16, 17):
+        for ipus_per_replica in (1, 2, 3, 4):
+            for accumulation in (1, 3, 5, 7):
+                for auto_round in (True, False):
+                    try:
+                        plan_placement(micro_batch_size=1, gradient_accumulation=accumulation, replicas=replicas,
+                                       ipus_per_replica=ipus_per_replica, device_iterations=1,
+                                       auto_round_num_ipus=auto_round)
+                        ours = None
+                    except ConfigError as exc:
+                        ours = exc
+                    try:
+                        _fake_compile(poptorch, replicas, ipus_per_replica, accumulation, auto_round)
+                        theirs = None
+                    except poptorch.Error as exc:
+                        theirs = exc
+                    case = (replicas, ipus_per_replica, accumulation, auto_round)
+                    assert (ours is None) == (theirs is None), (case, ours, theirs)
+                    poptorch.fake_hardware.attached.clear()
+
+
+def test_poptorch_error_classes_mirror_the_real_ones(fake_sdk: Any) -> None:
+    poptorch = fake_sdk.poptorch
+    assert issubclass(poptorch.RecoverableError, poptorch.Error) and issubclass(poptorch.UnrecoverableError,
+                                                                                  poptorch.Error)
+    assert poptorch.Error is poptorch.poptorch_core.Error
+    model = torch.nn.Linear(2, 2)
+    poptorch.BeginBlock(model, ipu_id=0)
+    with pytest.raises(poptorch.Error, match="module has already been assigned to a block"):
+        poptorch.BeginBlock(model, ipu_id=1)
+    opts = poptorch.Options()
+    poptorch.DataLoader(opts, torch.utils.data.TensorDataset(torch.zeros(4, 2)), batch_size=2)
+    with pytest.raises(AttributeError, match="Can't modify frozen Options"):
+        opts.deviceIterations(2)
+
+
+# --- poprun instances --------------------------------------------------------------------------------
+
+
+def test_an_instance_under_poprun_takes_its_share(fake_sdk: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_RANK", "1")
+    executor, plan = build(micro_batch_size=2, gradient_accumulation=3, replicas=4, device_iterations=2)
+    opts = executor.options
+    assert opts.replication_factor == 2  # the replicas of this instance
+    assert ("Distributed.configureProcessId", (1, 2)) in opts.calls
+    placement = plan.accelerator.placement(plan.config)
+    assert placement.instances == 2 and placement.replicas_per_instance == 2
+    from core.workloads.fcnn import Fcnn
+
+    spec = Fcnn().build_torch(Fcnn().parse_options(FCNN), 0)
+    expected = spec.inputs.index_select(0, host_call_indices(placement, 1, len(spec.inputs)))
+    assert torch.equal(executor._inputs, expected)  # the DataLoader gave instance 1 its replicas' samples
+    assert executor.local_samples_per_update == 2 * 3 * 2
+    assert "poprun --num-instances 2" in executor.details()["poprun_command"]
+
+
+def test_under_popdist_the_options_come_from_popdist(fake_sdk: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "0")
+    fake_sdk.popdist.environment = {"instances": 2, "instance_index": 0, "total_replicas": 4, "ipus_per_replica": 1}
+    executor, _ = build(micro_batch_size=2, replicas=4)
+    assert executor.options.calls[0] == ("popdist.poptorch.Options", (1,))
+    assert executor.options.replication_factor == 2
+    fake_sdk.popdist.environment = {"instances": 2, "instance_index": 0, "total_replicas": 8, "ipus_per_replica": 1}
+    with pytest.raises(ConfigError, match="poprun was started with --num-replicas 8"):
+        build(micro_batch_size=2, replicas=4)
+
+
+def test_open_mpi_instances_with_the_instances_option(fake_sdk: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "4")
+    with pytest.raises(ConfigError, match="one of 4 started together"):
+        build(micro_batch_size=2, replicas=4, accelerator_options={"instances": 2})
+    assert os.environ["OMPI_COMM_WORLD_SIZE"] == "4"
