@@ -73,6 +73,7 @@ class DeviceEnergyMeter(PowerMeter):
         return value
 
     def start(self) -> None:
+        self._started_at = time.monotonic()
         for source in self._sources:
             if source.read_counter_joules is not None:
                 value = self._read_counter(source)
@@ -81,7 +82,6 @@ class DeviceEnergyMeter(PowerMeter):
         if self._sampler is not None:
             self._sampler.start()
             self._sampling = True
-        self._started_at = time.monotonic()
 
     def stop(self) -> EnergyMeasurement:
         counted: dict[str, float] = {}
