@@ -36,8 +36,7 @@ BDF_A0, BDF_A1, BDF_B0, BDF_B1 = "0000:c1:00.0", "0000:c6:00.0", "0000:c9:00.0",
 @pytest.fixture(autouse=True)
 def _no_leaked_amdsmi_session() -> Any:
     yield
-    assert smi._sessions == 0, "an amdsmi session was left open"
-    smi._sessions = 0
+    assert smi.amdsmi_session.users == 0, "an amdsmi session was left open"
 
 
 @pytest.fixture

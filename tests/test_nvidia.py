@@ -177,3 +177,12 @@ def test_meter_is_chosen_for_nvidia_and_needs_pynvml(monkeypatch: pytest.MonkeyP
     assert factory.reads("nvidia") and not factory.reads("cpu")
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
     assert "pip install 'core[nvidia]'" in factory.availability().reason
+
+
+def test_overlapping_users_share_one_nvml_initialisation(fake_pynvml: Any) -> None:
+    three_gpus(fake_pynvml)
+    with nvml.nvml_session():
+        NvidiaAccelerator().visible_devices()  # opens and closes its own session inside
+        assert fake_pynvml.machine.calls.count("nvmlShutdown") == 0
+    assert fake_pynvml.machine.calls.count("nvmlInit") == 1 and fake_pynvml.machine.calls.count("nvmlShutdown") == 1
+    assert nvml.nvml_session.users == 0

@@ -33,10 +33,11 @@ import io
 import re
 import sys
 import threading
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
+
+from core.sdk import SharedLibrarySession
 
 from plugins.amd.visibility import visible_order
 
@@ -98,33 +99,20 @@ def describe_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
 
 
-_session_lock = threading.Lock()
-_sessions = 0
+def _start_amdsmi() -> Any:
+    amdsmi = import_amdsmi()
+    try:
+        amdsmi.amdsmi_init(amdsmi.AmdSmiInitFlags.INIT_AMD_GPUS)
+    except amdsmi.AmdSmiException as exc:
+        raise AmdsmiUnavailable(f"amdsmi_init failed ({describe_error(exc)}): is the amdgpu driver "
+                                "loaded and /dev/kfd readable by this user?") from exc
+    return amdsmi
+
+
+# amdsmi_init / amdsmi_shut_down, counted across the process: discovery and meters overlap.
+amdsmi_session = SharedLibrarySession(_start_amdsmi, lambda amdsmi: amdsmi.amdsmi_shut_down())
 # Readings come from the meter's sampling thread and the caller's thread at once.
 call_lock = threading.RLock()
-
-
-@contextmanager
-def amdsmi_session() -> Iterator[Any]:
-    """amdsmi_init / amdsmi_shut_down, counted across the process: discovery and meters overlap."""
-    global _sessions
-    amdsmi = import_amdsmi()
-    with _session_lock:
-        if _sessions == 0:
-            try:
-                amdsmi.amdsmi_init(amdsmi.AmdSmiInitFlags.INIT_AMD_GPUS)
-            except amdsmi.AmdSmiException as exc:
-                raise AmdsmiUnavailable(f"amdsmi_init failed ({describe_error(exc)}): is the amdgpu driver "
-                                        "loaded and /dev/kfd readable by this user?") from exc
-        _sessions += 1
-    try:
-        yield amdsmi
-    finally:
-        with _session_lock:
-            _sessions -= 1
-            if _sessions == 0:
-                with contextlib.suppress(Exception):
-                    amdsmi.amdsmi_shut_down()
 
 
 # --- readings -------------------------------------------------------------------------------

@@ -7,16 +7,11 @@ in milliwatts, memory in bytes, power limits in milliwatts.
 from __future__ import annotations
 
 import os
-import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
-from contextlib import contextmanager
+from typing import Any, Callable
 
+from core.sdk import SharedLibrarySession
 from plugins.nvidia.visibility import visible_nvml_indices
-
-_init_lock = threading.Lock()
-_init_count = 0
-
 
 def import_pynvml() -> Any:
     import pynvml  # from nvidia-ml-py; imported here so `core plugins` never loads it
@@ -24,22 +19,14 @@ def import_pynvml() -> Any:
     return pynvml
 
 
-@contextmanager
-def nvml_session() -> Iterator[Any]:
-    """nvmlInit/nvmlShutdown, reference counted: meters and discovery may overlap."""
-    global _init_count
+def _start_nvml() -> Any:
     pynvml = import_pynvml()
-    with _init_lock:
-        if _init_count == 0:
-            pynvml.nvmlInit()
-        _init_count += 1
-    try:
-        yield pynvml
-    finally:
-        with _init_lock:
-            _init_count -= 1
-            if _init_count == 0:
-                pynvml.nvmlShutdown()
+    pynvml.nvmlInit()
+    return pynvml
+
+
+# nvmlInit / nvmlShutdown once for all overlapping users: meters and discovery may overlap.
+nvml_session = SharedLibrarySession(_start_nvml, lambda pynvml: pynvml.nvmlShutdown())
 
 
 def _text(value: Any) -> str:
