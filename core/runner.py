@@ -51,7 +51,7 @@ def classify_fault(exc: BaseException) -> RunState:
 
 def new_result(plan: RunPlan, world_size: int) -> RunResult:
     config = plan.config
-    flops = plan.workload.flops_per_sample(plan.workload_options)
+    parameters, flops = plan.workload.figures_for(plan.workload_options, config.framework)
     return RunResult(
         workload=config.workload,
         accelerator=config.accelerator,
@@ -60,7 +60,7 @@ def new_result(plan: RunPlan, world_size: int) -> RunResult:
         samples_per_update=config.samples_per_update,
         samples_per_host_call=config.samples_per_host_call,
         world_size=world_size,
-        parameter_count=plan.workload.parameter_count(plan.workload_options),
+        parameter_count=parameters,
         flops_per_sample=flops,
         workload_details=plan.workload.details(plan.workload_options),
         energy_unavailable_reason=plan.meter_unavailable_reason,

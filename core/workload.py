@@ -81,6 +81,14 @@ class Workload(ABC):
     def parameter_count(self, options: BaseModel) -> int | None:
         return None
 
+    def figures_for(self, options: BaseModel, framework: Framework) -> tuple[int | None, float | None]:
+        """(parameter count, training FLOPs per sample) of the model as ``framework`` builds it.
+
+        Defaults to the framework-independent figures; a workload whose implementations differ
+        between frameworks (Keras adds convolution biases, say) returns each one's own.
+        """
+        return self.parameter_count(options), self.flops_per_sample(options)
+
     def samples_per_epoch(self, options: BaseModel) -> int | None:
         """Samples in one epoch of the real dataset this workload stands for (ImageNet: 1,281,167)."""
         return None

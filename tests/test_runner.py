@@ -79,6 +79,10 @@ class ScriptedWorkload(Workload):
     def flops_per_sample(self, options: Any) -> float:
         return 1000.0
 
+    def figures_for(self, options: Any, framework: Framework) -> tuple[int | None, float | None]:
+        # The figures of the framework that ran reach the result, not the reference ones.
+        return (123 if framework is Framework.torch else 456), self.flops_per_sample(options)
+
 
 class RecordingMeter(PowerMeter):
     name = "recording"
@@ -145,6 +149,7 @@ def test_phases_window_and_meter_placement() -> None:
     assert result.energy_joules == 36.0 and result.energy.method == "counter"
     assert result.samples_per_watt_hour == pytest.approx(80 / (36.0 / 3600))
     assert result.devices[0].name == "scripted device"
+    assert result.parameter_count == 123
 
 
 @pytest.mark.parametrize("where,reason", [("create", "meter failed to open"), ("start", "meter failed to start"),

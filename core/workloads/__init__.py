@@ -6,9 +6,14 @@ from typing import Callable
 
 from core.hookspecs import hookimpl
 from core.workload import Workload
+from core.workloads.autoencoder import AcesAutoencoder
 from core.workloads.fcnn import Fcnn
+from core.workloads.language import LANGUAGE_WORKLOADS
+from core.workloads.vision import VISION_WORKLOADS
 
 
 @hookimpl
 def core_register_workloads(register: Callable[[Workload], None]) -> None:
     register(Fcnn())
+    for workload in (*VISION_WORKLOADS, *LANGUAGE_WORKLOADS, AcesAutoencoder):
+        register(workload())

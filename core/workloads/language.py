@@ -1,0 +1,293 @@
+"""Language models: BERT-base (masked language modelling) and GPT-2 style decoders, from transformers.
+
+A sample is one sequence of ``sequence_length`` token ids (``sample_unit`` "sequences"); tokens per
+second are ``throughput_per_second x tokens_per_sample``, and ``workload_details`` records
+``tokens_per_sample``. Inputs and targets are the same token ids, as a real token file gives them:
+the causal model shifts them inside its loss, the masked model masks them inside the model.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, Field
+
+from core.config import Framework
+from core.workload import TorchTrainingSpec
+from core.workloads.counting import Tally
+from core.workloads.datasets import TOKEN_DATASETS, TokenDatasetName
+from core.workloads.zoo import Source, ZooOptions, ZooWorkload, seeded, transformers_source
+
+ADAMW_LEARNING_RATE = 1e-4
+IGNORE_INDEX = -100
+
+#: BERT's WordPiece vocabulary (bert-base-uncased) and its [MASK] token
+BERT_VOCABULARY = 30522
+BERT_MASK_TOKEN = 103
+#: share of positions a masked language model predicts
+MASKED_FRACTION = 0.15
+#: GPT-2's byte-pair vocabulary
+GPT2_VOCABULARY = 50257
+
+
+class LanguageOptions(ZooOptions):
+    dataset: TokenDatasetName = Field(default="openwebtext", description="corpus whose epoch size the run reports")
+    sequence_length: int | None = Field(
+        default=None, ge=8, le=1 << 17,
+        description="tokens per sample; None: the model's own (small variant: 32)",
+    )
+
+
+class MaskedLanguageOptions(LanguageOptions):
+    dataset: TokenDatasetName = Field(default="wikipedia-bookcorpus",
+                                      description=LanguageOptions.model_fields["dataset"].description)
+
+
+class LanguageWorkload(ZooWorkload):
+    sample_unit: ClassVar[str] = "sequences"
+    options_model: ClassVar[type[BaseModel]] = LanguageOptions
+    #: the model's own sequence length, and the context its position table covers
+    sequence_length: ClassVar[int]
+    small_sequence_length: ClassVar[int] = 32
+    vocabulary: ClassVar[int]
+    #: (hidden, layers, heads, intermediate) of the full and the small variant
+    full: ClassVar[tuple[int, int, int, int]]
+    small: ClassVar[tuple[int, int, int, int]] = (64, 2, 2, 256)
+
+    def dimensions(self, o: LanguageOptions) -> tuple[int, int, int, int]:
+        return self.small if o.variant == "small" else self.full
+
+    def tokens_per_sample(self, o: LanguageOptions) -> int:
+        if o.sequence_length is not None:
+            return o.sequence_length
+        return self.small_sequence_length if o.variant == "small" else self.sequence_length
+
+    def positions(self, o: LanguageOptions) -> int:
+        """Rows of the learned position table: the model's context, or longer sequences."""
+        return max(self.tokens_per_sample(o), self.small_sequence_length if o.variant == "small" else self.sequence_length)
+
+    def samples_per_epoch(self, options: BaseModel) -> int:
+        assert isinstance(options, LanguageOptions)
+        return TOKEN_DATASETS[options.dataset].samples_per_epoch(self.tokens_per_sample(options))
+
+    def shape_details(self, o: LanguageOptions) -> dict[str, Any]:
+        hidden, layers, heads, intermediate = self.dimensions(o)
+        return {"dataset": o.dataset, "tokens_per_sample": self.tokens_per_sample(o), "vocabulary": self.vocabulary,
+                "hidden_size": hidden, "layers": layers, "attention_heads": heads, "intermediate_size": intermediate,
+                "non_embedding_parameters": self.non_embedding_parameters(o)}
+
+    def non_embedding_parameters(self, o: LanguageOptions) -> int:
+        hidden, _, _, _ = self.dimensions(o)
+        return self.parameter_count(o) - (self.vocabulary + self.positions(o)) * hidden
+
+    def encoder_layers(self, t: Tally, o: LanguageOptions) -> None:
+        """Attention and MLP of every layer, over the whole sequence (attention scores are not
+        halved for causal masks: the kernels compute, and FlopCounterMode counts, every score)."""
+        hidden, layers, _, intermediate = self.dimensions(o)
+        tokens = self.tokens_per_sample(o)
+        for _ in range(layers):
+            for _ in range(4):  # query, key, value, output projections
+                t.linear(hidden, hidden, tokens=tokens)
+            t.matmul(2 * tokens * tokens * hidden)
+            t.linear(hidden, intermediate, tokens=tokens)
+            t.linear(intermediate, hidden, tokens=tokens)
+            t.params(2 * 2 * hidden)  # two layer norms
+
+    def token_pool(self, o: LanguageOptions, seed: int) -> Any:
+        import torch
+
+        generator = torch.Generator().manual_seed(seed + 1)
+        return torch.randint(0, self.vocabulary, (o.synthetic_pool_samples, self.tokens_per_sample(o)),
+                             generator=generator)
+
+    def loss(self) -> Any:
+        """(logits, token ids) -> mean loss."""
+        raise NotImplementedError
+
+    def build_torch(self, options: BaseModel, seed: int) -> TorchTrainingSpec:
+        import torch
+
+        assert isinstance(options, LanguageOptions)
+        model = seeded(seed, lambda: self.torch_model(options))
+        model.train()
+        tokens = self.token_pool(options, seed)
+        return TorchTrainingSpec(
+            model=model, loss_fn=self.loss(),
+            make_optimizer=lambda params: torch.optim.AdamW(params, lr=ADAMW_LEARNING_RATE),
+            inputs=tokens, targets=tokens.clone(),
+        )
+
+
+# --- GPT-2 -----------------------------------------------------------------------------------
+
+
+def causal_lm_loss(logits: Any, tokens: Any) -> Any:
+    """Cross-entropy of predicting token t+1 from positions up to t."""
+    from torch.nn import functional
+
+    vocabulary = logits.shape[-1]
+    return functional.cross_entropy(logits[:, :-1].reshape(-1, vocabulary), tokens[:, 1:].reshape(-1))
+
+
+class Gpt2(LanguageWorkload):
+    """GPT-2 style decoder (transformers' GPT2LMHeadModel): learned positions, pre-norm layers, MLP 4x
+    hidden, output layer tied to the token embeddings."""
+
+    task: ClassVar[str] = "language-modeling"
+    vocabulary: ClassVar[int] = GPT2_VOCABULARY
+    sources: ClassVar[dict[Framework, Source]] = {Framework.torch: transformers_source("GPT2LMHeadModel")}
+    frameworks: ClassVar[tuple[Framework, ...]] = tuple(sources)
+
+    def tally(self, o: Any, framework: Framework) -> Tally:
+        hidden, _, _, _ = self.dimensions(o)
+        tokens = self.tokens_per_sample(o)
+        t = Tally()
+        t.params((self.vocabulary + self.positions(o)) * hidden)  # token and position embeddings
+        self.encoder_layers(t, o)
+        t.params(2 * hidden)  # final layer norm
+        t.matmul(hidden * self.vocabulary * tokens)  # output layer, its weights are the token embeddings
+        return t
+
+    def torch_model(self, o: LanguageOptions) -> Any:
+        transformers = self.load(Framework.torch)
+        hidden, layers, heads, intermediate = self.dimensions(o)
+        config = transformers.GPT2Config(
+            vocab_size=self.vocabulary, n_positions=self.positions(o), n_embd=hidden, n_layer=layers, n_head=heads,
+            n_inner=intermediate,
+        )
+        return token_logits_module(transformers.GPT2LMHeadModel(config))
+
+    def loss(self) -> Any:
+        return causal_lm_loss
+
+
+class Gpt2Small(Gpt2):
+    name: ClassVar[str] = "gpt2-124m"
+    description: ClassVar[str] = "GPT-2 124M decoder, causal language modelling"
+    architecture: ClassVar[str] = "GPT-2 small: 12 layers, hidden 768, 12 heads, context 1024"
+    full: ClassVar[tuple[int, int, int, int]] = (768, 12, 12, 3072)
+    sequence_length: ClassVar[int] = 1024
+    default_micro_batch_size: ClassVar[int] = 8
+
+
+class Gpt2Caraml800m(Gpt2):
+    name: ClassVar[str] = "gpt2-800m"
+    description: ClassVar[str] = "GPT decoder of CARAML's 800M size, causal language modelling"
+    architecture: ClassVar[str] = ("CARAML's 800M GPT as a GPT-2 style decoder: 16 layers, hidden 2048, 8 heads, "
+                                   "context 2048 (800M without embeddings)")
+    full: ClassVar[tuple[int, int, int, int]] = (2048, 16, 8, 8192)
+    sequence_length: ClassVar[int] = 2048
+    default_micro_batch_size: ClassVar[int] = 4
+
+
+# --- BERT ------------------------------------------------------------------------------------
+
+
+def masked_positions(tokens: Any) -> Any:
+    """Which positions a masked language model predicts: a fixed hash of each token and its position,
+    so that the model and the loss agree without sharing state, and every run masks the same
+    positions of the same data (BERT's own pre-training data was masked once, statically)."""
+    import torch
+
+    positions = torch.arange(tokens.shape[-1], device=tokens.device)
+    mixed = (tokens.long() * 2654435761 + positions * 40503 + 12345) % 1000
+    return mixed < int(MASKED_FRACTION * 1000)
+
+
+def masked_lm_loss(logits: Any, tokens: Any) -> Any:
+    """Mean cross-entropy over the masked positions (-100 elsewhere)."""
+    import torch
+    from torch.nn import functional
+
+    mask = masked_positions(tokens)
+    labels = torch.where(mask, tokens, torch.full_like(tokens, IGNORE_INDEX))
+    total = functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                                     ignore_index=IGNORE_INDEX, reduction="sum")
+    return total / mask.sum().clamp(min=1)
+
+
+class BertBase(LanguageWorkload):
+    """BERT-base (Devlin et al. 2019) with its masked-language-model head (transformers' BertForMaskedLM).
+    15 % of positions are replaced by [MASK] inside the model and predicted; the head, as in
+    transformers, scores every position."""
+
+    name: ClassVar[str] = "bert-base"
+    description: ClassVar[str] = "BERT-base, masked language modelling"
+    architecture: ClassVar[str] = "BERT-base: 12 layers, hidden 768, 12 heads, MLP 3072, WordPiece 30522"
+    task: ClassVar[str] = "masked-language-modeling"
+    options_model: ClassVar[type[BaseModel]] = MaskedLanguageOptions
+    vocabulary: ClassVar[int] = BERT_VOCABULARY
+    full: ClassVar[tuple[int, int, int, int]] = (768, 12, 12, 3072)
+    sequence_length: ClassVar[int] = 128
+    context: ClassVar[int] = 512
+    default_micro_batch_size: ClassVar[int] = 32
+    sources: ClassVar[dict[Framework, Source]] = {Framework.torch: transformers_source("BertForMaskedLM")}
+    frameworks: ClassVar[tuple[Framework, ...]] = tuple(sources)
+
+    def positions(self, o: LanguageOptions) -> int:
+        return max(self.tokens_per_sample(o), self.context)
+
+    def non_embedding_parameters(self, o: LanguageOptions) -> int:
+        hidden, _, _, _ = self.dimensions(o)
+        return self.parameter_count(o) - (self.vocabulary + self.positions(o) + 2) * hidden
+
+    def tally(self, o: Any, framework: Framework) -> Tally:
+        hidden, _, _, _ = self.dimensions(o)
+        tokens = self.tokens_per_sample(o)
+        t = Tally()
+        t.params((self.vocabulary + self.positions(o) + 2) * hidden + 2 * hidden)  # word, position, type; norm
+        self.encoder_layers(t, o)
+        t.linear(hidden, hidden, tokens=tokens)  # prediction head transform
+        t.params(2 * hidden)  # and its layer norm
+        t.matmul(hidden * self.vocabulary * tokens)  # decoder, tied to the word embeddings
+        t.params(self.vocabulary)  # decoder bias
+        return t
+
+    def torch_model(self, o: LanguageOptions) -> Any:
+        transformers = self.load(Framework.torch)
+        hidden, layers, heads, intermediate = self.dimensions(o)
+        config = transformers.BertConfig(
+            vocab_size=self.vocabulary, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+            intermediate_size=intermediate, max_position_embeddings=self.positions(o),
+        )
+        return masked_token_logits_module(transformers.BertForMaskedLM(config))
+
+    def loss(self) -> Any:
+        return masked_lm_loss
+
+
+def token_logits_module(model: Any) -> Any:
+    from torch import nn
+
+    class TokenLogits(nn.Module):
+        """``module(token_ids)`` returns logits [batch, sequence, vocabulary]."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, tokens: Any) -> Any:
+            return self.model(input_ids=tokens, use_cache=False).logits
+
+    return TokenLogits()
+
+
+def masked_token_logits_module(model: Any) -> Any:
+    import torch
+    from torch import nn
+
+    class MaskedTokenLogits(nn.Module):
+        """Replaces the masked positions by [MASK], then returns logits for every position."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, tokens: Any) -> Any:
+            masked = torch.where(masked_positions(tokens), torch.full_like(tokens, BERT_MASK_TOKEN), tokens)
+            return self.model(input_ids=masked).logits
+
+    return MaskedTokenLogits()
+
+
+LANGUAGE_WORKLOADS = (BertBase, Gpt2Small, Gpt2Caraml800m)

@@ -1,0 +1,178 @@
+"""What every workload of the zoo shares: sources in well-kept libraries, a full and a small variant,
+per-framework parameter counts and analytic FLOPs, seeded synthetic data.
+
+A workload lists a framework only where it has an implementation. Whether that implementation's
+library is installed is checked when the model is built: a missing one raises
+``MissingLibraryError`` naming the package to install.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+from abc import abstractmethod
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from core.config import Framework
+from core.errors import ConfigError, CoreError
+from core.workload import Workload
+from core.workloads.counting import Tally
+
+
+class MissingLibraryError(CoreError, ImportError):
+    """The library that implements a workload in the chosen framework is not installed or fails to load."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where one framework's implementation of a workload comes from."""
+
+    name: str  # the class or function that builds the model, e.g. "transformers.ResNetForImageClassification"
+    distribution: str  # the package that provides it, for its version
+    module: str  # what to import
+    install: str = ""  # how to get it, for the error when it is missing
+
+    def version(self) -> str | None:
+        try:
+            return importlib.metadata.version(self.distribution)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    def load(self, workload: str) -> Any:
+        """Import the library, or raise MissingLibraryError saying what to install."""
+        try:
+            return importlib.import_module(self.module)
+        except Exception as exc:  # ImportError, or a binary mismatch (torchvision against another torch build)
+            raise MissingLibraryError(
+                f"workload {workload!r} builds its model with {self.name}, but {self.distribution} "
+                f"{'is not installed' if isinstance(exc, ModuleNotFoundError) else 'fails to load'} "
+                f"({type(exc).__name__}: {exc}); {self.install or 'install ' + self.distribution} "
+                "or choose another framework"
+            ) from exc
+
+    def record(self) -> dict[str, Any]:
+        return {"source": self.name, "library": self.distribution, "library_version": self.version()}
+
+
+def transformers_source(model_class: str) -> Source:
+    return Source(f"transformers.{model_class}", "transformers", "transformers",
+                  "pip install 'core[zoo]' (transformers)")
+
+
+def keras_source(application: str) -> Source:
+    # The Keras that TensorFlow brings (tf.keras): the one the Keras executor trains.
+    return Source(f"keras.applications.{application}", "keras", "tensorflow", "pip install 'core[tensorflow]'")
+
+
+def torchvision_source(builder: str) -> Source:
+    # Not in an extra: each torchvision release pins one torch release, and pip would replace the
+    # torch build (CPU, ROCm, an SDK's) that this environment was set up with.
+    return Source(f"torchvision.models.{builder}", "torchvision", "torchvision.models",
+                  "install the torchvision release built for this environment's torch")
+
+
+Variant = Literal["full", "small"]
+
+
+class ZooOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    variant: Variant = Field(
+        default="full", description="'full': the published model; 'small': the same architecture cut down for CI",
+    )
+    synthetic_pool_samples: int = Field(
+        default=64, ge=1, le=1 << 16, description="distinct synthetic samples; sample i is pool[i % pool]"
+    )
+
+
+class ZooWorkload(Workload):
+    """A zoo workload: one reference architecture, one implementation per framework.
+
+    ``parameter_count`` and ``flops_per_sample`` are those of ``reference_framework``'s
+    implementation (the one the paper ran); ``details()`` lists every framework's.
+    """
+
+    #: framework -> where its implementation comes from; ``frameworks`` lists the same keys
+    sources: ClassVar[dict[Framework, Source]]
+    reference_framework: ClassVar[Framework] = Framework.torch
+    architecture: ClassVar[str] = ""
+    #: what "parameter_count" counts, for the result
+    parameter_count_counts: ClassVar[str] = "trainable parameters"
+
+    @abstractmethod
+    def tally(self, options: Any, framework: Framework) -> Tally:
+        """Parameters and forward MACs per sample of ``framework``'s implementation."""
+
+    def torch_model(self, options: Any) -> Any:
+        """The PyTorch module, untrained and without data: images -> logits, token ids -> logits, or
+        images -> reconstructions. ``build_torch`` builds it from the run's seed; tests build it on the
+        meta device to count its parameters and FLOPs."""
+        raise NotImplementedError(f"workload {self.name!r} has no PyTorch implementation")
+
+    def check_options(self, options: Any) -> None:
+        """Raise ConfigError for option combinations the architecture cannot take."""
+
+    def parse_options(self, options: dict[str, Any]) -> BaseModel:
+        parsed = super().parse_options(options)
+        self.check_options(parsed)
+        return parsed
+
+    def parameter_count(self, options: BaseModel) -> int:
+        return self.tally(options, self.reference_framework).parameters
+
+    def flops_per_sample(self, options: BaseModel) -> float:
+        return float(self.tally(options, self.reference_framework).training_flops)
+
+    def figures_for(self, options: BaseModel, framework: Framework) -> tuple[int | None, float | None]:
+        tally = self.tally(options, framework if framework in self.sources else self.reference_framework)
+        return tally.parameters, float(tally.training_flops)
+
+    def shape_details(self, options: Any) -> dict[str, Any]:
+        """Input shape, labels, dataset: what the synthetic data looks like."""
+        return {}
+
+    def details(self, options: BaseModel) -> dict[str, Any]:
+        implementations = {}
+        for framework, source in self.sources.items():
+            tally = self.tally(options, framework)
+            implementations[framework.value] = {
+                **source.record(), "parameter_count": tally.parameters, "flops_per_sample": float(tally.training_flops),
+            }
+        return {
+            "architecture": self.architecture,
+            "options": options.model_dump(),
+            **self.shape_details(options),
+            "samples_per_epoch": self.samples_per_epoch(options),
+            "reference_framework": self.reference_framework.value,
+            "implementations": implementations,
+            "parameter_count_counts": self.parameter_count_counts,
+            "flops_per_sample_counts": "multiply-adds of matmuls and convolutions x 2; backward twice the forward, "
+                                       "except the input gradient of layers reading the raw input",
+        }
+
+    def load(self, framework: Framework) -> Any:
+        return self.sources[framework].load(self.name)
+
+
+def option_error(name: str, value: Any, allowed: str) -> ConfigError:
+    return ConfigError(f"workload_options.{name}", value, allowed)
+
+
+def seeded(seed: int, build: Callable[[], Any]) -> Any:
+    """Build torch modules from ``seed`` without disturbing the caller's global RNG."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build()
+
+
+def float32_logits(model: Any) -> Any:
+    """A Keras model whose outputs are float32, so mixed-precision policies keep a stable softmax."""
+    from tensorflow import keras
+
+    outputs = keras.layers.Activation("linear", dtype="float32", name="logits_float32")(model.output)
+    return keras.Model(model.input, outputs, name=model.name)
