@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from core import ConfigError, RunState, Workload, run
+from core import ConfigError, Framework, KerasTrainingSpec, RunState, Workload, run
 from core.data import detect_format
 from core.data.torch_datasets import TokenFile, WebDatasetShards
 from core.testing import registered_plugins
@@ -157,7 +157,7 @@ def test_shards_split_between_ranks_and_workers(shards: Path, monkeypatch: pytes
 
 @pytest.mark.parametrize("options,field,fragment", [
     ({"data": "/no/such/dataset"}, "data", "no such file or folder"),
-    ({"data": "synthetic-host", "framework": "tensorflow"}, "data", "synthetic data only"),
+    ({"data": "synthetic-host", "framework": "tensorflow"}, "data", "synthetic data on the device only"),
     ({"data_format": "bmp"}, "data_format", "'auto', 'image-folder'"),
     ({"data_workers": -1}, "data_workers", "greater than or equal to 0"),
 ])
@@ -171,3 +171,48 @@ def test_a_dataset_smaller_than_a_micro_batch_fails_in_setup(image_folder: Path)
     result = train(TinyCnn(), data=str(image_folder), micro_batch_size=64, data_workers=0)
     assert result.status.state is RunState.error and result.status.phase == "setup"
     assert "fewer than one micro-batch" in result.status.message
+
+
+class TinyKerasCnn(Workload):
+    name: ClassVar[str] = "tiny-keras-cnn"
+    frameworks = (Framework.tensorflow,)
+    default_micro_batch_size: ClassVar[int] = 3
+
+    def build_keras(self, options: Any, seed: int) -> KerasTrainingSpec:
+        def make_model() -> Any:
+            from tensorflow import keras
+
+            return keras.Sequential([keras.Input((12, 12, 3)), keras.layers.Conv2D(4, 3), keras.layers.Flatten(),
+                                     keras.layers.Dense(3)])
+
+        def make_loss() -> Any:
+            from tensorflow import keras
+
+            return keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+
+        def make_optimizer() -> Any:
+            from tensorflow import keras
+
+            return keras.optimizers.SGD(0.01)
+
+        rng = np.random.default_rng(seed)
+        return KerasTrainingSpec(make_model=make_model, make_loss=make_loss, make_optimizer=make_optimizer,
+                                 inputs=rng.standard_normal((8, 12, 12, 3), dtype=np.float32),
+                                 targets=rng.integers(0, 3, 8))
+
+
+def test_tfrecord_images_feed_the_keras_executor(tmp_path: Path) -> None:
+    tf = pytest.importorskip("tensorflow")
+    path = tmp_path / "train-00000.tfrecord"
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for i in range(10):
+            feature = {"image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(value=[png((20 * i, 0, 0))])),
+                       "image/class/label": tf.train.Feature(int64_list=tf.train.Int64List(value=[i % 3]))}
+            writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+    assert detect_format(tmp_path) == "tfrecord"
+    with registered_plugins():
+        result = run(TinyKerasCnn(), "cpu", framework="tensorflow", data=str(tmp_path), gradient_accumulation=2,
+                     steps=3, warmup_steps=1, power_meter="none")
+    assert result.status.ok, result.status
+    assert result.executor_details["data"] == "files" and result.executor_details["data_format"] == "tfrecord"
+    assert result.data_wait_seconds is not None and result.data_wait_seconds >= 0

@@ -22,13 +22,12 @@ SYNTHETIC_SOURCES = (SYNTHETIC_ON_DEVICE, SYNTHETIC_ON_HOST)
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 TOKEN_SUFFIXES = (".bin", ".npy")
 
-# format -> frameworks whose executor reads it. TFRecord is recognised so that the error says what
-# it is, but the TensorFlow executor reads synthetic data only in this version.
+# format -> frameworks whose executor reads it
 FORMAT_FRAMEWORKS: dict[str, tuple[Framework, ...]] = {
     "image-folder": (Framework.torch,),
     "webdataset": (Framework.torch,),
     "tokens": (Framework.torch,),
-    "tfrecord": (),
+    "tfrecord": (Framework.tensorflow,),
 }
 
 
@@ -57,9 +56,10 @@ def validate_data(data: str, data_format: str, framework: Framework) -> str | No
     """Check a data source before anything runs; returns the resolved format (None for synthetic)."""
     if data == SYNTHETIC_ON_DEVICE:
         return None
-    if framework is Framework.tensorflow:
-        raise ConfigError("data", data, f"the TensorFlow executor reads synthetic data only; allowed: {SYNTHETIC_ON_DEVICE}")
     if data == SYNTHETIC_ON_HOST:
+        if framework is Framework.tensorflow:
+            raise ConfigError("data", data, f"the TensorFlow executor places synthetic data on the device only; "
+                              f"allowed: {SYNTHETIC_ON_DEVICE} or a TFRecord path")
         return None
     path = Path(data)
     if not path.exists():
@@ -67,5 +67,5 @@ def validate_data(data: str, data_format: str, framework: Framework) -> str | No
     resolved = detect_format(path) if data_format == "auto" else data_format
     if framework not in FORMAT_FRAMEWORKS[resolved]:
         readable = [name for name, readers in FORMAT_FRAMEWORKS.items() if framework in readers]
-        raise ConfigError("data_format", resolved, f"{framework.value} reads: {', '.join(readable) or 'synthetic data only'}")
+        raise ConfigError("data_format", resolved, f"{framework.value} reads: {', '.join(readable)}")
     return resolved

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -158,8 +159,25 @@ class KerasExecutor(Executor):
 
                 return strategy.experimental_distribute_values_from_function(value_fn)
 
-            self._inputs = per_replica(inputs)
-            self._targets = per_replica(targets)
+            # Real data: each step draws one whole update (R x GA x micro samples) from a tf.data
+            # pipeline; the strategy splits it between replicas, and each replica's share is
+            # reshaped to [GA, micro, ...] below. Waiting for it is timed on the host.
+            self._files: Any = None
+            self._data_wait_seconds = 0.0
+            if config.data == "synthetic":
+                self._inputs = per_replica(inputs)
+                self._targets = per_replica(targets)
+            else:
+                from pathlib import Path
+
+                from core.data.tf_records import image_dataset
+
+                if inputs.ndim != 4:
+                    raise ValueError(f"TFRecord image data needs a workload whose inputs are images [H, W, C]; "
+                                     f"this one takes {inputs.shape[1:]}")
+                dataset = image_dataset(Path(config.data), tuple(inputs.shape[1:]),
+                                        global_replicas * accumulation * micro, config.seed)
+                self._files = iter(strategy.experimental_distribute_dataset(dataset))
 
             loss_scaling = isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer)
             if hasattr(optimizer, "get_scaled_loss"):
@@ -209,6 +227,9 @@ class KerasExecutor(Executor):
             compute = tf.function(accumulate, jit_compile=True) if placement.jit_compile else accumulate
 
             def replica_update(xs: Any, ys: Any) -> None:
+                if self._files is not None:  # [GA x micro, ...] -> [GA, micro, ...]
+                    xs = tf.reshape(xs, tf.concat([[accumulation, micro], tf.shape(xs)[1:]], 0))
+                    ys = tf.reshape(ys, tf.concat([[accumulation, micro], tf.shape(ys)[1:]], 0))
                 grads, loss = compute(xs, ys)
                 grads = unscale(grads)
                 if loss_scaling and global_replicas > 1:
@@ -242,14 +263,26 @@ class KerasExecutor(Executor):
                 "replicas_in_process": placement.replicas,
                 "device": placement.device_label,
                 "jit_compile": placement.jit_compile,
+                "data": "synthetic" if self._files is None else "files",
             }
+            if self._files is not None:
+                self._details["data_format"] = "tfrecord"
         except BaseException:
             self.close()
             raise
 
     def step(self) -> None:
         # Dispatches the update; nothing here reads a value back to the host.
-        self._train_step(self._inputs, self._targets)
+        if self._files is None:
+            self._train_step(self._inputs, self._targets)
+            return
+        started = time.perf_counter()
+        inputs, targets = next(self._files)
+        self._data_wait_seconds += time.perf_counter() - started
+        self._train_step(inputs, targets)
+
+    def data_wait_seconds(self) -> float:
+        return self._data_wait_seconds
 
     def _read_loss_sum(self) -> float:
         # Read in the strategy's scope, i.e. in cross-replica context, where a sync-on-read SUM
@@ -291,5 +324,5 @@ class KerasExecutor(Executor):
         keras.mixed_precision.set_global_policy(self._previous_policy)
         self._tf.config.experimental.enable_tensor_float_32_execution(self._previous_tf32)
         # Drop graphs, variables and device-resident data so memory can be reclaimed.
-        for name in ("_train_step", "_inputs", "_targets", "_loss_sum", "model", "optimizer"):
+        for name in ("_train_step", "_inputs", "_targets", "_files", "_loss_sum", "model", "optimizer"):
             self.__dict__.pop(name, None)
