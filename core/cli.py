@@ -75,6 +75,36 @@ def build_parser() -> argparse.ArgumentParser:
     devices.add_argument("--json", action="store_true")
     workloads = commands.add_parser("workloads", help="list registered workloads")
     workloads.add_argument("--json", action="store_true")
+
+    database_help = "results database (default: $CORE_DATABASE, else results/core.db)"
+    sweep = commands.add_parser("sweep", help="run a grid of runs declared in a TOML or YAML file",
+                                description="Run every cell of a grid file, each repeat in its own process, "
+                                            "and store every result. See docs/sweeps.md.")
+    sweep.add_argument("file", metavar="FILE", type=Path, help="grid file (.toml, .yaml, .yml or .json)")
+    sweep.add_argument("--dry-run", action="store_true", help="list the cells and validate them; run nothing")
+    sweep.add_argument("--resume", action="store_true", help="continue a sweep already in the database")
+    sweep.add_argument("--retry-failed", action="store_true",
+                       help="with --resume, run failed repeats (oom, error, timeout) again")
+    sweep.add_argument("--database", type=Path, help=database_help)
+    sweep.add_argument("--repeats", type=int, help="runs per cell (overrides the file; default 3)")
+    sweep.add_argument("--timeout-seconds", type=float, help="time limit of one repeat (overrides the file)")
+    sweep.add_argument("--skip-invalid", action="store_true", help="run the valid cells when some are invalid")
+    sweep.add_argument("--name", help="the sweep's name in the database (overrides the file)")
+
+    report = commands.add_parser("report", help="write a Markdown and HTML report with plots from the database")
+    report.add_argument("--database", type=Path, help=database_help)
+    report.add_argument("--sweep", action="append", dest="sweeps", metavar="NAME",
+                        help="report this sweep (repeatable; default: every sweep)")
+    report.add_argument("--output", type=Path, default=Path("results") / "report",
+                        help="directory for report.md, report.html and plots/ (default: results/report)")
+
+    results = commands.add_parser("results", help="query or export the results database")
+    results.add_argument("--database", type=Path, help=database_help)
+    results.add_argument("--sweep", help="only this sweep")
+    results.add_argument("--status", help="only runs in this state (ok, oom, error, timeout, ...)")
+    results.add_argument("--format", choices=("summary", "csv", "json", "parquet"), default="summary",
+                         help="summary (cells with median and spread; default), csv or json (one row per run), parquet")
+    results.add_argument("--output", type=Path, help="write to this file (required for parquet)")
     return parser
 
 
@@ -130,12 +160,23 @@ def format_result(result: Any) -> str:
 
 def _command_run(args: argparse.Namespace) -> int:
     from core.api import run
+    from core.progress import ProgressLine, RunProgress
 
+    options = _run_options(args)
+    line = ProgressLine()
+    progress = None
+    if line.enabled:
+        progress = RunProgress(line, f"{args.workload} on {args.accelerator}", options.get("steps", 20),
+                               options.get("warmup_steps", 3))
+        progress.start()
     try:
-        result = run(args.workload, args.accelerator, **_run_options(args))
+        result = run(args.workload, args.accelerator, on_progress=progress, **options)
     except ConfigError as error:
+        line.clear()
         print(f"core: error: {_describe_config_error(error)}", file=sys.stderr)
         return 2
+    finally:
+        line.clear()
     text = result.to_json()
     if args.output is not None:
         args.output.parent.mkdir(parents=True, exist_ok=True)
@@ -221,12 +262,18 @@ def workload_report() -> list[dict[str, Any]]:
     for name, registered in get_plugin_manager().workloads.items():
         workload = registered.item
         defaults = workload.options_model()
+        details = workload.details(defaults)
+        # Zoo workloads name one source per framework; others at most one for all.
+        sources = {framework: implementation.get("source")
+                   for framework, implementation in details.get("implementations", {}).items()}
         rows.append({
             "name": name, "plugin": registered.plugin, "description": workload.description,
             "frameworks": [f.value for f in workload.frameworks], "task": workload.task,
             "sample_unit": workload.sample_unit, "default_micro_batch_size": workload.default_micro_batch_size,
             "parameter_count": workload.parameter_count(defaults),
             "flops_per_sample": workload.flops_per_sample(defaults),
+            "samples_per_epoch": workload.samples_per_epoch(defaults),
+            "sources": sources or {f.value: details.get("source") for f in workload.frameworks},
             "options": defaults.model_dump(),
         })
     return rows
@@ -244,8 +291,175 @@ def _command_workloads(args: argparse.Namespace) -> int:
     return 0
 
 
+def _error(message: str, code: int = 2) -> int:
+    print(f"core: error: {message}", file=sys.stderr)
+    return code
+
+
+class _SweepDisplay:
+    """The sweep's progress line on stderr (terminals only) and one line per finished run on stdout."""
+
+    def __init__(self) -> None:
+        from core.progress import ProgressLine
+
+        self.line = ProgressLine()
+        self._position = ""
+        self._cells = 0
+
+    def started(self, plan: Any, runs_total: int, runs_finished: int) -> None:
+        self._cells = len(plan.valid_cells)
+        if runs_finished:
+            self.line.print(f"resuming sweep {plan.spec.name}: {runs_finished} of {runs_total} runs already recorded")
+
+    def run_started(self, cell: Any, repeat: int, runs_done: int, runs_total: int, seconds_left: float | None) -> None:
+        from core.progress import format_duration
+
+        self._position = f"[{runs_done + 1}/{runs_total}] cell {cell.index + 1}/{self._cells} {cell.label} repeat {repeat + 1}"
+        self.line.show(f"{self._position} | ~{format_duration(seconds_left)} left")
+
+    def waiting(self, cell: Any, repeat: int, elapsed_seconds: float, seconds_left: float | None) -> None:
+        from core.progress import format_duration
+
+        self.line.show(f"{self._position} | {format_duration(elapsed_seconds)} in this run | "
+                       f"~{format_duration(seconds_left)} left")
+
+    def run_finished(self, cell: Any, repeat: int, result: Any, process_seconds: float) -> None:
+        if result.status.ok:
+            what = f"ok, {result.throughput_per_second:.6g} samples/s"
+        else:
+            first_line = ((result.status.message or "").strip().splitlines() or [""])[0]
+            what = f"{result.status.state.value} in {result.status.phase}: {first_line[:200]}"
+        self.line.print(f"{cell.label} repeat {repeat + 1}: {what} ({process_seconds:.1f} s)")
+
+
+def _print_plan(plan: Any, repeats: int, finished: dict[tuple[str, int], str]) -> None:
+    width = len(str(len(plan.cells)))
+    for cell in plan.cells:
+        done = sum(1 for repeat in range(repeats) if (cell.key, repeat) in finished)
+        state = f"invalid: {cell.invalid_reason}" if not cell.valid else (
+            f"{done}/{repeats} repeats recorded" if done else "to run")
+        print(f"{cell.index + 1:>{width}}  {cell.label}  [{state}]")
+    valid = len(plan.valid_cells)
+    print(f"{len(plan.cells)} cells ({valid} valid, {len(plan.invalid_cells)} invalid) x {repeats} repeats "
+          f"= {valid * repeats} runs; timeout {plan.spec.timeout_seconds:g} s per run")
+
+
+def _command_sweep(args: argparse.Namespace) -> int:
+    import signal
+
+    from core.store import ResultStore, default_database
+    from core.sweep import SweepError, load_sweep, make_sweep_spec, plan_sweep, run_sweep
+
+    try:
+        spec = load_sweep(args.file)
+        overrides = {key: value for key, value in (("repeats", args.repeats), ("timeout_seconds", args.timeout_seconds),
+                                                   ("name", args.name)) if value is not None}
+        if overrides:
+            spec = make_sweep_spec({**spec.model_dump(), **overrides})
+        plan = plan_sweep(spec, source=str(args.file))
+    except ConfigError as error:
+        return _error(f"{args.file}: {_describe_config_error(error)}")
+    except SweepError as error:
+        return _error(str(error))
+    database = args.database or default_database()
+    if args.dry_run:
+        finished: dict[tuple[str, int], str] = {}
+        if database.exists():
+            with ResultStore(database) as store:
+                finished = store.finished(spec.name)
+        print(f"sweep {spec.name} ({args.file}), database {database}")
+        _print_plan(plan, spec.repeats, finished)
+        if plan.invalid_cells and not args.skip_invalid:
+            return _error(f"{len(plan.invalid_cells)} invalid cells: fix the grid, exclude them, or pass --skip-invalid")
+        return 0
+
+    # SIGTERM ends the sweep the way Ctrl-C does: the running cell is stopped, nothing half-done is stored.
+    previous_handler = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    display = _SweepDisplay()
+    try:
+        outcome = run_sweep(plan, database=database, resume=args.resume, retry_failed=args.retry_failed,
+                            skip_invalid=args.skip_invalid, observer=display)
+    except SweepError as error:
+        return _error(str(error))
+    except KeyboardInterrupt:
+        display.line.clear()
+        print(f"core: sweep {spec.name} interrupted; finished runs are in {database}. "
+              f"Continue with: core sweep {args.file} --resume", file=sys.stderr)
+        return 130
+    finally:
+        display.line.clear()
+        signal.signal(signal.SIGTERM, previous_handler)
+    print()
+    print(format_cells(outcome.cells))
+    failed = sum(1 for cell in outcome.cells if cell.status != "ok")
+    print(f"sweep {outcome.name}: {outcome.runs_done} runs now, {outcome.runs_already_finished} before; "
+          f"{len(outcome.cells)} cells, {failed} failed, {sum(c.flagged for c in outcome.cells)} flagged; "
+          f"results in {outcome.database}")
+    return 0
+
+
+def format_cells(cells: Sequence[Any]) -> str:
+    """A plain-text table of cell summaries: median throughput, spread, flag, state."""
+    from core.report import format_number, format_percent
+
+    rows = [("cell", "status", "ok/runs", "samples/s", "spread", "samples/Wh")]
+    for cell in cells:
+        rows.append((cell.label, cell.status + (" (flagged)" if cell.flagged else ""),
+                     f"{cell.repeats_ok}/{cell.repeats_recorded}", format_number(cell.throughput_per_second),
+                     format_percent(cell.spread), format_number(cell.samples_per_watt_hour)))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(value.ljust(width) for value, width in zip(row, widths)).rstrip() for row in rows)
+
+
+def _command_report(args: argparse.Namespace) -> int:
+    from core.report import ReportError, write_report
+    from core.store import StoreError, default_database
+
+    database = args.database or default_database()
+    try:
+        files = write_report(database, args.output, args.sweeps)
+    except (ReportError, StoreError) as error:
+        return _error(str(error))
+    print(f"wrote {files.markdown}, {files.html} and {len(files.plots)} plots in {files.markdown.parent / 'plots'}")
+    return 0
+
+
+def _command_results(args: argparse.Namespace) -> int:
+    from core.store import ResultStore, StoreError, default_database
+    from core.summary import summarise
+
+    database = args.database or default_database()
+    filters = {key: value for key, value in (("sweep", args.sweep), ("status", args.status)) if value is not None}
+    try:
+        with ResultStore(database, create=False) as store:
+            if args.format == "summary":
+                text = format_cells(summarise(store.runs(**filters)))
+                if args.output is not None:
+                    args.output.write_text(text + "\n", encoding="utf-8")
+                else:
+                    print(text)
+            elif args.format == "parquet":
+                if args.output is None:
+                    return _error("--format parquet needs --output FILE")
+                rows = store.export_parquet(args.output, **filters)
+                print(f"wrote {rows} runs to {args.output}", file=sys.stderr)
+            else:
+                export = store.export_csv if args.format == "csv" else store.export_json
+                if args.output is None:
+                    export(sys.stdout, **filters)
+                else:
+                    args.output.parent.mkdir(parents=True, exist_ok=True)
+                    with open(args.output, "w", newline="", encoding="utf-8") as stream:
+                        rows = export(stream, **filters)
+                    print(f"wrote {rows} runs to {args.output}", file=sys.stderr)
+    except StoreError as error:
+        return _error(str(error))
+    return 0
+
+
 _COMMANDS = {"run": _command_run, "plugins": _command_plugins, "devices": _command_devices,
-             "workloads": _command_workloads}
+             "workloads": _command_workloads, "sweep": _command_sweep, "report": _command_report,
+             "results": _command_results}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -3,6 +3,19 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh dev || exit $?
+
+# The report test opens the HTML report in headless Chromium: Debian's `chromium` package.
+# Where this script can install it (root, apt), the test is required: it fails, not skips,
+# when Chromium is missing (CORE_REQUIRE_CHROMIUM, as CI=true does).
+if ! command -v chromium >/dev/null 2>&1 && [ -x /usr/bin/apt-get ] && [ "$(id -u)" -eq 0 ]; then
+    echo "installing Debian's chromium for the report test (apt-get, quietly)" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    if ! { apt-get update -qq >/dev/null && apt-get install -y -qq chromium >/dev/null; }; then
+        echo "warning: could not install chromium; the report's browser test will fail" >&2
+    fi
+    export CORE_REQUIRE_CHROMIUM=1
+fi
+
 .venv/bin/python -m pytest "$@"
 status=$?
 # pytest exits 5 when it collected no test (e.g. a -k filter that matches nothing): not a failure.

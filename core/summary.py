@@ -1,0 +1,134 @@
+"""Repeats of one cell reduced to a median and a spread; a cell whose spread is too wide is flagged.
+
+spread = (max - min) / median of throughput over the cell's successful repeats. The median, not
+the mean, because one disturbed repeat (a page-cache miss, a clock change) should not move it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from core.results import RunResult, RunState
+from core.store import StoredRun
+
+SPREAD_FLAG_FRACTION = 0.10  # a cell whose throughput spread exceeds 10 % is flagged
+
+
+@dataclass(frozen=True)
+class CellSummary:
+    """One cell of a sweep: its options, how its repeats went, and the median of each figure."""
+
+    sweep: str | None
+    cell_key: str
+    label: str
+    runs: list[StoredRun] = field(repr=False)
+
+    @property
+    def results(self) -> list[RunResult]:
+        return [run.result for run in self.runs]
+
+    @property
+    def ok_results(self) -> list[RunResult]:
+        return [result for result in self.results if result.status.state is RunState.ok]
+
+    @property
+    def config(self) -> Any:
+        return self.runs[0].result.config
+
+    @property
+    def failure(self) -> RunResult | None:
+        """The first repeat that did not succeed, if any."""
+        return next((result for result in self.results if result.status.state is not RunState.ok), None)
+
+    @property
+    def status(self) -> str:
+        """``ok`` when every recorded repeat succeeded, else the first failure's state."""
+        failure = self.failure
+        return RunState.ok.value if failure is None else failure.status.state.value
+
+    @property
+    def repeats_recorded(self) -> int:
+        return len(self.runs)
+
+    @property
+    def repeats_ok(self) -> int:
+        return len(self.ok_results)
+
+    def median(self, figure: str | Callable[[RunResult], float | None]) -> float | None:
+        """Median of one figure over the successful repeats that have it; None when none has."""
+        values = _values(self.ok_results, figure)
+        return statistics.median(values) if values else None
+
+    @property
+    def throughput_per_second(self) -> float | None:
+        return self.median("throughput_per_second")
+
+    @property
+    def throughput_min(self) -> float | None:
+        values = _values(self.ok_results, "throughput_per_second")
+        return min(values) if values else None
+
+    @property
+    def throughput_max(self) -> float | None:
+        values = _values(self.ok_results, "throughput_per_second")
+        return max(values) if values else None
+
+    @property
+    def spread(self) -> float | None:
+        """(max - min) / median of throughput; None with fewer than two successful repeats."""
+        values = _values(self.ok_results, "throughput_per_second")
+        if len(values) < 2:
+            return None
+        median = statistics.median(values)
+        return (max(values) - min(values)) / median if median > 0 else None
+
+    @property
+    def flagged(self) -> bool:
+        spread = self.spread
+        return spread is not None and spread > SPREAD_FLAG_FRACTION
+
+    @property
+    def samples_per_watt_hour(self) -> float | None:
+        return self.median("samples_per_watt_hour")
+
+    @property
+    def flops_per_second(self) -> float | None:
+        return self.median("flops_per_second")
+
+    @property
+    def model_flops_utilization(self) -> float | None:
+        return self.median("model_flops_utilization")
+
+    @property
+    def devices(self) -> int:
+        """Devices the cell trained on: replicas x devices per replica."""
+        return self.config.replicas * self.config.devices_per_replica
+
+    def option(self, name: str) -> Any:
+        """A run option by name; ``workload_options.x`` and ``accelerator_options.x`` reach inside."""
+        config = self.config
+        if "." in name:
+            group, key = name.split(".", 1)
+            return dict(getattr(config, group)).get(key)
+        return getattr(getattr(config, name), "value", getattr(config, name))
+
+
+def _values(results: Iterable[RunResult], figure: str | Callable[[RunResult], float | None]) -> list[float]:
+    read = figure if callable(figure) else (lambda result: getattr(result, figure, None))
+    return [value for value in (read(result) for result in results) if value is not None]
+
+
+def summarise(runs: Iterable[StoredRun]) -> list[CellSummary]:
+    """Group runs by (sweep, cell) in the order their cells first appear."""
+    groups: dict[tuple[str | None, str], list[StoredRun]] = {}
+    for run in runs:
+        key = (run.sweep, run.cell_key if run.cell_key is not None else f"run-{run.run_id}")
+        groups.setdefault(key, []).append(run)
+    summaries = []
+    for (sweep, cell_key), members in groups.items():
+        members.sort(key=lambda run: (run.repeat if run.repeat is not None else 0, run.run_id))
+        label = members[0].cell_label or cell_key
+        summaries.append(CellSummary(sweep=sweep, cell_key=cell_key, label=label, runs=members))
+    return summaries
