@@ -26,6 +26,9 @@ _RUN_FLAGS: dict[str, str] = {
     "power_sample_interval_seconds": "--power-sample-interval",
     "threads_per_replica": "--threads",
     "accelerator": "--accelerator",
+    "data": "--data",
+    "data_format": "--data-format",
+    "data_workers": "--data-workers",
     "workload": "WORKLOAD",
 }
 
@@ -57,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--devices-per-replica", type=int)
     run.add_argument("--device-iterations", type=int)
     run.add_argument("--precision", help="fp32, tf32, bf16 or fp16")
-    run.add_argument("--steps", type=int, help="weight updates in the timed window")
+    run.add_argument("--steps", type=int, help="steps (host calls) in the timed window")
     run.add_argument("--warmup-steps", type=int)
     run.add_argument("--seed", type=int)
     run.add_argument("--compile", action="store_true", default=None, help="torch.compile / XLA")
@@ -66,6 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--threads", dest="threads_per_replica", type=int, help="host threads per replica")
     run.add_argument("-o", "--option", dest="workload_options", action="append", type=_option_pair, default=[],
                      metavar="KEY=VALUE", help="workload hyper-parameter, e.g. -o layers=8 (repeatable)")
+    run.add_argument("-a", "--accelerator-option", dest="accelerator_options", action="append", type=_option_pair,
+                     default=[], metavar="KEY=VALUE",
+                     help="vendor placement option, e.g. -a mode=package (AMD), -a ipu_model=true (Graphcore)")
+    run.add_argument("--data", help="synthetic (default), synthetic-host, or a dataset path")
+    run.add_argument("--data-format", help="auto, image-folder, webdataset, tokens or tfrecord")
+    run.add_argument("--data-workers", type=int, help="background loader processes per replica")
     run.add_argument("--json", action="store_true", help="print the result as JSON")
     run.add_argument("--output", type=Path, help="also write the result JSON to this file")
 
@@ -111,10 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
 def _run_options(args: argparse.Namespace) -> dict[str, Any]:
     fields = ("framework", "micro_batch_size", "gradient_accumulation", "replicas", "devices_per_replica",
               "device_iterations", "precision", "steps", "warmup_steps", "seed", "compile", "power_meter",
-              "power_sample_interval_seconds", "threads_per_replica")
+              "power_sample_interval_seconds", "threads_per_replica", "data", "data_format", "data_workers")
     options = {name: getattr(args, name) for name in fields if getattr(args, name) is not None}
     if args.workload_options:
         options["workload_options"] = dict(args.workload_options)
+    if args.accelerator_options:
+        options["accelerator_options"] = dict(args.accelerator_options)
     return options
 
 
@@ -122,7 +133,10 @@ def _describe_config_error(error: ConfigError) -> str:
     errors = getattr(error, "errors", [error])
     lines = []
     for e in errors:
-        flag = _RUN_FLAGS.get(e.field) or ("-o " + e.field.split(".", 1)[1] if e.field.startswith("workload_options.") else None)
+        flag = _RUN_FLAGS.get(e.field)
+        for prefix, short in (("workload_options.", "-o "), ("accelerator_options.", "-a ")):
+            if e.field.startswith(prefix):
+                flag = short + e.field[len(prefix):]
         lines.append(f"invalid {e.field}{f' ({flag})' if flag else ''} = {e.value!r}: {e.allowed}")
     return "\n".join(lines)
 

@@ -38,6 +38,8 @@ BAD_CONFIGS = [
     (["fcnn", "-o", "layers=0"], "workload_options.layers", "greater than or equal to 1"),
     (["fcnn", "-o", "depth=3"], "workload_options.depth", "allowed: layers, hidden_width"),
     (["fcnn", "-o", "hidden_width=wide"], "workload_options.hidden_width", "valid integer"),
+    (["fcnn", "-a", "mode=package"], "accelerator_options.mode", "unknown option for accelerator 'cpu'"),
+    (["fcnn", "--data", "/no/such/dataset"], "data", "no such file or folder"),
 ]
 
 
