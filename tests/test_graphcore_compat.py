@@ -61,9 +61,10 @@ result = run("fcnn", "graphcore", workload_options=TINY_FCNN, micro_batch_size=4
              gradient_accumulation=3, device_iterations=2, steps=2, warmup_steps=1, power_sample_interval_seconds=0.01)
 assert result.status.ok, result.status
 assert result.energy_joules, result.energy_unavailable_reason
-root = {root!r}
+# Only the project's own packages: a virtual environment inside the checkout is not on the path.
+roots = tuple(os.path.join({root!r}, package) + os.sep for package in ("core", "plugins"))
 files = sorted({{m.__file__ for m in list(sys.modules.values())
-                 if getattr(m, "__file__", None) and m.__file__.startswith(root) and "/tests/" not in m.__file__}})
+                 if getattr(m, "__file__", None) and m.__file__.startswith(roots) and m.__file__.endswith(".py")}})
 print(json.dumps(files))
 """
 
