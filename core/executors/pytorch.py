@@ -217,7 +217,9 @@ class TorchExecutor(Executor):
         else:
             self._optimizer.step()
         self._optimizer.zero_grad(set_to_none=True)
-        self._last_loss = loss.detach()
+        # The loss itself, not .detach(): its graph is already freed by backward, and a detach
+        # would cost a tensor allocation every update.
+        self._last_loss = loss
 
     def begin_window(self) -> None:
         self._graphs_before_window = _compiled_graph_count() if self._config.compile else None
