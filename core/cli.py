@@ -24,6 +24,7 @@ _RUN_FLAGS: dict[str, str] = {
     "framework": "--framework",
     "power_meter": "--power-meter",
     "power_sample_interval_seconds": "--power-sample-interval",
+    "power_timeline_points": "--power-timeline-points",
     "threads_per_replica": "--threads",
     "accelerator": "--accelerator",
     "data": "--data",
@@ -66,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--compile", action="store_true", default=None, help="torch.compile / XLA")
     run.add_argument("--power-meter", help="auto, none, or a meter name")
     run.add_argument("--power-sample-interval", dest="power_sample_interval_seconds", type=float)
+    run.add_argument("--power-timeline-points", dest="power_timeline_points", type=int,
+                     help="most spans of sampled power kept in the result (0: none)")
     run.add_argument("--threads", dest="threads_per_replica", type=int, help="host threads per replica")
     run.add_argument("-o", "--option", dest="workload_options", action="append", type=_option_pair, default=[],
                      metavar="KEY=VALUE", help="workload hyper-parameter, e.g. -o layers=8 (repeatable)")
@@ -120,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _run_options(args: argparse.Namespace) -> dict[str, Any]:
     fields = ("framework", "micro_batch_size", "gradient_accumulation", "replicas", "devices_per_replica",
               "device_iterations", "precision", "steps", "warmup_steps", "seed", "compile", "power_meter",
-              "power_sample_interval_seconds", "threads_per_replica", "data", "data_format", "data_workers")
+              "power_sample_interval_seconds", "power_timeline_points", "threads_per_replica", "data", "data_format", "data_workers")
     options = {name: getattr(args, name) for name in fields if getattr(args, name) is not None}
     if args.workload_options:
         options["workload_options"] = dict(args.workload_options)

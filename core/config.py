@@ -60,6 +60,10 @@ class RunConfig(BaseModel):
         description="'auto' picks the accelerator's meter, 'none' disables energy, or a registered meter name",
     )
     power_sample_interval_seconds: float = Field(default=0.05, gt=0.0, le=60.0)
+    power_timeline_points: int = Field(
+        default=600, ge=0, le=100_000,
+        description="most spans of sampled power kept in the result (merged pairwise beyond); 0 keeps none",
+    )
     threads_per_replica: int | None = Field(
         default=None, ge=1, le=4096, description="host compute threads per replica; None lets the accelerator choose",
     )

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from core.power import PowerMeter
 from core.results import EnergyMeasurement
-from core.sampling import FixedRateSampler
+from core.sampling import DEFAULT_TIMELINE_SPANS, FixedRateSampler
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,8 @@ def counter_delta(start: float, stop: float, wrap: float | None) -> float:
 
 class DeviceEnergyMeter(PowerMeter):
     def __init__(self, name: str, sources: list[EnergySource], sample_interval_seconds: float,
-                 sample_power: bool = True, details: dict[str, Any] | None = None) -> None:
+                 sample_power: bool = True, details: dict[str, Any] | None = None,
+                 timeline_points: int = DEFAULT_TIMELINE_SPANS) -> None:
         if not sources:
             raise ValueError("a device energy meter needs at least one source")
         self.name = name
@@ -56,7 +57,8 @@ class DeviceEnergyMeter(PowerMeter):
         self._sampling = False
         powered = [s for s in sources if s.read_power_watts is not None]
         self._sampler = (
-            FixedRateSampler(lambda: {s.key: s.read_power_watts() for s in powered}, sample_interval_seconds)  # type: ignore[misc]
+            FixedRateSampler(lambda: {s.key: s.read_power_watts() for s in powered},  # type: ignore[misc]
+                             sample_interval_seconds, timeline_spans=timeline_points)
             if powered and (sample_power or any(s.read_counter_joules is None for s in powered)) else None
         )
 
@@ -113,6 +115,7 @@ class DeviceEnergyMeter(PowerMeter):
             else:
                 missing.append(source.key)
         details: dict[str, Any] = {**self._details, "methods": methods}
+        timeline = sampled.timeline if sampled is not None else None
         if sampled is not None:
             details.update(sampled_joules=sampled_joules, power_samples=sampled.sample_count,
                            max_sample_gap_seconds=sampled.max_gap_seconds)
@@ -128,13 +131,13 @@ class DeviceEnergyMeter(PowerMeter):
             reasons = "; ".join(f"{k}: {self._counter_errors.get(k, 'no counter and no complete power trace')}"
                                 for k in missing)
             return EnergyMeasurement(meter=self.name, unavailable_reason=f"energy unknown for {reasons}",
-                                     components_joules=components, details=details)
+                                     components_joules=components, details=details, power_timeline=timeline)
         total = sum(components.values())
         kinds = set(methods.values())
         return EnergyMeasurement(
             meter=self.name, method=kinds.pop() if len(kinds) == 1 else "mixed", energy_joules=total,
             components_joules=components, details=details,
-            mean_power_watts=total / elapsed if elapsed else None,
+            mean_power_watts=total / elapsed if elapsed else None, power_timeline=timeline,
         )
 
     def _stop_sampling(self) -> Any:

@@ -10,7 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from core.config import RunConfig
 
-SCHEMA_VERSION = "1.0"
+# 1.1: EnergyMeasurement.power_timeline (optional, so 1.0 documents still load).
+SCHEMA_VERSION = "1.1"
 
 
 class RunState(str, Enum):
@@ -49,6 +50,20 @@ class DeviceRecord(BaseModel):
     details: dict[str, Any] = Field(default_factory=dict)
 
 
+class PowerTimeline(BaseModel):
+    """Mean power per component over consecutive spans of the window, in seconds from its start.
+
+    The spans tile the sampled window; watts x (stop - start) summed over the spans is the sampled
+    integral. None: the component had no valid reading in that span. Long windows are merged to a
+    bounded number of spans (config ``power_timeline_points``), each the mean over its span."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    start_seconds: list[float]
+    stop_seconds: list[float]
+    watts: dict[str, list[float | None]] = Field(description="per component, one value per span")
+
+
 class EnergyMeasurement(BaseModel):
     """Energy over exactly the steady window, or why there is none."""
 
@@ -63,6 +78,8 @@ class EnergyMeasurement(BaseModel):
     )
     mean_power_watts: float | None = None
     details: dict[str, Any] = Field(default_factory=dict)
+    power_timeline: PowerTimeline | None = Field(
+        default=None, description="sampled power over the window, where the meter samples power")
 
 
 class EnvironmentInfo(BaseModel):

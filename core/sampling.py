@@ -15,12 +15,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Protocol, Sequence
 
-from core.results import EnergyMeasurement
+from core.results import EnergyMeasurement, PowerTimeline
 
 # A reading: watts per component; None (or a missing key, or NaN) means "N/A" for that component.
 Reading = Mapping[str, Optional[float]]
 
 _MAX_KEPT_ERRORS = 10  # distinct messages kept; a meter failing every 50 ms for hours must not grow memory
+DEFAULT_TIMELINE_SPANS = 600  # 30 s at full resolution with the default 50 ms interval
 _FULL = 1e-9  # relative tolerance under which coverage counts as the whole window (float sums of dt)
 
 
@@ -57,6 +58,74 @@ class MonotonicClock:
         return stop.wait(max(0.0, deadline - time.monotonic()))
 
 
+@dataclass
+class _Span:
+    """Consecutive readings' time [start, stop] with, per component, the energy integrated in it
+    and the seconds it covered (less than the span where a reading was N/A)."""
+
+    start: float
+    stop: float
+    joules: dict[str, float]
+    covered_seconds: dict[str, float]
+    intervals: int = 1  # sampling intervals merged into this span
+
+    def absorb(self, later: "_Span") -> None:
+        self.stop = later.stop
+        self.intervals += later.intervals
+        for name, joules in later.joules.items():
+            self.joules[name] = self.joules.get(name, 0.0) + joules
+            self.covered_seconds[name] = self.covered_seconds.get(name, 0.0) + later.covered_seconds[name]
+
+
+class PowerTimelineRecorder:
+    """Power over the window at bounded memory: the integral's own segments, merged pairwise.
+
+    Each interval between two readings is added as it is integrated. A span holds up to
+    ``intervals_per_span`` of them; when ``max_spans`` would be exceeded, neighbouring spans are
+    merged two by two and the intervals per span double, so spans stay even, resolution halves,
+    memory stays bounded however long the window, and the spans' joules add up to the integral.
+    """
+
+    def __init__(self, max_spans: int) -> None:
+        if max_spans < 1:
+            raise ValueError(f"max_spans must be at least 1, got {max_spans!r}")
+        self._max = max_spans
+        self._intervals_per_span = 1
+        self._spans: list[_Span] = []
+
+    def add(self, start: float, stop: float, joules: dict[str, float], covered_seconds: dict[str, float]) -> None:
+        interval = _Span(start, stop, joules, covered_seconds)
+        if self._spans and self._spans[-1].intervals < self._intervals_per_span:
+            self._spans[-1].absorb(interval)
+            return
+        if len(self._spans) == self._max:
+            self._halve()
+            if self._spans[-1].intervals < self._intervals_per_span:  # an odd count left a half-full last span
+                self._spans[-1].absorb(interval)
+                return
+        self._spans.append(interval)
+
+    def _halve(self) -> None:
+        merged: list[_Span] = []
+        for k in range(0, len(self._spans), 2):
+            span = self._spans[k]
+            if k + 1 < len(self._spans):
+                span.absorb(self._spans[k + 1])
+            merged.append(span)
+        self._spans = merged
+        self._intervals_per_span *= 2
+
+    def timeline(self, origin: float, components: Sequence[str]) -> PowerTimeline | None:
+        if not self._spans:
+            return None
+        watts: dict[str, list[float | None]] = {}
+        for name in components:
+            watts[name] = [span.joules[name] / span.covered_seconds[name] if span.covered_seconds.get(name) else None
+                           for span in self._spans]
+        return PowerTimeline(start_seconds=[span.start - origin for span in self._spans],
+                             stop_seconds=[span.stop - origin for span in self._spans], watts=watts)
+
+
 @dataclass(frozen=True)
 class SampledEnergy:
     """The integral over [start_seconds, stop_seconds] (clock readings), and how trustworthy it is."""
@@ -72,6 +141,7 @@ class SampledEnergy:
     max_gap_seconds: float  # largest time between consecutive readings, failed ones included
     error_count: int
     errors: tuple[str, ...] = field(default=())  # first distinct messages only
+    timeline: PowerTimeline | None = None  # mean power per span, seconds from the window's start
 
     @property
     def duration_seconds(self) -> float:
@@ -118,10 +188,12 @@ class SampledEnergy:
                 reason += " (coverage: " + ", ".join(f"{n} {c:.0%}" for n, c in partial.items()) + ")"
             if missing:
                 reason += f"; never readable: {', '.join(missing)}"
-            return EnergyMeasurement(meter=meter, method="sampled", unavailable_reason=reason, details=info)
+            return EnergyMeasurement(meter=meter, method="sampled", unavailable_reason=reason, details=info,
+                                     power_timeline=self.timeline)
         return EnergyMeasurement(
             meter=meter, method="sampled", energy_joules=self.total_joules,
             components_joules=dict(self.components_joules), mean_power_watts=self.mean_power_watts, details=info,
+            power_timeline=self.timeline,
         )
 
 
@@ -151,6 +223,7 @@ class FixedRateSampler:
         *,
         clock: Clock | None = None,
         join_timeout_seconds: float = 5.0,
+        timeline_spans: int = DEFAULT_TIMELINE_SPANS,
     ) -> None:
         if not interval_seconds > 0 or not math.isfinite(interval_seconds):
             raise ValueError(f"interval_seconds must be a positive number, got {interval_seconds!r}")
@@ -170,6 +243,8 @@ class FixedRateSampler:
         self._max_gap = 0.0
         self._error_count = 0
         self._errors: list[str] = []
+        # 0 turns the timeline off; the integral does not depend on it.
+        self._timeline = PowerTimelineRecorder(timeline_spans) if timeline_spans > 0 else None
 
     # --- reading --------------------------------------------------------------------------------
     def _take(self) -> tuple[float, Reading | None, str | None]:
@@ -198,12 +273,18 @@ class FixedRateSampler:
             self._sample_count += 1
             for name in reading:
                 self._components.setdefault(name, _Component())
+        span_joules: dict[str, float] = {}
+        span_covered: dict[str, float] = {}
         for name, comp in self._components.items():
             watts = _valid(reading.get(name)) if reading is not None else None
             if comp.last_watts is not None and watts is not None and self._last_t is not None:
-                comp.joules += 0.5 * (comp.last_watts + watts) * dt
+                joules = 0.5 * (comp.last_watts + watts) * dt
+                comp.joules += joules
                 comp.covered_seconds += dt
+                span_joules[name], span_covered[name] = joules, dt
             comp.last_watts = watts
+        if self._timeline is not None and self._last_t is not None:
+            self._timeline.add(self._last_t, t, span_joules, span_covered)
         self._last_t = t
 
     # --- window ---------------------------------------------------------------------------------
@@ -282,6 +363,7 @@ class FixedRateSampler:
             unavailable_components=tuple(missing), total_joules=total, unavailable_reason=reason,
             sample_count=self._sample_count, max_gap_seconds=self._max_gap,
             error_count=self._error_count, errors=tuple(self._errors),
+            timeline=self._timeline.timeline(self._start_t, list(self._components)) if self._timeline else None,
         )
 
 

@@ -101,6 +101,11 @@ def test_counter_energy_per_gpu_with_sampled_cross_check_and_sampled_fallback(fa
     for key in ("gpu0", "gpu1"):
         assert details["counter_over_sampled"][key] == pytest.approx(1.0, abs=0.03)
     assert measurement.energy_joules == pytest.approx(sum(measurement.components_joules.values()))
+    # The power timeline: every GPU's sampled power over the window, in the result.
+    timeline = measurement.power_timeline
+    assert timeline is not None and set(timeline.watts) == {"gpu0", "gpu1", "gpu2"}
+    assert timeline.stop_seconds[-1] == pytest.approx(0.5, abs=0.1) and len(timeline.start_seconds) > 10
+    assert all(w == pytest.approx(150.0) for w in timeline.watts["gpu2"])
     assert fake_pynvml.machine.calls.count("nvmlInit") == fake_pynvml.machine.calls.count("nvmlShutdown")
 
 

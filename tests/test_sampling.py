@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from core.sampling import FixedRateSampler, SampledEnergy, trapezoid_joules
+from core.results import PowerTimeline
+from core.sampling import FixedRateSampler, PowerTimelineRecorder, SampledEnergy, trapezoid_joules
 
 
 class SimClock:
@@ -34,9 +35,9 @@ class SimClock:
         return False
 
 
-def run_simulated(read, interval: float, limit: float, stop_at: float) -> SampledEnergy:
+def run_simulated(read, interval: float, limit: float, stop_at: float, **options) -> SampledEnergy:
     clock = SimClock(limit)
-    sampler = FixedRateSampler(lambda: read(clock), interval, clock=clock)
+    sampler = FixedRateSampler(lambda: read(clock), interval, clock=clock, **options)
     sampler.start()
     assert clock.parked.wait(10), "sampler thread never reached the end of simulated time"
     clock.t = stop_at
@@ -244,3 +245,54 @@ def test_a_hung_read_does_not_hang_stop() -> None:
     release.set()
     assert result.total_joules == pytest.approx(10.0 * result.duration_seconds)
     assert any("still inside read_watts" in e for e in result.errors)
+
+
+# --- power timeline -----------------------------------------------------------------------------
+
+def timeline_joules(timeline: PowerTimeline, component: str) -> float:
+    return sum(w * (stop - start) for w, start, stop
+               in zip(timeline.watts[component], timeline.start_seconds, timeline.stop_seconds) if w is not None)
+
+
+def test_timeline_tiles_the_window_and_adds_up_to_the_integral() -> None:
+    step = 0.3037
+    result = run_simulated(lambda c: {"gpu0": 100.0 if c.t < step else 300.0, "gpu1": 50.0 + 100.0 * c.t},
+                           0.01, 0.995, 1.0)
+    timeline = result.timeline
+    assert timeline is not None and len(timeline.start_seconds) == 100  # 1 s at 10 ms, under the 600 limit
+    assert timeline.start_seconds[0] == 0.0 and timeline.stop_seconds[-1] == pytest.approx(1.0)
+    assert all(a == b for a, b in zip(timeline.stop_seconds, timeline.start_seconds[1:]))  # contiguous
+    for name in ("gpu0", "gpu1"):
+        assert timeline_joules(timeline, name) == pytest.approx(result.components_joules[name], rel=1e-12)
+    assert timeline.watts["gpu0"][0] == pytest.approx(100.0) and timeline.watts["gpu0"][-1] == pytest.approx(300.0)
+    assert timeline.watts["gpu1"][50] == pytest.approx(50.0 + 100.0 * 0.505)  # mean of a ramp = its midpoint
+
+
+def test_long_windows_are_merged_to_a_bounded_timeline_without_losing_energy() -> None:
+    result = run_simulated(lambda c: {"gpu0": 200.0 + 100.0 * math.sin(c.t)}, 0.01, 9.995, 10.0, timeline_spans=64)
+    timeline = result.timeline
+    assert timeline is not None and 32 <= len(timeline.start_seconds) <= 64  # 1000 readings merged pairwise
+    widths = [b - a for a, b in zip(timeline.start_seconds, timeline.stop_seconds)]
+    # Halving keeps the spans even on a fixed grid; only the last may be part-filled when the window ends.
+    assert max(widths[:-1]) == pytest.approx(min(widths[:-1]), rel=1e-6) and widths[-1] <= widths[0] * (1 + 1e-6)
+    assert timeline_joules(timeline, "gpu0") == pytest.approx(result.total_joules, rel=1e-12)
+    # Each span holds its own mean, so the curve keeps the sine's shape at the coarser resolution.
+    middle = len(widths) // 2
+    centre = (timeline.start_seconds[middle] + timeline.stop_seconds[middle]) / 2
+    assert timeline.watts["gpu0"][middle] == pytest.approx(200.0 + 100.0 * math.sin(centre), abs=2.0)
+
+
+def test_timeline_marks_na_spans_and_can_be_turned_off() -> None:
+    result = run_simulated(lambda c: {"gpu0": 200.0, "gpu1": 100.0 if c.t < 0.5 else None}, 0.01, 0.995, 1.0)
+    timeline = result.timeline
+    assert timeline is not None
+    assert timeline.watts["gpu1"][10] == pytest.approx(100.0) and timeline.watts["gpu1"][80] is None
+    assert timeline_joules(timeline, "gpu1") == pytest.approx(result.components_joules["gpu1"])
+    assert result.to_measurement("nvml").power_timeline == timeline  # kept with a partial result too
+    off = run_simulated(lambda c: {"gpu0": 200.0}, 0.01, 0.995, 1.0, timeline_spans=0)
+    assert off.timeline is None and off.total_joules == pytest.approx(200.0)
+
+
+def test_timeline_recorder_rejects_a_zero_bound() -> None:
+    with pytest.raises(ValueError, match="max_spans"):
+        PowerTimelineRecorder(0)

@@ -156,14 +156,15 @@ class AmdsmiMeter(DeviceEnergyMeter):
     """core's device meter over amdsmi packages; holds the amdsmi session until close()."""
 
     def __init__(self, readers: list[_PackageReader], verdicts: dict[str, dict[str, Any]], session: Any,
-                 sample_interval_seconds: float, details: dict[str, Any]) -> None:
+                 sample_interval_seconds: float, details: dict[str, Any], timeline_points: int) -> None:
         self._session = session
         self._readers = readers
         sources = [EnergySource(key=r.key,
                                 read_counter_joules=r.counter_joules if verdicts[r.key]["use_counter"] else None,
                                 read_power_watts=r.power_watts)
                    for r in readers]
-        super().__init__("amdsmi", sources, sample_interval_seconds, sample_power=True, details=details)
+        super().__init__("amdsmi", sources, sample_interval_seconds, sample_power=True, details=details,
+                         timeline_points=timeline_points)
         self._trackers = [t for r in readers if verdicts[r.key]["use_counter"] for t in r.trackers]
         self.poll_seconds = POLL_SECONDS_32_BIT if any(t.bits < 64 for t in self._trackers) else None
         self._stop_polling = threading.Event()
@@ -295,4 +296,5 @@ class AmdsmiMeterFactory(PowerMeterFactory):
         counters_off = {key: v["counter"] for key, v in verdicts.items() if not v["use_counter"]}
         if counters_off:
             details["counters_not_used"] = counters_off
-        return AmdsmiMeter(readers, verdicts, session, config.power_sample_interval_seconds, details)
+        return AmdsmiMeter(readers, verdicts, session, config.power_sample_interval_seconds, details,
+                           config.power_timeline_points)

@@ -27,6 +27,7 @@ from typing import Any, Callable, ClassVar
 
 from core import Availability, DeviceRecord, PowerMeter, PowerMeterFactory, RunConfig, UnavailableMeter
 from core.energy import DeviceEnergyMeter, EnergySource
+from core.sampling import DEFAULT_TIMELINE_SPANS
 
 POWER_ATTRIBUTE = "ipu power"  # gcipuinfo.IpuPower
 GCIPUINFO_MISSING = ("gcipuinfo is not installed: it ships with Graphcore's Poplar SDK; "
@@ -82,7 +83,7 @@ def _reader(snapshot: PowerSnapshot, key: str) -> Callable[[], float | None]:
 
 class GcipuinfoMeter(DeviceEnergyMeter):
     def __init__(self, info: Any, device_ids: list[str], scope: str, sample_interval_seconds: float,
-                 power_attribute: str = POWER_ATTRIBUTE) -> None:
+                 power_attribute: str = POWER_ATTRIBUTE, timeline_points: int = DEFAULT_TIMELINE_SPANS) -> None:
         snapshot = PowerSnapshot(info, device_ids, power_attribute)
         sources = [EnergySource(key=f"ipu{device_id}", read_power_watts=_reader(snapshot, device_id))
                    for device_id in device_ids]
@@ -91,7 +92,7 @@ class GcipuinfoMeter(DeviceEnergyMeter):
             "energy_counted": False,
             "scope": scope,
             "device_ids": list(device_ids),
-        })
+        }, timeline_points=timeline_points)
 
 
 def select_devices(devices: list[dict[str, Any]], pid: int,
@@ -137,4 +138,5 @@ class GcipuinfoMeterFactory(PowerMeterFactory):
             return UnavailableMeter(self.name, (
                 f"no IPU names this process ({os.getpid()}) as its user, and with {process.instances} poprun "
                 "instances the partition's IPUs would be counted once per instance"))
-        return GcipuinfoMeter(info, ids, scope, config.power_sample_interval_seconds, power_attribute=attribute)
+        return GcipuinfoMeter(info, ids, scope, config.power_sample_interval_seconds, power_attribute=attribute,
+                              timeline_points=config.power_timeline_points)

@@ -22,7 +22,8 @@ class NvmlMeter(DeviceEnergyMeter):
         try:
             sources = [self._source(pynvml, device) for device in devices]
             super().__init__("nvml", sources, config.power_sample_interval_seconds, sample_power=True,
-                             details={"power_reading": "NVML_FI_DEV_POWER_INSTANT (fallback: nvmlDeviceGetPowerUsage)"})
+                             details={"power_reading": "NVML_FI_DEV_POWER_INSTANT (fallback: nvmlDeviceGetPowerUsage)"},
+                             timeline_points=config.power_timeline_points)
         except BaseException:
             self._session.__exit__(None, None, None)
             raise
