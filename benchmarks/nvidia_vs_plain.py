@@ -1,160 +1,331 @@
-"""core against plain PyTorch loops on one NVIDIA GPU, same process, same model, same data.
+"""core against plain PyTorch loops on one GPU, same process, same model, same data.
 
-    python benchmarks/nvidia_vs_plain.py [--case resnet50|resnet50-compile|fcnn|meter] [--steps N]
+    python benchmarks/nvidia_vs_plain.py --case all [--json results.json]
+    python benchmarks/nvidia_vs_plain.py --case resnet50|resnet50-compile|fcnn|meter [--steps N]
+    python benchmarks/nvidia_vs_plain.py --case all --accelerator cpu --smoke   # code paths only
 
 Cases (the NVIDIA issue's checks):
-- resnet50: torchvision ResNet-50, synthetic 224x224 batch 256 on the device, bf16 autocast,
-  channels_last, SGD momentum; core / plain (target >= 0.99).
-- resnet50-compile: core with compile=True over the plain *eager* loop (target >= 1.40), with
-  core's first-step (compilation) time reported apart.
-- fcnn: D_H 8192, 8 layers, batch 16384, bf16; core / plain (target >= 0.98), and core's
-  FLOP/s against 6 Phi bs / time.
-- meter: core with the NVML meter on and off (target: < 1 % apart).
-Each ratio alternates core and plain runs and takes medians. Needs torchvision for ResNet-50.
+- resnet50: core's zoo ResNet-50, synthetic 224x224 images on the device, batch 256, bf16
+  autocast, channels_last, SGD with momentum; core / a plain loop on the same model (>= 0.99).
+  A plain loop on torchvision's ResNet-50 is timed beside it, where torchvision loads, to place
+  the model against the issue's reference figure.
+- resnet50-compile: core with compile=True over the plain *eager* loop (>= 1.40), with core's
+  first step (compilation) reported apart; a plain compiled loop for reference.
+- fcnn: D_H 8192, 8 layers, batch 16384, bf16; core / plain (>= 0.98), and core's FLOP/s
+  against 6 Phi bs / window time.
+- meter: core with the accelerator's meter on and off (< 1 % apart); core's window joules against
+  counter reads taken independently around the same window (within 1 %), and the sampled integral.
+
+Runs alternate core and plain so drift hits both alike; figures are medians. ``--smoke`` shrinks
+every case to seconds so CI can run the script on a CPU: its figures mean nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
-from typing import Any, Callable, ClassVar
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
 
 import torch
 
-from core import Workload, hookimpl, run
-from core.testing import registered_plugins
+from core import RunResult, Workload, run
+from core.energy import DeviceEnergyMeter
 from core.workload import TorchTrainingSpec
-from core.workloads.fcnn import Fcnn, FcnnOptions
+from core.plugins import get_plugin_manager
 
-FCNN = {"layers": 8, "hidden_width": 8192, "input_width": 8192, "output_width": 1024, "synthetic_pool_samples": 16384}
-
-
-class TorchvisionResNet50(Workload):
-    """Benchmark-only stand-in until the workload zoo lands: torchvision's ResNet-50, random weights."""
-
-    name: ClassVar[str] = "bench-resnet50"
-    prefers_channels_last: ClassVar[bool] = True
-    default_micro_batch_size: ClassVar[int] = 256
-
-    def build_torch(self, options: Any, seed: int) -> TorchTrainingSpec:
-        import torchvision
-
-        torch.manual_seed(seed)
-        generator = torch.Generator().manual_seed(seed + 1)
-        return TorchTrainingSpec(
-            model=torchvision.models.resnet50(),
-            loss_fn=torch.nn.CrossEntropyLoss(),
-            make_optimizer=lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
-            inputs=torch.randn(256, 3, 224, 224, generator=generator),
-            targets=torch.randint(0, 1000, (256,), generator=generator),
-        )
-
-    def flops_per_sample(self, options: Any) -> float:
-        return 3 * 4.09e9 * 2  # 4.09 GMACs forward; backward ~2x forward
+CASES = ("resnet50", "resnet50-compile", "fcnn", "meter")
 
 
-class TorchvisionResNet50Plugin:
-    @hookimpl
-    def core_register_workloads(self, register: Callable[[Workload], None]) -> None:
-        register(TorchvisionResNet50())
+@dataclass(frozen=True)
+class Shape:
+    """One case's workload and sizes."""
+
+    workload: str
+    batch: int
+    options: dict[str, Any]
 
 
-def plain_loop(spec: TorchTrainingSpec, batch: int, steps: int, warmup: int, compile_model: bool,
-               channels_last: bool) -> float:
-    """Samples/s of a hand-written loop doing the same work as core's executor."""
-    torch.backends.cudnn.benchmark = True
-    model = spec.model.cuda()
-    if channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    inputs = spec.inputs[:batch].cuda()
-    if channels_last:
-        inputs = inputs.contiguous(memory_format=torch.channels_last)
-    targets = spec.targets[:batch].cuda()
-    optimizer = spec.make_optimizer(model.parameters())
-    step_model: Callable[..., Any] = torch.compile(model) if compile_model else model
+FULL = {
+    "resnet50": Shape("resnet50", 256, {}),
+    "fcnn": Shape("fcnn", 16384, {"layers": 8, "hidden_width": 8192, "input_width": 8192, "output_width": 1024,
+                                  "synthetic_pool_samples": 16384}),
+}
+SMOKE = {
+    "resnet50": Shape("resnet50", 4, {"variant": "small", "image_size": 32}),
+    "fcnn": Shape("fcnn", 32, {"layers": 2, "hidden_width": 64, "input_width": 32, "output_width": 10}),
+}
 
-    def step() -> None:
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = spec.loss_fn(step_model(inputs), targets)
+
+def workload_named(name: str) -> Workload:
+    return get_plugin_manager().workload(name)  # the registered workload core's runs use
+
+
+class PlainLoop:
+    """A hand-written loop doing what core's executor does for this case, nothing more."""
+
+    def __init__(self, spec: TorchTrainingSpec, batch: int, device: torch.device, channels_last: bool,
+                 compile_model: bool = False) -> None:
+        if device.type == "cuda":
+            torch.backends.cudnn.benchmark = True
+        self.device = device
+        model = spec.model.to(device)
+        indices = torch.arange(batch) % len(spec.inputs)  # the same samples core's synthetic data takes
+        inputs = spec.inputs.index_select(0, indices).to(device)
+        if channels_last:
+            model = model.to(memory_format=torch.channels_last)
+            inputs = inputs.contiguous(memory_format=torch.channels_last)
+        self.inputs, self.targets = inputs, spec.targets.index_select(0, indices).to(device)
+        self.loss_fn = spec.loss_fn
+        self.optimizer = spec.make_optimizer(model.parameters())
+        self.model: Callable[..., Any] = torch.compile(model) if compile_model else model
+        self.batch = batch
+
+    def step(self) -> None:
+        with torch.autocast(self.device.type, dtype=torch.bfloat16):
+            loss = self.loss_fn(self.model(self.inputs), self.targets)
         loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
 
-    for _ in range(warmup):
-        step()
-    torch.cuda.synchronize()
-    started = time.perf_counter()
-    for _ in range(steps):
-        step()
-    torch.cuda.synchronize()
-    return batch * steps / (time.perf_counter() - started)
+    def synchronize(self) -> None:
+        if self.device.type != "cpu":
+            getattr(torch, self.device.type).synchronize(self.device)
+
+    def first_step_seconds(self) -> float:
+        started = time.perf_counter()
+        self.step()
+        self.synchronize()
+        return time.perf_counter() - started
+
+    def samples_per_second(self, steps: int, warmup: int) -> float:
+        for _ in range(warmup):
+            self.step()
+        self.synchronize()
+        started = time.perf_counter()
+        for _ in range(steps):
+            self.step()
+        self.synchronize()
+        return self.batch * steps / (time.perf_counter() - started)
 
 
-def core_run(workload: str, batch: int, steps: int, warmup: int, **options: Any) -> Any:
-    result = run(workload, "nvidia", micro_batch_size=batch, steps=steps, warmup_steps=warmup,
-                 precision="bf16", **options)
-    assert result.status.ok, result.status
-    return result
+def build_spec(shape: Shape) -> TorchTrainingSpec:
+    workload = workload_named(shape.workload)
+    return workload.build_torch(workload.parse_options(dict(shape.options)), 0)
 
 
-def alternate(core_fn: Callable[[], float], plain_fn: Callable[[], float], repeats: int) -> tuple[float, float]:
-    core_rates, plain_rates = [], []
-    for _ in range(repeats):
-        core_rates.append(core_fn())
-        plain_rates.append(plain_fn())
-    return statistics.median(core_rates), statistics.median(plain_rates)
+def torchvision_spec(batch: int) -> TorchTrainingSpec | None:
+    """torchvision's ResNet-50 on the same kind of data, or None where torchvision does not load."""
+    try:
+        import torchvision
+    except Exception:  # absent, or built for another torch
+        return None
+    generator = torch.Generator().manual_seed(1)
+    return TorchTrainingSpec(
+        model=torchvision.models.resnet50(), loss_fn=torch.nn.CrossEntropyLoss(),
+        make_optimizer=lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+        inputs=torch.randn(min(batch, 64), 3, 224, 224, generator=generator),
+        targets=torch.randint(0, 1000, (min(batch, 64),), generator=generator),
+    )
+
+
+@dataclass
+class Bench:
+    accelerator: str
+    steps: int
+    warmup: int
+    repeats: int
+    shapes: dict[str, Shape]
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu" if self.accelerator == "cpu" else "cuda")
+
+    def core(self, shape: Shape, **options: Any) -> RunResult:
+        result = run(shape.workload, self.accelerator, micro_batch_size=shape.batch, steps=self.steps,
+                     warmup_steps=self.warmup, precision="bf16", workload_options=shape.options, **options)
+        if not result.status.ok:
+            raise RuntimeError(f"core run failed: {result.status}")
+        return result
+
+    def plain_loop(self, shape: Shape, like: RunResult, compile_model: bool = False) -> PlainLoop:
+        """A plain loop on a fresh copy of the model, with the memory format core's run chose."""
+        return PlainLoop(build_spec(shape), shape.batch, self.device,
+                         bool(like.executor_details.get("channels_last")), compile_model)
+
+    def plain(self, shape: Shape, like: RunResult) -> float:
+        return self.plain_loop(shape, like).samples_per_second(self.steps, self.warmup)
+
+    def alternate(self, core_fn: Callable[[], RunResult],
+                  other_fn: Callable[[RunResult], float]) -> tuple[list[RunResult], list[float]]:
+        """core, then the other side given core's result, ``repeats`` times."""
+        results, others = [], []
+        for _ in range(self.repeats):
+            results.append(core_fn())
+            others.append(other_fn(results[-1]))
+        return results, others
+
+
+def median_rate(results: list[RunResult]) -> float:
+    return statistics.median(r.throughput_per_second for r in results if r.throughput_per_second is not None)
+
+
+def case_resnet50(bench: Bench) -> dict[str, Any]:
+    shape = bench.shapes["resnet50"]
+    results, plain = bench.alternate(lambda: bench.core(shape, power_meter="none"),
+                                     lambda like: bench.plain(shape, like))
+    figures: dict[str, Any] = {
+        "core_images_per_second": median_rate(results), "plain_images_per_second": statistics.median(plain),
+        "core_runs": [r.throughput_per_second for r in results], "plain_runs": plain,
+        "channels_last": results[-1].executor_details.get("channels_last"),
+        "autocast_dtype": results[-1].executor_details.get("autocast_dtype"),
+    }
+    figures["ratio_core_over_plain"] = figures["core_images_per_second"] / figures["plain_images_per_second"]
+    reference = torchvision_spec(shape.batch) if bench.shapes is FULL else None
+    if reference is not None:
+        loop = PlainLoop(reference, shape.batch, bench.device, channels_last=True)
+        figures["plain_torchvision_images_per_second"] = loop.samples_per_second(bench.steps, bench.warmup)
+    return figures
+
+
+def case_resnet50_compile(bench: Bench) -> dict[str, Any]:
+    shape = bench.shapes["resnet50"]
+    results, plain = bench.alternate(lambda: bench.core(shape, power_meter="none", compile=True),
+                                     lambda like: bench.plain(shape, like))
+    compiled_loop = bench.plain_loop(shape, results[-1], compile_model=True)
+    plain_compile_seconds = compiled_loop.first_step_seconds()
+    figures = {
+        "core_compiled_images_per_second": median_rate(results),
+        "plain_eager_images_per_second": statistics.median(plain),
+        "core_first_step_seconds": [r.first_step_seconds for r in results],
+        "core_warnings": results[-1].warnings,
+        "plain_compiled_images_per_second": compiled_loop.samples_per_second(bench.steps, bench.warmup),
+        "plain_compiled_first_step_seconds": plain_compile_seconds,
+    }
+    figures["ratio_core_compiled_over_plain_eager"] = (
+        figures["core_compiled_images_per_second"] / figures["plain_eager_images_per_second"])
+    figures["ratio_core_compiled_over_plain_compiled"] = (
+        figures["core_compiled_images_per_second"] / figures["plain_compiled_images_per_second"])
+    return figures
+
+
+def case_fcnn(bench: Bench) -> dict[str, Any]:
+    shape = bench.shapes["fcnn"]
+    results, plain = bench.alternate(lambda: bench.core(shape, power_meter="none"),
+                                     lambda like: bench.plain(shape, like))
+    workload = workload_named("fcnn")
+    phi = workload.parameter_count(workload.parse_options(dict(shape.options)))
+    last = results[-1]
+    assert last.window_seconds and last.flops_per_second
+    six_phi_bs_over_time = 6 * phi * last.window_samples / last.window_seconds
+    figures = {
+        "core_samples_per_second": median_rate(results), "plain_samples_per_second": statistics.median(plain),
+        "core_runs": [r.throughput_per_second for r in results], "plain_runs": plain,
+        "phi": phi, "core_flops_per_second": last.flops_per_second,
+        "six_phi_bs_over_window_seconds": six_phi_bs_over_time,
+        "flops_ratio": last.flops_per_second / six_phi_bs_over_time,
+        "model_flops_utilization": last.model_flops_utilization,
+    }
+    figures["ratio_core_over_plain"] = figures["core_samples_per_second"] / figures["plain_samples_per_second"]
+    return figures
+
+
+def benchmark_gpu_uuids() -> list[str]:
+    """The GPU the benchmark's runs use (cuda:0), named by PyTorch rather than by core's plugin."""
+    return [f"GPU-{torch.cuda.get_device_properties(0).uuid}"]
+
+
+@contextmanager
+def independent_counter_reads(accelerator: str, uuids: list[str] | None = None) -> Iterator[list[float]]:
+    """Total-energy counter reads of the run's GPUs taken right outside core's meter's own start
+    and stop, through a separate NVML session: joules[k] for window k."""
+    windows: list[float] = []
+    if accelerator != "nvidia":
+        yield windows
+        return
+    import pynvml
+
+    pynvml.nvmlInit()
+    handles = [pynvml.nvmlDeviceGetHandleByUUID(uuid) for uuid in (uuids or benchmark_gpu_uuids())]
+    start_reads: list[int] = []
+    original_start, original_stop = DeviceEnergyMeter.start, DeviceEnergyMeter.stop
+
+    def total_millijoules() -> int:
+        return sum(pynvml.nvmlDeviceGetTotalEnergyConsumption(h) for h in handles)
+
+    def start(self: Any) -> None:
+        start_reads.append(total_millijoules())
+        original_start(self)
+
+    def stop(self: Any) -> Any:
+        measurement = original_stop(self)
+        windows.append((total_millijoules() - start_reads[-1]) / 1000.0)
+        return measurement
+
+    DeviceEnergyMeter.start, DeviceEnergyMeter.stop = start, stop  # type: ignore[method-assign]
+    try:
+        yield windows
+    finally:
+        DeviceEnergyMeter.start, DeviceEnergyMeter.stop = original_start, original_stop  # type: ignore[method-assign]
+        pynvml.nvmlShutdown()
+
+
+def case_meter(bench: Bench) -> dict[str, Any]:
+    shape = bench.shapes["fcnn"]
+    with independent_counter_reads(bench.accelerator) as independent_joules:
+        on, off = bench.alternate(lambda: bench.core(shape, power_meter="auto"),
+                                  lambda _: bench.core(shape, power_meter="none").throughput_per_second or 0.0)
+    on_rate, off_rate = median_rate(on), statistics.median(off)
+    figures: dict[str, Any] = {
+        "meter_on_samples_per_second": on_rate, "meter_off_samples_per_second": off_rate,
+        "difference_fraction": abs(on_rate - off_rate) / off_rate,
+        "energy": [{"core_joules": r.energy_joules, "method": r.energy.method if r.energy else None,
+                    "unavailable_reason": r.energy_unavailable_reason,
+                    "counter_over_sampled": (r.energy.details.get("counter_over_sampled") if r.energy else None),
+                    "sampled_joules": (r.energy.details.get("sampled_joules") if r.energy else None),
+                    "window_seconds": r.window_seconds, "samples_per_watt_hour": r.samples_per_watt_hour}
+                   for r in on],
+    }
+    if independent_joules:
+        figures["core_over_independent_counter"] = [
+            (r.energy_joules or 0.0) / joules for r, joules in zip(on, independent_joules) if joules]
+    return figures
+
+
+RUNNERS: dict[str, Callable[[Bench], dict[str, Any]]] = {
+    "resnet50": case_resnet50, "resnet50-compile": case_resnet50_compile, "fcnn": case_fcnn, "meter": case_meter,
+}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--case", choices=["resnet50", "resnet50-compile", "fcnn", "meter"], required=True)
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--case", choices=[*CASES, "all"], required=True)
+    parser.add_argument("--accelerator", default="nvidia", help="nvidia (default), amd, or cpu with --smoke")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes and steps: checks the code paths only")
+    parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
-    with registered_plugins(TorchvisionResNet50Plugin()):
-        if args.case.startswith("resnet50"):
-            compiled = args.case.endswith("compile")
-            workload = TorchvisionResNet50()
-            results: list[Any] = []
-
-            def core_rate() -> float:
-                results.append(core_run(workload.name, 256, args.steps, args.warmup, compile=compiled, power_meter="none"))
-                return results[-1].throughput_per_second
-
-            core_median, plain_median = alternate(
-                core_rate, lambda: plain_loop(workload.build_torch(None, 0), 256, args.steps, args.warmup, False, True),
-                args.repeats)
-            print(f"ResNet-50 bf16 bs256: core{' (compiled)' if compiled else ''} {core_median:.0f} img/s, "
-                  f"plain eager {plain_median:.0f} img/s, ratio {core_median / plain_median:.3f}")
-            print(f"core first step (compilation) {results[-1].first_step_seconds:.1f} s, "
-                  f"warnings: {results[-1].warnings}")
-        elif args.case == "fcnn":
-            spec_options = FcnnOptions(**FCNN)
-            results = []
-
-            def core_rate() -> float:
-                results.append(core_run("fcnn", 16384, args.steps, args.warmup, power_meter="none",
-                                        workload_options=FCNN))
-                return results[-1].throughput_per_second
-
-            core_median, plain_median = alternate(
-                core_rate, lambda: plain_loop(Fcnn().build_torch(spec_options, 0), 16384, args.steps, args.warmup,
-                                              False, False), args.repeats)
-            phi = Fcnn().parameter_count(spec_options)
-            last = results[-1]
-            print(f"FCNN bf16 bs16384: core {core_median:.0f} samples/s, plain {plain_median:.0f}, "
-                  f"ratio {core_median / plain_median:.3f}")
-            print(f"core FLOP/s {last.flops_per_second / 1e12:.1f} T; 6*Phi*bs/time "
-                  f"{6 * phi * last.window_samples / last.window_seconds / 1e12:.1f} T; MFU {last.model_flops_utilization}")
-        else:
-            on, off = alternate(
-                lambda: core_run("fcnn", 16384, args.steps, args.warmup, power_meter="nvml",
-                                 workload_options=FCNN).throughput_per_second,
-                lambda: core_run("fcnn", 16384, args.steps, args.warmup, power_meter="none",
-                                 workload_options=FCNN).throughput_per_second, args.repeats)
-            print(f"meter on {on:.0f}, off {off:.0f} samples/s: difference {abs(on - off) / off * 100:.2f} %")
+    bench = Bench(args.accelerator, args.steps, args.warmup, args.repeats, FULL)
+    if args.smoke:
+        bench = Bench(args.accelerator, 3, 1, 1, SMOKE)
+    cases = CASES if args.case == "all" else (args.case,)
+    report: dict[str, Any] = {"accelerator": args.accelerator, "smoke": args.smoke, "steps": bench.steps,
+                              "warmup": bench.warmup, "repeats": bench.repeats, "torch": torch.__version__}
+    if bench.device.type == "cuda":
+        report["device_name"] = torch.cuda.get_device_name(0)
+    for case in cases:
+        started = time.perf_counter()
+        report[case] = RUNNERS[case](bench)
+        report[case]["case_seconds"] = time.perf_counter() - started
+        print(json.dumps({case: report[case]}, indent=1, default=str), flush=True)
+        if args.json:  # after every case, so a later case's failure loses nothing measured
+            with open(args.json, "w") as handle:
+                json.dump(report, handle, indent=1, default=str)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,97 @@
+"""The benchmark scripts' code paths, on the CPU at toy sizes: a benchmark that has never run would
+spend a GPU session's scarce minutes on its own bugs. Their figures here mean nothing."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from core import make_config
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def load_script(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", BENCHMARKS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve their annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_benchmark_runs_every_eager_case_end_to_end(tmp_path: Path) -> None:
+    output = tmp_path / "figures.json"
+    completed = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "nvidia_vs_plain.py"), "--case", "resnet50", "--accelerator", "cpu",
+         "--smoke", "--json", str(output)], capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    figures = json.loads(output.read_text())
+    resnet = figures["resnet50"]
+    assert resnet["ratio_core_over_plain"] == pytest.approx(
+        resnet["core_images_per_second"] / resnet["plain_images_per_second"])
+    assert resnet["autocast_dtype"] == "bfloat16"
+
+
+def test_gpu_benchmark_fcnn_flops_and_meter_cases() -> None:
+    bench_module = load_script("nvidia_vs_plain")
+    bench = bench_module.Bench("cpu", 3, 1, 2, bench_module.SMOKE)
+    fcnn = bench_module.case_fcnn(bench)
+    # Core's FLOP/s is the workload's 6 Phi per sample times throughput: exactly 6 Phi bs / time.
+    assert fcnn["flops_ratio"] == pytest.approx(1.0, rel=1e-9)
+    assert len(fcnn["core_runs"]) == len(fcnn["plain_runs"]) == 2
+    meter = bench_module.case_meter(bench)
+    assert meter["difference_fraction"] >= 0 and len(meter["energy"]) == 2
+    assert "core_over_independent_counter" not in meter  # no NVML counter to read on the CPU
+
+
+def test_gpu_benchmark_compile_case_reports_compilation_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    # Inductor needs minutes on this CPU; the case's bookkeeping is what is under test here.
+    monkeypatch.setattr(torch, "compile", lambda model, **_: model)
+    bench_module = load_script("nvidia_vs_plain")
+    figures = bench_module.case_resnet50_compile(bench_module.Bench("cpu", 3, 1, 1, bench_module.SMOKE))
+    assert figures["core_first_step_seconds"][0] > 0 and figures["plain_compiled_first_step_seconds"] > 0
+    assert figures["ratio_core_compiled_over_plain_eager"] == pytest.approx(
+        figures["core_compiled_images_per_second"] / figures["plain_eager_images_per_second"])
+    assert figures["core_warnings"] == []
+
+
+def test_independent_counter_reads_bracket_the_meter_window(fake_pynvml: Any) -> None:
+    from plugins.nvidia.accelerator import NvidiaAccelerator
+    from plugins.nvidia.meter import NvmlMeterFactory
+
+    fake_pynvml.machine.gpus = [
+        fake_pynvml.FakeGpu(name="NVIDIA H200", uuid="GPU-8c1f0d2e-0000-4000-8000-000000000001",
+                            power_watts=lambda t: 300.0 + 200.0 * t),
+        fake_pynvml.FakeGpu(name="NVIDIA H200", uuid="GPU-8c1f0d2e-0000-4000-8000-000000000002",
+                            power_watts=lambda t: 120.0),
+    ]
+    bench_module = load_script("nvidia_vs_plain")
+    config = make_config(workload="fcnn", accelerator="nvidia", power_sample_interval_seconds=0.01)
+    devices = NvidiaAccelerator().visible_devices()
+    uuids = [device.details["uuid"] for device in devices]
+    with bench_module.independent_counter_reads("nvidia", uuids) as independent:
+        meter = NvmlMeterFactory().create(devices, config)
+        meter.start()
+        time.sleep(0.3)
+        measurement = meter.stop()
+        meter.close()
+    assert independent and measurement.energy_joules == pytest.approx(independent[0], rel=0.02)
+
+
+def test_overhead_benchmark_runs() -> None:
+    completed = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "overhead_cpu.py"), "--steps", "20", "--warmup", "2", "--repeats", "2"],
+        capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "core/plain" in completed.stdout
