@@ -395,6 +395,51 @@ def plot_pareto(cells: Sequence[CellSummary], series_names: Sequence[str]) -> by
     return _png(figure)
 
 
+_MAX_POWER_TRACES = 12  # lines in one plot before it stops being readable
+
+
+@dataclass(frozen=True)
+class PowerTrace:
+    """One run's total power over its window: the sum of its components, per timeline span."""
+
+    label: str
+    start_seconds: list[float]
+    stop_seconds: list[float]
+    watts: list[float | None]  # None: some component had no reading in that span
+
+
+def power_traces(cells: Sequence[CellSummary]) -> list[PowerTrace]:
+    """The first successful repeat with a power timeline of each cell, in the cells' order."""
+    traces: list[PowerTrace] = []
+    for cell in cells:
+        timeline = next((result.energy.power_timeline for result in cell.ok_results
+                         if result.energy is not None and result.energy.power_timeline is not None), None)
+        if timeline is None or not timeline.start_seconds:
+            continue
+        columns = list(timeline.watts.values())
+        totals = [None if any(column[k] is None for column in columns) else sum(column[k] for column in columns)  # type: ignore[misc]
+                  for k in range(len(timeline.start_seconds))]
+        traces.append(PowerTrace(cell.label, list(timeline.start_seconds), list(timeline.stop_seconds), totals))
+    return traces
+
+
+def plot_power_traces(traces: Sequence[PowerTrace]) -> bytes:
+    pyplot = _pyplot()
+    figure, axis = pyplot.subplots(figsize=(7.0, 4.4))
+    for index, trace in enumerate(traces):
+        # Each span's mean drawn flat across the span: the data is a mean per span, not a point.
+        xs = [x for start, stop in zip(trace.start_seconds, trace.stop_seconds) for x in (start, stop)]
+        ys = [math.nan if w is None else w for w in trace.watts for _ in (0, 1)]
+        axis.plot(xs, ys, color=f"C{index % 10}", linestyle="-" if index < 10 else "--", label=trace.label)
+    axis.set_xlabel("seconds from the start of the timed window")
+    axis.set_ylabel("power (W, all devices measured)")
+    axis.set_title("Power over the timed window")
+    axis.set_ylim(bottom=0)
+    axis.grid(True, alpha=0.3)
+    axis.legend(fontsize="x-small")
+    return _png(figure)
+
+
 # --- one sweep's section ------------------------------------------------------------------------
 
 
@@ -581,6 +626,20 @@ def sweep_section(name: str, runs_cells: list[CellSummary], record: SweepRecord 
                                              "line joins the cells no other cell beats on both")]
     else:
         blocks += not_drawn(title, f"no energy figures ({_energy_reason(cells)})")
+
+    title = "Power over the timed window"
+    traces = power_traces(cells)
+    if traces:
+        shown = traces[:_MAX_POWER_TRACES]
+        caption = ("Total sampled power of each cell's first successful repeat, one flat segment per timeline "
+                   "span (its mean power); gaps: a device had no reading")
+        if len(traces) > len(shown):
+            caption += f"; the first {len(shown)} of {len(traces)} cells with a timeline"
+        blocks += [Heading(3, title), figure("power-timeline", plot_power_traces(shown), caption)]
+    else:
+        blocks += not_drawn(title, "no run recorded a power timeline (meters that sample power record one: "
+                                   "NVML, amdsmi, gcipuinfo; RAPL reads counters only; --power-timeline-points 0 "
+                                   "turns it off)")
 
     failures = [cell for cell in cells if cell.failure is not None]
     if failures:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from core.config import make_config
-from core.results import RunResult, RunState, Status
+from core.results import EnergyMeasurement, PowerTimeline, RunResult, RunState, Status
 
 FLOPS_PER_SAMPLE = 6.0e6
 
@@ -32,8 +32,21 @@ def synthetic_result(*, micro_batch_size: int = 64, precision: str = "fp32", rep
         if samples_per_watt_hour is not None:
             result.samples_per_watt_hour = samples_per_watt_hour
             result.energy_joules = result.window_samples / samples_per_watt_hour * 3600.0
+            result.energy = EnergyMeasurement(meter="synthetic", method="counter", energy_joules=result.energy_joules,
+                                              power_timeline=ramp_timeline(result.energy_joules, result.window_seconds))
         else:
             result.energy_unavailable_reason = "no power meter in this test"
         if mfu is not None and "model_flops_utilization" in RunResult.model_fields:
             setattr(result, "model_flops_utilization", mfu)
     return result
+
+
+def ramp_timeline(joules: float, seconds: float, spans: int = 10) -> PowerTimeline:
+    """Two devices whose power rises linearly over the window, with the given total energy."""
+    edges = [seconds * k / spans for k in range(spans + 1)]
+    mean_watts = joules / seconds
+    # Spans' means of a ramp from 0.5 to 1.5 times the mean, split 3:1 between the devices.
+    shape = [0.5 + (k + 0.5) / spans for k in range(spans)]
+    return PowerTimeline(start_seconds=edges[:-1], stop_seconds=edges[1:],
+                         watts={"gpu0": [0.75 * mean_watts * f for f in shape],
+                                "gpu1": [0.25 * mean_watts * f for f in shape]})

@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 
 from chromium import find_chromium, open_page
-from core.report import ReportError, count_label, format_number, pareto_front, write_report
+from core.report import ReportError, count_label, format_number, pareto_front, power_traces, write_report
 from core.store import ResultStore
 from core.summary import summarise
 from synthetic import synthetic_result
 
 PLOT_KINDS = ("throughput-vs-batch-size", "samples-per-wh-vs-batch-size", "scaling-efficiency",
-              "mfu-vs-batch-size", "pareto")
+              "mfu-vs-batch-size", "pareto", "power-timeline")
 
 
 def require_chromium() -> str:
@@ -247,8 +247,26 @@ def test_plots_without_data_are_explained(tmp_path: Path) -> None:
     markdown = files.markdown.read_text(encoding="utf-8")
     assert "Not drawn: no energy figures (no power meter in this test)" in markdown
     assert "Not drawn: no series of cells differs only in device count" in markdown
+    assert "Not drawn: no run recorded a power timeline" in markdown
     assert "No datasheet peak is known for the devices of cpu" in markdown
     check_plots(tmp_path / "report", {"cpu-throughput-vs-batch-size.png", "cpu-flops-vs-batch-size.png"})
+
+
+def test_power_traces_sum_the_devices_and_keep_gaps(synthetic_store: ResultStore) -> None:
+    cells = summarise(synthetic_store.runs(sweep="synthetic"))
+    traces = power_traces(cells)
+    assert len(traces) == 12  # every cell with energy; the oom cells have none
+    for trace in traces:
+        result = next(cell for cell in cells if cell.label == trace.label).ok_results[0]
+        # The total's spans carry the run's whole energy: the timeline adds up.
+        joules = sum(w * (b - a) for w, a, b in zip(trace.watts, trace.start_seconds, trace.stop_seconds))
+        assert joules == pytest.approx(result.energy_joules)
+    result = synthetic_result(micro_batch_size=8, samples_per_watt_hour=1e4)
+    result.energy.power_timeline.watts["gpu1"][3] = None
+    store = ResultStore(synthetic_store.path.parent / "gap.db")
+    store.add(result, sweep="gap", cell_key="k", cell_label="gap", repeat=0)
+    trace = power_traces(summarise(store.runs(sweep="gap")))[0]
+    assert trace.watts[3] is None and all(w is not None for k, w in enumerate(trace.watts) if k != 3)
 
 
 def test_errors_name_the_problem(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
