@@ -353,12 +353,18 @@ def plot_scaling(points: dict[str, list[tuple[int, float, float]]]) -> bytes:
         devices += [p[0] for p in series]
     axis.axhline(100, color="grey", linestyle="--", linewidth=1, label="perfect scaling")
     _batch_axis(axis, devices)
-    axis.set_xlabel("devices (replicas x devices per replica)")
-    axis.set_ylabel("scaling efficiency (%)")
-    axis.set_title("Scaling efficiency against device count")
+    return _finish_from_zero(figure, axis, "devices (replicas x devices per replica)", "scaling efficiency (%)",
+                             "Scaling efficiency against device count", "small")
+
+
+def _finish_from_zero(figure: Any, axis: Any, xlabel: str, ylabel: str, title: str, legend_size: str) -> bytes:
+    """Labels, a y axis from zero, a light grid and the legend; the PNG."""
+    axis.set_xlabel(xlabel)
+    axis.set_ylabel(ylabel)
+    axis.set_title(title)
     axis.set_ylim(bottom=0)
     axis.grid(True, alpha=0.3)
-    axis.legend(fontsize="small")
+    axis.legend(fontsize=legend_size)
     return _png(figure)
 
 
@@ -431,13 +437,8 @@ def plot_power_traces(traces: Sequence[PowerTrace]) -> bytes:
         xs = [x for start, stop in zip(trace.start_seconds, trace.stop_seconds) for x in (start, stop)]
         ys = [math.nan if w is None else w for w in trace.watts for _ in (0, 1)]
         axis.plot(xs, ys, color=f"C{index % 10}", linestyle="-" if index < 10 else "--", label=trace.label)
-    axis.set_xlabel("seconds from the start of the timed window")
-    axis.set_ylabel("power (W, all devices measured)")
-    axis.set_title("Power over the timed window")
-    axis.set_ylim(bottom=0)
-    axis.grid(True, alpha=0.3)
-    axis.legend(fontsize="x-small")
-    return _png(figure)
+    return _finish_from_zero(figure, axis, "seconds from the start of the timed window",
+                             "power (W, all devices measured)", "Power over the timed window", "x-small")
 
 
 # --- one sweep's section ------------------------------------------------------------------------

@@ -115,6 +115,20 @@ def test_missing_instant_power_falls_back_to_the_average(fake_pynvml: Any) -> No
         gpu.instant_power_supported = False
     measurement = run_meter(fake_pynvml, 0.2)
     assert measurement.components_joules["gpu2"] == pytest.approx(150.0 * 0.2, rel=0.1)
+    assert measurement.details["power_reading"]["gpu0"].startswith("nvmlDeviceGetPowerUsage")
+
+
+def test_instant_power_is_preferred_and_an_old_nvidia_ml_py_falls_back(fake_pynvml: Any,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    three_gpus(fake_pynvml)
+    fake_pynvml.machine.gpus[1].instant_power_supported = False  # a driver without the field on one GPU
+    measurement = run_meter(fake_pynvml, 0.1)
+    assert measurement.details["power_reading"] == {
+        "gpu0": "NVML_FI_DEV_POWER_INSTANT", "gpu1": nvml.AVERAGED_POWER, "gpu2": "NVML_FI_DEV_POWER_INSTANT"}
+    monkeypatch.delattr(fake_pynvml, "NVML_FI_DEV_POWER_INSTANT")  # nvidia-ml-py before 12.535
+    measurement = run_meter(fake_pynvml, 0.1)
+    assert set(measurement.details["power_reading"].values()) == {nvml.AVERAGED_POWER}
+    assert measurement.components_joules["gpu2"] == pytest.approx(150.0 * 0.1, rel=0.2)
 
 
 def test_a_lost_gpu_gives_no_number_but_the_reason(fake_pynvml: Any) -> None:

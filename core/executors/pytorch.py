@@ -248,7 +248,12 @@ class TorchExecutor(Executor):
             raise NonFiniteLossError(f"loss is {self._last_loss.item()} (not finite)")
 
     def barrier(self) -> None:
-        if self._process.is_distributed:
+        if not self._process.is_distributed:
+            return
+        if self._placement.distributed_backend == "nccl" and self.device.index is not None:
+            # NCCL's barrier is a collective on a device: name ours rather than let torch guess.
+            torch.distributed.barrier(device_ids=[self.device.index])
+        else:
             torch.distributed.barrier()
 
     def gather_max(self, value: float) -> float:

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 from core import Availability, DeviceRecord, PowerMeter, PowerMeterFactory, RunConfig
 from core.energy import DeviceEnergyMeter, EnergySource
-from plugins.nvidia.nvml import energy_counter_joules, instant_power_watts, nvml_session
+from plugins.nvidia.nvml import energy_counter_joules, nvml_session, power_reader
 
 
 class NvmlMeter(DeviceEnergyMeter):
@@ -20,20 +20,21 @@ class NvmlMeter(DeviceEnergyMeter):
         self._session = nvml_session()
         pynvml = self._session.__enter__()
         try:
-            sources = [self._source(pynvml, device) for device in devices]
+            readings: dict[str, str] = {}
+            sources = [self._source(pynvml, device, readings) for device in devices]
             super().__init__("nvml", sources, config.power_sample_interval_seconds, sample_power=True,
-                             details={"power_reading": "NVML_FI_DEV_POWER_INSTANT (fallback: nvmlDeviceGetPowerUsage)"},
-                             timeline_points=config.power_timeline_points)
+                             details={"power_reading": readings}, timeline_points=config.power_timeline_points)
         except BaseException:
             self._session.__exit__(None, None, None)
             raise
 
     @staticmethod
-    def _source(pynvml: Any, device: DeviceRecord) -> EnergySource:
+    def _source(pynvml: Any, device: DeviceRecord, readings: dict[str, str]) -> EnergySource:
+        key = f"gpu{device.index}"
         handle = pynvml.nvmlDeviceGetHandleByUUID(device.details["uuid"])
         counter = (lambda: energy_counter_joules(pynvml, handle)) if device.details.get("energy_counter") else None
-        return EnergySource(key=f"gpu{device.index}", read_counter_joules=counter,
-                            read_power_watts=lambda: instant_power_watts(pynvml, handle))
+        read_power, readings[key] = power_reader(pynvml, handle)
+        return EnergySource(key=key, read_counter_joules=counter, read_power_watts=read_power)
 
     def close(self) -> None:
         try:

@@ -93,10 +93,30 @@ def energy_counter_joules(pynvml: Any, handle: Any) -> float:
     return pynvml.nvmlDeviceGetTotalEnergyConsumption(handle) / 1000.0
 
 
-def instant_power_watts(pynvml: Any, handle: Any) -> float | None:
-    """Instantaneous power; nvmlDeviceGetPowerUsage is a ~1 s running average on A100/H100 parts,
-    so integrating it lags the truth. Falls back to the average where the field is missing."""
-    value = pynvml.nvmlDeviceGetFieldValues(handle, [pynvml.NVML_FI_DEV_POWER_INSTANT])[0]
-    if value.nvmlReturn == pynvml.NVML_SUCCESS:
-        return value.value.uiVal / 1000.0
-    return pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0
+INSTANT_POWER = "NVML_FI_DEV_POWER_INSTANT"
+AVERAGED_POWER = "nvmlDeviceGetPowerUsage (about 1 s running average on A100/H100-class parts)"
+
+
+def power_reader(pynvml: Any, handle: Any) -> tuple[Callable[[], float | None], str]:
+    """The best power reading this device and this nvidia-ml-py offer, and its name for the result.
+
+    Chosen once per device, not per sample: an integral that mixed instantaneous and averaged
+    readings would be neither. nvmlDeviceGetPowerUsage lags the truth (it averages over about a
+    second on recent parts), so the instantaneous field is preferred where the driver has it.
+    """
+    field = getattr(pynvml, INSTANT_POWER, None)  # absent from nvidia-ml-py before 12.535
+    if field is not None:
+        try:
+            supported = pynvml.nvmlDeviceGetFieldValues(handle, [field])[0].nvmlReturn == pynvml.NVML_SUCCESS
+        except pynvml.NVMLError:
+            supported = False
+        if supported:
+            return (lambda: _field_watts(pynvml, handle, field)), INSTANT_POWER
+    return (lambda: pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0), AVERAGED_POWER
+
+
+def _field_watts(pynvml: Any, handle: Any, field: int) -> float | None:
+    value = pynvml.nvmlDeviceGetFieldValues(handle, [field])[0]
+    if value.nvmlReturn != pynvml.NVML_SUCCESS:
+        return None  # no reading this time: a hole in the integral, which the sampler reports as such
+    return value.value.uiVal / 1000.0  # milliwatts
