@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
-from core import Precision, RunConfig, make_config
+import core.workloads
+from core import Availability, Precision, RunConfig, hookimpl, make_config, run
+from core.executors.base import Executor, HostStepClock, StepClock
 from core.results import DeviceRecord
+from core.testing import registered_plugins
 from plugins.nvidia import nvml
 from plugins.nvidia.accelerator import NvidiaAccelerator
 from plugins.nvidia.meter import NvmlMeterFactory
@@ -205,3 +208,75 @@ def test_overlapping_users_share_one_nvml_initialisation(fake_pynvml: Any) -> No
         assert fake_pynvml.machine.calls.count("nvmlShutdown") == 0
     assert fake_pynvml.machine.calls.count("nvmlInit") == 1 and fake_pynvml.machine.calls.count("nvmlShutdown") == 1
     assert nvml.nvml_session.users == 0
+
+
+# --- a whole run through core, on a simulated two-GPU node --------------------------------------
+
+
+class SimulatedSteps(Executor):
+    """Each update keeps the (fake) GPUs busy for 5 ms of real time: the fake node's clock is real time."""
+
+    def __init__(self, samples: int) -> None:
+        self.local_samples_per_update = samples
+
+    def step(self) -> None:
+        time.sleep(0.005)
+
+    def synchronize(self) -> None:
+        pass
+
+    def step_clock(self) -> StepClock:
+        return HostStepClock()
+
+    def check_finite(self) -> None:
+        pass
+
+
+class SimulatedNvidia(NvidiaAccelerator):
+    """The real plugin with only the device work simulated: discovery, validation, devices, peaks and
+    the meter are the plugin's own, against the fake NVML."""
+
+    def availability(self) -> Availability:
+        return Availability.yes()  # no /dev/nvidia* here; NVML itself is the fake
+
+    def create_executor(self, workload: Any, config: RunConfig, process: Any) -> Executor:
+        return SimulatedSteps(config.micro_batch_size or 1)
+
+
+class SimulatedNode:
+    @hookimpl
+    def core_register_accelerators(self, register: Callable[[Any], None]) -> None:
+        register(SimulatedNvidia())
+
+    @hookimpl
+    def core_register_power_meters(self, register: Callable[[Any], None]) -> None:
+        register(NvmlMeterFactory())
+
+
+def test_a_run_on_two_gpus_reports_devices_peaks_mfu_and_energy_per_gpu(fake_pynvml: Any) -> None:
+    fake_pynvml.machine.gpus = [
+        fake_pynvml.FakeGpu(name="NVIDIA H200", uuid=UUIDS[0], power_watts=lambda t: 400.0),
+        fake_pynvml.FakeGpu(name="NVIDIA H200", uuid=UUIDS[1], power_watts=lambda t: 250.0),
+    ]
+    with registered_plugins(core.workloads, SimulatedNode(), entry_points=False):
+        result = run("fcnn", "nvidia", framework="tensorflow", replicas=2, precision="bf16", steps=60,
+                     warmup_steps=2, micro_batch_size=64, power_sample_interval_seconds=0.01)
+    assert result.status.ok, result.status
+    assert [d.details["uuid"] for d in result.devices] == UUIDS[:2]
+    # Peak: two H200 SXM at the dense bf16 datasheet figure; MFU follows from the workload's FLOPs.
+    assert result.peak_flops_per_second == pytest.approx(2 * 989.5e12)
+    assert result.model_flops_utilization == pytest.approx(result.flops_per_second / result.peak_flops_per_second)
+    assert "H200" in (result.peak_flops_source or "")
+    # Energy per GPU from the counters over the window, cross-checked by the sampled integral.
+    energy = result.energy
+    assert energy is not None and energy.method == "counter" and energy.details["methods"] == {
+        "gpu0": "counter", "gpu1": "counter"}
+    window = result.window_seconds
+    assert energy.components_joules["gpu0"] == pytest.approx(400.0 * window, rel=0.05)
+    assert energy.components_joules["gpu1"] == pytest.approx(250.0 * window, rel=0.05)
+    assert result.energy_joules == pytest.approx(650.0 * window, rel=0.05)
+    assert result.samples_per_watt_hour == pytest.approx(result.window_samples / (result.energy_joules / 3600.0))
+    assert all(r == pytest.approx(1.0, abs=0.03) for r in energy.details["counter_over_sampled"].values())
+    assert energy.power_timeline is not None and set(energy.power_timeline.watts) == {"gpu0", "gpu1"}
+    assert result.environment.driver_versions == {"nvidia_driver": "570.124.06", "cuda_driver": "12.8"}
+    assert fake_pynvml.machine.calls.count("nvmlInit") == fake_pynvml.machine.calls.count("nvmlShutdown")
