@@ -22,6 +22,11 @@ from core.power import PowerMeter
 from core.results import EnergyMeasurement
 from core.sampling import DEFAULT_TIMELINE_SPANS, FixedRateSampler
 
+# Counter and sampled integral further apart than this get a warning in the result. Both measure
+# the same window; a gap this size means the window is short against the counter's update period,
+# or power changes faster than the sampling interval (one vendor's averaged power lags, say).
+CROSS_CHECK_TOLERANCE = 0.05
+
 
 @dataclass(frozen=True)
 class EnergySource:
@@ -116,6 +121,7 @@ class DeviceEnergyMeter(PowerMeter):
                 missing.append(source.key)
         details: dict[str, Any] = {**self._details, "methods": methods}
         timeline = sampled.timeline if sampled is not None else None
+        warnings: list[str] = []
         if sampled is not None:
             details.update(sampled_joules=sampled_joules, power_samples=sampled.sample_count,
                            max_sample_gap_seconds=sampled.max_gap_seconds)
@@ -123,6 +129,12 @@ class DeviceEnergyMeter(PowerMeter):
                       if k in sampled_complete and sampled_joules.get(k)}
             if ratios:
                 details["counter_over_sampled"] = ratios
+            warnings += [
+                f"{key}: the energy counter and the sampled power integral differ by {abs(ratio - 1):.1%} "
+                f"(counter / sampled = {ratio:.3f}) over a {elapsed or 0.0:.2f} s window; a longer window "
+                "(more steps) or a shorter power sample interval tells whether the window is short against "
+                "the counter's update period or power changes faster than the sampling"
+                for key, ratio in ratios.items() if abs(ratio - 1) > CROSS_CHECK_TOLERANCE]
             if sampled.errors:
                 details["power_read_errors"] = list(sampled.errors)
         if self._counter_errors:
@@ -131,13 +143,14 @@ class DeviceEnergyMeter(PowerMeter):
             reasons = "; ".join(f"{k}: {self._counter_errors.get(k, 'no counter and no complete power trace')}"
                                 for k in missing)
             return EnergyMeasurement(meter=self.name, unavailable_reason=f"energy unknown for {reasons}",
-                                     components_joules=components, details=details, power_timeline=timeline)
+                                     components_joules=components, details=details, power_timeline=timeline,
+                                     warnings=warnings)
         total = sum(components.values())
         kinds = set(methods.values())
         return EnergyMeasurement(
             meter=self.name, method=kinds.pop() if len(kinds) == 1 else "mixed", energy_joules=total,
             components_joules=components, details=details,
-            mean_power_watts=total / elapsed if elapsed else None, power_timeline=timeline,
+            mean_power_watts=total / elapsed if elapsed else None, power_timeline=timeline, warnings=warnings,
         )
 
     def _stop_sampling(self) -> Any:

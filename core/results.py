@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from core.config import RunConfig
 
-# 1.1: EnergyMeasurement.power_timeline (optional, so 1.0 documents still load).
+# 1.1: EnergyMeasurement.power_timeline and .warnings (optional, so 1.0 documents still load).
 SCHEMA_VERSION = "1.1"
 
 
@@ -80,6 +80,8 @@ class EnergyMeasurement(BaseModel):
     details: dict[str, Any] = Field(default_factory=dict)
     power_timeline: PowerTimeline | None = Field(
         default=None, description="sampled power over the window, where the meter samples power")
+    warnings: list[str] = Field(default_factory=list, description="what makes this figure less certain; "
+                                "the runner copies them into the result's warnings")
 
 
 class EnvironmentInfo(BaseModel):

@@ -215,6 +215,7 @@ def _record_utilization(result: RunResult, plan: RunPlan) -> None:
 
 def _record_energy(result: RunResult, energy: EnergyMeasurement) -> None:
     result.energy = energy
+    result.warnings.extend(f"energy: {warning}" for warning in energy.warnings)
     result.energy_joules = energy.energy_joules
     result.energy_unavailable_reason = energy.unavailable_reason
     if energy.energy_joules and result.window_samples:

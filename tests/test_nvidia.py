@@ -278,5 +278,29 @@ def test_a_run_on_two_gpus_reports_devices_peaks_mfu_and_energy_per_gpu(fake_pyn
     assert result.samples_per_watt_hour == pytest.approx(result.window_samples / (result.energy_joules / 3600.0))
     assert all(r == pytest.approx(1.0, abs=0.03) for r in energy.details["counter_over_sampled"].values())
     assert energy.power_timeline is not None and set(energy.power_timeline.watts) == {"gpu0", "gpu1"}
+    assert not energy.warnings and not any(w.startswith("energy:") for w in result.warnings)
     assert result.environment.driver_versions == {"nvidia_driver": "570.124.06", "cuda_driver": "12.8"}
     assert fake_pynvml.machine.calls.count("nvmlInit") == fake_pynvml.machine.calls.count("nvmlShutdown")
+
+
+def test_a_counter_that_disagrees_with_sampled_power_is_flagged_in_the_result(fake_pynvml: Any) -> None:
+    fake_pynvml.machine.gpus = [
+        fake_pynvml.FakeGpu(name="NVIDIA H200", uuid=UUIDS[0], power_watts=lambda t: 400.0),
+        fake_pynvml.FakeGpu(name="NVIDIA H200", uuid=UUIDS[1], power_watts=lambda t: 250.0),
+    ]
+    honest = fake_pynvml.nvmlDeviceGetTotalEnergyConsumption
+
+    def inflated(handle: Any) -> int:  # gpu0's counter runs 20 % fast
+        value = honest(handle)
+        return int(value * 1.2) if handle.gpu.uuid == UUIDS[0] else value
+
+    fake_pynvml.nvmlDeviceGetTotalEnergyConsumption = inflated
+    with registered_plugins(core.workloads, SimulatedNode(), entry_points=False):
+        result = run("fcnn", "nvidia", framework="tensorflow", replicas=2, steps=60, warmup_steps=0,
+                     micro_batch_size=8, power_sample_interval_seconds=0.01)
+    assert result.status.ok and result.energy is not None
+    # The counter is still the measurement; the disagreement is said, for gpu0 only.
+    assert result.energy.details["counter_over_sampled"]["gpu0"] == pytest.approx(1.2, abs=0.05)
+    [warning] = result.energy.warnings
+    assert warning.startswith("gpu0: the energy counter and the sampled power integral differ by")
+    assert f"energy: {warning}" in result.warnings
