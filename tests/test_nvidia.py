@@ -167,6 +167,8 @@ def test_errors_map_to_the_named_subclasses(fake_pynvml: Any) -> None:
     ("NVIDIA GH200 480GB", Precision.fp16, 990.0),
     ("NVIDIA A100-SXM4-80GB", Precision.tf32, 156.0),
     ("NVIDIA A100-PCIE-40GB", Precision.bf16, 312.0),
+    ("Tesla V100S-PCIE-32GB", Precision.fp16, 130.0),
+    ("Tesla V100-PCIE-16GB", Precision.fp16, 112.0),
     ("Tesla V100-SXM2-16GB", Precision.fp16, 125.0),
     ("Tesla V100-PCIE-32GB", Precision.fp32, 14.0),
     ("Tesla T4", Precision.fp16, 65.0),

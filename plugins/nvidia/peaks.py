@@ -31,6 +31,9 @@ NVIDIA_PEAKS = PeakTable((
     PeakEntry("V100 SXM2", r"V100.*SXM2", {FP32: 15.7, FP16: 125.0},
               "NVIDIA Tesla V100 GPU datasheet (2020): SXM2 single precision 15.7, tensor 125 TFLOPS",
               notes="Volta has no TF32 or BF16"),
+    # Before the plain V100 pattern: NVML names it "Tesla V100S-PCIE-32GB", and its clocks are higher.
+    PeakEntry("V100S PCIe", r"V100S", {FP32: 16.4, FP16: 130.0},
+              "NVIDIA V100S datasheet (2019): single precision 16.4, tensor 130 TFLOPS"),
     PeakEntry("V100 PCIe", r"V100", {FP32: 14.0, FP16: 112.0},
               "NVIDIA Tesla V100 GPU datasheet (2020): PCIe single precision 14, tensor 112 TFLOPS"),
     PeakEntry("T4", r"\bT4\b", {FP32: 8.1, FP16: 65.0},
