@@ -28,7 +28,7 @@ def load_script(name: str) -> ModuleType:
     return module
 
 
-def test_gpu_benchmark_runs_every_eager_case_end_to_end(tmp_path: Path) -> None:
+def test_gpu_benchmark_script_runs_from_the_shell_and_writes_its_json(tmp_path: Path) -> None:
     output = tmp_path / "figures.json"
     completed = subprocess.run(
         [sys.executable, str(BENCHMARKS / "nvidia_vs_plain.py"), "--case", "resnet50", "--accelerator", "cpu",
