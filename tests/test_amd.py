@@ -16,7 +16,7 @@ import pytest
 import core.workloads
 from core import (ConfigError, DeviceRecord, Framework, Precision, ProcessContext, RunConfig, hookimpl, make_config,
                   run)
-from core.executors.base import Executor, HostStepClock, StepClock
+from core.executors.base import Executor
 from core.planning import plan_run
 from core.power import UnavailableMeter
 from core.testing import registered_plugins
@@ -26,6 +26,7 @@ from plugins.amd.meter import AmdsmiMeter, AmdsmiMeterFactory
 from plugins.amd.peaks import AMD_PEAKS, peak_flops
 from plugins.amd.visibility import hip_visible, rocr_visible, visible_order
 from plugins.probing import SdkProbe
+from simulated import SimulatedExecutor
 
 RES = 15.300000190734863  # what amdsmi returns for rocm_smi's 15.3 uJ: a C float
 BDF_A0, BDF_A1, BDF_B0, BDF_B1 = "0000:c1:00.0", "0000:c6:00.0", "0000:c9:00.0", "0000:ce:00.0"
@@ -579,28 +580,11 @@ def test_a_pytorch_without_rocm_is_refused_with_the_reason(fake_amdsmi: Any, pro
         accelerator(probe).create_executor(Fcnn(), config(), ProcessContext(rank=0, local_rank=0, world_size=1))
 
 
-class SimulatedExecutor(Executor):
-    """Each update lets the fake node run 10 ms at its draw: the device's only sign of work."""
-
-    def __init__(self, node: Any, samples: int) -> None:
-        self.node, self.local_samples_per_update = node, samples
-
-    def step(self) -> None:
-        self.node.advance(0.01)
-
-    def synchronize(self) -> None:
-        pass
-
-    def step_clock(self) -> StepClock:
-        return HostStepClock()
-
-    def check_finite(self) -> None:
-        pass
-
-
 class SimulatedAmd(AmdAccelerator):
     def create_executor(self, workload: Any, config: RunConfig, process: ProcessContext) -> Executor:
-        return SimulatedExecutor(sys.modules["amdsmi"].amdsmi_wrapper.node, config.micro_batch_size or 1)
+        # Each update lets the fake node run 10 ms at its draw: the device's only sign of work.
+        node = sys.modules["amdsmi"].amdsmi_wrapper.node
+        return SimulatedExecutor(config.micro_batch_size or 1, lambda: node.advance(0.01))
 
 
 def test_a_package_mode_run_reports_packages_energy_and_peaks(fake_amdsmi: Any, probe: SdkProbe) -> None:

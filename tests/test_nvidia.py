@@ -9,13 +9,14 @@ import pytest
 
 import core.workloads
 from core import Availability, Precision, RunConfig, hookimpl, make_config, run
-from core.executors.base import Executor, HostStepClock, StepClock
+from core.executors.base import Executor
 from core.results import DeviceRecord
 from core.testing import registered_plugins
 from plugins.nvidia import nvml
 from plugins.nvidia.accelerator import NvidiaAccelerator
 from plugins.nvidia.meter import NvmlMeterFactory
 from plugins.nvidia.visibility import visible_nvml_indices
+from simulated import SimulatedExecutor
 
 UUIDS = ["GPU-1111aaaa-0000-0000-0000-000000000000", "GPU-2222bbbb-0000-0000-0000-000000000000",
          "GPU-3333cccc-0000-0000-0000-000000000000"]
@@ -215,25 +216,6 @@ def test_overlapping_users_share_one_nvml_initialisation(fake_pynvml: Any) -> No
 # --- a whole run through core, on a simulated two-GPU node --------------------------------------
 
 
-class SimulatedSteps(Executor):
-    """Each update keeps the (fake) GPUs busy for 5 ms of real time: the fake node's clock is real time."""
-
-    def __init__(self, samples: int) -> None:
-        self.local_samples_per_update = samples
-
-    def step(self) -> None:
-        time.sleep(0.005)
-
-    def synchronize(self) -> None:
-        pass
-
-    def step_clock(self) -> StepClock:
-        return HostStepClock()
-
-    def check_finite(self) -> None:
-        pass
-
-
 class SimulatedNvidia(NvidiaAccelerator):
     """The real plugin with only the device work simulated: discovery, validation, devices, peaks and
     the meter are the plugin's own, against the fake NVML."""
@@ -242,7 +224,8 @@ class SimulatedNvidia(NvidiaAccelerator):
         return Availability.yes()  # no /dev/nvidia* here; NVML itself is the fake
 
     def create_executor(self, workload: Any, config: RunConfig, process: Any) -> Executor:
-        return SimulatedSteps(config.micro_batch_size or 1)
+        # Each update keeps the (fake) GPUs busy for 5 ms of real time: the fake node's clock is real time.
+        return SimulatedExecutor(config.micro_batch_size or 1, lambda: time.sleep(0.005))
 
 
 class SimulatedNode:
