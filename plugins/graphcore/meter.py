@@ -27,7 +27,6 @@ from typing import Any, Callable, ClassVar
 
 from core import Availability, DeviceRecord, PowerMeter, PowerMeterFactory, RunConfig, UnavailableMeter
 from core.energy import DeviceEnergyMeter, EnergySource
-from core.sampling import DEFAULT_TIMELINE_SPANS
 
 POWER_ATTRIBUTE = "ipu power"  # gcipuinfo.IpuPower
 GCIPUINFO_MISSING = ("gcipuinfo is not installed: it ships with Graphcore's Poplar SDK; "
@@ -83,7 +82,7 @@ def _reader(snapshot: PowerSnapshot, key: str) -> Callable[[], float | None]:
 
 class GcipuinfoMeter(DeviceEnergyMeter):
     def __init__(self, info: Any, device_ids: list[str], scope: str, sample_interval_seconds: float,
-                 power_attribute: str = POWER_ATTRIBUTE, timeline_points: int = DEFAULT_TIMELINE_SPANS) -> None:
+                 *, power_attribute: str = POWER_ATTRIBUTE, timeline_points: int) -> None:
         snapshot = PowerSnapshot(info, device_ids, power_attribute)
         sources = [EnergySource(key=f"ipu{device_id}", read_power_watts=_reader(snapshot, device_id))
                    for device_id in device_ids]
