@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -48,10 +49,16 @@ def _option_pair(text: str) -> tuple[str, Any]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="core", description="Run one ML workload on any accelerator and measure it.")
+    parser.add_argument("--debug", action="store_true",
+                        help="show tracebacks: where a failing run or plugin broke, and core's own errors")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.required = True
+    # `core run ... --debug` as well as `core --debug run ...`: SUPPRESS keeps the top-level value.
+    debug = argparse.ArgumentParser(add_help=False)
+    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="show tracebacks: where a failing run or plugin broke, and core's own errors")
 
-    run = commands.add_parser("run", help="run a workload and print its result")
+    run = commands.add_parser("run", parents=[debug], help="run a workload and print its result")
     run.add_argument("workload", metavar="WORKLOAD", help="workload name (see `core workloads`)")
     run.add_argument("--accelerator", default="cpu", help="accelerator name (see `core plugins`); default: cpu")
     run.add_argument("--framework", choices=None, help="torch or tensorflow (default: torch)")
@@ -81,15 +88,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print the result as JSON")
     run.add_argument("--output", type=Path, help="also write the result JSON to this file")
 
-    plugins = commands.add_parser("plugins", help="list plugins, what they register and whether it is available")
+    plugins = commands.add_parser("plugins", parents=[debug], help="list plugins, what they register and whether it is available")
     plugins.add_argument("--json", action="store_true")
-    devices = commands.add_parser("devices", help="list the devices of every available accelerator")
+    plugins.add_argument("-v", "--verbose", action="store_true",
+                         help="show the traceback of every plugin that failed to load or raised")
+    devices = commands.add_parser("devices", parents=[debug], help="list the devices of every available accelerator")
     devices.add_argument("--json", action="store_true")
-    workloads = commands.add_parser("workloads", help="list registered workloads")
+    workloads = commands.add_parser("workloads", parents=[debug], help="list registered workloads")
     workloads.add_argument("--json", action="store_true")
 
     database_help = "results database (default: $CORE_DATABASE, else results/core.db)"
-    sweep = commands.add_parser("sweep", help="run a grid of runs declared in a TOML or YAML file",
+    sweep = commands.add_parser("sweep", parents=[debug], help="run a grid of runs declared in a TOML or YAML file",
                                 description="Run every cell of a grid file, each repeat in its own process, "
                                             "and store every result. See docs/sweeps.md.")
     sweep.add_argument("file", metavar="FILE", type=Path, help="grid file (.toml, .yaml, .yml or .json)")
@@ -103,14 +112,14 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--skip-invalid", action="store_true", help="run the valid cells when some are invalid")
     sweep.add_argument("--name", help="the sweep's name in the database (overrides the file)")
 
-    report = commands.add_parser("report", help="write a Markdown and HTML report with plots from the database")
+    report = commands.add_parser("report", parents=[debug], help="write a Markdown and HTML report with plots from the database")
     report.add_argument("--database", type=Path, help=database_help)
     report.add_argument("--sweep", action="append", dest="sweeps", metavar="NAME",
                         help="report this sweep (repeatable; default: every sweep)")
     report.add_argument("--output", type=Path, default=Path("results") / "report",
                         help="directory for report.md, report.html and plots/ (default: results/report)")
 
-    results = commands.add_parser("results", help="query or export the results database")
+    results = commands.add_parser("results", parents=[debug], help="query or export the results database")
     results.add_argument("--database", type=Path, help=database_help)
     results.add_argument("--sweep", help="only this sweep")
     results.add_argument("--status", help="only runs in this state (ok, oom, error, timeout, ...)")
@@ -156,8 +165,9 @@ def format_result(result: Any) -> str:
         f"{c.gradient_accumulation} x replicas {c.replicas})",
     ]
     if result.throughput_per_second is not None:
+        calls = "" if result.window_updates == result.window_steps else f" in {result.window_steps} host calls"
         lines.append(f"  throughput      {result.throughput_per_second:.6g} samples/s "
-                     f"(window {result.window_seconds:.4g} s, {result.window_steps} updates)")
+                     f"(window {result.window_seconds:.4g} s, {result.window_updates} updates{calls})")
         lines.append(f"  step time       median {_format_seconds(result.step_seconds_median, 1e3, 'ms')}, "
                      f"p90 {_format_seconds(result.step_seconds_p90, 1e3, 'ms')}")
     lines.append(f"  phases          setup {_format_seconds(result.setup_seconds)}, first step "
@@ -172,14 +182,24 @@ def format_result(result: Any) -> str:
         lines.append(f"  energy          unavailable: {result.energy_unavailable_reason}")
     if not result.status.ok:
         lines.append(f"  error           in {result.status.phase}: {result.status.error_type}: {result.status.message}")
+        if result.status.location:
+            lines.append(f"  raised at       {result.status.location}")
     return "\n".join(lines)
 
 
 def _command_run(args: argparse.Namespace) -> int:
     from core.api import run
+    from core.files import OutputError, check_writable, write_atomically
+    from core.plugins import PluginFault
     from core.progress import ProgressLine, RunProgress
 
     options = _run_options(args)
+    if args.output is not None:
+        # Before the run: a bad path must not cost what the run measures.
+        try:
+            check_writable(args.output, "--output")
+        except OutputError as error:
+            return _error(str(error))
     line = ProgressLine()
     progress = None
     if line.enabled:
@@ -190,15 +210,29 @@ def _command_run(args: argparse.Namespace) -> int:
         result = run(args.workload, args.accelerator, on_progress=progress, **options)
     except ConfigError as error:
         line.clear()
-        print(f"core: error: {_describe_config_error(error)}", file=sys.stderr)
-        return 2
+        return _error(_describe_config_error(error))
+    except PluginFault as fault:
+        line.clear()
+        if args.debug:
+            print(fault.traceback_text, file=sys.stderr, end="")
+        return _error(f"{fault}{'' if args.debug else ' (core --debug shows the traceback)'}")
+    except KeyboardInterrupt:
+        line.clear()
+        print(f"core: run of {args.workload} on {args.accelerator} interrupted; nothing was recorded", file=sys.stderr)
+        return 130
     finally:
         line.clear()
     text = result.to_json()
-    if args.output is not None:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(text + "\n", encoding="utf-8")
+    # The result first: whatever happens to the file, what was measured reaches the terminal.
     print(text if args.json else format_result(result))
+    if args.debug and result.status.traceback:
+        print(result.status.traceback, file=sys.stderr, end="")
+    if args.output is not None:
+        try:
+            write_atomically(args.output, text + "\n", "--output")
+        except OutputError as error:
+            return _error(f"{error}; the result is printed above" + ("" if args.json else " (--json prints it whole)"),
+                          code=1)
     return 0 if result.status.ok else 1
 
 
@@ -216,14 +250,16 @@ def plugin_report() -> list[dict[str, Any]]:
                 item = getattr(manager, kind)[name].item
                 entry: dict[str, Any] = {"name": name}
                 if hasattr(item, "availability"):
-                    availability = item.availability()
+                    availability = manager.availability(item)
                     entry.update(available=availability.available, reason=availability.reason)
                 entries.append(entry)
             provides[kind] = entries
         rows.append({
             "name": record.name, "version": record.version, "distribution": record.distribution,
-            "module": record.module, "state": record.state.value, "error": record.error,
-            "hooks": record.hooks, "registers": provides,
+            "module": record.module, "builtin": record.builtin, "state": record.state.value, "error": record.error,
+            "traceback": record.traceback, "hooks": record.hooks, "registers": provides,
+            "faults": [{"call": fault.call, "error": str(fault), "traceback": fault.traceback_text}
+                       for fault in record.faults],
         })
     return rows
 
@@ -231,13 +267,21 @@ def plugin_report() -> list[dict[str, Any]]:
 def _command_plugins(args: argparse.Namespace) -> int:
     rows = plugin_report()
     if args.json:
+        if not args.verbose:
+            for row in rows:
+                row.pop("traceback")
+                for fault in row["faults"]:
+                    fault.pop("traceback")
         print(json.dumps(rows, indent=2))
         return 0
     for row in rows:
         version = f" {row['version']}" if row["version"] else ""
-        print(f"{row['name']}{version} [{row['state']}] ({row['module']})")
+        origin = ", built-in" if row["builtin"] else ""
+        print(f"{row['name']}{version} [{row['state']}] ({row['module']}{origin})")
         if row["error"]:
             print(f"  error: {row['error']}")
+            if args.verbose and row["traceback"]:
+                print(_indent(row["traceback"], "    "))
         for kind, entries in row["registers"].items():
             for entry in entries:
                 state = ""
@@ -246,19 +290,34 @@ def _command_plugins(args: argparse.Namespace) -> int:
                 print(f"  {kind[:-1].replace('_', ' ')} {entry['name']}{state}")
         if row["hooks"]:
             print(f"  hooks: {', '.join(row['hooks'])}")
+        if args.verbose:
+            for fault in row["faults"]:
+                print(f"  fault: {fault['error']}")
+                print(_indent(fault["traceback"], "    "))
+    if not args.verbose and any(row["traceback"] or row["faults"] for row in rows):
+        print("(core plugins --verbose shows the tracebacks)")
     return 0
 
 
-def _command_devices(args: argparse.Namespace) -> int:
-    from core.plugins import get_plugin_manager
+def _indent(text: str, prefix: str) -> str:
+    return "\n".join(prefix + line for line in text.rstrip().splitlines())
 
+
+def _command_devices(args: argparse.Namespace) -> int:
+    from core.plugins import PluginFault, get_plugin_manager
+
+    manager = get_plugin_manager()
     listing: dict[str, Any] = {}
-    for name, registered in get_plugin_manager().accelerators.items():
-        availability = registered.item.availability()
-        if availability.available:
-            listing[name] = [device.model_dump() for device in registered.item.devices()]
-        else:
+    for name, registered in manager.accelerators.items():
+        availability = manager.availability(registered.item)
+        if not availability.available:
             listing[name] = {"unavailable": availability.reason}
+            continue
+        try:
+            with manager.plugin_code(registered.item, f"{type(registered.item).__name__}.devices()"):
+                listing[name] = [device.model_dump() for device in registered.item.devices()]
+        except PluginFault as fault:
+            listing[name] = {"unavailable": str(fault)}
     if args.json:
         print(json.dumps(listing, indent=2))
         return 0
@@ -275,25 +334,36 @@ def _command_devices(args: argparse.Namespace) -> int:
 def workload_report() -> list[dict[str, Any]]:
     from core.plugins import get_plugin_manager
 
+    from core.plugins import PluginFault
+
+    manager = get_plugin_manager()
     rows = []
-    for name, registered in get_plugin_manager().workloads.items():
+    for name, registered in manager.workloads.items():
         workload = registered.item
-        defaults = workload.options_model()
-        details = workload.details(defaults)
-        # Zoo workloads name one source per framework; others at most one for all.
-        sources = {framework: implementation.get("source")
-                   for framework, implementation in details.get("implementations", {}).items()}
-        rows.append({
-            "name": name, "plugin": registered.plugin, "description": workload.description,
-            "frameworks": [f.value for f in workload.frameworks], "task": workload.task,
-            "sample_unit": workload.sample_unit, "default_micro_batch_size": workload.default_micro_batch_size,
-            "parameter_count": workload.parameter_count(defaults),
-            "flops_per_sample": workload.flops_per_sample(defaults),
-            "samples_per_epoch": workload.samples_per_epoch(defaults),
-            "sources": sources or {f.value: details.get("source") for f in workload.frameworks},
-            "options": defaults.model_dump(),
-        })
+        try:
+            with manager.plugin_code(workload, f"workload {name!r}"):
+                rows.append(_workload_row(name, registered.plugin, workload))
+        except PluginFault as fault:
+            rows.append({"name": name, "plugin": registered.plugin, "error": str(fault)})
     return rows
+
+
+def _workload_row(name: str, plugin: str, workload: Any) -> dict[str, Any]:
+    defaults = workload.options_model()
+    details = workload.details(defaults)
+    # Zoo workloads name one source per framework; others at most one for all.
+    sources = {framework: implementation.get("source")
+               for framework, implementation in details.get("implementations", {}).items()}
+    return {
+        "name": name, "plugin": plugin, "description": workload.description,
+        "frameworks": [f.value for f in workload.frameworks], "task": workload.task,
+        "sample_unit": workload.sample_unit, "default_micro_batch_size": workload.default_micro_batch_size,
+        "parameter_count": workload.parameter_count(defaults),
+        "flops_per_sample": workload.flops_per_sample(defaults),
+        "samples_per_epoch": workload.samples_per_epoch(defaults),
+        "sources": sources or {f.value: details.get("source") for f in workload.frameworks},
+        "options": defaults.model_dump(),
+    }
 
 
 def _command_workloads(args: argparse.Namespace) -> int:
@@ -302,6 +372,9 @@ def _command_workloads(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     for row in rows:
+        if "error" in row:
+            print(f"{row['name']}: unavailable: {row['error']}")
+            continue
         params = f", {row['parameter_count']:,} parameters" if row["parameter_count"] else ""
         print(f"{row['name']} ({', '.join(row['frameworks'])}; {row['task']}, {row['sample_unit']}{params}): "
               f"{row['description']}")
@@ -481,7 +554,27 @@ _COMMANDS = {"run": _command_run, "plugins": _command_plugins, "devices": _comma
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return _COMMANDS[args.command](args)
+    try:
+        code = _COMMANDS[args.command](args)
+        sys.stdout.flush()  # here, where a closed pipe can still be handled, not at interpreter exit
+        return code
+    except BrokenPipeError:
+        # `core plugins | head`: the reader left. Point stdout at /dev/null so the interpreter's
+        # final flush does not raise again, and end quietly, as other Unix tools do.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a tool killed by the broken pipe
+    except KeyboardInterrupt:
+        print(f"core: {args.command} interrupted", file=sys.stderr)
+        return 130
+    except Exception as error:
+        if args.debug:
+            raise
+        from core.errors import CoreError
+
+        kind = "error" if isinstance(error, CoreError) else f"internal error ({type(error).__name__})"
+        print(f"core: {kind}: {error} (--debug shows the traceback)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

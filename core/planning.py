@@ -45,7 +45,8 @@ def plan_run(manager: PluginManager, workload: str | Workload, accelerator: str 
     workload_obj = workload if isinstance(workload, Workload) else manager.workload(workload_name)
     accelerator_obj = accelerator if isinstance(accelerator, Accelerator) else manager.accelerator(accelerator_name)
 
-    availability = accelerator_obj.availability()
+    guard = manager.plugin_code
+    availability = manager.availability(accelerator_obj)
     if not availability.available:
         raise ConfigError("accelerator", accelerator_name, f"not available here: {availability.reason}")
     framework = config.framework
@@ -55,17 +56,21 @@ def plan_run(manager: PluginManager, workload: str | Workload, accelerator: str 
     if framework not in workload_obj.frameworks:
         raise ConfigError("framework", framework.value,
                           f"workload {workload_name!r} supports: {_choices(workload_obj.frameworks)}")
-    precisions = accelerator_obj.precisions(framework)
+    with guard(accelerator_obj, f"{type(accelerator_obj).__name__}.precisions()"):
+        precisions = accelerator_obj.precisions(framework)
     if config.precision not in precisions:
         raise ConfigError("precision", config.precision.value,
                           f"accelerator {accelerator_name!r} with {framework.value} supports: {_choices(precisions)}")
     validate_data(config.data, config.data_format, framework)
-    workload_options = workload_obj.parse_options(dict(config.workload_options))
-    accelerator_obj.parse_options(dict(config.accelerator_options))
+    with guard(workload_obj, f"{type(workload_obj).__name__}.parse_options()"):
+        workload_options = workload_obj.parse_options(dict(config.workload_options))
+    with guard(accelerator_obj, f"{type(accelerator_obj).__name__}.parse_options()"):
+        accelerator_obj.parse_options(dict(config.accelerator_options))
     if config.micro_batch_size is None:
         config = config.model_copy(update={"micro_batch_size": workload_obj.default_micro_batch_size})
 
-    max_replicas = accelerator_obj.max_replicas(config)
+    with guard(accelerator_obj, f"{type(accelerator_obj).__name__}.max_replicas()"):
+        max_replicas = accelerator_obj.max_replicas(config)
     if config.replicas > max_replicas:
         raise ConfigError("replicas", config.replicas,
                           f"accelerator {accelerator_name!r} can place at most {max_replicas} here")
@@ -75,7 +80,8 @@ def plan_run(manager: PluginManager, workload: str | Workload, accelerator: str 
     if config.device_iterations > 1 and not accelerator_obj.supports_device_iterations:
         raise ConfigError("device_iterations", config.device_iterations,
                           f"accelerator {accelerator_name!r} runs one update per host call; allowed: 1")
-    accelerator_obj.validate(config)
+    with guard(accelerator_obj, f"{type(accelerator_obj).__name__}.validate()"):
+        accelerator_obj.validate(config)
 
     if (config.replicas > 1 and framework.value == "torch" and accelerator_obj.launcher == "torchrun"
             and (manager.workloads.get(workload_name, None) is None
@@ -90,7 +96,7 @@ def plan_run(manager: PluginManager, workload: str | Workload, accelerator: str 
     meter_reason: str | None = None
     factory = manager.power_meter_factory(accelerator_obj, config)
     if factory is not None:
-        meter_availability = factory.availability()
+        meter_availability = manager.availability(factory)
         if not meter_availability.available:
             if config.power_meter != "auto":
                 raise ConfigError("power_meter", config.power_meter, f"not available here: {meter_availability.reason}")
@@ -98,8 +104,9 @@ def plan_run(manager: PluginManager, workload: str | Workload, accelerator: str 
     elif config.power_meter == "none":
         meter_reason = "energy measurement disabled (power_meter='none')"
     else:
-        reasons = [f"{r.item.name}: {r.item.availability().reason}" for r in manager.power_meters.values()
-                   if r.item.reads(accelerator_name) and not r.item.availability().available]
+        readers = [r.item for r in manager.power_meters.values() if manager.meter_reads(r.item, accelerator_name)]
+        reasons = [f"{meter.name}: {availability.reason}" for meter in readers
+                   if not (availability := manager.availability(meter)).available]
         meter_reason = (f"no available power meter reads accelerator {accelerator_name!r}"
                         + (f" ({'; '.join(reasons)})" if reasons else ""))
     return RunPlan(config, workload_obj, workload_options, accelerator_obj, factory, meter_reason)

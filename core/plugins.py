@@ -16,6 +16,8 @@ from __future__ import annotations
 import os
 import threading
 import traceback
+import contextlib
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
 from importlib import metadata
@@ -24,9 +26,9 @@ from typing import Any, Callable, Generic, Iterator, Sequence, TypeVar
 import pluggy
 
 from core import hookspecs
-from core.accelerator import Accelerator
+from core.accelerator import Accelerator, Availability
 from core.config import RunConfig
-from core.errors import ConfigError, RegistrationError
+from core.errors import ConfigError, PluginError, RegistrationError
 from core.hookspecs import hookimpl
 from core.power import PowerMeterFactory
 from core.workload import Workload
@@ -35,6 +37,10 @@ ENTRY_POINT_GROUP = "core"
 ENV_ALLOW = "CORE_PLUGINS"
 ENV_BLOCK = "CORE_DISABLE_PLUGINS"
 ENV_NO_AUTOLOAD = "CORE_DISABLE_PLUGIN_AUTOLOAD"
+# The distribution whose entry points are the built-in plugins: they load first, and their
+# entry-point names are reserved, so a third party cannot stand in for `cpu` even when the
+# built-in failed to load.
+BUILTIN_DISTRIBUTION = "core"
 
 T = TypeVar("T")
 
@@ -58,6 +64,35 @@ class PluginRecord:
     traceback: str | None = None
     hooks: list[str] = field(default_factory=list)
     registered: dict[str, list[str]] = field(default_factory=dict)
+    builtin: bool = False
+    #: every time this plugin's code raised after loading: (what it was asked, error, traceback)
+    faults: list["PluginFault"] = field(default_factory=list)
+
+
+class PluginFault(PluginError):
+    """A plugin's code raised where core called it: names the plugin, what it was asked, and where.
+
+    Core turns it into an "unavailable" entry (listings), a refused run (planning) or a run's
+    error status (running); it never escapes as a bare traceback.
+    """
+
+    def __init__(self, plugin: str, call: str, error: BaseException) -> None:
+        self.plugin = plugin
+        self.call = call
+        self.error = error
+        self.location = innermost_location(error)
+        self.traceback_text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+        where = f" at {self.location}" if self.location else ""
+        super().__init__(f"plugin {plugin!r} raised in {call}{where}: {type(error).__name__}: {error}")
+
+
+def innermost_location(error: BaseException) -> str | None:
+    """``path/to/file.py:42 in function`` of the frame that raised, for one-line error reports."""
+    frames = traceback.extract_tb(error.__traceback__)
+    if not frames:
+        return None
+    frame = frames[-1]
+    return f"{frame.filename}:{frame.lineno} in {frame.name}"
 
 
 @dataclass(frozen=True)
@@ -85,15 +120,23 @@ def _env_flag(variable: str) -> bool:
     return os.environ.get(variable, "").strip().lower() not in ("", "0", "false", "no")
 
 
+_DEFAULT_SELECTION = "core.default-power-meter-selection"
+
+
 class _DefaultPowerMeterSelection:
     """Core's fallback: the first available registered meter that reads the accelerator."""
+
+    def __init__(self, manager: "PluginManager") -> None:
+        self._manager = manager
 
     @hookimpl(trylast=True)
     def core_select_power_meter(
         self, accelerator: Accelerator, config: RunConfig, candidates: Sequence[PowerMeterFactory]
     ) -> PowerMeterFactory | None:
         for candidate in candidates:
-            if candidate.reads(accelerator.name) and candidate.availability().available:
+            # A meter whose own checks raise is passed over (and its fault recorded), never fatal.
+            if self._manager.meter_reads(candidate, accelerator.name) and \
+                    self._manager.availability(candidate).available:
                 return candidate
         return None
 
@@ -104,7 +147,9 @@ class PluginManager:
     def __init__(self) -> None:
         self._pluggy = pluggy.PluginManager(hookspecs.PROJECT_NAME)
         self._pluggy.add_hookspecs(hookspecs)
-        self._pluggy.register(_DefaultPowerMeterSelection(), name="core.default-power-meter-selection")
+        self._pluggy.register(_DefaultPowerMeterSelection(self), name=_DEFAULT_SELECTION)
+        #: entry-point names of the built-in distribution: no other plugin may take them
+        self.reserved_names: set[str] = set()
         self.plugins: dict[str, PluginRecord] = {}
         self.accelerators: dict[str, Registered[Accelerator]] = {}
         self.workloads: dict[str, Registered[Workload]] = {}
@@ -120,7 +165,11 @@ class PluginManager:
         allow = _names_from_env(ENV_ALLOW)
         block = _names_from_env(ENV_BLOCK) or set()
         autoload = not _env_flag(ENV_NO_AUTOLOAD)
-        for entry_point in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        entry_points = list(metadata.entry_points(group=ENTRY_POINT_GROUP))
+        # Built-ins first: whatever a third party registers, `cpu` stays the built-in CPU.
+        entry_points.sort(key=lambda e: (not _is_builtin(e), e.name))
+        self.reserved_names |= {e.name for e in entry_points if _is_builtin(e)}
+        for entry_point in entry_points:
             name = entry_point.name
             distribution = getattr(entry_point, "dist", None)
             record = PluginRecord(
@@ -129,7 +178,15 @@ class PluginManager:
                 module=entry_point.value,
                 distribution=distribution.metadata["Name"] if distribution else None,
                 version=distribution.version if distribution else None,
+                builtin=_is_builtin(entry_point),
             )
+            if not record.builtin and name in self.reserved_names:
+                record.state = PluginState.failed
+                record.error = (f'Plugin "{name}" from {entry_point.value} was not loaded: "{name}" is the name of '
+                                "a built-in plugin; rename the entry point")
+                record.name = f"{name} ({entry_point.value})"
+                self.plugins[record.name] = record
+                continue
             wanted = (allow is None or name in allow) and (autoload or (allow is not None and name in allow))
             if name in block or not wanted:
                 record.state = PluginState.blocked
@@ -179,7 +236,7 @@ class PluginManager:
             return record
         record.hooks = sorted(caller.name for caller in self._pluggy.get_hookcallers(plugin) or [])
         try:
-            collected = self._collect_registrations(record.name)
+            collected = self._collect_registrations(record.name, record.builtin)
         except Exception as exc:
             self._unregister(record.name)
             record.state = PluginState.failed
@@ -201,7 +258,7 @@ class PluginManager:
         if plugin is not None:
             self._pluggy.unregister(plugin)
 
-    def _collect_registrations(self, plugin_name: str) -> dict[str, list[Any]]:
+    def _collect_registrations(self, plugin_name: str, builtin: bool = False) -> dict[str, list[Any]]:
         collected: dict[str, list[Any]] = {}
         for hook_name, (registry_name, expected_type) in _REGISTRATION_HOOKS.items():
             items: list[Any] = []
@@ -215,9 +272,13 @@ class PluginManager:
                 if not isinstance(name, str) or not name:
                     raise RegistrationError(f"{type(item).__name__} has no name")
                 if name in _registry:
-                    raise RegistrationError(
-                        f"{_type.__name__} {name!r} is already registered by plugin {_registry[name].plugin!r}"
-                    )
+                    owner = _registry[name].plugin
+                    kind = "built-in plugin" if self.plugins.get(owner, PluginRecord(owner, PluginState.loaded)).builtin \
+                        else "plugin"
+                    raise RegistrationError(f"{_type.__name__} {name!r} is already registered by {kind} {owner!r}")
+                if not builtin and _type is Accelerator and name in self.reserved_names:
+                    raise RegistrationError(f"{_type.__name__} {name!r} is the name of a built-in plugin; "
+                                            "choose another name")
                 if any(existing.name == name for existing in _items):
                     raise RegistrationError(f"{_type.__name__} {name!r} registered twice")
                 _items.append(item)
@@ -251,12 +312,84 @@ class PluginManager:
                     "power_meter", config.power_meter,
                     f"unknown power meter; allowed: auto, none, {', '.join(sorted(self.power_meters)) or '(none registered)'}",
                 )
-            return self.power_meters[config.power_meter].item
+            chosen = self.power_meters[config.power_meter].item
+            if not self.meter_reads(chosen, accelerator.name):
+                readers = [name for name, registered in sorted(self.power_meters.items())
+                           if self.meter_reads(registered.item, accelerator.name)]
+                raise ConfigError("power_meter", config.power_meter,
+                                  f"meter {config.power_meter!r} does not read accelerator {accelerator.name!r}; "
+                                  f"allowed: auto, none{''.join(', ' + name for name in readers)}")
+            return chosen
         candidates = [registered.item for registered in self.power_meters.values()]
-        return self.hook.core_select_power_meter(accelerator=accelerator, config=config, candidates=candidates)
+        return self._select_power_meter(accelerator, config, candidates)
 
-    def failed_plugins(self) -> Iterator[PluginRecord]:
-        return (record for record in self.plugins.values() if record.state is PluginState.failed)
+    def _select_power_meter(self, accelerator: Accelerator, config: RunConfig,
+                            candidates: list[PowerMeterFactory]) -> PowerMeterFactory | None:
+        """core_select_power_meter, one implementation at a time in pluggy's order (firstresult):
+        an implementation that raises, or answers something that is not a factory, is passed over
+        and its fault recorded against its plugin."""
+        chosen: object = None
+        for impl in reversed(self.hook.core_select_power_meter.get_hookimpls()):
+            try:
+                with self._plugin_named(impl.plugin_name, "the core_select_power_meter hook"):
+                    chosen = impl.function(**{name: {"accelerator": accelerator, "config": config,
+                                                     "candidates": candidates}[name] for name in impl.argnames})
+            except PluginFault:
+                continue
+            if chosen is not None:
+                break
+        return chosen if isinstance(chosen, PowerMeterFactory) else None
+
+    # --- calling plugin code -----------------------------------------------------------------
+
+    def plugin_of(self, item: object) -> str:
+        """The plugin that registered ``item`` (an accelerator, workload or meter factory)."""
+        for registry in (self.accelerators, self.workloads, self.power_meters):
+            for registered in registry.values():
+                if registered.item is item:
+                    return registered.plugin
+        return f"{type(item).__module__}.{type(item).__qualname__}"
+
+    def plugin_code(self, item: object, call: str) -> "contextlib.AbstractContextManager[None]":
+        """Run a call into plugin code: what it raises becomes a PluginFault naming the plugin.
+
+        ConfigError passes through unchanged (a plugin refusing an option is doing its job), and so
+        does KeyboardInterrupt. The fault is also kept on the plugin's record for ``core plugins``.
+        """
+        return self._plugin_named(self.plugin_of(item), call)
+
+    @contextmanager
+    def _plugin_named(self, plugin: str, call: str) -> Iterator[None]:
+        try:
+            yield
+        except (ConfigError, PluginFault):
+            raise
+        except Exception as exc:
+            fault = PluginFault(plugin, call, exc)
+            record = self.plugins.get(plugin)
+            if record is not None:
+                record.faults.append(fault)
+            raise fault from exc
+
+    def availability(self, item: Accelerator | PowerMeterFactory) -> Availability:
+        """``item.availability()``; a plugin that raises or answers nonsense is unavailable, with why."""
+        try:
+            with self.plugin_code(item, f"{type(item).__name__}.availability()"):
+                answer = item.availability()
+        except PluginFault as fault:
+            return Availability.no(str(fault))
+        if not isinstance(answer, Availability):
+            return Availability.no(f"plugin {self.plugin_of(item)!r}: availability() returned "
+                                   f"{type(answer).__name__}, not an Availability")
+        return answer
+
+    def meter_reads(self, meter: PowerMeterFactory, accelerator_name: str) -> bool:
+        """``meter.reads(name)``; a meter that raises reads nothing."""
+        try:
+            with self.plugin_code(meter, f"{type(meter).__name__}.reads()"):
+                return bool(meter.reads(accelerator_name))
+        except PluginFault:
+            return False
 
 
 _manager: PluginManager | None = None
@@ -280,6 +413,11 @@ def set_plugin_manager(manager: PluginManager | None) -> PluginManager | None:
     with _manager_lock:
         previous, _manager = _manager, manager
         return previous
+
+
+def _is_builtin(entry_point: metadata.EntryPoint) -> bool:
+    distribution = getattr(entry_point, "dist", None)
+    return distribution is not None and distribution.metadata["Name"] == BUILTIN_DISTRIBUTION
 
 
 def call_observers(notify: Callable[[], None], what: str) -> None:

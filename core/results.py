@@ -11,7 +11,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from core.config import RunConfig
 
 # 1.1: EnergyMeasurement.power_timeline and .warnings (optional, so 1.0 documents still load).
-SCHEMA_VERSION = "1.1"
+# 1.2: Status.location and .traceback (optional).
+SCHEMA_VERSION = "1.2"
+# A traceback kept in a result is cut to its end (where it broke) so a deep recursion stays small.
+_TRACEBACK_CHARS = 20_000
 
 
 class RunState(str, Enum):
@@ -32,10 +35,23 @@ class Status(BaseModel):
     phase: str | None = Field(default=None, description="phase in which the fault happened")
     error_type: str | None = None
     message: str | None = None
+    location: str | None = Field(default=None, description="'file.py:42 in function' of the frame that raised")
+    traceback: str | None = Field(default=None, description="the whole traceback (`core --debug run` prints it)")
 
     @property
     def ok(self) -> bool:
         return self.state is RunState.ok
+
+    @classmethod
+    def from_exception(cls, state: "RunState", phase: str | None, error: BaseException) -> "Status":
+        """A fault's status, naming where it was raised (the innermost frame: often plugin code)."""
+        import traceback as tracebacks
+
+        frames = tracebacks.extract_tb(error.__traceback__)
+        location = f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else None
+        text = "".join(tracebacks.format_exception(type(error), error, error.__traceback__))
+        return cls(state=state, phase=phase, error_type=type(error).__name__, message=str(error) or repr(error),
+                   location=location, traceback=text[-_TRACEBACK_CHARS:])
 
 
 class DeviceRecord(BaseModel):

@@ -148,8 +148,7 @@ def execute(plan: RunPlan, process: ProcessContext, on_progress: ProgressCallbac
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt) and executor is None:
             raise
-        result.status = Status(state=classify_fault(exc), phase=phase,
-                               error_type=type(exc).__name__, message=str(exc) or repr(exc))
+        result.status = Status.from_exception(classify_fault(exc), phase, exc)
         if meter is not None and result.energy is None:
             result.energy_unavailable_reason = f"the window did not complete ({result.status.state.value})"
     finally:

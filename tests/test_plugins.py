@@ -120,7 +120,7 @@ def manager() -> PluginManager:
 @pytest.mark.parametrize("plugin,message", [
     (MisspelledHook(), "unknown hook 'core_register_acelerators'"),
     (WrongType(), "expected a Workload instance, got str"),
-    (DuplicateWorkload(), "Workload 'fcnn' is already registered by plugin 'workloads'"),
+    (DuplicateWorkload(), "Workload 'fcnn' is already registered by built-in plugin 'workloads'"),
     (RaisesInHook(), "ImportError: libvendor.so"),
 ])
 def test_bad_plugins_fail_alone(manager: PluginManager, plugin: object, message: str) -> None:
