@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-tf = pytest.importorskip("tensorflow")
+from core.config import Precision, make_config
+from core.errors import NonFiniteLossError
+from core.executors.keras import KerasExecutor, KerasPlacement  # imports TensorFlow lazily
+from core.workloads.fcnn import Fcnn, FcnnOptions
 
-from core.config import Precision, make_config  # noqa: E402
-from core.errors import NonFiniteLossError  # noqa: E402
-from core.executors.keras import KerasExecutor, KerasPlacement  # noqa: E402
-from core.workloads.fcnn import Fcnn, FcnnOptions  # noqa: E402
+tf = pytest.importorskip("tensorflow")
 
 pytestmark = pytest.mark.tensorflow
 
@@ -211,6 +211,7 @@ _REPLICA_SCRIPT = textwrap.dedent(
     ex.step()
     ex.synchronize()
     out["replica_losses"] = [float(v.numpy()) for v in ex._loss_sum.values]
+    out["replica_bad_gradients"] = [float(v.numpy()) for v in ex._non_finite_gradients.values]
     try:
         ex.check_finite()
         out["nan_raised"] = False
@@ -250,7 +251,7 @@ _REPLICA_SCRIPT = textwrap.dedent(
 def replica_run() -> dict:
     env = {**CHILD_ENV, "TF_CPP_MIN_LOG_LEVEL": "2"}
     proc = subprocess.run(
-        [sys.executable, "-c", _REPLICA_SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", _REPLICA_SCRIPT], check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
     )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
@@ -270,8 +271,10 @@ def test_two_replicas_match_one(replica_run: dict) -> None:
 
 
 def test_nan_on_one_replica_is_detected(replica_run: dict) -> None:
-    first, second = replica_run["replica_losses"]
-    assert np.isfinite(first) and not np.isfinite(second)
+    # Replica 1's loss may stay finite (oneDNN's fused ReLU maps the NaN input to 0), but its
+    # local gradient is NaN: that replica alone flags it, and the read sums the flags.
+    assert np.isfinite(replica_run["replica_losses"][0])
+    assert replica_run["replica_bad_gradients"] == [0.0, 1.0]
     assert replica_run["nan_raised"] == "NonFiniteLossError"
 
 
@@ -284,7 +287,7 @@ def test_fp16_overflow_on_one_replica_skips_update_everywhere(replica_run: dict)
 def test_import_does_not_load_tensorflow() -> None:
     code = "import sys, core.executors.keras; print('tensorflow' in sys.modules)"
     proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, env=CHILD_ENV,
+        [sys.executable, "-c", code], check=False, cwd=ROOT, env=CHILD_ENV,
         capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 0, proc.stderr

@@ -43,7 +43,17 @@ class Executor(ABC):
 
     @abstractmethod
     def check_finite(self) -> None:
-        """Raise NonFiniteLossError if any loss since the last check was NaN/inf. Called after a sync."""
+        """Raise NonFiniteLossError if any update since the last check had a NaN/inf loss or gradient.
+
+        Every update counts, the last before the check included: checking only the latest loss
+        misses a NaN that a kernel masks on its way to the loss (oneDNN's fused ReLU maps it to
+        0) and that reaches only the gradients of the phase's last update. So ``step()`` folds
+        each micro-step's loss and the gradients the optimizer applies into a device-side flag,
+        with no host sync, and this method (called after ``synchronize()``, outside any timed
+        span) reads it and clears it: a fault is reported once. Gradients that loss scaling
+        skips (fp16 overflow) are the scaler's business, not a fault. Every process of a run
+        reaches the same verdict.
+        """
 
     def data_wait_seconds(self) -> float:
         """Seconds, since setup, that step() spent blocked waiting for input data."""

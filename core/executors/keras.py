@@ -12,8 +12,9 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from core.config import Precision, RunConfig
 from core.errors import NonFiniteLossError
@@ -140,6 +141,18 @@ class KerasExecutor(Executor):
                     synchronization=tf.VariableSynchronization.ON_READ,
                     aggregation=tf.VariableAggregation.SUM,
                 )
+                # Likewise: replica updates since the last check whose gradients held a NaN/inf.
+                # The loss alone can miss one: oneDNN's fused MatMul+BiasAdd+ReLU turns a NaN
+                # input into a finite activation, so the loss stays finite while the gradient
+                # of the first kernel (x^T dz) is NaN, and a NaN entering in the window's last
+                # update would then surface in no later loss.
+                self._non_finite_gradients = tf.Variable(
+                    0.0,
+                    trainable=False,
+                    dtype=tf.float32,
+                    synchronization=tf.VariableSynchronization.ON_READ,
+                    aggregation=tf.VariableAggregation.SUM,
+                )
 
             # Data: sample i of the run is pool[i % pool]. Micro-step g of global replica r takes
             # samples [(g*N + r)*micro, (g*N + r + 1)*micro): the union over one update is the same
@@ -187,7 +200,9 @@ class KerasExecutor(Executor):
             else:
                 # Keras 3: scale_loss() here, apply_gradients() unscales.
                 scale_loss = getattr(optimizer, "scale_loss", lambda loss: loss)
-                unscale = lambda grads: grads  # noqa: E731
+
+                def unscale(grads: list[Any]) -> list[Any]:
+                    return grads
             update_batch = float(global_replicas * accumulation * micro)
 
             def micro_step(x: Any, y: Any) -> tuple[list[Any], Any]:
@@ -222,15 +237,27 @@ class KerasExecutor(Executor):
                 )
                 return grads, loss
 
-            # XLA compiles the per-replica gradient computation; the optimizer apply stays outside
-            # it, where every strategy supports its cross-replica merge.
-            compute = tf.function(accumulate, jit_compile=True) if placement.jit_compile else accumulate
+            def accumulate_and_check(xs: Any, ys: Any) -> tuple[list[Any], Any, Any]:
+                grads, loss = accumulate(xs, ys)
+                if loss_scaling:
+                    # NaN/inf in scaled gradients is loss scaling at work (the optimizer skips the
+                    # update and lowers the scale), not a fault: only the loss is checked.
+                    return grads, loss, tf.zeros([])
+                # The accumulated gradients are the ones applied: a NaN/inf in any micro-step's
+                # stays NaN/inf in the sum. 1.0 for this replica's update if any element is.
+                finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
+                return grads, loss, tf.cast(tf.logical_not(finite), tf.float32)
+
+            # XLA compiles the per-replica gradient computation (the finite check with it); the
+            # optimizer apply stays outside it, where every strategy supports its cross-replica merge.
+            compute = (tf.function(accumulate_and_check, jit_compile=True) if placement.jit_compile
+                       else accumulate_and_check)
 
             def replica_update(xs: Any, ys: Any) -> None:
                 if self._files is not None:  # [GA x micro, ...] -> [GA, micro, ...]
                     xs = tf.reshape(xs, tf.concat([[accumulation, micro], tf.shape(xs)[1:]], 0))
                     ys = tf.reshape(ys, tf.concat([[accumulation, micro], tf.shape(ys)[1:]], 0))
-                grads, loss = compute(xs, ys)
+                grads, loss, non_finite = compute(xs, ys)
                 grads = unscale(grads)
                 if loss_scaling and global_replicas > 1:
                     # Keras 3's LossScaleOptimizer judges finiteness on replica 0's local
@@ -245,6 +272,11 @@ class KerasExecutor(Executor):
                 # In replica context the optimizer all-reduces (sums) gradients across replicas.
                 optimizer.apply_gradients(zip(grads, variables))
                 self._loss_sum.assign_add(loss)
+                if not loss_scaling:
+                    # Each replica checks its local gradients before the all-reduce: their sum
+                    # is non-finite exactly when one of them is, and the SUM variable reduces
+                    # the per-replica counts when read.
+                    self._non_finite_gradients.assign_add(non_finite)
 
             @tf.function
             def train_step(xs: Any, ys: Any) -> None:
@@ -303,11 +335,19 @@ class KerasExecutor(Executor):
         return HostStepClock()
 
     def check_finite(self) -> None:
-        total = self._read_loss_sum()
+        # Cross-replica reads (see _read_loss_sum), then both counters restart from zero.
         with self._strategy.scope():
+            total = float(self._loss_sum.read_value().numpy())
+            bad_gradients = float(self._non_finite_gradients.read_value().numpy())
             self._loss_sum.assign(0.0)
+            self._non_finite_gradients.assign(0.0)
         if not math.isfinite(total):
             raise NonFiniteLossError(f"training loss became {total} (summed since the last check)")
+        if bad_gradients:
+            raise NonFiniteLossError(
+                f"a gradient was NaN/inf in {bad_gradients:g} replica update(s) since the last check "
+                f"(the loss stayed finite: {total})"
+            )
 
     def details(self) -> dict[str, Any]:
         return dict(self._details)
@@ -324,5 +364,6 @@ class KerasExecutor(Executor):
         keras.mixed_precision.set_global_policy(self._previous_policy)
         self._tf.config.experimental.enable_tensor_float_32_execution(self._previous_tf32)
         # Drop graphs, variables and device-resident data so memory can be reclaimed.
-        for name in ("_train_step", "_inputs", "_targets", "_files", "_loss_sum", "model", "optimizer"):
+        for name in ("_train_step", "_inputs", "_targets", "_files", "_loss_sum", "_non_finite_gradients",
+                     "model", "optimizer"):
             self.__dict__.pop(name, None)

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, ContextManager
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -82,11 +84,60 @@ def _grad_scaler(device: torch.device) -> Any:
     return torch.cuda.amp.GradScaler()
 
 
+def _fused_finite_check_runs_on(device: torch.device) -> bool:
+    """Whether GradScaler's fused non-finite kernel runs on ``device`` (CUDA, ROCm, CPU since torch 2.3)."""
+    try:
+        torch._amp_foreach_non_finite_check_and_unscale_(
+            [torch.zeros(1, device=device)], torch.zeros(1, device=device), torch.ones(1, device=device)
+        )
+    except (RuntimeError, NotImplementedError):
+        return False
+    return True
+
+
+class NonFiniteFlag:
+    """A device-side "some value was NaN/inf" flag, raised by queued ops and read only on request.
+
+    Raising it queues device work like any other op, so checking every update costs no host sync.
+    Once raised it stays raised until ``take()`` reads and clears it.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self._found = torch.zeros(1, device=device)  # float32, one element: what the fused kernel takes
+        self._one = torch.ones(1, device=device)
+        self._fused = _fused_finite_check_runs_on(device)
+
+    def update(self, tensors: list[torch.Tensor]) -> None:
+        """Raise the flag if any element of ``tensors`` is NaN/inf; values are left unchanged."""
+        if not tensors:
+            return
+        if self._fused:
+            # GradScaler's own check with an unscale factor of 1: one call over the whole list
+            # (one kernel on CUDA) that sets the flag to 1 and never clears it. Its in-place
+            # "unscale" multiplies by exactly 1, which changes no value, NaN and inf included.
+            torch._amp_foreach_non_finite_check_and_unscale_(tensors, self._found, self._one)
+        else:
+            # Devices without the fused kernel: exact, and still no read back to the host.
+            all_finite = torch.stack([torch.isfinite(t).all() for t in tensors]).all()
+            self._found.add_(all_finite.logical_not())
+
+    def take(self) -> torch.Tensor:
+        """The flag as a device tensor (non-zero: raised), cleared for the next interval."""
+        found = self._found.clone()
+        self._found.zero_()
+        return found
+
+
 def _compiled_graph_count() -> int:
     """Graphs TorchDynamo has compiled in this process; a rise inside the window is a recompilation."""
     from torch._dynamo.utils import counters  # private, but the counter Dynamo's own tests read
 
     return int(counters["stats"]["unique_graphs"])
+
+
+def _dense(grad: torch.Tensor) -> torch.Tensor:
+    """The values of a gradient, as a strided tensor the finite check accepts (sparse embeddings)."""
+    return grad._values() if grad.is_sparse else grad
 
 
 def micro_batch_indices(rank: int, micro_batch: int, accumulation: int, pool: int) -> list[torch.Tensor]:
@@ -160,14 +211,22 @@ class TorchExecutor(Executor):
         self._loss_fn = spec.loss_fn
 
         dtype = _AUTOCAST_DTYPES.get(config.precision)
-        self._autocast: Callable[[], ContextManager[Any]] = (
+        self._autocast: Callable[[], AbstractContextManager[Any]] = (
             (lambda: torch.autocast(device_type=self.device.type, dtype=dtype))
             if dtype is not None else contextlib.nullcontext
         )
         self._scaler = _grad_scaler(self.device) if config.precision is Precision.fp16 else None
-        # Only a reference to the last loss is kept: it costs no device op per step, and a
-        # NaN in the weights makes every later loss NaN, so checking it at each phase
-        # boundary catches a diverged run without syncing inside the window.
+        # Every update raises this flag on the device if any micro-step's loss, or (without a
+        # GradScaler) any gradient the optimizer step uses, is NaN/inf. Checking only the last
+        # loss is not enough: a kernel may map a NaN to a finite value on the way to the loss
+        # (TensorFlow's fused oneDNN ReLU does), so a NaN can first show in the gradients, and
+        # one entering in the window's last update would show in no later loss.
+        self._non_finite = NonFiniteFlag(self.device)
+        # The gradients the optimizer steps with are those of its parameter groups.
+        self._trained_parameters = [p for group in self._optimizer.param_groups for p in group["params"]]
+        # Only torch's sparse embeddings produce sparse gradients; the check takes their values.
+        self._sparse_gradients = any(getattr(m, "sparse", False) is True for m in spec.model.modules())
+        # Kept for the error message only (a reference: no device op per step).
         self._last_loss: torch.Tensor | None = None
         self._details.update({
             "framework": "torch",
@@ -198,6 +257,9 @@ class TorchExecutor(Executor):
     def step(self) -> None:
         accumulation = self._config.gradient_accumulation
         last = accumulation - 1
+        # Detached aliases of each micro-step's loss: the finite check writes through them in
+        # place, which autograd would refuse on the loss itself.
+        checked: list[torch.Tensor] = []
         for index in range(accumulation):
             inputs, targets = self._micro_batch(index)
             # DDP all-reduces gradients only on the final micro-step of an update.
@@ -211,14 +273,22 @@ class TorchExecutor(Executor):
                     self._scaler.scale(loss).backward()
                 else:
                     loss.backward()
+            checked.append(loss.detach())
         if self._scaler is not None:
+            # A NaN/inf in scaled gradients is loss scaling at work (the scaler skips the step
+            # and lowers the scale), not a fault: only the unscaled losses are checked.
+            self._non_finite.update(checked)
             self._scaler.step(self._optimizer)
             self._scaler.update()
         else:
+            # After the last backward, DDP's all-reduce has finished: these are the gradients
+            # this optimizer step applies, accumulated over every micro-step.
+            grads = [g for p in self._trained_parameters if (g := p.grad) is not None]
+            checked += [_dense(g) for g in grads] if self._sparse_gradients else grads
+            self._non_finite.update(checked)
             self._optimizer.step()
         self._optimizer.zero_grad(set_to_none=True)
-        # The loss itself, not .detach(): its graph is already freed by backward, and a detach
-        # would cost a tensor allocation every update.
+        # For the error message only; a reference costs no device op.
         self._last_loss = loss
 
     def begin_window(self) -> None:
@@ -230,8 +300,8 @@ class TorchExecutor(Executor):
             return []
         added = _compiled_graph_count() - before
         if added > 0:
-            return [f"torch.compile compiled {added} new graph(s) inside the timed window (a recompilation): "
-                    "its compile time is in window_seconds"]
+            return [(f"torch.compile compiled {added} new graph(s) inside the timed window (a recompilation): "
+                     "its compile time is in window_seconds")]
         return []
 
     def synchronize(self) -> None:
@@ -244,8 +314,19 @@ class TorchExecutor(Executor):
         return HostStepClock()
 
     def check_finite(self) -> None:
-        if self._last_loss is not None and not bool(torch.isfinite(self._last_loss).all()):
-            raise NonFiniteLossError(f"loss is {self._last_loss.item()} (not finite)")
+        found = self._non_finite.take()
+        if self._process.is_distributed:
+            # A NaN loss on one rank only must fail every rank alike, or the others would go on
+            # to wait at the next barrier for a rank that has stopped.
+            device = self.device if self._placement.distributed_backend == "nccl" else torch.device("cpu")
+            found = (found != 0).to(device=device, dtype=torch.float32)
+            torch.distributed.all_reduce(found, op=torch.distributed.ReduceOp.MAX)
+        if bool(found.item() != 0):
+            last = self._last_loss.item() if self._last_loss is not None else None
+            raise NonFiniteLossError(
+                f"a loss or gradient was NaN/inf in an update since the last check "
+                f"(last loss on this rank: {last})"
+            )
 
     def barrier(self) -> None:
         if not self._process.is_distributed:
@@ -279,3 +360,8 @@ class TorchExecutor(Executor):
     def close(self) -> None:
         if self._process.is_distributed and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+            # gloo's worker thread may still hold the Context a gradient all-reduce captured in
+            # backward(); released during interpreter exit, it aborts the process. Wait for it.
+            from core.distributed import release_finished_collectives
+
+            release_finished_collectives()
