@@ -22,9 +22,15 @@ def run(workload: "str | Workload", accelerator: "str | Accelerator", *,
     :param on_progress: called with the partial result after each phase.
     :param options: any RunConfig field: ``micro_batch_size``, ``precision``, ``replicas``, ...
     :raises ConfigError: before any device is touched, naming the field, value and what is allowed.
+    :raises KeyboardInterrupt: on Ctrl-C, after the executor, the meter and any worker
+        processes were stopped; nothing is reported.
     :returns: the result; a fault during the run is in ``result.status``, with every figure
         measured before it kept.
     """
+    if on_progress is not None and not callable(on_progress):
+        from core.errors import ConfigError
+
+        raise ConfigError("on_progress", on_progress, "a callable taking the partial RunResult, or None")
     from core.launch import launch_with_torchrun
     from core.planning import plan_run
     from core.plugins import call_observers, get_plugin_manager
@@ -34,7 +40,7 @@ def run(workload: "str | Workload", accelerator: "str | Accelerator", *,
     plan = plan_run(manager, workload, accelerator, options)
     call_observers(lambda: manager.hook.core_run_started(config=plan.config), "run-started")
     if plan.launches_processes:
-        result = launch_with_torchrun(plan)
+        result = launch_with_torchrun(plan, on_progress)
     else:
         result = execute(plan, SINGLE_PROCESS, on_progress)
     call_observers(lambda: manager.hook.core_result_ready(result=result), "result-ready")

@@ -1,69 +1,121 @@
 """Replicas as processes: torch.distributed.run (torchrun) starts one worker per replica.
 
-The workers write rank 0's result after every phase, so a worker killed mid-run still leaves
-what was measured; torchrun stops the remaining workers when one dies.
+The workers write rank 0's result after every phase; the launcher reads it while torchrun runs
+and passes each new phase on (``on_progress``), so a launch that is killed, times out or is
+interrupted later still leaves what was measured. torchrun stops the remaining workers when one
+dies.
+
+Supervision (see core.processes): torchrun's agent runs in a session of its own under
+``python -m core.processes``, which ends it when the launcher dies (``kill -9`` included) and
+then removes the launcher's work directory; the workers end with the agent. On every way out of
+:func:`launch_with_torchrun` (a result, an exception, Ctrl-C, SIGTERM, the time limit) the
+agent's group is stopped and the work directory removed.
 """
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
-import sys
-import tempfile
+import time
 from pathlib import Path
+from typing import Callable
 
+from core import processes
 from core.planning import RunPlan
-from core.results import RunResult, RunState, Status
-from core.runner import new_result
+from core.results import RunResult, RunState
+from core.runner import new_result, observe_progress
 
-_STDERR_TAIL_CHARS = 4000
+_POLL_SECONDS = 0.2  # how often the launcher looks for torchrun's end and rank 0's progress
+_WORK_DIRECTORY_PREFIX = "core-torchrun-"
 
 
-def torchrun_command(replicas: int, config_path: Path, result_path: Path) -> list[str]:
+def torchrun_arguments(replicas: int, config_path: Path, result_path: Path, log_dir: Path | None = None) -> list[str]:
+    """``-m torch.distributed.run ... -m core.worker CONFIG RESULT``: torchrun running a worker per replica."""
+    # torchrun makes a log directory in /tmp on every launch and never removes it: keep it in ours.
+    logs = [f"--log-dir={log_dir}"] if log_dir is not None else []
     return [
-        sys.executable, "-m", "torch.distributed.run",
-        "--standalone", "--nnodes=1", f"--nproc-per-node={replicas}", "--max-restarts=0",
+        "-m", "torch.distributed.run",
+        "--standalone", "--nnodes=1", f"--nproc-per-node={replicas}", "--max-restarts=0", *logs,
         "-m", "core.worker", str(config_path), str(result_path),
     ]
 
 
-def failure_status(returncode: int, stderr: str, phase: str | None) -> Status:
-    """How a failed torchrun is reported: killed workers apart from errors, with stderr's tail."""
-    killed = returncode < 0 or "Signal 9" in stderr or "SIGKILL" in stderr or "exitcode  : -9" in stderr
-    if returncode < 0:
-        what = f"torchrun was killed by signal {signal.Signals(-returncode).name}"
-    else:
-        what = f"torchrun exited with code {returncode}"
-    return Status(
-        state=RunState.killed if killed else RunState.error,
-        phase=phase,
-        error_type="WorkerFailure",
-        message=f"{what}; a worker process failed. stderr tail:\n{stderr[-_STDERR_TAIL_CHARS:]}",
-    )
+def _a_worker_was_killed(output: str) -> bool:
+    """torchrun exits with code 1 when a worker dies; its report names a SIGKILL."""
+    return "Signal 9" in output or "SIGKILL" in output or "exitcode  : -9" in output
 
 
-def _last_phase(result: RunResult) -> str:
-    for name, value in (("window", result.window_seconds), ("warmup", result.warmup_seconds),
-                        ("first_step", result.first_step_seconds), ("setup", result.setup_seconds)):
-        if value is not None:
-            return {"setup": "first_step", "first_step": "warmup", "warmup": "window", "window": "teardown"}[name]
-    return "setup"
+class _RankZeroResult:
+    """Rank 0's result file, read again whenever it changes (the worker replaces it whole)."""
+
+    def __init__(self, path: Path, initial: RunResult) -> None:
+        self.path = path
+        self.result = initial
+        self.seen = False
+        self._version: tuple[int, int, int] | None = None
+
+    def refresh(self) -> bool:
+        """Read the file if it changed; True when a new result was read."""
+        try:
+            stat = self.path.stat()
+            version = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+            if version == self._version:
+                return False
+            result = RunResult.model_validate_json(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return False
+        self._version, self.result, self.seen = version, result, True
+        return True
 
 
-def launch_with_torchrun(plan: RunPlan) -> RunResult:
-    with tempfile.TemporaryDirectory(prefix="core-torchrun-") as tmp:
-        config_path, result_path = Path(tmp, "config.json"), Path(tmp, "result.json")
+def launch_with_torchrun(plan: RunPlan, on_progress: Callable[[RunResult], None] | None = None, *,
+                         timeout_seconds: float | None = None) -> RunResult:
+    """Run ``plan`` as ``plan.config.replicas`` torchrun workers; rank 0's result is the run's.
+
+    :param on_progress: called with rank 0's result after each phase, as the workers write it.
+    :param timeout_seconds: stop the launch after this long; the result then has a ``timeout``
+        status and keeps the phases measured before it.
+    :raises KeyboardInterrupt: on Ctrl-C, after torchrun and its workers were stopped.
+    """
+    with processes.sigterm_exits(), processes.work_directory(_WORK_DIRECTORY_PREFIX) as work:
+        config_path, result_path, log_path = work / "config.json", work / "result.json", work / "torchrun.log"
         config_path.write_text(plan.config.model_dump_json(), encoding="utf-8")
-        environment = dict(os.environ, PYTHONUNBUFFERED="1")
-        completed = subprocess.run(torchrun_command(plan.config.replicas, config_path, result_path),
-                                   capture_output=True, text=True, env=environment)
-        if result_path.exists():
-            result = RunResult.model_validate_json(result_path.read_text(encoding="utf-8"))
-        else:
-            result = new_result(plan, world_size=plan.config.replicas)
-    if completed.returncode != 0:
-        failure = failure_status(completed.returncode, completed.stderr, result.status.phase or _last_phase(result))
+        rank_zero = _RankZeroResult(result_path, new_result(plan, world_size=plan.config.replicas))
+        command = processes.guarded_command(
+            torchrun_arguments(plan.config.replicas, config_path, result_path, work / "torchelastic"),
+            remove_when_orphaned=work)
+        started = time.monotonic()
+        timed_out = False
+        callback_warnings: list[str] = []
+        with open(log_path, "wb") as log:
+            process = processes.start(command, stdout=log, stderr=subprocess.STDOUT)
+            try:
+                while True:
+                    try:
+                        process.wait(timeout=_POLL_SECONDS)
+                        break
+                    except subprocess.TimeoutExpired:
+                        pass
+                    if rank_zero.refresh() and on_progress is not None:
+                        # The warnings are kept apart: the next read of rank 0's file replaces its result.
+                        observe_progress(on_progress, rank_zero.result, callback_warnings)
+                    if timeout_seconds is not None and time.monotonic() - started > timeout_seconds:
+                        timed_out = True
+                        break
+            finally:
+                processes.stop_process_group(process)
+        rank_zero.refresh()
+        output = log_path.read_text(encoding="utf-8", errors="replace")
+    result = rank_zero.result
+    result.warnings.extend(w for w in callback_warnings if w not in result.warnings)
+    if timed_out:
+        result.status = processes.timeout_status(
+            timeout_seconds or 0.0, phase=processes.phase_after(result), output=output,
+            limit="the launch's time limit")
+    elif process.returncode != 0:
+        phase = result.status.phase or processes.phase_after(result)
+        failure = processes.exit_status(process.returncode, process="torchrun", phase=phase, output=output,
+                                        killed_inside=_a_worker_was_killed(output),
+                                        ended="(a worker process failed)" if rank_zero.seen else "without a result")
         # A killed peer shows on rank 0 as a broken connection: name the cause, keep what rank 0 saw.
         if result.status.ok or failure.state is RunState.killed:
             if not result.status.ok:

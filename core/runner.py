@@ -15,6 +15,7 @@ from core.environment import collect_environment
 from core.errors import NonFiniteLossError
 from core.executors.base import Executor
 from core.planning import RunPlan
+from core.plugins import innermost_location
 from core.power import PowerMeter, UnavailableMeter
 from core.results import EnergyMeasurement, RunResult, RunState, Status
 
@@ -49,9 +50,41 @@ def classify_fault(exc: BaseException) -> RunState:
     return RunState.error
 
 
+def _workload_figures(plan: RunPlan, warnings: list[str]) -> tuple[int | None, float | None, dict[str, object]]:
+    # The workload plugin's bookkeeping (parameter count, FLOPs, details) is not the measurement:
+    # if that code raises, the run goes on without those figures and says why.
+    parameters: int | None = None
+    flops: float | None = None
+    details: dict[str, object] = {}
+    try:
+        parameters, flops = plan.workload.figures_for(plan.workload_options, plan.config.framework)
+    except Exception as exc:
+        warnings.append(f"the workload plugin's figures_for raised {type(exc).__name__}: {exc} "
+                        f"(at {innermost_location(exc)}); no parameter count or FLOP figures")
+    try:
+        details = dict(plan.workload.details(plan.workload_options))
+    except Exception as exc:
+        warnings.append(f"the workload plugin's details raised {type(exc).__name__}: {exc} "
+                        f"(at {innermost_location(exc)}); no workload details")
+    return parameters, flops, details
+
+
+def observe_progress(on_progress: ProgressCallback, partial: RunResult, warnings: list[str]) -> None:
+    """Pass a partial result to the caller's callback. One that raises is the caller's problem, not
+    a fault of a healthy run: it becomes a warning in ``warnings`` (once per message).
+    KeyboardInterrupt and SystemExit still propagate."""
+    try:
+        on_progress(partial)
+    except Exception as exc:
+        warning = f"on_progress callback failed: {type(exc).__name__}: {exc}"
+        if warning not in warnings:
+            warnings.append(warning)
+
+
 def new_result(plan: RunPlan, world_size: int) -> RunResult:
     config = plan.config
-    parameters, flops = plan.workload.figures_for(plan.workload_options, config.framework)
+    warnings: list[str] = []
+    parameters, flops, details = _workload_figures(plan, warnings)
     return RunResult(
         workload=config.workload,
         accelerator=config.accelerator,
@@ -62,8 +95,9 @@ def new_result(plan: RunPlan, world_size: int) -> RunResult:
         world_size=world_size,
         parameter_count=parameters,
         flops_per_sample=flops,
-        workload_details=plan.workload.details(plan.workload_options),
+        workload_details=details,
         energy_unavailable_reason=plan.meter_unavailable_reason,
+        warnings=warnings,
     )
 
 
@@ -85,10 +119,18 @@ class _Phase:
 
 
 def execute(plan: RunPlan, process: ProcessContext, on_progress: ProgressCallback | None = None) -> RunResult:
-    """Run the plan in this process. Every rank calls it; rank 0's result is the run's."""
+    """Run the plan in this process. Every rank calls it; rank 0's result is the run's.
+
+    A fault becomes the result's status. KeyboardInterrupt (and SystemExit) propagate instead,
+    after the meter and the executor are closed.
+    """
     config = plan.config
     result = new_result(plan, world_size=max(process.world_size, 1))
-    report = on_progress if (on_progress is not None and process.is_main) else (lambda _r: None)
+
+    def report(partial: RunResult) -> None:
+        if on_progress is not None and process.is_main:
+            observe_progress(on_progress, partial, partial.warnings)
+
     executor: Executor | None = None
     meter: PowerMeter | None = None
     phase = "setup"
@@ -146,7 +188,10 @@ def execute(plan: RunPlan, process: ProcessContext, on_progress: ProgressCallbac
             _record_energy(result, energy)
         _record_epoch(result, plan, result.executor_details.get("dataset_samples"))
     except BaseException as exc:
-        if isinstance(exc, KeyboardInterrupt) and executor is None:
+        if not isinstance(exc, Exception):
+            # Ctrl-C (KeyboardInterrupt) or an exit request (SystemExit, SIGTERM under a launcher)
+            # is the caller's, not a fault of the run: the finally below closes the meter and the
+            # executor, then it propagates and nothing is reported.
             raise
         result.status = Status.from_exception(classify_fault(exc), phase, exc)
         if meter is not None and result.energy is None:

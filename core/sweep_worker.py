@@ -2,11 +2,13 @@
 
 REQUEST is a JSON file ``{"options": {...RunConfig fields...}, "parent_pid": N}``. The worker
 runs ``core.run`` and writes the result to RESULT atomically when the run is over; after each
-phase it writes what it has to RESULT.partial, so a run that later crashes or hangs still
-leaves its earlier figures. The sweep, not this process, decides what a missing RESULT means.
+phase it writes what it has to RESULT.partial (for replicas as processes too: the launcher passes
+rank 0's phases on), so a run that later crashes or hangs still leaves its earlier figures. The
+sweep, not this process, decides what a missing RESULT means.
 
-A worker must not outlive its sweep: if the sweep process dies (``kill -9``), a watchdog thread
-stops this process group, so a resumed sweep never measures next to an orphan.
+A worker must not outlive its sweep: if the sweep process dies (``kill -9``), the kernel sends
+this process SIGTERM (core.processes.die_with_parent); a torchrun launch in progress stops its
+processes on it, so a resumed sweep never measures next to an orphan.
 """
 
 from __future__ import annotations
@@ -15,34 +17,14 @@ import json
 import os
 import signal
 import sys
-import threading
-import time
 from pathlib import Path
 
-from core.errors import ConfigError
-from core.results import RunResult
+from core import processes
+from core.errors import ConfigError, PluginError
+from core.files import write_atomically
+from core.results import RunResult, RunState, Status
 
 PARTIAL_SUFFIX = ".partial"
-_WATCHDOG_INTERVAL_SECONDS = 1.0  # how often the worker checks that its sweep is alive
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Write to a sibling temporary file, then rename: a reader sees the old or the new text."""
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(text, encoding="utf-8")
-    os.replace(temporary, path)
-
-
-def _watch_parent(parent_pid: int) -> None:
-    while True:
-        if os.getppid() != parent_pid:
-            # The sweep is gone. SIGTERM lets torchrun stop its workers (they run in sessions of their own).
-            # Only a group this process leads (the sweep starts it so) is ours to stop.
-            if os.getpgid(0) == os.getpid():
-                os.killpg(os.getpid(), signal.SIGTERM)
-            os.kill(os.getpid(), signal.SIGTERM)
-            return
-        time.sleep(_WATCHDOG_INTERVAL_SECONDS)
 
 
 def main(argv: list[str]) -> int:
@@ -51,16 +33,18 @@ def main(argv: list[str]) -> int:
     parent_pid = int(request["parent_pid"])
     if os.getppid() != parent_pid:
         return 3  # the sweep died before this process started
-    threading.Thread(target=_watch_parent, args=(parent_pid,), name="sweep-watchdog", daemon=True).start()
+    processes.die_with_parent(parent_pid, signal.SIGTERM)
 
     from core.api import run
 
     options = dict(request["options"])
     workload, accelerator = options.pop("workload"), options.pop("accelerator")
     partial_path = result_path.with_name(result_path.name + PARTIAL_SUFFIX)
+    latest: list[RunResult] = []
 
     def save_partial(result: RunResult) -> None:
-        write_atomically(partial_path, result.model_dump_json())
+        latest[:] = [result]
+        write_atomically(partial_path, result.model_dump_json(), "the partial result")
 
     try:
         result = run(workload, accelerator, on_progress=save_partial, **options)
@@ -68,7 +52,24 @@ def main(argv: list[str]) -> int:
         # Validated before the sweep began; refused here only if the machine changed since.
         print(f"core: error: the run was refused: {error}", file=sys.stderr)
         return 2
-    write_atomically(result_path, result.model_dump_json())
+    except PluginError as error:
+        # A plugin's code raised while planning (it passed when the sweep began): the sweep records
+        # this process's exit with the message below, which names the plugin and where it raised.
+        print(f"core: error: a plugin failed while the run was planned: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        # SIGINT sent to this process itself (the sweep stops a cell with SIGTERM, and a Ctrl-C at
+        # the sweep's terminal does not reach this session): a failed repeat, with what was measured.
+        print("core: the run was interrupted (SIGINT)", file=sys.stderr)
+        if latest:
+            interrupted = latest[0]
+            interrupted.status = Status(
+                state=RunState.error, phase=processes.phase_after(interrupted), error_type="Interrupted",
+                message="the run was interrupted (SIGINT to its process) before it finished; the phases "
+                        "measured before are kept")
+            write_atomically(result_path, interrupted.model_dump_json(), "the result")
+        return 128 + signal.SIGINT
+    write_atomically(result_path, result.model_dump_json(), "the result")
     return 0 if result.status.ok else 1
 
 

@@ -18,6 +18,7 @@ import pytest
 from core import Accelerator, Availability, ConfigError, PowerMeterFactory, hookimpl, make_config
 from core.plugins import PluginFault, PluginManager, PluginState
 from core.testing import TINY_FCNN, registered_plugins
+from core.workloads.fcnn import Fcnn
 
 CPU_SOURCE = "from plugins.cpu.accelerator import CpuAccelerator\n"
 
@@ -267,3 +268,45 @@ def test_a_failed_import_keeps_its_traceback_for_verbose(tmp_path: Path) -> None
     record = manager.plugins["explodes"]
     assert record.state is PluginState.failed
     assert record.traceback and "explodes.py" in record.traceback and "in helper" in record.traceback
+
+
+class _CountsBadly(Fcnn):
+    """A workload whose bookkeeping raises: FLOPs and details are not the measurement."""
+
+    name = "counts-badly"
+
+    def flops_per_sample(self, options: Any) -> float | None:
+        raise ZeroDivisionError("division by zero")
+
+    def details(self, options: Any) -> dict[str, Any]:
+        raise KeyError("layers")
+
+
+class _WorkloadPlugin:
+    @hookimpl
+    def core_register_workloads(self, register: Callable[[Any], None]) -> None:
+        register(_CountsBadly())
+
+
+def test_a_workload_whose_figures_raise_still_runs_and_says_why() -> None:
+    from core.api import run
+
+    with registered_plugins(_WorkloadPlugin()):
+        result = run("counts-badly", "cpu", steps=2, warmup_steps=0, power_meter="none", workload_options=TINY_FCNN)
+    assert result.status.ok and result.throughput_per_second
+    assert result.flops_per_sample is None and result.workload_details == {}
+    figures, details = result.warnings[:2]
+    assert "figures_for raised ZeroDivisionError" in figures and "test_plugin_isolation.py" in figures
+    assert "details raised KeyError" in details
+
+
+def test_a_progress_callback_that_raises_is_a_warning_not_a_fault() -> None:
+    from core.api import run
+
+    def observer(partial: Any) -> None:
+        raise RuntimeError("dashboard is down")
+
+    result = run("fcnn", "cpu", steps=2, warmup_steps=0, power_meter="none", workload_options=TINY_FCNN,
+                 on_progress=observer)
+    assert result.status.ok
+    assert result.warnings.count("on_progress callback failed: RuntimeError: dashboard is down") == 1

@@ -1,0 +1,388 @@
+"""Child processes that cannot outlive the process that started them, and one reading of how they ended.
+
+Every process core starts (a sweep's cell, torchrun's agent, torchrun's workers) is supervised
+the same way:
+
+* :func:`start` puts the child in a session of its own, so the whole tree below it can be
+  stopped as one group and a terminal's Ctrl-C reaches only the parent, which then stops the
+  child in order. The child learns its parent's pid from ``$CORE_PARENT_PID``.
+* :func:`die_with_parent`, called first thing in the child, makes the kernel send it a signal
+  when the parent dies, ``kill -9`` included (Linux ``prctl(PR_SET_PDEATHSIG)``; elsewhere a
+  watchdog thread that polls ``getppid``).
+* :func:`stop_process_group` ends a child's group: SIGTERM, a grace period, then SIGKILL. Callers
+  use it in ``finally``, so every exit path (normal, exception, Ctrl-C, SIGTERM under
+  :func:`sigterm_exits`) stops the children.
+* :func:`work_directory` is a temporary directory that is always removed; one abandoned by a
+  process that was killed is removed by the next one, or by the orphaned child
+  (``python -m core.processes --remove-when-orphaned DIR -m MODULE ...``, see :func:`main`).
+
+:func:`phase_after`, :func:`exit_status` and :func:`timeout_status` turn what is known when a
+child ends without a result into the run's Status, in the same words for a sweep cell and for
+a torchrun launch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any, Iterator, Sequence
+
+from core.results import RunResult, RunState, Status
+
+PARENT_PID_VARIABLE = "CORE_PARENT_PID"  # the pid of the process that started this one (see start)
+STOP_GRACE_SECONDS = 10.0  # between SIGTERM and SIGKILL when a child's group is stopped
+OUTPUT_TAIL_CHARS = 4000  # how much of a failed child's output a status quotes
+_KILL_WAIT_SECONDS = 30.0
+_WATCHDOG_INTERVAL_SECONDS = 1.0  # where prctl is missing: how often a child checks its parent
+_PR_SET_PDEATHSIG = 1
+_OWNER_FILE = ".owner"
+
+
+# --- what a child's end means -----------------------------------------------------------------
+
+
+_PHASE_AFTER = (("window_seconds", "teardown"), ("warmup_seconds", "window"),
+                ("first_step_seconds", "warmup"), ("setup_seconds", "first_step"))
+
+
+def phase_after(result: RunResult) -> str:
+    """The phase a run was in when it stopped: the one after the last it completed."""
+    for field, following in _PHASE_AFTER:
+        if getattr(result, field) is not None:
+            return following
+    return "setup"
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:  # a real-time signal has no name
+        return f"signal {number}"
+
+
+def describe_output(output: str) -> str:
+    """The tail of what a child printed, for a status message."""
+    tail = output[-OUTPUT_TAIL_CHARS:].strip()
+    return f"Output tail:\n{tail}" if tail else "The process printed nothing."
+
+
+_OOM_HINT = " (the kernel's out-of-memory killer sends SIGKILL)"
+
+
+def exit_status(returncode: int, *, process: str, phase: str, output: str = "",
+                killed_inside: bool = False, ended: str = "without a result") -> Status:
+    """How a child that failed is recorded.
+
+    :param returncode: as ``Popen.returncode`` gives it (negative: killed by that signal).
+    :param process: what the child was, as the message names it ("the cell's process", "torchrun").
+    :param phase: the phase the run was in (see :func:`phase_after`).
+    :param output: what the child printed; its tail goes into the message.
+    :param killed_inside: the child exited by itself but reports that a process below it was
+        killed with SIGKILL (torchrun does so for a worker); recorded as killed, not as an error.
+    :param ended: what the message says after the exit code.
+    """
+    text = describe_output(output)
+    if returncode < 0:
+        killed = -returncode == signal.SIGKILL
+        return Status(state=RunState.killed if killed else RunState.error, phase=phase, error_type="ProcessKilled",
+                      message=f"{process} was killed by {signal_name(-returncode)}"
+                              f"{_OOM_HINT if killed else ''}. {text}")
+    if killed_inside:
+        return Status(state=RunState.killed, phase=phase, error_type="ProcessKilled",
+                      message=f"{process} exited with code {returncode}: a process below it was killed by "
+                              f"SIGKILL{_OOM_HINT}. {text}")
+    if returncode == 128 + signal.SIGINT:
+        ended = f"{ended} (interrupted)"
+    return Status(state=RunState.error, phase=phase, error_type="ProcessFailed",
+                  message=f"{process} exited with code {returncode} {ended}. {text}")
+
+
+def timeout_status(timeout_seconds: float, *, phase: str, output: str = "", limit: str = "the time limit") -> Status:
+    return Status(state=RunState.timeout, phase=phase, error_type="Timeout",
+                  message=f"no result after {timeout_seconds:g} s ({limit}); the processes were stopped. "
+                          f"{describe_output(output)}")
+
+
+def exit_code(request: SystemExit) -> int:
+    """The status a SystemExit asks for; a message is printed as the interpreter would."""
+    if request.code is None or isinstance(request.code, int):
+        return request.code or 0
+    print(request.code, file=sys.stderr)
+    return 1
+
+
+# --- the child's side -----------------------------------------------------------------------------
+
+
+def _set_parent_death_signal(sig: int) -> bool:
+    """Ask Linux to send ``sig`` to this process when its parent dies; False where that is impossible."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _watch_parent(parent_pid: int, sig: int) -> None:
+    while os.getppid() == parent_pid:
+        time.sleep(_WATCHDOG_INTERVAL_SECONDS)
+    # The parent is gone. Only a group this process leads (start() makes it so) is ours to stop.
+    if os.getpgid(0) == os.getpid():
+        os.killpg(os.getpid(), sig)
+    os.kill(os.getpid(), sig)
+
+
+def expected_parent() -> int | None:
+    """The parent pid :func:`start` recorded in the environment, or None."""
+    try:
+        return int(os.environ[PARENT_PID_VARIABLE])
+    except (KeyError, ValueError):
+        return None
+
+
+def die_with_parent(parent_pid: int | None = None, sig: int = signal.SIGTERM) -> None:
+    """Make this process receive ``sig`` when its parent dies, ``kill -9`` of the parent included.
+
+    :param parent_pid: the parent this process must not outlive (default: ``$CORE_PARENT_PID``,
+        else the current parent). If it is already gone, ``sig`` comes at once.
+    :param sig: SIGTERM for a process with children or files to clean up (it must end on it),
+        SIGKILL for one that has nothing to clean.
+
+    Linux ties the signal to the parent *thread* that started this process: the parent must
+    start children from a thread that outlives them (core does: it waits for them there).
+    """
+    parent = parent_pid or expected_parent() or os.getppid()
+    if parent_pid is None and parent != os.getppid() and _alive(parent):
+        parent = os.getppid()  # $CORE_PARENT_PID was inherited from further up: not ours
+    if not _set_parent_death_signal(sig):
+        threading.Thread(target=_watch_parent, args=(parent, sig), name="parent-watchdog", daemon=True).start()
+    if os.getppid() != parent:  # the parent died before the kernel was told to watch it
+        os.kill(os.getpid(), sig)
+
+
+def exit_now(code: int) -> None:
+    """End this process at once with ``code``, without interpreter finalization.
+
+    For processes that ran collectives: a C++ communication thread (gloo's) can still be
+    releasing a finished operation that holds a Python object; if the interpreter is finalizing
+    when it asks for the GIL, CPython ends that thread with a forced unwind and the C++ runtime
+    aborts the process ("terminate called without an active exception", SIGABRT). Everything
+    the process owed its caller must be written before this call.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    os._exit(code)
+
+
+# --- the parent's side ----------------------------------------------------------------------------
+
+
+class Terminated(SystemExit):
+    """SIGTERM arrived while :func:`sigterm_exits` was active: the process exits, cleaning up first."""
+
+    def __init__(self) -> None:
+        super().__init__(128 + signal.SIGTERM)
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def sigterm_exits() -> Iterator[None]:
+    """Inside the block, SIGTERM raises :class:`Terminated` (a SystemExit with code 143), so every
+    ``finally`` below (children stopped, temporary files removed) runs before the process ends.
+
+    Only where SIGTERM would otherwise kill the process outright (its default action) and only in
+    the main thread; a handler the program installed itself is left alone.
+    """
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def start(command: Sequence[str], *, stdout: IO[Any] | int | None = None, stderr: IO[Any] | int | None = None,
+          env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Start ``command`` in a session of its own, its parent pid in ``$CORE_PARENT_PID``.
+
+    The caller must stop it with :func:`stop_process_group` on every path (a ``finally``).
+    """
+    environment = dict(os.environ if env is None else env)
+    environment[PARENT_PID_VARIABLE] = str(os.getpid())
+    environment.setdefault("PYTHONUNBUFFERED", "1")
+    return subprocess.Popen(list(command), stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
+                            env=environment, start_new_session=True)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def stop_process_group(process: subprocess.Popen[Any], grace_seconds: float = STOP_GRACE_SECONDS) -> None:
+    """SIGTERM the group ``process`` leads, SIGKILL what remains after ``grace_seconds``.
+
+    Harmless on a process that already ended (what it left in its group is killed). A second
+    Ctrl-C during the grace period skips to SIGKILL.
+    """
+    if process.poll() is None:
+        _signal_group(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=grace_seconds)
+        except subprocess.TimeoutExpired:
+            pass
+        except BaseException:
+            _signal_group(process.pid, signal.SIGKILL)
+            raise
+    # The leader is gone or past its grace: anything left in the group gets the same end.
+    _signal_group(process.pid, signal.SIGKILL)
+    try:
+        process.wait(timeout=_KILL_WAIT_SECONDS)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def guarded_command(module_command: Sequence[str], remove_when_orphaned: Path | None = None) -> list[str]:
+    """``python -m MODULE ARGS`` run under :func:`main`: it dies with its parent and, orphaned,
+    removes ``remove_when_orphaned``. ``module_command`` is ``["-m", MODULE, *ARGS]``."""
+    command = [sys.executable, "-m", "core.processes"]
+    if remove_when_orphaned is not None:
+        command += ["--remove-when-orphaned", str(remove_when_orphaned)]
+    return command + list(module_command)
+
+
+# --- temporary directories ----------------------------------------------------------------------
+
+
+def _start_time(pid: int) -> str | None:
+    """When ``pid`` started (Linux clock ticks since boot), to tell a live owner from a reused pid."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _owner_is_gone(directory: Path) -> bool:
+    try:
+        host, pid_text, started = (directory / _OWNER_FILE).read_text(encoding="utf-8").split("\n")[:3]
+        pid = int(pid_text)
+    except (OSError, ValueError):
+        return False  # not ours, or still being created: leave it
+    if host != socket.gethostname():
+        return False  # a /tmp shared with another machine or container
+    if not _alive(pid):
+        return True
+    now = _start_time(pid)
+    return started != "" and now is not None and now != started
+
+
+def remove_abandoned(prefix: str, parent: Path | None = None) -> list[Path]:
+    """Remove the work directories named ``prefix*`` whose owner process is dead; returns them."""
+    removed = []
+    for candidate in Path(parent or tempfile.gettempdir()).glob(f"{prefix}*"):
+        try:
+            if not candidate.is_dir() or candidate.is_symlink() or candidate.stat().st_uid != os.getuid():
+                continue
+        except OSError:
+            continue
+        if _owner_is_gone(candidate):
+            shutil.rmtree(candidate, ignore_errors=True)
+            removed.append(candidate)
+    return removed
+
+
+@contextlib.contextmanager
+def work_directory(prefix: str) -> Iterator[Path]:
+    """A temporary directory that is removed on every way out of the block.
+
+    It records its owner (host, pid, start time); directories of owners that died without
+    removing theirs (``kill -9``) are removed here first.
+    """
+    remove_abandoned(prefix)
+    path = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-"))
+    try:
+        (path / _OWNER_FILE).write_text(f"{socket.gethostname()}\n{os.getpid()}\n{_start_time(os.getpid()) or ''}\n",
+                                        encoding="utf-8")
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+# --- python -m core.processes: a module run so that it dies with its parent ----------------------------
+
+
+def main(argv: Sequence[str]) -> int:
+    """``python -m core.processes [--remove-when-orphaned DIR] -m MODULE [ARGS...]``
+
+    Runs MODULE as ``__main__`` in this process (torchrun's agent, for one), after arranging to
+    get SIGTERM when the parent dies; SIGTERM before MODULE installs its own handler ends it
+    through ``finally`` too. MODULE's children see this process in ``$CORE_PARENT_PID``. If the
+    parent is gone when MODULE ends, DIR (the parent's work directory) is removed here.
+    """
+    import runpy
+
+    arguments = list(argv)
+    orphan_directory: Path | None = None
+    if arguments[:1] == ["--remove-when-orphaned"]:
+        orphan_directory, arguments = Path(arguments[1]), arguments[2:]
+    if arguments[:1] != ["-m"] or len(arguments) < 2:
+        print("usage: python -m core.processes [--remove-when-orphaned DIR] -m MODULE [ARGS...]", file=sys.stderr)
+        return 2
+    module, module_arguments = arguments[1], arguments[2:]
+    parent = expected_parent() or os.getppid()
+    signal.signal(signal.SIGTERM, _raise_terminated)
+    os.environ[PARENT_PID_VARIABLE] = str(os.getpid())
+    code: int = 0
+    try:
+        die_with_parent(parent, signal.SIGTERM)
+        sys.argv = [module, *module_arguments]
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as exit_request:
+        code = exit_code(exit_request)
+    except Exception as error:
+        sigval = getattr(error, "sigval", None)  # torchrun's SignalException: it already stopped its workers
+        if type(error).__name__ != "SignalException" or sigval is None:
+            raise
+        code = 128 + int(sigval)
+    finally:
+        if orphan_directory is not None and os.getppid() != parent:
+            shutil.rmtree(orphan_directory, ignore_errors=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
