@@ -3,13 +3,25 @@
 SQLite because it is in the standard library, is one file, and makes every insert an atomic
 transaction: a sweep killed with SIGKILL loses only the run it had not finished. The database
 runs in WAL mode with ``synchronous=FULL``, and each result is committed on its own.
+
+Opened with ``create=False`` (``core results``, ``core report``) the database is read and never
+written: SQLite's ``mode=ro``, falling back to ``immutable=1`` where the file's folder cannot take
+SQLite's shared-memory file. A row that cannot be read back (damaged JSON, a layout this core does
+not know) is skipped and listed in :attr:`ResultStore.skipped_rows`; a damaged database page, a
+full disk or a file that is no database is a :class:`StoreError` naming the file, never a traceback.
+
+A sweep holds :class:`SweepLock` (``fcntl.flock`` on ``<database>.lock``) for as long as it runs,
+so a second sweep on the same database is refused instead of measuring beside the first.
 """
 
 from __future__ import annotations
 
 import csv
+import errno
 import json
 import os
+import shutil
+import socket
 import sqlite3
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -17,11 +29,14 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from core.errors import CoreError
+from core.files import describe_os_error
 from core.results import RunResult
 
 DEFAULT_DATABASE = Path("results") / "core.db"
 DATABASE_ENVIRONMENT_VARIABLE = "CORE_DATABASE"
 STORE_SCHEMA_VERSION = 1  # PRAGMA user_version: the layout of the tables below
+MINIMUM_FREE_BYTES = 1 << 20  # a sweep refuses to start on a disk with less room than this
+_REASON_CHARS = 300  # of a skipped row's reason
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -84,6 +99,34 @@ class StoreError(CoreError):
     """The database cannot be opened or read, or an export needs a library that is missing."""
 
 
+class StoreWriteError(StoreError):
+    """A run or a sweep could not be written (disk full, read-only file, damaged database)."""
+
+
+class DatabaseInUseError(StoreError):
+    """Another sweep holds the database's lock; ``holder`` is what it recorded (pid, host, sweep, since)."""
+
+    def __init__(self, message: str, holder: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.holder = holder
+
+
+@dataclass(frozen=True)
+class SkippedRow:
+    """A row that reading skipped because it cannot be parsed: which one, and why."""
+
+    table: str  # "runs" or "sweeps"
+    row: int | str  # the run's id, or the sweep's name
+    sweep: str | None
+    reason: str
+    database: Path
+
+    def __str__(self) -> str:
+        what = (f"run {self.row}" + (f" of sweep {self.sweep!r}" if self.sweep is not None else "")
+                if self.table == "runs" else f"the settings of sweep {self.row!r}")
+        return f"skipped {what} in {self.database}: {self.reason}"
+
+
 @dataclass(frozen=True)
 class StoredRun:
     """One row: where the run belongs (sweep, cell, repeat) and its full result."""
@@ -124,40 +167,173 @@ def _optional(value: Any) -> Any:
 
 
 class ResultStore:
-    """The results database at ``path`` (created on first use).
+    """The results database at ``path``.
 
         store = ResultStore("results/core.db")
         for result in store.results(sweep="fcnn-cpu", status="ok"):
             print(result.config.micro_batch_size, result.throughput_per_second)
         frame = store.dataframe(sweep="fcnn-cpu")   # needs pandas
+
+    :param create: make the database (and its folder) when missing. ``create=False`` also opens it
+        for reading only, unless ``read_only=False`` says otherwise: nothing is written, so a
+        read-only file, folder or file system can be read.
+    :param read_only: open with SQLite's ``mode=ro``; :meth:`add` and :meth:`save_sweep` then fail.
+    :raises StoreError: naming the file, when it is a directory, no SQLite database, damaged, of a
+        newer layout, cannot be written (for writing: read-only, or its disk nearly full).
     """
 
-    def __init__(self, path: str | Path, *, create: bool = True) -> None:
+    def __init__(self, path: str | Path, *, create: bool = True, read_only: bool | None = None) -> None:
         self.path = Path(path)
-        if not create and not self.path.exists():
+        self.read_only = (not create) if read_only is None else read_only
+        # Rows that reading skipped, each once: see runs(). Reports and `core results` show them.
+        self.skipped_rows: list[SkippedRow] = []
+        self._skipped: set[tuple[str, int | str]] = set()
+        if self.path.is_dir():
+            raise StoreError(f"results database {self.path} is a directory; give the path of a file, "
+                             f"e.g. {self.path / DEFAULT_DATABASE.name}")
+        if self.path.exists() and not self.path.is_file():
+            raise StoreError(f"results database {self.path} is not a regular file")
+        if (self.read_only or not create) and not self.path.exists():
             raise StoreError(f"no results database at {self.path}")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.read_only:
+            self._connection = self._open_for_reading()
+        else:
+            self._check_writable()
+            self._connection = self._open_for_writing()
+
+    def _check_writable(self) -> None:
+        """Refuse, before any run, a database that cannot take what a sweep will write."""
+        folder = self.path.parent
         try:
-            self._connection = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
-            self._connection.execute("PRAGMA journal_mode=WAL")
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            blocking = next((parent for parent in (folder, *folder.parents) if parent.exists()), None)
+            why = (f"{blocking} is not a directory" if blocking is not None and not blocking.is_dir()
+                   else describe_os_error(exc))
+            raise StoreError(f"cannot create the folder of results database {self.path}: {why}") from None
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise StoreError(f"cannot write results database {self.path}: no permission to write in {folder} "
+                             "(SQLite keeps its log beside the database); `core results` and `core report` "
+                             "can still read it")
+        if self.path.exists() and not os.access(self.path, os.W_OK):
+            raise StoreError(f"results database {self.path} is read-only; a sweep must write it "
+                             "(`core results` and `core report` can still read it)")
+        try:
+            free = shutil.disk_usage(folder).free
+        except OSError:
+            return
+        if free < MINIMUM_FREE_BYTES:
+            raise StoreError(f"cannot write results database {self.path}: its disk is full ({free:,} bytes free); "
+                             "free some space first")
+
+    def _open_for_writing(self) -> sqlite3.Connection:
+        connection = None
+        try:
+            connection = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
+            connection.execute("PRAGMA journal_mode=WAL")
             # FULL: a committed run survives a power cut too, not only a killed process.
-            self._connection.execute("PRAGMA synchronous=FULL")
-            version = self._connection.execute("PRAGMA user_version").fetchone()[0]
-            if version > STORE_SCHEMA_VERSION:
-                raise StoreError(f"{self.path} has database layout {version}; this core reads up to "
-                                 f"{STORE_SCHEMA_VERSION}: upgrade core")
-            with self._transaction():
+            connection.execute("PRAGMA synchronous=FULL")
+            self._check_version(connection)
+            with _Transaction(connection):
                 for statement in _SCHEMA.split(";"):
                     if statement.strip():
-                        self._connection.execute(statement)
-                self._connection.execute(f"PRAGMA user_version={STORE_SCHEMA_VERSION}")
+                        connection.execute(statement)
+                if connection.execute("PRAGMA user_version").fetchone()[0] != STORE_SCHEMA_VERSION:
+                    connection.execute(f"PRAGMA user_version={STORE_SCHEMA_VERSION}")
+            return connection
+        except BaseException as exc:
+            if connection is not None:
+                connection.close()
+            if isinstance(exc, sqlite3.DatabaseError):
+                raise StoreError(self._explain(exc, "open")) from None
+            raise
+
+    def _open_for_reading(self) -> sqlite3.Connection:
+        uri = self.path.absolute().as_uri()
+        try:
+            return self._connect_read_only(f"{uri}?mode=ro")
+        except sqlite3.OperationalError as exc:
+            if "unable to open" not in str(exc):
+                raise StoreError(self._explain(exc, "open")) from None
+            # A database in WAL mode needs its shared-memory file (-shm), which a read-only folder
+            # cannot take. Without a log to replay, the file alone is the whole database.
+            log = Path(f"{self.path}-wal")
+            if log.exists() and log.stat().st_size > 0:
+                raise StoreError(f"cannot read results database {self.path}: its folder is read-only and it has "
+                                 f"an unfinished write-ahead log ({log.name}) that SQLite cannot read without "
+                                 f"writing beside it; copy {self.path.name} and {log.name} to a writable folder "
+                                 "and read the copy") from None
+        try:
+            return self._connect_read_only(f"{uri}?mode=ro&immutable=1")
         except sqlite3.DatabaseError as exc:
-            raise StoreError(f"cannot open results database {self.path}: {exc}") from None
+            raise StoreError(self._explain(exc, "open")) from None
+
+    def _connect_read_only(self, uri: str) -> sqlite3.Connection:
+        connection = sqlite3.connect(uri, uri=True, timeout=60.0, isolation_level=None)
+        try:
+            self._check_version(connection)
+            tables = {name for (name,) in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        except BaseException:
+            connection.close()
+            raise
+        if not {"runs", "sweeps"} <= tables:
+            connection.close()
+            raise StoreError(f"{self.path} is no results database of core: " + (
+                "it is empty" if not tables else "it has no table 'runs' and 'sweeps'"))
+        return connection
+
+    def _check_version(self, connection: sqlite3.Connection) -> None:
+        version = connection.execute("PRAGMA user_version").fetchone()[0]
+        if version > STORE_SCHEMA_VERSION:
+            connection.close()
+            raise StoreError(f"{self.path} has database layout {version}; this core reads up to "
+                             f"{STORE_SCHEMA_VERSION}: upgrade core")
+
+    def _explain(self, error: sqlite3.DatabaseError, doing: str) -> str:
+        """What a SQLite error means for the user, naming the file."""
+        text = str(error)
+        lowered = text.lower()
+        if "file is not a database" in lowered or "not a database" in lowered:
+            return (f"{self.path} is not a SQLite database ({text}); give another --database, "
+                    "or move the file out of the way")
+        if "malformed" in lowered or "corrupt" in lowered:
+            return (f"results database {self.path} is damaged ({text}); what can still be read can be copied "
+                    f"out with: sqlite3 {self.path} .recover | sqlite3 recovered.db")
+        if "readonly" in lowered or "read-only" in lowered:
+            return (f"results database {self.path} is read-only ({text}); a sweep must write it "
+                    "(`core results` and `core report` can still read it)")
+        if "disk is full" in lowered or "disk full" in lowered:
+            return f"cannot write results database {self.path}: its disk is full ({text})"
+        if "unable to open" in lowered:
+            return f"cannot open results database {self.path} ({text})"
+        if "locked" in lowered or "busy" in lowered:
+            return f"results database {self.path} stayed locked by another process for 60 s ({text})"
+        return f"cannot {doing} results database {self.path}: {text}"
+
+    def _rows(self, statement: str, parameters: Any = ()) -> list[tuple[Any, ...]]:
+        """Every row of a query; a SQLite error (a damaged page) becomes a StoreError."""
+        try:
+            return self._connection.execute(statement, parameters).fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(self._explain(exc, "read")) from None
+
+    def _skip(self, table: str, row: int | str, sweep: str | None, error: BaseException) -> None:
+        if (table, row) in self._skipped:
+            return
+        self._skipped.add((table, row))
+        self.skipped_rows.append(SkippedRow(table=table, row=row, sweep=sweep, reason=_reason(error),
+                                            database=self.path))
 
     # --- writing ---------------------------------------------------------------------------
 
     def _transaction(self) -> "_Transaction":
         return _Transaction(self._connection)
+
+    def lock(self, sweep: str | None = None) -> "SweepLock":
+        """The sweep lock of this database (see :class:`SweepLock`), taken: ``with store.lock("s"): ...``."""
+        lock = SweepLock(self.path, sweep)
+        lock.acquire()
+        return lock
 
     def add(self, result: RunResult, *, sweep: str | None = None, cell_key: str | None = None,
             cell_label: str | None = None, repeat: int | None = None, process_seconds: float | None = None,
@@ -199,58 +375,77 @@ class ResultStore:
                 return int(cursor.lastrowid or 0)
         except sqlite3.IntegrityError:
             raise StoreError(f"sweep {sweep!r} already has repeat {repeat} of cell {cell_label or cell_key!r}") from None
+        except sqlite3.DatabaseError as exc:  # a full disk, a read-only or damaged file: nothing was written
+            raise StoreWriteError(self._explain(exc, "write")) from None
 
     def save_sweep(self, name: str, spec: dict[str, Any], cells: list[dict[str, Any]], source: str | None) -> None:
         """Record (or update) what a sweep asked for, so reports can show refused cells too."""
         now = _now()
-        with self._transaction():
-            self._connection.execute(
-                "INSERT INTO sweeps (name, source, spec_json, cells_json, created_at, updated_at) "
-                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET source = excluded.source, "
-                "spec_json = excluded.spec_json, cells_json = excluded.cells_json, updated_at = excluded.updated_at",
-                (name, source, json.dumps(spec, sort_keys=True), json.dumps(cells), now, now))
+        try:
+            with self._transaction():
+                self._connection.execute(
+                    "INSERT INTO sweeps (name, source, spec_json, cells_json, created_at, updated_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET source = excluded.source, "
+                    "spec_json = excluded.spec_json, cells_json = excluded.cells_json, updated_at = excluded.updated_at",
+                    (name, source, json.dumps(spec, sort_keys=True), json.dumps(cells), now, now))
+        except sqlite3.DatabaseError as exc:
+            raise StoreWriteError(self._explain(exc, "write")) from None
 
     # --- reading ---------------------------------------------------------------------------
 
     def sweep(self, name: str) -> SweepRecord | None:
-        row = self._connection.execute(
-            "SELECT name, source, spec_json, cells_json, created_at, updated_at FROM sweeps WHERE name = ?",
-            (name,)).fetchone()
-        return None if row is None else _sweep_record(row)
+        """What sweep ``name`` asked for; None when unknown, or when its record cannot be read
+        (then it is in :attr:`skipped_rows`)."""
+        rows = self._rows(
+            "SELECT name, source, spec_json, cells_json, created_at, updated_at FROM sweeps WHERE name = ?", (name,))
+        records = self._sweep_records(rows)
+        return records[0] if records else None
 
     def sweeps(self) -> list[SweepRecord]:
-        rows = self._connection.execute(
-            "SELECT name, source, spec_json, cells_json, created_at, updated_at FROM sweeps ORDER BY created_at, name")
-        return [_sweep_record(row) for row in rows]
+        return self._sweep_records(self._rows(
+            "SELECT name, source, spec_json, cells_json, created_at, updated_at FROM sweeps ORDER BY created_at, name"))
+
+    def _sweep_records(self, rows: list[tuple[Any, ...]]) -> list[SweepRecord]:
+        records = []
+        for row in rows:
+            try:
+                records.append(_sweep_record(row))
+            except (ValueError, TypeError, AttributeError) as exc:
+                self._skip("sweeps", row[0], row[0], exc)
+        return records
 
     def sweep_names(self) -> list[str]:
         """Sweeps with a spec or with at least one run, in the order they were first seen."""
-        names = [record.name for record in self.sweeps()]
-        for (name,) in self._connection.execute(
-                "SELECT sweep FROM runs WHERE sweep IS NOT NULL GROUP BY sweep ORDER BY MIN(id)"):
+        names = [name for (name,) in self._rows("SELECT name FROM sweeps ORDER BY created_at, name")]
+        for (name,) in self._rows("SELECT sweep FROM runs WHERE sweep IS NOT NULL GROUP BY sweep ORDER BY MIN(id)"):
             if name not in names:
                 names.append(name)
         return names
 
     def finished(self, sweep: str) -> dict[tuple[str, int], str]:
         """(cell_key, repeat) -> status of every run recorded for ``sweep``."""
-        rows = self._connection.execute("SELECT cell_key, repeat, status FROM runs WHERE sweep = ?", (sweep,))
+        rows = self._rows("SELECT cell_key, repeat, status FROM runs WHERE sweep = ?", (sweep,))
         return {(cell_key, repeat): status for cell_key, repeat, status in rows}
 
     def process_seconds(self, sweep: str) -> list[float]:
-        rows = self._connection.execute(
+        rows = self._rows(
             "SELECT process_seconds FROM runs WHERE sweep = ? AND process_seconds IS NOT NULL ORDER BY id", (sweep,))
-        return [value for (value,) in rows]
+        return [value for (value,) in rows if isinstance(value, (int, float))]
 
     def count(self, sweep: str | None = None) -> int:
         if sweep is None:
-            return int(self._connection.execute("SELECT COUNT(*) FROM runs").fetchone()[0])
-        return int(self._connection.execute("SELECT COUNT(*) FROM runs WHERE sweep = ?", (sweep,)).fetchone()[0])
+            return int(self._rows("SELECT COUNT(*) FROM runs")[0][0])
+        return int(self._rows("SELECT COUNT(*) FROM runs WHERE sweep = ?", (sweep,))[0][0])
 
     def runs(self, *, sweep: str | list[str] | None = None, workload: str | None = None,
              accelerator: str | None = None, precision: str | None = None, status: str | None = None
              ) -> list[StoredRun]:
-        """Rows matching every filter given, oldest first, each with its validated RunResult."""
+        """Rows matching every filter given, oldest first, each with its validated RunResult.
+
+        A row that cannot be parsed (damaged JSON, a result layout this core does not read) is left
+        out and added to :attr:`skipped_rows` with its id and the reason; a damaged database page
+        is a :class:`StoreError`.
+        """
         clauses, parameters = [], []
         for column, value in (("workload", workload), ("accelerator", accelerator),
                               ("precision", precision), ("status", status)):
@@ -264,12 +459,22 @@ class ResultStore:
             clauses.append(f"sweep IN ({', '.join('?' for _ in sweep)})")
             parameters.extend(sweep)
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        rows = self._connection.execute(
+        rows = self._rows(
             "SELECT id, sweep, cell_key, cell_label, repeat, process_seconds, recorded_at, result_json "
             f"FROM runs {where} ORDER BY id", parameters)
-        return [StoredRun(run_id=row[0], sweep=row[1], cell_key=row[2], cell_label=row[3], repeat=row[4],
-                          process_seconds=row[5], recorded_at=datetime.fromisoformat(row[6]),
-                          result=RunResult.model_validate_json(row[7])) for row in rows]
+        runs = []
+        for row in rows:
+            try:
+                if not isinstance(row[7], (str, bytes)):
+                    raise TypeError(f"result_json is {type(row[7]).__name__}, not text")
+                result = RunResult.model_validate_json(row[7])
+                recorded_at = datetime.fromisoformat(row[6])
+            except (ValueError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
+                self._skip("runs", row[0], row[1], exc)
+                continue
+            runs.append(StoredRun(run_id=row[0], sweep=row[1], cell_key=row[2], cell_label=row[3], repeat=row[4],
+                                  process_seconds=row[5], recorded_at=recorded_at, result=result))
+        return runs
 
     def results(self, **filters: Any) -> list[RunResult]:
         """The results matching ``filters`` (see :meth:`runs`) as RunResult models."""
@@ -343,7 +548,11 @@ class ResultStore:
 
 
 class _Transaction:
-    """BEGIN IMMEDIATE ... COMMIT: takes the write lock up front, so two writers queue, not fail."""
+    """BEGIN IMMEDIATE ... COMMIT: takes the write lock up front, so two writers queue, not fail.
+
+    A failed statement or COMMIT (a full disk) rolls back, if SQLite has not already, and the
+    first error is what propagates.
+    """
 
     def __init__(self, connection: sqlite3.Connection) -> None:
         self._connection = connection
@@ -352,12 +561,142 @@ class _Transaction:
         self._connection.execute("BEGIN IMMEDIATE")
 
     def __exit__(self, exc_type: object, *exc: object) -> None:
-        self._connection.execute("COMMIT" if exc_type is None else "ROLLBACK")
+        if exc_type is None:
+            try:
+                self._connection.execute("COMMIT")
+                return
+            except BaseException:
+                self._rollback()
+                raise
+        self._rollback()
+
+    def _rollback(self) -> None:
+        if self._connection.in_transaction:
+            try:
+                self._connection.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass  # SQLite may have rolled back itself (SQLITE_FULL); the first error tells what happened
 
 
 def _sweep_record(row: tuple[Any, ...]) -> SweepRecord:
-    return SweepRecord(name=row[0], source=row[1], spec=json.loads(row[2]), cells=json.loads(row[3]),
+    spec, cells = json.loads(row[2]), json.loads(row[3])
+    if not isinstance(spec, dict):
+        raise TypeError("spec_json is not a JSON object")
+    if not isinstance(cells, list) or not all(isinstance(cell, dict) for cell in cells):
+        raise TypeError("cells_json is not a JSON list of objects")
+    return SweepRecord(name=row[0], source=row[1], spec=spec, cells=cells,
                        created_at=datetime.fromisoformat(row[4]), updated_at=datetime.fromisoformat(row[5]))
+
+
+def _reason(error: BaseException) -> str:
+    """Why a row could not be parsed, on one line and short."""
+    errors = getattr(error, "errors", None)
+    if callable(errors):  # pydantic: the first problem, where it is, and how many more
+        problems = errors()
+        first = problems[0] if problems else {}
+        where = ".".join(str(part) for part in first.get("loc", ()))
+        text = (f"{where}: " if where else "") + str(first.get("msg", error))
+        if len(problems) > 1:
+            text += f" (and {len(problems) - 1} more)"
+        text = ("result_json is not valid JSON: " if first.get("type") == "json_invalid"
+                else "the result does not fit this core's RunResult: ") + text
+    else:
+        text = f"{type(error).__name__}: {error}"
+    text = " ".join(text.split())
+    return text if len(text) <= _REASON_CHARS else text[: _REASON_CHARS - 3] + "..."
+
+
+def lock_path(database: str | Path) -> Path:
+    """The file a sweep locks beside its database: ``<database>.lock``."""
+    return Path(f"{database}.lock")
+
+
+def unsaved_directory(database: str | Path) -> Path:
+    """Where a sweep saves a result its database could not take: ``<database>.unsaved/``."""
+    return Path(f"{database}.unsaved")
+
+
+class SweepLock:
+    """An exclusive ``fcntl.flock`` on ``<database>.lock``, held by a sweep from start to end.
+
+    A second sweep on the same database is refused at once (:class:`DatabaseInUseError`, naming
+    the holder's pid, host and sweep) rather than run cells beside the first and disturb both
+    measurements. The kernel releases the lock when its holder ends in any way, ``kill -9``
+    included; the lock file stays (removing it would let two sweeps lock two different files).
+    """
+
+    def __init__(self, database: str | Path, sweep: str | None = None) -> None:
+        self.database = Path(database)
+        self.path = lock_path(database)
+        self.sweep = sweep
+        self._descriptor: int | None = None
+
+    def acquire(self) -> None:
+        import fcntl
+
+        try:
+            descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        except OSError as exc:
+            raise StoreError(f"cannot create the lock file {self.path} of results database {self.database}: "
+                             f"{describe_os_error(exc)}") from None
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = _read_holder(descriptor)
+            os.close(descriptor)
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise StoreError(f"cannot lock results database {self.database} ({self.path}): "
+                                 f"{describe_os_error(exc)}") from None
+            raise DatabaseInUseError(_in_use_message(self.database, holder), holder) from None
+        self._descriptor = descriptor
+        note = {"pid": os.getpid(), "host": socket.gethostname(), "sweep": self.sweep, "since": _now()}
+        try:  # who holds it, for the message of the sweep refused; the lock holds without it
+            os.ftruncate(descriptor, 0)
+            os.pwrite(descriptor, (json.dumps(note) + "\n").encode("utf-8"), 0)
+        except OSError:
+            pass
+
+    def release(self) -> None:
+        if self._descriptor is None:
+            return
+        import fcntl
+
+        descriptor, self._descriptor = self._descriptor, None
+        try:
+            os.ftruncate(descriptor, 0)
+        except OSError:
+            pass
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_UN)
+        finally:
+            os.close(descriptor)
+
+    def __enter__(self) -> "SweepLock":
+        if self._descriptor is None:
+            self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _read_holder(descriptor: int) -> dict[str, Any]:
+    try:
+        note = json.loads(os.pread(descriptor, 4096, 0).decode("utf-8", errors="replace"))
+    except (OSError, ValueError):
+        return {}
+    return note if isinstance(note, dict) else {}
+
+
+def _in_use_message(database: Path, holder: dict[str, Any]) -> str:
+    facts = [f"pid {holder['pid']}" if holder.get("pid") else "",
+             f"on {holder['host']}" if holder.get("host") else "",
+             f"since {holder['since']}" if holder.get("since") else ""]
+    who = f"sweep {str(holder['sweep'])[:200]!r}" if holder.get("sweep") else "another sweep"
+    details = " ".join(fact for fact in facts if fact)
+    return (f"results database {database} is in use by {who}" + (f" ({details})" if details else "")
+            + "; a second sweep would run beside it and disturb both measurements. Wait for it to end, "
+            "or give this sweep another --database")
 
 
 def flat_record(run: StoredRun) -> dict[str, Any]:
