@@ -396,10 +396,15 @@ class _SweepDisplay:
         self._position = ""
         self._cells = 0
 
-    def started(self, plan: Any, runs_total: int, runs_finished: int) -> None:
+    def started(self, plan: Any, runs_total: int, runs_finished: int, runs_recorded: int | None = None) -> None:
         self._cells = len(plan.valid_cells)
-        if runs_finished:
-            self.line.print(f"resuming sweep {plan.spec.name}: {runs_finished} of {runs_total} runs already recorded")
+        beyond = max(0, (runs_recorded or 0) - runs_finished)
+        if runs_finished or beyond:
+            text = f"resuming sweep {plan.spec.name}: {runs_finished} of {runs_total} runs already recorded"
+            if beyond:
+                text += (f"; {beyond} more, beyond the {plan.spec.repeats} repeat(s) per cell asked now, stay in "
+                         "the database and count in its summaries")
+            self.line.print(text)
 
     def run_started(self, cell: Any, repeat: int, runs_done: int, runs_total: int, seconds_left: float | None) -> None:
         from core.progress import format_duration
@@ -426,8 +431,11 @@ def _print_plan(plan: Any, repeats: int, finished: dict[tuple[str, int], str]) -
     width = len(str(len(plan.cells)))
     for cell in plan.cells:
         done = sum(1 for repeat in range(repeats) if (cell.key, repeat) in finished)
+        beyond = sum(1 for key, repeat in finished if key == cell.key and repeat >= repeats)
         state = f"invalid: {cell.invalid_reason}" if not cell.valid else (
             f"{done}/{repeats} repeats recorded" if done else "to run")
+        if beyond and cell.valid:
+            state += f", {beyond} more recorded beyond {repeats}"
         print(f"{cell.index + 1:>{width}}  {cell.label}  [{state}]")
     valid = len(plan.valid_cells)
     print(f"{len(plan.cells)} cells ({valid} valid, {len(plan.invalid_cells)} invalid) x {repeats} repeats "
@@ -437,8 +445,8 @@ def _print_plan(plan: Any, repeats: int, finished: dict[tuple[str, int], str]) -
 def _command_sweep(args: argparse.Namespace) -> int:
     import signal
 
-    from core.store import ResultStore, default_database
-    from core.sweep import SweepError, load_sweep, make_sweep_spec, plan_sweep, run_sweep
+    from core.store import ResultStore, StoreError, default_database
+    from core.sweep import SweepError, UnsavedResultError, load_sweep, make_sweep_spec, plan_sweep, run_sweep
 
     try:
         spec = load_sweep(args.file)
@@ -455,8 +463,11 @@ def _command_sweep(args: argparse.Namespace) -> int:
     if args.dry_run:
         finished: dict[tuple[str, int], str] = {}
         if database.exists():
-            with ResultStore(database) as store:
-                finished = store.finished(spec.name)
+            try:
+                with ResultStore(database, create=False) as store:  # read only: a dry run writes nothing
+                    finished = store.finished(spec.name)
+            except StoreError as error:
+                return _error(str(error))
         print(f"sweep {spec.name} ({args.file}), database {database}")
         _print_plan(plan, spec.repeats, finished)
         if plan.invalid_cells and not args.skip_invalid:
@@ -469,7 +480,12 @@ def _command_sweep(args: argparse.Namespace) -> int:
     try:
         outcome = run_sweep(plan, database=database, resume=args.resume, retry_failed=args.retry_failed,
                             skip_invalid=args.skip_invalid, observer=display)
-    except SweepError as error:
+    except UnsavedResultError as error:  # mid-sweep, the database refused a result: keep what was measured
+        display.line.clear()
+        if error.saved_to is None:
+            print(json.dumps(error.document), flush=True)
+        return _error(f"{error}. Once the database can be written: core sweep {args.file} --resume", code=1)
+    except (SweepError, StoreError) as error:  # before anything ran: the grid, the database, its lock
         return _error(str(error))
     except KeyboardInterrupt:
         display.line.clear()
@@ -479,6 +495,9 @@ def _command_sweep(args: argparse.Namespace) -> int:
     finally:
         display.line.clear()
         signal.signal(signal.SIGTERM, previous_handler)
+    if outcome.runs_recovered:
+        print(f"recorded {outcome.runs_recovered} result(s) that an earlier run of this sweep could not write to "
+              f"{outcome.database}")
     print()
     print(format_cells(outcome.cells))
     failed = sum(1 for cell in outcome.cells if cell.status != "ok")
@@ -488,62 +507,133 @@ def _command_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
-def format_cells(cells: Sequence[Any]) -> str:
-    """A plain-text table of cell summaries: median throughput, spread, flag, state."""
-    from core.report import format_number, format_percent
+def format_cells(cells: Sequence[Any], sweep_column: bool | None = None) -> str:
+    """A plain-text table of cell summaries: median throughput, spread, flag, state.
 
-    rows = [("cell", "status", "ok/runs", "samples/s", "spread", "samples/Wh")]
+    ``sweep_column``: show each cell's sweep first; by default only when the cells come from
+    more than one sweep. Text from the database is shown on one line, control characters escaped.
+    """
+    from core.report import format_number, format_percent, one_line
+
+    if sweep_column is None:
+        sweep_column = len({cell.sweep for cell in cells}) > 1
+    header = ("sweep",) * sweep_column + ("cell", "status", "ok/runs", "samples/s", "spread", "samples/Wh")
+    rows = [header]
     for cell in cells:
-        rows.append((cell.label, cell.status + (" (flagged)" if cell.flagged else ""),
+        sweep = ("-" if cell.sweep is None else one_line(cell.sweep),) * sweep_column
+        rows.append((*sweep, one_line(cell.label), cell.status + (" (flagged)" if cell.flagged else ""),
                      f"{cell.repeats_ok}/{cell.repeats_recorded}", format_number(cell.throughput_per_second),
                      format_percent(cell.spread), format_number(cell.samples_per_watt_hour)))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     return "\n".join("  ".join(value.ljust(width) for value, width in zip(row, widths)).rstrip() for row in rows)
 
 
 def _command_report(args: argparse.Namespace) -> int:
-    from core.report import ReportError, write_report
+    import sqlite3
+
+    from core.files import OutputError
+    from core.report import ReportError, ReportWriteError, write_report
     from core.store import StoreError, default_database
 
     database = args.database or default_database()
     try:
         files = write_report(database, args.output, args.sweeps)
-    except (ReportError, StoreError) as error:
+    except ReportWriteError as error:  # after the work: the report was built, the disk refused it
+        return _error(str(error), code=1)
+    except (ReportError, StoreError, OutputError) as error:  # before the work: nothing was drawn
         return _error(str(error))
+    except sqlite3.DatabaseError as error:
+        return _error(f"cannot read results database {database}: {error}", code=1)
+    for warning in files.warnings:
+        print(f"core: warning: {warning}", file=sys.stderr)
     print(f"wrote {files.markdown}, {files.html} and {len(files.plots)} plots in {files.markdown.parent / 'plots'}")
     return 0
 
 
-def _command_results(args: argparse.Namespace) -> int:
-    from core.store import ResultStore, StoreError, default_database
+def _status_filter(status: str | None) -> None:
+    """An unknown --status is an error listing the states a run can end in."""
+    from core.errors import CoreError
+    from core.results import RunState
+
+    allowed = [state.value for state in RunState]
+    if status is not None and status not in allowed:
+        raise CoreError(f"unknown --status {status!r}; a run's status is one of: {', '.join(allowed)}")
+
+
+def _sweep_filter(sweep: str | None, store: Any) -> None:
+    """An unknown --sweep is an error listing the sweeps in the database."""
+    from core.errors import CoreError
+    from core.report import list_names
+
+    if sweep is not None:
+        names = store.sweep_names()
+        if sweep not in names:
+            raise CoreError(f"no sweep named {sweep!r} in {store.path}; it has: {list_names(names)}")
+
+
+def _results_content(args: argparse.Namespace, store: Any, filters: dict[str, str]) -> tuple[str | bytes, int]:
+    """The export, whole, in memory: (text or Parquet bytes, runs in it)."""
+    import io
+    import tempfile
+
     from core.summary import summarise
 
+    if args.format == "summary":
+        cells = summarise(store.runs(**filters))
+        return format_cells(cells, sweep_column=True) + "\n", sum(cell.repeats_recorded for cell in cells)
+    if args.format == "parquet":
+        # pyarrow writes to a path: a private temporary one beside the output, read back whole.
+        with tempfile.TemporaryDirectory(prefix=".core-results-", dir=args.output.parent) as directory:
+            path = Path(directory) / "runs.parquet"
+            rows = store.export_parquet(path, **filters)
+            return path.read_bytes(), rows
+    stream = io.StringIO()
+    rows = (store.export_csv if args.format == "csv" else store.export_json)(stream, **filters)
+    return stream.getvalue(), rows
+
+
+def _command_results(args: argparse.Namespace) -> int:
+    import sqlite3
+
+    from core.errors import CoreError
+    from core.files import OutputError, check_writable, describe_os_error, write_atomically
+    from core.report import store_warnings
+    from core.store import ResultStore, default_database
+
     database = args.database or default_database()
+    if args.format == "parquet" and args.output is None:
+        return _error("--format parquet needs --output FILE")
     filters = {key: value for key, value in (("sweep", args.sweep), ("status", args.status)) if value is not None}
     try:
+        _status_filter(args.status)
         with ResultStore(database, create=False) as store:
-            if args.format == "summary":
-                text = format_cells(summarise(store.runs(**filters)))
-                if args.output is not None:
-                    args.output.write_text(text + "\n", encoding="utf-8")
-                else:
-                    print(text)
-            elif args.format == "parquet":
-                if args.output is None:
-                    return _error("--format parquet needs --output FILE")
-                rows = store.export_parquet(args.output, **filters)
-                print(f"wrote {rows} runs to {args.output}", file=sys.stderr)
-            else:
-                export = store.export_csv if args.format == "csv" else store.export_json
-                if args.output is None:
-                    export(sys.stdout, **filters)
-                else:
-                    args.output.parent.mkdir(parents=True, exist_ok=True)
-                    with open(args.output, "w", newline="", encoding="utf-8") as stream:
-                        rows = export(stream, **filters)
-                    print(f"wrote {rows} runs to {args.output}", file=sys.stderr)
-    except StoreError as error:
+            _sweep_filter(args.sweep, store)
+            if args.output is not None:
+                check_writable(args.output, "--output")  # before the query: a bad path costs nothing
+            content, rows = _results_content(args, store, filters)
+            warnings = store_warnings(store)
+    except CoreError as error:  # a bad filter or path, no database, a missing library: nothing written
         return _error(str(error))
+    except sqlite3.DatabaseError as error:
+        return _error(f"cannot read results database {database}: {error}", code=1)
+    except OSError as error:  # the Parquet export's temporary file
+        return _error(f"cannot export to {args.output}: {describe_os_error(error)}", code=1)
+    for warning in warnings:
+        print(f"core: warning: {warning}", file=sys.stderr)
+    if rows == 0:
+        from core.report import list_names
+
+        asked = " ".join(f"--{key} {list_names([value])}" for key, value in filters.items())
+        print(f"core: no runs in {database}" + (f" match {asked}" if asked else ""), file=sys.stderr)
+    if args.output is None:
+        sys.stdout.write(content if isinstance(content, str) else "")
+        return 0
+    try:
+        write_atomically(args.output, content, "--output")
+    except OutputError as error:
+        return _error(str(error), code=1)
+    if args.format != "summary":
+        print(f"wrote {rows} runs to {args.output}", file=sys.stderr)
     return 0
 
 

@@ -2,10 +2,13 @@
 
 spread = (max - min) / median of throughput over the cell's successful repeats. The median, not
 the mean, because one disturbed repeat (a page-cache miss, a clock change) should not move it.
+A figure that is not a finite number (NaN or infinity in a damaged or hand-edited database) is
+no measurement: it is left out as if the repeat had not recorded it.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
@@ -117,7 +120,8 @@ class CellSummary:
 
 def _values(results: Iterable[RunResult], figure: str | Callable[[RunResult], float | None]) -> list[float]:
     read = figure if callable(figure) else (lambda result: getattr(result, figure, None))
-    return [value for value in (read(result) for result in results) if value is not None]
+    return [value for value in (read(result) for result in results)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)]
 
 
 def summarise(runs: Iterable[StoredRun]) -> list[CellSummary]:
