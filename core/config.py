@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from enum import Enum
 from typing import Any, Literal, Union
 
@@ -34,11 +35,13 @@ OptionValue = Union[bool, int, float, str]
 class RunConfig(BaseModel):
     """One run. Field names are what the CLI flags, the sweep files and the result use."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_enum_values=False)
+    # Strict: a number field takes a number and a boolean field a boolean, from Python and from JSON
+    # alike (no "8" -> 8, 8.0 -> 8 or True -> 1); enums take their values ("bf16"), see docs/concepts.md.
+    model_config = ConfigDict(extra="forbid", frozen=True, use_enum_values=False, strict=True)
 
     workload: str = Field(min_length=1, description="registered workload name, e.g. 'fcnn'")
     accelerator: str = Field(min_length=1, description="registered accelerator name, e.g. 'cpu'")
-    framework: Framework = Framework.torch
+    framework: Framework = Field(default=Framework.torch, strict=False)
     micro_batch_size: int | None = Field(
         default=None, ge=1, le=1 << 24,
         description="samples per device per micro-step; None takes the workload's default",
@@ -50,7 +53,7 @@ class RunConfig(BaseModel):
         default=1, ge=1, le=1 << 16,
         description="weight updates per host call, where the accelerator supports it",
     )
-    precision: Precision = Precision.fp32
+    precision: Precision = Field(default=Precision.fp32, strict=False)
     steps: int = Field(default=20, ge=1, le=1 << 24, description="host calls (steps) in the timed window; each makes updates_per_step weight updates (device_iterations)")
     warmup_steps: int = Field(default=3, ge=0, le=1 << 24, description="untimed steps after the first")
     seed: int = Field(default=0, ge=0, le=2**32 - 1)
@@ -94,12 +97,71 @@ class RunConfig(BaseModel):
         return self.micro_batch_size * self.gradient_accumulation * self.replicas
 
 
-def _describe_pydantic_error(error: dict[str, Any]) -> ConfigError:
+_REQUIRED = {"int_type": "an integer", "float_type": "a number", "bool_type": "a boolean (true or false)",
+             "string_type": "a string"}
+
+
+def _bounds(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> str:
+    """'from 1 to 16777216' for a field with bounds, '' for a field without (or not of ``model``)."""
+    if model is None or len(loc) != 1 or loc[0] not in model.model_fields:
+        return ""
+    bounds: dict[str, Any] = {}
+    for rule in model.model_fields[loc[0]].metadata:
+        bounds.update({name: getattr(rule, name) for name in ("ge", "gt", "le", "lt")
+                       if getattr(rule, name, None) is not None})
+    if "ge" in bounds and "le" in bounds:
+        return f"from {bounds['ge']} to {bounds['le']}"
+    low = f"at least {bounds['ge']}" if "ge" in bounds else f"above {bounds['gt']}" if "gt" in bounds else ""
+    high = f"at most {bounds['le']}" if "le" in bounds else f"below {bounds['lt']}" if "lt" in bounds else ""
+    return " and ".join(part for part in (low, high) if part)
+
+
+def _unquoted(text: str, required: str) -> str | None:
+    """How to write the value a string spells, where it spells one of the required type ("8" -> "8")."""
+    try:
+        value = json.loads(text.strip().lower())
+    except ValueError:
+        return None
+    fits = {_REQUIRED["int_type"]: (int,), _REQUIRED["float_type"]: (int, float), _REQUIRED["bool_type"]: (bool,)}
+    types = fits.get(required, ())
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+        return None
+    return json.dumps(value)
+
+
+def describe_type_error(error: Any, model: type[BaseModel] | None = None) -> str | None:
+    """What a strictly typed field allows, when ``error`` (a pydantic error dict) refused a value of
+    the wrong type; None for any other error. Types are strict: see docs/concepts.md."""
+    required = _REQUIRED.get(error.get("type"))
+    if required is None:
+        return None
+    value = error.get("input")
+    bounds = _bounds(model, tuple(error.get("loc", ())))
+    if isinstance(value, bool):
+        why = "a boolean is not a number" if required != _REQUIRED["string_type"] else "a boolean is not a string"
+    elif isinstance(value, float) and required == _REQUIRED["int_type"]:
+        why = f"a float is not an integer; write {int(value)}" if value.is_integer() else "a float is not an integer"
+    elif isinstance(value, (int, float)) and required == _REQUIRED["bool_type"]:
+        why = "a number is not a boolean"
+    elif isinstance(value, str):
+        noun = {_REQUIRED["int_type"]: "integer", _REQUIRED["float_type"]: "number"}.get(required, "boolean")
+        why = f"a string is not a valid {noun}"
+        spelled = _unquoted(value, required)
+        if spelled is not None:
+            why += f"; write {spelled} without quotes"
+    elif required == _REQUIRED["string_type"]:
+        why = f"{type(value).__name__} {value!r} is not a string"
+    else:
+        why = f"got {type(value).__name__}"
+    return f"{required} is required ({why})" + (f"; allowed: {bounds}" if bounds else "")
+
+
+def _describe_pydantic_error(error: Any) -> ConfigError:
     field = ".".join(str(part) for part in error.get("loc", ())) or "config"
     if error.get("type") == "extra_forbidden":
         allowed = "unknown option; allowed options are: " + ", ".join(RunConfig.model_fields)
     else:
-        allowed = str(error.get("msg", "invalid"))
+        allowed = describe_type_error(error, RunConfig) or str(error.get("msg", "invalid"))
     return ConfigError(field, error.get("input"), allowed)
 
 

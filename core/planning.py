@@ -13,7 +13,7 @@ from core.data import validate_data
 from core.errors import ConfigError
 from core.plugins import PluginManager
 from core.power import PowerMeterFactory
-from core.workload import Workload
+from core.workload import FRAMEWORK_LIBRARIES, Workload, module_installed
 
 
 @dataclass(frozen=True)
@@ -56,14 +56,26 @@ def plan_run(manager: PluginManager, workload: str | Workload, accelerator: str 
     if framework not in workload_obj.frameworks:
         raise ConfigError("framework", framework.value,
                           f"workload {workload_name!r} supports: {_choices(workload_obj.frameworks)}")
+    # Installed libraries are looked up (find_spec), never imported: planning stays light.
+    framework_module, install = FRAMEWORK_LIBRARIES[framework]
+    if not module_installed(framework_module):
+        raise ConfigError("framework", framework.value, f"{framework_module} is not installed here; {install}, "
+                          f"or choose another framework")
     with guard(accelerator_obj, f"{type(accelerator_obj).__name__}.precisions()"):
         precisions = accelerator_obj.precisions(framework)
     if config.precision not in precisions:
         raise ConfigError("precision", config.precision.value,
                           f"accelerator {accelerator_name!r} with {framework.value} supports: {_choices(precisions)}")
-    validate_data(config.data, config.data_format, framework)
+    with guard(workload_obj, f"{type(workload_obj).__name__}.data_formats_for()"):
+        readable = workload_obj.data_formats_for(framework)
+    validate_data(config.data, config.data_format, framework, readable, workload_name)
     with guard(workload_obj, f"{type(workload_obj).__name__}.parse_options()"):
         workload_options = workload_obj.parse_options(dict(config.workload_options))
+    with guard(workload_obj, f"{type(workload_obj).__name__}.missing_library()"):
+        missing = workload_obj.missing_library(framework)
+    if missing:
+        raise ConfigError("workload", workload_name, f"with {framework.value} it needs {missing}; "
+                          f"or choose another framework (supported: {_choices(workload_obj.frameworks)})")
     with guard(accelerator_obj, f"{type(accelerator_obj).__name__}.parse_options()"):
         accelerator_obj.parse_options(dict(config.accelerator_options))
     if config.micro_batch_size is None:

@@ -6,13 +6,16 @@ Nothing here imports a framework: the training specs hold framework objects as `
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import sys
 from abc import ABC
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from core.config import Framework
+from core.config import Framework, describe_type_error
 from core.errors import ConfigError
 
 
@@ -21,17 +24,46 @@ class NoOptions(BaseModel):
 
 
 def parse_plugin_options(model: type[BaseModel], options: dict[str, Any], field: str, owner: str) -> BaseModel:
-    """Validate a plugin's options; a bad one raises ConfigError naming ``<field>.<key>``."""
+    """Validate a plugin's options; a bad one raises ConfigError naming ``<field>.<key>``.
+
+    Types are strict, whatever ``model`` says (docs/concepts.md): options are validated as the JSON
+    values they are (``-o``, sweep files, worker processes), so an int field takes an int only (not
+    ``True``, ``8.0`` or ``"8"``), a float field an int or a float, a bool field a bool, and enums
+    and literals their values.
+    """
     try:
-        return model(**options)
+        try:
+            document = json.dumps(options, allow_nan=False)
+        except (TypeError, ValueError):  # a Python object no JSON spells (or NaN): validate it as it is
+            return model.model_validate(options, strict=True)
+        return model.model_validate_json(document, strict=True)
     except ValidationError as exc:
         error = exc.errors()[0]
         key = ".".join(str(p) for p in error.get("loc", ())) or "?"
         if error.get("type") == "extra_forbidden":
             allowed = f"unknown option for {owner}; allowed: {', '.join(model.model_fields) or 'none'}"
         else:
-            allowed = str(error.get("msg"))
+            allowed = describe_type_error(error, model) or str(error.get("msg"))
         raise ConfigError(f"{field}.{key}", error.get("input"), allowed) from None
+
+
+#: framework -> (its module, how to install it), for planning's check that it is installed
+FRAMEWORK_LIBRARIES: dict[Framework, tuple[str, str]] = {
+    Framework.torch: ("torch", "pip install torch (the build for this accelerator)"),
+    Framework.tensorflow: ("tensorflow", "pip install 'core[tensorflow]'"),
+}
+
+
+def module_installed(module: str) -> bool:
+    """Whether ``module``'s top-level package can be imported, without importing it (find_spec of a
+    dotted name would import its parents)."""
+    top = module.partition(".")[0]
+    try:
+        return importlib.util.find_spec(top) is not None
+    except ValueError:  # imported already, without a __spec__
+        return top in sys.modules
+    except ImportError:
+        return False
 
 
 @dataclass
@@ -73,6 +105,20 @@ class Workload(ABC):
     #: convolutional models run faster with NHWC activations on GPUs (channels_last in PyTorch)
     prefers_channels_last: ClassVar[bool] = False
     options_model: ClassVar[type[BaseModel]] = NoOptions
+    #: real-data formats (``--data PATH``: "image-folder", "webdataset", "tokens", "tfrecord") whose
+    #: samples fit this workload's inputs; () takes synthetic data only. None (not declared) lets
+    #: any format through planning, to fail when the data is loaded if the shapes do not fit.
+    data_formats: ClassVar[tuple[str, ...] | None] = None
+
+    def data_formats_for(self, framework: Framework) -> tuple[str, ...] | None:
+        """The ``data_formats`` this workload reads with ``framework`` (planning also keeps to the
+        formats the framework's executor reads)."""
+        return self.data_formats
+
+    def missing_library(self, framework: Framework) -> str | None:
+        """What to install where the library that builds this workload in ``framework`` is missing
+        (checked with ``importlib.util.find_spec``, never imported); None when nothing is missing."""
+        return None
 
     def parse_options(self, options: dict[str, Any]) -> BaseModel:
         """Validate workload_options; errors name ``workload_options.<key>``."""

@@ -208,6 +208,19 @@ def test_invalid_runs_are_refused_before_anything_compiles(fake_sdk: Any, option
     assert fake_sdk.poptorch.fake_hardware.attached == []
 
 
+def test_a_dataset_path_is_refused_not_ignored(fake_sdk: Any, tmp_path: Any) -> None:
+    # The IPU executors stream the synthetic pool; planning must not let a dataset path through.
+    from core.config import RunConfig
+
+    accelerator = get_plugin_manager().accelerator("graphcore")
+    config = RunConfig(workload="resnet50", accelerator="graphcore", data=str(tmp_path), micro_batch_size=4,
+                       accelerator_options={"ipu_model": True})
+    with pytest.raises(ConfigError) as caught:
+        accelerator.validate(config)
+    assert caught.value.field == "data" and "synthetic samples only" in str(caught.value)
+    accelerator.validate(config.model_copy(update={"data": "synthetic-host"}))
+
+
 def test_a_run_larger_than_the_host_is_refused(fake_sdk: Any) -> None:
     fake_sdk.gcipuinfo.reset(fake_sdk.gcipuinfo.FakeMachine.with_ipus(12))
     with pytest.raises(ConfigError, match="reserves 16 IPUs .12 used.; this host sees 12"):

@@ -262,11 +262,12 @@ def test_a_missing_library_fails_the_build_with_what_to_install() -> None:
 
 
 @pytest.mark.skipif(has_module("torchvision"), reason="torchvision is usable here")
-def test_without_torchvision_mobilenet_in_torch_says_so() -> None:
-    result = run("mobilenetv3-small", "cpu", micro_batch_size=2, steps=1, warmup_steps=0, power_meter="none",
-                 workload_options={"variant": "small"})
-    assert result.status.state.value == "error" and result.status.phase == "setup"
-    assert result.status.error_type == "MissingLibraryError" and "torchvision" in str(result.status.message)
+def test_without_torchvision_mobilenet_in_torch_is_refused_before_the_run() -> None:
+    # Planning checks the model's library (find_spec), so the run is refused, not failed in setup.
+    with pytest.raises(ConfigError) as refused:
+        run("mobilenetv3-small", "cpu", micro_batch_size=2, steps=1, warmup_steps=0, power_meter="none",
+            workload_options={"variant": "small"})
+    assert refused.value.field == "workload" and "torchvision" in str(refused.value)
 
 
 # --- data, losses, options -------------------------------------------------------------------

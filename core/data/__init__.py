@@ -52,8 +52,13 @@ def detect_format(path: Path) -> str:
                       ".tar shards (WebDataset), .tfrecord files, or a .bin/.npy token file")
 
 
-def validate_data(data: str, data_format: str, framework: Framework) -> str | None:
-    """Check a data source before anything runs; returns the resolved format (None for synthetic)."""
+def validate_data(data: str, data_format: str, framework: Framework, readable: tuple[str, ...] | None = None,
+                  workload: str = "?") -> str | None:
+    """Check a data source before anything runs; returns the resolved format (None for synthetic).
+
+    ``readable``: the formats the workload reads with ``framework`` (``Workload.data_formats_for``);
+    () for synthetic data only, None when the workload does not say.
+    """
     if data == SYNTHETIC_ON_DEVICE:
         return None
     if data == SYNTHETIC_ON_HOST:
@@ -65,7 +70,24 @@ def validate_data(data: str, data_format: str, framework: Framework) -> str | No
     if not path.exists():
         raise ConfigError("data", data, f"no such file or folder; allowed: {', '.join(SYNTHETIC_SOURCES)} or a dataset path")
     resolved = detect_format(path) if data_format == "auto" else data_format
+    if readable is not None and resolved not in readable:
+        usable = [name for name in readable if framework in FORMAT_FRAMEWORKS.get(name, ())]
+        synthetic = (SYNTHETIC_ON_DEVICE,) if framework is Framework.tensorflow else SYNTHETIC_SOURCES
+        if not usable:
+            raise ConfigError("data", data, f"{_a(resolved)} dataset, but workload {workload!r} takes synthetic data "
+                              f"only (with {framework.value}); allowed: {', '.join(synthetic)}")
+        if data_format == "auto":
+            raise ConfigError("data", data, f"{_a(resolved)} dataset, but workload {workload!r} with {framework.value} "
+                              f"reads {', '.join(usable)}; allowed: {', '.join(synthetic)} or a path to "
+                              f"{' or '.join(_a(name) for name in usable)} dataset")
+        raise ConfigError("data_format", data_format, f"workload {workload!r} with {framework.value} reads: "
+                          f"{', '.join(['auto', *usable])}")
     if framework not in FORMAT_FRAMEWORKS[resolved]:
-        readable = [name for name, readers in FORMAT_FRAMEWORKS.items() if framework in readers]
-        raise ConfigError("data_format", resolved, f"{framework.value} reads: {', '.join(readable)}")
+        readable_here = [name for name, readers in FORMAT_FRAMEWORKS.items() if framework in readers]
+        raise ConfigError("data_format", resolved, f"{framework.value} reads: {', '.join(readable_here)}")
     return resolved
+
+
+def _a(data_format: str) -> str:
+    return {"image-folder": "an image-folder", "webdataset": "a webdataset (.tar shards)",
+            "tokens": "a token-file", "tfrecord": "a TFRecord"}.get(data_format, f"a {data_format}")

@@ -65,6 +65,13 @@ class AcesAutoencoder(ZooWorkload):
     }
     frameworks: ClassVar[tuple[Framework, ...]] = (Framework.torch, Framework.tensorflow)
     reference_framework: ClassVar[Framework] = Framework.tensorflow
+    #: images; in PyTorch the model returns its input beside the reconstruction, so a labelled image
+    #: dataset's labels pass through unused
+    data_formats: ClassVar[tuple[str, ...] | None] = ("image-folder", "webdataset")
+
+    def data_formats_for(self, framework: Framework) -> tuple[str, ...] | None:
+        # The Keras loss compares the reconstruction with the targets, which a TFRecord gives as labels.
+        return () if framework is Framework.tensorflow else self.data_formats
 
     def input_shape(self, o: AcesOptions) -> tuple[int, int, int]:
         dataset = IMAGE_DATASETS[o.dataset]

@@ -23,7 +23,7 @@ MOMENTUM = 0.9
 
 
 class FcnnOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     layers: int = Field(default=4, ge=1, le=1024, description="hidden layers, l")
     hidden_width: int = Field(default=512, ge=1, le=1 << 17, description="nodes per hidden layer, D_H")
@@ -51,6 +51,8 @@ class Fcnn(Workload):
     frameworks: ClassVar[tuple[Framework, ...]] = (Framework.torch, Framework.tensorflow)
     default_micro_batch_size: ClassVar[int] = 64
     options_model: ClassVar[type[BaseModel]] = FcnnOptions
+    #: feature vectors of input_width: no image or token file holds them
+    data_formats: ClassVar[tuple[str, ...] | None] = ()
 
     def parameter_count(self, options: BaseModel) -> int:
         assert isinstance(options, FcnnOptions)

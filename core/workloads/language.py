@@ -46,6 +46,8 @@ class MaskedLanguageOptions(LanguageOptions):
 class LanguageWorkload(ZooWorkload):
     sample_unit: ClassVar[str] = "sequences"
     options_model: ClassVar[type[BaseModel]] = LanguageOptions
+    #: a token file, cut into windows of the sequence length
+    data_formats: ClassVar[tuple[str, ...] | None] = ("tokens",)
     #: the model's own sequence length, and the context its position table covers
     sequence_length: ClassVar[int]
     small_sequence_length: ClassVar[int] = 32

@@ -52,6 +52,8 @@ class VisionWorkload(ZooWorkload):
     task: ClassVar[str] = "classification"
     sample_unit: ClassVar[str] = "images"
     options_model: ClassVar[type[BaseModel]] = VisionOptions
+    #: labelled images, resized to the input shape (tfrecord with TensorFlow, the others with PyTorch)
+    data_formats: ClassVar[tuple[str, ...] | None] = ("image-folder", "webdataset", "tfrecord")
     #: the crop this model is trained at on ImageNet
     imagenet_image_size: ClassVar[int] = 224
     small_image_size: ClassVar[int] = 32

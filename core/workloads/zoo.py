@@ -1,9 +1,10 @@
 """What every workload of the zoo shares: sources in well-kept libraries, a full and a small variant,
 per-framework parameter counts and analytic FLOPs, seeded synthetic data.
 
-A workload lists a framework only where it has an implementation. Whether that implementation's
-library is installed is checked when the model is built: a missing one raises
-``MissingLibraryError`` naming the package to install.
+A workload lists a framework only where it has an implementation. Planning refuses a framework
+whose implementation's library is not installed (found with ``importlib.util.find_spec``, never
+imported), naming the package to install; one that is installed but fails to load raises
+``MissingLibraryError`` when the model is built.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from core.config import Framework
 from core.errors import ConfigError, CoreError
-from core.workload import Workload
+from core.workload import Workload, module_installed
 from core.workloads.counting import Tally
 
 
@@ -40,6 +41,13 @@ class Source:
             return importlib.metadata.version(self.distribution)
         except importlib.metadata.PackageNotFoundError:
             return None
+
+    def missing(self) -> str | None:
+        """What to install when the library's package cannot be found (nothing is imported)."""
+        if module_installed(self.module):
+            return None
+        return (f"{self.distribution} ({self.name}), which is not installed here; "
+                f"{self.install or 'pip install ' + self.distribution}")
 
     def load(self, workload: str) -> Any:
         """Import the library, or raise MissingLibraryError saying what to install."""
@@ -78,7 +86,7 @@ Variant = Literal["full", "small"]
 
 
 class ZooOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     variant: Variant = Field(
         default="full", description="'full': the published model; 'small': the same architecture cut down for CI",
@@ -111,6 +119,10 @@ class ZooWorkload(Workload):
         images -> reconstructions. ``build_torch`` builds it from the run's seed; tests build it on the
         meta device to count its parameters and FLOPs."""
         raise NotImplementedError(f"workload {self.name!r} has no PyTorch implementation")
+
+    def missing_library(self, framework: Framework) -> str | None:
+        source = self.sources.get(framework)
+        return source.missing() if source is not None else None
 
     def check_options(self, options: Any) -> None:
         """Raise ConfigError for option combinations the architecture cannot take."""

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from core import (Accelerator, Availability, ConfigError, DeviceRecord, Framework, Precision, ProcessContext,
                   RunConfig, Workload)
+from core.data import SYNTHETIC_SOURCES
 from plugins.graphcore.placement import (IpuPlacement, PoprunProcess, format_command, plan_placement,
                                          poprun_command)
 
@@ -160,6 +161,11 @@ class GraphcoreAccelerator(Accelerator):
                               "pip install <sdk>/tensorflow-2.6*+gc*.whl <sdk>/keras-2.6*+gc*.whl")
         if config.compile:
             raise ConfigError("compile", True, "IPU programs are always compiled by Poplar; leave compile=False")
+        if config.data not in SYNTHETIC_SOURCES:
+            # Both IPU executors stream the synthetic pool from the host; a dataset path would be
+            # silently ignored, and the figures would be for data the user did not ask for.
+            raise ConfigError("data", config.data,
+                              f"the IPU executors feed synthetic samples only; allowed: {', '.join(SYNTHETIC_SOURCES)}")
         placement = self.placement(config)
         instances, process = resolve_instances(options)
         launched = process.instances if process is not None else 1
