@@ -26,16 +26,17 @@ import argparse
 import json
 import statistics
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 
 from core import RunResult, Workload, run
 from core.energy import DeviceEnergyMeter
-from core.workload import TorchTrainingSpec
 from core.plugins import get_plugin_manager
+from core.workload import TorchTrainingSpec
 
 CASES = ("resnet50", "resnet50-compile", "fcnn", "meter")
 
@@ -51,8 +52,11 @@ class Shape:
 
 FULL = {
     "resnet50": Shape("resnet50", 256, {}),
-    "fcnn": Shape("fcnn", 16384, {"layers": 8, "hidden_width": 8192, "input_width": 8192, "output_width": 1024,
-                                  "synthetic_pool_samples": 16384}),
+    "fcnn": Shape(
+        "fcnn",
+        16384,
+        {"layers": 8, "hidden_width": 8192, "input_width": 8192, "output_width": 1024, "synthetic_pool_samples": 16384},
+    ),
 }
 SMOKE = {
     "resnet50": Shape("resnet50", 4, {"variant": "small", "image_size": 32}),
@@ -67,8 +71,14 @@ def workload_named(name: str) -> Workload:
 class PlainLoop:
     """A hand-written loop doing what core's executor does for this case, nothing more."""
 
-    def __init__(self, spec: TorchTrainingSpec, batch: int, device: torch.device, channels_last: bool,
-                 compile_model: bool = False) -> None:
+    def __init__(
+        self,
+        spec: TorchTrainingSpec,
+        batch: int,
+        device: torch.device,
+        channels_last: bool,
+        compile_model: bool = False,
+    ) -> None:
         if device.type == "cuda":
             torch.backends.cudnn.benchmark = True
         self.device = device
@@ -125,7 +135,8 @@ def torchvision_spec(batch: int) -> TorchTrainingSpec | None:
         return None
     generator = torch.Generator().manual_seed(1)
     return TorchTrainingSpec(
-        model=torchvision.models.resnet50(), loss_fn=torch.nn.CrossEntropyLoss(),
+        model=torchvision.models.resnet50(),
+        loss_fn=torch.nn.CrossEntropyLoss(),
         make_optimizer=lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
         inputs=torch.randn(min(batch, 64), 3, 224, 224, generator=generator),
         targets=torch.randint(0, 1000, (min(batch, 64),), generator=generator),
@@ -145,22 +156,32 @@ class Bench:
         return torch.device("cpu" if self.accelerator == "cpu" else "cuda")
 
     def core(self, shape: Shape, **options: Any) -> RunResult:
-        result = run(shape.workload, self.accelerator, micro_batch_size=shape.batch, steps=self.steps,
-                     warmup_steps=self.warmup, precision="bf16", workload_options=shape.options, **options)
+        result = run(
+            shape.workload,
+            self.accelerator,
+            micro_batch_size=shape.batch,
+            steps=self.steps,
+            warmup_steps=self.warmup,
+            precision="bf16",
+            workload_options=shape.options,
+            **options,
+        )
         if not result.status.ok:
             raise RuntimeError(f"core run failed: {result.status}")
         return result
 
     def plain_loop(self, shape: Shape, like: RunResult, compile_model: bool = False) -> PlainLoop:
         """A plain loop on a fresh copy of the model, with the memory format core's run chose."""
-        return PlainLoop(build_spec(shape), shape.batch, self.device,
-                         bool(like.executor_details.get("channels_last")), compile_model)
+        return PlainLoop(
+            build_spec(shape), shape.batch, self.device, bool(like.executor_details.get("channels_last")), compile_model
+        )
 
     def plain(self, shape: Shape, like: RunResult) -> float:
         return self.plain_loop(shape, like).samples_per_second(self.steps, self.warmup)
 
-    def alternate(self, core_fn: Callable[[], RunResult],
-                  other_fn: Callable[[RunResult], float]) -> tuple[list[RunResult], list[float]]:
+    def alternate(
+        self, core_fn: Callable[[], RunResult], other_fn: Callable[[RunResult], float]
+    ) -> tuple[list[RunResult], list[float]]:
         """core, then the other side given core's result, ``repeats`` times."""
         results, others = [], []
         for _ in range(self.repeats):
@@ -175,11 +196,14 @@ def median_rate(results: list[RunResult]) -> float:
 
 def case_resnet50(bench: Bench) -> dict[str, Any]:
     shape = bench.shapes["resnet50"]
-    results, plain = bench.alternate(lambda: bench.core(shape, power_meter="none"),
-                                     lambda like: bench.plain(shape, like))
+    results, plain = bench.alternate(
+        lambda: bench.core(shape, power_meter="none"), lambda like: bench.plain(shape, like)
+    )
     figures: dict[str, Any] = {
-        "core_images_per_second": median_rate(results), "plain_images_per_second": statistics.median(plain),
-        "core_runs": [r.throughput_per_second for r in results], "plain_runs": plain,
+        "core_images_per_second": median_rate(results),
+        "plain_images_per_second": statistics.median(plain),
+        "core_runs": [r.throughput_per_second for r in results],
+        "plain_runs": plain,
         "channels_last": results[-1].executor_details.get("channels_last"),
         "autocast_dtype": results[-1].executor_details.get("autocast_dtype"),
     }
@@ -193,8 +217,9 @@ def case_resnet50(bench: Bench) -> dict[str, Any]:
 
 def case_resnet50_compile(bench: Bench) -> dict[str, Any]:
     shape = bench.shapes["resnet50"]
-    results, plain = bench.alternate(lambda: bench.core(shape, power_meter="none", compile=True),
-                                     lambda like: bench.plain(shape, like))
+    results, plain = bench.alternate(
+        lambda: bench.core(shape, power_meter="none", compile=True), lambda like: bench.plain(shape, like)
+    )
     compiled_loop = bench.plain_loop(shape, results[-1], compile_model=True)
     plain_compile_seconds = compiled_loop.first_step_seconds()
     figures = {
@@ -206,25 +231,31 @@ def case_resnet50_compile(bench: Bench) -> dict[str, Any]:
         "plain_compiled_first_step_seconds": plain_compile_seconds,
     }
     figures["ratio_core_compiled_over_plain_eager"] = (
-        figures["core_compiled_images_per_second"] / figures["plain_eager_images_per_second"])
+        figures["core_compiled_images_per_second"] / figures["plain_eager_images_per_second"]
+    )
     figures["ratio_core_compiled_over_plain_compiled"] = (
-        figures["core_compiled_images_per_second"] / figures["plain_compiled_images_per_second"])
+        figures["core_compiled_images_per_second"] / figures["plain_compiled_images_per_second"]
+    )
     return figures
 
 
 def case_fcnn(bench: Bench) -> dict[str, Any]:
     shape = bench.shapes["fcnn"]
-    results, plain = bench.alternate(lambda: bench.core(shape, power_meter="none"),
-                                     lambda like: bench.plain(shape, like))
+    results, plain = bench.alternate(
+        lambda: bench.core(shape, power_meter="none"), lambda like: bench.plain(shape, like)
+    )
     workload = workload_named("fcnn")
     phi = workload.parameter_count(workload.parse_options(dict(shape.options)))
     last = results[-1]
     assert last.window_seconds and last.flops_per_second
     six_phi_bs_over_time = 6 * phi * last.window_samples / last.window_seconds
     figures = {
-        "core_samples_per_second": median_rate(results), "plain_samples_per_second": statistics.median(plain),
-        "core_runs": [r.throughput_per_second for r in results], "plain_runs": plain,
-        "phi": phi, "core_flops_per_second": last.flops_per_second,
+        "core_samples_per_second": median_rate(results),
+        "plain_samples_per_second": statistics.median(plain),
+        "core_runs": [r.throughput_per_second for r in results],
+        "plain_runs": plain,
+        "phi": phi,
+        "core_flops_per_second": last.flops_per_second,
         "six_phi_bs_over_window_seconds": six_phi_bs_over_time,
         "flops_ratio": last.flops_per_second / six_phi_bs_over_time,
         "model_flops_utilization": last.model_flops_utilization,
@@ -276,27 +307,40 @@ def independent_counter_reads(accelerator: str, uuids: list[str] | None = None) 
 def case_meter(bench: Bench) -> dict[str, Any]:
     shape = bench.shapes["fcnn"]
     with independent_counter_reads(bench.accelerator) as independent_joules:
-        on, off = bench.alternate(lambda: bench.core(shape, power_meter="auto"),
-                                  lambda _: bench.core(shape, power_meter="none").throughput_per_second or 0.0)
+        on, off = bench.alternate(
+            lambda: bench.core(shape, power_meter="auto"),
+            lambda _: bench.core(shape, power_meter="none").throughput_per_second or 0.0,
+        )
     on_rate, off_rate = median_rate(on), statistics.median(off)
     figures: dict[str, Any] = {
-        "meter_on_samples_per_second": on_rate, "meter_off_samples_per_second": off_rate,
+        "meter_on_samples_per_second": on_rate,
+        "meter_off_samples_per_second": off_rate,
         "difference_fraction": abs(on_rate - off_rate) / off_rate,
-        "energy": [{"core_joules": r.energy_joules, "method": r.energy.method if r.energy else None,
-                    "unavailable_reason": r.energy_unavailable_reason,
-                    "counter_over_sampled": (r.energy.details.get("counter_over_sampled") if r.energy else None),
-                    "sampled_joules": (r.energy.details.get("sampled_joules") if r.energy else None),
-                    "window_seconds": r.window_seconds, "samples_per_watt_hour": r.samples_per_watt_hour}
-                   for r in on],
+        "energy": [
+            {
+                "core_joules": r.energy_joules,
+                "method": r.energy.method if r.energy else None,
+                "unavailable_reason": r.energy_unavailable_reason,
+                "counter_over_sampled": (r.energy.details.get("counter_over_sampled") if r.energy else None),
+                "sampled_joules": (r.energy.details.get("sampled_joules") if r.energy else None),
+                "window_seconds": r.window_seconds,
+                "samples_per_watt_hour": r.samples_per_watt_hour,
+            }
+            for r in on
+        ],
     }
     if independent_joules:
         figures["core_over_independent_counter"] = [
-            (r.energy_joules or 0.0) / joules for r, joules in zip(on, independent_joules) if joules]
+            (r.energy_joules or 0.0) / joules for r, joules in zip(on, independent_joules) if joules
+        ]
     return figures
 
 
 RUNNERS: dict[str, Callable[[Bench], dict[str, Any]]] = {
-    "resnet50": case_resnet50, "resnet50-compile": case_resnet50_compile, "fcnn": case_fcnn, "meter": case_meter,
+    "resnet50": case_resnet50,
+    "resnet50-compile": case_resnet50_compile,
+    "fcnn": case_fcnn,
+    "meter": case_meter,
 }
 
 
@@ -314,8 +358,14 @@ def main() -> None:
     if args.smoke:
         bench = Bench(args.accelerator, 3, 1, 1, SMOKE)
     cases = CASES if args.case == "all" else (args.case,)
-    report: dict[str, Any] = {"accelerator": args.accelerator, "smoke": args.smoke, "steps": bench.steps,
-                              "warmup": bench.warmup, "repeats": bench.repeats, "torch": torch.__version__}
+    report: dict[str, Any] = {
+        "accelerator": args.accelerator,
+        "smoke": args.smoke,
+        "steps": bench.steps,
+        "warmup": bench.warmup,
+        "repeats": bench.repeats,
+        "torch": torch.__version__,
+    }
     if bench.device.type == "cuda":
         report["device_name"] = torch.cuda.get_device_name(0)
     for case in cases:

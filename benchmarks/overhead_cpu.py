@@ -48,8 +48,16 @@ def plain_loop_seconds_per_step(steps: int, warmup: int) -> float:
 
 
 def core_seconds_per_step(steps: int, warmup: int) -> float:
-    result = run("fcnn", "cpu", micro_batch_size=BATCH, threads_per_replica=1, steps=steps,
-                 warmup_steps=warmup, power_meter="none", workload_options=OPTIONS)
+    result = run(
+        "fcnn",
+        "cpu",
+        micro_batch_size=BATCH,
+        threads_per_replica=1,
+        steps=steps,
+        warmup_steps=warmup,
+        power_meter="none",
+        workload_options=OPTIONS,
+    )
     assert result.status.ok and result.window_seconds is not None, result.status
     return result.window_seconds / steps
 
@@ -69,13 +77,17 @@ def main() -> None:
         core_times.append(core_seconds_per_step(args.steps, args.warmup))
         plain_times.append(plain_loop_seconds_per_step(args.steps, args.warmup))
     pair_ratios = [c / p for c, p in zip(core_times, plain_times)]
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, {args.repeats} alternating pairs "
-          f"of {args.steps} steps")
+    print(
+        f"torch {torch.__version__}, threads {torch.get_num_threads()}, {args.repeats} alternating pairs "
+        f"of {args.steps} steps"
+    )
     print(f"plain loop : median {statistics.median(plain_times) * 1e6:8.1f} us/step, min {min(plain_times) * 1e6:.1f}")
     print(f"core       : median {statistics.median(core_times) * 1e6:8.1f} us/step, min {min(core_times) * 1e6:.1f}")
-    print(f"core/plain : median of pair ratios {statistics.median(pair_ratios):.3f} "
-          f"(quartiles {statistics.quantiles(pair_ratios, n=4)[0]:.3f}-{statistics.quantiles(pair_ratios, n=4)[2]:.3f}), "
-          f"ratio of minima {min(core_times) / min(plain_times):.3f}   target <= 1.10")
+    print(
+        f"core/plain : median of pair ratios {statistics.median(pair_ratios):.3f} "
+        f"(quartiles {statistics.quantiles(pair_ratios, n=4)[0]:.3f}-{statistics.quantiles(pair_ratios, n=4)[2]:.3f}), "
+        f"ratio of minima {min(core_times) / min(plain_times):.3f}   target <= 1.10"
+    )
 
 
 if __name__ == "__main__":

@@ -26,11 +26,11 @@ class Availability:
     reason: str | None = None
 
     @classmethod
-    def yes(cls) -> "Availability":
+    def yes(cls) -> Availability:
         return cls(True, None)
 
     @classmethod
-    def no(cls, reason: str) -> "Availability":
+    def no(cls, reason: str) -> Availability:
         return cls(False, reason)
 
 
@@ -76,13 +76,13 @@ class Accelerator(ABC):
         """The devices this host offers, for ``core devices`` and the result."""
 
     @abstractmethod
-    def create_executor(self, workload: "Workload", config: RunConfig, process: "ProcessContext") -> "Executor":
+    def create_executor(self, workload: Workload, config: RunConfig, process: ProcessContext) -> Executor:
         """Place the workload on this process's device(s) and return a ready executor."""
 
     def validate(self, config: RunConfig) -> None:
         """Raise ConfigError for options this accelerator cannot honour. Touches no device."""
 
-    def devices_for(self, config: RunConfig, process: "ProcessContext") -> list[DeviceRecord]:
+    def devices_for(self, config: RunConfig, process: ProcessContext) -> list[DeviceRecord]:
         """The devices a run with ``config`` uses, as recorded in its result."""
         return self.devices()[: config.replicas * config.devices_per_replica]
 

@@ -13,8 +13,13 @@ if TYPE_CHECKING:
     from core.workload import Workload
 
 
-def run(workload: "str | Workload", accelerator: "str | Accelerator", *,
-        on_progress: "ProgressCallback | None" = None, **options: Any) -> "RunResult":
+def run(
+    workload: str | Workload,
+    accelerator: str | Accelerator,
+    *,
+    on_progress: ProgressCallback | None = None,
+    **options: Any,
+) -> RunResult:
     """Run ``workload`` on ``accelerator`` and return its result.
 
     :param workload: a registered workload name (``"fcnn"``) or a Workload object.

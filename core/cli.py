@@ -6,33 +6,72 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from core.errors import ConfigError
 
-# CLI flag -> RunConfig field, so an error can name both.
-_RUN_FLAGS: dict[str, str] = {
+# The run command's flags come from RunConfig's fields: --field-name, except these names users
+# already type. The fields below _OWN_SYNTAX are taken another way (positional, -o, -a).
+_FLAG_NAMES = {
     "micro_batch_size": "--batch-size",
-    "gradient_accumulation": "--gradient-accumulation",
-    "replicas": "--replicas",
-    "devices_per_replica": "--devices-per-replica",
-    "device_iterations": "--device-iterations",
-    "precision": "--precision",
-    "steps": "--steps",
-    "warmup_steps": "--warmup-steps",
-    "seed": "--seed",
-    "framework": "--framework",
-    "power_meter": "--power-meter",
     "power_sample_interval_seconds": "--power-sample-interval",
-    "power_timeline_points": "--power-timeline-points",
     "threads_per_replica": "--threads",
-    "accelerator": "--accelerator",
-    "data": "--data",
-    "data_format": "--data-format",
-    "data_workers": "--data-workers",
-    "workload": "WORKLOAD",
 }
+_OWN_SYNTAX = {
+    "workload": "WORKLOAD",
+    "accelerator": "--accelerator",
+    "workload_options": "-o",
+    "accelerator_options": "-a",
+}
+
+
+def run_flags() -> dict[str, str]:
+    """RunConfig field -> the ``core run`` flag that sets it (so an error can name both)."""
+    from core.config import RunConfig
+
+    flags = {name: _FLAG_NAMES.get(name, "--" + name.replace("_", "-")) for name in RunConfig.model_fields}
+    return {**flags, **_OWN_SYNTAX}
+
+
+def _flag_help(info: Any) -> tuple[Any, str]:
+    """(argparse type, help) for one RunConfig field: its description, what it allows, its default."""
+    import enum
+    import types
+    import typing
+
+    kind = info.annotation
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):  # "int | None": the int
+        kind = next(k for k in typing.get_args(kind) if k is not type(None))
+    text = info.description or ""
+    if isinstance(kind, type) and issubclass(kind, enum.Enum):
+        text += f"; one of: {', '.join(str(member.value) for member in kind)}"
+        kind = str
+    elif typing.get_origin(kind) is typing.Literal:
+        text += f"; one of: {', '.join(str(value) for value in typing.get_args(kind))}"
+        kind = str
+    default = info.default.value if isinstance(info.default, enum.Enum) else info.default
+    if default is not None:
+        text += f" (default: {default})"
+    return kind, text.lstrip("; ")
+
+
+def _add_run_flags(run: argparse.ArgumentParser) -> None:
+    """One flag per RunConfig field, generated: a new field gets its flag, help and error naming."""
+    from core.config import RunConfig
+
+    flags = run_flags()
+    for name, info in RunConfig.model_fields.items():
+        if name in _OWN_SYNTAX:
+            continue
+        kind, text = _flag_help(info)
+        # default None: only what the user typed reaches RunConfig, which keeps its own defaults.
+        if kind is bool:
+            run.add_argument(flags[name], dest=name, action="store_true", default=None, help=text)
+        else:
+            metavar = flags[name].lstrip("-").upper().replace("-", "_")
+            run.add_argument(flags[name], dest=name, type=kind, default=None, metavar=metavar, help=text)
 
 
 def _option_pair(text: str) -> tuple[str, Any]:
@@ -49,90 +88,115 @@ def _option_pair(text: str) -> tuple[str, Any]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="core", description="Run one ML workload on any accelerator and measure it.")
-    parser.add_argument("--debug", action="store_true",
-                        help="show tracebacks: where a failing run or plugin broke, and core's own errors")
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="show tracebacks: where a failing run or plugin broke, and core's own errors",
+    )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.required = True
     # `core run ... --debug` as well as `core --debug run ...`: SUPPRESS keeps the top-level value.
     debug = argparse.ArgumentParser(add_help=False)
-    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                       help="show tracebacks: where a failing run or plugin broke, and core's own errors")
+    debug.add_argument(
+        "--debug",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="show tracebacks: where a failing run or plugin broke, and core's own errors",
+    )
 
     run = commands.add_parser("run", parents=[debug], help="run a workload and print its result")
     run.add_argument("workload", metavar="WORKLOAD", help="workload name (see `core workloads`)")
     run.add_argument("--accelerator", default="cpu", help="accelerator name (see `core plugins`); default: cpu")
-    run.add_argument("--framework", choices=None, help="torch or tensorflow (default: torch)")
-    run.add_argument("--batch-size", dest="micro_batch_size", type=int, help="micro-batch per device")
-    run.add_argument("--gradient-accumulation", type=int)
-    run.add_argument("--replicas", type=int)
-    run.add_argument("--devices-per-replica", type=int)
-    run.add_argument("--device-iterations", type=int)
-    run.add_argument("--precision", help="fp32, tf32, bf16 or fp16")
-    run.add_argument("--steps", type=int, help="steps (host calls) in the timed window")
-    run.add_argument("--warmup-steps", type=int)
-    run.add_argument("--seed", type=int)
-    run.add_argument("--compile", action="store_true", default=None, help="torch.compile / XLA")
-    run.add_argument("--power-meter", help="auto, none, or a meter name")
-    run.add_argument("--power-sample-interval", dest="power_sample_interval_seconds", type=float)
-    run.add_argument("--power-timeline-points", dest="power_timeline_points", type=int,
-                     help="most spans of sampled power kept in the result (0: none)")
-    run.add_argument("--threads", dest="threads_per_replica", type=int, help="host threads per replica")
-    run.add_argument("-o", "--option", dest="workload_options", action="append", type=_option_pair, default=[],
-                     metavar="KEY=VALUE", help="workload hyper-parameter, e.g. -o layers=8 (repeatable)")
-    run.add_argument("-a", "--accelerator-option", dest="accelerator_options", action="append", type=_option_pair,
-                     default=[], metavar="KEY=VALUE",
-                     help="vendor placement option, e.g. -a mode=package (AMD), -a ipu_model=true (Graphcore)")
-    run.add_argument("--data", help="synthetic (default), synthetic-host, or a dataset path")
-    run.add_argument("--data-format", help="auto, image-folder, webdataset, tokens or tfrecord")
-    run.add_argument("--data-workers", type=int, help="background loader processes per replica")
+    _add_run_flags(run)
+    run.add_argument(
+        "-o",
+        "--option",
+        dest="workload_options",
+        action="append",
+        type=_option_pair,
+        default=[],
+        metavar="KEY=VALUE",
+        help="workload hyper-parameter, e.g. -o layers=8 (repeatable)",
+    )
+    run.add_argument(
+        "-a",
+        "--accelerator-option",
+        dest="accelerator_options",
+        action="append",
+        type=_option_pair,
+        default=[],
+        metavar="KEY=VALUE",
+        help="vendor placement option, e.g. -a mode=package (AMD), -a ipu_model=true (Graphcore)",
+    )
     run.add_argument("--json", action="store_true", help="print the result as JSON")
     run.add_argument("--output", type=Path, help="also write the result JSON to this file")
 
-    plugins = commands.add_parser("plugins", parents=[debug], help="list plugins, what they register and whether it is available")
+    plugins = commands.add_parser(
+        "plugins", parents=[debug], help="list plugins, what they register and whether it is available"
+    )
     plugins.add_argument("--json", action="store_true")
-    plugins.add_argument("-v", "--verbose", action="store_true",
-                         help="show the traceback of every plugin that failed to load or raised")
+    plugins.add_argument(
+        "-v", "--verbose", action="store_true", help="show the traceback of every plugin that failed to load or raised"
+    )
     devices = commands.add_parser("devices", parents=[debug], help="list the devices of every available accelerator")
     devices.add_argument("--json", action="store_true")
     workloads = commands.add_parser("workloads", parents=[debug], help="list registered workloads")
     workloads.add_argument("--json", action="store_true")
 
     database_help = "results database (default: $CORE_DATABASE, else results/core.db)"
-    sweep = commands.add_parser("sweep", parents=[debug], help="run a grid of runs declared in a TOML or YAML file",
-                                description="Run every cell of a grid file, each repeat in its own process, "
-                                            "and store every result. See docs/sweeps.md.")
+    sweep = commands.add_parser(
+        "sweep",
+        parents=[debug],
+        help="run a grid of runs declared in a TOML or YAML file",
+        description="Run every cell of a grid file, each repeat in its own process, "
+        "and store every result. See docs/sweeps.md.",
+    )
     sweep.add_argument("file", metavar="FILE", type=Path, help="grid file (.toml, .yaml, .yml or .json)")
     sweep.add_argument("--dry-run", action="store_true", help="list the cells and validate them; run nothing")
     sweep.add_argument("--resume", action="store_true", help="continue a sweep already in the database")
-    sweep.add_argument("--retry-failed", action="store_true",
-                       help="with --resume, run failed repeats (oom, error, timeout) again")
+    sweep.add_argument(
+        "--retry-failed", action="store_true", help="with --resume, run failed repeats (oom, error, timeout) again"
+    )
     sweep.add_argument("--database", type=Path, help=database_help)
     sweep.add_argument("--repeats", type=int, help="runs per cell (overrides the file; default 3)")
     sweep.add_argument("--timeout-seconds", type=float, help="time limit of one repeat (overrides the file)")
     sweep.add_argument("--skip-invalid", action="store_true", help="run the valid cells when some are invalid")
     sweep.add_argument("--name", help="the sweep's name in the database (overrides the file)")
 
-    report = commands.add_parser("report", parents=[debug], help="write a Markdown and HTML report with plots from the database")
+    report = commands.add_parser(
+        "report", parents=[debug], help="write a Markdown and HTML report with plots from the database"
+    )
     report.add_argument("--database", type=Path, help=database_help)
-    report.add_argument("--sweep", action="append", dest="sweeps", metavar="NAME",
-                        help="report this sweep (repeatable; default: every sweep)")
-    report.add_argument("--output", type=Path, default=Path("results") / "report",
-                        help="directory for report.md, report.html and plots/ (default: results/report)")
+    report.add_argument(
+        "--sweep",
+        action="append",
+        dest="sweeps",
+        metavar="NAME",
+        help="report this sweep (repeatable; default: every sweep)",
+    )
+    report.add_argument(
+        "--output",
+        type=Path,
+        default=Path("results") / "report",
+        help="directory for report.md, report.html and plots/ (default: results/report)",
+    )
 
     results = commands.add_parser("results", parents=[debug], help="query or export the results database")
     results.add_argument("--database", type=Path, help=database_help)
     results.add_argument("--sweep", help="only this sweep")
     results.add_argument("--status", help="only runs in this state (ok, oom, error, timeout, ...)")
-    results.add_argument("--format", choices=("summary", "csv", "json", "parquet"), default="summary",
-                         help="summary (cells with median and spread; default), csv or json (one row per run), parquet")
+    results.add_argument(
+        "--format",
+        choices=("summary", "csv", "json", "parquet"),
+        default="summary",
+        help="summary (cells with median and spread; default), csv or json (one row per run), parquet",
+    )
     results.add_argument("--output", type=Path, help="write to this file (required for parquet)")
     return parser
 
 
 def _run_options(args: argparse.Namespace) -> dict[str, Any]:
-    fields = ("framework", "micro_batch_size", "gradient_accumulation", "replicas", "devices_per_replica",
-              "device_iterations", "precision", "steps", "warmup_steps", "seed", "compile", "power_meter",
-              "power_sample_interval_seconds", "power_timeline_points", "threads_per_replica", "data", "data_format", "data_workers")
+    fields = [name for name in run_flags() if name not in _OWN_SYNTAX]
     options = {name: getattr(args, name) for name in fields if getattr(args, name) is not None}
     if args.workload_options:
         options["workload_options"] = dict(args.workload_options)
@@ -145,10 +209,10 @@ def _describe_config_error(error: ConfigError) -> str:
     errors = getattr(error, "errors", [error])
     lines = []
     for e in errors:
-        flag = _RUN_FLAGS.get(e.field)
+        flag = run_flags().get(e.field)
         for prefix, short in (("workload_options.", "-o "), ("accelerator_options.", "-a ")):
             if e.field.startswith(prefix):
-                flag = short + e.field[len(prefix):]
+                flag = short + e.field[len(prefix) :]
         lines.append(f"invalid {e.field}{f' ({flag})' if flag else ''} = {e.value!r}: {e.allowed}")
     return "\n".join(lines)
 
@@ -160,24 +224,35 @@ def _format_seconds(value: float | None, scale: float = 1.0, unit: str = "s") ->
 def format_result(result: Any) -> str:
     c = result.config
     lines = [
-        f"{result.workload} on {result.accelerator} ({result.framework}, {c.precision.value}): {result.status.state.value}",
+        f"{result.workload} on {result.accelerator} ({result.framework}, {c.precision.value}): "
+        f"{result.status.state.value}",
         f"  samples/update  {result.samples_per_update} (micro {c.micro_batch_size} x accumulation "
         f"{c.gradient_accumulation} x replicas {c.replicas})",
     ]
     if result.throughput_per_second is not None:
         calls = "" if result.window_updates == result.window_steps else f" in {result.window_steps} host calls"
-        lines.append(f"  throughput      {result.throughput_per_second:.6g} samples/s "
-                     f"(window {result.window_seconds:.4g} s, {result.window_updates} updates{calls})")
-        lines.append(f"  step time       median {_format_seconds(result.step_seconds_median, 1e3, 'ms')}, "
-                     f"p90 {_format_seconds(result.step_seconds_p90, 1e3, 'ms')}")
-    lines.append(f"  phases          setup {_format_seconds(result.setup_seconds)}, first step "
-                 f"{_format_seconds(result.first_step_seconds)}, warm-up {_format_seconds(result.warmup_seconds)}")
+        lines.append(
+            f"  throughput      {result.throughput_per_second:.6g} samples/s "
+            f"(window {result.window_seconds:.4g} s, {result.window_updates} updates{calls})"
+        )
+        lines.append(
+            f"  step time       median {_format_seconds(result.step_seconds_median, 1e3, 'ms')}, "
+            f"p90 {_format_seconds(result.step_seconds_p90, 1e3, 'ms')}"
+        )
+    lines.append(
+        f"  phases          setup {_format_seconds(result.setup_seconds)}, first step "
+        f"{_format_seconds(result.first_step_seconds)}, warm-up {_format_seconds(result.warmup_seconds)}"
+    )
     if result.flops_per_second is not None:
-        lines.append(f"  achieved        {result.flops_per_second / 1e12:.4g} TFLOP/s "
-                     f"({result.flops_per_sample:.4g} FLOP/sample)")
+        lines.append(
+            f"  achieved        {result.flops_per_second / 1e12:.4g} TFLOP/s "
+            f"({result.flops_per_sample:.4g} FLOP/sample)"
+        )
     if result.energy_joules is not None:
-        lines.append(f"  energy          {result.energy_joules:.4g} J over the window "
-                     f"({result.samples_per_watt_hour:.4g} samples/Wh, {result.energy.method})")
+        lines.append(
+            f"  energy          {result.energy_joules:.4g} J over the window "
+            f"({result.samples_per_watt_hour:.4g} samples/Wh, {result.energy.method})"
+        )
     else:
         lines.append(f"  energy          unavailable: {result.energy_unavailable_reason}")
     if not result.status.ok:
@@ -203,8 +278,9 @@ def _command_run(args: argparse.Namespace) -> int:
     line = ProgressLine()
     progress = None
     if line.enabled:
-        progress = RunProgress(line, f"{args.workload} on {args.accelerator}", options.get("steps", 20),
-                               options.get("warmup_steps", 3))
+        progress = RunProgress(
+            line, f"{args.workload} on {args.accelerator}", options.get("steps", 20), options.get("warmup_steps", 3)
+        )
         progress.start()
     try:
         result = run(args.workload, args.accelerator, on_progress=progress, **options)
@@ -231,8 +307,9 @@ def _command_run(args: argparse.Namespace) -> int:
         try:
             write_atomically(args.output, text + "\n", "--output")
         except OutputError as error:
-            return _error(f"{error}; the result is printed above" + ("" if args.json else " (--json prints it whole)"),
-                          code=1)
+            return _error(
+                f"{error}; the result is printed above" + ("" if args.json else " (--json prints it whole)"), code=1
+            )
     return 0 if result.status.ok else 1
 
 
@@ -254,13 +331,24 @@ def plugin_report() -> list[dict[str, Any]]:
                     entry.update(available=availability.available, reason=availability.reason)
                 entries.append(entry)
             provides[kind] = entries
-        rows.append({
-            "name": record.name, "version": record.version, "distribution": record.distribution,
-            "module": record.module, "builtin": record.builtin, "state": record.state.value, "error": record.error,
-            "traceback": record.traceback, "hooks": record.hooks, "registers": provides,
-            "faults": [{"call": fault.call, "error": str(fault), "traceback": fault.traceback_text}
-                       for fault in record.faults],
-        })
+        rows.append(
+            {
+                "name": record.name,
+                "version": record.version,
+                "distribution": record.distribution,
+                "module": record.module,
+                "builtin": record.builtin,
+                "state": record.state.value,
+                "error": record.error,
+                "traceback": record.traceback,
+                "hooks": record.hooks,
+                "registers": provides,
+                "faults": [
+                    {"call": fault.call, "error": str(fault), "traceback": fault.traceback_text}
+                    for fault in record.faults
+                ],
+            }
+        )
     return rows
 
 
@@ -332,9 +420,7 @@ def _command_devices(args: argparse.Namespace) -> int:
 
 
 def workload_report() -> list[dict[str, Any]]:
-    from core.plugins import get_plugin_manager
-
-    from core.plugins import PluginFault
+    from core.plugins import PluginFault, get_plugin_manager
 
     manager = get_plugin_manager()
     rows = []
@@ -352,12 +438,18 @@ def _workload_row(name: str, plugin: str, workload: Any) -> dict[str, Any]:
     defaults = workload.options_model()
     details = workload.details(defaults)
     # Zoo workloads name one source per framework; others at most one for all.
-    sources = {framework: implementation.get("source")
-               for framework, implementation in details.get("implementations", {}).items()}
+    sources = {
+        framework: implementation.get("source")
+        for framework, implementation in details.get("implementations", {}).items()
+    }
     return {
-        "name": name, "plugin": plugin, "description": workload.description,
-        "frameworks": [f.value for f in workload.frameworks], "task": workload.task,
-        "sample_unit": workload.sample_unit, "default_micro_batch_size": workload.default_micro_batch_size,
+        "name": name,
+        "plugin": plugin,
+        "description": workload.description,
+        "frameworks": [f.value for f in workload.frameworks],
+        "task": workload.task,
+        "sample_unit": workload.sample_unit,
+        "default_micro_batch_size": workload.default_micro_batch_size,
         "parameter_count": workload.parameter_count(defaults),
         "flops_per_sample": workload.flops_per_sample(defaults),
         "samples_per_epoch": workload.samples_per_epoch(defaults),
@@ -376,8 +468,10 @@ def _command_workloads(args: argparse.Namespace) -> int:
             print(f"{row['name']}: unavailable: {row['error']}")
             continue
         params = f", {row['parameter_count']:,} parameters" if row["parameter_count"] else ""
-        print(f"{row['name']} ({', '.join(row['frameworks'])}; {row['task']}, {row['sample_unit']}{params}): "
-              f"{row['description']}")
+        print(
+            f"{row['name']} ({', '.join(row['frameworks'])}; {row['task']}, {row['sample_unit']}{params}): "
+            f"{row['description']}"
+        )
     return 0
 
 
@@ -402,21 +496,26 @@ class _SweepDisplay:
         if runs_finished or beyond:
             text = f"resuming sweep {plan.spec.name}: {runs_finished} of {runs_total} runs already recorded"
             if beyond:
-                text += (f"; {beyond} more, beyond the {plan.spec.repeats} repeat(s) per cell asked now, stay in "
-                         "the database and count in its summaries")
+                text += (
+                    f"; {beyond} more, beyond the {plan.spec.repeats} repeat(s) per cell asked now, stay in "
+                    "the database and count in its summaries"
+                )
             self.line.print(text)
 
     def run_started(self, cell: Any, repeat: int, runs_done: int, runs_total: int, seconds_left: float | None) -> None:
         from core.progress import format_duration
 
-        self._position = f"[{runs_done + 1}/{runs_total}] cell {cell.index + 1}/{self._cells} {cell.label} repeat {repeat + 1}"
+        self._position = (
+            f"[{runs_done + 1}/{runs_total}] cell {cell.index + 1}/{self._cells} {cell.label} repeat {repeat + 1}"
+        )
         self.line.show(f"{self._position} | ~{format_duration(seconds_left)} left")
 
     def waiting(self, cell: Any, repeat: int, elapsed_seconds: float, seconds_left: float | None) -> None:
         from core.progress import format_duration
 
-        self.line.show(f"{self._position} | {format_duration(elapsed_seconds)} in this run | "
-                       f"~{format_duration(seconds_left)} left")
+        self.line.show(
+            f"{self._position} | {format_duration(elapsed_seconds)} in this run | ~{format_duration(seconds_left)} left"
+        )
 
     def run_finished(self, cell: Any, repeat: int, result: Any, process_seconds: float) -> None:
         if result.status.ok:
@@ -432,14 +531,19 @@ def _print_plan(plan: Any, repeats: int, finished: dict[tuple[str, int], str]) -
     for cell in plan.cells:
         done = sum(1 for repeat in range(repeats) if (cell.key, repeat) in finished)
         beyond = sum(1 for key, repeat in finished if key == cell.key and repeat >= repeats)
-        state = f"invalid: {cell.invalid_reason}" if not cell.valid else (
-            f"{done}/{repeats} repeats recorded" if done else "to run")
+        state = (
+            f"invalid: {cell.invalid_reason}"
+            if not cell.valid
+            else (f"{done}/{repeats} repeats recorded" if done else "to run")
+        )
         if beyond and cell.valid:
             state += f", {beyond} more recorded beyond {repeats}"
         print(f"{cell.index + 1:>{width}}  {cell.label}  [{state}]")
     valid = len(plan.valid_cells)
-    print(f"{len(plan.cells)} cells ({valid} valid, {len(plan.invalid_cells)} invalid) x {repeats} repeats "
-          f"= {valid * repeats} runs; timeout {plan.spec.timeout_seconds:g} s per run")
+    print(
+        f"{len(plan.cells)} cells ({valid} valid, {len(plan.invalid_cells)} invalid) x {repeats} repeats "
+        f"= {valid * repeats} runs; timeout {plan.spec.timeout_seconds:g} s per run"
+    )
 
 
 def _command_sweep(args: argparse.Namespace) -> int:
@@ -450,8 +554,15 @@ def _command_sweep(args: argparse.Namespace) -> int:
 
     try:
         spec = load_sweep(args.file)
-        overrides = {key: value for key, value in (("repeats", args.repeats), ("timeout_seconds", args.timeout_seconds),
-                                                   ("name", args.name)) if value is not None}
+        overrides = {
+            key: value
+            for key, value in (
+                ("repeats", args.repeats),
+                ("timeout_seconds", args.timeout_seconds),
+                ("name", args.name),
+            )
+            if value is not None
+        }
         if overrides:
             spec = make_sweep_spec({**spec.model_dump(), **overrides})
         plan = plan_sweep(spec, source=str(args.file))
@@ -471,15 +582,23 @@ def _command_sweep(args: argparse.Namespace) -> int:
         print(f"sweep {spec.name} ({args.file}), database {database}")
         _print_plan(plan, spec.repeats, finished)
         if plan.invalid_cells and not args.skip_invalid:
-            return _error(f"{len(plan.invalid_cells)} invalid cells: fix the grid, exclude them, or pass --skip-invalid")
+            return _error(
+                f"{len(plan.invalid_cells)} invalid cells: fix the grid, exclude them, or pass --skip-invalid"
+            )
         return 0
 
     # SIGTERM ends the sweep the way Ctrl-C does: the running cell is stopped, nothing half-done is stored.
     previous_handler = signal.signal(signal.SIGTERM, signal.default_int_handler)
     display = _SweepDisplay()
     try:
-        outcome = run_sweep(plan, database=database, resume=args.resume, retry_failed=args.retry_failed,
-                            skip_invalid=args.skip_invalid, observer=display)
+        outcome = run_sweep(
+            plan,
+            database=database,
+            resume=args.resume,
+            retry_failed=args.retry_failed,
+            skip_invalid=args.skip_invalid,
+            observer=display,
+        )
     except UnsavedResultError as error:  # mid-sweep, the database refused a result: keep what was measured
         display.line.clear()
         if error.saved_to is None:
@@ -489,21 +608,28 @@ def _command_sweep(args: argparse.Namespace) -> int:
         return _error(str(error))
     except KeyboardInterrupt:
         display.line.clear()
-        print(f"core: sweep {spec.name} interrupted; finished runs are in {database}. "
-              f"Continue with: core sweep {args.file} --resume", file=sys.stderr)
+        print(
+            f"core: sweep {spec.name} interrupted; finished runs are in {database}. "
+            f"Continue with: core sweep {args.file} --resume",
+            file=sys.stderr,
+        )
         return 130
     finally:
         display.line.clear()
         signal.signal(signal.SIGTERM, previous_handler)
     if outcome.runs_recovered:
-        print(f"recorded {outcome.runs_recovered} result(s) that an earlier run of this sweep could not write to "
-              f"{outcome.database}")
+        print(
+            f"recorded {outcome.runs_recovered} result(s) that an earlier run of this sweep could not write to "
+            f"{outcome.database}"
+        )
     print()
     print(format_cells(outcome.cells))
     failed = sum(1 for cell in outcome.cells if cell.status != "ok")
-    print(f"sweep {outcome.name}: {outcome.runs_done} runs now, {outcome.runs_already_finished} before; "
-          f"{len(outcome.cells)} cells, {failed} failed, {sum(c.flagged for c in outcome.cells)} flagged; "
-          f"results in {outcome.database}")
+    print(
+        f"sweep {outcome.name}: {outcome.runs_done} runs now, {outcome.runs_already_finished} before; "
+        f"{len(outcome.cells)} cells, {failed} failed, {sum(c.flagged for c in outcome.cells)} flagged; "
+        f"results in {outcome.database}"
+    )
     return 0
 
 
@@ -521,9 +647,17 @@ def format_cells(cells: Sequence[Any], sweep_column: bool | None = None) -> str:
     rows = [header]
     for cell in cells:
         sweep = ("-" if cell.sweep is None else one_line(cell.sweep),) * sweep_column
-        rows.append((*sweep, one_line(cell.label), cell.status + (" (flagged)" if cell.flagged else ""),
-                     f"{cell.repeats_ok}/{cell.repeats_recorded}", format_number(cell.throughput_per_second),
-                     format_percent(cell.spread), format_number(cell.samples_per_watt_hour)))
+        rows.append(
+            (
+                *sweep,
+                one_line(cell.label),
+                cell.status + (" (flagged)" if cell.flagged else ""),
+                f"{cell.repeats_ok}/{cell.repeats_recorded}",
+                format_number(cell.throughput_per_second),
+                format_percent(cell.spread),
+                format_number(cell.samples_per_watt_hour),
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     return "\n".join("  ".join(value.ljust(width) for value, width in zip(row, widths)).rstrip() for row in rows)
 
@@ -637,9 +771,15 @@ def _command_results(args: argparse.Namespace) -> int:
     return 0
 
 
-_COMMANDS = {"run": _command_run, "plugins": _command_plugins, "devices": _command_devices,
-             "workloads": _command_workloads, "sweep": _command_sweep, "report": _command_report,
-             "results": _command_results}
+_COMMANDS = {
+    "run": _command_run,
+    "plugins": _command_plugins,
+    "devices": _command_devices,
+    "workloads": _command_workloads,
+    "sweep": _command_sweep,
+    "report": _command_report,
+    "results": _command_results,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

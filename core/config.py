@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from enum import Enum
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -29,7 +29,7 @@ class Precision(str, Enum):
     fp16 = "fp16"
 
 
-OptionValue = Union[bool, int, float, str]
+OptionValue = bool | int | float | str
 
 
 class RunConfig(BaseModel):
@@ -41,41 +41,66 @@ class RunConfig(BaseModel):
 
     workload: str = Field(min_length=1, description="registered workload name, e.g. 'fcnn'")
     accelerator: str = Field(min_length=1, description="registered accelerator name, e.g. 'cpu'")
-    framework: Framework = Field(default=Framework.torch, strict=False)
+    framework: Framework = Field(default=Framework.torch, strict=False, description="the training framework")
     micro_batch_size: int | None = Field(
-        default=None, ge=1, le=1 << 24,
+        default=None,
+        ge=1,
+        le=1 << 24,
         description="samples per device per micro-step; None takes the workload's default",
     )
-    gradient_accumulation: int = Field(default=1, ge=1, le=1 << 16)
+    gradient_accumulation: int = Field(
+        default=1, ge=1, le=1 << 16, description="micro-steps whose gradients are summed into one weight update"
+    )
     replicas: int = Field(default=1, ge=1, le=1 << 16, description="data-parallel copies of the model")
-    devices_per_replica: int = Field(default=1, ge=1, le=1 << 10)
+    devices_per_replica: int = Field(
+        default=1, ge=1, le=1 << 10, description="devices one copy of the model spans (pipelined over them)"
+    )
     device_iterations: int = Field(
-        default=1, ge=1, le=1 << 16,
+        default=1,
+        ge=1,
+        le=1 << 16,
         description="weight updates per host call, where the accelerator supports it",
     )
-    precision: Precision = Field(default=Precision.fp32, strict=False)
-    steps: int = Field(default=20, ge=1, le=1 << 24, description="host calls (steps) in the timed window; each makes updates_per_step weight updates (device_iterations)")
+    precision: Precision = Field(default=Precision.fp32, strict=False, description="numeric precision policy")
+    steps: int = Field(
+        default=20,
+        ge=1,
+        le=1 << 24,
+        description="host calls (steps) in the timed window; each makes updates_per_step weight updates "
+        "(device_iterations)",
+    )
     warmup_steps: int = Field(default=3, ge=0, le=1 << 24, description="untimed steps after the first")
-    seed: int = Field(default=0, ge=0, le=2**32 - 1)
+    seed: int = Field(default=0, ge=0, le=2**32 - 1, description="seed of the weights and the synthetic data")
     compile: bool = Field(default=False, description="graph-compile the model (torch.compile / XLA)")
     power_meter: str = Field(
-        default="auto", min_length=1,
+        default="auto",
+        min_length=1,
         description="'auto' picks the accelerator's meter, 'none' disables energy, or a registered meter name",
     )
-    power_sample_interval_seconds: float = Field(default=0.05, gt=0.0, le=60.0)
+    power_sample_interval_seconds: float = Field(
+        default=0.05, gt=0.0, le=60.0, description="seconds between power readings where a meter samples power"
+    )
     power_timeline_points: int = Field(
-        default=600, ge=0, le=100_000,
+        default=600,
+        ge=0,
+        le=100_000,
         description="most spans of sampled power kept in the result (merged pairwise beyond); 0 keeps none",
     )
     threads_per_replica: int | None = Field(
-        default=None, ge=1, le=4096, description="host compute threads per replica; None lets the accelerator choose",
+        default=None,
+        ge=1,
+        le=4096,
+        description="host compute threads per replica; None lets the accelerator choose",
     )
     data: str = Field(
-        default="synthetic", min_length=1,
+        default="synthetic",
+        min_length=1,
         description="'synthetic' (made on the device), 'synthetic-host' (copied from the host every micro-step) "
-                    "or the path of a dataset",
+        "or the path of a dataset",
     )
-    data_format: Literal["auto", "image-folder", "webdataset", "tokens", "tfrecord"] = "auto"
+    data_format: Literal["auto", "image-folder", "webdataset", "tokens", "tfrecord"] = Field(
+        default="auto", description="the dataset's format; auto tells it from the path"
+    )
     data_workers: int = Field(default=2, ge=0, le=256, description="background loader processes per replica")
     workload_options: dict[str, OptionValue] = Field(
         default_factory=dict, description="workload hyper-parameters, validated by the workload"
@@ -97,8 +122,12 @@ class RunConfig(BaseModel):
         return self.micro_batch_size * self.gradient_accumulation * self.replicas
 
 
-_REQUIRED = {"int_type": "an integer", "float_type": "a number", "bool_type": "a boolean (true or false)",
-             "string_type": "a string"}
+_REQUIRED = {
+    "int_type": "an integer",
+    "float_type": "a number",
+    "bool_type": "a boolean (true or false)",
+    "string_type": "a string",
+}
 
 
 def _bounds(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> str:
@@ -107,8 +136,9 @@ def _bounds(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> str:
         return ""
     bounds: dict[str, Any] = {}
     for rule in model.model_fields[loc[0]].metadata:
-        bounds.update({name: getattr(rule, name) for name in ("ge", "gt", "le", "lt")
-                       if getattr(rule, name, None) is not None})
+        bounds.update(
+            {name: getattr(rule, name) for name in ("ge", "gt", "le", "lt") if getattr(rule, name, None) is not None}
+        )
     if "ge" in bounds and "le" in bounds:
         return f"from {bounds['ge']} to {bounds['le']}"
     low = f"at least {bounds['ge']}" if "ge" in bounds else f"above {bounds['gt']}" if "gt" in bounds else ""

@@ -29,7 +29,7 @@ class ProcessContext:
         return self.local_rank == 0
 
     @classmethod
-    def from_environment(cls) -> "ProcessContext":
+    def from_environment(cls) -> ProcessContext:
         """torchrun sets RANK, LOCAL_RANK, WORLD_SIZE and LOCAL_WORLD_SIZE for each worker."""
         env = os.environ
         return cls(
@@ -64,7 +64,7 @@ def release_finished_collectives(timeout_seconds: float = 5.0) -> None:
     import gc
     import types
 
-    own = contextvars.ContextVar("core_own_context")
+    own: contextvars.ContextVar[bool] = contextvars.ContextVar("core_own_context")
     token = own.set(True)  # marks this thread's current Context, which is never released
     try:
         found = [item for item in gc.get_objects() if type(item) is contextvars.Context and own not in item]
@@ -88,4 +88,3 @@ def release_finished_collectives(timeout_seconds: float = 5.0) -> None:
             break
         time.sleep(0.002)  # the GIL is free for the thread that releases them
     del held
-

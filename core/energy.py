@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from core.power import PowerMeter
 from core.results import EnergyMeasurement
@@ -48,9 +49,15 @@ def counter_delta(start: float, stop: float, wrap: float | None) -> float:
 
 
 class DeviceEnergyMeter(PowerMeter):
-    def __init__(self, name: str, sources: list[EnergySource], sample_interval_seconds: float,
-                 sample_power: bool = True, details: dict[str, Any] | None = None,
-                 timeline_points: int = DEFAULT_TIMELINE_SPANS) -> None:
+    def __init__(
+        self,
+        name: str,
+        sources: list[EnergySource],
+        sample_interval_seconds: float,
+        sample_power: bool = True,
+        details: dict[str, Any] | None = None,
+        timeline_points: int = DEFAULT_TIMELINE_SPANS,
+    ) -> None:
         if not sources:
             raise ValueError("a device energy meter needs at least one source")
         self.name = name
@@ -62,9 +69,13 @@ class DeviceEnergyMeter(PowerMeter):
         self._sampling = False
         powered = [s for s in sources if s.read_power_watts is not None]
         self._sampler = (
-            FixedRateSampler(lambda: {s.key: s.read_power_watts() for s in powered},  # type: ignore[misc]
-                             sample_interval_seconds, timeline_spans=timeline_points)
-            if powered and (sample_power or any(s.read_counter_joules is None for s in powered)) else None
+            FixedRateSampler(
+                lambda: {s.key: s.read_power_watts() for s in powered},  # type: ignore[misc]
+                sample_interval_seconds,
+                timeline_spans=timeline_points,
+            )
+            if powered and (sample_power or any(s.read_counter_joules is None for s in powered))
+            else None
         )
 
     def _read_counter(self, source: EnergySource) -> float | None:
@@ -99,7 +110,9 @@ class DeviceEnergyMeter(PowerMeter):
             if value is None:
                 continue
             try:
-                counted[source.key] = counter_delta(self._counters_at_start[source.key], value, source.counter_wrap_joules)
+                counted[source.key] = counter_delta(
+                    self._counters_at_start[source.key], value, source.counter_wrap_joules
+                )
             except ValueError as exc:
                 self._counter_errors[source.key] = str(exc)
         elapsed = time.monotonic() - self._started_at if self._started_at is not None else None
@@ -123,10 +136,14 @@ class DeviceEnergyMeter(PowerMeter):
         timeline = sampled.timeline if sampled is not None else None
         warnings: list[str] = []
         if sampled is not None:
-            details.update(sampled_joules=sampled_joules, power_samples=sampled.sample_count,
-                           max_sample_gap_seconds=sampled.max_gap_seconds)
-            ratios = {k: counted[k] / sampled_joules[k] for k in counted
-                      if k in sampled_complete and sampled_joules.get(k)}
+            details.update(
+                sampled_joules=sampled_joules,
+                power_samples=sampled.sample_count,
+                max_sample_gap_seconds=sampled.max_gap_seconds,
+            )
+            ratios = {
+                k: counted[k] / sampled_joules[k] for k in counted if k in sampled_complete and sampled_joules.get(k)
+            }
             if ratios:
                 details["counter_over_sampled"] = ratios
             warnings += [
@@ -134,23 +151,36 @@ class DeviceEnergyMeter(PowerMeter):
                 f"(counter / sampled = {ratio:.3f}) over a {elapsed or 0.0:.2f} s window; a longer window "
                 "(more steps) or a shorter power sample interval tells whether the window is short against "
                 "the counter's update period or power changes faster than the sampling"
-                for key, ratio in ratios.items() if abs(ratio - 1) > CROSS_CHECK_TOLERANCE]
+                for key, ratio in ratios.items()
+                if abs(ratio - 1) > CROSS_CHECK_TOLERANCE
+            ]
             if sampled.errors:
                 details["power_read_errors"] = list(sampled.errors)
         if self._counter_errors:
             details["counter_errors"] = dict(self._counter_errors)
         if missing:
-            reasons = "; ".join(f"{k}: {self._counter_errors.get(k, 'no counter and no complete power trace')}"
-                                for k in missing)
-            return EnergyMeasurement(meter=self.name, unavailable_reason=f"energy unknown for {reasons}",
-                                     components_joules=components, details=details, power_timeline=timeline,
-                                     warnings=warnings)
+            reasons = "; ".join(
+                f"{k}: {self._counter_errors.get(k, 'no counter and no complete power trace')}" for k in missing
+            )
+            return EnergyMeasurement(
+                meter=self.name,
+                unavailable_reason=f"energy unknown for {reasons}",
+                components_joules=components,
+                details=details,
+                power_timeline=timeline,
+                warnings=warnings,
+            )
         total = sum(components.values())
         kinds = set(methods.values())
         return EnergyMeasurement(
-            meter=self.name, method=kinds.pop() if len(kinds) == 1 else "mixed", energy_joules=total,
-            components_joules=components, details=details,
-            mean_power_watts=total / elapsed if elapsed else None, power_timeline=timeline, warnings=warnings,
+            meter=self.name,
+            method=kinds.pop() if len(kinds) == 1 else "mixed",
+            energy_joules=total,
+            components_joules=components,
+            details=details,
+            mean_power_watts=total / elapsed if elapsed else None,
+            power_timeline=timeline,
+            warnings=warnings,
         )
 
     def _stop_sampling(self) -> Any:

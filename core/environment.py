@@ -10,8 +10,19 @@ from importlib import metadata
 from core.results import EnvironmentInfo
 
 # Versions worth recording when the package is present; none is imported to find them.
-_LIBRARIES = ("torch", "tensorflow", "tensorflow-cpu", "keras", "numpy", "pydantic", "pluggy",
-              "nvidia-ml-py", "amdsmi", "poptorch", "torch-xla")
+_LIBRARIES = (
+    "torch",
+    "tensorflow",
+    "tensorflow-cpu",
+    "keras",
+    "numpy",
+    "pydantic",
+    "pluggy",
+    "nvidia-ml-py",
+    "amdsmi",
+    "poptorch",
+    "torch-xla",
+)
 
 
 def _version(distribution: str) -> str | None:
@@ -32,8 +43,9 @@ def processor_name() -> str | None:
     return platform.processor() or None
 
 
-def collect_environment(framework_version: str | None, driver_versions: dict[str, str],
-                        host_threads: dict[str, int]) -> EnvironmentInfo:
+def collect_environment(
+    framework_version: str | None, driver_versions: dict[str, str], host_threads: dict[str, int]
+) -> EnvironmentInfo:
     libraries = {name: version for name in _LIBRARIES if (version := _version(name)) is not None}
     return EnvironmentInfo(
         hostname=socket.gethostname(),

@@ -26,10 +26,15 @@ class OutputError(CoreError):
 def describe_os_error(error: OSError) -> str:
     """``disk full (ENOSPC)`` style text for the errors users meet when writing files."""
     name = errno.errorcode.get(error.errno or 0, "")
-    explanations = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",
-                    errno.EACCES: "permission denied", errno.EROFS: "read-only file system",
-                    errno.EISDIR: "it is a directory", errno.ENOENT: "no such file or directory",
-                    errno.ENOTDIR: "a parent is not a directory"}
+    explanations = {
+        errno.ENOSPC: "no space left on the device",
+        errno.EDQUOT: "disk quota exceeded",
+        errno.EACCES: "permission denied",
+        errno.EROFS: "read-only file system",
+        errno.EISDIR: "it is a directory",
+        errno.ENOENT: "no such file or directory",
+        errno.ENOTDIR: "a parent is not a directory",
+    }
     text = explanations.get(error.errno or 0, error.strerror or str(error))
     return f"{text} ({name})" if name else text
 

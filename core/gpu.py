@@ -29,8 +29,6 @@ class TorchGpuAccelerator(Accelerator):
     frameworks: ClassVar[tuple[Framework, ...]] = (Framework.torch, Framework.tensorflow)
     launcher: ClassVar[str | None] = "torchrun"
     distributed_backend: ClassVar[str | None] = "nccl"
-    #: environment variables that restrict which GPUs a process sees, in the order they apply
-    visibility_variables: ClassVar[tuple[str, ...]] = ()
     #: the torch.version attribute a matching PyTorch build sets ("cuda" or "hip")
     torch_build_attribute: ClassVar[str] = "cuda"
 
@@ -54,7 +52,7 @@ class TorchGpuAccelerator(Accelerator):
     def devices_for(self, config: RunConfig, process: ProcessContext) -> list[DeviceRecord]:
         return self.visible_devices()[: config.replicas]
 
-    def create_executor(self, workload: Workload, config: RunConfig, process: ProcessContext) -> "Executor":
+    def create_executor(self, workload: Workload, config: RunConfig, process: ProcessContext) -> Executor:
         options = workload.parse_options(dict(config.workload_options))
         if config.framework is Framework.tensorflow:
             return self._keras_executor(workload, options, config)
@@ -83,10 +81,10 @@ class TorchGpuAccelerator(Accelerator):
         )
         return TorchExecutor(workload.build_torch(options, config.seed), config, placement, process)
 
-    def _keras_executor(self, workload: Workload, options: Any, config: RunConfig) -> "Executor":
-        from core.executors.keras import KerasExecutor, KerasPlacement
-
+    def _keras_executor(self, workload: Workload, options: Any, config: RunConfig) -> Executor:
         import tensorflow as tf
+
+        from core.executors.keras import KerasExecutor, KerasPlacement
 
         gpus = [device.name for device in tf.config.list_logical_devices("GPU")][: config.replicas]
         if len(gpus) < config.replicas:
@@ -97,6 +95,10 @@ class TorchGpuAccelerator(Accelerator):
                 return tf.distribute.OneDeviceStrategy(gpus[0])
             return tf.distribute.MirroredStrategy(devices=gpus)
 
-        placement = KerasPlacement(make_strategy=make_strategy, replicas=config.replicas,
-                                   device_label=",".join(gpus), jit_compile=config.compile)
+        placement = KerasPlacement(
+            make_strategy=make_strategy,
+            replicas=config.replicas,
+            device_label=",".join(gpus),
+            jit_compile=config.compile,
+        )
         return KerasExecutor(workload.build_keras(options, config.seed), config, placement)

@@ -7,7 +7,8 @@ ignore arguments they do not name.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import pluggy
 
@@ -28,7 +29,7 @@ hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
 
 @hookspec
-def core_register_accelerators(register: "Callable[[Accelerator], None]") -> None:
+def core_register_accelerators(register: Callable[[Accelerator], None]) -> None:
     """Register accelerators by calling ``register(accelerator)`` once for each.
 
     Fires once, when the plugin manager loads. ``register`` checks the object is an
@@ -41,7 +42,7 @@ def core_register_accelerators(register: "Callable[[Accelerator], None]") -> Non
 
 
 @hookspec
-def core_register_workloads(register: "Callable[[Workload], None]") -> None:
+def core_register_workloads(register: Callable[[Workload], None]) -> None:
     """Register workloads by calling ``register(workload)`` once for each.
 
     Fires once, when the plugin manager loads; validated like accelerators.
@@ -52,7 +53,7 @@ def core_register_workloads(register: "Callable[[Workload], None]") -> None:
 
 
 @hookspec
-def core_register_power_meters(register: "Callable[[PowerMeterFactory], None]") -> None:
+def core_register_power_meters(register: Callable[[PowerMeterFactory], None]) -> None:
     """Register power meters by calling ``register(factory)`` once for each.
 
     Fires once, when the plugin manager loads; validated like accelerators.
@@ -67,8 +68,8 @@ def core_register_power_meters(register: "Callable[[PowerMeterFactory], None]") 
 
 @hookspec(firstresult=True)
 def core_select_power_meter(
-    accelerator: "Accelerator", config: "RunConfig", candidates: "Sequence[PowerMeterFactory]"
-) -> "PowerMeterFactory | None":
+    accelerator: Accelerator, config: RunConfig, candidates: Sequence[PowerMeterFactory]
+) -> PowerMeterFactory | None:
     """Choose the power meter for a run whose ``config.power_meter`` is ``"auto"``.
 
     Fires before the run's devices are touched. Stops at first non-None result. Core's own
@@ -86,7 +87,7 @@ def core_select_power_meter(
 
 
 @hookspec
-def core_run_started(config: "RunConfig") -> None:
+def core_run_started(config: RunConfig) -> None:
     """A run passed validation and is about to set up its devices.
 
     Fires in the process that called :func:`core.run` (once per run, not per rank). An
@@ -98,7 +99,7 @@ def core_run_started(config: "RunConfig") -> None:
 
 
 @hookspec
-def core_result_ready(result: "RunResult") -> None:
+def core_result_ready(result: RunResult) -> None:
     """A run finished (successfully or not) and its result is complete.
 
     Fires in the process that called :func:`core.run`, before ``run`` returns. An exception

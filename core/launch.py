@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from core import processes
 from core.planning import RunPlan
@@ -33,9 +33,17 @@ def torchrun_arguments(replicas: int, config_path: Path, result_path: Path, log_
     # torchrun makes a log directory in /tmp on every launch and never removes it: keep it in ours.
     logs = [f"--log-dir={log_dir}"] if log_dir is not None else []
     return [
-        "-m", "torch.distributed.run",
-        "--standalone", "--nnodes=1", f"--nproc-per-node={replicas}", "--max-restarts=0", *logs,
-        "-m", "core.worker", str(config_path), str(result_path),
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes=1",
+        f"--nproc-per-node={replicas}",
+        "--max-restarts=0",
+        *logs,
+        "-m",
+        "core.worker",
+        str(config_path),
+        str(result_path),
     ]
 
 
@@ -67,8 +75,9 @@ class _RankZeroResult:
         return True
 
 
-def launch_with_torchrun(plan: RunPlan, on_progress: Callable[[RunResult], None] | None = None, *,
-                         timeout_seconds: float | None = None) -> RunResult:
+def launch_with_torchrun(
+    plan: RunPlan, on_progress: Callable[[RunResult], None] | None = None, *, timeout_seconds: float | None = None
+) -> RunResult:
     """Run ``plan`` as ``plan.config.replicas`` torchrun workers; rank 0's result is the run's.
 
     :param on_progress: called with rank 0's result after each phase, as the workers write it.
@@ -82,7 +91,8 @@ def launch_with_torchrun(plan: RunPlan, on_progress: Callable[[RunResult], None]
         rank_zero = _RankZeroResult(result_path, new_result(plan, world_size=plan.config.replicas))
         command = processes.guarded_command(
             torchrun_arguments(plan.config.replicas, config_path, result_path, work / "torchelastic"),
-            remove_when_orphaned=work)
+            remove_when_orphaned=work,
+        )
         started = time.monotonic()
         timed_out = False
         callback_warnings: list[str] = []
@@ -109,17 +119,21 @@ def launch_with_torchrun(plan: RunPlan, on_progress: Callable[[RunResult], None]
     result.warnings.extend(w for w in callback_warnings if w not in result.warnings)
     if timed_out:
         result.status = processes.timeout_status(
-            timeout_seconds or 0.0, phase=processes.phase_after(result), output=output,
-            limit="the launch's time limit")
+            timeout_seconds or 0.0, phase=processes.phase_after(result), output=output, limit="the launch's time limit"
+        )
     elif process.returncode != 0:
         phase = result.status.phase or processes.phase_after(result)
-        failure = processes.exit_status(process.returncode, process="torchrun", phase=phase, output=output,
-                                        killed_inside=_a_worker_was_killed(output),
-                                        ended="(a worker process failed)" if rank_zero.seen else "without a result")
+        failure = processes.exit_status(
+            process.returncode,
+            process="torchrun",
+            phase=phase,
+            output=output,
+            killed_inside=_a_worker_was_killed(output),
+            ended="(a worker process failed)" if rank_zero.seen else "without a result",
+        )
         # A killed peer shows on rank 0 as a broken connection: name the cause, keep what rank 0 saw.
         if result.status.ok or failure.state is RunState.killed:
             if not result.status.ok:
-                failure.message = (f"{failure.message}\nrank 0 saw: {result.status.error_type}: "
-                                   f"{result.status.message}")
+                failure.message = f"{failure.message}\nrank 0 saw: {result.status.error_type}: {result.status.message}"
             result.status = failure
     return result

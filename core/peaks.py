@@ -7,8 +7,8 @@ tables one shape, so every result's MFU is computed the same way.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from core.config import Precision
 

@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from core.accelerator import Accelerator
-from core.config import RunConfig, make_config
+from core.config import Framework, RunConfig, make_config
 from core.data import validate_data
 from core.errors import ConfigError
 from core.plugins import PluginManager
@@ -28,16 +28,20 @@ class RunPlan:
     @property
     def launches_processes(self) -> bool:
         """Replicas that run as one process each under torchrun."""
-        return (self.config.replicas > 1 and self.config.framework.value == "torch"
-                and self.accelerator.launcher == "torchrun")
+        return (
+            self.config.replicas > 1
+            and self.config.framework.value == "torch"
+            and self.accelerator.launcher == "torchrun"
+        )
 
 
 def _choices(values: Any) -> str:
     return ", ".join(getattr(v, "value", str(v)) for v in values)
 
 
-def plan_run(manager: PluginManager, workload: str | Workload, accelerator: str | Accelerator,
-             options: dict[str, Any]) -> RunPlan:
+def plan_run(
+    manager: PluginManager, workload: str | Workload, accelerator: str | Accelerator, options: dict[str, Any]
+) -> RunPlan:
     """Validate a run. Raises ConfigError naming the field, the value and what is allowed."""
     workload_name = workload.name if isinstance(workload, Workload) else workload
     accelerator_name = accelerator.name if isinstance(accelerator, Accelerator) else accelerator
@@ -50,22 +54,15 @@ def plan_run(manager: PluginManager, workload: str | Workload, accelerator: str 
     if not availability.available:
         raise ConfigError("accelerator", accelerator_name, f"not available here: {availability.reason}")
     framework = config.framework
-    if framework not in accelerator_obj.frameworks:
-        raise ConfigError("framework", framework.value,
-                          f"accelerator {accelerator_name!r} supports: {_choices(accelerator_obj.frameworks)}")
-    if framework not in workload_obj.frameworks:
-        raise ConfigError("framework", framework.value,
-                          f"workload {workload_name!r} supports: {_choices(workload_obj.frameworks)}")
-    # Installed libraries are looked up (find_spec), never imported: planning stays light.
-    framework_module, install = FRAMEWORK_LIBRARIES[framework]
-    if not module_installed(framework_module):
-        raise ConfigError("framework", framework.value, f"{framework_module} is not installed here; {install}, "
-                          f"or choose another framework")
+    _check_framework(framework, workload_obj, accelerator_obj)
     with guard(accelerator_obj, f"{type(accelerator_obj).__name__}.precisions()"):
         precisions = accelerator_obj.precisions(framework)
     if config.precision not in precisions:
-        raise ConfigError("precision", config.precision.value,
-                          f"accelerator {accelerator_name!r} with {framework.value} supports: {_choices(precisions)}")
+        raise ConfigError(
+            "precision",
+            config.precision.value,
+            f"accelerator {accelerator_name!r} with {framework.value} supports: {_choices(precisions)}",
+        )
     with guard(workload_obj, f"{type(workload_obj).__name__}.data_formats_for()"):
         readable = workload_obj.data_formats_for(framework)
     validate_data(config.data, config.data_format, framework, readable, workload_name)
@@ -74,51 +71,111 @@ def plan_run(manager: PluginManager, workload: str | Workload, accelerator: str 
     with guard(workload_obj, f"{type(workload_obj).__name__}.missing_library()"):
         missing = workload_obj.missing_library(framework)
     if missing:
-        raise ConfigError("workload", workload_name, f"with {framework.value} it needs {missing}; "
-                          f"or choose another framework (supported: {_choices(workload_obj.frameworks)})")
+        raise ConfigError(
+            "workload",
+            workload_name,
+            f"with {framework.value} it needs {missing}; "
+            f"or choose another framework (supported: {_choices(workload_obj.frameworks)})",
+        )
     with guard(accelerator_obj, f"{type(accelerator_obj).__name__}.parse_options()"):
         accelerator_obj.parse_options(dict(config.accelerator_options))
     if config.micro_batch_size is None:
         config = config.model_copy(update={"micro_batch_size": workload_obj.default_micro_batch_size})
 
-    with guard(accelerator_obj, f"{type(accelerator_obj).__name__}.max_replicas()"):
-        max_replicas = accelerator_obj.max_replicas(config)
-    if config.replicas > max_replicas:
-        raise ConfigError("replicas", config.replicas,
-                          f"accelerator {accelerator_name!r} can place at most {max_replicas} here")
-    if config.devices_per_replica > accelerator_obj.max_devices_per_replica:
-        raise ConfigError("devices_per_replica", config.devices_per_replica,
-                          f"accelerator {accelerator_name!r} places at most {accelerator_obj.max_devices_per_replica} device(s) per replica")
-    if config.device_iterations > 1 and not accelerator_obj.supports_device_iterations:
-        raise ConfigError("device_iterations", config.device_iterations,
-                          f"accelerator {accelerator_name!r} runs one update per host call; allowed: 1")
+    _check_placement_limits(manager, accelerator_obj, config)
     with guard(accelerator_obj, f"{type(accelerator_obj).__name__}.validate()"):
         accelerator_obj.validate(config)
 
-    if (config.replicas > 1 and framework.value == "torch" and accelerator_obj.launcher == "torchrun"
-            and (manager.workloads.get(workload_name, None) is None
-                 or manager.workloads[workload_name].item is not workload_obj
-                 or manager.accelerators.get(accelerator_name, None) is None
-                 or manager.accelerators[accelerator_name].item is not accelerator_obj)):
-        # Worker processes find the workload and accelerator again by name, through the plugins.
-        raise ConfigError("replicas", config.replicas,
-                          "replicas > 1 start one process each, which needs the workload and accelerator "
-                          "registered through a plugin (objects passed to run() exist in this process only)")
+    if RunPlan(config, workload_obj, workload_options, accelerator_obj, None, None).launches_processes:
+        _check_findable_by_workers(manager, workload_obj, accelerator_obj, config)
 
-    meter_reason: str | None = None
-    factory = manager.power_meter_factory(accelerator_obj, config)
+    factory, meter_reason = _choose_meter(manager, accelerator_obj, config)
+    return RunPlan(config, workload_obj, workload_options, accelerator_obj, factory, meter_reason)
+
+
+def _check_framework(framework: Framework, workload: Workload, accelerator: Accelerator) -> None:
+    if framework not in accelerator.frameworks:
+        raise ConfigError(
+            "framework",
+            framework.value,
+            f"accelerator {accelerator.name!r} supports: {_choices(accelerator.frameworks)}",
+        )
+    if framework not in workload.frameworks:
+        raise ConfigError(
+            "framework", framework.value, f"workload {workload.name!r} supports: {_choices(workload.frameworks)}"
+        )
+    # Installed libraries are looked up (find_spec), never imported: planning stays light.
+    framework_module, install = FRAMEWORK_LIBRARIES[framework]
+    if not module_installed(framework_module):
+        raise ConfigError(
+            "framework",
+            framework.value,
+            f"{framework_module} is not installed here; {install}, or choose another framework",
+        )
+
+
+def _check_placement_limits(manager: PluginManager, accelerator: Accelerator, config: RunConfig) -> None:
+    with manager.plugin_code(accelerator, f"{type(accelerator).__name__}.max_replicas()"):
+        max_replicas = accelerator.max_replicas(config)
+    if config.replicas > max_replicas:
+        raise ConfigError(
+            "replicas", config.replicas, f"accelerator {accelerator.name!r} can place at most {max_replicas} here"
+        )
+    if config.devices_per_replica > accelerator.max_devices_per_replica:
+        raise ConfigError(
+            "devices_per_replica",
+            config.devices_per_replica,
+            f"accelerator {accelerator.name!r} places at most {accelerator.max_devices_per_replica} "
+            "device(s) per replica",
+        )
+    if config.device_iterations > 1 and not accelerator.supports_device_iterations:
+        raise ConfigError(
+            "device_iterations",
+            config.device_iterations,
+            f"accelerator {accelerator.name!r} runs one update per host call; allowed: 1",
+        )
+
+
+def _check_findable_by_workers(
+    manager: PluginManager, workload: Workload, accelerator: Accelerator, config: RunConfig
+) -> None:
+    # Worker processes find the workload and accelerator again by name, through the plugins.
+    registered_workload = manager.workloads.get(config.workload)
+    registered_accelerator = manager.accelerators.get(config.accelerator)
+    if (
+        registered_workload is None
+        or registered_workload.item is not workload
+        or registered_accelerator is None
+        or registered_accelerator.item is not accelerator
+    ):
+        raise ConfigError(
+            "replicas",
+            config.replicas,
+            "replicas > 1 start one process each, which needs the workload and accelerator "
+            "registered through a plugin (objects passed to run() exist in this process only)",
+        )
+
+
+def _choose_meter(
+    manager: PluginManager, accelerator: Accelerator, config: RunConfig
+) -> tuple[PowerMeterFactory | None, str | None]:
+    """The meter for the run, or None and why the run will have no energy figure."""
+    factory = manager.power_meter_factory(accelerator, config)
     if factory is not None:
         meter_availability = manager.availability(factory)
-        if not meter_availability.available:
-            if config.power_meter != "auto":
-                raise ConfigError("power_meter", config.power_meter, f"not available here: {meter_availability.reason}")
-            meter_reason, factory = f"meter {factory.name!r} unavailable: {meter_availability.reason}", None
-    elif config.power_meter == "none":
-        meter_reason = "energy measurement disabled (power_meter='none')"
-    else:
-        readers = [r.item for r in manager.power_meters.values() if manager.meter_reads(r.item, accelerator_name)]
-        reasons = [f"{meter.name}: {availability.reason}" for meter in readers
-                   if not (availability := manager.availability(meter)).available]
-        meter_reason = (f"no available power meter reads accelerator {accelerator_name!r}"
-                        + (f" ({'; '.join(reasons)})" if reasons else ""))
-    return RunPlan(config, workload_obj, workload_options, accelerator_obj, factory, meter_reason)
+        if meter_availability.available:
+            return factory, None
+        if config.power_meter != "auto":
+            raise ConfigError("power_meter", config.power_meter, f"not available here: {meter_availability.reason}")
+        return None, f"meter {factory.name!r} unavailable: {meter_availability.reason}"
+    if config.power_meter == "none":
+        return None, "energy measurement disabled (power_meter='none')"
+    readers = [r.item for r in manager.power_meters.values() if manager.meter_reads(r.item, config.accelerator)]
+    reasons = [
+        f"{meter.name}: {availability.reason}"
+        for meter in readers
+        if not (availability := manager.availability(meter)).available
+    ]
+    return None, f"no available power meter reads accelerator {config.accelerator!r}" + (
+        f" ({'; '.join(reasons)})" if reasons else ""
+    )

@@ -13,15 +13,16 @@ Environment switches, for the day a plugin breaks an install:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import traceback
-import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
 from importlib import metadata
-from typing import Any, Callable, Generic, Iterator, Sequence, TypeVar
+from typing import Any, Generic, TypeVar
 
 import pluggy
 
@@ -66,7 +67,7 @@ class PluginRecord:
     registered: dict[str, list[str]] = field(default_factory=dict)
     builtin: bool = False
     #: every time this plugin's code raised after loading: (what it was asked, error, traceback)
-    faults: list["PluginFault"] = field(default_factory=list)
+    faults: list[PluginFault] = field(default_factory=list)
 
 
 class PluginFault(PluginError):
@@ -126,7 +127,7 @@ _DEFAULT_SELECTION = "core.default-power-meter-selection"
 class _DefaultPowerMeterSelection:
     """Core's fallback: the first available registered meter that reads the accelerator."""
 
-    def __init__(self, manager: "PluginManager") -> None:
+    def __init__(self, manager: PluginManager) -> None:
         self._manager = manager
 
     @hookimpl(trylast=True)
@@ -135,8 +136,10 @@ class _DefaultPowerMeterSelection:
     ) -> PowerMeterFactory | None:
         for candidate in candidates:
             # A meter whose own checks raise is passed over (and its fault recorded), never fatal.
-            if self._manager.meter_reads(candidate, accelerator.name) and \
-                    self._manager.availability(candidate).available:
+            if (
+                self._manager.meter_reads(candidate, accelerator.name)
+                and self._manager.availability(candidate).available
+            ):
                 return candidate
         return None
 
@@ -182,8 +185,10 @@ class PluginManager:
             )
             if not record.builtin and name in self.reserved_names:
                 record.state = PluginState.failed
-                record.error = (f'Plugin "{name}" from {entry_point.value} was not loaded: "{name}" is the name of '
-                                "a built-in plugin; rename the entry point")
+                record.error = (
+                    f'Plugin "{name}" from {entry_point.value} was not loaded: "{name}" is the name of '
+                    "a built-in plugin; rename the entry point"
+                )
                 record.name = f"{name} ({entry_point.value})"
                 self.plugins[record.name] = record
                 continue
@@ -215,8 +220,9 @@ class PluginManager:
             # Two plugins under one name: keep the first, report the second beside it.
             first = self.plugins[record.name]
             record.state = PluginState.failed
-            record.error = (f'Plugin "{record.name}" from {record.module} was not loaded: the name is taken '
-                            f"by {first.module}")
+            record.error = (
+                f'Plugin "{record.name}" from {record.module} was not loaded: the name is taken by {first.module}'
+            )
             record.name = f"{record.name} ({record.module})"
             self.plugins[record.name] = record
             return record
@@ -264,8 +270,12 @@ class PluginManager:
             items: list[Any] = []
             registry: dict[str, Registered[Any]] = getattr(self, registry_name)
 
-            def register(item: Any, _type: type = expected_type, _items: list[Any] = items,
-                         _registry: dict[str, Registered[Any]] = registry) -> None:
+            def register(
+                item: Any,
+                _type: type = expected_type,
+                _items: list[Any] = items,
+                _registry: dict[str, Registered[Any]] = registry,
+            ) -> None:
                 if not isinstance(item, _type):
                     raise RegistrationError(f"expected a {_type.__name__} instance, got {type(item).__name__}")
                 name = getattr(item, "name", None)
@@ -273,12 +283,16 @@ class PluginManager:
                     raise RegistrationError(f"{type(item).__name__} has no name")
                 if name in _registry:
                     owner = _registry[name].plugin
-                    kind = "built-in plugin" if self.plugins.get(owner, PluginRecord(owner, PluginState.loaded)).builtin \
+                    kind = (
+                        "built-in plugin"
+                        if self.plugins.get(owner, PluginRecord(owner, PluginState.loaded)).builtin
                         else "plugin"
+                    )
                     raise RegistrationError(f"{_type.__name__} {name!r} is already registered by {kind} {owner!r}")
                 if not builtin and _type is Accelerator and name in self.reserved_names:
-                    raise RegistrationError(f"{_type.__name__} {name!r} is the name of a built-in plugin; "
-                                            "choose another name")
+                    raise RegistrationError(
+                        f"{_type.__name__} {name!r} is the name of a built-in plugin; choose another name"
+                    )
                 if any(existing.name == name for existing in _items):
                     raise RegistrationError(f"{_type.__name__} {name!r} registered twice")
                 _items.append(item)
@@ -294,12 +308,18 @@ class PluginManager:
 
     def accelerator(self, name: str) -> Accelerator:
         if name not in self.accelerators:
-            raise ConfigError("accelerator", name, f"unknown accelerator; registered: {', '.join(sorted(self.accelerators)) or 'none'}")
+            raise ConfigError(
+                "accelerator",
+                name,
+                f"unknown accelerator; registered: {', '.join(sorted(self.accelerators)) or 'none'}",
+            )
         return self.accelerators[name].item
 
     def workload(self, name: str) -> Workload:
         if name not in self.workloads:
-            raise ConfigError("workload", name, f"unknown workload; registered: {', '.join(sorted(self.workloads)) or 'none'}")
+            raise ConfigError(
+                "workload", name, f"unknown workload; registered: {', '.join(sorted(self.workloads)) or 'none'}"
+            )
         return self.workloads[name].item
 
     def power_meter_factory(self, accelerator: Accelerator, config: RunConfig) -> PowerMeterFactory | None:
@@ -309,22 +329,31 @@ class PluginManager:
         if config.power_meter != "auto":
             if config.power_meter not in self.power_meters:
                 raise ConfigError(
-                    "power_meter", config.power_meter,
-                    f"unknown power meter; allowed: auto, none, {', '.join(sorted(self.power_meters)) or '(none registered)'}",
+                    "power_meter",
+                    config.power_meter,
+                    "unknown power meter; allowed: auto, none, "
+                    + (", ".join(sorted(self.power_meters)) or "(none registered)"),
                 )
             chosen = self.power_meters[config.power_meter].item
             if not self.meter_reads(chosen, accelerator.name):
-                readers = [name for name, registered in sorted(self.power_meters.items())
-                           if self.meter_reads(registered.item, accelerator.name)]
-                raise ConfigError("power_meter", config.power_meter,
-                                  f"meter {config.power_meter!r} does not read accelerator {accelerator.name!r}; "
-                                  f"allowed: auto, none{''.join(', ' + name for name in readers)}")
+                readers = [
+                    name
+                    for name, registered in sorted(self.power_meters.items())
+                    if self.meter_reads(registered.item, accelerator.name)
+                ]
+                raise ConfigError(
+                    "power_meter",
+                    config.power_meter,
+                    f"meter {config.power_meter!r} does not read accelerator {accelerator.name!r}; "
+                    f"allowed: auto, none{''.join(', ' + name for name in readers)}",
+                )
             return chosen
         candidates = [registered.item for registered in self.power_meters.values()]
         return self._select_power_meter(accelerator, config, candidates)
 
-    def _select_power_meter(self, accelerator: Accelerator, config: RunConfig,
-                            candidates: list[PowerMeterFactory]) -> PowerMeterFactory | None:
+    def _select_power_meter(
+        self, accelerator: Accelerator, config: RunConfig, candidates: list[PowerMeterFactory]
+    ) -> PowerMeterFactory | None:
         """core_select_power_meter, one implementation at a time in pluggy's order (firstresult):
         an implementation that raises, or answers something that is not a factory, is passed over
         and its fault recorded against its plugin."""
@@ -332,8 +361,12 @@ class PluginManager:
         for impl in reversed(self.hook.core_select_power_meter.get_hookimpls()):
             try:
                 with self._plugin_named(impl.plugin_name, "the core_select_power_meter hook"):
-                    chosen = impl.function(**{name: {"accelerator": accelerator, "config": config,
-                                                     "candidates": candidates}[name] for name in impl.argnames})
+                    chosen = impl.function(
+                        **{
+                            name: {"accelerator": accelerator, "config": config, "candidates": candidates}[name]
+                            for name in impl.argnames
+                        }
+                    )
             except PluginFault:
                 continue
             if chosen is not None:
@@ -350,7 +383,7 @@ class PluginManager:
                     return registered.plugin
         return f"{type(item).__module__}.{type(item).__qualname__}"
 
-    def plugin_code(self, item: object, call: str) -> "contextlib.AbstractContextManager[None]":
+    def plugin_code(self, item: object, call: str) -> contextlib.AbstractContextManager[None]:
         """Run a call into plugin code: what it raises becomes a PluginFault naming the plugin.
 
         ConfigError passes through unchanged (a plugin refusing an option is doing its job), and so
@@ -379,8 +412,9 @@ class PluginManager:
         except PluginFault as fault:
             return Availability.no(str(fault))
         if not isinstance(answer, Availability):
-            return Availability.no(f"plugin {self.plugin_of(item)!r}: availability() returned "
-                                   f"{type(answer).__name__}, not an Availability")
+            return Availability.no(
+                f"plugin {self.plugin_of(item)!r}: availability() returned {type(answer).__name__}, not an Availability"
+            )
         return answer
 
     def meter_reads(self, meter: PowerMeterFactory, accelerator_name: str) -> bool:

@@ -34,8 +34,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import IO, Any, Iterator, Sequence
+from typing import IO, Any
 
 from core.results import RunResult, RunState, Status
 
@@ -51,8 +52,12 @@ _OWNER_FILE = ".owner"
 # --- what a child's end means -----------------------------------------------------------------
 
 
-_PHASE_AFTER = (("window_seconds", "teardown"), ("warmup_seconds", "window"),
-                ("first_step_seconds", "warmup"), ("setup_seconds", "first_step"))
+_PHASE_AFTER = (
+    ("window_seconds", "teardown"),
+    ("warmup_seconds", "window"),
+    ("first_step_seconds", "warmup"),
+    ("setup_seconds", "first_step"),
+)
 
 
 def phase_after(result: RunResult) -> str:
@@ -79,8 +84,15 @@ def describe_output(output: str) -> str:
 _OOM_HINT = " (the kernel's out-of-memory killer sends SIGKILL)"
 
 
-def exit_status(returncode: int, *, process: str, phase: str, output: str = "",
-                killed_inside: bool = False, ended: str = "without a result") -> Status:
+def exit_status(
+    returncode: int,
+    *,
+    process: str,
+    phase: str,
+    output: str = "",
+    killed_inside: bool = False,
+    ended: str = "without a result",
+) -> Status:
     """How a child that failed is recorded.
 
     :param returncode: as ``Popen.returncode`` gives it (negative: killed by that signal).
@@ -94,23 +106,38 @@ def exit_status(returncode: int, *, process: str, phase: str, output: str = "",
     text = describe_output(output)
     if returncode < 0:
         killed = -returncode == signal.SIGKILL
-        return Status(state=RunState.killed if killed else RunState.error, phase=phase, error_type="ProcessKilled",
-                      message=f"{process} was killed by {signal_name(-returncode)}"
-                              f"{_OOM_HINT if killed else ''}. {text}")
+        return Status(
+            state=RunState.killed if killed else RunState.error,
+            phase=phase,
+            error_type="ProcessKilled",
+            message=f"{process} was killed by {signal_name(-returncode)}{_OOM_HINT if killed else ''}. {text}",
+        )
     if killed_inside:
-        return Status(state=RunState.killed, phase=phase, error_type="ProcessKilled",
-                      message=f"{process} exited with code {returncode}: a process below it was killed by "
-                              f"SIGKILL{_OOM_HINT}. {text}")
+        return Status(
+            state=RunState.killed,
+            phase=phase,
+            error_type="ProcessKilled",
+            message=f"{process} exited with code {returncode}: a process below it was killed by "
+            f"SIGKILL{_OOM_HINT}. {text}",
+        )
     if returncode == 128 + signal.SIGINT:
         ended = f"{ended} (interrupted)"
-    return Status(state=RunState.error, phase=phase, error_type="ProcessFailed",
-                  message=f"{process} exited with code {returncode} {ended}. {text}")
+    return Status(
+        state=RunState.error,
+        phase=phase,
+        error_type="ProcessFailed",
+        message=f"{process} exited with code {returncode} {ended}. {text}",
+    )
 
 
 def timeout_status(timeout_seconds: float, *, phase: str, output: str = "", limit: str = "the time limit") -> Status:
-    return Status(state=RunState.timeout, phase=phase, error_type="Timeout",
-                  message=f"no result after {timeout_seconds:g} s ({limit}); the processes were stopped. "
-                          f"{describe_output(output)}")
+    return Status(
+        state=RunState.timeout,
+        phase=phase,
+        error_type="Timeout",
+        message=f"no result after {timeout_seconds:g} s ({limit}); the processes were stopped. "
+        f"{describe_output(output)}",
+    )
 
 
 def exit_code(request: SystemExit) -> int:
@@ -211,8 +238,10 @@ def sigterm_exits() -> Iterator[None]:
     Only where SIGTERM would otherwise kill the process outright (its default action) and only in
     the main thread; a handler the program installed itself is left alone.
     """
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
         yield
         return
 
@@ -223,8 +252,13 @@ def sigterm_exits() -> Iterator[None]:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def start(command: Sequence[str], *, stdout: IO[Any] | int | None = None, stderr: IO[Any] | int | None = None,
-          env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+def start(
+    command: Sequence[str],
+    *,
+    stdout: IO[Any] | int | None = None,
+    stderr: IO[Any] | int | None = None,
+    env: dict[str, str] | None = None,
+) -> subprocess.Popen[bytes]:
     """Start ``command`` in a session of its own, its parent pid in ``$CORE_PARENT_PID``.
 
     The caller must stop it with :func:`stop_process_group` on every path (a ``finally``).
@@ -232,8 +266,9 @@ def start(command: Sequence[str], *, stdout: IO[Any] | int | None = None, stderr
     environment = dict(os.environ if env is None else env)
     environment[PARENT_PID_VARIABLE] = str(os.getpid())
     environment.setdefault("PYTHONUNBUFFERED", "1")
-    return subprocess.Popen(list(command), stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
-                            env=environment, start_new_session=True)
+    return subprocess.Popen(
+        list(command), stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, env=environment, start_new_session=True
+    )
 
 
 def _signal_group(pgid: int, sig: int) -> None:
@@ -335,8 +370,9 @@ def work_directory(prefix: str) -> Iterator[Path]:
     remove_abandoned(prefix)
     path = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-"))
     try:
-        (path / _OWNER_FILE).write_text(f"{socket.gethostname()}\n{os.getpid()}\n{_start_time(os.getpid()) or ''}\n",
-                                        encoding="utf-8")
+        (path / _OWNER_FILE).write_text(
+            f"{socket.gethostname()}\n{os.getpid()}\n{_start_time(os.getpid()) or ''}\n", encoding="utf-8"
+        )
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)

@@ -69,10 +69,15 @@ class RunProgress:
         self._line.show(f"{self._title}: setting up")
 
     def __call__(self, result: Any) -> None:
-        done = [f"{name} {seconds:.3g} s" for name, seconds in (("setup", result.setup_seconds),
-                                                                  ("first step", result.first_step_seconds),
-                                                                  ("warm-up", result.warmup_seconds))
-                if seconds is not None]
+        done = [
+            f"{name} {seconds:.3g} s"
+            for name, seconds in (
+                ("setup", result.setup_seconds),
+                ("first step", result.first_step_seconds),
+                ("warm-up", result.warmup_seconds),
+            )
+            if seconds is not None
+        ]
         if result.window_seconds is not None or not result.status.ok:
             self._line.clear()
             return

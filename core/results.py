@@ -43,15 +43,21 @@ class Status(BaseModel):
         return self.state is RunState.ok
 
     @classmethod
-    def from_exception(cls, state: "RunState", phase: str | None, error: BaseException) -> "Status":
+    def from_exception(cls, state: RunState, phase: str | None, error: BaseException) -> Status:
         """A fault's status, naming where it was raised (the innermost frame: often plugin code)."""
         import traceback as tracebacks
 
         frames = tracebacks.extract_tb(error.__traceback__)
         location = f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else None
         text = "".join(tracebacks.format_exception(type(error), error, error.__traceback__))
-        return cls(state=state, phase=phase, error_type=type(error).__name__, message=str(error) or repr(error),
-                   location=location, traceback=text[-_TRACEBACK_CHARS:])
+        return cls(
+            state=state,
+            phase=phase,
+            error_type=type(error).__name__,
+            message=str(error) or repr(error),
+            location=location,
+            traceback=text[-_TRACEBACK_CHARS:],
+        )
 
 
 class DeviceRecord(BaseModel):
@@ -86,7 +92,9 @@ class EnergyMeasurement(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     meter: str
-    method: str | None = Field(default=None, description="'counter' (hardware accumulator) or 'sampled' (integrated power)")
+    method: str | None = Field(
+        default=None, description="'counter' (hardware accumulator) or 'sampled' (integrated power)"
+    )
     energy_joules: float | None = None
     unavailable_reason: str | None = None
     components_joules: dict[str, float] = Field(
@@ -95,9 +103,12 @@ class EnergyMeasurement(BaseModel):
     mean_power_watts: float | None = None
     details: dict[str, Any] = Field(default_factory=dict)
     power_timeline: PowerTimeline | None = Field(
-        default=None, description="sampled power over the window, where the meter samples power")
-    warnings: list[str] = Field(default_factory=list, description="what makes this figure less certain; "
-                                "the runner copies them into the result's warnings")
+        default=None, description="sampled power over the window, where the meter samples power"
+    )
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="what makes this figure less certain; the runner copies them into the result's warnings",
+    )
 
 
 class EnvironmentInfo(BaseModel):
@@ -143,9 +154,13 @@ class RunResult(BaseModel):
     step_seconds_median: float | None = None
     step_seconds_p90: float | None = None
 
-    data_wait_seconds: float | None = Field(default=None, description="window time the loop spent waiting for input data")
+    data_wait_seconds: float | None = Field(
+        default=None, description="window time the loop spent waiting for input data"
+    )
     data_wait_fraction: float | None = Field(default=None, description="data_wait_seconds / window_seconds")
-    samples_per_epoch: int | None = Field(default=None, description="of the real dataset (the workload's, or the files')")
+    samples_per_epoch: int | None = Field(
+        default=None, description="of the real dataset (the workload's, or the files')"
+    )
     epoch_seconds: float | None = Field(default=None, description="samples_per_epoch / throughput_per_second")
     energy_joules_per_epoch: float | None = None
 
@@ -153,7 +168,8 @@ class RunResult(BaseModel):
     flops_per_sample: float | None = Field(default=None, description="training FLOPs (forward + backward) per sample")
     flops_per_second: float | None = Field(default=None, description="achieved: flops_per_sample x throughput")
     peak_flops_per_second: float | None = Field(
-        default=None, description="sum of the datasheet peaks of the devices used, at the run's precision")
+        default=None, description="sum of the datasheet peaks of the devices used, at the run's precision"
+    )
     peak_flops_source: str | None = None
     model_flops_utilization: float | None = Field(default=None, description="flops_per_second / peak_flops_per_second")
 
@@ -164,8 +180,12 @@ class RunResult(BaseModel):
 
     environment: EnvironmentInfo | None = None
     workload_details: dict[str, Any] = Field(default_factory=dict, description="model source, hyper-parameters")
-    executor_details: dict[str, Any] = Field(default_factory=dict, description="effective precision flags, threads, strategy")
-    warnings: list[str] = Field(default_factory=list, description="things that make the figures less clean, e.g. a recompilation in the window")
+    executor_details: dict[str, Any] = Field(
+        default_factory=dict, description="effective precision flags, threads, strategy"
+    )
+    warnings: list[str] = Field(
+        default_factory=list, description="things that make the figures less clean, e.g. a recompilation in the window"
+    )
 
     def to_json(self) -> str:
         return self.model_dump_json(indent=2)

@@ -8,7 +8,7 @@ warm-up, steady window. The host waits for the device only at phase boundaries.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from core.distributed import ProcessContext
 from core.environment import collect_environment
@@ -44,8 +44,12 @@ def classify_fault(exc: BaseException) -> RunState:
     name = type(exc).__name__.lower()
     message = str(exc).lower()
     # PyTorch's CPU allocator raises a RuntimeError "can't allocate memory" (ENOMEM), not MemoryError.
-    if isinstance(exc, MemoryError) or "outofmemory" in name or "resourceexhausted" in name \
-            or any(text in message for text in _OUT_OF_MEMORY_MESSAGES):
+    if (
+        isinstance(exc, MemoryError)
+        or "outofmemory" in name
+        or "resourceexhausted" in name
+        or any(text in message for text in _OUT_OF_MEMORY_MESSAGES)
+    ):
         return RunState.oom
     return RunState.error
 
@@ -59,13 +63,17 @@ def _workload_figures(plan: RunPlan, warnings: list[str]) -> tuple[int | None, f
     try:
         parameters, flops = plan.workload.figures_for(plan.workload_options, plan.config.framework)
     except Exception as exc:
-        warnings.append(f"the workload plugin's figures_for raised {type(exc).__name__}: {exc} "
-                        f"(at {innermost_location(exc)}); no parameter count or FLOP figures")
+        warnings.append(
+            f"the workload plugin's figures_for raised {type(exc).__name__}: {exc} "
+            f"(at {innermost_location(exc)}); no parameter count or FLOP figures"
+        )
     try:
         details = dict(plan.workload.details(plan.workload_options))
     except Exception as exc:
-        warnings.append(f"the workload plugin's details raised {type(exc).__name__}: {exc} "
-                        f"(at {innermost_location(exc)}); no workload details")
+        warnings.append(
+            f"the workload plugin's details raised {type(exc).__name__}: {exc} "
+            f"(at {innermost_location(exc)}); no workload details"
+        )
     return parameters, flops, details
 
 
@@ -143,8 +151,9 @@ def execute(plan: RunPlan, process: ProcessContext, on_progress: ProgressCallbac
         result.devices = plan.accelerator.devices_for(config, process)
         result.executor_details = executor.details()
         result.environment = collect_environment(
-            executor.framework_version(), plan.accelerator.driver_versions(),
-            {k: v for k, v in result.executor_details.items() if k.endswith("_threads") and isinstance(v, int)},
+            executor.framework_version(),
+            plan.accelerator.driver_versions(),
+            executor.host_threads(),
         )
         report(result)
 
@@ -172,7 +181,8 @@ def execute(plan: RunPlan, process: ProcessContext, on_progress: ProgressCallbac
         if result.data_wait_fraction > DATA_BOUND_FRACTION:
             result.warnings.append(
                 f"data-bound: the loop waited for input data {result.data_wait_fraction:.0%} of the window; "
-                "add data_workers or use faster storage to measure the accelerator")
+                "add data_workers or use faster storage to measure the accelerator"
+            )
         result.window_seconds = window_seconds
         result.window_steps = config.steps
         result.window_updates = config.steps * executor.updates_per_step
@@ -186,7 +196,7 @@ def execute(plan: RunPlan, process: ProcessContext, on_progress: ProgressCallbac
             _record_utilization(result, plan)
         if energy is not None:
             _record_energy(result, energy)
-        _record_epoch(result, plan, result.executor_details.get("dataset_samples"))
+        _record_epoch(result, plan, executor.dataset_samples())
     except BaseException as exc:
         if not isinstance(exc, Exception):
             # Ctrl-C (KeyboardInterrupt) or an exit request (SystemExit, SIGTERM under a launcher)
@@ -205,8 +215,9 @@ def execute(plan: RunPlan, process: ProcessContext, on_progress: ProgressCallbac
     return result
 
 
-def _timed_window(executor: Executor, meter: PowerMeter | None, steps: int
-                  ) -> tuple[float, list[float], EnergyMeasurement | None]:
+def _timed_window(
+    executor: Executor, meter: PowerMeter | None, steps: int
+) -> tuple[float, list[float], EnergyMeasurement | None]:
     clock = executor.step_clock()
     executor.begin_window()
     # The previous phase ended with a synchronise and a barrier: the device is idle here.
@@ -229,8 +240,9 @@ def _timed_window(executor: Executor, meter: PowerMeter | None, steps: int
         try:
             energy = meter.stop()
         except Exception as exc:  # a failing meter costs the energy figure, not the run
-            energy = EnergyMeasurement(meter=getattr(meter, "name", "?"),
-                                       unavailable_reason=f"meter failed: {type(exc).__name__}: {exc}")
+            energy = EnergyMeasurement(
+                meter=getattr(meter, "name", "?"), unavailable_reason=f"meter failed: {type(exc).__name__}: {exc}"
+            )
     executor.check_finite()
     step_seconds = clock.intervals_seconds()
     return executor.gather_max(elapsed), step_seconds, energy

@@ -12,30 +12,18 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Optional, Protocol, Sequence
+from typing import Protocol
 
 from core.results import EnergyMeasurement, PowerTimeline
 
 # A reading: watts per component; None (or a missing key, or NaN) means "N/A" for that component.
-Reading = Mapping[str, Optional[float]]
+Reading = Mapping[str, float | None]
 
 _MAX_KEPT_ERRORS = 10  # distinct messages kept; a meter failing every 50 ms for hours must not grow memory
 DEFAULT_TIMELINE_SPANS = 600  # 30 s at full resolution with the default 50 ms interval
 _FULL = 1e-9  # relative tolerance under which coverage counts as the whole window (float sums of dt)
-
-
-def trapezoid_joules(times_seconds: Sequence[float], watts: Sequence[float]) -> float:
-    """Integral of power over time by the trapezoid rule (exact for piecewise-linear power)."""
-    if len(times_seconds) != len(watts):
-        raise ValueError(f"{len(times_seconds)} times but {len(watts)} power values")
-    joules = 0.0
-    for k in range(1, len(times_seconds)):
-        dt = times_seconds[k] - times_seconds[k - 1]
-        if dt < 0:
-            raise ValueError(f"times must not decrease (index {k}: {times_seconds[k - 1]} -> {times_seconds[k]})")
-        joules += 0.5 * (watts[k] + watts[k - 1]) * dt
-    return joules
 
 
 class Clock(Protocol):
@@ -69,7 +57,7 @@ class _Span:
     covered_seconds: dict[str, float]
     intervals: int = 1  # sampling intervals merged into this span
 
-    def absorb(self, later: "_Span") -> None:
+    def absorb(self, later: _Span) -> None:
         self.stop = later.stop
         self.intervals += later.intervals
         for name, joules in later.joules.items():
@@ -120,10 +108,15 @@ class PowerTimelineRecorder:
             return None
         watts: dict[str, list[float | None]] = {}
         for name in components:
-            watts[name] = [span.joules[name] / span.covered_seconds[name] if span.covered_seconds.get(name) else None
-                           for span in self._spans]
-        return PowerTimeline(start_seconds=[span.start - origin for span in self._spans],
-                             stop_seconds=[span.stop - origin for span in self._spans], watts=watts)
+            watts[name] = [
+                span.joules[name] / span.covered_seconds[name] if span.covered_seconds.get(name) else None
+                for span in self._spans
+            ]
+        return PowerTimeline(
+            start_seconds=[span.start - origin for span in self._spans],
+            stop_seconds=[span.stop - origin for span in self._spans],
+            watts=watts,
+        )
 
 
 @dataclass(frozen=True)
@@ -177,8 +170,9 @@ class SampledEnergy:
             info["error_count"] = self.error_count
             info["errors"] = list(self.errors)
         if self.total_joules is None:
-            return EnergyMeasurement(meter=meter, method="sampled", unavailable_reason=self.unavailable_reason,
-                                     details=info)
+            return EnergyMeasurement(
+                meter=meter, method="sampled", unavailable_reason=self.unavailable_reason, details=info
+            )
         if not self.complete:
             partial = {name: c for name, c in self.coverage.items() if c < 1.0}
             missing = list(self.unavailable_components)
@@ -188,11 +182,16 @@ class SampledEnergy:
                 reason += " (coverage: " + ", ".join(f"{n} {c:.0%}" for n, c in partial.items()) + ")"
             if missing:
                 reason += f"; never readable: {', '.join(missing)}"
-            return EnergyMeasurement(meter=meter, method="sampled", unavailable_reason=reason, details=info,
-                                     power_timeline=self.timeline)
+            return EnergyMeasurement(
+                meter=meter, method="sampled", unavailable_reason=reason, details=info, power_timeline=self.timeline
+            )
         return EnergyMeasurement(
-            meter=meter, method="sampled", energy_joules=self.total_joules,
-            components_joules=dict(self.components_joules), mean_power_watts=self.mean_power_watts, details=info,
+            meter=meter,
+            method="sampled",
+            energy_joules=self.total_joules,
+            components_joules=dict(self.components_joules),
+            mean_power_watts=self.mean_power_watts,
+            details=info,
             power_timeline=self.timeline,
         )
 
@@ -359,10 +358,17 @@ class FixedRateSampler:
                 if self._error_count:
                     reason += f"; {self._error_count} readings failed, e.g. {self._errors[-1]}"
         return SampledEnergy(
-            start_seconds=self._start_t, stop_seconds=stop_t, components_joules=joules, coverage=coverage,
-            unavailable_components=tuple(missing), total_joules=total, unavailable_reason=reason,
-            sample_count=self._sample_count, max_gap_seconds=self._max_gap,
-            error_count=self._error_count, errors=tuple(self._errors),
+            start_seconds=self._start_t,
+            stop_seconds=stop_t,
+            components_joules=joules,
+            coverage=coverage,
+            unavailable_components=tuple(missing),
+            total_joules=total,
+            unavailable_reason=reason,
+            sample_count=self._sample_count,
+            max_gap_seconds=self._max_gap,
+            error_count=self._error_count,
+            errors=tuple(self._errors),
             timeline=self._timeline.timeline(self._start_t, list(self._components)) if self._timeline else None,
         )
 

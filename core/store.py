@@ -84,14 +84,47 @@ CREATE TABLE IF NOT EXISTS sweeps (
 
 # The columns of a flat export (CSV, Parquet, DataFrame), in order: what people sort and plot by.
 EXPORT_COLUMNS = (
-    "sweep", "cell_key", "cell_label", "repeat", "status", "status_phase", "status_message",
-    "workload", "accelerator", "framework", "precision", "micro_batch_size", "gradient_accumulation",
-    "replicas", "devices_per_replica", "device_iterations", "compile", "steps", "warmup_steps",
-    "samples_per_update", "world_size", "setup_seconds", "first_step_seconds", "warmup_seconds",
-    "window_seconds", "throughput_per_second", "step_seconds_median", "step_seconds_p90",
-    "parameter_count", "flops_per_sample", "flops_per_second", "model_flops_utilization",
-    "energy_joules", "samples_per_watt_hour", "energy_unavailable_reason", "workload_options",
-    "accelerator_options", "hostname", "started_at", "process_seconds", "run_id",
+    "sweep",
+    "cell_key",
+    "cell_label",
+    "repeat",
+    "status",
+    "status_phase",
+    "status_message",
+    "workload",
+    "accelerator",
+    "framework",
+    "precision",
+    "micro_batch_size",
+    "gradient_accumulation",
+    "replicas",
+    "devices_per_replica",
+    "device_iterations",
+    "compile",
+    "steps",
+    "warmup_steps",
+    "samples_per_update",
+    "world_size",
+    "setup_seconds",
+    "first_step_seconds",
+    "warmup_seconds",
+    "window_seconds",
+    "throughput_per_second",
+    "step_seconds_median",
+    "step_seconds_p90",
+    "parameter_count",
+    "flops_per_sample",
+    "flops_per_second",
+    "model_flops_utilization",
+    "energy_joules",
+    "samples_per_watt_hour",
+    "energy_unavailable_reason",
+    "workload_options",
+    "accelerator_options",
+    "hostname",
+    "started_at",
+    "process_seconds",
+    "run_id",
 )
 
 
@@ -122,8 +155,11 @@ class SkippedRow:
     database: Path
 
     def __str__(self) -> str:
-        what = (f"run {self.row}" + (f" of sweep {self.sweep!r}" if self.sweep is not None else "")
-                if self.table == "runs" else f"the settings of sweep {self.row!r}")
+        what = (
+            f"run {self.row}" + (f" of sweep {self.sweep!r}" if self.sweep is not None else "")
+            if self.table == "runs"
+            else f"the settings of sweep {self.row!r}"
+        )
         return f"skipped {what} in {self.database}: {self.reason}"
 
 
@@ -189,8 +225,10 @@ class ResultStore:
         self.skipped_rows: list[SkippedRow] = []
         self._skipped: set[tuple[str, int | str]] = set()
         if self.path.is_dir():
-            raise StoreError(f"results database {self.path} is a directory; give the path of a file, "
-                             f"e.g. {self.path / DEFAULT_DATABASE.name}")
+            raise StoreError(
+                f"results database {self.path} is a directory; give the path of a file, "
+                f"e.g. {self.path / DEFAULT_DATABASE.name}"
+            )
         if self.path.exists() and not self.path.is_file():
             raise StoreError(f"results database {self.path} is not a regular file")
         if (self.read_only or not create) and not self.path.exists():
@@ -208,23 +246,32 @@ class ResultStore:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             blocking = next((parent for parent in (folder, *folder.parents) if parent.exists()), None)
-            why = (f"{blocking} is not a directory" if blocking is not None and not blocking.is_dir()
-                   else describe_os_error(exc))
+            why = (
+                f"{blocking} is not a directory"
+                if blocking is not None and not blocking.is_dir()
+                else describe_os_error(exc)
+            )
             raise StoreError(f"cannot create the folder of results database {self.path}: {why}") from None
         if not os.access(folder, os.W_OK | os.X_OK):
-            raise StoreError(f"cannot write results database {self.path}: no permission to write in {folder} "
-                             "(SQLite keeps its log beside the database); `core results` and `core report` "
-                             "can still read it")
+            raise StoreError(
+                f"cannot write results database {self.path}: no permission to write in {folder} "
+                "(SQLite keeps its log beside the database); `core results` and `core report` "
+                "can still read it"
+            )
         if self.path.exists() and not os.access(self.path, os.W_OK):
-            raise StoreError(f"results database {self.path} is read-only; a sweep must write it "
-                             "(`core results` and `core report` can still read it)")
+            raise StoreError(
+                f"results database {self.path} is read-only; a sweep must write it "
+                "(`core results` and `core report` can still read it)"
+            )
         try:
             free = shutil.disk_usage(folder).free
         except OSError:
             return
         if free < MINIMUM_FREE_BYTES:
-            raise StoreError(f"cannot write results database {self.path}: its disk is full ({free:,} bytes free); "
-                             "free some space first")
+            raise StoreError(
+                f"cannot write results database {self.path}: its disk is full ({free:,} bytes free); "
+                "free some space first"
+            )
 
     def _open_for_writing(self) -> sqlite3.Connection:
         connection = None
@@ -259,10 +306,12 @@ class ResultStore:
             # cannot take. Without a log to replay, the file alone is the whole database.
             log = Path(f"{self.path}-wal")
             if log.exists() and log.stat().st_size > 0:
-                raise StoreError(f"cannot read results database {self.path}: its folder is read-only and it has "
-                                 f"an unfinished write-ahead log ({log.name}) that SQLite cannot read without "
-                                 f"writing beside it; copy {self.path.name} and {log.name} to a writable folder "
-                                 "and read the copy") from None
+                raise StoreError(
+                    f"cannot read results database {self.path}: its folder is read-only and it has "
+                    f"an unfinished write-ahead log ({log.name}) that SQLite cannot read without "
+                    f"writing beside it; copy {self.path.name} and {log.name} to a writable folder "
+                    "and read the copy"
+                ) from None
         try:
             return self._connect_read_only(f"{uri}?mode=ro&immutable=1")
         except sqlite3.DatabaseError as exc:
@@ -278,30 +327,39 @@ class ResultStore:
             raise
         if not {"runs", "sweeps"} <= tables:
             connection.close()
-            raise StoreError(f"{self.path} is no results database of core: " + (
-                "it is empty" if not tables else "it has no table 'runs' and 'sweeps'"))
+            raise StoreError(
+                f"{self.path} is no results database of core: "
+                + ("it is empty" if not tables else "it has no table 'runs' and 'sweeps'")
+            )
         return connection
 
     def _check_version(self, connection: sqlite3.Connection) -> None:
         version = connection.execute("PRAGMA user_version").fetchone()[0]
         if version > STORE_SCHEMA_VERSION:
             connection.close()
-            raise StoreError(f"{self.path} has database layout {version}; this core reads up to "
-                             f"{STORE_SCHEMA_VERSION}: upgrade core")
+            raise StoreError(
+                f"{self.path} has database layout {version}; this core reads up to {STORE_SCHEMA_VERSION}: upgrade core"
+            )
 
     def _explain(self, error: sqlite3.DatabaseError, doing: str) -> str:
         """What a SQLite error means for the user, naming the file."""
         text = str(error)
         lowered = text.lower()
         if "file is not a database" in lowered or "not a database" in lowered:
-            return (f"{self.path} is not a SQLite database ({text}); give another --database, "
-                    "or move the file out of the way")
+            return (
+                f"{self.path} is not a SQLite database ({text}); give another --database, "
+                "or move the file out of the way"
+            )
         if "malformed" in lowered or "corrupt" in lowered:
-            return (f"results database {self.path} is damaged ({text}); what can still be read can be copied "
-                    f"out with: sqlite3 {self.path} .recover | sqlite3 recovered.db")
+            return (
+                f"results database {self.path} is damaged ({text}); what can still be read can be copied "
+                f"out with: sqlite3 {self.path} .recover | sqlite3 recovered.db"
+            )
         if "readonly" in lowered or "read-only" in lowered:
-            return (f"results database {self.path} is read-only ({text}); a sweep must write it "
-                    "(`core results` and `core report` can still read it)")
+            return (
+                f"results database {self.path} is read-only ({text}); a sweep must write it "
+                "(`core results` and `core report` can still read it)"
+            )
         if "disk is full" in lowered or "disk full" in lowered:
             return f"cannot write results database {self.path}: its disk is full ({text})"
         if "unable to open" in lowered:
@@ -321,23 +379,32 @@ class ResultStore:
         if (table, row) in self._skipped:
             return
         self._skipped.add((table, row))
-        self.skipped_rows.append(SkippedRow(table=table, row=row, sweep=sweep, reason=_reason(error),
-                                            database=self.path))
+        self.skipped_rows.append(
+            SkippedRow(table=table, row=row, sweep=sweep, reason=_reason(error), database=self.path)
+        )
 
     # --- writing ---------------------------------------------------------------------------
 
-    def _transaction(self) -> "_Transaction":
+    def _transaction(self) -> _Transaction:
         return _Transaction(self._connection)
 
-    def lock(self, sweep: str | None = None) -> "SweepLock":
+    def lock(self, sweep: str | None = None) -> SweepLock:
         """The sweep lock of this database (see :class:`SweepLock`), taken: ``with store.lock("s"): ...``."""
         lock = SweepLock(self.path, sweep)
         lock.acquire()
         return lock
 
-    def add(self, result: RunResult, *, sweep: str | None = None, cell_key: str | None = None,
-            cell_label: str | None = None, repeat: int | None = None, process_seconds: float | None = None,
-            replace: bool = False) -> int:
+    def add(
+        self,
+        result: RunResult,
+        *,
+        sweep: str | None = None,
+        cell_key: str | None = None,
+        cell_label: str | None = None,
+        repeat: int | None = None,
+        process_seconds: float | None = None,
+        replace: bool = False,
+    ) -> int:
         """Insert one run in its own transaction and return its row id.
 
         :param replace: overwrite the row of the same (sweep, cell_key, repeat); without it such a
@@ -345,24 +412,40 @@ class ResultStore:
         """
         config = result.config
         row = {
-            "sweep": sweep, "cell_key": cell_key, "cell_label": cell_label, "repeat": repeat,
-            "workload": result.workload, "accelerator": result.accelerator, "framework": result.framework,
-            "precision": _optional(config.precision), "micro_batch_size": config.micro_batch_size,
-            "gradient_accumulation": config.gradient_accumulation, "replicas": config.replicas,
-            "devices_per_replica": config.devices_per_replica, "compile": int(config.compile),
-            "samples_per_update": result.samples_per_update, "status": result.status.state.value,
-            "status_message": result.status.message, "throughput_per_second": result.throughput_per_second,
-            "energy_joules": result.energy_joules, "samples_per_watt_hour": result.samples_per_watt_hour,
+            "sweep": sweep,
+            "cell_key": cell_key,
+            "cell_label": cell_label,
+            "repeat": repeat,
+            "workload": result.workload,
+            "accelerator": result.accelerator,
+            "framework": result.framework,
+            "precision": _optional(config.precision),
+            "micro_batch_size": config.micro_batch_size,
+            "gradient_accumulation": config.gradient_accumulation,
+            "replicas": config.replicas,
+            "devices_per_replica": config.devices_per_replica,
+            "compile": int(config.compile),
+            "samples_per_update": result.samples_per_update,
+            "status": result.status.state.value,
+            "status_message": result.status.message,
+            "throughput_per_second": result.throughput_per_second,
+            "energy_joules": result.energy_joules,
+            "samples_per_watt_hour": result.samples_per_watt_hour,
             "flops_per_second": result.flops_per_second,
             "model_flops_utilization": getattr(result, "model_flops_utilization", None),
-            "process_seconds": process_seconds, "started_at": result.started_at.isoformat(),
-            "recorded_at": _now(), "schema_version": result.schema_version, "result_json": result.model_dump_json(),
+            "process_seconds": process_seconds,
+            "started_at": result.started_at.isoformat(),
+            "recorded_at": _now(),
+            "schema_version": result.schema_version,
+            "result_json": result.model_dump_json(),
         }
         columns = ", ".join(row)
         placeholders = ", ".join(f":{name}" for name in row)
         statement = f"INSERT INTO runs ({columns}) VALUES ({placeholders})"
         if replace and sweep is not None:
-            updates = ", ".join(f"{name} = excluded.{name}" for name in row if name not in ("sweep", "cell_key", "repeat"))
+            updates = ", ".join(
+                f"{name} = excluded.{name}" for name in row if name not in ("sweep", "cell_key", "repeat")
+            )
             statement += f" ON CONFLICT (sweep, cell_key, repeat) DO UPDATE SET {updates}"
         try:
             with self._transaction():
@@ -370,11 +453,14 @@ class ResultStore:
                 if replace and sweep is not None:
                     found = self._connection.execute(
                         "SELECT id FROM runs WHERE sweep IS ? AND cell_key IS ? AND repeat IS ?",
-                        (sweep, cell_key, repeat)).fetchone()
+                        (sweep, cell_key, repeat),
+                    ).fetchone()
                     return int(found[0])
                 return int(cursor.lastrowid or 0)
         except sqlite3.IntegrityError:
-            raise StoreError(f"sweep {sweep!r} already has repeat {repeat} of cell {cell_label or cell_key!r}") from None
+            raise StoreError(
+                f"sweep {sweep!r} already has repeat {repeat} of cell {cell_label or cell_key!r}"
+            ) from None
         except sqlite3.DatabaseError as exc:  # a full disk, a read-only or damaged file: nothing was written
             raise StoreWriteError(self._explain(exc, "write")) from None
 
@@ -386,8 +472,10 @@ class ResultStore:
                 self._connection.execute(
                     "INSERT INTO sweeps (name, source, spec_json, cells_json, created_at, updated_at) "
                     "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET source = excluded.source, "
-                    "spec_json = excluded.spec_json, cells_json = excluded.cells_json, updated_at = excluded.updated_at",
-                    (name, source, json.dumps(spec, sort_keys=True), json.dumps(cells), now, now))
+                    "spec_json = excluded.spec_json, cells_json = excluded.cells_json, "
+                    "updated_at = excluded.updated_at",
+                    (name, source, json.dumps(spec, sort_keys=True), json.dumps(cells), now, now),
+                )
         except sqlite3.DatabaseError as exc:
             raise StoreWriteError(self._explain(exc, "write")) from None
 
@@ -397,13 +485,18 @@ class ResultStore:
         """What sweep ``name`` asked for; None when unknown, or when its record cannot be read
         (then it is in :attr:`skipped_rows`)."""
         rows = self._rows(
-            "SELECT name, source, spec_json, cells_json, created_at, updated_at FROM sweeps WHERE name = ?", (name,))
+            "SELECT name, source, spec_json, cells_json, created_at, updated_at FROM sweeps WHERE name = ?", (name,)
+        )
         records = self._sweep_records(rows)
         return records[0] if records else None
 
     def sweeps(self) -> list[SweepRecord]:
-        return self._sweep_records(self._rows(
-            "SELECT name, source, spec_json, cells_json, created_at, updated_at FROM sweeps ORDER BY created_at, name"))
+        return self._sweep_records(
+            self._rows(
+                "SELECT name, source, spec_json, cells_json, created_at, updated_at FROM sweeps "
+                "ORDER BY created_at, name"
+            )
+        )
 
     def _sweep_records(self, rows: list[tuple[Any, ...]]) -> list[SweepRecord]:
         records = []
@@ -429,7 +522,8 @@ class ResultStore:
 
     def process_seconds(self, sweep: str) -> list[float]:
         rows = self._rows(
-            "SELECT process_seconds FROM runs WHERE sweep = ? AND process_seconds IS NOT NULL ORDER BY id", (sweep,))
+            "SELECT process_seconds FROM runs WHERE sweep = ? AND process_seconds IS NOT NULL ORDER BY id", (sweep,)
+        )
         return [value for (value,) in rows if isinstance(value, (int, float))]
 
     def count(self, sweep: str | None = None) -> int:
@@ -437,9 +531,15 @@ class ResultStore:
             return int(self._rows("SELECT COUNT(*) FROM runs")[0][0])
         return int(self._rows("SELECT COUNT(*) FROM runs WHERE sweep = ?", (sweep,))[0][0])
 
-    def runs(self, *, sweep: str | list[str] | None = None, workload: str | None = None,
-             accelerator: str | None = None, precision: str | None = None, status: str | None = None
-             ) -> list[StoredRun]:
+    def runs(
+        self,
+        *,
+        sweep: str | list[str] | None = None,
+        workload: str | None = None,
+        accelerator: str | None = None,
+        precision: str | None = None,
+        status: str | None = None,
+    ) -> list[StoredRun]:
         """Rows matching every filter given, oldest first, each with its validated RunResult.
 
         A row that cannot be parsed (damaged JSON, a result layout this core does not read) is left
@@ -447,8 +547,12 @@ class ResultStore:
         is a :class:`StoreError`.
         """
         clauses, parameters = [], []
-        for column, value in (("workload", workload), ("accelerator", accelerator),
-                              ("precision", precision), ("status", status)):
+        for column, value in (
+            ("workload", workload),
+            ("accelerator", accelerator),
+            ("precision", precision),
+            ("status", status),
+        ):
             if value is not None:
                 clauses.append(f"{column} = ?")
                 parameters.append(_optional(value))
@@ -461,7 +565,9 @@ class ResultStore:
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
         rows = self._rows(
             "SELECT id, sweep, cell_key, cell_label, repeat, process_seconds, recorded_at, result_json "
-            f"FROM runs {where} ORDER BY id", parameters)
+            f"FROM runs {where} ORDER BY id",
+            parameters,
+        )
         runs = []
         for row in rows:
             try:
@@ -472,8 +578,18 @@ class ResultStore:
             except (ValueError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
                 self._skip("runs", row[0], row[1], exc)
                 continue
-            runs.append(StoredRun(run_id=row[0], sweep=row[1], cell_key=row[2], cell_label=row[3], repeat=row[4],
-                                  process_seconds=row[5], recorded_at=recorded_at, result=result))
+            runs.append(
+                StoredRun(
+                    run_id=row[0],
+                    sweep=row[1],
+                    cell_key=row[2],
+                    cell_label=row[3],
+                    repeat=row[4],
+                    process_seconds=row[5],
+                    recorded_at=recorded_at,
+                    result=result,
+                )
+            )
         return runs
 
     def results(self, **filters: Any) -> list[RunResult]:
@@ -530,9 +646,18 @@ class ResultStore:
     def export_json(self, output: TextIO, **filters: Any) -> int:
         """Write the full documents: [{sweep, cell_key, cell_label, repeat, result}, ...]."""
         runs = self.runs(**filters)
-        documents = [{"run_id": run.run_id, "sweep": run.sweep, "cell_key": run.cell_key,
-                      "cell_label": run.cell_label, "repeat": run.repeat, "process_seconds": run.process_seconds,
-                      "result": run.result.model_dump(mode="json")} for run in runs]
+        documents = [
+            {
+                "run_id": run.run_id,
+                "sweep": run.sweep,
+                "cell_key": run.cell_key,
+                "cell_label": run.cell_label,
+                "repeat": run.repeat,
+                "process_seconds": run.process_seconds,
+                "result": run.result.model_dump(mode="json"),
+            }
+            for run in runs
+        ]
         json.dump(documents, output, indent=2)
         output.write("\n")
         return len(runs)
@@ -540,7 +665,7 @@ class ResultStore:
     def close(self) -> None:
         self._connection.close()
 
-    def __enter__(self) -> "ResultStore":
+    def __enter__(self) -> ResultStore:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -584,8 +709,14 @@ def _sweep_record(row: tuple[Any, ...]) -> SweepRecord:
         raise TypeError("spec_json is not a JSON object")
     if not isinstance(cells, list) or not all(isinstance(cell, dict) for cell in cells):
         raise TypeError("cells_json is not a JSON list of objects")
-    return SweepRecord(name=row[0], source=row[1], spec=spec, cells=cells,
-                       created_at=datetime.fromisoformat(row[4]), updated_at=datetime.fromisoformat(row[5]))
+    return SweepRecord(
+        name=row[0],
+        source=row[1],
+        spec=spec,
+        cells=cells,
+        created_at=datetime.fromisoformat(row[4]),
+        updated_at=datetime.fromisoformat(row[5]),
+    )
 
 
 def _reason(error: BaseException) -> str:
@@ -598,8 +729,11 @@ def _reason(error: BaseException) -> str:
         text = (f"{where}: " if where else "") + str(first.get("msg", error))
         if len(problems) > 1:
             text += f" (and {len(problems) - 1} more)"
-        text = ("result_json is not valid JSON: " if first.get("type") == "json_invalid"
-                else "the result does not fit this core's RunResult: ") + text
+        text = (
+            "result_json is not valid JSON: "
+            if first.get("type") == "json_invalid"
+            else "the result does not fit this core's RunResult: "
+        ) + text
     else:
         text = f"{type(error).__name__}: {error}"
     text = " ".join(text.split())
@@ -637,16 +771,18 @@ class SweepLock:
         try:
             descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
         except OSError as exc:
-            raise StoreError(f"cannot create the lock file {self.path} of results database {self.database}: "
-                             f"{describe_os_error(exc)}") from None
+            raise StoreError(
+                f"cannot create the lock file {self.path} of results database {self.database}: {describe_os_error(exc)}"
+            ) from None
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
             holder = _read_holder(descriptor)
             os.close(descriptor)
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise StoreError(f"cannot lock results database {self.database} ({self.path}): "
-                                 f"{describe_os_error(exc)}") from None
+                raise StoreError(
+                    f"cannot lock results database {self.database} ({self.path}): {describe_os_error(exc)}"
+                ) from None
             raise DatabaseInUseError(_in_use_message(self.database, holder), holder) from None
         self._descriptor = descriptor
         note = {"pid": os.getpid(), "host": socket.gethostname(), "sweep": self.sweep, "since": _now()}
@@ -671,7 +807,7 @@ class SweepLock:
         finally:
             os.close(descriptor)
 
-    def __enter__(self) -> "SweepLock":
+    def __enter__(self) -> SweepLock:
         if self._descriptor is None:
             self.acquire()
         return self
@@ -689,41 +825,65 @@ def _read_holder(descriptor: int) -> dict[str, Any]:
 
 
 def _in_use_message(database: Path, holder: dict[str, Any]) -> str:
-    facts = [f"pid {holder['pid']}" if holder.get("pid") else "",
-             f"on {holder['host']}" if holder.get("host") else "",
-             f"since {holder['since']}" if holder.get("since") else ""]
+    facts = [
+        f"pid {holder['pid']}" if holder.get("pid") else "",
+        f"on {holder['host']}" if holder.get("host") else "",
+        f"since {holder['since']}" if holder.get("since") else "",
+    ]
     who = f"sweep {str(holder['sweep'])[:200]!r}" if holder.get("sweep") else "another sweep"
     details = " ".join(fact for fact in facts if fact)
-    return (f"results database {database} is in use by {who}" + (f" ({details})" if details else "")
-            + "; a second sweep would run beside it and disturb both measurements. Wait for it to end, "
-            "or give this sweep another --database")
+    return (
+        f"results database {database} is in use by {who}"
+        + (f" ({details})" if details else "")
+        + "; a second sweep would run beside it and disturb both measurements. Wait for it to end, "
+        "or give this sweep another --database"
+    )
 
 
 def flat_record(run: StoredRun) -> dict[str, Any]:
     """One run as a flat dict of EXPORT_COLUMNS (options as JSON text)."""
     result, config = run.result, run.result.config
     return {
-        "sweep": run.sweep, "cell_key": run.cell_key, "cell_label": run.cell_label, "repeat": run.repeat,
-        "status": result.status.state.value, "status_phase": result.status.phase,
-        "status_message": result.status.message, "workload": result.workload, "accelerator": result.accelerator,
-        "framework": result.framework, "precision": _optional(config.precision),
-        "micro_batch_size": config.micro_batch_size, "gradient_accumulation": config.gradient_accumulation,
-        "replicas": config.replicas, "devices_per_replica": config.devices_per_replica,
-        "device_iterations": config.device_iterations, "compile": config.compile, "steps": config.steps,
-        "warmup_steps": config.warmup_steps, "samples_per_update": result.samples_per_update,
-        "world_size": result.world_size, "setup_seconds": result.setup_seconds,
-        "first_step_seconds": result.first_step_seconds, "warmup_seconds": result.warmup_seconds,
-        "window_seconds": result.window_seconds, "throughput_per_second": result.throughput_per_second,
-        "step_seconds_median": result.step_seconds_median, "step_seconds_p90": result.step_seconds_p90,
-        "parameter_count": result.parameter_count, "flops_per_sample": result.flops_per_sample,
+        "sweep": run.sweep,
+        "cell_key": run.cell_key,
+        "cell_label": run.cell_label,
+        "repeat": run.repeat,
+        "status": result.status.state.value,
+        "status_phase": result.status.phase,
+        "status_message": result.status.message,
+        "workload": result.workload,
+        "accelerator": result.accelerator,
+        "framework": result.framework,
+        "precision": _optional(config.precision),
+        "micro_batch_size": config.micro_batch_size,
+        "gradient_accumulation": config.gradient_accumulation,
+        "replicas": config.replicas,
+        "devices_per_replica": config.devices_per_replica,
+        "device_iterations": config.device_iterations,
+        "compile": config.compile,
+        "steps": config.steps,
+        "warmup_steps": config.warmup_steps,
+        "samples_per_update": result.samples_per_update,
+        "world_size": result.world_size,
+        "setup_seconds": result.setup_seconds,
+        "first_step_seconds": result.first_step_seconds,
+        "warmup_seconds": result.warmup_seconds,
+        "window_seconds": result.window_seconds,
+        "throughput_per_second": result.throughput_per_second,
+        "step_seconds_median": result.step_seconds_median,
+        "step_seconds_p90": result.step_seconds_p90,
+        "parameter_count": result.parameter_count,
+        "flops_per_sample": result.flops_per_sample,
         "flops_per_second": result.flops_per_second,
         "model_flops_utilization": getattr(result, "model_flops_utilization", None),
-        "energy_joules": result.energy_joules, "samples_per_watt_hour": result.samples_per_watt_hour,
+        "energy_joules": result.energy_joules,
+        "samples_per_watt_hour": result.samples_per_watt_hour,
         "energy_unavailable_reason": result.energy_unavailable_reason,
         "workload_options": json.dumps(dict(config.workload_options), sort_keys=True),
         "accelerator_options": json.dumps(dict(config.accelerator_options), sort_keys=True),
         "hostname": result.environment.hostname if result.environment else None,
-        "started_at": result.started_at.isoformat(), "process_seconds": run.process_seconds,
+        "started_at": result.started_at.isoformat(),
+        "process_seconds": run.process_seconds,
         "run_id": run.run_id,
     }
 

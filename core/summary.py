@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from core.results import RunResult, RunState
 from core.store import StoredRun
@@ -120,8 +121,11 @@ class CellSummary:
 
 def _values(results: Iterable[RunResult], figure: str | Callable[[RunResult], float | None]) -> list[float]:
     read = figure if callable(figure) else (lambda result: getattr(result, figure, None))
-    return [value for value in (read(result) for result in results)
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)]
+    return [
+        value
+        for value in (read(result) for result in results)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ]
 
 
 def summarise(runs: Iterable[StoredRun]) -> list[CellSummary]:

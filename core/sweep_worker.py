@@ -64,9 +64,12 @@ def main(argv: list[str]) -> int:
         if latest:
             interrupted = latest[0]
             interrupted.status = Status(
-                state=RunState.error, phase=processes.phase_after(interrupted), error_type="Interrupted",
+                state=RunState.error,
+                phase=processes.phase_after(interrupted),
+                error_type="Interrupted",
                 message="the run was interrupted (SIGINT to its process) before it finished; the phases "
-                        "measured before are kept")
+                "measured before are kept",
+            )
             write_atomically(result_path, interrupted.model_dump_json(), "the result")
         return 128 + signal.SIGINT
     write_atomically(result_path, result.model_dump_json(), "the result")

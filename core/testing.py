@@ -1,18 +1,20 @@
 """Helpers for plugin authors' tests (and core's own).
 
-    from core.testing import registered_plugins, run_tiny
+from core.testing import SimulatedExecutor, registered_plugins, run_tiny
 
-    def test_my_accelerator_runs_fcnn():
-        with registered_plugins(my_plugin_module):
-            result = run_tiny("fcnn", "my-accelerator")
-        assert result.throughput_per_second > 0
+def test_my_accelerator_runs_fcnn():
+    with registered_plugins(my_plugin_module):
+        result = run_tiny("fcnn", "my-accelerator")
+    assert result.throughput_per_second > 0
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
+from core.executors.base import Executor, HostStepClock, StepClock
 from core.plugins import PluginManager, set_plugin_manager
 from core.results import RunResult
 
@@ -52,3 +54,27 @@ def run_tiny(workload: str, accelerator: str, **options: Any) -> RunResult:
     result = run(workload, accelerator, **settings)
     assert result.status.ok, f"{workload} on {accelerator} failed: {result.status}"
     return result
+
+
+class SimulatedExecutor(Executor):
+    """An executor that trains nothing: each update only calls ``on_step``.
+
+    A vendor plugin's tests use it to run the whole of core (planning, the timed phases, the
+    meter over exactly the window) against a fake SDK, where ``on_step`` moves the fake device's
+    clock or draws its power, without any device work. Return it from ``create_executor``.
+    """
+
+    def __init__(self, on_step: Callable[[], None] = lambda: None) -> None:
+        self._on_step = on_step
+
+    def step(self) -> None:
+        self._on_step()
+
+    def synchronize(self) -> None:
+        pass
+
+    def step_clock(self) -> StepClock:
+        return HostStepClock()
+
+    def check_finite(self) -> None:
+        pass

@@ -10,8 +10,9 @@ import importlib.util
 import json
 import sys
 from abc import ABC
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 

@@ -9,9 +9,6 @@ from __future__ import annotations
 import glob
 import importlib.util
 from dataclasses import dataclass
-from typing import ClassVar, NoReturn
-
-from core import Accelerator, Availability, DeviceRecord, Framework, Precision, ProcessContext, RunConfig, Workload
 
 
 @dataclass(frozen=True)
@@ -29,29 +26,3 @@ class SdkProbe:
         if importlib.util.find_spec(self.module) is None:
             reasons.append(self.install_hint)
         return reasons
-
-
-class PendingAccelerator(Accelerator):
-    """A vendor accelerator whose placement code is not written yet.
-
-    It is listed (so users see the vendor and what they would need), reports exactly why it
-    cannot run here, and never pretends to run.
-    """
-
-    probe: ClassVar[SdkProbe]
-    pending_reason: ClassVar[str]
-
-    def availability(self) -> Availability:
-        return Availability.no("; ".join(self.probe.missing() + [self.pending_reason]))
-
-    def precisions(self, framework: Framework) -> tuple[Precision, ...]:
-        return ()
-
-    def max_replicas(self, config: RunConfig) -> int:
-        return 0
-
-    def devices(self) -> list[DeviceRecord]:
-        return []
-
-    def create_executor(self, workload: Workload, config: RunConfig, process: ProcessContext) -> NoReturn:
-        raise RuntimeError(f"accelerator {self.name!r} cannot run: {self.availability().reason}")

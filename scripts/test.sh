@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs everything the tests need into .venv, then runs them. Extra arguments go to pytest.
+# Installs everything the tests need into .venv, runs the lint gates (scripts/lint.sh), then the
+# tests. Extra arguments go to pytest: `-m "not slow"` is the fast lane.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh dev || exit $?
@@ -16,11 +17,19 @@ if ! command -v chromium >/dev/null 2>&1 && [ -x /usr/bin/apt-get ] && [ "$(id -
     export CORE_REQUIRE_CHROMIUM=1
 fi
 
+# The lint gates first (seconds); the tests run either way, so one report shows both.
+./scripts/lint.sh
+lint_status=$?
+
 .venv/bin/python -m pytest "$@"
 status=$?
 # pytest exits 5 when it collected no test (e.g. a -k filter that matches nothing): not a failure.
 if [ "$status" -eq 5 ]; then
     echo "pytest collected no tests" >&2
-    exit 0
+    status=0
+fi
+if [ "$status" -eq 0 ] && [ "$lint_status" -ne 0 ]; then
+    echo "the tests passed but the lint gates failed (./scripts/lint.sh)" >&2
+    status=1
 fi
 exit "$status"

@@ -34,8 +34,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from core import processes  # noqa: E402
 
 _HOG = "from core.processes import die_with_parent\ndie_with_parent()\nwhile True:\n    pass\n"
-_NO_FIX = ("import core.distributed\n"
-           "core.distributed.release_finished_collectives = lambda *args, **kwargs: None\n")
+_NO_FIX = "import core.distributed\ncore.distributed.release_finished_collectives = lambda *args, **kwargs: None\n"
 
 
 def test_case_command(directory: Path, without_fix: bool) -> list[str]:
@@ -43,16 +42,44 @@ def test_case_command(directory: Path, without_fix: bool) -> list[str]:
 
     script = directory / "worker.py"
     script.write_text((_NO_FIX if without_fix else "") + WORKER.format(options=OPTIONS), encoding="utf-8")
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-            f"--log-dir={directory / 'torchelastic'}", str(script), str(directory / "state.pt")]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        f"--log-dir={directory / 'torchelastic'}",
+        str(script),
+        str(directory / "state.pt"),
+    ]
 
 
 def core_run_command(directory: Path, without_fix: bool) -> list[str]:
     if without_fix:
         raise SystemExit("--without-fix applies to --case test only")
-    return [sys.executable, "-m", "core.cli", "run", "fcnn", "--replicas", "2", "--batch-size", "8", "--steps", "3",
-            "--warmup-steps", "1", "-o", "hidden_width=32", "-o", "input_width=64", "-o", "output_width=10",
-            "--output", str(directory / "result.json")]
+    return [
+        sys.executable,
+        "-m",
+        "core.cli",
+        "run",
+        "fcnn",
+        "--replicas",
+        "2",
+        "--batch-size",
+        "8",
+        "--steps",
+        "3",
+        "--warmup-steps",
+        "1",
+        "-o",
+        "hidden_width=32",
+        "-o",
+        "input_width=64",
+        "-o",
+        "output_width=10",
+        "--output",
+        str(directory / "result.json"),
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,13 +93,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     cores = os.cpu_count() or 1
-    hogs = [processes.start([sys.executable, "-c", _HOG], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            for _ in range(args.hogs_per_core * cores)]
+    hogs = [
+        processes.start([sys.executable, "-c", _HOG], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for _ in range(args.hogs_per_core * cores)
+    ]
     failures: list[tuple[int, str]] = []
     started = time.monotonic()
     try:
-        print(f"{args.runs} runs of case {args.case!r}{' WITHOUT the fix' if args.without_fix else ''} beside "
-              f"{len(hogs)} busy loops on {cores} cores", flush=True)
+        print(
+            f"{args.runs} runs of case {args.case!r}{' WITHOUT the fix' if args.without_fix else ''} beside "
+            f"{len(hogs)} busy loops on {cores} cores",
+            flush=True,
+        )
         for run in range(1, args.runs + 1):
             with tempfile.TemporaryDirectory(prefix="core-stress-") as scratch:
                 directory = Path(scratch)
@@ -82,7 +114,10 @@ def main(argv: list[str] | None = None) -> int:
                     completed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=args.timeout)
                     code, output = completed.returncode, completed.stdout + completed.stderr
                 except subprocess.TimeoutExpired as expired:
-                    code, output = None, f"timed out after {args.timeout:g} s\n{expired.stdout or ''}{expired.stderr or ''}"
+                    code, output = (
+                        None,
+                        f"timed out after {args.timeout:g} s\n{expired.stdout or ''}{expired.stderr or ''}",
+                    )
                 seconds = time.monotonic() - began
                 aborted = "terminate called" in output or "SIGABRT" in output
                 verdict = "ok" if code == 0 else ("ABORT" if aborted else "FAILED")
@@ -95,9 +130,12 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for hog in hogs:
             processes.stop_process_group(hog, grace_seconds=1.0)
-    print(f"{len(failures)} of {args.runs} runs failed ({sum('terminate called' in out for _, out in failures)} "
-          f"with 'terminate called'); load: {len(hogs)} busy loops on {cores} cores; "
-          f"{time.monotonic() - started:.0f} s in all", flush=True)
+    print(
+        f"{len(failures)} of {args.runs} runs failed ({sum('terminate called' in out for _, out in failures)} "
+        f"with 'terminate called'); load: {len(hogs)} busy loops on {cores} cores; "
+        f"{time.monotonic() - started:.0f} s in all",
+        flush=True,
+    )
     return 1 if failures else 0
 
 

@@ -24,11 +24,21 @@ from typing import Any
 
 CANDIDATES = ("/usr/bin/chromium", "chromium", "chromium-browser", "google-chrome")
 FLAGS = (
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--disable-extensions", "--disable-default-apps", "--mute-audio", "--no-default-browser-check",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-extensions",
+    "--disable-default-apps",
+    "--mute-audio",
+    "--no-default-browser-check",
     "--disable-dev-shm-usage",  # containers often give /dev/shm 64 MB, too little for a renderer
-    "--disable-crash-reporter", "--disable-breakpad",
+    "--disable-crash-reporter",
+    "--disable-breakpad",
     "--remote-debugging-pipe",
 )
 
@@ -67,8 +77,15 @@ class DevToolsPipe:
         # this process is close-on-exec already (PEP 446).
         # HOME inside the throwaway profile: nothing is written to the real home directory.
         environment = dict(os.environ, HOME=str(user_data_dir))
-        self.process = subprocess.Popen(command, preexec_fn=place_pipe_ends, close_fds=False, env=environment,
-                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.process = subprocess.Popen(
+            command,
+            preexec_fn=place_pipe_ends,
+            close_fds=False,
+            env=environment,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         os.close(child_in)
         os.close(child_out)
         self._writer = os.fdopen(commands_write, "wb", buffering=0)
@@ -113,8 +130,9 @@ class DevToolsPipe:
             if until(message):
                 return message
 
-    def call(self, method: str, params: dict[str, Any] | None = None, session: str | None = None,
-             timeout: float = 30.0) -> dict[str, Any]:
+    def call(
+        self, method: str, params: dict[str, Any] | None = None, session: str | None = None, timeout: float = 30.0
+    ) -> dict[str, Any]:
         self._next_id += 1
         request: dict[str, Any] = {"id": self._next_id, "method": method, "params": params or {}}
         if session:
@@ -130,8 +148,9 @@ class DevToolsPipe:
         for event in self._events:
             if event.get("method") == method and event.get("sessionId") == session:
                 return event
-        return self._pump(time.monotonic() + timeout,
-                          lambda m: m.get("method") == method and m.get("sessionId") == session)
+        return self._pump(
+            time.monotonic() + timeout, lambda m: m.get("method") == method and m.get("sessionId") == session
+        )
 
     def settle(self, seconds: float) -> None:
         """Collect the events that arrive within ``seconds``."""
@@ -175,8 +194,9 @@ def _describe(event: dict[str, Any]) -> str | None:
     return None
 
 
-def open_page(path: Path, expressions: dict[str, str] | None = None, binary: str | None = None,
-              timeout: float = 60.0) -> PageReport:
+def open_page(
+    path: Path, expressions: dict[str, str] | None = None, binary: str | None = None, timeout: float = 60.0
+) -> PageReport:
     """Load ``path`` in headless Chromium, wait for its load event, evaluate ``expressions``."""
     binary = binary or find_chromium()
     if binary is None:
@@ -193,16 +213,25 @@ def open_page(path: Path, expressions: dict[str, str] | None = None, binary: str
             pipe.settle(1.0)  # late errors (image decoding, deferred work) arrive after the load event
             report = PageReport()
             for name, expression in (expressions or {}).items():
-                reply = pipe.call("Runtime.evaluate", {"expression": expression, "returnByValue": True,
-                                                       "awaitPromise": True}, session=session)
+                reply = pipe.call(
+                    "Runtime.evaluate",
+                    {"expression": expression, "returnByValue": True, "awaitPromise": True},
+                    session=session,
+                )
                 if "exceptionDetails" in reply:
                     report.errors.append(f"evaluating {name}: {reply['exceptionDetails'].get('text')}")
                 report.values[name] = reply.get("result", {}).get("value")
-            dom = pipe.call("Runtime.evaluate", {"expression": "document.documentElement.outerHTML",
-                                                 "returnByValue": True}, session=session)
+            dom = pipe.call(
+                "Runtime.evaluate",
+                {"expression": "document.documentElement.outerHTML", "returnByValue": True},
+                session=session,
+            )
             report.dom = dom.get("result", {}).get("value", "")
-            report.errors += [text for text in (_describe(event) for event in pipe.events
-                                                 if event.get("sessionId") == session) if text]
+            report.errors += [
+                text
+                for text in (_describe(event) for event in pipe.events if event.get("sessionId") == session)
+                if text
+            ]
             return report
         finally:
             pipe.close()

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
+
+# The Graphcore SDK fakes' fixtures, shared by every Graphcore test module.
+from graphcore_support import fake_sdk, fake_tf_ipu  # noqa: F401 - fixtures registered here
 
 FAKES = Path(__file__).parent / "fakes"
 

@@ -1,16 +1,16 @@
 """Fixtures for the Graphcore tests: the fakes of poptorch, popdist, gcipuinfo and
 ``tensorflow.python.ipu`` importable under their real names for the duration of a test.
 
-Imported by tests/test_graphcore*.py (``from graphcore_support import ...``), so the fixtures
-live with the tests that need them and the shared conftest stays untouched.
+tests/conftest.py imports them, so every test module can ask for them by name.
 """
 
 from __future__ import annotations
 
 import sys
 import types
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -28,8 +28,13 @@ def _forget(prefixes: tuple[str, ...]) -> None:
 def fake_sdk(monkeypatch: pytest.MonkeyPatch) -> Iterator[types.SimpleNamespace]:
     """poptorch, popdist and gcipuinfo fakes on sys.path; a host with 16 IPUs drawing 100 W each."""
     monkeypatch.syspath_prepend(str(FAKES))
-    for variable in ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
-                     "POPTORCH_CACHE_DIR", "TF_POPLAR_FLAGS"):
+    for variable in (
+        "OMPI_COMM_WORLD_SIZE",
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "POPTORCH_CACHE_DIR",
+        "TF_POPLAR_FLAGS",
+    ):
         monkeypatch.delenv(variable, raising=False)
     _forget(_FAKE_MODULES)
     import gcipuinfo
@@ -52,8 +57,10 @@ def fake_tf_ipu(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     import tensorflow.python as tf_python
 
     spec = importlib.util.spec_from_file_location(
-        "tensorflow.python.ipu", FAKES / "ipu_tensorflow" / "__init__.py",
-        submodule_search_locations=[str(FAKES / "ipu_tensorflow")])
+        "tensorflow.python.ipu",
+        FAKES / "ipu_tensorflow" / "__init__.py",
+        submodule_search_locations=[str(FAKES / "ipu_tensorflow")],
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "tensorflow.python.ipu", module)

@@ -8,31 +8,31 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
 import core.workloads
-from core import (ConfigError, DeviceRecord, Framework, Precision, ProcessContext, RunConfig, hookimpl, make_config,
-                  run)
+from core import ConfigError, DeviceRecord, Framework, Precision, ProcessContext, RunConfig, hookimpl, make_config, run
 from core.executors.base import Executor
 from core.planning import plan_run
 from core.power import UnavailableMeter
-from core.testing import registered_plugins
+from core.testing import SimulatedExecutor, registered_plugins
 from plugins.amd import smi
 from plugins.amd.accelerator import AmdAccelerator
 from plugins.amd.meter import AmdsmiMeter, AmdsmiMeterFactory
 from plugins.amd.peaks import AMD_PEAKS, peak_flops
 from plugins.amd.visibility import hip_visible, rocr_visible, visible_order
 from plugins.probing import SdkProbe
-from simulated import SimulatedExecutor
 
 RES = 15.300000190734863  # what amdsmi returns for rocm_smi's 15.3 uJ: a C float
 BDF_A0, BDF_A1, BDF_B0, BDF_B1 = "0000:c1:00.0", "0000:c6:00.0", "0000:c9:00.0", "0000:ce:00.0"
 
 
 # --- helpers ---------------------------------------------------------------------------------
+
 
 @pytest.fixture(autouse=True)
 def _no_leaked_amdsmi_session() -> Any:
@@ -44,8 +44,9 @@ def _no_leaked_amdsmi_session() -> Any:
 def probe(tmp_path: Path) -> SdkProbe:
     """The real probe's module with a stand-in for /dev/kfd."""
     (tmp_path / "kfd").write_text("")
-    return SdkProbe(module="amdsmi", install_hint=smi.INSTALL_HINT, device_globs=(str(tmp_path / "kfd"),),
-                    device_hint="no /dev/kfd")
+    return SdkProbe(
+        module="amdsmi", install_hint=smi.INSTALL_HINT, device_globs=(str(tmp_path / "kfd"),), device_hint="no /dev/kfd"
+    )
 
 
 class Clock:
@@ -79,8 +80,9 @@ def accelerator(probe: SdkProbe, **environment: str) -> AmdAccelerator:
 
 
 def config(**options: Any) -> RunConfig:
-    return make_config(workload="fcnn", accelerator="amd", micro_batch_size=4,
-                       power_sample_interval_seconds=0.01, **options)
+    return make_config(
+        workload="fcnn", accelerator="amd", micro_batch_size=4, power_sample_interval_seconds=0.01, **options
+    )
 
 
 def factory(probe: SdkProbe, clock: Clock, **kwargs: Any) -> AmdsmiMeterFactory:
@@ -92,31 +94,37 @@ def factory(probe: SdkProbe, clock: Clock, **kwargs: Any) -> AmdsmiMeterFactory:
 NODE_UUIDS = ["GPU-babababababababa", "GPU-abbaabbaabbaabba", "GPU-babaabbaabbababa", "GPU-abbababababaabba"]
 
 
-@pytest.mark.parametrize("value,expected", [
-    (None, [0, 1, 2, 3]),
-    ("", []),  # set but empty: no GPU
-    ("-1", []),
-    ("GPU-XX", []),
-    ("3,GPU-BABABABABABABABA,4", [3, 0]),  # the examples in ROCr's amd_filter_device.h
-    ("1,GPU-ABBAABBAABBAABBA,GPU-XX", [1]),
-    ("3,GPU-BABAABBA,GPU-XX", [3, 2]),
-    ("gpu-abbab", [3]),  # upper-cased, and a unique prefix is enough
-    ("0x2, 1", [2, 1]),  # strtol with base 0; tokens trimmed
-    ("1,1,2", [1]),  # a repeated device ends the list
-])
+@pytest.mark.parametrize(
+    "value,expected",
+    [
+        (None, [0, 1, 2, 3]),
+        ("", []),  # set but empty: no GPU
+        ("-1", []),
+        ("GPU-XX", []),
+        ("3,GPU-BABABABABABABABA,4", [3, 0]),  # the examples in ROCr's amd_filter_device.h
+        ("1,GPU-ABBAABBAABBAABBA,GPU-XX", [1]),
+        ("3,GPU-BABAABBA,GPU-XX", [3, 2]),
+        ("gpu-abbab", [3]),  # upper-cased, and a unique prefix is enough
+        ("0x2, 1", [2, 1]),  # strtol with base 0; tokens trimmed
+        ("1,1,2", [1]),  # a repeated device ends the list
+    ],
+)
 def test_rocr_visible_devices_follows_rocr(value: str | None, expected: list[int]) -> None:
     assert rocr_visible(value, NODE_UUIDS) == expected
 
 
-@pytest.mark.parametrize("value,expected", [
-    (None, [0, 1, 2, 3]),
-    ("", [0, 1, 2, 3]),  # empty filters nothing in HIP
-    ("2,0", [2, 0]),
-    ("0,0,1", [0, 1]),  # a repeated device is skipped, not an end
-    ("1,9,0", [1]),  # the list ends at the first invalid entry
-    ("01", []),  # an index must be a plain decimal
-    ("GPU-abbaabbaabbaabba,3", [1, 3]),
-])
+@pytest.mark.parametrize(
+    "value,expected",
+    [
+        (None, [0, 1, 2, 3]),
+        ("", [0, 1, 2, 3]),  # empty filters nothing in HIP
+        ("2,0", [2, 0]),
+        ("0,0,1", [0, 1]),  # a repeated device is skipped, not an end
+        ("1,9,0", [1]),  # the list ends at the first invalid entry
+        ("01", []),  # an index must be a plain decimal
+        ("GPU-abbaabbaabbaabba,3", [1, 3]),
+    ],
+)
 def test_hip_visible_devices_follows_hip(value: str | None, expected: list[int]) -> None:
     assert hip_visible(value, NODE_UUIDS) == expected
 
@@ -129,6 +137,7 @@ def test_rocr_applies_first_then_hip_or_cuda() -> None:
 
 
 # --- discovery and packages ---------------------------------------------------------------------
+
 
 def test_two_mi250_packages_are_four_gcds_paired_by_xgmi_not_parity(fake_amdsmi: Any, probe: SdkProbe) -> None:
     node = node_with_draw(fake_amdsmi)
@@ -149,8 +158,9 @@ def test_two_mi250_packages_are_four_gcds_paired_by_xgmi_not_parity(fake_amdsmi:
 
 def test_visibility_variables_select_and_order_gcds(fake_amdsmi: Any, probe: SdkProbe) -> None:
     node_with_draw(fake_amdsmi)
-    devices = accelerator(probe, ROCR_VISIBLE_DEVICES="GPU-5A1F00000000BB02,0,2",
-                          HIP_VISIBLE_DEVICES="2,0").visible_devices()
+    devices = accelerator(
+        probe, ROCR_VISIBLE_DEVICES="GPU-5A1F00000000BB02,0,2", HIP_VISIBLE_DEVICES="2,0"
+    ).visible_devices()
     assert [(d.index, d.details["bdf"], d.details["hip_index"]) for d in devices] == [(0, BDF_A1, 2), (1, BDF_B1, 3)]
     assert accelerator(probe, ROCR_VISIBLE_DEVICES="").max_replicas(config()) == 0
 
@@ -166,14 +176,18 @@ def test_sibling_pairs_need_a_unique_mutual_strongest_link(fake_amdsmi: Any, pro
     assert refused.value.field == "accelerator_options.mode" and "XGMI" in str(refused.value)
 
 
-@pytest.mark.parametrize("version,source", [
-    ((7, 0, 2), "amdsmi_get_gpu_enumeration_info hip_id"),
-    ((6, 4, 0), "amdsmi_get_gpu_enumeration_info hip_id"),
-    ((6, 3, 0), "amdsmi_get_gpu_kfd_info node_id"),
-    ((6, 2, 4), "KFD topology"),
-])
-def test_hip_order_on_every_amdsmi_version(fake_amdsmi: Any, probe: SdkProbe, tmp_path: Path,
-                                           version: tuple[int, int, int], source: str) -> None:
+@pytest.mark.parametrize(
+    "version,source",
+    [
+        ((7, 0, 2), "amdsmi_get_gpu_enumeration_info hip_id"),
+        ((6, 4, 0), "amdsmi_get_gpu_enumeration_info hip_id"),
+        ((6, 3, 0), "amdsmi_get_gpu_kfd_info node_id"),
+        ((6, 2, 4), "KFD topology"),
+    ],
+)
+def test_hip_order_on_every_amdsmi_version(
+    fake_amdsmi: Any, probe: SdkProbe, tmp_path: Path, version: tuple[int, int, int], source: str
+) -> None:
     node = node_with_draw(fake_amdsmi, version=version)
     topology = tmp_path / "nodes"
     for number, bdf in [(0, None), (2, BDF_A0), (3, BDF_B0), (4, BDF_A1), (5, BDF_B1)]:
@@ -183,7 +197,8 @@ def test_hip_order_on_every_amdsmi_version(fake_amdsmi: Any, probe: SdkProbe, tm
             continue
         bus, device = int(bdf[5:7], 16), int(bdf[8:10], 16)
         (topology / str(number) / "properties").write_text(
-            f"cpu_cores_count 0\nsimd_count 440\nlocation_id {(bus << 8) | (device << 3)}\ndomain 0\n")
+            f"cpu_cores_count 0\nsimd_count 440\nlocation_id {(bus << 8) | (device << 3)}\ndomain 0\n"
+        )
     amd = AmdAccelerator(probe=probe, environment={}, kfd_topology=topology)
     assert [d.details["bdf"] for d in amd.visible_devices()] == [BDF_A0, BDF_B0, BDF_A1, BDF_B1]
     assert amd.node().hip_order.startswith(source)
@@ -198,6 +213,7 @@ def test_without_any_hip_order_source_the_guess_is_labelled(fake_amdsmi: Any, pr
 
 
 # --- modes ---------------------------------------------------------------------------------------
+
 
 class Plugin:
     def __init__(self, *items: Any) -> None:
@@ -253,7 +269,9 @@ def test_package_mode_records_packages_and_their_peaks(fake_amdsmi: Any, probe: 
     process = ProcessContext(rank=0, local_rank=0, world_size=4)
     packages = amd.devices_for(config(replicas=4, accelerator_options={"mode": "package"}), process)
     assert [(p.index, p.details["package"], p.details["unit"]) for p in packages] == [
-        (0, "package-0", "package"), (1, "package-1", "package")]
+        (0, "package-0", "package"),
+        (1, "package-1", "package"),
+    ]
     assert [g["bdf"] for g in packages[0].details["gcds"]] == [BDF_A0, BDF_A1]
     assert [g["cuda_index"] for g in packages[1].details["gcds"]] == [1, 3]
     assert packages[0].memory_bytes == 2 * 68_702_699_520
@@ -266,6 +284,7 @@ def test_package_mode_records_packages_and_their_peaks(fake_amdsmi: Any, probe: 
 
 
 # --- energy --------------------------------------------------------------------------------------
+
 
 def open_meter(amdsmi: Any, probe: SdkProbe, devices: list[DeviceRecord], **kwargs: Any) -> Any:
     clock = Clock(amdsmi.amdsmi_wrapper.node)
@@ -372,9 +391,22 @@ def test_a_64_bit_counter_wrap_is_undone(fake_amdsmi: Any, probe: SdkProbe) -> N
 
 
 def mi100_node(amdsmi: Any, accumulator: int) -> Any:
-    node = amdsmi.fake.FakeNode(gcds=[amdsmi.fake.FakeGcd(
-        "0000:03:00.0", kfd_node=1, unique_id=0x100, market_name="AMD Instinct MI100", device_id=0x738C,
-        compute_units=120, gfx="gfx908", counter_bits=32, accumulator=accumulator, draw_watts=290.0)])
+    node = amdsmi.fake.FakeNode(
+        gcds=[
+            amdsmi.fake.FakeGcd(
+                "0000:03:00.0",
+                kfd_node=1,
+                unique_id=0x100,
+                market_name="AMD Instinct MI100",
+                device_id=0x738C,
+                compute_units=120,
+                gfx="gfx908",
+                counter_bits=32,
+                accumulator=accumulator,
+                draw_watts=290.0,
+            )
+        ]
+    )
     return amdsmi.fake.install(node)
 
 
@@ -477,9 +509,24 @@ def test_power_reading_na_is_no_reading(fake_amdsmi: Any, probe: SdkProbe) -> No
 
 
 def test_mi300x_reports_current_power_and_is_its_own_package(fake_amdsmi: Any, probe: SdkProbe) -> None:
-    node = fake_amdsmi.fake.install(fake_amdsmi.fake.FakeNode(gcds=[fake_amdsmi.fake.FakeGcd(
-        "0000:05:00.0", kfd_node=2, unique_id=0x300, market_name="MI300X-O", device_id=0x74A1, compute_units=304,
-        gfx="gfx942", vram_bytes=205_822_885_888, current_power_supported=True, draw_watts=700.0)]))
+    node = fake_amdsmi.fake.install(
+        fake_amdsmi.fake.FakeNode(
+            gcds=[
+                fake_amdsmi.fake.FakeGcd(
+                    "0000:05:00.0",
+                    kfd_node=2,
+                    unique_id=0x300,
+                    market_name="MI300X-O",
+                    device_id=0x74A1,
+                    compute_units=304,
+                    gfx="gfx942",
+                    vram_bytes=205_822_885_888,
+                    current_power_supported=True,
+                    draw_watts=700.0,
+                )
+            ]
+        )
+    )
     device = accelerator(probe).visible_devices()[0]
     assert device.details["package"] == "package-0" and device.name == "MI300X-O"
     meter = open_meter(fake_amdsmi, probe, [device])
@@ -495,9 +542,14 @@ def test_mi300x_reports_current_power_and_is_its_own_package(fake_amdsmi: Any, p
 
 # --- unavailable ---------------------------------------------------------------------------------
 
-def test_missing_libamd_smi_gives_a_clear_reason(fake_amdsmi: Any, probe: SdkProbe, tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+
+def test_missing_libamd_smi_gives_a_clear_reason(
+    fake_amdsmi: Any,
+    probe: SdkProbe,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     for name in [n for n in sys.modules if n == "amdsmi" or n.startswith("amdsmi.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setenv("ROCM_PATH", str(tmp_path / "no-rocm"))
@@ -530,18 +582,21 @@ def test_driver_not_loaded(fake_amdsmi: Any, probe: SdkProbe) -> None:
 
 def test_core_plugins_lists_amd_unavailable_with_the_reason() -> None:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    code = ("import json, sys; from core.cli import main; main(['plugins', '--json']); "
-            "assert 'amdsmi' not in sys.modules and 'torch' not in sys.modules")
+    code = (
+        "import json, sys; from core.cli import main; main(['plugins', '--json']); "
+        "assert 'amdsmi' not in sys.modules and 'torch' not in sys.modules"
+    )
     completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert completed.returncode == 0, completed.stderr
     row = next(r for r in json.loads(completed.stdout) if r["name"] == "amd")
-    accelerator_entry, = row["registers"]["accelerators"]
-    meter_entry, = row["registers"]["power_meters"]
+    (accelerator_entry,) = row["registers"]["accelerators"]
+    (meter_entry,) = row["registers"]["power_meters"]
     assert accelerator_entry["available"] is False and "/dev/kfd" in accelerator_entry["reason"]
     assert meter_entry["name"] == "amdsmi" and meter_entry["available"] is False and meter_entry["reason"]
 
 
 # --- peaks ---------------------------------------------------------------------------------------
+
 
 def test_peak_table_has_a_source_for_every_entry_and_part() -> None:
     models = {entry.model for entry in AMD_PEAKS.entries}
@@ -560,7 +615,8 @@ def test_peak_table_has_a_source_for_every_entry_and_part() -> None:
 def test_package_records_feed_the_meter(fake_amdsmi: Any, probe: SdkProbe) -> None:
     node = node_with_draw(fake_amdsmi)
     packages = accelerator(probe, HIP_VISIBLE_DEVICES="0,2").devices_for(
-        config(replicas=2, accelerator_options={"mode": "package"}), ProcessContext(rank=0, local_rank=0, world_size=2))
+        config(replicas=2, accelerator_options={"mode": "package"}), ProcessContext(rank=0, local_rank=0, world_size=2)
+    )
     meter = open_meter(fake_amdsmi, probe, packages)
     try:
         meter.start()
@@ -584,7 +640,7 @@ class SimulatedAmd(AmdAccelerator):
     def create_executor(self, workload: Any, config: RunConfig, process: ProcessContext) -> Executor:
         # Each update lets the fake node run 10 ms at its draw: the device's only sign of work.
         node = sys.modules["amdsmi"].amdsmi_wrapper.node
-        return SimulatedExecutor(config.micro_batch_size or 1, lambda: node.advance(0.01))
+        return SimulatedExecutor(lambda: node.advance(0.01))
 
 
 def test_a_package_mode_run_reports_packages_energy_and_peaks(fake_amdsmi: Any, probe: SdkProbe) -> None:
@@ -592,15 +648,25 @@ def test_a_package_mode_run_reports_packages_energy_and_peaks(fake_amdsmi: Any, 
     clock = Clock(node)
     plugin = Plugin(SimulatedAmd(probe=probe, environment={}), factory(probe, clock))
     with registered_plugins(core.workloads, plugin, entry_points=False):
-        result = run("fcnn", "amd", framework="tensorflow", replicas=4, steps=5, warmup_steps=0,
-                     micro_batch_size=4, power_sample_interval_seconds=0.01,
-                     accelerator_options={"mode": "package"})
+        result = run(
+            "fcnn",
+            "amd",
+            framework="tensorflow",
+            replicas=4,
+            steps=5,
+            warmup_steps=0,
+            micro_batch_size=4,
+            power_sample_interval_seconds=0.01,
+            accelerator_options={"mode": "package"},
+        )
     assert result.status.ok, result.status
     assert [d.details["package"] for d in result.devices] == ["package-0", "package-1"]
     ticks = round(450.0 * 0.01 * 1e6 / RES)  # per update and package: A draws 250 + 200 W, B 300 + 150 W
     assert result.energy is not None and result.energy.method == "counter"
-    assert result.energy.components_joules == {"package-0": pytest.approx(5 * ticks * RES / 1e6),
-                                               "package-1": pytest.approx(5 * ticks * RES / 1e6)}
+    assert result.energy.components_joules == {
+        "package-0": pytest.approx(5 * ticks * RES / 1e6),
+        "package-1": pytest.approx(5 * ticks * RES / 1e6),
+    }
     assert result.energy_joules == pytest.approx(10 * ticks * RES / 1e6)
     assert result.energy.details["shared_packages"] == {}
     assert result.peak_flops_per_second == pytest.approx(2 * 95.7e12)  # fp32: two MI250X packages

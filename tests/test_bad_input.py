@@ -44,8 +44,9 @@ BAD_CONFIGS = [
 
 
 @pytest.mark.parametrize("arguments,field,allowed", BAD_CONFIGS, ids=[" ".join(c[0]) for c in BAD_CONFIGS])
-def test_cli_refuses_with_field_value_and_allowed(arguments: list[str], field: str, allowed: str,
-                                                  tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_refuses_with_field_value_and_allowed(
+    arguments: list[str], field: str, allowed: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     output = tmp_path / "result.json"
     assert main(["run", *arguments, "--output", str(output)]) == 2
     err = capsys.readouterr().err
@@ -72,8 +73,10 @@ def test_api_raises_config_error_with_the_field() -> None:
 
 def test_validation_touches_no_framework() -> None:
     """Refusal happens before PyTorch is even imported, so no device can have been touched."""
-    code = ("import sys; from core.cli import main; rc = main(['run','fcnn','--batch-size','0']); "
-            "assert rc == 2; assert 'torch' not in sys.modules and 'tensorflow' not in sys.modules")
+    code = (
+        "import sys; from core.cli import main; rc = main(['run','fcnn','--batch-size','0']); "
+        "assert rc == 2; assert 'torch' not in sys.modules and 'tensorflow' not in sys.modules"
+    )
     completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert completed.returncode == 0, completed.stderr
     assert "Traceback" not in completed.stderr and "invalid micro_batch_size (--batch-size) = 0" in completed.stderr

@@ -28,16 +28,31 @@ def load_script(name: str) -> ModuleType:
     return module
 
 
+@pytest.mark.slow
 def test_gpu_benchmark_script_runs_from_the_shell_and_writes_its_json(tmp_path: Path) -> None:
     output = tmp_path / "figures.json"
     completed = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "nvidia_vs_plain.py"), "--case", "resnet50", "--accelerator", "cpu",
-         "--smoke", "--json", str(output)], capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            str(BENCHMARKS / "nvidia_vs_plain.py"),
+            "--case",
+            "resnet50",
+            "--accelerator",
+            "cpu",
+            "--smoke",
+            "--json",
+            str(output),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert completed.returncode == 0, completed.stderr[-3000:]
     figures = json.loads(output.read_text())
     resnet = figures["resnet50"]
     assert resnet["ratio_core_over_plain"] == pytest.approx(
-        resnet["core_images_per_second"] / resnet["plain_images_per_second"])
+        resnet["core_images_per_second"] / resnet["plain_images_per_second"]
+    )
     assert resnet["autocast_dtype"] == "bfloat16"
 
 
@@ -53,6 +68,7 @@ def test_gpu_benchmark_fcnn_flops_and_meter_cases() -> None:
     assert "core_over_independent_counter" not in meter  # no NVML counter to read on the CPU
 
 
+@pytest.mark.slow
 def test_gpu_benchmark_compile_case_reports_compilation_apart(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
@@ -62,7 +78,8 @@ def test_gpu_benchmark_compile_case_reports_compilation_apart(monkeypatch: pytes
     figures = bench_module.case_resnet50_compile(bench_module.Bench("cpu", 3, 1, 1, bench_module.SMOKE))
     assert figures["core_first_step_seconds"][0] > 0 and figures["plain_compiled_first_step_seconds"] > 0
     assert figures["ratio_core_compiled_over_plain_eager"] == pytest.approx(
-        figures["core_compiled_images_per_second"] / figures["plain_eager_images_per_second"])
+        figures["core_compiled_images_per_second"] / figures["plain_eager_images_per_second"]
+    )
     assert figures["core_warnings"] == []
 
 
@@ -71,10 +88,12 @@ def test_independent_counter_reads_bracket_the_meter_window(fake_pynvml: Any) ->
     from plugins.nvidia.meter import NvmlMeterFactory
 
     fake_pynvml.machine.gpus = [
-        fake_pynvml.FakeGpu(name="NVIDIA H200", uuid="GPU-8c1f0d2e-0000-4000-8000-000000000001",
-                            power_watts=lambda t: 300.0 + 200.0 * t),
-        fake_pynvml.FakeGpu(name="NVIDIA H200", uuid="GPU-8c1f0d2e-0000-4000-8000-000000000002",
-                            power_watts=lambda t: 120.0),
+        fake_pynvml.FakeGpu(
+            name="NVIDIA H200", uuid="GPU-8c1f0d2e-0000-4000-8000-000000000001", power_watts=lambda t: 300.0 + 200.0 * t
+        ),
+        fake_pynvml.FakeGpu(
+            name="NVIDIA H200", uuid="GPU-8c1f0d2e-0000-4000-8000-000000000002", power_watts=lambda t: 120.0
+        ),
     ]
     bench_module = load_script("nvidia_vs_plain")
     config = make_config(workload="fcnn", accelerator="nvidia", power_sample_interval_seconds=0.01)
@@ -89,9 +108,13 @@ def test_independent_counter_reads_bracket_the_meter_window(fake_pynvml: Any) ->
     assert independent and measurement.energy_joules == pytest.approx(independent[0], rel=0.02)
 
 
+@pytest.mark.slow
 def test_overhead_benchmark_runs() -> None:
     completed = subprocess.run(
         [sys.executable, str(BENCHMARKS / "overhead_cpu.py"), "--steps", "20", "--warmup", "2", "--repeats", "2"],
-        capture_output=True, text=True, timeout=300)
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert "core/plain" in completed.stdout

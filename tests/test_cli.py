@@ -18,12 +18,17 @@ SMALL = ["-o", "hidden_width=32", "-o", "input_width=64", "-o", "output_width=10
 
 
 def core(*arguments: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "core.cli", *arguments], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "core.cli", *arguments], capture_output=True, text=True, timeout=timeout
+    )
 
 
+@pytest.mark.slow
 def test_run_prints_a_summary_and_writes_the_versioned_result(tmp_path: Path) -> None:
     output = tmp_path / "out" / "result.json"
-    completed = core("run", "fcnn", "--accelerator", "cpu", "--steps", "3", "--batch-size", "8", *SMALL, "--output", str(output))
+    completed = core(
+        "run", "fcnn", "--accelerator", "cpu", "--steps", "3", "--batch-size", "8", *SMALL, "--output", str(output)
+    )
     assert completed.returncode == 0, completed.stderr
     assert "fcnn on cpu (torch, fp32): ok" in completed.stdout and "throughput" in completed.stdout
     result = RunResult.model_validate_json(output.read_text())
@@ -31,13 +36,24 @@ def test_run_prints_a_summary_and_writes_the_versioned_result(tmp_path: Path) ->
     assert result.samples_per_update == 8 and result.window_samples == 24
     assert result.throughput_per_second == pytest.approx(24 / result.window_seconds)
     assert result.flops_per_second == pytest.approx(result.flops_per_sample * result.throughput_per_second)
-    assert result.environment.python_version and result.environment.framework_version.startswith(result.environment.library_versions["torch"][:4])
+    assert result.environment.python_version and result.environment.framework_version.startswith(
+        result.environment.library_versions["torch"][:4]
+    )
     assert result.environment.host_threads["intra_op_threads"] >= 1
     assert result.devices and result.devices[0].kind == "cpu"
     assert result.workload_details["weights"] == result.parameter_count
     document = json.loads(output.read_text())
-    for field in ("setup_seconds", "first_step_seconds", "warmup_seconds", "window_seconds", "step_seconds_median",
-                  "step_seconds_p90", "energy_joules", "samples_per_watt_hour", "throughput_per_second"):
+    for field in (
+        "setup_seconds",
+        "first_step_seconds",
+        "warmup_seconds",
+        "window_seconds",
+        "step_seconds_median",
+        "step_seconds_p90",
+        "energy_joules",
+        "samples_per_watt_hour",
+        "throughput_per_second",
+    ):
         assert field in document
     if document["energy_joules"] is None:
         assert document["energy_unavailable_reason"]
@@ -57,8 +73,22 @@ def test_torch_replicas_run_under_torchrun_and_report_one_global_figure() -> Non
 @pytest.mark.parametrize("replicas", ["1", "2"])
 def test_tensorflow_runs_on_the_cpu(replicas: str) -> None:
     pytest.importorskip("tensorflow")
-    completed = core("run", "fcnn", "--framework", "tensorflow", "--replicas", replicas, "--batch-size", "8",
-                     "--gradient-accumulation", "2", "--steps", "3", *SMALL, "--json")
+    completed = core(
+        "run",
+        "fcnn",
+        "--framework",
+        "tensorflow",
+        "--replicas",
+        replicas,
+        "--batch-size",
+        "8",
+        "--gradient-accumulation",
+        "2",
+        "--steps",
+        "3",
+        *SMALL,
+        "--json",
+    )
     assert completed.returncode == 0, completed.stderr
     result = RunResult.model_validate_json(completed.stdout)
     assert result.status.ok and result.framework == "tensorflow"
@@ -101,15 +131,36 @@ def _worker_pids(launcher_pid: int) -> list[int]:
             pid = parents[pid]
         return False
 
-    return sorted(pid for pid, command in commands.items() if "core.worker" in command and "torch.distributed" not in command and descends(pid))
+    return sorted(
+        pid
+        for pid, command in commands.items()
+        if "core.worker" in command and "torch.distributed" not in command and descends(pid)
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
 def test_a_killed_worker_is_reported_and_earlier_phases_kept() -> None:
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "core.cli", "run", "fcnn", "--replicas", "2", "--batch-size", "8", "--steps", "10000000",
-         *SMALL, "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "core.cli",
+            "run",
+            "fcnn",
+            "--replicas",
+            "2",
+            "--batch-size",
+            "8",
+            "--steps",
+            "10000000",
+            *SMALL,
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 240
         workers: list[int] = []
@@ -132,5 +183,29 @@ def test_a_killed_worker_is_reported_and_earlier_phases_kept() -> None:
     assert launcher.returncode == 1, stderr
     result = RunResult.model_validate_json(stdout)
     assert result.status.state.value == "killed" and result.status.phase == "window", result.status
-    assert result.setup_seconds is not None and result.first_step_seconds is not None and result.warmup_seconds is not None
+    assert (
+        result.setup_seconds is not None and result.first_step_seconds is not None and result.warmup_seconds is not None
+    )
     assert result.throughput_per_second is None
+
+
+def test_every_run_config_field_has_a_run_flag_that_sets_it() -> None:
+    # The run command's flags are generated from RunConfig: a new field cannot be forgotten.
+    from core.cli import _OWN_SYNTAX, _run_options, build_parser, run_flags
+    from core.config import RunConfig
+
+    flags = run_flags()
+    assert set(flags) == set(RunConfig.model_fields)
+    samples = {int: "3", float: "0.25", str: "none"}
+    for name, info in RunConfig.model_fields.items():
+        if name in _OWN_SYNTAX:
+            continue
+        kind = next(
+            (k for k in (bool, int, float) if k in (info.annotation, *getattr(info.annotation, "__args__", ()))), str
+        )
+        argv = ["run", "fcnn", flags[name]] + ([] if kind is bool else [samples[kind]])
+        options = _run_options(build_parser().parse_args(argv))
+        assert options == {name: True if kind is bool else kind(samples[kind])}, name
+    run_parser = build_parser()._subparsers._group_actions[0].choices["run"]  # type: ignore[union-attr]
+    help_text = " ".join(run_parser.format_help().split())
+    assert "--batch-size BATCH_SIZE" in help_text and "one of: fp32, tf32, bf16, fp16 (default: fp32)" in help_text

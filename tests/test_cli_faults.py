@@ -11,8 +11,9 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterator
+from typing import Any, ClassVar
 
 import pytest
 
@@ -20,25 +21,43 @@ from core import Accelerator, Availability, Precision, hookimpl
 from core.cli import format_result, main
 from core.testing import TINY_FCNN, registered_plugins
 
-TINY_RUN = ["run", "fcnn", "--steps", "2", "--warmup-steps", "0", "--batch-size", "4", "--power-meter", "none",
-            *[item for key, value in TINY_FCNN.items() for item in ("-o", f"{key}={value}")]]
+TINY_RUN = [
+    "run",
+    "fcnn",
+    "--steps",
+    "2",
+    "--warmup-steps",
+    "0",
+    "--batch-size",
+    "4",
+    "--power-meter",
+    "none",
+    *[item for key, value in TINY_FCNN.items() for item in ("-o", f"{key}={value}")],
+]
 
 
 def shell(command: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+    return subprocess.run(
+        ["bash", "-c", command],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"},
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("command", ["core plugins", "core workloads", "core plugins --verbose"])
 def test_a_closed_pipe_ends_quietly(command: str) -> None:
     # `head -c 1` leaves after one byte, long before the listing is written.
-    completed = shell(f"{command} | head -c 1 >/dev/null; echo \"exit=${{PIPESTATUS[0]}}\" >&2")
+    completed = shell(f'{command} | head -c 1 >/dev/null; echo "exit=${{PIPESTATUS[0]}}" >&2')
     assert "Traceback" not in completed.stderr and "BrokenPipeError" not in completed.stderr, completed.stderr
     assert completed.stderr.strip().splitlines()[-1] in ("exit=0", "exit=141")
 
 
-def test_output_that_is_a_directory_is_refused_before_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_output_that_is_a_directory_is_refused_before_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     code = main([*TINY_RUN, "--output", str(tmp_path)])
     captured = capsys.readouterr()
     assert code == 2
@@ -58,8 +77,9 @@ def tiny_filesystem(tmp_path: Path, kilobytes: int) -> Iterator[Path]:
     """A real, nearly full disk: a tmpfs of a few KiB (needs root, as CI and this machine are)."""
     mount_point = tmp_path / "tiny"
     mount_point.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={kilobytes}k", "tmpfs", str(mount_point)],
-                             capture_output=True, text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={kilobytes}k", "tmpfs", str(mount_point)], capture_output=True, text=True
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
     try:
@@ -68,8 +88,9 @@ def tiny_filesystem(tmp_path: Path, kilobytes: int) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
-def test_a_full_disk_keeps_the_result_and_leaves_no_partial_file(tmp_path: Path,
-                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_full_disk_keeps_the_result_and_leaves_no_partial_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     with tiny_filesystem(tmp_path, 16) as disk:
         fill(disk / "filler")
         target = disk / "result.json"
@@ -137,8 +158,9 @@ def test_updates_and_host_calls_are_labelled_apart() -> None:
     with registered_plugins():
         from core.api import run
 
-        result = run("fcnn", "cpu", steps=2, warmup_steps=0, micro_batch_size=4, workload_options=TINY_FCNN,
-                     power_meter="none")
+        result = run(
+            "fcnn", "cpu", steps=2, warmup_steps=0, micro_batch_size=4, workload_options=TINY_FCNN, power_meter="none"
+        )
     assert "2 updates)" in format_result(result)
     # Four updates per host call (device iterations, as on an IPU): eight updates in two calls.
     ipu_like: RunResult = result.model_copy(update={"window_updates": 8, "window_steps": 2})

@@ -26,11 +26,16 @@ class TinyCnn(Workload):
 
     def build_torch(self, options: Any, seed: int) -> TorchTrainingSpec:
         torch.manual_seed(seed)
-        model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(),
-                                    torch.nn.Linear(4 * 10 * 10, 3))
-        return TorchTrainingSpec(model=model, loss_fn=torch.nn.CrossEntropyLoss(),
-                                 make_optimizer=lambda p: torch.optim.SGD(p, lr=0.01),
-                                 inputs=torch.randn(16, *IMAGE_SHAPE), targets=torch.randint(0, 3, (16,)))
+        model = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(4 * 10 * 10, 3)
+        )
+        return TorchTrainingSpec(
+            model=model,
+            loss_fn=torch.nn.CrossEntropyLoss(),
+            make_optimizer=lambda p: torch.optim.SGD(p, lr=0.01),
+            inputs=torch.randn(16, *IMAGE_SHAPE),
+            targets=torch.randint(0, 3, (16,)),
+        )
 
 
 class TinyLanguageModel(Workload):
@@ -45,8 +50,13 @@ class TinyLanguageModel(Workload):
             return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 100), tokens[:, 1:].reshape(-1))
 
         pool = torch.randint(0, 100, (8, 6))
-        return TorchTrainingSpec(model=model, loss_fn=next_token_loss, make_optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
-                                 inputs=pool, targets=pool)
+        return TorchTrainingSpec(
+            model=model,
+            loss_fn=next_token_loss,
+            make_optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+            inputs=pool,
+            targets=pool,
+        )
 
 
 def png(color: tuple[int, int, int], size: int = 20) -> bytes:
@@ -150,17 +160,22 @@ def test_shards_split_between_ranks_and_workers(shards: Path, monkeypatch: pytes
     seen = []
     for rank in range(2):
         for worker in range(2):
-            monkeypatch.setattr(torch_datasets, "get_worker_info", lambda w=worker: SimpleNamespace(num_workers=2, id=w))
+            monkeypatch.setattr(
+                torch_datasets, "get_worker_info", lambda w=worker: SimpleNamespace(num_workers=2, id=w)
+            )
             seen.extend(WebDatasetShards(many, IMAGE_SHAPE, rank=rank, world_size=2)._my_shards())
     assert sorted(seen) == sorted(many)  # each shard read by exactly one worker of one rank
 
 
-@pytest.mark.parametrize("options,field,fragment", [
-    ({"data": "/no/such/dataset"}, "data", "no such file or folder"),
-    ({"data": "synthetic-host", "framework": "tensorflow"}, "data", "synthetic data on the device only"),
-    ({"data_format": "bmp"}, "data_format", "'auto', 'image-folder'"),
-    ({"data_workers": -1}, "data_workers", "greater than or equal to 0"),
-])
+@pytest.mark.parametrize(
+    "options,field,fragment",
+    [
+        ({"data": "/no/such/dataset"}, "data", "no such file or folder"),
+        ({"data": "synthetic-host", "framework": "tensorflow"}, "data", "synthetic data on the device only"),
+        ({"data_format": "bmp"}, "data_format", "'auto', 'image-folder'"),
+        ({"data_workers": -1}, "data_workers", "greater than or equal to 0"),
+    ],
+)
 def test_bad_data_options_are_refused(options: dict[str, Any], field: str, fragment: str) -> None:
     with pytest.raises(ConfigError) as caught:
         run("fcnn", "cpu", **options)
@@ -182,8 +197,9 @@ class TinyKerasCnn(Workload):
         def make_model() -> Any:
             from tensorflow import keras
 
-            return keras.Sequential([keras.Input((12, 12, 3)), keras.layers.Conv2D(4, 3), keras.layers.Flatten(),
-                                     keras.layers.Dense(3)])
+            return keras.Sequential(
+                [keras.Input((12, 12, 3)), keras.layers.Conv2D(4, 3), keras.layers.Flatten(), keras.layers.Dense(3)]
+            )
 
         def make_loss() -> Any:
             from tensorflow import keras
@@ -196,23 +212,38 @@ class TinyKerasCnn(Workload):
             return keras.optimizers.SGD(0.01)
 
         rng = np.random.default_rng(seed)
-        return KerasTrainingSpec(make_model=make_model, make_loss=make_loss, make_optimizer=make_optimizer,
-                                 inputs=rng.standard_normal((8, 12, 12, 3), dtype=np.float32),
-                                 targets=rng.integers(0, 3, 8))
+        return KerasTrainingSpec(
+            make_model=make_model,
+            make_loss=make_loss,
+            make_optimizer=make_optimizer,
+            inputs=rng.standard_normal((8, 12, 12, 3), dtype=np.float32),
+            targets=rng.integers(0, 3, 8),
+        )
 
 
+@pytest.mark.slow
 def test_tfrecord_images_feed_the_keras_executor(tmp_path: Path) -> None:
     tf = pytest.importorskip("tensorflow")
     path = tmp_path / "train-00000.tfrecord"
     with tf.io.TFRecordWriter(str(path)) as writer:
         for i in range(10):
-            feature = {"image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(value=[png((20 * i, 0, 0))])),
-                       "image/class/label": tf.train.Feature(int64_list=tf.train.Int64List(value=[i % 3]))}
+            feature = {
+                "image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(value=[png((20 * i, 0, 0))])),
+                "image/class/label": tf.train.Feature(int64_list=tf.train.Int64List(value=[i % 3])),
+            }
             writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
     assert detect_format(tmp_path) == "tfrecord"
     with registered_plugins():
-        result = run(TinyKerasCnn(), "cpu", framework="tensorflow", data=str(tmp_path), gradient_accumulation=2,
-                     steps=3, warmup_steps=1, power_meter="none")
+        result = run(
+            TinyKerasCnn(),
+            "cpu",
+            framework="tensorflow",
+            data=str(tmp_path),
+            gradient_accumulation=2,
+            steps=3,
+            warmup_steps=1,
+            power_meter="none",
+        )
     assert result.status.ok, result.status
     assert result.executor_details["data"] == "files" and result.executor_details["data_format"] == "tfrecord"
     assert result.data_wait_seconds is not None and result.data_wait_seconds >= 0

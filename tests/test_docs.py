@@ -22,8 +22,9 @@ import shutil
 import subprocess
 import sys
 import types
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -47,8 +48,11 @@ _FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.S | re.M)
 def hook_specs() -> dict[str, types.FunctionType]:
     """Every function in core.hookspecs carrying pluggy's spec marker (``core_spec``)."""
     marker = f"{core.hookspecs.PROJECT_NAME}_spec"
-    return {name: function for name, function in inspect.getmembers(core.hookspecs, inspect.isfunction)
-            if hasattr(function, marker)}
+    return {
+        name: function
+        for name, function in inspect.getmembers(core.hookspecs, inspect.isfunction)
+        if hasattr(function, marker)
+    }
 
 
 def normalise_signature(text: str) -> str:
@@ -66,7 +70,7 @@ def source_signature(function: types.FunctionType) -> str:
     assert isinstance(node, ast.FunctionDef)
     lines = source.splitlines(keepends=True)
     body_start = sum(len(line) for line in lines[: node.body[0].lineno - 1]) + node.body[0].col_offset
-    header = source[source.index("def "):body_start].rstrip()
+    header = source[source.index("def ") : body_start].rstrip()
     assert header.endswith(":"), header
     return normalise_signature(header)
 
@@ -104,7 +108,7 @@ def contains_lines(haystack: str, needle: str) -> bool:
         if not candidate.endswith(first) or candidate[: len(candidate) - len(first)].strip():
             continue
         indent = candidate[: len(candidate) - len(first)]
-        window = hay[start:start + len(lines)]
+        window = hay[start : start + len(lines)]
         if len(window) == len(lines) and all(
             (h == indent + n) if n.strip() else not h.strip() for h, n in zip(window, lines)
         ):
@@ -178,8 +182,15 @@ def _exercise(hook: str, manager: PluginManager, tmp_path: Path) -> None:
     elif hook == "core_run_started":
         manager.hook.core_run_started(config=config)
     elif hook == "core_result_ready":
-        result = RunResult(workload="example-mlp", accelerator="example-cpu", framework="torch", config=config,
-                           samples_per_update=4, samples_per_host_call=4, world_size=1)
+        result = RunResult(
+            workload="example-mlp",
+            accelerator="example-cpu",
+            framework="torch",
+            config=config,
+            samples_per_update=4,
+            samples_per_host_call=4,
+            world_size=1,
+        )
         manager.hook.core_result_ready(result=result)
         lines = (tmp_path / "results.jsonl").read_text(encoding="utf-8").splitlines()
         assert RunResult.model_validate_json(lines[0]).workload == "example-mlp"
@@ -188,8 +199,9 @@ def _exercise(hook: str, manager: PluginManager, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("hook", HOOKS)
-def test_hook_example_registers_and_runs(hook: str, example_plugin_importable: None, tmp_path: Path,
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hook_example_registers_and_runs(
+    hook: str, example_plugin_importable: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     blocks = code_blocks(hook_section(hook), "python")
     assert len(blocks) >= 2, f"docs/hooks.md '## {hook}' has no example after its signature"
     monkeypatch.chdir(tmp_path)
@@ -229,7 +241,9 @@ def test_local_links_resolve(document: Path) -> None:
         resolved = (document.parent / path) if path else document
         if not resolved.exists():
             broken.append(target)
-        elif anchor and resolved.suffix == ".md" and anchor not in heading_anchors(resolved.read_text(encoding="utf-8")):
+        elif (
+            anchor and resolved.suffix == ".md" and anchor not in heading_anchors(resolved.read_text(encoding="utf-8"))
+        ):
             broken.append(target)
     assert not broken, f"{document.relative_to(ROOT)} has links to missing files or headings: {broken}"
 
@@ -292,7 +306,8 @@ def test_snippets_appear_verbatim_in_their_source() -> None:
             source, snippet = ROOT / match.group(1), match.group(2)
             assert source.is_file(), f"{document.name}: snippet source {match.group(1)} does not exist"
             assert contains_lines(source.read_text(encoding="utf-8"), snippet), (
-                f"{document.name}: a snippet no longer matches {match.group(1)}:\n{snippet}")
+                f"{document.name}: a snippet no longer matches {match.group(1)}:\n{snippet}"
+            )
             found += 1
     assert found, "no snippets found: has the marker changed?"
 
@@ -301,8 +316,10 @@ def test_snippets_appear_verbatim_in_their_source() -> None:
 
 
 def test_example_plugin_imports_no_framework() -> None:
-    code = (f"import sys; sys.path.insert(0, {str(EXAMPLE_PLUGIN)!r}); import core_example_plugin; "
-            "print([m for m in ('torch', 'tensorflow', 'numpy') if m in sys.modules])")
+    code = (
+        f"import sys; sys.path.insert(0, {str(EXAMPLE_PLUGIN)!r}); import core_example_plugin; "
+        "print([m for m in ('torch', 'tensorflow', 'numpy') if m in sys.modules])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -323,10 +340,13 @@ def _example_plugin_tests() -> list[str]:
 
 
 @pytest.mark.parametrize("name", _example_plugin_tests())
-def test_example_plugin_own_tests_pass(name: str, example_plugin_importable: None,
-                                       torch_threads_restored: None) -> None:
+def test_example_plugin_own_tests_pass(
+    name: str, example_plugin_importable: None, torch_threads_restored: None
+) -> None:
     """docs/example-plugin/tests, run here (pytest's testpaths does not reach docs/)."""
-    spec = importlib.util.spec_from_file_location("example_plugin_tests", EXAMPLE_PLUGIN / "tests" / "test_example_plugin.py")
+    spec = importlib.util.spec_from_file_location(
+        "example_plugin_tests", EXAMPLE_PLUGIN / "tests" / "test_example_plugin.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -352,8 +372,18 @@ def installed_example(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str
     source, target = base / "src", base / "site"
     # Build from a copy, so that setuptools' build/ and *.egg-info never land in docs/.
     shutil.copytree(EXAMPLE_PLUGIN, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
-    command = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-               "--no-deps", "--target", str(target), str(source)]
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+        "--no-deps",
+        "--target",
+        str(target),
+        str(source),
+    ]
     if _has_setuptools(64):
         command.insert(4, "--no-build-isolation")  # the build needs no package index
     # else pip fetches setuptools into an isolated build environment from the index.
@@ -367,8 +397,14 @@ def installed_example(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str
 
 
 def core_cli(environment: dict[str, str], *arguments: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "core.cli", *arguments], capture_output=True, text=True,
-                          env=environment, cwd=ROOT, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "core.cli", *arguments],
+        capture_output=True,
+        text=True,
+        env=environment,
+        cwd=ROOT,
+        timeout=300,
+    )
 
 
 @pytest.mark.slow
@@ -386,8 +422,18 @@ def test_example_plugin_loads_through_its_entry_point(installed_example: dict[st
 
 @pytest.mark.slow
 def test_example_accelerator_runs_example_workload(installed_example: dict[str, str]) -> None:
-    completed = core_cli(installed_example, "run", "example-mlp", "--accelerator", "example-cpu",
-                         "--steps", "2", "--warmup-steps", "1", "--json")
+    completed = core_cli(
+        installed_example,
+        "run",
+        "example-mlp",
+        "--accelerator",
+        "example-cpu",
+        "--steps",
+        "2",
+        "--warmup-steps",
+        "1",
+        "--json",
+    )
     assert completed.returncode == 0, completed.stderr
     result = json.loads(completed.stdout)
     assert result["status"]["state"] == "ok"
@@ -398,9 +444,28 @@ def test_example_accelerator_runs_example_workload(installed_example: dict[str, 
 
 @pytest.mark.slow
 def test_example_accelerator_runs_builtin_fcnn(installed_example: dict[str, str]) -> None:
-    completed = core_cli(installed_example, "run", "fcnn", "--accelerator", "example-cpu", "--steps", "2",
-                         "--warmup-steps", "1", "--batch-size", "8", "--precision", "bf16",
-                         "-o", "hidden_width=16", "-o", "input_width=8", "-o", "output_width=4", "--json")
+    completed = core_cli(
+        installed_example,
+        "run",
+        "fcnn",
+        "--accelerator",
+        "example-cpu",
+        "--steps",
+        "2",
+        "--warmup-steps",
+        "1",
+        "--batch-size",
+        "8",
+        "--precision",
+        "bf16",
+        "-o",
+        "hidden_width=16",
+        "-o",
+        "input_width=8",
+        "-o",
+        "output_width=4",
+        "--json",
+    )
     assert completed.returncode == 0, completed.stderr
     result = json.loads(completed.stdout)
     assert result["status"]["state"] == "ok"

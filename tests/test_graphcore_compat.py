@@ -30,10 +30,10 @@ NEWER_APIS = {
     r"\bExceptionGroup\b|\bexcept\s*\*": "exception groups (3.11)",
     r"\bTaskGroup\b": "asyncio.TaskGroup (3.11)",
     r"datetime\.UTC\b|from datetime import [^\n]*\bUTC\b": "datetime.UTC (3.11)",
-    r"typing\.(Self|LiteralString|Never|assert_never|reveal_type|Required|NotRequired|Unpack|TypeVarTuple|override)\b":
-        "typing additions (3.11+)",
-    r"from typing import [^\n]*\b(Self|LiteralString|Never|assert_never|Required|NotRequired|Unpack|override)\b":
-        "typing additions (3.11+)",
+    r"typing\.(Self|LiteralString|Never|assert_never|reveal_type|Required|NotRequired|Unpack|TypeVarTuple"
+    r"|override)\b": "typing additions (3.11+)",
+    r"from typing import [^\n]*\b(Self|LiteralString|Never|assert_never|Required|NotRequired|Unpack"
+    r"|override)\b": "typing additions (3.11+)",
     r"contextlib\.chdir|hashlib\.file_digest|math\.(cbrt|exp2)\b|itertools\.batched": "stdlib additions (3.11+)",
     r"torch\.amp\.GradScaler": "torch.amp.GradScaler (torch 2.3)",
     r"torch\.accelerator\b": "torch.accelerator (torch 2.6)",
@@ -91,9 +91,11 @@ def test_graphcore_path_compiles_under_python_310(graphcore_path_files: list[Pat
     every_plugin_file = sorted((ROOT / "plugins" / "graphcore").rglob("*.py"))
     files = sorted({str(p) for p in graphcore_path_files} | {str(p) for p in every_plugin_file})
     # Compile to a scratch location: no __pycache__ written into the repository by another interpreter.
-    code = ("import py_compile, sys\n"
-            "for i, f in enumerate(sys.argv[1:]):\n"
-            f"    py_compile.compile(f, cfile={str(tmp_path)!r} + '/%d.pyc' % i, doraise=True)\n")
+    code = (
+        "import py_compile, sys\n"
+        "for i, f in enumerate(sys.argv[1:]):\n"
+        f"    py_compile.compile(f, cfile={str(tmp_path)!r} + '/%d.pyc' % i, doraise=True)\n"
+    )
     completed = subprocess.run([str(PYTHON_310), "-c", code, *files], capture_output=True, text=True)
     assert completed.returncode == 0, completed.stderr
 
@@ -108,8 +110,9 @@ def feature_detected_lines(source: str) -> set[int]:
     for node in ast.walk(ast.parse(source)):
         guarded: list[ast.stmt] = []
         if isinstance(node, ast.Try):
-            caught = {n.id for h in node.handlers if h.type is not None
-                      for n in ast.walk(h.type) if isinstance(n, ast.Name)}
+            caught = {
+                n.id for h in node.handlers if h.type is not None for n in ast.walk(h.type) if isinstance(n, ast.Name)
+            }
             if caught & _GUARD_EXCEPTIONS:  # the new API, and the fallback for where it is missing
                 guarded = node.body + [statement for handler in node.handlers for statement in handler.body]
         elif isinstance(node, ast.If) and re.search(r"hasattr|version_info", ast.unparse(node.test)):
@@ -138,8 +141,11 @@ def test_graphcore_path_uses_no_newer_python_or_torch_api(graphcore_path_files: 
 
 
 def test_the_denylist_catches_what_it_should() -> None:
-    samples = {"from typing import Self": "typing additions (3.11+)", "scaler = torch.amp.GradScaler('cuda')":
-               "torch.amp.GradScaler (torch 2.3)", "import tomllib": "tomllib (3.11)"}
+    samples = {
+        "from typing import Self": "typing additions (3.11+)",
+        "scaler = torch.amp.GradScaler('cuda')": "torch.amp.GradScaler (torch 2.3)",
+        "import tomllib": "tomllib (3.11)",
+    }
     for source, what in samples.items():
         assert [w for _, w in newer_api_uses(source)] == [what], source
     # Feature detection is allowed: the new API runs only where it exists.
@@ -151,8 +157,10 @@ def test_the_denylist_catches_what_it_should() -> None:
 
 def test_core_plugins_lists_graphcore_unavailable_with_the_instruction() -> None:
     heavy = ("torch", "tensorflow", "poptorch", "gcipuinfo", "popdist")
-    code = ("import sys, json; from core.cli import main; rc = main(['plugins', '--json']); "
-            f"assert not [m for m in {heavy!r} if m in sys.modules], 'heavy import'; sys.exit(rc)")
+    code = (
+        "import sys, json; from core.cli import main; rc = main(['plugins', '--json']); "
+        f"assert not [m for m in {heavy!r} if m in sys.modules], 'heavy import'; sys.exit(rc)"
+    )
     completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert completed.returncode == 0, completed.stderr
     rows = {row["name"]: row for row in json.loads(completed.stdout)}

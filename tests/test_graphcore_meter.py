@@ -7,15 +7,20 @@ import math
 import os
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 from core import UnavailableMeter, make_config
 from core.sampling import FixedRateSampler
-from graphcore_support import fake_sdk  # noqa: F401 - fixture
-from plugins.graphcore.meter import (GcipuinfoMeter, GcipuinfoMeterFactory, PowerSnapshot, parse_power_watts,
-                                     select_devices)
+from plugins.graphcore.meter import (
+    GcipuinfoMeter,
+    GcipuinfoMeterFactory,
+    PowerSnapshot,
+    parse_power_watts,
+    select_devices,
+)
 
 pytestmark = pytest.mark.usefixtures("fake_sdk")
 
@@ -45,8 +50,9 @@ def test_without_update_mode_gcipuinfo_returns_stale_power(fake_sdk: Any) -> Non
 
 def test_readings_are_keyed_by_device_id_not_position(fake_sdk: Any) -> None:
     gcipuinfo = fake_sdk.gcipuinfo
-    machine = gcipuinfo.reset(gcipuinfo.FakeMachine([gcipuinfo.FakeIpu(3, lambda t: 30.0),
-                                                     gcipuinfo.FakeIpu(7, lambda t: 70.0)]))
+    machine = gcipuinfo.reset(
+        gcipuinfo.FakeMachine([gcipuinfo.FakeIpu(3, lambda t: 30.0), gcipuinfo.FakeIpu(7, lambda t: 70.0)])
+    )
     info = gcipuinfo.gcipuinfo()
     info.setUpdateMode(True)
     snapshot = PowerSnapshot(info, ["7", "3"], gcipuinfo.IpuPower)
@@ -63,9 +69,12 @@ def test_readings_are_keyed_by_device_id_not_position(fake_sdk: Any) -> None:
 
 def test_the_ipus_of_this_process_are_read(fake_sdk: Any) -> None:
     pid = str(os.getpid())
-    devices = [{"id": "0", "ipu power": "1W", "user process id": "1"}, {"id": "1", "ipu power": "1W",
-                                                                         "user process id": pid},
-               {"id": "2", "ipu power": "1W", "user process id": pid}, {"id": "16"}]
+    devices = [
+        {"id": "0", "ipu power": "1W", "user process id": "1"},
+        {"id": "1", "ipu power": "1W", "user process id": pid},
+        {"id": "2", "ipu power": "1W", "user process id": pid},
+        {"id": "16"},
+    ]
     ids, scope = select_devices(devices, int(pid))
     assert ids == ["1", "2"] and "attached to this process" in scope
     ids, scope = select_devices(devices[:1] + devices[3:], int(pid))
@@ -143,12 +152,16 @@ class SimulatedClock:
             self.t = target
 
 
-@pytest.mark.parametrize("trace,exact", [
-    (lambda t: 100.0 if t < 0.5 else 300.0, 100.0 * 0.5 + 300.0 * 0.5),  # a step at 0.5 s
-    (lambda t: 100.0 + 200.0 * t, 200.0),  # a ramp from 100 W to 300 W
-])
-def test_sampled_integral_in_simulated_time_is_within_one_percent(fake_sdk: Any, trace: Callable[[float], float],
-                                                                  exact: float) -> None:
+@pytest.mark.parametrize(
+    "trace,exact",
+    [
+        (lambda t: 100.0 if t < 0.5 else 300.0, 100.0 * 0.5 + 300.0 * 0.5),  # a step at 0.5 s
+        (lambda t: 100.0 + 200.0 * t, 200.0),  # a ramp from 100 W to 300 W
+    ],
+)
+def test_sampled_integral_in_simulated_time_is_within_one_percent(
+    fake_sdk: Any, trace: Callable[[float], float], exact: float
+) -> None:
     gcipuinfo = fake_sdk.gcipuinfo
     clock = SimulatedClock()
     machine = gcipuinfo.reset(gcipuinfo.FakeMachine.with_ipus(1, power=trace))
@@ -200,8 +213,16 @@ def test_a_run_records_sampled_ipu_energy(fake_sdk: Any) -> None:
 
     gcipuinfo = fake_sdk.gcipuinfo
     gcipuinfo.reset(gcipuinfo.FakeMachine.with_ipus(4, power=lambda t: 150.0, **{"user process id": str(os.getpid())}))
-    result = run("fcnn", "graphcore", workload_options=TINY_FCNN, micro_batch_size=4, replicas=2, steps=3,
-                 warmup_steps=0, power_sample_interval_seconds=0.005)
+    result = run(
+        "fcnn",
+        "graphcore",
+        workload_options=TINY_FCNN,
+        micro_batch_size=4,
+        replicas=2,
+        steps=3,
+        warmup_steps=0,
+        power_sample_interval_seconds=0.005,
+    )
     assert result.status.ok, result.status
     assert result.energy is not None and result.energy.meter == "gcipuinfo" and result.energy.method == "sampled"
     components = result.energy.components_joules

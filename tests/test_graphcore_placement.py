@@ -7,14 +7,24 @@ import pytest
 
 from core import ConfigError
 from plugins.graphcore.pipeline import balance, pipeline_layers, plan_stages, split_at
-from plugins.graphcore.placement import (IpuPlacement, PoprunProcess, check_steps_per_execution, format_command,
-                                         is_power_of_two, keras_steps_per_execution, next_power_of_two,
-                                         plan_placement, poprun_command, tensorflow_ipus_per_instance)
+from plugins.graphcore.placement import (
+    IpuPlacement,
+    PoprunProcess,
+    check_steps_per_execution,
+    format_command,
+    is_power_of_two,
+    keras_steps_per_execution,
+    next_power_of_two,
+    plan_placement,
+    poprun_command,
+    tensorflow_ipus_per_instance,
+)
 
 
 def place(**overrides: object) -> IpuPlacement:
-    settings: dict = dict(micro_batch_size=4, gradient_accumulation=1, replicas=1, ipus_per_replica=1,
-                          device_iterations=1, instances=1)
+    settings: dict = dict(
+        micro_batch_size=4, gradient_accumulation=1, replicas=1, ipus_per_replica=1, device_iterations=1, instances=1
+    )
     settings.update(overrides)
     return plan_placement(**settings)  # type: ignore[arg-type]
 
@@ -24,8 +34,17 @@ def place(**overrides: object) -> IpuPlacement:
 # (BN_span, batch size, num-instances, num-replicas, total IPUs): ResNet-50, TensorFlow 1, one IPU
 # per replica. Batch size is the micro-batch per replica.
 ACES_TABLE_3 = [
-    (1, 2, 1, 1, 1), (1, 4, 1, 1, 1), (1, 8, 1, 1, 1), (1, 14, 1, 1, 1), (1, 16, 1, 1, 1), (1, 18, 1, 1, 1),
-    (1, 20, 1, 1, 1), (2, 20, 1, 2, 2), (2, 20, 2, 4, 4), (2, 20, 4, 8, 8), (2, 20, 8, 16, 16),
+    (1, 2, 1, 1, 1),
+    (1, 4, 1, 1, 1),
+    (1, 8, 1, 1, 1),
+    (1, 14, 1, 1, 1),
+    (1, 16, 1, 1, 1),
+    (1, 18, 1, 1, 1),
+    (1, 20, 1, 1, 1),
+    (2, 20, 1, 2, 2),
+    (2, 20, 2, 4, 4),
+    (2, 20, 4, 8, 8),
+    (2, 20, 8, 16, 16),
     (2, 20, 32, 64, 64),
 ]
 
@@ -48,8 +67,9 @@ def test_aces_table_2_ipus_per_replica() -> None:
     # (model, IPUs per replica, replicas): EfficientNet-B0 2x2, EfficientNet-B4 4x4, MobileNet 1x4 and
     # 1x16, BERT-Base 4x1. Pipelined rows need GA >= 2 x stages - 1.
     for ipus_per_replica, replicas, total in [(2, 2, 4), (4, 4, 16), (1, 4, 4), (1, 16, 16), (4, 1, 4)]:
-        placement = place(ipus_per_replica=ipus_per_replica, replicas=replicas,
-                          gradient_accumulation=2 * ipus_per_replica - 1)
+        placement = place(
+            ipus_per_replica=ipus_per_replica, replicas=replicas, gradient_accumulation=2 * ipus_per_replica - 1
+        )
         assert placement.total_ipus == total == placement.reserved_ipus
 
 
@@ -87,21 +107,33 @@ def test_rounded_up_and_said_so() -> None:
 INVALID = [
     # (overrides, field, fragment of the rule)
     (dict(replicas=3, auto_round_num_ipus=False), "replicas", "not a power of two; PopTorch must reserve 4"),
-    (dict(replicas=5, ipus_per_replica=3, gradient_accumulation=5, auto_round_num_ipus=False), "replicas",
-     "15 IPUs per instance, not a power of two"),
-    (dict(ipus_per_replica=4, gradient_accumulation=6), "gradient_accumulation",
-     "must be >= 2 x devices_per_replica - 1 = 7"),
+    (
+        dict(replicas=5, ipus_per_replica=3, gradient_accumulation=5, auto_round_num_ipus=False),
+        "replicas",
+        "15 IPUs per instance, not a power of two",
+    ),
+    (
+        dict(ipus_per_replica=4, gradient_accumulation=6),
+        "gradient_accumulation",
+        "must be >= 2 x devices_per_replica - 1 = 7",
+    ),
     (dict(ipus_per_replica=2, gradient_accumulation=2), "gradient_accumulation", ">= 2 x devices_per_replica - 1 = 3"),
     (dict(replicas=4, instances=3), "accelerator_options.instances", "must divide replicas (4)"),
     (dict(replicas=128), "replicas", "one process can reserve at most 64 IPUs"),
     (dict(replicas=32, ipus_per_replica=4, gradient_accumulation=7, instances=1), "replicas", "at most 64"),
     (dict(instances=0), "accelerator_options.instances", "must be >= 1"),
     (dict(training=False, gradient_accumulation=2), "gradient_accumulation", "must be 1"),
-    (dict(training=False, ipus_per_replica=4, device_iterations=3), "device_iterations",
-     "needs device_iterations >= 4"),
+    (
+        dict(training=False, ipus_per_replica=4, device_iterations=3),
+        "device_iterations",
+        "needs device_iterations >= 4",
+    ),
     (dict(replicas=3, framework="tensorflow"), "replicas", "must be a power of two"),
-    (dict(replicas=3, ipus_per_replica=3, gradient_accumulation=5, framework="tensorflow"), "replicas",
-     "3 replica(s) x 4 IPU(s)"),
+    (
+        dict(replicas=3, ipus_per_replica=3, gradient_accumulation=5, framework="tensorflow"),
+        "replicas",
+        "3 replica(s) x 4 IPU(s)",
+    ),
 ]
 
 
@@ -142,23 +174,38 @@ def test_keras_steps_per_execution() -> None:
 
 def test_poprun_command_for_instances() -> None:
     placement = place(micro_batch_size=20, gradient_accumulation=24, replicas=4, instances=2)
-    command = poprun_command(placement, ["core", "run", "fcnn", "--accelerator", "graphcore", "--replicas", "4"],
-                             executable_cache_dir="/tmp/cache")
-    assert command[:9] == ["poprun", "--num-instances", "2", "--num-replicas", "4", "--ipus-per-replica", "1",
-                           "--numa-aware", "1"]
+    command = poprun_command(
+        placement,
+        ["core", "run", "fcnn", "--accelerator", "graphcore", "--replicas", "4"],
+        executable_cache_dir="/tmp/cache",
+    )
+    assert command[:9] == [
+        "poprun",
+        "--num-instances",
+        "2",
+        "--num-replicas",
+        "4",
+        "--ipus-per-replica",
+        "1",
+        "--numa-aware",
+        "1",
+    ]
     assert "--executable-cache-path=/tmp/cache" in command
     assert command[-7:] == ["core", "run", "fcnn", "--accelerator", "graphcore", "--replicas", "4"]
-    hosts = poprun_command(place(replicas=64, instances=32), ["python3", "train.py"], hosts=["h1", "h2"],
-                           vipu_partition="p64")
+    hosts = poprun_command(
+        place(replicas=64, instances=32), ["python3", "train.py"], hosts=["h1", "h2"], vipu_partition="p64"
+    )
     assert format_command(hosts).startswith(
         "poprun --num-instances 32 --num-replicas 64 --ipus-per-replica 1 --numa-aware 1 --host h1,h2 "
-        "--vipu-partition=p64 python3 train.py")
+        "--vipu-partition=p64 python3 train.py"
+    )
 
 
 def test_poprun_process_from_open_mpi_environment() -> None:
     assert PoprunProcess.from_environment({}) is None
     process = PoprunProcess.from_environment(
-        {"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_LOCAL_RANK": "1"})
+        {"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_LOCAL_RANK": "1"}
+    )
     assert process == PoprunProcess(instance_index=3, instances=4, local_index=1)
 
 
@@ -185,8 +232,12 @@ def test_split_at_named_layers() -> None:
     layers = [(str(i), 10) for i in range(9)]
     plan = split_at(layers, ["2", "4", "6"], 4)
     assert [s.first_layer for s in plan.stages] == ["0", "2", "4", "6"] and plan.balanced_by == "split points"
-    for bad, fragment in [(["2", "4"], r"need 3 split point\(s\)"), (["2", "x", "6"], "not a layer"),
-                          (["4", "2", "6"], "in model order"), (["0", "2", "4"], "after the first")]:
+    for bad, fragment in [
+        (["2", "4"], r"need 3 split point\(s\)"),
+        (["2", "x", "6"], "not a layer"),
+        (["4", "2", "6"], "in model order"),
+        (["0", "2", "4"], "after the first"),
+    ]:
         with pytest.raises(ConfigError, match=fragment):
             split_at(layers, bad, 4)
 

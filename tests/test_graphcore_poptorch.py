@@ -16,7 +16,6 @@ from core.distributed import SINGLE_PROCESS
 from core.planning import plan_run
 from core.plugins import get_plugin_manager
 from core.testing import TINY_FCNN
-from graphcore_support import fake_sdk  # noqa: F401 - fixture
 from plugins.graphcore.executor import host_call_indices
 from plugins.graphcore.placement import plan_placement
 
@@ -51,18 +50,26 @@ def test_options_for_micro_20_ga_24_four_replicas_match_graphcore_examples(fake_
     poptorch = fake_sdk.poptorch
     executor, plan = build(micro_batch_size=20, gradient_accumulation=24, replicas=4, seed=42)
     opts = executor.options
-    examples = [("replicationFactor", (4,)), ("deviceIterations", (1,)),
-                ("Training.accumulationAndReplicationReductionType", (poptorch.ReductionType.Mean,)),
-                ("Training.gradientAccumulation", (24,)), ("randomSeed", (42,))]
+    examples = [
+        ("replicationFactor", (4,)),
+        ("deviceIterations", (1,)),
+        ("Training.accumulationAndReplicationReductionType", (poptorch.ReductionType.Mean,)),
+        ("Training.gradientAccumulation", (24,)),
+        ("randomSeed", (42,)),
+    ]
     assert is_subsequence(examples, opts.calls), opts.calls
-    assert (opts.replication_factor, opts.device_iterations, opts.Training.gradient_accumulation,
-            opts.random_seed) == (4, 1, 24, 42)
+    assert (opts.replication_factor, opts.device_iterations, opts.Training.gradient_accumulation, opts.random_seed) == (
+        4,
+        1,
+        24,
+        42,
+    )
     assert opts.Training.accumulation_and_replication_reduction_type == poptorch.ReductionType.Mean
     assert not any(name == "setExecutionStrategy" for name, _ in opts.calls)  # no pipelining
     assert not opts.exists("use_model")  # hardware, not the IPU Model
     # One host call: poptorch.DataLoader's combined batch = 20 x 1 x 4 x 24.
     assert executor.details()["host_call_samples"] == 1920 == plan.config.samples_per_host_call
-    assert executor.updates_per_step == 1 and executor.local_samples_per_update == 1920
+    assert executor.updates_per_step == 1
 
 
 def test_options_for_four_ipus_per_replica_four_replicas_match_graphcore_examples(fake_sdk: Any) -> None:
@@ -72,18 +79,33 @@ def test_options_for_four_ipus_per_replica_four_replicas_match_graphcore_example
     # pipeline_splits -> 4 IPUs per replica (train.py: ipus_per_replica = len(pipeline_splits) + 1);
     # models/models.py puts poptorch.BeginBlock(ipu_id=1 + split index) at each split.
     poptorch = fake_sdk.poptorch
-    executor, _ = build(micro_batch_size=4, gradient_accumulation=48, replicas=4, devices_per_replica=4,
-                        device_iterations=4, seed=0, accelerator_options={"pipeline_splits": "2,4,6"})
+    executor, _ = build(
+        micro_batch_size=4,
+        gradient_accumulation=48,
+        replicas=4,
+        devices_per_replica=4,
+        device_iterations=4,
+        seed=0,
+        accelerator_options={"pipeline_splits": "2,4,6"},
+    )
     opts = executor.options
-    examples = [("replicationFactor", (4,)), ("deviceIterations", (4,)),
-                ("Training.accumulationAndReplicationReductionType", (poptorch.ReductionType.Mean,)),
-                ("Training.gradientAccumulation", (48,)), ("randomSeed", (0,))]
+    examples = [
+        ("replicationFactor", (4,)),
+        ("deviceIterations", (4,)),
+        ("Training.accumulationAndReplicationReductionType", (poptorch.ReductionType.Mean,)),
+        ("Training.gradientAccumulation", (48,)),
+        ("randomSeed", (0,)),
+    ]
     assert is_subsequence(examples, opts.calls), opts.calls
     strategy = opts._execution_strategy
     assert isinstance(strategy, poptorch.PipelinedExecution) and not isinstance(strategy, poptorch.ShardedExecution)
     assert strategy.auto_stage == poptorch.AutoStage.SameAsIpu
-    hooks = {name: hook for name, module in executor._user_model.named_modules()
-             for hook in module._forward_pre_hooks.values() if isinstance(hook, poptorch._BlockHook)}
+    hooks = {
+        name: hook
+        for name, module in executor._user_model.named_modules()
+        for hook in module._forward_pre_hooks.values()
+        if isinstance(hook, poptorch._BlockHook)
+    }
     # The splits begin IPUs 1, 2, 3 as in graphcore/examples; the first stage is marked IPU 0 explicitly.
     assert {name: hook._ipu_id for name, hook in hooks.items()} == {"0": 0, "2": 1, "4": 2, "6": 3}
     executor.training_model.compile(executor._inputs, executor._targets)  # the fake compiler's checks pass
@@ -97,9 +119,19 @@ def test_options_for_four_ipus_per_replica_four_replicas_match_graphcore_example
 
 
 def test_run_reports_batch_arithmetic_and_compiles_in_the_first_step(fake_sdk: Any) -> None:
-    result = run("fcnn", "graphcore", micro_batch_size=4, gradient_accumulation=3, replicas=2,
-                 devices_per_replica=2, device_iterations=3, steps=2, warmup_steps=1, power_meter="none",
-                 workload_options=FCNN)
+    result = run(
+        "fcnn",
+        "graphcore",
+        micro_batch_size=4,
+        gradient_accumulation=3,
+        replicas=2,
+        devices_per_replica=2,
+        device_iterations=3,
+        steps=2,
+        warmup_steps=1,
+        power_meter="none",
+        workload_options=FCNN,
+    )
     assert result.status.ok, result.status
     assert result.samples_per_update == 4 * 3 * 2 == 24
     assert result.samples_per_host_call == 24 * 3
@@ -115,13 +147,21 @@ def test_run_reports_batch_arithmetic_and_compiles_in_the_first_step(fake_sdk: A
 def test_weights_follow_the_cpu_placement_of_the_same_global_batch(fake_sdk: Any) -> None:
     # GA 4 x 2 replicas x micro 4, 3 updates per host call, 2 host calls = 6 updates of the same 32
     # samples; on the CPU: GA 8 x micro 4, 6 updates. The mean gradient is the same, so are the weights.
-    ipu, _ = build(micro_batch_size=4, gradient_accumulation=4, replicas=2, devices_per_replica=2,
-                   device_iterations=3)
+    ipu, _ = build(micro_batch_size=4, gradient_accumulation=4, replicas=2, devices_per_replica=2, device_iterations=3)
     for _ in range(2):
         ipu.step()
-    cpu_plan = plan_run(get_plugin_manager(), "fcnn", "cpu",
-                        {"workload_options": FCNN, "power_meter": "none", "micro_batch_size": 4,
-                         "gradient_accumulation": 8, "threads_per_replica": 1})
+    cpu_plan = plan_run(
+        get_plugin_manager(),
+        "fcnn",
+        "cpu",
+        {
+            "workload_options": FCNN,
+            "power_meter": "none",
+            "micro_batch_size": 4,
+            "gradient_accumulation": 8,
+            "threads_per_replica": 1,
+        },
+    )
     cpu = cpu_plan.accelerator.create_executor(cpu_plan.workload, cpu_plan.config, SINGLE_PROCESS)
     for _ in range(6):
         cpu.step()
@@ -133,8 +173,9 @@ def test_weights_follow_the_cpu_placement_of_the_same_global_batch(fake_sdk: Any
 
 
 def test_host_call_layout_is_device_iterations_ga_replicas_micro() -> None:
-    placement = plan_placement(micro_batch_size=2, gradient_accumulation=3, replicas=2, ipus_per_replica=1,
-                               device_iterations=2)
+    placement = plan_placement(
+        micro_batch_size=2, gradient_accumulation=3, replicas=2, ipus_per_replica=1, device_iterations=2
+    )
     indices = host_call_indices(placement, 0, pool=1000).view(2, 3, 2, 2)  # [D, GA, R, micro]
     assert torch.equal(indices[0], indices[1])  # every update trains on the same global batch
     assert sorted(indices[0].reshape(-1).tolist()) == list(range(12))
@@ -165,8 +206,16 @@ def test_ipu_model_runs_without_ipus(fake_sdk: Any) -> None:
     with pytest.raises(ConfigError) as caught:
         run("fcnn", "graphcore", workload_options=TINY_FCNN, micro_batch_size=4, power_meter="none")
     assert caught.value.field == "accelerator_options.ipu_model" and "IPU Model" in caught.value.allowed
-    result = run("fcnn", "graphcore", workload_options=TINY_FCNN, micro_batch_size=4, replicas=2, steps=2,
-                 warmup_steps=0, accelerator_options={"ipu_model": True})
+    result = run(
+        "fcnn",
+        "graphcore",
+        workload_options=TINY_FCNN,
+        micro_batch_size=4,
+        replicas=2,
+        steps=2,
+        warmup_steps=0,
+        accelerator_options={"ipu_model": True},
+    )
     assert result.status.ok, result.status
     assert result.executor_details["poptorch_options"]["use_ipu_model"] is True
     assert [d.name for d in result.devices] == ["IPU Model", "IPU Model"]
@@ -175,8 +224,9 @@ def test_ipu_model_runs_without_ipus(fake_sdk: Any) -> None:
 
 def test_a_poptorch_error_while_compiling_fails_the_first_step(fake_sdk: Any) -> None:
     fake_sdk.poptorch.fake_hardware.ipus = 2  # gcipuinfo lists 16, but only 2 can be attached
-    result = run("fcnn", "graphcore", workload_options=TINY_FCNN, micro_batch_size=4, replicas=4, steps=2,
-                 power_meter="none")
+    result = run(
+        "fcnn", "graphcore", workload_options=TINY_FCNN, micro_batch_size=4, replicas=4, steps=2, power_meter="none"
+    )
     assert result.status.state.value == "error" and result.status.phase == "first_step"
     assert result.status.error_type == "Error" and "Failed to acquire 4 IPU(s)" in (result.status.message or "")
     assert result.setup_seconds is not None and result.window_seconds is None
@@ -186,10 +236,17 @@ def test_a_poptorch_error_while_compiling_fails_the_first_step(fake_sdk: Any) ->
 
 REFUSED = [
     (dict(replicas=3, accelerator_options={"auto_round_num_ipus": False}), "replicas", "not a power of two"),
-    (dict(devices_per_replica=4, gradient_accumulation=4), "gradient_accumulation", ">= 2 x devices_per_replica - 1 = 7"),
+    (
+        dict(devices_per_replica=4, gradient_accumulation=4),
+        "gradient_accumulation",
+        ">= 2 x devices_per_replica - 1 = 7",
+    ),
     (dict(replicas=4, accelerator_options={"instances": 3}), "accelerator_options.instances", "must divide replicas"),
-    (dict(replicas=4, accelerator_options={"instances": 2}), "accelerator_options.instances",
-     "poprun --num-instances 2 --num-replicas 4 --ipus-per-replica 1"),
+    (
+        dict(replicas=4, accelerator_options={"instances": 2}),
+        "accelerator_options.instances",
+        "poprun --num-instances 2 --num-replicas 4 --ipus-per-replica 1",
+    ),
     (dict(replicas=128, accelerator_options={"ipu_model": True}), "replicas", "at most 64 IPUs"),
     (dict(precision="bf16"), "precision", "supports: fp32, fp16"),
     (dict(compile=True), "compile", "always compiled by Poplar"),
@@ -213,8 +270,13 @@ def test_a_dataset_path_is_refused_not_ignored(fake_sdk: Any, tmp_path: Any) -> 
     from core.config import RunConfig
 
     accelerator = get_plugin_manager().accelerator("graphcore")
-    config = RunConfig(workload="resnet50", accelerator="graphcore", data=str(tmp_path), micro_batch_size=4,
-                       accelerator_options={"ipu_model": True})
+    config = RunConfig(
+        workload="resnet50",
+        accelerator="graphcore",
+        data=str(tmp_path),
+        micro_batch_size=4,
+        accelerator_options={"ipu_model": True},
+    )
     with pytest.raises(ConfigError) as caught:
         accelerator.validate(config)
     assert caught.value.field == "data" and "synthetic samples only" in str(caught.value)
@@ -224,8 +286,16 @@ def test_a_dataset_path_is_refused_not_ignored(fake_sdk: Any, tmp_path: Any) -> 
 def test_a_run_larger_than_the_host_is_refused(fake_sdk: Any) -> None:
     fake_sdk.gcipuinfo.reset(fake_sdk.gcipuinfo.FakeMachine.with_ipus(12))
     with pytest.raises(ConfigError, match="reserves 16 IPUs .12 used.; this host sees 12"):
-        run("fcnn", "graphcore", workload_options=TINY_FCNN, micro_batch_size=4, replicas=6, devices_per_replica=2,
-            gradient_accumulation=3, power_meter="none")
+        run(
+            "fcnn",
+            "graphcore",
+            workload_options=TINY_FCNN,
+            micro_batch_size=4,
+            replicas=6,
+            devices_per_replica=2,
+            gradient_accumulation=3,
+            power_meter="none",
+        )
 
 
 def test_tensorflow_needs_the_ipu_build(fake_sdk: Any) -> None:
@@ -235,8 +305,16 @@ def test_tensorflow_needs_the_ipu_build(fake_sdk: Any) -> None:
 
 
 def test_bad_split_points_are_refused_in_setup_before_compiling(fake_sdk: Any) -> None:
-    result = run("fcnn", "graphcore", workload_options=FCNN, micro_batch_size=4, devices_per_replica=2,
-                 gradient_accumulation=3, power_meter="none", accelerator_options={"pipeline_splits": "nope"})
+    result = run(
+        "fcnn",
+        "graphcore",
+        workload_options=FCNN,
+        micro_batch_size=4,
+        devices_per_replica=2,
+        gradient_accumulation=3,
+        power_meter="none",
+        accelerator_options={"pipeline_splits": "nope"},
+    )
     assert result.status.phase == "setup" and result.status.error_type == "ConfigError"
     assert "not a layer of the model" in (result.status.message or "")
 
@@ -270,9 +348,14 @@ def test_placement_rules_refuse_exactly_what_the_compiler_refuses(fake_sdk: Any)
             for accumulation in (1, 3, 5, 7):
                 for auto_round in (True, False):
                     try:
-                        plan_placement(micro_batch_size=1, gradient_accumulation=accumulation, replicas=replicas,
-                                       ipus_per_replica=ipus_per_replica, device_iterations=1,
-                                       auto_round_num_ipus=auto_round)
+                        plan_placement(
+                            micro_batch_size=1,
+                            gradient_accumulation=accumulation,
+                            replicas=replicas,
+                            ipus_per_replica=ipus_per_replica,
+                            device_iterations=1,
+                            auto_round_num_ipus=auto_round,
+                        )
                         ours = None
                     except ConfigError as exc:
                         ours = exc
@@ -288,8 +371,9 @@ def test_placement_rules_refuse_exactly_what_the_compiler_refuses(fake_sdk: Any)
 
 def test_poptorch_error_classes_mirror_the_real_ones(fake_sdk: Any) -> None:
     poptorch = fake_sdk.poptorch
-    assert issubclass(poptorch.RecoverableError, poptorch.Error) and issubclass(poptorch.UnrecoverableError,
-                                                                                  poptorch.Error)
+    assert issubclass(poptorch.RecoverableError, poptorch.Error) and issubclass(
+        poptorch.UnrecoverableError, poptorch.Error
+    )
     assert poptorch.Error is poptorch.poptorch_core.Error
     model = torch.nn.Linear(2, 2)
     poptorch.BeginBlock(model, ipu_id=0)
@@ -319,7 +403,6 @@ def test_an_instance_under_poprun_takes_its_share(fake_sdk: Any, monkeypatch: py
     spec = Fcnn().build_torch(Fcnn().parse_options(FCNN), 0)
     expected = spec.inputs.index_select(0, host_call_indices(placement, 1, len(spec.inputs)))
     assert torch.equal(executor._inputs, expected)  # the DataLoader gave instance 1 its replicas' samples
-    assert executor.local_samples_per_update == 2 * 3 * 2
     assert "poprun --num-instances 2" in executor.details()["poprun_command"]
 
 

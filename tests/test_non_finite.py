@@ -55,6 +55,7 @@ class Faults:
             self.losses.append(float(value.detach()))  # a test-only sync: the executor never does this
             # Adding a constant NaN leaves every gradient finite: only the loss check sees it.
             return value + NAN if self.loss_calls == self.nan_loss_at else value
+
         return loss
 
     def gradient_hook(self, grad: torch.Tensor) -> torch.Tensor:
@@ -67,8 +68,14 @@ def torch_executor(faults: Faults, accumulation: int = 1, precision: str = "fp32
     spec = Fcnn().build_torch(FcnnOptions(**OPTIONS), seed=0)
     spec.loss_fn = faults.wrap_loss(spec.loss_fn)
     spec.model[0].weight.register_hook(faults.gradient_hook)
-    config = make_config(workload="fcnn", accelerator="cpu", workload_options=OPTIONS, micro_batch_size=8,
-                         gradient_accumulation=accumulation, precision=precision)
+    config = make_config(
+        workload="fcnn",
+        accelerator="cpu",
+        workload_options=OPTIONS,
+        micro_batch_size=8,
+        gradient_accumulation=accumulation,
+        precision=precision,
+    )
     return TorchExecutor(spec, config, TorchPlacement(device="cpu"), SINGLE_PROCESS)
 
 
@@ -89,7 +96,8 @@ def flag_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
 
 @pytest.mark.parametrize("accumulation,micro_step", [(1, 0), (3, 0), (3, 2)])
 def test_torch_nan_loss_in_the_last_update_is_reported_then_resets(
-        flag_kind: str, accumulation: int, micro_step: int) -> None:
+    flag_kind: str, accumulation: int, micro_step: int
+) -> None:
     faults = Faults(nan_loss_at=(UPDATES - 1) * accumulation + micro_step + 1)
     executor = torch_executor(faults, accumulation)
     run_window(executor)
@@ -103,7 +111,8 @@ def test_torch_nan_loss_in_the_last_update_is_reported_then_resets(
 
 @pytest.mark.parametrize("accumulation,micro_step", [(1, 0), (2, 0), (2, 1)])
 def test_torch_inf_gradient_with_a_finite_loss_in_the_last_update_is_reported(
-        flag_kind: str, accumulation: int, micro_step: int) -> None:
+    flag_kind: str, accumulation: int, micro_step: int
+) -> None:
     faults = Faults(inf_gradient_at=(UPDATES - 1) * accumulation + micro_step + 1)
     executor = torch_executor(faults, accumulation)
     run_window(executor)
@@ -153,8 +162,15 @@ def test_a_nan_gradient_in_the_windows_last_update_fails_the_run() -> None:
             return spec
 
     with registered_plugins():
-        result = run(LastUpdateFault(), CpuAccelerator(), micro_batch_size=4, steps=steps, warmup_steps=warmup,
-                     power_meter="none", workload_options=TINY_FCNN)
+        result = run(
+            LastUpdateFault(),
+            CpuAccelerator(),
+            micro_batch_size=4,
+            steps=steps,
+            warmup_steps=warmup,
+            power_meter="none",
+            workload_options=TINY_FCNN,
+        )
     assert faults.backward_calls == 1 + warmup + steps
     assert result.status.state is RunState.non_finite_loss and result.status.phase == "window"
 
@@ -215,11 +231,18 @@ def test_ddp_ranks_agree_on_a_fault_seen_by_one_rank(tmp_path: Path) -> None:
     out = tmp_path / "verdicts"
     completed = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script), str(out)],
-        check=False, capture_output=True, text=True, timeout=300, cwd=ROOT,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
-    expected = {"clean": "finite", "inf_gradient_on_rank_1": "NonFiniteLossError",
-                "nan_loss_on_rank_1": "NonFiniteLossError"}
+    expected = {
+        "clean": "finite",
+        "inf_gradient_on_rank_1": "NonFiniteLossError",
+        "nan_loss_on_rank_1": "NonFiniteLossError",
+    }
     for rank in (0, 1):
         assert json.loads(Path(f"{out}.{rank}").read_text()) == expected, rank
 
@@ -227,8 +250,7 @@ def test_ddp_ranks_agree_on_a_fault_seen_by_one_rank(tmp_path: Path) -> None:
 # --- Keras -------------------------------------------------------------------------------------
 
 
-def keras_executor(trigger: Any, fault: str, accumulation: int = 1, precision: str = "fp32",
-                   jit: bool = False) -> Any:
+def keras_executor(trigger: Any, fault: str, accumulation: int = 1, precision: str = "fp32", jit: bool = False) -> Any:
     """An FCNN whose loss is NaN, or whose first layer's gradient is inf, while ``trigger`` is 1."""
     tf = pytest.importorskip("tensorflow")
     from tensorflow import keras
@@ -242,6 +264,7 @@ def keras_executor(trigger: Any, fault: str, accumulation: int = 1, precision: s
     def poison_gradient(x: Any) -> Any:
         def grad(dy: Any) -> Any:
             return dy * tf.cast(tf.where(trigger > 0, INF, 1.0), dy.dtype)
+
         return tf.identity(x), grad
 
     class GradientFault(keras.layers.Layer):  # identity forward: the loss never sees it
@@ -254,8 +277,7 @@ def keras_executor(trigger: Any, fault: str, accumulation: int = 1, precision: s
             return built
         # Between the first Dense and the rest: every weight upstream gets an inf gradient.
         layers = built.layers
-        return keras.Sequential([keras.Input(shape=(OPTIONS["input_width"],)), layers[0], GradientFault(),
-                                 *layers[1:]])
+        return keras.Sequential([keras.Input(shape=(OPTIONS["input_width"],)), layers[0], GradientFault(), *layers[1:]])
 
     def loss() -> Any:
         per_sample = make_loss()
@@ -265,8 +287,14 @@ def keras_executor(trigger: Any, fault: str, accumulation: int = 1, precision: s
         return lambda y, outputs: per_sample(y, outputs) + tf.where(trigger > 0, NAN, 0.0)
 
     spec.make_model, spec.make_loss = model, loss
-    config = make_config(workload="fcnn", accelerator="cpu", framework="tensorflow", micro_batch_size=8,
-                         gradient_accumulation=accumulation, precision=precision)
+    config = make_config(
+        workload="fcnn",
+        accelerator="cpu",
+        framework="tensorflow",
+        micro_batch_size=8,
+        gradient_accumulation=accumulation,
+        precision=precision,
+    )
     placement = KerasPlacement(lambda: tf.distribute.OneDeviceStrategy("/cpu:0"), 1, "/cpu:0", jit)
     return KerasExecutor(spec, config, placement)
 
@@ -289,7 +317,8 @@ def trigger() -> Any:
 @pytest.mark.parametrize("fault", ["nan_loss", "inf_gradient"])
 @pytest.mark.parametrize("accumulation,jit", [(1, False), (2, False), (2, True)])
 def test_keras_fault_in_the_last_update_is_reported_then_resets(
-        trigger: Any, fault: str, accumulation: int, jit: bool) -> None:
+    trigger: Any, fault: str, accumulation: int, jit: bool
+) -> None:
     executor = keras_executor(trigger, fault, accumulation, jit=jit)
     try:
         keras_window_with_fault_in_last_update(executor, trigger)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -11,28 +12,33 @@ import core.workloads
 from core import Availability, Precision, RunConfig, hookimpl, make_config, run
 from core.executors.base import Executor
 from core.results import DeviceRecord
-from core.testing import registered_plugins
+from core.testing import SimulatedExecutor, registered_plugins
 from plugins.nvidia import nvml
 from plugins.nvidia.accelerator import NvidiaAccelerator
 from plugins.nvidia.meter import NvmlMeterFactory
 from plugins.nvidia.visibility import visible_nvml_indices
-from simulated import SimulatedExecutor
 
-UUIDS = ["GPU-1111aaaa-0000-0000-0000-000000000000", "GPU-2222bbbb-0000-0000-0000-000000000000",
-         "GPU-3333cccc-0000-0000-0000-000000000000"]
+UUIDS = [
+    "GPU-1111aaaa-0000-0000-0000-000000000000",
+    "GPU-2222bbbb-0000-0000-0000-000000000000",
+    "GPU-3333cccc-0000-0000-0000-000000000000",
+]
 
 
-@pytest.mark.parametrize("variable,expected", [
-    (None, [0, 1, 2]),
-    ("2,0", [2, 0]),
-    ("GPU-2222bbbb", [1]),
-    ("3333cccc,0", [2, 0]),  # CUDA accepts a UUID without its GPU- prefix
-    ("1,7,0", [1]),  # the list ends at the first entry that matches no device
-    ("0,0,1", [0]),  # and at a repeated one
-    ("", []),
-    ("-1", []),
-    ("GPU-", []),  # a prefix shared by every device is ambiguous
-])
+@pytest.mark.parametrize(
+    "variable,expected",
+    [
+        (None, [0, 1, 2]),
+        ("2,0", [2, 0]),
+        ("GPU-2222bbbb", [1]),
+        ("3333cccc,0", [2, 0]),  # CUDA accepts a UUID without its GPU- prefix
+        ("1,7,0", [1]),  # the list ends at the first entry that matches no device
+        ("0,0,1", [0]),  # and at a repeated one
+        ("", []),
+        ("-1", []),
+        ("GPU-", []),  # a prefix shared by every device is ambiguous
+    ],
+)
 def test_cuda_visible_devices_follows_the_cuda_rules(variable: str | None, expected: list[int]) -> None:
     assert visible_nvml_indices(variable, UUIDS) == expected
 
@@ -40,10 +46,20 @@ def test_cuda_visible_devices_follows_the_cuda_rules(variable: str | None, expec
 def three_gpus(pynvml: Any) -> None:
     pynvml.machine.gpus = [
         pynvml.FakeGpu(name="NVIDIA H200", uuid=UUIDS[0], power_watts=lambda t: 400.0),
-        pynvml.FakeGpu(name="NVIDIA A100-SXM4-80GB", uuid=UUIDS[1], compute_capability=(8, 0),
-                       architecture=pynvml.NVML_DEVICE_ARCH_AMPERE, power_watts=lambda t: 100.0 + 100.0 * t),
-        pynvml.FakeGpu(name="Tesla P100-PCIE-16GB", uuid=UUIDS[2], compute_capability=(6, 0),
-                       architecture=pynvml.NVML_DEVICE_ARCH_PASCAL, power_watts=lambda t: 150.0),
+        pynvml.FakeGpu(
+            name="NVIDIA A100-SXM4-80GB",
+            uuid=UUIDS[1],
+            compute_capability=(8, 0),
+            architecture=pynvml.NVML_DEVICE_ARCH_AMPERE,
+            power_watts=lambda t: 100.0 + 100.0 * t,
+        ),
+        pynvml.FakeGpu(
+            name="Tesla P100-PCIE-16GB",
+            uuid=UUIDS[2],
+            compute_capability=(6, 0),
+            architecture=pynvml.NVML_DEVICE_ARCH_PASCAL,
+            power_watts=lambda t: 150.0,
+        ),
     ]
 
 
@@ -122,13 +138,17 @@ def test_missing_instant_power_falls_back_to_the_average(fake_pynvml: Any) -> No
     assert measurement.details["power_reading"]["gpu0"].startswith("nvmlDeviceGetPowerUsage")
 
 
-def test_instant_power_is_preferred_and_an_old_nvidia_ml_py_falls_back(fake_pynvml: Any,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_instant_power_is_preferred_and_an_old_nvidia_ml_py_falls_back(
+    fake_pynvml: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     three_gpus(fake_pynvml)
     fake_pynvml.machine.gpus[1].instant_power_supported = False  # a driver without the field on one GPU
     measurement = run_meter(fake_pynvml, 0.1)
     assert measurement.details["power_reading"] == {
-        "gpu0": "NVML_FI_DEV_POWER_INSTANT", "gpu1": nvml.AVERAGED_POWER, "gpu2": "NVML_FI_DEV_POWER_INSTANT"}
+        "gpu0": "NVML_FI_DEV_POWER_INSTANT",
+        "gpu1": nvml.AVERAGED_POWER,
+        "gpu2": "NVML_FI_DEV_POWER_INSTANT",
+    }
     monkeypatch.delattr(fake_pynvml, "NVML_FI_DEV_POWER_INSTANT")  # nvidia-ml-py before 12.535
     measurement = run_meter(fake_pynvml, 0.1)
     assert set(measurement.details["power_reading"].values()) == {nvml.AVERAGED_POWER}
@@ -160,22 +180,25 @@ def test_errors_map_to_the_named_subclasses(fake_pynvml: Any) -> None:
     assert isinstance(error, fake_pynvml.NVMLError)
 
 
-@pytest.mark.parametrize("name,precision,tflops", [
-    ("NVIDIA H200", Precision.bf16, 989.5),
-    ("NVIDIA H100 80GB HBM3", Precision.tf32, 494.5),
-    ("NVIDIA H100 PCIe", Precision.fp32, 51.0),
-    ("NVIDIA H100 NVL", Precision.bf16, 835.5),
-    ("NVIDIA GH200 480GB", Precision.fp16, 990.0),
-    ("NVIDIA A100-SXM4-80GB", Precision.tf32, 156.0),
-    ("NVIDIA A100-PCIE-40GB", Precision.bf16, 312.0),
-    ("Tesla V100S-PCIE-32GB", Precision.fp16, 130.0),
-    ("Tesla V100-PCIE-16GB", Precision.fp16, 112.0),
-    ("Tesla V100-SXM2-16GB", Precision.fp16, 125.0),
-    ("Tesla V100-PCIE-32GB", Precision.fp32, 14.0),
-    ("Tesla T4", Precision.fp16, 65.0),
-    ("Tesla T4", Precision.bf16, None),
-    ("NVIDIA GeForce RTX 4090", Precision.fp32, None),
-])
+@pytest.mark.parametrize(
+    "name,precision,tflops",
+    [
+        ("NVIDIA H200", Precision.bf16, 989.5),
+        ("NVIDIA H100 80GB HBM3", Precision.tf32, 494.5),
+        ("NVIDIA H100 PCIe", Precision.fp32, 51.0),
+        ("NVIDIA H100 NVL", Precision.bf16, 835.5),
+        ("NVIDIA GH200 480GB", Precision.fp16, 990.0),
+        ("NVIDIA A100-SXM4-80GB", Precision.tf32, 156.0),
+        ("NVIDIA A100-PCIE-40GB", Precision.bf16, 312.0),
+        ("Tesla V100S-PCIE-32GB", Precision.fp16, 130.0),
+        ("Tesla V100-PCIE-16GB", Precision.fp16, 112.0),
+        ("Tesla V100-SXM2-16GB", Precision.fp16, 125.0),
+        ("Tesla V100-PCIE-32GB", Precision.fp32, 14.0),
+        ("Tesla T4", Precision.fp16, 65.0),
+        ("Tesla T4", Precision.bf16, None),
+        ("NVIDIA GeForce RTX 4090", Precision.fp32, None),
+    ],
+)
 def test_peak_table(name: str, precision: Precision, tflops: float | None) -> None:
     peak = NvidiaAccelerator().peak_flops_per_second(DeviceRecord(index=0, name=name, kind="nvidia"), precision)
     if tflops is None:
@@ -225,7 +248,7 @@ class SimulatedNvidia(NvidiaAccelerator):
 
     def create_executor(self, workload: Any, config: RunConfig, process: Any) -> Executor:
         # Each update keeps the (fake) GPUs busy for 5 ms of real time: the fake node's clock is real time.
-        return SimulatedExecutor(config.micro_batch_size or 1, lambda: time.sleep(0.005))
+        return SimulatedExecutor(lambda: time.sleep(0.005))
 
 
 class SimulatedNode:
@@ -244,8 +267,17 @@ def test_a_run_on_two_gpus_reports_devices_peaks_mfu_and_energy_per_gpu(fake_pyn
         fake_pynvml.FakeGpu(name="NVIDIA H200", uuid=UUIDS[1], power_watts=lambda t: 250.0),
     ]
     with registered_plugins(core.workloads, SimulatedNode(), entry_points=False):
-        result = run("fcnn", "nvidia", framework="tensorflow", replicas=2, precision="bf16", steps=60,
-                     warmup_steps=2, micro_batch_size=64, power_sample_interval_seconds=0.01)
+        result = run(
+            "fcnn",
+            "nvidia",
+            framework="tensorflow",
+            replicas=2,
+            precision="bf16",
+            steps=60,
+            warmup_steps=2,
+            micro_batch_size=64,
+            power_sample_interval_seconds=0.01,
+        )
     assert result.status.ok, result.status
     assert [d.details["uuid"] for d in result.devices] == UUIDS[:2]
     # Peak: two H200 SXM at the dense bf16 datasheet figure; MFU follows from the workload's FLOPs.
@@ -254,8 +286,11 @@ def test_a_run_on_two_gpus_reports_devices_peaks_mfu_and_energy_per_gpu(fake_pyn
     assert "H200" in (result.peak_flops_source or "")
     # Energy per GPU from the counters over the window, cross-checked by the sampled integral.
     energy = result.energy
-    assert energy is not None and energy.method == "counter" and energy.details["methods"] == {
-        "gpu0": "counter", "gpu1": "counter"}
+    assert (
+        energy is not None
+        and energy.method == "counter"
+        and energy.details["methods"] == {"gpu0": "counter", "gpu1": "counter"}
+    )
     window = result.window_seconds
     assert energy.components_joules["gpu0"] == pytest.approx(400.0 * window, rel=0.05)
     assert energy.components_joules["gpu1"] == pytest.approx(250.0 * window, rel=0.05)
@@ -281,8 +316,16 @@ def test_a_counter_that_disagrees_with_sampled_power_is_flagged_in_the_result(fa
 
     fake_pynvml.nvmlDeviceGetTotalEnergyConsumption = inflated
     with registered_plugins(core.workloads, SimulatedNode(), entry_points=False):
-        result = run("fcnn", "nvidia", framework="tensorflow", replicas=2, steps=60, warmup_steps=0,
-                     micro_batch_size=8, power_sample_interval_seconds=0.01)
+        result = run(
+            "fcnn",
+            "nvidia",
+            framework="tensorflow",
+            replicas=2,
+            steps=60,
+            warmup_steps=0,
+            micro_batch_size=8,
+            power_sample_interval_seconds=0.01,
+        )
     assert result.status.ok and result.energy is not None
     # The counter is still the measurement; the disagreement is said, for gpu0 only.
     assert result.energy.details["counter_over_sampled"]["gpu0"] == pytest.approx(1.2, abs=0.05)

@@ -44,8 +44,9 @@ def test_discovery_matches_what_cuda_reports() -> None:
 
 
 def test_core_devices_lists_the_gpu() -> None:
-    completed = subprocess.run([sys.executable, "-m", "core.cli", "devices", "--json"],
-                               capture_output=True, text=True, timeout=120)
+    completed = subprocess.run(
+        [sys.executable, "-m", "core.cli", "devices", "--json"], capture_output=True, text=True, timeout=120
+    )
     assert completed.returncode == 0, completed.stderr
     listing = json.loads(completed.stdout)
     assert listing["nvidia"] and listing["nvidia"][0]["details"]["uuid"].startswith("GPU-"), listing["nvidia"]
@@ -53,8 +54,15 @@ def test_core_devices_lists_the_gpu() -> None:
 
 def test_fcnn_trains_in_bf16_with_mfu_and_counter_energy() -> None:
     with registered_plugins():
-        result = run_tiny("fcnn", "nvidia", precision="bf16", micro_batch_size=256, steps=50,
-                          power_meter="auto", workload_options={**TINY_FCNN, "hidden_width": 1024})
+        result = run_tiny(
+            "fcnn",
+            "nvidia",
+            precision="bf16",
+            micro_batch_size=256,
+            steps=50,
+            power_meter="auto",
+            workload_options={**TINY_FCNN, "hidden_width": 1024},
+        )
     assert result.executor_details["device"] == "cuda:0" and result.executor_details["autocast_dtype"] == "bfloat16"
     assert result.flops_per_second == pytest.approx(result.flops_per_sample * result.throughput_per_second)
     assert result.model_flops_utilization is not None and 0 < result.model_flops_utilization < 1
@@ -85,16 +93,24 @@ def test_fp16_trains_with_a_gradient_scaler() -> None:
 
 def test_a_convolutional_model_runs_channels_last_with_cudnn_benchmark() -> None:
     with registered_plugins():
-        result = run_tiny("resnet50", "nvidia", precision="bf16", micro_batch_size=16,
-                          workload_options={"variant": "small"})
+        result = run_tiny(
+            "resnet50", "nvidia", precision="bf16", micro_batch_size=16, workload_options={"variant": "small"}
+        )
     assert result.executor_details["channels_last"] is True
     assert result.executor_details["cudnn_benchmark"] is True
 
 
 def test_compile_time_lands_in_the_first_step_and_no_recompilation_is_reported() -> None:
     with registered_plugins():
-        result = run_tiny("fcnn", "nvidia", precision="bf16", compile=True, micro_batch_size=256, steps=20,
-                          workload_options={**TINY_FCNN, "hidden_width": 1024})
+        result = run_tiny(
+            "fcnn",
+            "nvidia",
+            precision="bf16",
+            compile=True,
+            micro_batch_size=256,
+            steps=20,
+            workload_options={**TINY_FCNN, "hidden_width": 1024},
+        )
     assert result.executor_details["compile"] is True
     # Compilation takes seconds; twenty compiled steps of this tiny model take milliseconds.
     assert result.first_step_seconds > 10 * result.window_seconds
@@ -124,8 +140,15 @@ def test_window_energy_matches_an_independent_counter_read(monkeypatch: pytest.M
     monkeypatch.setattr(DeviceEnergyMeter, "stop", stop)
     try:
         with registered_plugins():
-            result = run_tiny("fcnn", "nvidia", precision="bf16", micro_batch_size=4096, steps=2000,
-                              power_meter="nvml", workload_options=MEDIUM_FCNN)
+            result = run_tiny(
+                "fcnn",
+                "nvidia",
+                precision="bf16",
+                micro_batch_size=4096,
+                steps=2000,
+                power_meter="nvml",
+                workload_options=MEDIUM_FCNN,
+            )
     finally:
         pynvml.nvmlShutdown()
     expected_joules = (independent["stop"] - independent["start"]) / 1000.0
@@ -136,9 +159,17 @@ def test_window_energy_matches_an_independent_counter_read(monkeypatch: pytest.M
 
 def test_power_timeline_covers_the_window_within_the_power_limit() -> None:
     with registered_plugins():
-        result = run_tiny("fcnn", "nvidia", precision="bf16", micro_batch_size=4096, steps=1000,
-                          power_meter="nvml", power_sample_interval_seconds=0.01, power_timeline_points=50,
-                          workload_options=MEDIUM_FCNN)
+        result = run_tiny(
+            "fcnn",
+            "nvidia",
+            precision="bf16",
+            micro_batch_size=4096,
+            steps=1000,
+            power_meter="nvml",
+            power_sample_interval_seconds=0.01,
+            power_timeline_points=50,
+            workload_options=MEDIUM_FCNN,
+        )
     timeline = result.energy.power_timeline
     assert timeline is not None and 25 <= len(timeline.start_seconds) <= 50
     assert timeline.stop_seconds[-1] == pytest.approx(result.window_seconds, rel=0.05)
@@ -146,12 +177,14 @@ def test_power_timeline_covers_the_window_within_the_power_limit() -> None:
     assert all(0 < watts <= 1.5 * limit for watts in timeline.watts["gpu0"] if watts is not None)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("torch") is None or cuda_device_count() < 2,
-                    reason="needs two GPUs for DDP over NCCL")
+@pytest.mark.skipif(
+    importlib.util.find_spec("torch") is None or cuda_device_count() < 2, reason="needs two GPUs for DDP over NCCL"
+)
 def test_two_replicas_over_nccl_split_the_batch() -> None:
     with registered_plugins():
-        result = run_tiny("fcnn", "nvidia", replicas=2, gradient_accumulation=2, micro_batch_size=64, steps=10,
-                          power_meter="nvml")
+        result = run_tiny(
+            "fcnn", "nvidia", replicas=2, gradient_accumulation=2, micro_batch_size=64, steps=10, power_meter="nvml"
+        )
     assert result.world_size == 2 and result.executor_details["distributed_backend"] == "nccl"
     assert result.samples_per_update == 256 and len(result.devices) == 2
     assert set(result.energy.components_joules) == {"gpu0", "gpu1"}  # one meter for the node, both GPUs

@@ -10,8 +10,9 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import pytest
 
@@ -24,8 +25,13 @@ CPU_SOURCE = "from plugins.cpu.accelerator import CpuAccelerator\n"
 
 
 def core_cli(*arguments: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "core.cli", *arguments], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "core.cli", *arguments],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=600,
+    )
 
 
 def make_distribution(root: Path, name: str, module_source: str, entry_point: str | None = None) -> None:
@@ -39,7 +45,7 @@ def make_distribution(root: Path, name: str, module_source: str, entry_point: st
 
 # A plugin whose accelerator raises in availability() and devices(), and whose meter raises in
 # availability() and reads(). Written as a third party would, against the documented imports.
-BROKEN_SOURCE = '''
+BROKEN_SOURCE = """
 from core import Accelerator, Availability, PowerMeterFactory, hookimpl
 
 class BrokenAccelerator(Accelerator):
@@ -77,7 +83,7 @@ def core_register_accelerators(register):
 @hookimpl
 def core_register_power_meters(register):
     register(BrokenMeter())
-'''
+"""
 
 
 @pytest.fixture
@@ -112,8 +118,22 @@ def test_plugins_and_devices_list_everything_when_a_plugin_raises(broken_plugin:
 
 @pytest.mark.slow
 def test_a_meter_that_raises_in_availability_does_not_break_a_cpu_run(broken_plugin: dict[str, str]) -> None:
-    ran = core_cli("run", "fcnn", "--steps", "2", "--warmup-steps", "0", "--batch-size", "4",
-                   "-o", "hidden_width=16", "-o", "layers=2", "--json", env=broken_plugin)
+    ran = core_cli(
+        "run",
+        "fcnn",
+        "--steps",
+        "2",
+        "--warmup-steps",
+        "0",
+        "--batch-size",
+        "4",
+        "-o",
+        "hidden_width=16",
+        "-o",
+        "layers=2",
+        "--json",
+        env=broken_plugin,
+    )
     assert ran.returncode == 0, ran.stderr
     result = json.loads(ran.stdout)
     assert result["status"]["state"] == "ok"
@@ -124,9 +144,11 @@ def test_a_meter_that_raises_in_availability_does_not_break_a_cpu_run(broken_plu
 @pytest.mark.slow
 def test_a_third_party_cannot_take_a_built_in_accelerator_name(tmp_path: Path) -> None:
     # "a_cpu" sorts before "cpu": before, it loaded first and `--accelerator cpu` ran the impostor.
-    impostor = (CPU_SOURCE + "from core import hookimpl\n"
-                "class Impostor(CpuAccelerator):\n    description = 'impostor'\n"
-                "@hookimpl\ndef core_register_accelerators(register):\n    register(Impostor())\n")
+    impostor = (
+        CPU_SOURCE + "from core import hookimpl\n"
+        "class Impostor(CpuAccelerator):\n    description = 'impostor'\n"
+        "@hookimpl\ndef core_register_accelerators(register):\n    register(Impostor())\n"
+    )
     make_distribution(tmp_path, "a_cpu", impostor)
     make_distribution(tmp_path, "cpu_again", "raise SystemExit('must not even be imported')\n", entry_point="cpu")
     env = {"PYTHONPATH": str(tmp_path)}
@@ -306,7 +328,8 @@ def test_a_progress_callback_that_raises_is_a_warning_not_a_fault() -> None:
     def observer(partial: Any) -> None:
         raise RuntimeError("dashboard is down")
 
-    result = run("fcnn", "cpu", steps=2, warmup_steps=0, power_meter="none", workload_options=TINY_FCNN,
-                 on_progress=observer)
+    result = run(
+        "fcnn", "cpu", steps=2, warmup_steps=0, power_meter="none", workload_options=TINY_FCNN, on_progress=observer
+    )
     assert result.status.ok
     assert result.warnings.count("on_progress callback failed: RuntimeError: dashboard is down") == 1

@@ -6,8 +6,9 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import pytest
 
@@ -18,14 +19,21 @@ from core.workloads.fcnn import Fcnn
 HEAVY_MODULES = ("torch", "tensorflow", "pynvml", "amdsmi", "poptorch", "gcipuinfo", "torch_xla")
 
 
-def core_cli(*arguments: str, env: dict[str, str] | None = None, check_light: bool = False) -> subprocess.CompletedProcess[str]:
+def core_cli(
+    *arguments: str, env: dict[str, str] | None = None, check_light: bool = False
+) -> subprocess.CompletedProcess[str]:
     """Run the CLI in a fresh interpreter; optionally assert it imported no framework or SDK."""
     code = "import sys; from core.cli import main; rc = main(sys.argv[1:]); "
     if check_light:
         code += f"heavy = [m for m in {HEAVY_MODULES!r} if m in sys.modules]; assert not heavy, heavy; "
     code += "sys.exit(rc)"
-    return subprocess.run([sys.executable, "-c", code, *arguments], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-c", code, *arguments],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=600,
+    )
 
 
 def test_plugins_json_lists_every_vendor_with_availability() -> None:
@@ -45,9 +53,15 @@ def test_plugins_json_lists_every_vendor_with_availability() -> None:
 
 def test_help_imports_nothing_heavy() -> None:
     completed = subprocess.run(
-        [sys.executable, "-c", "import sys; from core.cli import main\ntry: main(['--help'])\nexcept SystemExit: pass\n"
-         f"heavy = [m for m in {HEAVY_MODULES!r} if m in sys.modules]; assert not heavy, heavy"],
-        capture_output=True, text=True)
+        [
+            sys.executable,
+            "-c",
+            "import sys; from core.cli import main\ntry: main(['--help'])\nexcept SystemExit: pass\n"
+            f"heavy = [m for m in {HEAVY_MODULES!r} if m in sys.modules]; assert not heavy, heavy",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert completed.returncode == 0, completed.stderr
     assert "run" in completed.stdout and "plugins" in completed.stdout
 
@@ -69,13 +83,28 @@ def test_a_plugin_that_raises_on_import_is_reported_and_the_rest_work(tmp_path: 
     assert listing.returncode == 0, listing.stderr
     rows = {row["name"]: row for row in json.loads(listing.stdout)}
     assert rows["broken_plugin"]["state"] == "failed"
-    assert rows["broken_plugin"]["error"] == 'Error importing plugin "broken_plugin": RuntimeError: vendor library exploded'
+    assert (
+        rows["broken_plugin"]["error"]
+        == 'Error importing plugin "broken_plugin": RuntimeError: vendor library exploded'
+    )
     assert rows["broken_plugin"]["version"] == "1.2.3"
     assert rows["cpu"]["state"] == "loaded"
     text = core_cli("plugins", env=env)
     assert "vendor library exploded" in text.stdout
-    ran = core_cli("run", "fcnn", "--accelerator", "cpu", "--steps", "2", "--warmup-steps", "0",
-                   "-o", "hidden_width=16", "--json", env=env)
+    ran = core_cli(
+        "run",
+        "fcnn",
+        "--accelerator",
+        "cpu",
+        "--steps",
+        "2",
+        "--warmup-steps",
+        "0",
+        "-o",
+        "hidden_width=16",
+        "--json",
+        env=env,
+    )
     assert ran.returncode == 0, ran.stderr
     assert json.loads(ran.stdout)["status"]["state"] == "ok"
 
@@ -117,12 +146,15 @@ def manager() -> PluginManager:
     return manager
 
 
-@pytest.mark.parametrize("plugin,message", [
-    (MisspelledHook(), "unknown hook 'core_register_acelerators'"),
-    (WrongType(), "expected a Workload instance, got str"),
-    (DuplicateWorkload(), "Workload 'fcnn' is already registered by built-in plugin 'workloads'"),
-    (RaisesInHook(), "ImportError: libvendor.so"),
-])
+@pytest.mark.parametrize(
+    "plugin,message",
+    [
+        (MisspelledHook(), "unknown hook 'core_register_acelerators'"),
+        (WrongType(), "expected a Workload instance, got str"),
+        (DuplicateWorkload(), "Workload 'fcnn' is already registered by built-in plugin 'workloads'"),
+        (RaisesInHook(), "ImportError: libvendor.so"),
+    ],
+)
 def test_bad_plugins_fail_alone(manager: PluginManager, plugin: object, message: str) -> None:
     record = manager.register_plugin(plugin, name="bad")
     assert record.state is PluginState.failed and message in (record.error or ""), record.error

@@ -65,11 +65,16 @@ def config() -> RunConfig:
 
 # --- discovery ----------------------------------------------------------------------------------
 
+
 def test_discovers_each_kernel_zone_once(tmp_path: Path) -> None:
     zones = discover_zones(kernel_tree(tmp_path))
     assert [(z.key, z.in_total) for z in zones] == [
-        ("package-0", True), ("package-0/core", False), ("package-0/dram", True),
-        ("package-1", True), ("package-1/dram", True), ("psys", False),
+        ("package-0", True),
+        ("package-0/core", False),
+        ("package-0/dram", True),
+        ("package-1", True),
+        ("package-1/dram", True),
+        ("psys", False),
     ]  # no duplicate from the intel-rapl/ hierarchy, the flat subzone links, or intel-rapl-mmio
     assert all(z.max_energy_range_uj == MAX for z in zones)
 
@@ -82,6 +87,7 @@ def test_discovers_plain_nested_directories(tmp_path: Path) -> None:
 
 
 # --- energy -------------------------------------------------------------------------------------
+
 
 def test_two_packages_and_dram_match_a_hand_calculation(tmp_path: Path) -> None:
     root = kernel_tree(tmp_path)
@@ -98,10 +104,16 @@ def test_two_packages_and_dram_match_a_hand_calculation(tmp_path: Path) -> None:
     m = meter.stop()
     assert m.meter == "rapl" and m.method == "counter" and m.unavailable_reason is None
     assert m.energy_joules == pytest.approx(50 + 4 + 40 + 6)  # packages + dram; not core, not psys
-    assert m.components_joules == pytest.approx({
-        "package-0": 50, "package-0/core": 30, "package-0/dram": 4,
-        "package-1": 40, "package-1/dram": 6, "psys": 120,
-    })
+    assert m.components_joules == pytest.approx(
+        {
+            "package-0": 50,
+            "package-0/core": 30,
+            "package-0/dram": 4,
+            "package-1": 40,
+            "package-1/dram": 6,
+            "psys": 120,
+        }
+    )
     assert m.mean_power_watts == pytest.approx(50.0)
     assert m.details["wraps"] == 0
     assert [z["zone"] for z in m.details["zones"]][:3] == ["package-0", "package-0/core", "package-0/dram"]
@@ -168,6 +180,7 @@ def test_a_gap_long_enough_to_hide_a_wrap_is_unavailable(tmp_path: Path) -> None
 
 # --- failures are reasons, never numbers --------------------------------------------------------
 
+
 def test_failed_read_at_stop_is_unavailable_not_a_wrap(tmp_path: Path) -> None:
     root = kernel_tree(tmp_path)
     meter = RaplMeter(discover_zones(root))
@@ -231,6 +244,7 @@ def test_failed_poll_is_recorded_and_the_next_read_still_counts(tmp_path: Path) 
 
 
 # --- factory ------------------------------------------------------------------------------------
+
 
 def test_factory_reads_cpu_and_creates_a_meter(tmp_path: Path) -> None:
     factory = RaplMeterFactory(root=kernel_tree(tmp_path))

@@ -13,25 +13,37 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from chromium import find_chromium, open_page
+from synthetic import synthetic_result
+
 from core.report import ReportError, count_label, format_number, pareto_front, power_traces, write_report
 from core.store import ResultStore
 from core.summary import summarise
-from synthetic import synthetic_result
 
-PLOT_KINDS = ("throughput-vs-batch-size", "samples-per-wh-vs-batch-size", "scaling-efficiency",
-              "mfu-vs-batch-size", "pareto", "power-timeline")
+PLOT_KINDS = (
+    "throughput-vs-batch-size",
+    "samples-per-wh-vs-batch-size",
+    "scaling-efficiency",
+    "mfu-vs-batch-size",
+    "pareto",
+    "power-timeline",
+)
 
 
 def require_chromium() -> str:
     """CI must run the browser test (scripts/test.sh installs Chromium); elsewhere it may skip."""
     binary = find_chromium()
     if binary is None:
-        required = [name for name in ("CI", "CORE_REQUIRE_CHROMIUM") if os.environ.get(name, "").lower() not in ("", "0", "false")]
+        required = [
+            name
+            for name in ("CI", "CORE_REQUIRE_CHROMIUM")
+            if os.environ.get(name, "").lower() not in ("", "0", "false")
+        ]
         if required:
-            pytest.fail(f"Chromium is not installed, and {required[0]} is set, so the report must be opened in it: "
-                        "scripts/test.sh installs Debian's chromium package (apt-get install chromium)")
+            pytest.fail(
+                f"Chromium is not installed, and {required[0]} is set, so the report must be opened in it: "
+                "scripts/test.sh installs Debian's chromium package (apt-get install chromium)"
+            )
         pytest.skip("Chromium is not installed (apt-get install chromium)")
     return binary
 
@@ -88,7 +100,7 @@ def markdown_rows(markdown: str, first_header: str) -> list[dict[str, str]]:
         if line.startswith(f"| {first_header} |"):
             headers = [cell.strip() for cell in line.strip("|").split(" | ")]
             rows = []
-            for row in lines[index + 2:]:
+            for row in lines[index + 2 :]:
                 if not row.startswith("|"):
                     break
                 rows.append(dict(zip(headers, (cell.strip() for cell in re.split(r"(?<!\\)\|", row.strip("|"))))))
@@ -131,13 +143,26 @@ def check_tables_match_database(store: ResultStore, sweep: str, report_directory
             assert row["throughput_per_second"] == ("n/a", None)
         checked += 1
     # The Markdown table shows the same text, row for row.
-    options = [name for name in html_rows[next(iter(html_rows))] if name not in (
-        "status", "repeats_ok", "throughput_per_second", "spread", "samples_per_watt_hour", "flops_per_second",
-        "model_flops_utilization", "note")]
+    options = [
+        name
+        for name in html_rows[next(iter(html_rows))]
+        if name
+        not in (
+            "status",
+            "repeats_ok",
+            "throughput_per_second",
+            "spread",
+            "samples_per_watt_hour",
+            "flops_per_second",
+            "model_flops_utilization",
+            "note",
+        )
+    ]
     first = options[0].split(".", 1)[-1] if options else "status"
     for row in markdown_rows(section, first):
-        match = [html for html in html_rows.values()
-                 if all(html[name][0] == row[name.split(".", 1)[-1]] for name in options)]
+        match = [
+            html for html in html_rows.values() if all(html[name][0] == row[name.split(".", 1)[-1]] for name in options)
+        ]
         assert len(match) == 1, row
         assert row["throughput (samples/s, median)"] == match[0]["throughput_per_second"][0]
         assert row["repeats ok"] == match[0]["repeats_ok"][0]
@@ -162,15 +187,20 @@ def check_plots(report_directory: Path, expected: set[str]) -> None:
 
 
 def check_page_in_chromium(page: Path, tables: int, images: int) -> None:
-    report = open_page(page, {
-        "images": "Array.from(document.images).map(i => i.complete && i.naturalWidth > 100 && i.naturalHeight > 100)",
-        "tables": "document.querySelectorAll('table').length",
-        "rows": "document.querySelectorAll('table[id^=cells-] tbody tr').length",
-    }, binary=require_chromium())
+    report = open_page(
+        page,
+        {
+            "images": "Array.from(document.images)"
+            ".map(i => i.complete && i.naturalWidth > 100 && i.naturalHeight > 100)",
+            "tables": "document.querySelectorAll('table').length",
+            "rows": "document.querySelectorAll('table[id^=cells-] tbody tr').length",
+        },
+        binary=require_chromium(),
+    )
     assert report.errors == [], report.errors
     assert report.values["images"] == [True] * images
     assert report.values["tables"] == tables
-    assert "<table id=\"cells-" in report.dom and "<figure>" in report.dom
+    assert '<table id="cells-' in report.dom and "<figure>" in report.dom
     return None
 
 
@@ -189,18 +219,43 @@ def synthetic_store(tmp_path: Path) -> ResultStore:
                 label = f"micro_batch_size={batch} precision={precision} replicas={replicas}"
                 cells.append({"key": key, "label": label, "invalid_reason": None})
                 if batch == 1 << 24:
-                    store.add(synthetic_result(micro_batch_size=batch, precision=precision, replicas=replicas,
-                                               state="oom", message="DefaultCPUAllocator: can't allocate memory"),
-                              sweep="synthetic", cell_key=key, cell_label=label, repeat=0)
+                    store.add(
+                        synthetic_result(
+                            micro_batch_size=batch,
+                            precision=precision,
+                            replicas=replicas,
+                            state="oom",
+                            message="DefaultCPUAllocator: can't allocate memory",
+                        ),
+                        sweep="synthetic",
+                        cell_key=key,
+                        cell_label=label,
+                        repeat=0,
+                    )
                     continue
                 speed = batch * (2.0 if precision == "bf16" else 1.0) * replicas * 0.9 ** (replicas - 1)
                 for repeat, jitter in enumerate((1.0, 1.03)):
-                    store.add(synthetic_result(micro_batch_size=batch, precision=precision, replicas=replicas,
-                                               throughput=100 * speed * jitter,
-                                               samples_per_watt_hour=1e4 * speed ** 0.5 * jitter,
-                                               mfu=min(0.6, 0.01 * speed)),
-                              sweep="synthetic", cell_key=key, cell_label=label, repeat=repeat)
-    cells.append({"key": "tf32", "label": "precision=tf32", "invalid_reason": "precision = 'tf32': cpu supports fp32, bf16, fp16"})
+                    store.add(
+                        synthetic_result(
+                            micro_batch_size=batch,
+                            precision=precision,
+                            replicas=replicas,
+                            throughput=100 * speed * jitter,
+                            samples_per_watt_hour=1e4 * speed**0.5 * jitter,
+                            mfu=min(0.6, 0.01 * speed),
+                        ),
+                        sweep="synthetic",
+                        cell_key=key,
+                        cell_label=label,
+                        repeat=repeat,
+                    )
+    cells.append(
+        {
+            "key": "tf32",
+            "label": "precision=tf32",
+            "invalid_reason": "precision = 'tf32': cpu supports fp32, bf16, fp16",
+        }
+    )
     store.save_sweep("synthetic", {"name": "synthetic", "repeats": 2, "description": "made up"}, cells, "grid.toml")
     return store
 
@@ -232,8 +287,11 @@ def test_the_chromium_check_sees_errors(tmp_path: Path) -> None:
     """The browser check would catch a broken page: a console error, an exception, a missing file."""
     require_chromium()
     page = tmp_path / "broken.html"
-    page.write_text('<!DOCTYPE html><html><body><img src="missing.png">'
-                    '<script>console.error("boom"); notDefined();</script></body></html>', encoding="utf-8")
+    page.write_text(
+        '<!DOCTYPE html><html><body><img src="missing.png">'
+        '<script>console.error("boom"); notDefined();</script></body></html>',
+        encoding="utf-8",
+    )
     errors = " | ".join(open_page(page).errors)
     assert "console.error: boom" in errors and "notDefined" in errors and "missing.png" in errors
 
@@ -241,8 +299,13 @@ def test_the_chromium_check_sees_errors(tmp_path: Path) -> None:
 def test_plots_without_data_are_explained(tmp_path: Path) -> None:
     store = ResultStore(tmp_path / "r.db")
     for batch in (8, 16):
-        store.add(synthetic_result(micro_batch_size=batch, throughput=10.0 * batch), sweep="cpu",
-                  cell_key=str(batch), cell_label=f"micro_batch_size={batch}", repeat=0)
+        store.add(
+            synthetic_result(micro_batch_size=batch, throughput=10.0 * batch),
+            sweep="cpu",
+            cell_key=str(batch),
+            cell_label=f"micro_batch_size={batch}",
+            repeat=0,
+        )
     files = write_report(store, tmp_path / "report")
     markdown = files.markdown.read_text(encoding="utf-8")
     assert "Not drawn: no energy figures (no power meter in this test)" in markdown
@@ -282,7 +345,13 @@ def test_errors_name_the_problem(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 
 
 def test_helpers() -> None:
-    assert [format_number(v) for v in (None, 0, 12345.6, 2172.42, 146.53, 0.0002336)] == \
-        ["n/a", "0", "12,346", "2,172", "146.5", "2.336e-04"]
+    assert [format_number(v) for v in (None, 0, 12345.6, 2172.42, 146.53, 0.0002336)] == [
+        "n/a",
+        "0",
+        "12,346",
+        "2,172",
+        "146.5",
+        "2.336e-04",
+    ]
     assert [count_label(v) for v in (8, 1024, 1 << 24, 3e7)] == ["8", "1024", "2^24", "3e+07"]
     assert pareto_front([(1, 5), (2, 4), (1.5, 3), (3, 1), (0.5, 5)]) == [0, 1, 3]

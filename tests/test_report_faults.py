@@ -16,18 +16,27 @@ import json
 import os
 import re
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
+from synthetic import synthetic_result
 
 from core.cli import format_cells, main
-from core.report import (PLOTS_DIRECTORY, Paragraph, markdown_block, markdown_code, markdown_text, render_markdown,
-                         sweep_slugs, write_report)
+from core.report import (
+    PLOTS_DIRECTORY,
+    Paragraph,
+    markdown_block,
+    markdown_code,
+    markdown_text,
+    render_markdown,
+    sweep_slugs,
+    write_report,
+)
 from core.results import DeviceRecord, EnvironmentInfo, PowerTimeline, RunResult, RunState
 from core.store import ResultStore
 from core.summary import summarise
-from synthetic import synthetic_result
 
 HOSTILE = "<script>alert(1)</script> | pipes | `tick` *star* _under_ [link](javascript:alert(2)) $x$\nsecond line"
 
@@ -37,8 +46,13 @@ def small_store(path: Path, sweeps: tuple[str, ...] = ("s",), **options: Any) ->
     store = ResultStore(path)
     for sweep in sweeps:
         for batch in (8, 16):
-            store.add(synthetic_result(micro_batch_size=batch, throughput=10.0 * batch, **options), sweep=sweep,
-                      cell_key=str(batch), cell_label=f"micro_batch_size={batch}", repeat=0)
+            store.add(
+                synthetic_result(micro_batch_size=batch, throughput=10.0 * batch, **options),
+                sweep=sweep,
+                cell_key=str(batch),
+                cell_label=f"micro_batch_size={batch}",
+                repeat=0,
+            )
     return store
 
 
@@ -75,8 +89,9 @@ def mounted_tmpfs(tmp_path: Path, kilobytes: int = 4096) -> Iterator[Path]:
     """A tmpfs of its own (needs root, as CI and this machine are), unmounted afterwards."""
     mount_point = tmp_path / "mounted"
     mount_point.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={kilobytes}k", "tmpfs", str(mount_point)],
-                             capture_output=True, text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={kilobytes}k", "tmpfs", str(mount_point)], capture_output=True, text=True
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
     try:
@@ -106,8 +121,9 @@ def fill(path: Path) -> None:
 # --- 9: report and export outputs ----------------------------------------------------------------
 
 
-def test_report_output_that_is_a_file_is_refused_before_any_plot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_report_output_that_is_a_file_is_refused_before_any_plot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     small_store(tmp_path / "r.db").close()
     target = tmp_path / "out"
     target.write_text("keep me")
@@ -120,8 +136,9 @@ def test_report_output_that_is_a_file_is_refused_before_any_plot(tmp_path: Path,
 
 
 @pytest.mark.parametrize("in_the_way", ["report.md/", "report.html/", "plots"])
-def test_report_files_in_the_way_are_refused(tmp_path: Path, in_the_way: str,
-                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_report_files_in_the_way_are_refused(
+    tmp_path: Path, in_the_way: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     small_store(tmp_path / "r.db").close()
     output = tmp_path / "out"
     output.mkdir()
@@ -137,18 +154,25 @@ def test_report_files_in_the_way_are_refused(tmp_path: Path, in_the_way: str,
     assert every_file(output) == before  # nothing written beside it
 
 
-def test_report_missing_parents_are_created_and_nothing_temporary_is_left(tmp_path: Path,
-                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_report_missing_parents_are_created_and_nothing_temporary_is_left(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     small_store(tmp_path / "r.db").close()
     output = tmp_path / "a" / "b" / "report"
     assert main(["report", "--database", str(tmp_path / "r.db"), "--output", str(output)]) == 0
     assert "wrote" in capsys.readouterr().out
-    assert every_file(output) == {"report.md", "report.html", "plots", "plots/s-throughput-vs-batch-size.png",
-                                  "plots/s-flops-vs-batch-size.png"}
+    assert every_file(output) == {
+        "report.md",
+        "report.html",
+        "plots",
+        "plots/s-throughput-vs-batch-size.png",
+        "plots/s-flops-vs-batch-size.png",
+    }
 
 
-def test_report_into_a_read_only_directory_is_refused_and_changes_nothing(tmp_path: Path,
-                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_report_into_a_read_only_directory_is_refused_and_changes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     small_store(tmp_path / "r.db").close()
     with mounted_tmpfs(tmp_path) as disk:
         output = disk / "report"
@@ -163,15 +187,17 @@ def test_report_into_a_read_only_directory_is_refused_and_changes_nothing(tmp_pa
     assert after == before
 
 
-def test_report_on_a_full_disk_keeps_the_previous_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_report_on_a_full_disk_keeps_the_previous_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     store = small_store(tmp_path / "r.db")
     output = tmp_path / "report"
     write_report(store, output)
     before = snapshot(output)
     for batch in (32, 64):  # the next report differs: one more cell in each table and plot
-        store.add(synthetic_result(micro_batch_size=batch, throughput=5.0 * batch), sweep="s", cell_key=str(batch),
-                  repeat=0)
+        store.add(
+            synthetic_result(micro_batch_size=batch, throughput=5.0 * batch), sweep="s", cell_key=str(batch), repeat=0
+        )
     store.close()
     for after in (0, 1, 3):  # the first plot, the second, the HTML page
         failing = FailingFsync(after)
@@ -181,7 +207,10 @@ def test_report_on_a_full_disk_keeps_the_previous_report(tmp_path: Path, monkeyp
         err = capsys.readouterr().err
         assert failing.calls > after, "the disk never filled up"
         assert code == 1 and "Traceback" not in err
-        assert f"cannot write the report in {output}: no space left on the device (ENOSPC); nothing in it was changed" in err
+        assert (
+            f"cannot write the report in {output}: no space left on the device (ENOSPC); nothing in it was changed"
+            in err
+        )
         assert snapshot(output) == before and hidden_files(output) == []
 
 
@@ -197,8 +226,9 @@ def test_report_on_a_really_full_disk_leaves_nothing(tmp_path: Path, capsys: pyt
 
 
 @pytest.mark.parametrize("format_", ["summary", "csv", "json"])
-def test_results_output_is_whole_and_its_parents_are_created(tmp_path: Path, format_: str,
-                                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_results_output_is_whole_and_its_parents_are_created(
+    tmp_path: Path, format_: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     small_store(tmp_path / "r.db", sweeps=("s", "t")).close()
     target = tmp_path / "a" / "b" / f"runs.{format_}"
     assert main(["results", "--database", str(tmp_path / "r.db"), "--format", format_, "--output", str(target)]) == 0
@@ -213,8 +243,9 @@ def test_results_output_is_whole_and_its_parents_are_created(tmp_path: Path, for
 
 
 @pytest.mark.parametrize("format_", ["summary", "csv", "json", "parquet"])
-def test_results_on_a_full_disk_keep_the_old_file(tmp_path: Path, format_: str, monkeypatch: pytest.MonkeyPatch,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_results_on_a_full_disk_keep_the_old_file(
+    tmp_path: Path, format_: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     if format_ == "parquet":
         pytest.importorskip("pyarrow.parquet")
     small_store(tmp_path / "r.db").close()
@@ -231,8 +262,9 @@ def test_results_on_a_full_disk_keep_the_old_file(tmp_path: Path, format_: str, 
     assert [path.name for path in target.parent.iterdir()] == ["runs"]  # no temporary file
 
 
-def test_results_output_problems_are_refused_before_the_query(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_results_output_problems_are_refused_before_the_query(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     small_store(tmp_path / "r.db").close()
     monkeypatch.setattr(ResultStore, "runs", lambda *a, **k: pytest.fail("queried before the check"))
     assert main(["results", "--database", str(tmp_path / "r.db"), "--format", "csv", "--output", str(tmp_path)]) == 2
@@ -249,8 +281,9 @@ def test_results_into_a_read_only_directory_is_refused(tmp_path: Path, capsys: p
     with mounted_tmpfs(tmp_path) as disk:
         (disk / "runs.csv").write_text("old")
         make_read_only(disk)
-        code = main(["results", "--database", str(tmp_path / "r.db"), "--format", "csv",
-                     "--output", str(disk / "runs.csv")])
+        code = main(
+            ["results", "--database", str(tmp_path / "r.db"), "--format", "csv", "--output", str(disk / "runs.csv")]
+        )
         err = capsys.readouterr().err
         assert (disk / "runs.csv").read_text() == "old"
     assert code == 2 and f"cannot write --output {disk / 'runs.csv'}" in err and "Traceback" not in err
@@ -259,19 +292,37 @@ def test_results_into_a_read_only_directory_is_refused(tmp_path: Path, capsys: p
 # --- 11: file names from data ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_sweep_names_never_put_files_outside_the_output_directory(tmp_path: Path) -> None:
     root = tmp_path / "root"
     output = root / "deep" / "report"
     outside = tmp_path / "elsewhere"
-    names = ["../escape", "../../escape", f"{outside}/evil", "a/b", "..", ".", ".hidden", "Sweep One", "x" * 300,
-             "évolution", "C:\\windows", "tab\tname", "plain", "Case", "case"]
+    names = [
+        "../escape",
+        "../../escape",
+        f"{outside}/evil",
+        "a/b",
+        "..",
+        ".",
+        ".hidden",
+        "Sweep One",
+        "x" * 300,
+        "évolution",
+        "C:\\windows",
+        "tab\tname",
+        "plain",
+        "Case",
+        "case",
+    ]
     names.append(sweep_slugs(["../escape"])["../escape"])  # a name equal to another name's slug
     small_store(tmp_path / "r.db", sweeps=tuple(names)).close()
     files = write_report(tmp_path / "r.db", output)
     assert not outside.exists() and every_file(root) == {"deep", "deep/report"} | {
-        f"deep/report/{name}" for name in every_file(output)}
+        f"deep/report/{name}" for name in every_file(output)
+    }
     assert set(every_file(tmp_path)) == {"r.db", "root"} | {f"root/{name}" for name in every_file(root)} | {
-        name for name in every_file(tmp_path) if name.startswith("r.db-")}  # SQLite's WAL files
+        name for name in every_file(tmp_path) if name.startswith("r.db-")
+    }  # SQLite's WAL files
     plots = sorted(path.name for path in files.plots)
     assert len(plots) == 2 * len(names) == len(set(name.lower() for name in plots))  # distinct, also ignoring case
     assert all(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*\.png", name) for name in plots), plots
@@ -298,8 +349,9 @@ def test_sweep_slugs_are_stable_safe_and_distinct() -> None:
 # --- 15: filters that match nothing by mistake ------------------------------------------------------
 
 
-def test_results_unknown_status_is_an_error_naming_the_states(tmp_path: Path,
-                                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_results_unknown_status_is_an_error_naming_the_states(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     small_store(tmp_path / "r.db").close()
     code = main(["results", "--database", str(tmp_path / "r.db"), "--status", "typo"])
     captured = capsys.readouterr()
@@ -311,8 +363,9 @@ def test_results_unknown_status_is_an_error_naming_the_states(tmp_path: Path,
     assert "no runs in" in captured.err and "--status oom" in captured.err
 
 
-def test_results_unknown_sweep_is_an_error_naming_the_sweeps(tmp_path: Path,
-                                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_results_unknown_sweep_is_an_error_naming_the_sweeps(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     store = small_store(tmp_path / "r.db", sweeps=("fcnn-cpu", "../odd"))
     store.save_sweep("planned", {"name": "planned"}, [], None)  # in the database, no runs yet
     store.close()
@@ -330,8 +383,12 @@ def test_the_summary_has_a_sweep_column(tmp_path: Path, capsys: pytest.CaptureFi
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[:3] == ["sweep", "cell", "status"]
     rows = [line.split()[:2] for line in lines[1:]]
-    assert rows == [["first", "micro_batch_size=8"], ["first", "micro_batch_size=16"],
-                    ["second", "micro_batch_size=8"], ["second", "micro_batch_size=16"]]
+    assert rows == [
+        ["first", "micro_batch_size=8"],
+        ["first", "micro_batch_size=16"],
+        ["second", "micro_batch_size=8"],
+        ["second", "micro_batch_size=16"],
+    ]
     assert main(["results", "--database", str(tmp_path / "r.db"), "--sweep", "second"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("sweep") and all(line.startswith("second") for line in lines[1:])
@@ -351,13 +408,31 @@ def test_the_summary_shows_database_text_on_one_line(tmp_path: Path) -> None:
 def hostile_store(tmp_path: Path) -> ResultStore:
     store = ResultStore(tmp_path / "r.db")
     for batch in (8, 16):
-        store.add(synthetic_result(micro_batch_size=batch, throughput=10.0 * batch, workload_options={"label": HOSTILE}),
-                  sweep="evil <b>|", cell_key=str(batch), cell_label=HOSTILE + str(batch), repeat=0)
-    store.add(synthetic_result(micro_batch_size=32, workload_options={"label": HOSTILE}, state="error",
-                               message="```\n<script>alert(3)</script>\n````"),
-              sweep="evil <b>|", cell_key="32", cell_label=HOSTILE + "32", repeat=0)
-    store.save_sweep("evil <b>|", {"name": "evil", "description": HOSTILE, "repeats": "<i>1</i>"},
-                     [{"key": "x", "label": HOSTILE, "invalid_reason": HOSTILE}], "grid `x`.toml")
+        store.add(
+            synthetic_result(micro_batch_size=batch, throughput=10.0 * batch, workload_options={"label": HOSTILE}),
+            sweep="evil <b>|",
+            cell_key=str(batch),
+            cell_label=HOSTILE + str(batch),
+            repeat=0,
+        )
+    store.add(
+        synthetic_result(
+            micro_batch_size=32,
+            workload_options={"label": HOSTILE},
+            state="error",
+            message="```\n<script>alert(3)</script>\n````",
+        ),
+        sweep="evil <b>|",
+        cell_key="32",
+        cell_label=HOSTILE + "32",
+        repeat=0,
+    )
+    store.save_sweep(
+        "evil <b>|",
+        {"name": "evil", "description": HOSTILE, "repeats": "<i>1</i>"},
+        [{"key": "x", "label": HOSTILE, "invalid_reason": HOSTILE}],
+        "grid `x`.toml",
+    )
     return store
 
 
@@ -380,8 +455,10 @@ def test_markdown_escapes_user_text(hostile_store: ResultStore, tmp_path: Path) 
     for tag in ("<script", "<b>", "<i>", "<a ", "<strong>", "<del>", "<s>"):
         assert tag not in rendered, tag
     assert rendered.count("<em>") == len(files.plots)  # the captions; none from user text
-    assert "&lt;script&gt;alert(1)&lt;/script&gt; | pipes | `tick` *star* _under_ [link](javascript:alert(2)) $x$ second line" \
-        in rendered  # the description, literally, on one line
+    assert (
+        "&lt;script&gt;alert(1)&lt;/script&gt; | pipes | `tick` *star* _under_ [link](javascript:alert(2)) "
+        "$x$ second line" in rendered
+    )  # the description, literally, on one line
     assert "<h2>Sweep evil &lt;b&gt;|</h2>" in rendered
     # Pipes in cells stay in their cell: every row has as many cells as its table has headers.
     tokens = parser.parse(markdown)
@@ -397,25 +474,40 @@ def test_markdown_escapes_user_text(hostile_store: ResultStore, tmp_path: Path) 
             assert set(widths) == {header}, widths
             widths = []
     # The failure message stays in its code block, whatever fences it contains.
-    assert "<pre><code class=\"language-text\">```\n&lt;script&gt;alert(3)&lt;/script&gt;\n````\n</code></pre>" in rendered
+    assert (
+        '<pre><code class="language-text">```\n&lt;script&gt;alert(3)&lt;/script&gt;\n````\n</code></pre>' in rendered
+    )
     # The HTML page escapes the same text.
     page = files.html.read_text(encoding="utf-8")
     assert page.count("<script") == 0 and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("a|b", "a\\|b"), ("<x> & y", "&lt;x&gt; &amp; y"), ("two\nlines\r\n", "two lines "),
-    ("micro_batch_size", "micro_batch_size"), ("_x_", "\\_x\\_"),
-    ("*x* `y` [z] ~w~ $m$ #", "\\*x\\* \\`y\\` \\[z\\] \\~w\\~ \\$m\\$ \\#"),
-    ("back\\slash", "back\\\\slash"), ("bell\x07", "bell\ufffd"),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("a|b", "a\\|b"),
+        ("<x> & y", "&lt;x&gt; &amp; y"),
+        ("two\nlines\r\n", "two lines "),
+        ("micro_batch_size", "micro_batch_size"),
+        ("_x_", "\\_x\\_"),
+        ("*x* `y` [z] ~w~ $m$ #", "\\*x\\* \\`y\\` \\[z\\] \\~w\\~ \\$m\\$ \\#"),
+        ("back\\slash", "back\\\\slash"),
+        ("bell\x07", "bell\ufffd"),
+    ],
+)
 def test_markdown_text(text: str, expected: str) -> None:
     assert markdown_text(text) == expected
 
 
 def test_markdown_line_starts_code_spans_and_blocks() -> None:
-    assert [markdown_text(text, line_start=True) for text in ("- x", "+ x", "1. x", "12) x", "    code", "= x")] == \
-        ["\\- x", "\\+ x", "1\\. x", "12\\) x", "code", "\\= x"]
+    assert [markdown_text(text, line_start=True) for text in ("- x", "+ x", "1. x", "12) x", "    code", "= x")] == [
+        "\\- x",
+        "\\+ x",
+        "1\\. x",
+        "12\\) x",
+        "code",
+        "\\= x",
+    ]
     assert markdown_code("a`b") == "``a`b``" and markdown_code("`x`") == "`` `x` ``"
     assert markdown_block("```\nx")[0] == "````text" and markdown_block("plain")[0] == "```text"
     markdown = render_markdown("t", [Paragraph("- looks like a list ", "| and a table |")])
@@ -430,7 +522,12 @@ def _set_json(store: ResultStore, run_id: int, **figures: Any) -> None:
     (text,) = store._connection.execute("SELECT result_json FROM runs WHERE id = ?", (run_id,)).fetchone()
     document = json.loads(text)
     document.update(figures)
-    text = json.dumps(document).replace('"NaN"', "NaN").replace('"-Infinity"', "-Infinity").replace('"Infinity"', "Infinity")
+    text = (
+        json.dumps(document)
+        .replace('"NaN"', "NaN")
+        .replace('"-Infinity"', "-Infinity")
+        .replace('"Infinity"', "Infinity")
+    )
     store._connection.execute("UPDATE runs SET result_json = ? WHERE id = ?", (text, run_id))
 
 
@@ -442,26 +539,58 @@ def odd_store(path: Path) -> ResultStore:
 
     for batch in (8, 16):  # every run failed, no figure at all
         add("only-failed", str(batch), synthetic_result(micro_batch_size=batch, state="error", message=None))
-    figures = [("NaN", "Infinity", "NaN"), ("Infinity", "NaN", 1e300), ("-Infinity", 0.0, -3.0),
-               (0.0, -1.0, None), (-5.0, 1e-300, 0.5), (1e308, 5.0, "Infinity")]
+    figures = [
+        ("NaN", "Infinity", "NaN"),
+        ("Infinity", "NaN", 1e300),
+        ("-Infinity", 0.0, -3.0),
+        (0.0, -1.0, None),
+        (-5.0, 1e-300, 0.5),
+        (1e308, 5.0, "Infinity"),
+    ]
     for index, (throughput, energy, mfu) in enumerate(figures):
-        run_id = add("non-finite", str(8 << (index // 2)),
-                     synthetic_result(micro_batch_size=8 << (index // 2), throughput=1.0, samples_per_watt_hour=1.0,
-                                      mfu=0.1), repeat=index % 2)
-        _set_json(store, run_id, throughput_per_second=throughput, samples_per_watt_hour=energy,
-                  model_flops_utilization=mfu)
+        run_id = add(
+            "non-finite",
+            str(8 << (index // 2)),
+            synthetic_result(micro_batch_size=8 << (index // 2), throughput=1.0, samples_per_watt_hour=1.0, mfu=0.1),
+            repeat=index % 2,
+        )
+        _set_json(
+            store, run_id, throughput_per_second=throughput, samples_per_watt_hour=energy, model_flops_utilization=mfu
+        )
     store.save_sweep("empty", {"name": "empty"}, [], None)
     store.save_sweep("odd-record", ["not", "a", "dict"], ["a cell", {"label": None, "invalid_reason": 5}], "grid")
     add("odd-record", "a", synthetic_result())
-    store.save_sweep("odd-cells", {"name": "odd-cells", "repeats": [1]}, [{"invalid_reason": 5}, {"label": None},
-                                                                          {"key": "k", "invalid_reason": "<b>"}], None)
+    store.save_sweep(
+        "odd-cells",
+        {"name": "odd-cells", "repeats": [1]},
+        [{"invalid_reason": 5}, {"label": None}, {"key": "k", "invalid_reason": "<b>"}],
+        None,
+    )
     add("odd-cells", "a", synthetic_result())
     huge = "L" * 50_000
     for batch in (8, 16):  # huge labels, mathtext, a label matplotlib would hide
-        add("huge", f"h{batch}", synthetic_result(micro_batch_size=batch, throughput=batch, samples_per_watt_hour=batch,
-                                                  workload_options={"label": "$x^" + huge}), label=huge + "$\\frac")
-        add("huge", f"u{batch}", synthetic_result(micro_batch_size=batch, throughput=batch, samples_per_watt_hour=batch,
-                                                  workload_options={"label": "_hidden"}), label="_hidden")
+        add(
+            "huge",
+            f"h{batch}",
+            synthetic_result(
+                micro_batch_size=batch,
+                throughput=batch,
+                samples_per_watt_hour=batch,
+                workload_options={"label": "$x^" + huge},
+            ),
+            label=huge + "$\\frac",
+        )
+        add(
+            "huge",
+            f"u{batch}",
+            synthetic_result(
+                micro_batch_size=batch,
+                throughput=batch,
+                samples_per_watt_hour=batch,
+                workload_options={"label": "_hidden"},
+            ),
+            label="_hidden",
+        )
     unresolved = synthetic_result(micro_batch_size=8, throughput=5.0)
     unresolved.config = unresolved.config.model_copy(update={"micro_batch_size": None})
     add("no-batch", "none", unresolved)
@@ -469,22 +598,35 @@ def odd_store(path: Path) -> ResultStore:
         add("no-batch", key, synthetic_result(micro_batch_size=8, throughput=5.0))
     add("no-batch", "c", synthetic_result(micro_batch_size=16, throughput=5.0))
     broken = synthetic_result(micro_batch_size=8, throughput=5.0, samples_per_watt_hour=3.0)
-    broken.environment = EnvironmentInfo(hostname="<host>", platform="p|x", python_version="3", core_version="0",
-                                         processor="\x1b[31mred")
+    broken.environment = EnvironmentInfo(
+        hostname="<host>", platform="p|x", python_version="3", core_version="0", processor="\x1b[31mred"
+    )
     broken.devices = [DeviceRecord(index=0, name="dev`ice", kind="cpu")]
-    broken.energy.power_timeline = PowerTimeline(start_seconds=[0, 1, 2], stop_seconds=[1, 2],  # type: ignore[union-attr]
-                                                 watts={"a": [1.0], "b": [None, 2.0, 3.0, 4.0]})
+    broken.energy.power_timeline = PowerTimeline(
+        start_seconds=[0, 1, 2],
+        stop_seconds=[1, 2],  # type: ignore[union-attr]
+        watts={"a": [1.0], "b": [None, 2.0, 3.0, 4.0]},
+    )
     add("environment", "a", broken)
     empty_timeline = synthetic_result(micro_batch_size=16, throughput=5.0, samples_per_watt_hour=3.0)
     empty_timeline.energy.power_timeline = PowerTimeline(start_seconds=[0, 1], stop_seconds=[1, 2], watts={})  # type: ignore[union-attr]
     add("environment", "b", empty_timeline)
     for index in range(24):  # more series than a legend can name
         for batch in (8, 16):
-            add("many", f"{index}-{batch}", synthetic_result(micro_batch_size=batch, throughput=10.0 * batch + index,
-                                                             samples_per_watt_hour=1.0 + index, seed=index))
+            add(
+                "many",
+                f"{index}-{batch}",
+                synthetic_result(
+                    micro_batch_size=batch,
+                    throughput=10.0 * batch + index,
+                    samples_per_watt_hour=1.0 + index,
+                    seed=index,
+                ),
+            )
     return store
 
 
+@pytest.mark.slow
 def test_odd_results_do_not_stop_the_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     odd_store(tmp_path / "r.db").close()
     code = main(["report", "--database", str(tmp_path / "r.db"), "--output", str(tmp_path / "report")])
@@ -496,7 +638,17 @@ def test_odd_results_do_not_stop_the_report(tmp_path: Path, capsys: pytest.Captu
     assert "skipped the settings of sweep 'odd-record'" in markdown.split("## Database warnings", 1)[1]
     section = markdown.split("## Sweep odd-cells", 1)[1].split("## Sweep", 1)[0]
     assert "| ? | 5 |" in section and "| k | &lt;b&gt; |" in section and "2 cells refused by validation" in section
-    for sweep in ("only-failed", "non-finite", "empty", "odd-record", "odd-cells", "huge", "no-batch", "environment", "many"):
+    for sweep in (
+        "only-failed",
+        "non-finite",
+        "empty",
+        "odd-record",
+        "odd-cells",
+        "huge",
+        "no-batch",
+        "environment",
+        "many",
+    ):
         assert f"## Sweep {sweep}\n" in markdown
     section = markdown.split("## Sweep only-failed", 1)[1].split("## Sweep", 1)[0]
     assert "Not drawn: no cell has a throughput figure." in section and "2 cells with results (2 error)" in section
@@ -507,8 +659,13 @@ def test_odd_results_do_not_stop_the_report(tmp_path: Path, capsys: pytest.Captu
     assert "| environment | not recorded |" in markdown.split("## Sweep odd-record", 1)[1]
     assert "core: warning: skipped the settings of sweep 'odd-record'" in captured.err
     plots = {path.name for path in (tmp_path / "report" / "plots").iterdir()}
-    assert {"huge-throughput-vs-batch-size.png", "huge-pareto.png", "many-throughput-vs-batch-size.png",
-            "no-batch-throughput-vs-batch-size.png", "environment-power-timeline.png"} <= plots
+    assert {
+        "huge-throughput-vs-batch-size.png",
+        "huge-pareto.png",
+        "many-throughput-vs-batch-size.png",
+        "no-batch-throughput-vs-batch-size.png",
+        "environment-power-timeline.png",
+    } <= plots
     assert "\x1b" not in markdown and "\x1b" not in (tmp_path / "report" / "report.html").read_text(encoding="utf-8")
     rendered_markdown(markdown).render(markdown)
 
@@ -517,7 +674,7 @@ def test_a_plot_that_fails_is_a_note_not_the_end_of_the_report(tmp_path: Path, m
     def broken(*args: Any, **kwargs: Any) -> bytes:
         raise ValueError("a bug in a plot")
 
-    monkeypatch.setattr("core.report.plot_power_traces", broken)
+    monkeypatch.setattr("core.report.sections.plot_power_traces", broken)
     store = small_store(tmp_path / "r.db", samples_per_watt_hour=5.0)
     files = write_report(store, tmp_path / "report")
     markdown = files.markdown.read_text(encoding="utf-8")
@@ -528,7 +685,9 @@ def test_a_plot_that_fails_is_a_note_not_the_end_of_the_report(tmp_path: Path, m
 def test_rows_the_store_skips_are_shown(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     store = small_store(tmp_path / "r.db", sweeps=("good", "damaged"))
     store._connection.execute("UPDATE runs SET result_json = '{\"not\": \"a result\"' WHERE sweep = 'damaged'")
-    store._connection.execute("UPDATE runs SET result_json = '{\"<script>\": 1}' WHERE sweep = 'good' AND cell_key = '16'")
+    store._connection.execute(
+        "UPDATE runs SET result_json = '{\"<script>\": 1}' WHERE sweep = 'good' AND cell_key = '16'"
+    )
     store.close()
     code = main(["report", "--database", str(tmp_path / "r.db"), "--output", str(tmp_path / "report")])
     err = capsys.readouterr().err
@@ -561,6 +720,8 @@ def test_a_sweep_that_cannot_be_read_is_a_note(tmp_path: Path, monkeypatch: pyte
     store = small_store(tmp_path / "r.db", sweeps=("good", "damaged"))
     files = write_report(store, tmp_path / "report")
     markdown = files.markdown.read_text(encoding="utf-8")
-    assert "The runs of this sweep could not be read from the database, so it is left out: StoreError: " \
+    assert (
+        "The runs of this sweep could not be read from the database, so it is left out: StoreError: "
         "results database" in markdown.split("## Sweep damaged", 1)[1]
+    )
     assert "good-throughput-vs-batch-size.png" in {path.name for path in files.plots}

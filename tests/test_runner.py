@@ -3,12 +3,27 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import pytest
 
-from core import (Accelerator, Availability, DeviceRecord, EnergyMeasurement, Framework, PowerMeter,
-                  PowerMeterFactory, Precision, ProcessContext, RunConfig, RunState, Workload, hookimpl, run)
+from core import (
+    Accelerator,
+    Availability,
+    DeviceRecord,
+    EnergyMeasurement,
+    Framework,
+    PowerMeter,
+    PowerMeterFactory,
+    Precision,
+    ProcessContext,
+    RunConfig,
+    RunState,
+    Workload,
+    hookimpl,
+    run,
+)
 from core.errors import NonFiniteLossError
 from core.executors.base import Executor, HostStepClock, StepClock
 from core.testing import registered_plugins
@@ -21,7 +36,6 @@ class ScriptedExecutor(Executor):
 
     def __init__(self, log: list[str], fail_at_step: int | None, failure: BaseException | None, samples: int) -> None:
         self.log, self.fail_at_step, self.failure = log, fail_at_step, failure
-        self.local_samples_per_update = samples
         self.steps = 0
 
     def step(self) -> None:
@@ -136,8 +150,11 @@ def test_phases_window_and_meter_placement() -> None:
     assert result.status.ok, result.status
     log = accelerator.log
     # setup sync, 1 first step + sync, 2 warm-up steps + sync, meter on, 10 steps, sync, meter off.
-    assert log == (["sync", "step", "sync", "step", "step", "sync", "meter-start"]
-                   + ["step"] * 10 + ["sync", "meter-stop", "close"])
+    assert log == (
+        ["sync", "step", "sync", "step", "step", "sync", "meter-start"]
+        + ["step"] * 10
+        + ["sync", "meter-stop", "close"]
+    )
     assert result.window_samples == 80 and result.window_steps == 10
     assert result.throughput_per_second == pytest.approx(80 / result.window_seconds)
     assert result.window_seconds >= 10 * STEP_SECONDS
@@ -152,8 +169,9 @@ def test_phases_window_and_meter_placement() -> None:
     assert result.parameter_count == 123
 
 
-@pytest.mark.parametrize("where,reason", [("create", "meter failed to open"), ("start", "meter failed to start"),
-                                          ("stop", "meter failed")])
+@pytest.mark.parametrize(
+    "where,reason", [("create", "meter failed to open"), ("start", "meter failed to start"), ("stop", "meter failed")]
+)
 def test_a_failing_meter_costs_only_the_energy_figure(where: str, reason: str) -> None:
     accelerator = ScriptedAccelerator()
     with registered_plugins(MeterPlugin(RecordingMeterFactory(accelerator.log, fail=where))):
@@ -171,13 +189,18 @@ def test_no_meter_gives_a_reason_not_a_number() -> None:
     assert "no available power meter reads accelerator 'scripted'" in result.energy_unavailable_reason
 
 
-@pytest.mark.parametrize("failure,step,state,phase", [
-    (MemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), 3, RunState.oom, "warmup"),
-    (RuntimeError("HIP error: out of memory"), 1, RunState.oom, "first_step"),
-    (NonFiniteLossError("loss is nan"), 5, RunState.non_finite_loss, "window"),
-    (ValueError("shapes do not match"), 6, RunState.error, "window"),
-])
-def test_faults_are_reported_and_earlier_figures_kept(failure: BaseException, step: int, state: RunState, phase: str) -> None:
+@pytest.mark.parametrize(
+    "failure,step,state,phase",
+    [
+        (MemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), 3, RunState.oom, "warmup"),
+        (RuntimeError("HIP error: out of memory"), 1, RunState.oom, "first_step"),
+        (NonFiniteLossError("loss is nan"), 5, RunState.non_finite_loss, "window"),
+        (ValueError("shapes do not match"), 6, RunState.error, "window"),
+    ],
+)
+def test_faults_are_reported_and_earlier_figures_kept(
+    failure: BaseException, step: int, state: RunState, phase: str
+) -> None:
     accelerator = ScriptedAccelerator(fail_at_step=step, failure=failure)
     with registered_plugins(MeterPlugin(RecordingMeterFactory(accelerator.log))):
         result = run(ScriptedWorkload(), accelerator, steps=4, warmup_steps=2)
@@ -196,11 +219,13 @@ def test_a_nan_loss_in_a_real_torch_run_is_reported() -> None:
 
     class HugeLearningRate(Workload):
         """FCNN whose optimizer diverges at once."""
+
         name: ClassVar[str] = "diverging-fcnn"
         options_model = __import__("core.workloads.fcnn", fromlist=["FcnnOptions"]).FcnnOptions
 
         def build_torch(self, options: Any, seed: int) -> Any:
             import torch
+
             from core.workloads.fcnn import Fcnn
 
             spec = Fcnn().build_torch(options, seed)
@@ -209,8 +234,15 @@ def test_a_nan_loss_in_a_real_torch_run_is_reported() -> None:
             return spec
 
     with registered_plugins():
-        result = run(HugeLearningRate(), CpuAccelerator(), micro_batch_size=4, steps=2, warmup_steps=1,
-                     power_meter="none", workload_options=TINY_FCNN)
+        result = run(
+            HugeLearningRate(),
+            CpuAccelerator(),
+            micro_batch_size=4,
+            steps=2,
+            warmup_steps=1,
+            power_meter="none",
+            workload_options=TINY_FCNN,
+        )
     assert result.status.state is RunState.non_finite_loss
     assert result.setup_seconds is not None
 

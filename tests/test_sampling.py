@@ -9,7 +9,7 @@ import time
 import pytest
 
 from core.results import PowerTimeline
-from core.sampling import FixedRateSampler, PowerTimelineRecorder, SampledEnergy, trapezoid_joules
+from core.sampling import FixedRateSampler, PowerTimelineRecorder, SampledEnergy
 
 
 class SimClock:
@@ -44,24 +44,8 @@ def run_simulated(read, interval: float, limit: float, stop_at: float, **options
     return sampler.stop()
 
 
-# --- trapezoid_joules ---------------------------------------------------------------------------
-
-def test_trapezoid_exact_for_linear_and_constant() -> None:
-    assert trapezoid_joules([0.0, 2.0], [100.0, 100.0]) == pytest.approx(200.0)
-    times = [0.0, 0.5, 1.5, 3.0]
-    assert trapezoid_joules(times, [10 + 20 * t for t in times]) == pytest.approx(10 * 3 + 10 * 9)
-    assert trapezoid_joules([], []) == 0.0
-    assert trapezoid_joules([1.0], [5.0]) == 0.0
-
-
-def test_trapezoid_rejects_bad_input() -> None:
-    with pytest.raises(ValueError):
-        trapezoid_joules([0.0, 1.0], [1.0])
-    with pytest.raises(ValueError):
-        trapezoid_joules([1.0, 0.5], [1.0, 1.0])
-
-
 # --- accuracy -----------------------------------------------------------------------------------
+
 
 def test_step_100_to_300_watts_within_one_percent() -> None:
     step = 0.3037  # deliberately off the sampling grid
@@ -96,6 +80,7 @@ def test_window_is_exactly_start_to_stop_in_real_time() -> None:
 
 
 # --- scheduling ---------------------------------------------------------------------------------
+
 
 def test_fixed_rate_does_not_drift_when_reads_are_slow() -> None:
     interval = 0.01
@@ -154,6 +139,7 @@ def test_start_stop_misuse() -> None:
 
 
 # --- errors and N/A -----------------------------------------------------------------------------
+
 
 def test_failing_reads_are_recorded_and_leave_a_hole() -> None:
     def read(clock: SimClock) -> dict[str, float]:
@@ -249,15 +235,20 @@ def test_a_hung_read_does_not_hang_stop() -> None:
 
 # --- power timeline -----------------------------------------------------------------------------
 
+
 def timeline_joules(timeline: PowerTimeline, component: str) -> float:
-    return sum(w * (stop - start) for w, start, stop
-               in zip(timeline.watts[component], timeline.start_seconds, timeline.stop_seconds) if w is not None)
+    return sum(
+        w * (stop - start)
+        for w, start, stop in zip(timeline.watts[component], timeline.start_seconds, timeline.stop_seconds)
+        if w is not None
+    )
 
 
 def test_timeline_tiles_the_window_and_adds_up_to_the_integral() -> None:
     step = 0.3037
-    result = run_simulated(lambda c: {"gpu0": 100.0 if c.t < step else 300.0, "gpu1": 50.0 + 100.0 * c.t},
-                           0.01, 0.995, 1.0)
+    result = run_simulated(
+        lambda c: {"gpu0": 100.0 if c.t < step else 300.0, "gpu1": 50.0 + 100.0 * c.t}, 0.01, 0.995, 1.0
+    )
     timeline = result.timeline
     assert timeline is not None and len(timeline.start_seconds) == 100  # 1 s at 10 ms, under the 600 limit
     assert timeline.start_seconds[0] == 0.0 and timeline.stop_seconds[-1] == pytest.approx(1.0)

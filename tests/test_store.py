@@ -12,24 +12,40 @@ import sys
 from pathlib import Path
 
 import pytest
+from synthetic import synthetic_result
 
 from core.cli import main
 from core.results import RunResult
 from core.store import EXPORT_COLUMNS, ResultStore, StoreError
 from core.summary import SPREAD_FLAG_FRACTION, summarise
-from synthetic import synthetic_result
 
 
 def filled_store(path: Path) -> ResultStore:
     store = ResultStore(path)
     for repeat, throughput in enumerate((100.0, 104.0, 98.0)):
-        store.add(synthetic_result(micro_batch_size=8, throughput=throughput), sweep="s", cell_key="a",
-                  cell_label="micro_batch_size=8", repeat=repeat, process_seconds=3.0)
+        store.add(
+            synthetic_result(micro_batch_size=8, throughput=throughput),
+            sweep="s",
+            cell_key="a",
+            cell_label="micro_batch_size=8",
+            repeat=repeat,
+            process_seconds=3.0,
+        )
     for repeat, throughput in enumerate((200.0, 260.0)):
-        store.add(synthetic_result(micro_batch_size=16, precision="bf16", throughput=throughput), sweep="s",
-                  cell_key="b", cell_label="micro_batch_size=16", repeat=repeat)
-    store.add(synthetic_result(micro_batch_size=1 << 24, state="oom", message="can't allocate memory"), sweep="s",
-              cell_key="c", cell_label="micro_batch_size=16777216", repeat=0)
+        store.add(
+            synthetic_result(micro_batch_size=16, precision="bf16", throughput=throughput),
+            sweep="s",
+            cell_key="b",
+            cell_label="micro_batch_size=16",
+            repeat=repeat,
+        )
+    store.add(
+        synthetic_result(micro_batch_size=1 << 24, state="oom", message="can't allocate memory"),
+        sweep="s",
+        cell_key="c",
+        cell_label="micro_batch_size=16777216",
+        repeat=0,
+    )
     store.add(synthetic_result(micro_batch_size=8), sweep="other", cell_key="a", repeat=0)
     return store
 
@@ -48,8 +64,10 @@ def test_indexed_columns_and_write_ahead_log(tmp_path: Path) -> None:
     filled_store(tmp_path / "r.db").close()
     connection = sqlite3.connect(tmp_path / "r.db")
     assert connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    row = connection.execute("SELECT workload, accelerator, precision, micro_batch_size, replicas, status, "
-                             "throughput_per_second, result_json FROM runs WHERE cell_key = 'b' AND repeat = 1").fetchone()
+    row = connection.execute(
+        "SELECT workload, accelerator, precision, micro_batch_size, replicas, status, "
+        "throughput_per_second, result_json FROM runs WHERE cell_key = 'b' AND repeat = 1"
+    ).fetchone()
     assert row[:7] == ("fcnn", "cpu", "bf16", 16, 1, "ok", 260.0)
     assert json.loads(row[7])["throughput_per_second"] == 260.0
     indexes = {name for (name,) in connection.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
@@ -60,8 +78,9 @@ def test_a_repeat_is_recorded_once(tmp_path: Path) -> None:
     store = filled_store(tmp_path / "r.db")
     with pytest.raises(StoreError, match="already has repeat 0"):
         store.add(synthetic_result(micro_batch_size=8), sweep="s", cell_key="a", repeat=0)
-    run_id = store.add(synthetic_result(micro_batch_size=1 << 24, throughput=5.0), sweep="s", cell_key="c",
-                       repeat=0, replace=True)
+    run_id = store.add(
+        synthetic_result(micro_batch_size=1 << 24, throughput=5.0), sweep="s", cell_key="c", repeat=0, replace=True
+    )
     assert store.count("s") == 6
     (replaced,) = [run for run in store.runs(sweep="s") if run.cell_key == "c"]
     assert replaced.run_id == run_id and replaced.result.status.ok and replaced.result.throughput_per_second == 5.0
@@ -88,12 +107,15 @@ def test_cells_have_median_and_flagged_spread(tmp_path: Path) -> None:
 
 def test_a_committed_run_survives_sigkill(tmp_path: Path) -> None:
     """The process that wrote the row dies with SIGKILL straight after add(): the row is there."""
-    code = ("import os, signal, sys; sys.path.insert(0, sys.argv[2]); from synthetic import synthetic_result; "
-            "from core.store import ResultStore; store = ResultStore(sys.argv[1]); "
-            "store.add(synthetic_result(throughput=123.0), sweep='k', cell_key='x', repeat=0); "
-            "os.kill(os.getpid(), signal.SIGKILL)")
-    completed = subprocess.run([sys.executable, "-c", code, str(tmp_path / "r.db"), str(Path(__file__).parent)],
-                               capture_output=True, text=True)
+    code = (
+        "import os, signal, sys; sys.path.insert(0, sys.argv[2]); from synthetic import synthetic_result; "
+        "from core.store import ResultStore; store = ResultStore(sys.argv[1]); "
+        "store.add(synthetic_result(throughput=123.0), sweep='k', cell_key='x', repeat=0); "
+        "os.kill(os.getpid(), signal.SIGKILL)"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "r.db"), str(Path(__file__).parent)], capture_output=True, text=True
+    )
     assert completed.returncode == -signal.SIGKILL, completed.stderr
     with ResultStore(tmp_path / "r.db") as store:
         (result,) = store.results(sweep="k")

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
+from synthetic import synthetic_result
 
 from core import ConfigError, Framework, Workload, run
 from core.cli import main
@@ -29,28 +30,30 @@ from core.plugins import get_plugin_manager
 from core.results import RunResult
 from core.testing import TINY_FCNN, registered_plugins
 from core.workload import parse_plugin_options
-from synthetic import synthetic_result
 
 # --- 4: strict types -------------------------------------------------------------------------
 
 BOOLEAN_NOT_A_NUMBER = "an integer is required (a boolean is not a number)"
 
 
-@pytest.mark.parametrize("field,value,fragment", [
-    ("micro_batch_size", True, BOOLEAN_NOT_A_NUMBER),
-    ("micro_batch_size", 8.0, "an integer is required (a float is not an integer; write 8)"),
-    ("micro_batch_size", "8", "an integer is required (a string is not a valid integer; write 8 without quotes)"),
-    ("steps", False, BOOLEAN_NOT_A_NUMBER),
-    ("gradient_accumulation", 2.0, "an integer is required"),
-    ("replicas", "2", "an integer is required"),
-    ("seed", True, BOOLEAN_NOT_A_NUMBER),
-    ("threads_per_replica", 1.0, "an integer is required"),
-    ("power_sample_interval_seconds", True, "a number is required (a boolean is not a number)"),
-    ("power_sample_interval_seconds", "0.1", "a number is required (a string is not a valid number"),
-    ("compile", 1, "a boolean (true or false) is required (a number is not a boolean)"),
-    ("compile", "true", "a boolean (true or false) is required (a string is not a valid boolean; write true"),
-    ("power_meter", 0, "a string is required"),
-])
+@pytest.mark.parametrize(
+    "field,value,fragment",
+    [
+        ("micro_batch_size", True, BOOLEAN_NOT_A_NUMBER),
+        ("micro_batch_size", 8.0, "an integer is required (a float is not an integer; write 8)"),
+        ("micro_batch_size", "8", "an integer is required (a string is not a valid integer; write 8 without quotes)"),
+        ("steps", False, BOOLEAN_NOT_A_NUMBER),
+        ("gradient_accumulation", 2.0, "an integer is required"),
+        ("replicas", "2", "an integer is required"),
+        ("seed", True, BOOLEAN_NOT_A_NUMBER),
+        ("threads_per_replica", 1.0, "an integer is required"),
+        ("power_sample_interval_seconds", True, "a number is required (a boolean is not a number)"),
+        ("power_sample_interval_seconds", "0.1", "a number is required (a string is not a valid number"),
+        ("compile", 1, "a boolean (true or false) is required (a number is not a boolean)"),
+        ("compile", "true", "a boolean (true or false) is required (a string is not a valid boolean; write true"),
+        ("power_meter", 0, "a string is required"),
+    ],
+)
 def test_run_config_fields_keep_their_types(field: str, value: Any, fragment: str) -> None:
     with pytest.raises(ConfigError) as caught:
         make_config(workload="fcnn", accelerator="cpu", **{field: value})
@@ -68,9 +71,17 @@ def test_the_allowed_range_is_named_with_the_type() -> None:
 
 
 def test_well_typed_values_and_enum_strings_pass() -> None:
-    config = make_config(workload="fcnn", accelerator="cpu", micro_batch_size=8, precision="bf16",
-                         framework="tensorflow", power_sample_interval_seconds=1, compile=True,
-                         data_format="tokens", workload_options={"layers": 2, "name": "x", "rate": 0.5, "on": True})
+    config = make_config(
+        workload="fcnn",
+        accelerator="cpu",
+        micro_batch_size=8,
+        precision="bf16",
+        framework="tensorflow",
+        power_sample_interval_seconds=1,
+        compile=True,
+        data_format="tokens",
+        workload_options={"layers": 2, "name": "x", "rate": 0.5, "on": True},
+    )
     assert config.micro_batch_size == 8 and config.precision is Precision.bf16
     assert config.framework is Framework.tensorflow
     assert config.power_sample_interval_seconds == 1.0  # an int is a number
@@ -79,8 +90,14 @@ def test_well_typed_values_and_enum_strings_pass() -> None:
 
 
 def test_configs_round_trip_through_json_as_workers_rebuild_them() -> None:
-    config = make_config(workload="fcnn", accelerator="cpu", micro_batch_size=8, precision="bf16",
-                         power_sample_interval_seconds=1, workload_options={"layers": 2, "on": True, "rate": 1.5})
+    config = make_config(
+        workload="fcnn",
+        accelerator="cpu",
+        micro_batch_size=8,
+        precision="bf16",
+        power_sample_interval_seconds=1,
+        workload_options={"layers": 2, "on": True, "rate": 1.5},
+    )
     back = RunConfig.model_validate_json(config.model_dump_json())
     assert back == config and back.precision is Precision.bf16
     # JSON keeps the strict rule too: 8.0 and true are not integers.
@@ -92,12 +109,28 @@ def test_configs_round_trip_through_json_as_workers_rebuild_them() -> None:
 
 # A RunResult's config as results stored before strict types wrote it (every figure of its own type).
 STORED_CONFIG = {
-    "workload": "fcnn", "accelerator": "cpu", "framework": "torch", "micro_batch_size": 64,
-    "gradient_accumulation": 1, "replicas": 1, "devices_per_replica": 1, "device_iterations": 1,
-    "precision": "bf16", "steps": 20, "warmup_steps": 3, "seed": 0, "compile": False, "power_meter": "auto",
-    "power_sample_interval_seconds": 0.05, "power_timeline_points": 600, "threads_per_replica": None,
-    "data": "synthetic", "data_format": "auto", "data_workers": 2,
-    "workload_options": {"layers": 4, "hidden_width": 512}, "accelerator_options": {},
+    "workload": "fcnn",
+    "accelerator": "cpu",
+    "framework": "torch",
+    "micro_batch_size": 64,
+    "gradient_accumulation": 1,
+    "replicas": 1,
+    "devices_per_replica": 1,
+    "device_iterations": 1,
+    "precision": "bf16",
+    "steps": 20,
+    "warmup_steps": 3,
+    "seed": 0,
+    "compile": False,
+    "power_meter": "auto",
+    "power_sample_interval_seconds": 0.05,
+    "power_timeline_points": 600,
+    "threads_per_replica": None,
+    "data": "synthetic",
+    "data_format": "auto",
+    "data_workers": 2,
+    "workload_options": {"layers": 4, "hidden_width": 512},
+    "accelerator_options": {},
 }
 
 
@@ -126,12 +159,15 @@ def test_a_sweep_axis_of_8_8point0_and_string_8_is_one_cell(tmp_path: Path) -> N
     assert all("micro_batch_size" in reason and "an integer is required" in reason for reason in reasons), reasons
 
 
-@pytest.mark.parametrize("options,value,fragment", [
-    ({"layers": True}, True, BOOLEAN_NOT_A_NUMBER),
-    ({"layers": 8.0}, 8.0, "a float is not an integer"),
-    ({"layers": "8"}, "8", "a string is not a valid integer"),
-    ({"hidden_width": False}, False, BOOLEAN_NOT_A_NUMBER),
-])
+@pytest.mark.parametrize(
+    "options,value,fragment",
+    [
+        ({"layers": True}, True, BOOLEAN_NOT_A_NUMBER),
+        ({"layers": 8.0}, 8.0, "a float is not an integer"),
+        ({"layers": "8"}, "8", "a string is not a valid integer"),
+        ({"hidden_width": False}, False, BOOLEAN_NOT_A_NUMBER),
+    ],
+)
 def test_workload_options_keep_their_types(options: dict[str, Any], value: Any, fragment: str) -> None:
     key = next(iter(options))
     with pytest.raises(ConfigError) as caught:
@@ -152,8 +188,9 @@ def test_zoo_options_keep_their_types() -> None:
 def test_cli_refuses_a_boolean_layer_count(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", "fcnn", "-o", "layers=true", "--output", str(tmp_path / "r.json")]) == 2
     err = capsys.readouterr().err
-    assert "invalid workload_options.layers (-o layers) = True: an integer is required (a boolean is not a number)" \
-        in err, err
+    assert (
+        "invalid workload_options.layers (-o layers) = True: an integer is required (a boolean is not a number)" in err
+    ), err
     assert not (tmp_path / "r.json").exists()
     assert main(["run", "fcnn", "-o", "layers=8.0"]) == 2
     assert "invalid workload_options.layers (-o layers) = 8.0: an integer is required" in capsys.readouterr().err
@@ -185,16 +222,19 @@ class LaxLookingOptions(BaseModel):
     colour: Colour = Colour.red
 
 
-@pytest.mark.parametrize("options,field,fragment", [
-    ({"count": True}, "count", BOOLEAN_NOT_A_NUMBER),
-    ({"count": 2.0}, "count", "a float is not an integer"),
-    ({"count": "2"}, "count", "a string is not a valid integer"),
-    ({"rate": True}, "rate", "a number is required (a boolean is not a number)"),
-    ({"rate": "0.5"}, "rate", "a number is required"),
-    ({"enabled": 1}, "enabled", "a boolean (true or false) is required"),
-    ({"enabled": "yes"}, "enabled", "a boolean (true or false) is required"),
-    ({"colour": "green"}, "colour", "'red' or 'blue'"),
-])
+@pytest.mark.parametrize(
+    "options,field,fragment",
+    [
+        ({"count": True}, "count", BOOLEAN_NOT_A_NUMBER),
+        ({"count": 2.0}, "count", "a float is not an integer"),
+        ({"count": "2"}, "count", "a string is not a valid integer"),
+        ({"rate": True}, "rate", "a number is required (a boolean is not a number)"),
+        ({"rate": "0.5"}, "rate", "a number is required"),
+        ({"enabled": 1}, "enabled", "a boolean (true or false) is required"),
+        ({"enabled": "yes"}, "enabled", "a boolean (true or false) is required"),
+        ({"colour": "green"}, "colour", "'red' or 'blue'"),
+    ],
+)
 def test_plugin_options_are_strict_whatever_the_model_says(options: dict[str, Any], field: str, fragment: str) -> None:
     with pytest.raises(ConfigError) as caught:
         parse_plugin_options(LaxLookingOptions, options, "accelerator_options", "accelerator 'x'")
@@ -202,8 +242,12 @@ def test_plugin_options_are_strict_whatever_the_model_says(options: dict[str, An
 
 
 def test_plugin_options_take_enum_values_and_ints_for_floats() -> None:
-    parsed = parse_plugin_options(LaxLookingOptions, {"count": 3, "rate": 2, "enabled": True, "colour": "blue"},
-                                  "accelerator_options", "accelerator 'x'")
+    parsed = parse_plugin_options(
+        LaxLookingOptions,
+        {"count": 3, "rate": 2, "enabled": True, "colour": "blue"},
+        "accelerator_options",
+        "accelerator 'x'",
+    )
     assert parsed == LaxLookingOptions(count=3, rate=2.0, enabled=True, colour=Colour.blue)
     assert parse_plugin_options(LaxLookingOptions, {"colour": Colour.blue}, "a", "b").colour is Colour.blue  # type: ignore[attr-defined]
 
@@ -268,8 +312,9 @@ def test_workloads_refuse_formats_they_cannot_read(token_file: Path, image_folde
     assert caught.value.field == "data" and "reads tokens" in str(caught.value)
     with pytest.raises(ConfigError) as caught:
         plan("aces-autoencoder", framework="tensorflow", data=str(image_folder), data_format="tfrecord")
-    assert caught.value.field == "data" and "takes synthetic data only (with tensorflow); allowed: synthetic" \
-        in str(caught.value)
+    assert caught.value.field == "data" and "takes synthetic data only (with tensorflow); allowed: synthetic" in str(
+        caught.value
+    )
 
 
 @pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="transformers is not installed")
@@ -287,13 +332,18 @@ class Undeclared(Workload):
 
 def test_a_workload_that_declares_no_formats_is_let_through(token_file: Path) -> None:
     with registered_plugins():
-        assert plan_run(get_plugin_manager(), Undeclared(), "cpu", {"data": str(token_file)}).config.data == str(token_file)
+        assert plan_run(get_plugin_manager(), Undeclared(), "cpu", {"data": str(token_file)}).config.data == str(
+            token_file
+        )
 
 
 def hide(monkeypatch: pytest.MonkeyPatch, *modules: str) -> None:
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a, **k: None if name.partition(".")[0] in modules else real(name, *a, **k))
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a, **k: None if name.partition(".")[0] in modules else real(name, *a, **k),
+    )
 
 
 def test_a_missing_workload_library_is_refused_with_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -334,14 +384,17 @@ def test_a_missing_framework_is_refused_by_a_sweep_dry_run(monkeypatch: pytest.M
 
 
 def test_planning_imports_no_framework_or_model_library(token_file: Path) -> None:
-    code = ("import sys; from core.plugins import get_plugin_manager; from core.planning import plan_run\n"
-            "m = get_plugin_manager()\n"
-            "for w, o in (('resnet50', {}), ('gpt2-124m', {'data': sys.argv[1]}), ('fcnn', {'framework': 'tensorflow'}),"
-            " ('mobilenetv3-small', {'framework': 'tensorflow'})):\n"
-            "    plan_run(m, w, 'cpu', o)\n"
-            "print([n for n in ('torch', 'tensorflow', 'transformers', 'torchvision') if n in sys.modules])")
-    completed = subprocess.run([sys.executable, "-c", code, str(token_file)], capture_output=True, text=True,
-                               timeout=300)
+    code = (
+        "import sys; from core.plugins import get_plugin_manager; from core.planning import plan_run\n"
+        "m = get_plugin_manager()\n"
+        "for w, o in (('resnet50', {}), ('gpt2-124m', {'data': sys.argv[1]}), ('fcnn', {'framework': 'tensorflow'}),"
+        " ('mobilenetv3-small', {'framework': 'tensorflow'})):\n"
+        "    plan_run(m, w, 'cpu', o)\n"
+        "print([n for n in ('torch', 'tensorflow', 'transformers', 'torchvision') if n in sys.modules])"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", code, str(token_file)], capture_output=True, text=True, timeout=300
+    )
     if completed.returncode != 0 and "ConfigError" in completed.stderr:
         pytest.skip(f"a library is missing here: {completed.stderr.strip().splitlines()[-1]}")
     assert completed.returncode == 0, completed.stderr
@@ -381,7 +434,9 @@ def test_a_callback_that_always_raises_is_one_warning() -> None:
 
     result = run("fcnn", "cpu", on_progress=broken, **TINY)
     assert result.status.ok and result.throughput_per_second
-    assert [w for w in result.warnings if w.startswith("on_progress")] == ["on_progress callback failed: RuntimeError: nope"]
+    assert [w for w in result.warnings if w.startswith("on_progress")] == [
+        "on_progress callback failed: RuntimeError: nope"
+    ]
 
 
 def test_keyboard_interrupt_from_the_callback_still_propagates() -> None:

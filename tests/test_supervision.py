@@ -19,15 +19,28 @@ from typing import Any, ClassVar
 
 import pytest
 
-import core.sweep
-from core import (Accelerator, Availability, DeviceRecord, EnergyMeasurement, Framework, PowerMeter,
-                  PowerMeterFactory, Precision, ProcessContext, RunConfig, RunState, Workload, hookimpl, run)
-from core import processes
+import core.sweep.repeat
+from core import (
+    Accelerator,
+    Availability,
+    DeviceRecord,
+    EnergyMeasurement,
+    Framework,
+    PowerMeter,
+    PowerMeterFactory,
+    Precision,
+    ProcessContext,
+    RunConfig,
+    RunState,
+    Workload,
+    hookimpl,
+    processes,
+    run,
+)
 from core.executors.base import Executor
 from core.results import RunResult
 from core.sweep import make_sweep_spec, plan_sweep, run_in_process
-from core.testing import registered_plugins
-from simulated import SimulatedExecutor
+from core.testing import SimulatedExecutor, registered_plugins
 
 TINY = {"hidden_width": 32, "input_width": 64, "output_width": 10}
 SMALL = ["-o", "hidden_width=32", "-o", "input_width=64", "-o", "output_width=10", "--warmup-steps", "1"]
@@ -41,8 +54,16 @@ def bare(**figures: Any) -> RunResult:
     from core.config import make_config
 
     config = make_config(workload="fcnn", accelerator="cpu", micro_batch_size=8)
-    return RunResult(workload="fcnn", accelerator="cpu", framework="torch", config=config, samples_per_update=8,
-                     samples_per_host_call=8, world_size=1, **figures)
+    return RunResult(
+        workload="fcnn",
+        accelerator="cpu",
+        framework="torch",
+        config=config,
+        samples_per_update=8,
+        samples_per_host_call=8,
+        world_size=1,
+        **figures,
+    )
 
 
 def test_the_phase_after_the_last_completed_one() -> None:
@@ -50,8 +71,10 @@ def test_the_phase_after_the_last_completed_one() -> None:
     assert processes.phase_after(bare(setup_seconds=1.0)) == "first_step"
     assert processes.phase_after(bare(setup_seconds=1.0, first_step_seconds=1.0)) == "warmup"
     assert processes.phase_after(bare(setup_seconds=1.0, first_step_seconds=1.0, warmup_seconds=0.0)) == "window"
-    assert processes.phase_after(bare(setup_seconds=1.0, first_step_seconds=1.0, warmup_seconds=0.0,
-                                      window_seconds=2.0)) == "teardown"
+    assert (
+        processes.phase_after(bare(setup_seconds=1.0, first_step_seconds=1.0, warmup_seconds=0.0, window_seconds=2.0))
+        == "teardown"
+    )
 
 
 def test_exit_codes_become_statuses() -> None:
@@ -69,8 +92,9 @@ def test_exit_codes_become_statuses() -> None:
     assert timeout.state is RunState.timeout and "no result after 3 s (the per-repeat time limit)" in timeout.message
 
 
-def test_work_directories_are_removed_and_so_are_those_of_dead_owners(tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_work_directories_are_removed_and_so_are_those_of_dead_owners(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead_pid = int(dead.stdout)
@@ -127,7 +151,7 @@ class InterruptedAccelerator(Accelerator):
             def close(self) -> None:
                 accelerator.log.append("executor-closed")
 
-        return Closing(config.micro_batch_size or 1, step)
+        return Closing(step)
 
 
 class AnyWorkload(Workload):
@@ -185,8 +209,13 @@ def test_core_run_raises_keyboard_interrupt_after_closing_the_executor_and_the_m
     progress: list[str] = []
     with registered_plugins(Plugin(accelerator.log)):
         with pytest.raises(KeyboardInterrupt):
-            run(AnyWorkload(), accelerator, steps=10, warmup_steps=2,
-                on_progress=lambda result: progress.append(processes.phase_after(result)))
+            run(
+                AnyWorkload(),
+                accelerator,
+                steps=10,
+                warmup_steps=2,
+                on_progress=lambda result: progress.append(processes.phase_after(result)),
+            )
     assert accelerator.steps == 5
     assert accelerator.log == ["meter-started", "meter-closed", "executor-closed"]  # closed, no result reported
     assert progress == ["first_step", "warmup", "window"]  # nothing reported after the interrupt
@@ -251,14 +280,35 @@ def kill_all(launcher: subprocess.Popen[str], tree: dict[int, str]) -> None:
 
 
 def start_long_run(**popen: Any) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "core.cli", "run", "fcnn", "--replicas", "2", "--batch-size", "8",
-                             "--steps", "10000000", *SMALL, "--json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "core.cli",
+            "run",
+            "fcnn",
+            "--replicas",
+            "2",
+            "--batch-size",
+            "8",
+            "--steps",
+            "10000000",
+            *SMALL,
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **popen,
+    )
 
 
 def _workers(launcher_pid: int) -> dict[int, str]:
-    return {pid: command for pid, command in descendants(launcher_pid).items()
-            if "core.worker" in command and "torch.distributed" not in command}
+    return {
+        pid: command
+        for pid, command in descendants(launcher_pid).items()
+        if "core.worker" in command and "torch.distributed" not in command
+    }
 
 
 def wait_for_window(launcher: subprocess.Popen[str]) -> tuple[dict[int, str], Path]:
@@ -296,8 +346,9 @@ def test_kill_9_of_core_run_with_two_replicas_leaves_no_process_and_no_directory
         tree, directory = wait_for_window(launcher)
         os.kill(launcher.pid, signal.SIGKILL)
         launcher.communicate(timeout=30)
-        assert wait_for(lambda: not alive(list(tree)), 20), \
+        assert wait_for(lambda: not alive(list(tree)), 20), (
             f"left running after kill -9 of the launcher: {[tree[pid] for pid in alive(list(tree))]}"
+        )
         assert wait_for(lambda: not directory.exists(), 10), f"{directory} was left behind"
     finally:
         kill_all(launcher, tree)
@@ -334,8 +385,12 @@ def test_a_launch_past_its_time_limit_is_stopped_and_cleaned_up() -> None:
     from core.planning import plan_run
     from core.plugins import get_plugin_manager
 
-    plan = plan_run(get_plugin_manager(), "fcnn", "cpu", {"replicas": 2, "micro_batch_size": 8, "steps": 10_000_000,
-                                                          "warmup_steps": 1, "workload_options": TINY})
+    plan = plan_run(
+        get_plugin_manager(),
+        "fcnn",
+        "cpu",
+        {"replicas": 2, "micro_batch_size": 8, "steps": 10_000_000, "warmup_steps": 1, "workload_options": TINY},
+    )
     started = time.monotonic()
     result = launch_with_torchrun(plan, timeout_seconds=2.0)
     assert time.monotonic() - started < 60
@@ -348,18 +403,33 @@ def test_a_launch_past_its_time_limit_is_stopped_and_cleaned_up() -> None:
 @pytest.mark.slow
 @needs_proc
 def test_a_two_replica_sweep_cell_stopped_by_its_time_limit_keeps_the_phases_it_measured(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(core.sweep, "STOP_GRACE_SECONDS", 20.0)
-    spec = make_sweep_spec({"name": "replicas-timeout", "repeats": 1, "timeout_seconds": 600,
-                            "grid": {"workload": "fcnn", "accelerator": "cpu", "replicas": 2, "micro_batch_size": 8,
-                                     "steps": 10_000_000, "warmup_steps": 1, "threads_per_replica": 1,
-                                     "workload_options": TINY}})
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(core.sweep.repeat, "STOP_GRACE_SECONDS", 20.0)
+    spec = make_sweep_spec(
+        {
+            "name": "replicas-timeout",
+            "repeats": 1,
+            "timeout_seconds": 600,
+            "grid": {
+                "workload": "fcnn",
+                "accelerator": "cpu",
+                "replicas": 2,
+                "micro_batch_size": 8,
+                "steps": 10_000_000,
+                "warmup_steps": 1,
+                "threads_per_replica": 1,
+                "workload_options": TINY,
+            },
+        }
+    )
     cell = plan_sweep(spec).valid_cells[0]
     work_dir = tmp_path / "cell"
     partial = work_dir / "result.json.partial"
 
     class Clock:
         """The sweep's clock; it jumps past the time limit once rank 0's warm-up reached the partial file."""
+
         offset = 0.0
 
         def monotonic(self) -> float:
@@ -378,7 +448,7 @@ def test_a_two_replica_sweep_cell_stopped_by_its_time_limit_keeps_the_phases_it_
             clock.offset = 10_000.0
         assert elapsed < 300, "the cell never reached its window"
 
-    monkeypatch.setattr(core.sweep, "time", clock)
+    monkeypatch.setattr(core.sweep.repeat, "time", clock)
     result, _ = run_in_process(cell, timeout_seconds=600, work_dir=work_dir, on_wait=waiting)
     assert "tree" in seen, "the partial result never showed the warm-up"
     assert result.status.state is RunState.timeout and result.status.phase == "window", result.status

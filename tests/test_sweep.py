@@ -15,16 +15,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from synthetic import synthetic_result
 
-import core.sweep
+import core.sweep.repeat
+import core.sweep.run
 from core import ConfigError, RunState
 from core.cli import main
 from core.progress import ProgressLine, RunProgress, format_duration
 from core.runner import classify_fault
 from core.store import ResultStore
-from core.sweep import (SweepError, SweepObserver, expand_cells, load_sweep, make_sweep_spec, plan_sweep,
-                        run_sweep)
-from synthetic import synthetic_result
+from core.sweep import SweepError, SweepObserver, expand_cells, load_sweep, make_sweep_spec, plan_sweep, run_sweep
 
 TINY = {"hidden_width": 32, "input_width": 64, "output_width": 10}
 
@@ -78,8 +78,14 @@ def test_a_grid_file_expands_to_cells(tmp_path: Path) -> None:
     assert len(cells) == 3 * 2 * 2 - 2  # batch 32 x bf16 excluded, for both hidden widths
     assert cells[0].label == "micro_batch_size=8 precision=fp32 hidden_width=32"
     assert cells[1].label == "micro_batch_size=8 precision=fp32 hidden_width=64"  # last axis innermost
-    assert cells[0].options == {"accelerator": "cpu", "workload": "fcnn", "micro_batch_size": 8, "precision": "fp32",
-                                "steps": 3, "workload_options": {"hidden_width": 32, "input_width": 64}}
+    assert cells[0].options == {
+        "accelerator": "cpu",
+        "workload": "fcnn",
+        "micro_batch_size": 8,
+        "precision": "fp32",
+        "steps": 3,
+        "workload_options": {"hidden_width": 32, "input_width": 64},
+    }
     assert all("precision=bf16" not in cell.label for cell in cells if "micro_batch_size=32 " in cell.label)
     assert len({cell.key for cell in cells}) == len(cells)
     assert json.loads(cells[0].key) == cells[0].options
@@ -88,10 +94,19 @@ def test_a_grid_file_expands_to_cells(tmp_path: Path) -> None:
 def test_yaml_and_json_give_the_same_cells(tmp_path: Path) -> None:
     from_toml = expand_cells(load_sweep(write(tmp_path / "grid.toml", GRID_TOML)))
     from_yaml = expand_cells(load_sweep(write(tmp_path / "grid.yaml", GRID_YAML)))
-    document = {"name": "grid", "repeats": 2, "timeout_seconds": 30, "grid": {
-        "workload": "fcnn", "micro_batch_size": [8, 16, 32], "precision": ["fp32", "bf16"], "steps": 3,
-        "workload_options": {"hidden_width": [32, 64], "input_width": 64}},
-        "exclude": [{"micro_batch_size": 32, "precision": "bf16"}]}
+    document = {
+        "name": "grid",
+        "repeats": 2,
+        "timeout_seconds": 30,
+        "grid": {
+            "workload": "fcnn",
+            "micro_batch_size": [8, 16, 32],
+            "precision": ["fp32", "bf16"],
+            "steps": 3,
+            "workload_options": {"hidden_width": [32, 64], "input_width": 64},
+        },
+        "exclude": [{"micro_batch_size": 32, "precision": "bf16"}],
+    }
     from_json = expand_cells(load_sweep(write(tmp_path / "grid.json", json.dumps(document))))
     assert [c.key for c in from_toml] == [c.key for c in from_yaml] == [c.key for c in from_json]
 
@@ -101,18 +116,25 @@ def test_the_example_grid_file_is_valid() -> None:
     assert len(plan.cells) == 6 and not plan.invalid_cells
 
 
-@pytest.mark.parametrize(("document", "field", "says"), [
-    ({"grid": {"workload": "fcnn", "batch": [1]}}, "grid.batch", "unknown run option"),
-    ({"grid": {"workload": "fcnn"}, "repeat": 2}, "repeat", "unknown setting"),
-    ({"grid": {"micro_batch_size": [8]}}, "grid.workload", "required"),
-    ({"grid": {"workload": "fcnn", "micro_batch_size": []}}, "grid.micro_batch_size", "empty list"),
-    ({"grid": {"workload": "fcnn", "micro_batch_size": [8, 8]}}, "grid.micro_batch_size", "appears twice"),
-    ({"grid": {"workload": "fcnn", "precision": [["fp32"]]}}, "grid.precision", "number, a string or a boolean"),
-    ({"grid": {"workload": "fcnn", "workload_options": 3}}, "grid.workload_options", "a table"),
-    ({"grid": {"workload": "fcnn"}, "repeats": 0}, "repeats", "greater than or equal to 1"),
-    ({"grid": {"workload": "fcnn"}, "exclude": [{"precision": "bf16"}]}, "exclude.0.precision", "not an option set"),
-    ({"grid": {"workload": "fcnn"}, "name": "a b"}, "name", "pattern"),
-])
+@pytest.mark.parametrize(
+    ("document", "field", "says"),
+    [
+        ({"grid": {"workload": "fcnn", "batch": [1]}}, "grid.batch", "unknown run option"),
+        ({"grid": {"workload": "fcnn"}, "repeat": 2}, "repeat", "unknown setting"),
+        ({"grid": {"micro_batch_size": [8]}}, "grid.workload", "required"),
+        ({"grid": {"workload": "fcnn", "micro_batch_size": []}}, "grid.micro_batch_size", "empty list"),
+        ({"grid": {"workload": "fcnn", "micro_batch_size": [8, 8]}}, "grid.micro_batch_size", "appears twice"),
+        ({"grid": {"workload": "fcnn", "precision": [["fp32"]]}}, "grid.precision", "number, a string or a boolean"),
+        ({"grid": {"workload": "fcnn", "workload_options": 3}}, "grid.workload_options", "a table"),
+        ({"grid": {"workload": "fcnn"}, "repeats": 0}, "repeats", "greater than or equal to 1"),
+        (
+            {"grid": {"workload": "fcnn"}, "exclude": [{"precision": "bf16"}]},
+            "exclude.0.precision",
+            "not an option set",
+        ),
+        ({"grid": {"workload": "fcnn"}, "name": "a b"}, "name", "pattern"),
+    ],
+)
 def test_a_bad_grid_file_names_the_setting(document: dict[str, Any], field: str, says: str) -> None:
     with pytest.raises(ConfigError) as caught:
         make_sweep_spec(document, default_name="sweep")
@@ -163,11 +185,16 @@ def test_planning_a_sweep_imports_no_framework_and_no_plotting(tmp_path: Path) -
     """`core sweep --dry-run` validates every cell without PyTorch; matplotlib loads only for reports."""
     grid = write(tmp_path / "grid.yaml", GRID_YAML)
     heavy = ("torch", "tensorflow", "matplotlib", "pandas", "pyarrow")
-    code = ("import sys; from core.cli import main; rc = main(sys.argv[1:]); "
-            f"loaded = [m for m in {heavy!r} if m in sys.modules]; assert not loaded, loaded; sys.exit(rc)")
+    code = (
+        "import sys; from core.cli import main; rc = main(sys.argv[1:]); "
+        f"loaded = [m for m in {heavy!r} if m in sys.modules]; assert not loaded, loaded; sys.exit(rc)"
+    )
     outputs = []
-    for arguments in (["sweep", str(grid), "--dry-run", "--database", str(tmp_path / "r.db")], ["report", "--help"],
-                      ["results", "--help"]):
+    for arguments in (
+        ["sweep", str(grid), "--dry-run", "--database", str(tmp_path / "r.db")],
+        ["report", "--help"],
+        ["results", "--help"],
+    ):
         completed = subprocess.run([sys.executable, "-c", code, *arguments], capture_output=True, text=True)
         assert completed.returncode == 0, completed.stderr
         outputs.append(completed.stdout)
@@ -202,18 +229,22 @@ open(sys.argv[2], "w").write(result.model_dump_json())
 """
 FAKE_CRASH = "import sys; print('segmentation fault, pretend'); sys.exit(3)"
 FAKE_KILLED = "import os, signal; print('about to be killed', flush=True); os.kill(os.getpid(), signal.SIGKILL)"
-FAKE_HANG_AFTER_SETUP = FAKE_OK.replace(
-    "window_seconds=1.0, throughput_per_second=100.0 * config.micro_batch_size", "setup_seconds=0.25").replace(
-    "open(sys.argv[2], \"w\")", "open(sys.argv[2] + '.partial', \"w\")") + "\nimport time\ntime.sleep(600)\n"
+FAKE_HANG_AFTER_SETUP = (
+    FAKE_OK.replace(
+        "window_seconds=1.0, throughput_per_second=100.0 * config.micro_batch_size", "setup_seconds=0.25"
+    ).replace('open(sys.argv[2], "w")', "open(sys.argv[2] + '.partial', \"w\")")
+    + "\nimport time\ntime.sleep(600)\n"
+)
 
 
 def fake_workers(monkeypatch: pytest.MonkeyPatch, by_batch: dict[int, str]) -> None:
     """Replace the worker: the cell's micro-batch size picks which fake program runs."""
+
     def command(request: Path, result: Path) -> list[str]:
         batch = json.loads(request.read_text())["options"]["micro_batch_size"]
         return [sys.executable, "-c", by_batch[batch], str(request), str(result)]
 
-    monkeypatch.setattr(core.sweep, "worker_command", command)
+    monkeypatch.setattr(core.sweep.repeat, "worker_command", command)
 
 
 class Recorder(SweepObserver):
@@ -227,11 +258,20 @@ class Recorder(SweepObserver):
         self.events.append(("end", cell.label, repeat, result.status.state.value))
 
 
-def test_crashes_kills_and_hangs_are_recorded_and_the_sweep_goes_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(core.sweep, "STOP_GRACE_SECONDS", 2.0)
+@pytest.mark.slow
+def test_crashes_kills_and_hangs_are_recorded_and_the_sweep_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(core.sweep.repeat, "STOP_GRACE_SECONDS", 2.0)
     fake_workers(monkeypatch, {8: FAKE_CRASH, 16: FAKE_KILLED, 32: FAKE_HANG_AFTER_SETUP, 64: FAKE_OK})
-    spec = make_sweep_spec({"name": "faults", "repeats": 2, "timeout_seconds": 3,
-                            "grid": {"workload": "fcnn", "micro_batch_size": [8, 16, 32, 64]}})
+    spec = make_sweep_spec(
+        {
+            "name": "faults",
+            "repeats": 2,
+            "timeout_seconds": 3,
+            "grid": {"workload": "fcnn", "micro_batch_size": [8, 16, 32, 64]},
+        }
+    )
     recorder = Recorder()
     started = time.monotonic()
     outcome = run_sweep(spec, database=tmp_path / "r.db", observer=recorder)
@@ -250,7 +290,8 @@ def test_crashes_kills_and_hangs_are_recorded_and_the_sweep_goes_on(tmp_path: Pa
     assert [cell.repeats_recorded for cell in (crash, killed, hang, ok)] == [1, 1, 1, 2]
     assert outcome.runs_done == 5
     assert [event[:3] for event in recorder.events if event[0] == "start"] == [
-        ("start", f"micro_batch_size={b}", 0) for b in (8, 16, 32, 64)] + [("start", "micro_batch_size=64", 1)]
+        ("start", f"micro_batch_size={b}", 0) for b in (8, 16, 32, 64)
+    ] + [("start", "micro_batch_size=64", 1)]
     assert recorder.events[-2][4] == 5 and recorder.events[-2][5] is not None  # total and an estimate of time left
     with ResultStore(tmp_path / "r.db") as store:
         assert store.count("faults") == 5
@@ -275,18 +316,21 @@ def test_progress_is_shown_on_terminals_only() -> None:
     terminal = Terminal()
     line = ProgressLine(terminal)
     RunProgress(line, "fcnn on cpu", steps=20, warmup_steps=4)(
-        synthetic_result(throughput=None).model_copy(update={"warmup_seconds": 0.4}))
+        synthetic_result(throughput=None).model_copy(update={"warmup_seconds": 0.4})
+    )
     assert terminal.getvalue().startswith("\r\x1b[2K") and "timed window of 20 steps, ~2 s left" in terminal.getvalue()
     line.clear()
     assert terminal.getvalue().endswith("\r\x1b[2K")
     assert [format_duration(s) for s in (None, 4.4, 125, 3725)] == ["?", "4 s", "2:05", "1:02:05"]
-    assert core.sweep._seconds_left([2.0, 4.0], runs_left=3, current_elapsed=1.0) == 8.0
-    assert core.sweep._seconds_left([], runs_left=3) is None
+    assert core.sweep.run._seconds_left([2.0, 4.0], runs_left=3, current_elapsed=1.0) == 8.0
+    assert core.sweep.run._seconds_left([], runs_left=3) is None
 
 
 def test_the_cpu_allocator_running_out_is_out_of_memory() -> None:
-    error = RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
-                         "you tried to allocate 70368744177664 bytes. Error code 12 (Cannot allocate memory)")
+    error = RuntimeError(
+        "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+        "you tried to allocate 70368744177664 bytes. Error code 12 (Cannot allocate memory)"
+    )
     assert classify_fault(error) is RunState.oom
     assert classify_fault(RuntimeError("mat1 and mat2 shapes cannot be multiplied")) is RunState.error
 
@@ -295,14 +339,18 @@ def test_the_cpu_allocator_running_out_is_out_of_memory() -> None:
 
 
 def core_cli(*arguments: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "core.cli", *arguments], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "core.cli", *arguments], capture_output=True, text=True, timeout=timeout
+    )
 
 
-def grid_file(path: Path, name: str, batches: list[int], precisions: list[str], repeats: int,
-              workload_options: dict[str, int]) -> Path:
+def grid_file(
+    path: Path, name: str, batches: list[int], precisions: list[str], repeats: int, workload_options: dict[str, int]
+) -> Path:
     options = "\n".join(f"{key} = {value}" for key, value in workload_options.items())
-    return write(path, f"""
+    return write(
+        path,
+        f"""
 name = "{name}"
 repeats = {repeats}
 timeout_seconds = 300
@@ -316,7 +364,8 @@ warmup_steps = 1
 threads_per_replica = 1
 [grid.workload_options]
 {options}
-""")
+""",
+    )
 
 
 def _children(parent: int, marker: str) -> list[int]:
@@ -346,8 +395,12 @@ def _rows(database: Path) -> dict[tuple[str, int], tuple[int, str]]:
     try:
         connection = sqlite3.connect(f"file:{database}?mode=ro", uri=True)
         try:
-            return {(key, repeat): (ident, document) for ident, key, repeat, document in
-                    connection.execute("SELECT id, cell_key, repeat, result_json FROM runs")}
+            return {
+                (key, repeat): (ident, document)
+                for ident, key, repeat, document in connection.execute(
+                    "SELECT id, cell_key, repeat, result_json FROM runs"
+                )
+            }
         finally:
             connection.close()
     except sqlite3.OperationalError:  # not created yet
@@ -365,8 +418,12 @@ def fcnn_sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     database = directory / "results.db"
     facts: dict[str, Any] = {"directory": directory, "database": database}
     started = time.monotonic()
-    sweep = subprocess.Popen([sys.executable, "-m", "core.cli", "sweep", str(grid), "--database", str(database)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sweep = subprocess.Popen(
+        [sys.executable, "-m", "core.cli", "sweep", str(grid), "--database", str(database)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     workers: list[int] = []
     try:
         deadline = time.monotonic() + 300
@@ -428,11 +485,18 @@ def test_the_fcnn_sweep_completes_and_its_report_matches_the_database(fcnn_sweep
         assert len(runs) == 12 and len({(run.cell_key, run.repeat) for run in runs}) == 12
         assert all(run.result.status.ok and run.result.throughput_per_second > 0 for run in runs)
         assert {(run.result.config.micro_batch_size, run.result.config.precision.value) for run in runs} == {
-            (b, p) for b in (8, 32, 128) for p in ("fp32", "bf16")}
+            (b, p) for b in (8, 32, 128) for p in ("fp32", "bf16")
+        }
         report = fcnn_sweep["directory"] / "report"
-        check_plots(report, {"fcnn-cpu-throughput-vs-batch-size.png", "fcnn-cpu-flops-vs-batch-size.png"}
-                    | {f"fcnn-cpu-{kind}.png" for kind in ("samples-per-wh-vs-batch-size", "pareto")
-                       if any(run.result.samples_per_watt_hour for run in runs)})  # where RAPL can be read
+        check_plots(
+            report,
+            {"fcnn-cpu-throughput-vs-batch-size.png", "fcnn-cpu-flops-vs-batch-size.png"}
+            | {
+                f"fcnn-cpu-{kind}.png"
+                for kind in ("samples-per-wh-vs-batch-size", "pareto")
+                if any(run.result.samples_per_watt_hour for run in runs)
+            },
+        )  # where RAPL can be read
         assert check_tables_match_database(store, "fcnn-cpu", report) == 6
 
 
@@ -449,8 +513,14 @@ def test_the_fcnn_report_opens_in_chromium_without_console_errors(fcnn_sweep: di
 @pytest.mark.slow
 def test_a_cell_that_runs_out_of_memory_is_recorded_and_the_sweep_goes_on(tmp_path: Path) -> None:
     # 2^24 samples x 2^20 features x 4 bytes = 64 TiB for one batch: no machine has it.
-    grid = grid_file(tmp_path / "oom.toml", "oom", [1 << 24, 8], ["fp32"], 1,
-                     {"input_width": 1 << 20, "synthetic_pool_samples": 1, "hidden_width": 8, "output_width": 2})
+    grid = grid_file(
+        tmp_path / "oom.toml",
+        "oom",
+        [1 << 24, 8],
+        ["fp32"],
+        1,
+        {"input_width": 1 << 20, "synthetic_pool_samples": 1, "hidden_width": 8, "output_width": 2},
+    )
     completed = core_cli("sweep", str(grid), "--database", str(tmp_path / "r.db"))
     assert completed.returncode == 0, completed.stderr
     with ResultStore(tmp_path / "r.db") as store:
@@ -466,5 +536,7 @@ def test_a_cell_that_runs_out_of_memory_is_recorded_and_the_sweep_goes_on(tmp_pa
         assert status.state.value == "oom" and status.phase == "setup", status
         assert "can't allocate memory" in status.message
     assert all(run.result.status.ok for run in ok)
-    assert "micro_batch_size=16777216 precision=fp32 repeat 1: oom in setup" in completed.stdout or status.state.value == "killed"
-
+    assert (
+        "micro_batch_size=16777216 precision=fp32 repeat 1: oom in setup" in completed.stdout
+        or status.state.value == "killed"
+    )

@@ -3,7 +3,7 @@ types in a sweep file, a database that is a directory, garbage, read-only or ful
 and pages, YAML alias bombs, lowered repeats on resume, and names in any script.
 
 Each fault must end in a clear message and exit code, with no traceback, nothing measured lost
-and no partial file. Most tests replace the run itself (``core.sweep.run_in_process``) with a
+and no partial file. Most tests replace the run itself (``core.sweep.run.run_in_process``) with a
 made-up result, so they exercise the sweep and its database without starting PyTorch.
 """
 
@@ -18,19 +18,20 @@ import subprocess
 import sys
 import time
 import unicodedata
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
+from synthetic import synthetic_result
 
 import core.store
-import core.sweep
+import core.sweep.run
 from core import ConfigError
 from core.cli import main
 from core.results import RunResult
 from core.store import ResultStore, StoreError, SweepLock
 from core.sweep import SweepError, load_sweep, make_sweep_spec, plan_sweep, run_sweep
-from synthetic import synthetic_result
 
 TINY_GRID = """
 repeats = {repeats}
@@ -61,36 +62,49 @@ class FakeRuns:
     def __init__(self) -> None:
         self.calls: list[tuple[str, int]] = []
 
-    def __call__(self, cell: Any, *, timeout_seconds: float, work_dir: Path, on_wait: Any = None) -> tuple[RunResult, float]:
+    def __call__(
+        self, cell: Any, *, timeout_seconds: float, work_dir: Path, on_wait: Any = None
+    ) -> tuple[RunResult, float]:
         config = cell.config
         self.calls.append((cell.label, len(self.calls)))
-        result = RunResult(workload=config.workload, accelerator=config.accelerator, framework="torch", config=config,
-                           samples_per_update=config.samples_per_update, samples_per_host_call=config.samples_per_update,
-                           world_size=1, window_seconds=1.0, window_steps=2,
-                           throughput_per_second=1000.0 + 10 * config.micro_batch_size + len(self.calls))
+        result = RunResult(
+            workload=config.workload,
+            accelerator=config.accelerator,
+            framework="torch",
+            config=config,
+            samples_per_update=config.samples_per_update,
+            samples_per_host_call=config.samples_per_update,
+            world_size=1,
+            window_seconds=1.0,
+            window_steps=2,
+            throughput_per_second=1000.0 + 10 * config.micro_batch_size + len(self.calls),
+        )
         return result, 0.5
 
 
 @pytest.fixture
 def fake_runs(monkeypatch: pytest.MonkeyPatch) -> FakeRuns:
     runs = FakeRuns()
-    monkeypatch.setattr(core.sweep, "run_in_process", runs)
+    monkeypatch.setattr(core.sweep.run, "run_in_process", runs)
     return runs
 
 
 @pytest.fixture
 def no_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     """For sweeps that must be refused before anything runs."""
+
     def refuse(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("a run started although the sweep should have been refused")
 
-    monkeypatch.setattr(core.sweep, "run_in_process", refuse)
+    monkeypatch.setattr(core.sweep.run, "run_in_process", refuse)
 
 
 def rows(database: Path) -> list[tuple[Any, ...]]:
     connection = sqlite3.connect(f"file:{database}?mode=ro", uri=True)
     try:
-        return connection.execute("SELECT id, sweep, cell_label, repeat, throughput_per_second FROM runs ORDER BY id").fetchall()
+        return connection.execute(
+            "SELECT id, sweep, cell_label, repeat, throughput_per_second FROM runs ORDER BY id"
+        ).fetchall()
     finally:
         connection.close()
 
@@ -112,7 +126,8 @@ time.sleep(600)
 
 
 def test_a_second_sweep_on_a_database_is_refused_and_the_lock_dies_with_its_holder(
-        tmp_path: Path, fake_runs: FakeRuns, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, fake_runs: FakeRuns, capsys: pytest.CaptureFixture[str]
+) -> None:
     database, sweep_file = tmp_path / "r.db", grid(tmp_path / "s.toml")
     holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(database)], stdout=subprocess.PIPE, text=True)
     try:
@@ -139,7 +154,9 @@ def test_a_second_sweep_on_a_database_is_refused_and_the_lock_dies_with_its_hold
         pass
 
 
-def test_the_lock_is_held_for_the_whole_sweep_and_released_after_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_lock_is_held_for_the_whole_sweep_and_released_after_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     database = tmp_path / "r.db"
     spec = make_sweep_spec({"name": "s", "repeats": 1, "grid": {"workload": "fcnn", "micro_batch_size": [8, 16]}})
     refusals: list[str] = []
@@ -153,7 +170,7 @@ def test_the_lock_is_held_for_the_whole_sweep_and_released_after_an_error(tmp_pa
             raise KeyboardInterrupt  # Ctrl-C during the second run
         return FakeRuns()(cell, **kwargs)
 
-    monkeypatch.setattr(core.sweep, "run_in_process", run_and_try_a_second_sweep)
+    monkeypatch.setattr(core.sweep.run, "run_in_process", run_and_try_a_second_sweep)
     with pytest.raises(KeyboardInterrupt):
         run_sweep(spec, database=database)
     assert len(refusals) == 2 and all("in use by sweep 's'" in text for text in refusals)
@@ -189,15 +206,18 @@ def test_two_real_sweeps_side_by_side_one_is_refused_and_nothing_is_lost(tmp_pat
 # --- 4. strict types in the sweep file -----------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("setting", "value", "says"), [
-    ("repeats", True, "a boolean is not a number"),
-    ("repeats", "3", "write 3 without quotes"),
-    ("repeats", 2.0, "a float is not an integer"),
-    ("timeout_seconds", True, "a boolean is not a number"),
-    ("timeout_seconds", "60", "a string is not a valid number"),
-    ("name", 5, "not a string"),
-    ("description", False, "string"),
-])
+@pytest.mark.parametrize(
+    ("setting", "value", "says"),
+    [
+        ("repeats", True, "a boolean is not a number"),
+        ("repeats", "3", "write 3 without quotes"),
+        ("repeats", 2.0, "a float is not an integer"),
+        ("timeout_seconds", True, "a boolean is not a number"),
+        ("timeout_seconds", "60", "a string is not a valid number"),
+        ("name", 5, "not a string"),
+        ("description", False, "string"),
+    ],
+)
 def test_a_boolean_or_a_string_is_not_a_number(setting: str, value: Any, says: str) -> None:
     with pytest.raises(ConfigError) as caught:
         make_sweep_spec({"grid": {"workload": "fcnn"}, setting: value}, default_name="s")
@@ -216,11 +236,16 @@ def test_grid_values_keep_their_types(tmp_path: Path, capsys: pytest.CaptureFixt
     with pytest.raises(ConfigError, match=r"\(1 and 1.0 are the same number\)"):
         make_sweep_spec({"grid": {"workload": "fcnn", "power_sample_interval_seconds": [1, 1.0]}}, default_name="s")
     # Elsewhere 8.0, "8" and true are values of their own, cells that the strict RunConfig refuses.
-    plan = plan_sweep(make_sweep_spec({"grid": {"workload": "fcnn", "micro_batch_size": [8, 8.0, "8", True]}},
-                                      default_name="s"))
+    plan = plan_sweep(
+        make_sweep_spec({"grid": {"workload": "fcnn", "micro_batch_size": [8, 8.0, "8", True]}}, default_name="s")
+    )
     assert [cell.valid for cell in plan.cells] == [True, False, False, False]
     assert [cell.label for cell in plan.cells] == [
-        "micro_batch_size=8", "micro_batch_size=8.0", 'micro_batch_size="8"', "micro_batch_size=True"]
+        "micro_batch_size=8",
+        "micro_batch_size=8.0",
+        'micro_batch_size="8"',
+        "micro_batch_size=True",
+    ]
     assert "a float is not an integer; write 8" in plan.cells[1].invalid_reason
     assert "write 8 without quotes" in plan.cells[2].invalid_reason
     assert "a boolean is not a number" in plan.cells[3].invalid_reason
@@ -262,7 +287,8 @@ def read_only(*paths: Path) -> Iterator[None]:
 
 
 def test_a_database_that_cannot_be_opened_is_refused_before_anything_runs(
-        tmp_path: Path, no_runs: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, no_runs: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     sweep_file = grid(tmp_path / "s.toml")
     (tmp_path / "folder.db").mkdir()
     (tmp_path / "garbage.db").write_bytes(b"this is not a database\n" * 100)
@@ -275,7 +301,7 @@ def test_a_database_that_cannot_be_opened_is_refused_before_anything_runs(
     for database, says in cases.items():
         assert main(["sweep", str(sweep_file), "--database", str(database)]) == 2, database
         err = capsys.readouterr().err
-        assert f"core: error: " in err and says in err, err
+        assert "core: error: " in err and says in err, err
         no_traceback(err)
     assert (tmp_path / "garbage.db").read_bytes() == b"this is not a database\n" * 100  # untouched
     # A disk without room: refused at open, not after the first run has been measured.
@@ -286,8 +312,9 @@ def test_a_database_that_cannot_be_opened_is_refused_before_anything_runs(
     no_traceback(err)
 
 
-def test_a_read_only_database_is_refused_by_a_sweep(tmp_path: Path, no_runs: None,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_read_only_database_is_refused_by_a_sweep(
+    tmp_path: Path, no_runs: None, capsys: pytest.CaptureFixture[str]
+) -> None:
     database = tmp_path / "r.db"
     ResultStore(database).close()
     with read_only(database):
@@ -324,7 +351,8 @@ def fill_disk_after(monkeypatch: pytest.MonkeyPatch, succeed: int) -> None:
 
 
 def test_a_result_the_full_database_refuses_is_saved_beside_it_and_recorded_on_resume(
-        tmp_path: Path, fake_runs: FakeRuns, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, fake_runs: FakeRuns, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     database, sweep_file = tmp_path / "r.db", grid(tmp_path / "s.toml", batches=[8, 16, 32])
     with monkeypatch.context() as patch:
         fill_disk_after(patch, succeed=1)
@@ -349,12 +377,16 @@ def test_a_result_the_full_database_refuses_is_saved_beside_it_and_recorded_on_r
     assert "recorded 1 result(s) that an earlier run of this sweep could not write" in out
     assert [call[0] for call in fake_runs.calls[2:]] == ["micro_batch_size=32"]
     assert [(row[2], row[4]) for row in rows(database)] == [
-        ("micro_batch_size=8", 1081.0), ("micro_batch_size=16", measured), ("micro_batch_size=32", 1323.0)]
+        ("micro_batch_size=8", 1081.0),
+        ("micro_batch_size=16", measured),
+        ("micro_batch_size=32", 1323.0),
+    ]
     assert not saved.parent.exists()
 
 
 def test_when_nothing_beside_the_database_can_be_written_the_result_is_printed_as_json(
-        tmp_path: Path, fake_runs: FakeRuns, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, fake_runs: FakeRuns, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     from core.files import OutputError
 
     def no_space(path: Path, data: Any, what: str = "output") -> None:
@@ -397,7 +429,9 @@ def test_a_failed_commit_leaves_no_transaction_open(tmp_path: Path) -> None:
 def test_a_real_full_disk_is_refused_at_open(tmp_path: Path, no_runs: None, capsys: pytest.CaptureFixture[str]) -> None:
     mount = tmp_path / "small"
     mount.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True, text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True, text=True
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.strip()}")
     try:
@@ -420,8 +454,13 @@ def test_a_real_full_disk_is_refused_at_open(tmp_path: Path, no_runs: None, caps
 def recorded_database(path: Path) -> Path:
     with ResultStore(path) as store:
         store.save_sweep("s", {"name": "s", "repeats": 1}, [], None)
-        store.add(synthetic_result(micro_batch_size=8, throughput=500.0), sweep="s", cell_key="a",
-                  cell_label="micro_batch_size=8", repeat=0)
+        store.add(
+            synthetic_result(micro_batch_size=8, throughput=500.0),
+            sweep="s",
+            cell_key="a",
+            cell_label="micro_batch_size=8",
+            repeat=0,
+        )
     return path
 
 
@@ -473,7 +512,9 @@ os._exit(0)  # killed: the write-ahead log keeps the run, not yet in the file
 """
 
 
-def test_a_read_only_folder_with_an_unfinished_log_is_explained(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_read_only_folder_with_an_unfinished_log_is_explained(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     folder = tmp_path / "archive"
     folder.mkdir()
     database = recorded_database(folder / "r.db")
@@ -496,10 +537,15 @@ def test_a_damaged_row_is_skipped_with_a_warning_naming_it(tmp_path: Path, capsy
         store.save_sweep("s", {"name": "s", "repeats": 1}, [], None)
         store.save_sweep("t", {"name": "t"}, [], None)
         for index in range(4):
-            store.add(synthetic_result(micro_batch_size=8 << index, throughput=100.0 * (index + 1)), sweep="s",
-                      cell_key=str(index), cell_label=f"micro_batch_size={8 << index}", repeat=0)
+            store.add(
+                synthetic_result(micro_batch_size=8 << index, throughput=100.0 * (index + 1)),
+                sweep="s",
+                cell_key=str(index),
+                cell_label=f"micro_batch_size={8 << index}",
+                repeat=0,
+            )
     connection = sqlite3.connect(database)
-    connection.execute("UPDATE runs SET result_json = '{\"workload\": \"fcnn\", \"acc' WHERE id = 2")
+    connection.execute('UPDATE runs SET result_json = \'{"workload": "fcnn", "acc\' WHERE id = 2')
     connection.execute("UPDATE runs SET result_json = '{\"workload\": 5}' WHERE id = 3")
     connection.execute("UPDATE sweeps SET spec_json = 'nonsense' WHERE name = 't'")
     connection.commit()
@@ -540,8 +586,9 @@ def damage_runs_table(database: Path) -> None:
         stream.write(b"\xa5" * page_size)
 
 
-def test_a_damaged_page_is_an_error_message_not_a_traceback(tmp_path: Path, fake_runs: FakeRuns,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_damaged_page_is_an_error_message_not_a_traceback(
+    tmp_path: Path, fake_runs: FakeRuns, capsys: pytest.CaptureFixture[str]
+) -> None:
     database = tmp_path / "r.db"
     with ResultStore(database) as store:
         for index in range(20):
@@ -560,7 +607,8 @@ def test_a_damaged_page_is_an_error_message_not_a_traceback(tmp_path: Path, fake
     err = capsys.readouterr().err
     no_traceback(err)
     assert "is damaged (database disk image is malformed)" in (
-        err if code else (tmp_path / "report" / "report.md").read_text(encoding="utf-8"))
+        err if code else (tmp_path / "report" / "report.md").read_text(encoding="utf-8")
+    )
 
 
 # --- 12. YAML alias bombs and huge values --------------------------------------------------------------
@@ -606,17 +654,21 @@ def test_a_huge_sweep_file_or_value_gives_a_short_message(tmp_path: Path, capsys
     with pytest.raises(SweepError, match="is not UTF-8 text"):
         load_sweep(not_text)
     many = list(range(50_000))
-    for document in ({"grid": {"workload": "fcnn"}, "name": "x" * 300_000},
-                     {"grid": {"workload": "fcnn", "batch": many}},
-                     {"grid": {"workload": "fcnn"}, "repeats": many},
-                     {"grid": {"workload": "fcnn"}, "exclude": [5] * 50_000},
-                     {"grid": {"workload": "fcnn", "micro_batch_size": [*many, [1]]}}):
+    for document in (
+        {"grid": {"workload": "fcnn"}, "name": "x" * 300_000},
+        {"grid": {"workload": "fcnn", "batch": many}},
+        {"grid": {"workload": "fcnn"}, "repeats": many},
+        {"grid": {"workload": "fcnn"}, "exclude": [5] * 50_000},
+        {"grid": {"workload": "fcnn", "micro_batch_size": [*many, [1]]}},
+    ):
         with pytest.raises(ConfigError) as caught:
             make_sweep_spec(document, default_name="s")
         assert len(str(caught.value)) < 3000, str(caught.value)[:300]
     # A huge value in a cell: its label and the reason it is refused stay short.
     huge = tmp_path / "huge.toml"
-    huge.write_text(f'repeats = 1\n[grid]\nworkload = "fcnn"\nprecision = ["fp32", "{"y" * 200_000}"]\n', encoding="utf-8")
+    huge.write_text(
+        f'repeats = 1\n[grid]\nworkload = "fcnn"\nprecision = ["fp32", "{"y" * 200_000}"]\n', encoding="utf-8"
+    )
     assert main(["sweep", str(huge), "--dry-run", "--database", str(tmp_path / "r.db")]) == 2
     captured = capsys.readouterr()
     assert len(captured.out) + len(captured.err) < 3000
@@ -627,15 +679,18 @@ def test_a_huge_sweep_file_or_value_gives_a_short_message(tmp_path: Path, capsys
 
 
 def test_lowering_repeats_on_resume_counts_every_run_and_keeps_the_recorded_spec(
-        tmp_path: Path, fake_runs: FakeRuns, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, fake_runs: FakeRuns, capsys: pytest.CaptureFixture[str]
+) -> None:
     database, sweep_file = tmp_path / "r.db", grid(tmp_path / "s.toml", batches=[8, 16], repeats=3)
     assert main(["sweep", str(sweep_file), "--database", str(database)]) == 0
     assert len(rows(database)) == 6
     capsys.readouterr()
     assert main(["sweep", str(sweep_file), "--database", str(database), "--resume", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
-    assert ("resuming sweep s: 2 of 2 runs already recorded; 4 more, beyond the 1 repeat(s) per cell asked now, "
-            "stay in the database and count in its summaries") in out, out
+    assert (
+        "resuming sweep s: 2 of 2 runs already recorded; 4 more, beyond the 1 repeat(s) per cell asked now, "
+        "stay in the database and count in its summaries"
+    ) in out, out
     assert "sweep s: 0 runs now, 2 before" in out
     assert len(fake_runs.calls) == 6 and len(rows(database)) == 6
     with ResultStore(database, create=False) as store:
@@ -657,11 +712,18 @@ def test_lowering_repeats_on_resume_counts_every_run_and_keeps_the_recorded_spec
 # --- 17. names in any script ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("file_name", "name"), [
-    ("größe.toml", "größe"), ("扫描.yaml", "扫描"), ("हिन्दी.toml", "हिन्दी"),
-    (unicodedata.normalize("NFD", "größe") + ".json", "größe"), ("my grid (v2).toml", "my-grid--v2-"),
-    (".hidden.toml", "hidden"), ("-.toml", "sweep"),
-])
+@pytest.mark.parametrize(
+    ("file_name", "name"),
+    [
+        ("größe.toml", "größe"),
+        ("扫描.yaml", "扫描"),
+        ("हिन्दी.toml", "हिन्दी"),
+        (unicodedata.normalize("NFD", "größe") + ".json", "größe"),
+        ("my grid (v2).toml", "my-grid--v2-"),
+        (".hidden.toml", "hidden"),
+        ("-.toml", "sweep"),
+    ],
+)
 def test_a_sweep_file_named_in_any_script_runs_without_name(tmp_path: Path, file_name: str, name: str) -> None:
     path = tmp_path / file_name
     if path.suffix == ".json":
@@ -673,8 +735,9 @@ def test_a_sweep_file_named_in_any_script_runs_without_name(tmp_path: Path, file
     assert load_sweep(path).name == name
 
 
-def test_a_sweep_with_a_unicode_name_runs_and_is_recorded(tmp_path: Path, fake_runs: FakeRuns,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_sweep_with_a_unicode_name_runs_and_is_recorded(
+    tmp_path: Path, fake_runs: FakeRuns, capsys: pytest.CaptureFixture[str]
+) -> None:
     database = tmp_path / "r.db"
     assert main(["sweep", str(grid(tmp_path / "扫描.toml", batches=[8])), "--database", str(database)]) == 0
     assert "sweep 扫描: 1 runs now" in capsys.readouterr().out
@@ -682,12 +745,14 @@ def test_a_sweep_with_a_unicode_name_runs_and_is_recorded(tmp_path: Path, fake_r
 
 
 @pytest.mark.parametrize("name", ["../x", "a/b", "..", ".", "", "a b", "a\nb", "a\x00b", "-x", "x" * 201, "a\u202eb"])
-def test_a_name_with_a_path_or_control_character_is_refused(tmp_path: Path, no_runs: None, name: str,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_name_with_a_path_or_control_character_is_refused(
+    tmp_path: Path, no_runs: None, name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     sweep_file = grid(tmp_path / "s.toml")
     assert main(["sweep", str(sweep_file), f"--name={name}", "--database", str(tmp_path / "r.db")]) == 2
     err = capsys.readouterr().err
-    assert f"{sweep_file}: invalid name = " in err and ("a sweep name is letters and digits" in err
-                                                        or "at least 1 character" in err or "at most 200" in err), err
+    assert f"{sweep_file}: invalid name = " in err and (
+        "a sweep name is letters and digits" in err or "at least 1 character" in err or "at most 200" in err
+    ), err
     no_traceback(err)
     assert not (tmp_path / "r.db").exists()

@@ -51,8 +51,12 @@ def test_micro_batches_of_ranks_tile_the_global_batch() -> None:
 
 
 def test_precision_flags_are_recorded() -> None:
-    config = make_config(workload="fcnn", accelerator="cpu", precision="bf16", micro_batch_size=4, workload_options=OPTIONS)
-    executor = TorchExecutor(Fcnn().build_torch(FcnnOptions(**OPTIONS), seed=0), config, TorchPlacement(device="cpu"), SINGLE_PROCESS)
+    config = make_config(
+        workload="fcnn", accelerator="cpu", precision="bf16", micro_batch_size=4, workload_options=OPTIONS
+    )
+    executor = TorchExecutor(
+        Fcnn().build_torch(FcnnOptions(**OPTIONS), seed=0), config, TorchPlacement(device="cpu"), SINGLE_PROCESS
+    )
     details = executor.details()
     assert details["autocast_dtype"] == "bfloat16" and details["matmul_allow_tf32"] is False
     assert details["cudnn_allow_tf32"] is False and details["float32_matmul_precision"] == "highest"
@@ -83,7 +87,10 @@ def test_two_torchrun_replicas_equal_one_process_with_the_whole_batch(tmp_path: 
     out = tmp_path / "state.pt"
     completed = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script), str(out)],
-        check=False, capture_output=True, text=True, timeout=300,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     replicated = torch.load(out)
@@ -95,8 +102,9 @@ def test_a_recompilation_inside_the_window_is_reported(monkeypatch: pytest.Monke
     import core.executors.pytorch as pytorch_executor
 
     config = make_config(workload="fcnn", accelerator="cpu", micro_batch_size=4, workload_options=OPTIONS)
-    executor = TorchExecutor(Fcnn().build_torch(FcnnOptions(**OPTIONS), seed=0), config,
-                             TorchPlacement(device="cpu"), SINGLE_PROCESS)
+    executor = TorchExecutor(
+        Fcnn().build_torch(FcnnOptions(**OPTIONS), seed=0), config, TorchPlacement(device="cpu"), SINGLE_PROCESS
+    )
     executor._config = config.model_copy(update={"compile": True})  # count graphs without compiling for real
     graphs = iter([3, 5])
     monkeypatch.setattr(pytorch_executor, "_compiled_graph_count", lambda: next(graphs))

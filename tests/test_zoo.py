@@ -15,7 +15,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from typing import Any, Callable, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import pytest
 
@@ -32,9 +33,15 @@ ZOO: tuple[type[ZooWorkload], ...] = (*VISION_WORKLOADS, *LANGUAGE_WORKLOADS, Ac
 NAMES = [workload.name for workload in ZOO]
 
 # Heavier cases (tens of seconds on a 2-core CPU); CI runs them too.
-SLOW = {("resnet152", "torch"), ("efficientnet-b4", "torch"), ("resnet152", "tensorflow"),
-        ("efficientnet-b4", "tensorflow"), ("inception-v3", "tensorflow"), ("mobilenetv3-large", "tensorflow"),
-        ("efficientnet-b0", "tensorflow")}
+SLOW = {
+    ("resnet152", "torch"),
+    ("efficientnet-b4", "torch"),
+    ("resnet152", "tensorflow"),
+    ("efficientnet-b4", "tensorflow"),
+    ("inception-v3", "tensorflow"),
+    ("mobilenetv3-large", "tensorflow"),
+    ("efficientnet-b0", "tensorflow"),
+}
 
 
 def workload(name: str) -> ZooWorkload:
@@ -53,8 +60,11 @@ def has_module(name: str) -> bool:
 
 def cases(framework: Framework) -> list[Any]:
     """(name) parameters for the workloads with an implementation in ``framework``, slow ones marked."""
-    return [pytest.param(w.name, marks=[pytest.mark.slow] if (w.name, framework.value) in SLOW else [], id=w.name)
-            for w in ZOO if framework in w.frameworks]
+    return [
+        pytest.param(w.name, marks=[pytest.mark.slow] if (w.name, framework.value) in SLOW else [], id=w.name)
+        for w in ZOO
+        if framework in w.frameworks
+    ]
 
 
 def require(w: ZooWorkload, framework: Framework) -> None:
@@ -83,15 +93,29 @@ def counted_training_flops(model: Any, inputs: Any) -> int:
 
     raw = flop_counter.conv_backward_flop.__wrapped__
 
-    def conv_backward(grad_out_shape: Any, x_shape: Any, w_shape: Any, bias: Any, stride: Any, padding: Any,
-                      dilation: Any, transposed: bool, output_padding: Any, groups: int, output_mask: Any,
-                      out_shape: Any = None, **_: Any) -> int:
+    def conv_backward(
+        grad_out_shape: Any,
+        x_shape: Any,
+        w_shape: Any,
+        bias: Any,
+        stride: Any,
+        padding: Any,
+        dilation: Any,
+        transposed: bool,
+        output_padding: Any,
+        groups: int,
+        output_mask: Any,
+        out_shape: Any = None,
+        **_: Any,
+    ) -> int:
         shapes = (grad_out_shape, x_shape, w_shape, bias, stride, padding, dilation, transposed, output_padding, groups)
         data = raw(*shapes, [output_mask[0], False], out_shape)
         weights = raw(*shapes, [False, output_mask[1]], out_shape)
         return data + weights // groups
 
-    counter = flop_counter.FlopCounterMode(display=False, custom_mapping={torch.ops.aten.convolution_backward: conv_backward})
+    counter = flop_counter.FlopCounterMode(
+        display=False, custom_mapping={torch.ops.aten.convolution_backward: conv_backward}
+    )
     with counter:
         outputs = model(inputs)
         outputs = outputs[0] if isinstance(outputs, tuple) else outputs  # the autoencoder's (output, input)
@@ -112,18 +136,30 @@ def no_packed_sequence_check(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 TORCH_SHAPES = [  # (workload, options): every variant, and datasets whose shapes need padding or cropping
-    *[(name, {"variant": variant}) for name in NAMES for variant in ("full", "small")
-      if Framework.torch in workload(name).frameworks],
-    ("swin-t", {"dataset": "food101"}), ("swin-b", {"dataset": "hydra"}), ("vit-l16", {"dataset": "hydra"}),
-    ("efficientnet-b4", {"dataset": "food101"}), ("efficientnet-b0", {"image_size": 225}),
-    ("resnet50", {"dataset": "hydra"}), ("gpt2-124m", {"sequence_length": 256}), ("bert-base", {"sequence_length": 512}),
+    *[
+        (name, {"variant": variant})
+        for name in NAMES
+        for variant in ("full", "small")
+        if Framework.torch in workload(name).frameworks
+    ],
+    ("swin-t", {"dataset": "food101"}),
+    ("swin-b", {"dataset": "hydra"}),
+    ("vit-l16", {"dataset": "hydra"}),
+    ("efficientnet-b4", {"dataset": "food101"}),
+    ("efficientnet-b0", {"image_size": 225}),
+    ("resnet50", {"dataset": "hydra"}),
+    ("gpt2-124m", {"sequence_length": 256}),
+    ("bert-base", {"sequence_length": 512}),
     ("aces-autoencoder", {"dataset": "cifar100", "channels": 32}),
 ]
 
 
-@pytest.mark.parametrize("name,options", TORCH_SHAPES, ids=[f"{n}-{'-'.join(f'{v}' for v in o.values())}" for n, o in TORCH_SHAPES])
-def test_torch_model_has_the_counted_parameters_and_flops(name: str, options: dict[str, Any],
-                                                          no_packed_sequence_check: None) -> None:
+@pytest.mark.parametrize(
+    "name,options", TORCH_SHAPES, ids=[f"{n}-{'-'.join(f'{v}' for v in o.values())}" for n, o in TORCH_SHAPES]
+)
+def test_torch_model_has_the_counted_parameters_and_flops(
+    name: str, options: dict[str, Any], no_packed_sequence_check: None
+) -> None:
     import torch
 
     w = workload(name)
@@ -187,9 +223,20 @@ def test_keras_model_has_the_counted_parameters_and_macs(name: str) -> None:
 # Parameter counts as published: the GH200 paper's six (Hurt et al.), then the models' own papers.
 # CARAML's "800M" GPT counts the parameters outside the embeddings.
 PUBLISHED = {
-    "resnet50": 25.6e6, "resnet152": 60.2e6, "vit-l16": 306.5e6, "vit-h14": 633.5e6, "swin-t": 28.3e6,
-    "swin-b": 87.8e6, "efficientnet-b0": 5.3e6, "efficientnet-b4": 19.3e6, "mobilenetv3-small": 2.5e6,
-    "mobilenetv3-large": 5.4e6, "inception-v3": 23.8e6, "bert-base": 110e6, "gpt2-124m": 124e6, "gpt2-800m": 800e6,
+    "resnet50": 25.6e6,
+    "resnet152": 60.2e6,
+    "vit-l16": 306.5e6,
+    "vit-h14": 633.5e6,
+    "swin-t": 28.3e6,
+    "swin-b": 87.8e6,
+    "efficientnet-b0": 5.3e6,
+    "efficientnet-b4": 19.3e6,
+    "mobilenetv3-small": 2.5e6,
+    "mobilenetv3-large": 5.4e6,
+    "inception-v3": 23.8e6,
+    "bert-base": 110e6,
+    "gpt2-124m": 124e6,
+    "gpt2-800m": 800e6,
 }
 
 
@@ -217,8 +264,13 @@ def test_the_published_sizes_are_recorded_per_framework() -> None:
 # --- every workload trains -------------------------------------------------------------------
 
 
-SMALL_RUN = {"micro_batch_size": 2, "steps": 1, "warmup_steps": 1, "power_meter": "none",
-             "workload_options": {"variant": "small", "synthetic_pool_samples": 4}}
+SMALL_RUN = {
+    "micro_batch_size": 2,
+    "steps": 1,
+    "warmup_steps": 1,
+    "power_meter": "none",
+    "workload_options": {"variant": "small", "synthetic_pool_samples": 4},
+}
 
 
 def check_trained(result: RunResult, name: str, framework: Framework) -> None:
@@ -238,6 +290,7 @@ def test_trains_three_steps_with_torch(name: str) -> None:
     check_trained(run(name, "cpu", **SMALL_RUN), name, Framework.torch)
 
 
+@pytest.mark.slow
 @pytest.mark.tensorflow
 @pytest.mark.parametrize("name", cases(Framework.tensorflow))
 def test_trains_three_steps_with_tensorflow(name: str) -> None:
@@ -245,10 +298,31 @@ def test_trains_three_steps_with_tensorflow(name: str) -> None:
     pools, which only a process whose TensorFlow has not started yet can do."""
     pytest.importorskip("tensorflow")
     completed = subprocess.run(
-        [sys.executable, "-m", "core.cli", "run", name, "--framework", "tensorflow", "--batch-size", "2",
-         "--steps", "1", "--warmup-steps", "1", "--power-meter", "none", "-o", "variant=small",
-         "-o", "synthetic_pool_samples=4", "--json"],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "core.cli",
+            "run",
+            name,
+            "--framework",
+            "tensorflow",
+            "--batch-size",
+            "2",
+            "--steps",
+            "1",
+            "--warmup-steps",
+            "1",
+            "--power-meter",
+            "none",
+            "-o",
+            "variant=small",
+            "-o",
+            "synthetic_pool_samples=4",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     check_trained(RunResult.model_validate_json(completed.stdout), name, Framework.tensorflow)
@@ -265,8 +339,15 @@ def test_a_missing_library_fails_the_build_with_what_to_install() -> None:
 def test_without_torchvision_mobilenet_in_torch_is_refused_before_the_run() -> None:
     # Planning checks the model's library (find_spec), so the run is refused, not failed in setup.
     with pytest.raises(ConfigError) as refused:
-        run("mobilenetv3-small", "cpu", micro_batch_size=2, steps=1, warmup_steps=0, power_meter="none",
-            workload_options={"variant": "small"})
+        run(
+            "mobilenetv3-small",
+            "cpu",
+            micro_batch_size=2,
+            steps=1,
+            warmup_steps=0,
+            power_meter="none",
+            workload_options={"variant": "small"},
+        )
     assert refused.value.field == "workload" and "torchvision" in str(refused.value)
 
 
@@ -283,13 +364,20 @@ def test_the_same_seed_builds_the_same_model_and_data() -> None:
     assert a.inputs.shape == (8, 3, 32, 32) and int(a.targets.max()) < 1000
 
 
-@pytest.mark.parametrize("name,dataset,shape,classes,epoch", [
-    ("resnet50", "imagenet", (3, 224, 224), 1000, 1_281_167), ("resnet50", "cifar100", (3, 32, 32), 100, 50_000),
-    ("efficientnet-b4", "imagenet", (3, 380, 380), 1000, 1_281_167), ("swin-b", "food101", (3, 512, 512), 101, 75_750),
-    ("inception-v3", "hydra", (3, 600, 800), 2, 28_900), ("aces-autoencoder", "mnist", (1, 28, 28), None, 60_000),
-])
-def test_datasets_set_shapes_labels_and_epochs(name: str, dataset: str, shape: tuple[int, ...], classes: int | None,
-                                               epoch: int) -> None:
+@pytest.mark.parametrize(
+    "name,dataset,shape,classes,epoch",
+    [
+        ("resnet50", "imagenet", (3, 224, 224), 1000, 1_281_167),
+        ("resnet50", "cifar100", (3, 32, 32), 100, 50_000),
+        ("efficientnet-b4", "imagenet", (3, 380, 380), 1000, 1_281_167),
+        ("swin-b", "food101", (3, 512, 512), 101, 75_750),
+        ("inception-v3", "hydra", (3, 600, 800), 2, 28_900),
+        ("aces-autoencoder", "mnist", (1, 28, 28), None, 60_000),
+    ],
+)
+def test_datasets_set_shapes_labels_and_epochs(
+    name: str, dataset: str, shape: tuple[int, ...], classes: int | None, epoch: int
+) -> None:
     w = workload(name)
     options = w.parse_options({"dataset": dataset})
     assert w.input_shape(options) == shape and w.samples_per_epoch(options) == epoch  # type: ignore[attr-defined]
@@ -304,7 +392,9 @@ def test_language_samples_are_sequences_of_tokens() -> None:
     assert gpt.sample_unit == "sequences" and details["tokens_per_sample"] == 512
     assert gpt.samples_per_epoch(options) == 9_035_582_198 // 512
     # A longer sequence than GPT-2's context grows its position table.
-    assert gpt.parameter_count(gpt.parse_options({"sequence_length": 2048})) == gpt.parameter_count(options) + 1024 * 768
+    assert (
+        gpt.parameter_count(gpt.parse_options({"sequence_length": 2048})) == gpt.parameter_count(options) + 1024 * 768
+    )
 
 
 def test_the_losses_are_those_transformers_computes_itself() -> None:
@@ -334,14 +424,17 @@ def test_masked_positions_are_fifteen_percent_and_follow_the_tokens() -> None:
     assert (masked_positions(tokens.clone()) == mask).all() and not (masked_positions(tokens.roll(1, 1)) == mask).all()
 
 
-@pytest.mark.parametrize("name,options,field", [
-    ("swin-t", {"dataset": "cifar100"}, "workload_options.image_size"),
-    ("inception-v3", {"image_size": 64}, "workload_options.image_size"),
-    ("mobilenetv3-small", {"dataset": "mnist", "image_size": 32}, "workload_options.dataset"),
-    ("aces-autoencoder", {"image_size": 30}, "workload_options.image_size"),
-    ("resnet50", {"variant": "tiny"}, "workload_options.variant"),
-    ("gpt2-124m", {"image_size": 32}, "workload_options.image_size"),
-])
+@pytest.mark.parametrize(
+    "name,options,field",
+    [
+        ("swin-t", {"dataset": "cifar100"}, "workload_options.image_size"),
+        ("inception-v3", {"image_size": 64}, "workload_options.image_size"),
+        ("mobilenetv3-small", {"dataset": "mnist", "image_size": 32}, "workload_options.dataset"),
+        ("aces-autoencoder", {"image_size": 30}, "workload_options.image_size"),
+        ("resnet50", {"variant": "tiny"}, "workload_options.variant"),
+        ("gpt2-124m", {"image_size": 32}, "workload_options.image_size"),
+    ],
+)
 def test_a_bad_option_is_refused_before_anything_runs(name: str, options: dict[str, Any], field: str) -> None:
     with pytest.raises(ConfigError) as error:
         run(name, "cpu", workload_options=options, power_meter="none")
@@ -353,9 +446,16 @@ def test_a_bad_option_is_refused_before_anything_runs(name: str, options: dict[s
 
 def test_workloads_json_lists_the_zoo_without_importing_a_framework() -> None:
     listing = subprocess.run(
-        [sys.executable, "-c", "import json, sys; from core.cli import main; main(['workloads', '--json']); "
-                               "print(json.dumps([m for m in ('torch', 'tensorflow', 'transformers') if m in sys.modules]))"],
-        capture_output=True, text=True, timeout=120, check=True,
+        [
+            sys.executable,
+            "-c",
+            "import json, sys; from core.cli import main; main(['workloads', '--json']); "
+            "print(json.dumps([m for m in ('torch', 'tensorflow', 'transformers') if m in sys.modules]))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
     ).stdout
     table, imported = listing.rsplit("\n", 2)[0], listing.rsplit("\n", 2)[1]
     assert json.loads(imported) == []

@@ -48,12 +48,17 @@ def detect_format(path: Path) -> str:
             return "tfrecord"
         if any(e.is_dir() for e in entries):
             return "image-folder"
-    raise ConfigError("data", str(path), "not a dataset: expected a folder of class folders of images, "
-                      ".tar shards (WebDataset), .tfrecord files, or a .bin/.npy token file")
+    raise ConfigError(
+        "data",
+        str(path),
+        "not a dataset: expected a folder of class folders of images, "
+        ".tar shards (WebDataset), .tfrecord files, or a .bin/.npy token file",
+    )
 
 
-def validate_data(data: str, data_format: str, framework: Framework, readable: tuple[str, ...] | None = None,
-                  workload: str = "?") -> str | None:
+def validate_data(
+    data: str, data_format: str, framework: Framework, readable: tuple[str, ...] | None = None, workload: str = "?"
+) -> str | None:
     """Check a data source before anything runs; returns the resolved format (None for synthetic).
 
     ``readable``: the formats the workload reads with ``framework`` (``Workload.data_formats_for``);
@@ -63,25 +68,42 @@ def validate_data(data: str, data_format: str, framework: Framework, readable: t
         return None
     if data == SYNTHETIC_ON_HOST:
         if framework is Framework.tensorflow:
-            raise ConfigError("data", data, f"the TensorFlow executor places synthetic data on the device only; "
-                              f"allowed: {SYNTHETIC_ON_DEVICE} or a TFRecord path")
+            raise ConfigError(
+                "data",
+                data,
+                f"the TensorFlow executor places synthetic data on the device only; "
+                f"allowed: {SYNTHETIC_ON_DEVICE} or a TFRecord path",
+            )
         return None
     path = Path(data)
     if not path.exists():
-        raise ConfigError("data", data, f"no such file or folder; allowed: {', '.join(SYNTHETIC_SOURCES)} or a dataset path")
+        raise ConfigError(
+            "data", data, f"no such file or folder; allowed: {', '.join(SYNTHETIC_SOURCES)} or a dataset path"
+        )
     resolved = detect_format(path) if data_format == "auto" else data_format
     if readable is not None and resolved not in readable:
         usable = [name for name in readable if framework in FORMAT_FRAMEWORKS.get(name, ())]
         synthetic = (SYNTHETIC_ON_DEVICE,) if framework is Framework.tensorflow else SYNTHETIC_SOURCES
         if not usable:
-            raise ConfigError("data", data, f"{_a(resolved)} dataset, but workload {workload!r} takes synthetic data "
-                              f"only (with {framework.value}); allowed: {', '.join(synthetic)}")
+            raise ConfigError(
+                "data",
+                data,
+                f"{_a(resolved)} dataset, but workload {workload!r} takes synthetic data "
+                f"only (with {framework.value}); allowed: {', '.join(synthetic)}",
+            )
         if data_format == "auto":
-            raise ConfigError("data", data, f"{_a(resolved)} dataset, but workload {workload!r} with {framework.value} "
-                              f"reads {', '.join(usable)}; allowed: {', '.join(synthetic)} or a path to "
-                              f"{' or '.join(_a(name) for name in usable)} dataset")
-        raise ConfigError("data_format", data_format, f"workload {workload!r} with {framework.value} reads: "
-                          f"{', '.join(['auto', *usable])}")
+            raise ConfigError(
+                "data",
+                data,
+                f"{_a(resolved)} dataset, but workload {workload!r} with {framework.value} "
+                f"reads {', '.join(usable)}; allowed: {', '.join(synthetic)} or a path to "
+                f"{' or '.join(_a(name) for name in usable)} dataset",
+            )
+        raise ConfigError(
+            "data_format",
+            data_format,
+            f"workload {workload!r} with {framework.value} reads: {', '.join(['auto', *usable])}",
+        )
     if framework not in FORMAT_FRAMEWORKS[resolved]:
         readable_here = [name for name, readers in FORMAT_FRAMEWORKS.items() if framework in readers]
         raise ConfigError("data_format", resolved, f"{framework.value} reads: {', '.join(readable_here)}")
@@ -89,5 +111,9 @@ def validate_data(data: str, data_format: str, framework: Framework, readable: t
 
 
 def _a(data_format: str) -> str:
-    return {"image-folder": "an image-folder", "webdataset": "a webdataset (.tar shards)",
-            "tokens": "a token-file", "tfrecord": "a TFRecord"}.get(data_format, f"a {data_format}")
+    return {
+        "image-folder": "an image-folder",
+        "webdataset": "a webdataset (.tar shards)",
+        "tokens": "a token-file",
+        "tfrecord": "a TFRecord",
+    }.get(data_format, f"a {data_format}")

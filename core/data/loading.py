@@ -4,8 +4,9 @@ endless epochs, and the time the training loop spends waiting for them."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
@@ -26,8 +27,13 @@ class FileBatches:
         self.dataset = make_dataset(path, self.format, pool_inputs, process.rank, process.world_size)
         self._sampler: DistributedSampler | None = None
         workers = config.data_workers
-        common: dict[str, Any] = dict(batch_size=config.micro_batch_size, num_workers=workers, pin_memory=pin_memory,
-                                      drop_last=True, persistent_workers=workers > 0)
+        common: dict[str, Any] = dict(
+            batch_size=config.micro_batch_size,
+            num_workers=workers,
+            pin_memory=pin_memory,
+            drop_last=True,
+            persistent_workers=workers > 0,
+        )
         if workers > 0:
             common["prefetch_factor"] = 4
         if isinstance(self.dataset, IterableDataset):
@@ -36,12 +42,20 @@ class FileBatches:
         else:
             self.samples = len(self.dataset)
             # Shuffled, and split so each rank reads a disjoint part of every epoch.
-            self._sampler = DistributedSampler(self.dataset, num_replicas=process.world_size, rank=process.rank,
-                                               shuffle=True, seed=config.seed, drop_last=True)
+            self._sampler = DistributedSampler(
+                self.dataset,
+                num_replicas=process.world_size,
+                rank=process.rank,
+                shuffle=True,
+                seed=config.seed,
+                drop_last=True,
+            )
             self._loader = DataLoader(self.dataset, sampler=self._sampler, **common)
             if len(self._loader) == 0:
-                raise ValueError(f"{path}: {self.samples} samples are fewer than one micro-batch of "
-                                 f"{config.micro_batch_size} for each of {process.world_size} rank(s)")
+                raise ValueError(
+                    f"{path}: {self.samples} samples are fewer than one micro-batch of "
+                    f"{config.micro_batch_size} for each of {process.world_size} rank(s)"
+                )
         self._batches = self._endless()
         self.wait_seconds = 0.0
 

@@ -47,7 +47,10 @@ def image_dataset(path: Path, image_shape: tuple[int, int, int], update_batch: i
 
     files = tf.data.Dataset.from_tensor_slices(record_files(path))
     records = files.interleave(tf.data.TFRecordDataset, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
-    return (records.shuffle(4 * update_batch, seed=seed, reshuffle_each_iteration=True).repeat()
-            .map(parse, num_parallel_calls=tf.data.AUTOTUNE)
-            .batch(update_batch, drop_remainder=True)
-            .prefetch(tf.data.AUTOTUNE))
+    return (
+        records.shuffle(4 * update_batch, seed=seed, reshuffle_each_iteration=True)
+        .repeat()
+        .map(parse, num_parallel_calls=tf.data.AUTOTUNE)
+        .batch(update_batch, drop_remainder=True)
+        .prefetch(tf.data.AUTOTUNE)
+    )

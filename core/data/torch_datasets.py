@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import io
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -25,7 +26,7 @@ def decode_image(data: bytes, channels: int, height: int, width: int) -> torch.T
     from PIL import Image
 
     with Image.open(io.BytesIO(data)) as image:
-        image = image.convert("RGB" if channels == 3 else "L").resize((width, height), Image.BILINEAR)
+        image = image.convert("RGB" if channels == 3 else "L").resize((width, height), Image.Resampling.BILINEAR)
         array = np.asarray(image, dtype=np.float32) / 255.0
     tensor = torch.from_numpy(array.copy())
     tensor = tensor.permute(2, 0, 1) if tensor.dim() == 3 else tensor.unsqueeze(0)
@@ -64,7 +65,9 @@ class WebDatasetShards(IterableDataset):
     exactly one worker of one rank per pass; passes repeat for as long as training asks.
     """
 
-    def __init__(self, shards: list[Path], image_shape: tuple[int, int, int], rank: int = 0, world_size: int = 1) -> None:
+    def __init__(
+        self, shards: list[Path], image_shape: tuple[int, int, int], rank: int = 0, world_size: int = 1
+    ) -> None:
         if not shards:
             raise ValueError("no .tar shards")
         self.shards = shards
@@ -128,7 +131,7 @@ class TokenFile(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         start = index * self.sequence_length
-        window = torch.from_numpy(np.asarray(self.tokens[start:start + self.sequence_length], dtype=np.int64))
+        window = torch.from_numpy(np.asarray(self.tokens[start : start + self.sequence_length], dtype=np.int64))
         return window, window
 
 
@@ -140,8 +143,10 @@ def make_dataset(path: Path, data_format: str, pool_inputs: torch.Tensor, rank: 
             raise ValueError("token data needs a workload whose inputs are token ids [sequence_length]")
         return TokenFile(path, sequence_length=sample_shape[0])
     if len(sample_shape) != 3:
-        raise ValueError(f"image data needs a workload whose inputs are images [C, H, W]; this one takes {sample_shape}")
+        raise ValueError(
+            f"image data needs a workload whose inputs are images [C, H, W]; this one takes {sample_shape}"
+        )
     if data_format == "image-folder":
-        return ImageFolder(path, sample_shape)  # type: ignore[arg-type]
+        return ImageFolder(path, sample_shape)
     shards = [path] if path.is_file() else sorted(path.glob("*.tar"))
-    return WebDatasetShards(shards, sample_shape, rank, world_size)  # type: ignore[arg-type]
+    return WebDatasetShards(shards, sample_shape, rank, world_size)

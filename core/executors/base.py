@@ -21,8 +21,6 @@ class StepClock(ABC):
 class Executor(ABC):
     """A workload placed on this process's devices, ready to train."""
 
-    #: samples this process consumes per weight update (micro-batch x accumulation [x in-process replicas])
-    local_samples_per_update: int
     #: weight updates one ``step()`` performs: device_iterations where the device loops on its own
     updates_per_step: int = 1
 
@@ -76,6 +74,16 @@ class Executor(ABC):
     def details(self) -> dict[str, Any]:
         """Effective settings recorded in the result: precision flags, threads, strategy."""
         return {}
+
+    def host_threads(self) -> dict[str, int]:
+        """Host compute-thread settings in force (``{"intra_op_threads": 8}``), recorded in
+        ``result.environment.host_threads``."""
+        return {}
+
+    def dataset_samples(self) -> int | None:
+        """Samples in the real dataset this run reads (an epoch's size); None for synthetic data,
+        whose epoch the workload defines."""
+        return None
 
     def framework_version(self) -> str | None:
         return None

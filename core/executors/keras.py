@@ -21,8 +21,15 @@ from core.errors import NonFiniteLossError
 from core.executors.base import Executor, HostStepClock, StepClock
 from core.workload import KerasTrainingSpec
 
-# TensorFlow's C++ start-up chatter (CPU feature notes) would bury core's own output.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+def quiet_tensorflow_startup() -> None:
+    """Keep TensorFlow's C++ start-up chatter (CPU feature notes) from burying core's own output.
+
+    Takes effect only before TensorFlow loads; a value the user set is kept."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+quiet_tensorflow_startup()
 
 _POLICY_BY_PRECISION = {
     Precision.fp32: "float32",
@@ -73,6 +80,32 @@ def split_host_cpu(logical_devices: int) -> list[str]:
     return [d.name for d in tf.config.list_logical_devices("CPU")]
 
 
+def _set_precision(tf: Any, keras: Any, precision: Precision) -> None:
+    # Layers read the global policy when constructed, so it must be set before make_model.
+    keras.mixed_precision.set_global_policy(_POLICY_BY_PRECISION[precision])
+    if precision is Precision.fp32:
+        tf.config.experimental.enable_tensor_float_32_execution(False)
+    elif precision is Precision.tf32:
+        tf.config.experimental.enable_tensor_float_32_execution(True)
+
+
+def _replica_sum(tf: Any) -> Any:
+    """A float counter with one component per replica, summed when read in cross-replica context."""
+    return tf.Variable(
+        0.0,
+        trainable=False,
+        dtype=tf.float32,
+        synchronization=tf.VariableSynchronization.ON_READ,
+        aggregation=tf.VariableAggregation.SUM,
+    )
+
+
+def _any_non_finite(tf: Any, tensors: list[Any]) -> Any:
+    """1.0 if any element of ``tensors`` is NaN or infinite, else 0.0 (a float32 scalar)."""
+    finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in tensors])
+    return tf.cast(tf.logical_not(finite), tf.float32)
+
+
 class KerasExecutor(Executor):
     """One weight update per ``step()``: GA accumulated micro-steps on every replica, one apply.
 
@@ -82,30 +115,23 @@ class KerasExecutor(Executor):
     """
 
     def __init__(self, spec: KerasTrainingSpec, config: RunConfig, placement: KerasPlacement) -> None:
-        import numpy as np
         import tensorflow as tf
         from tensorflow import keras
 
         if config.micro_batch_size is None:
             raise ValueError("config.micro_batch_size must be resolved before building an executor")
         self._tf = tf
-        micro = config.micro_batch_size
-        accumulation = config.gradient_accumulation
-        self.local_samples_per_update = placement.replicas * accumulation * micro
+        self._micro = config.micro_batch_size
+        self._accumulation = config.gradient_accumulation
 
         # Global state this executor changes; close() puts it back.
         self._previous_policy = keras.mixed_precision.global_policy()
         self._previous_tf32 = tf.config.experimental.tensor_float_32_execution_enabled()
         self._closed = False
+        self._files: Any = None
+        self._data_wait_seconds = 0.0
         try:
-            policy = _POLICY_BY_PRECISION[config.precision]
-            # Layers read the global policy when constructed, so it must be set before make_model.
-            keras.mixed_precision.set_global_policy(policy)
-            if config.precision is Precision.fp32:
-                tf.config.experimental.enable_tensor_float_32_execution(False)
-            elif config.precision is Precision.tf32:
-                tf.config.experimental.enable_tensor_float_32_execution(True)
-
+            _set_precision(tf, keras, config.precision)
             strategy = placement.make_strategy()
             local_devices = list(strategy.extended.worker_devices)
             if len(local_devices) != placement.replicas:
@@ -115,182 +141,18 @@ class KerasExecutor(Executor):
                 )
             self._strategy = strategy
             # Across processes (multi-worker strategies) the all-reduce spans every replica.
-            global_replicas = strategy.num_replicas_in_sync
-
-            with strategy.scope():
-                self.model = spec.make_model()
-                loss_fn = spec.make_loss()
-                optimizer = spec.make_optimizer()
-                if config.precision is Precision.fp16 and not isinstance(
-                    optimizer, keras.mixed_precision.LossScaleOptimizer
-                ):
-                    # fp16 gradients underflow without loss scaling (bf16 has fp32's range).
-                    optimizer = keras.mixed_precision.LossScaleOptimizer(optimizer)
-                self.optimizer = optimizer
-                variables = list(self.model.trainable_variables)
-                # Optimizer slots must exist before the first trace: creating variables inside
-                # a replica function of a tf.function is not allowed under MirroredStrategy.
-                if hasattr(optimizer, "build"):
-                    optimizer.build(variables)
-                # One component per replica, summed when read in cross-replica context:
-                # accumulating costs no all-reduce per step.
-                self._loss_sum = tf.Variable(
-                    0.0,
-                    trainable=False,
-                    dtype=tf.float32,
-                    synchronization=tf.VariableSynchronization.ON_READ,
-                    aggregation=tf.VariableAggregation.SUM,
-                )
-                # Likewise: replica updates since the last check whose gradients held a NaN/inf.
-                # The loss alone can miss one: oneDNN's fused MatMul+BiasAdd+ReLU turns a NaN
-                # input into a finite activation, so the loss stays finite while the gradient
-                # of the first kernel (x^T dz) is NaN, and a NaN entering in the window's last
-                # update would then surface in no later loss.
-                self._non_finite_gradients = tf.Variable(
-                    0.0,
-                    trainable=False,
-                    dtype=tf.float32,
-                    synchronization=tf.VariableSynchronization.ON_READ,
-                    aggregation=tf.VariableAggregation.SUM,
-                )
-
-            # Data: sample i of the run is pool[i % pool]. Micro-step g of global replica r takes
-            # samples [(g*N + r)*micro, (g*N + r + 1)*micro): the union over one update is the same
-            # whatever the split into replicas and micro-steps, which makes results comparable.
-            inputs = np.asarray(spec.inputs)
-            targets = np.asarray(spec.targets)
-            pool = inputs.shape[0]
-
-            def per_replica(array: Any) -> Any:
-                def value_fn(ctx: Any) -> Any:
-                    replica = ctx.replica_id_in_sync_group
-                    start = np.arange(accumulation)[:, None] * global_replicas + replica
-                    indices = (start * micro + np.arange(micro)[None, :]) % pool  # [GA, micro]
-                    # Copied to the replica's device once here, never per step.
-                    with tf.device(local_devices[replica % len(local_devices)]):
-                        return tf.identity(tf.convert_to_tensor(np.take(array, indices, axis=0)))
-
-                return strategy.experimental_distribute_values_from_function(value_fn)
-
-            # Real data: each step draws one whole update (R x GA x micro samples) from a tf.data
-            # pipeline; the strategy splits it between replicas, and each replica's share is
-            # reshaped to [GA, micro, ...] below. Waiting for it is timed on the host.
-            self._files: Any = None
-            self._data_wait_seconds = 0.0
-            if config.data == "synthetic":
-                self._inputs = per_replica(inputs)
-                self._targets = per_replica(targets)
-            else:
-                from pathlib import Path
-
-                from core.data.tf_records import image_dataset
-
-                if inputs.ndim != 4:
-                    raise ValueError(f"TFRecord image data needs a workload whose inputs are images [H, W, C]; "
-                                     f"this one takes {inputs.shape[1:]}")
-                dataset = image_dataset(Path(config.data), tuple(inputs.shape[1:]),
-                                        global_replicas * accumulation * micro, config.seed)
-                self._files = iter(strategy.experimental_distribute_dataset(dataset))
-
-            loss_scaling = isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer)
-            if hasattr(optimizer, "get_scaled_loss"):
-                # tf.keras 2 LossScaleOptimizer: the caller scales the loss and unscales gradients.
-                scale_loss: Callable[[Any], Any] = optimizer.get_scaled_loss
-                unscale: Callable[[list[Any]], list[Any]] = optimizer.get_unscaled_gradients
-            else:
-                # Keras 3: scale_loss() here, apply_gradients() unscales.
-                scale_loss = getattr(optimizer, "scale_loss", lambda loss: loss)
-
-                def unscale(grads: list[Any]) -> list[Any]:
-                    return grads
-            update_batch = float(global_replicas * accumulation * micro)
-
-            def micro_step(x: Any, y: Any) -> tuple[list[Any], Any]:
-                with tf.GradientTape() as tape:
-                    outputs = self.model(x, training=True)
-                    per_sample = tf.cast(loss_fn(y, outputs), tf.float32)
-                    # Divide by the whole update's batch, so that summing gradients over
-                    # micro-steps and (all-reduce) replicas gives the gradient of the mean loss.
-                    loss = tf.reduce_sum(per_sample) / update_batch
-                    scaled = scale_loss(loss)
-                grads = tape.gradient(scaled, variables)
-                # Dense accumulators: IndexedSlices (embeddings) are densified here.
-                grads = [
-                    tf.zeros(v.shape, tf.float32) if g is None else tf.convert_to_tensor(g)
-                    for g, v in zip(grads, variables)
-                ]
-                return grads, loss
-
-            def accumulate(xs: Any, ys: Any) -> tuple[list[Any], Any]:
-                # Micro-step 0 seeds the accumulators, so GA=1 needs no loop at all.
-                grads, loss = micro_step(xs[0], ys[0])
-                if accumulation == 1:
-                    return grads, loss
-
-                def body(g: Any, acc: list[Any], total: Any) -> tuple[Any, list[Any], Any]:
-                    step_grads, step_loss = micro_step(tf.gather(xs, g), tf.gather(ys, g))
-                    return g + 1, [a + b for a, b in zip(acc, step_grads)], total + step_loss
-
-                # A while loop, not Python unrolling: the graph stays one micro-step long.
-                _, grads, loss = tf.while_loop(
-                    lambda g, acc, total: g < accumulation, body, (tf.constant(1), grads, loss)
-                )
-                return grads, loss
-
-            def accumulate_and_check(xs: Any, ys: Any) -> tuple[list[Any], Any, Any]:
-                grads, loss = accumulate(xs, ys)
-                if loss_scaling:
-                    # NaN/inf in scaled gradients is loss scaling at work (the optimizer skips the
-                    # update and lowers the scale), not a fault: only the loss is checked.
-                    return grads, loss, tf.zeros([])
-                # The accumulated gradients are the ones applied: a NaN/inf in any micro-step's
-                # stays NaN/inf in the sum. 1.0 for this replica's update if any element is.
-                finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
-                return grads, loss, tf.cast(tf.logical_not(finite), tf.float32)
-
-            # XLA compiles the per-replica gradient computation (the finite check with it); the
-            # optimizer apply stays outside it, where every strategy supports its cross-replica merge.
-            compute = (tf.function(accumulate_and_check, jit_compile=True) if placement.jit_compile
-                       else accumulate_and_check)
-
-            def replica_update(xs: Any, ys: Any) -> None:
-                if self._files is not None:  # [GA x micro, ...] -> [GA, micro, ...]
-                    xs = tf.reshape(xs, tf.concat([[accumulation, micro], tf.shape(xs)[1:]], 0))
-                    ys = tf.reshape(ys, tf.concat([[accumulation, micro], tf.shape(ys)[1:]], 0))
-                grads, loss, non_finite = compute(xs, ys)
-                grads = unscale(grads)
-                if loss_scaling and global_replicas > 1:
-                    # Keras 3's LossScaleOptimizer judges finiteness on replica 0's local
-                    # gradients; make every replica see a non-finite gradient if any has one,
-                    # so a step that overflows anywhere is skipped everywhere.
-                    bad = tf.cast(
-                        tf.logical_not(tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])),
-                        tf.float32,
-                    )
-                    bad = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, bad)
-                    grads = [tf.where(bad > 0, tf.fill(tf.shape(g), math.nan), g) for g in grads]
-                # In replica context the optimizer all-reduces (sums) gradients across replicas.
-                optimizer.apply_gradients(zip(grads, variables))
-                self._loss_sum.assign_add(loss)
-                if not loss_scaling:
-                    # Each replica checks its local gradients before the all-reduce: their sum
-                    # is non-finite exactly when one of them is, and the SUM variable reduces
-                    # the per-replica counts when read.
-                    self._non_finite_gradients.assign_add(non_finite)
-
-            @tf.function
-            def train_step(xs: Any, ys: Any) -> None:
-                strategy.run(replica_update, args=(xs, ys))
-
-            self._train_step = train_step
+            self._global_replicas = strategy.num_replicas_in_sync
+            loss_fn = self._build_model(spec, config.precision)
+            self._place_data(spec, config, local_devices)
+            self._train_step = self._make_train_step(loss_fn, placement.jit_compile)
             self._details: dict[str, Any] = {
                 "framework": "tensorflow",
                 "tensorflow_version": tf.__version__,
                 "keras_version": getattr(keras, "__version__", None),
                 "mixed_precision_policy": keras.mixed_precision.global_policy().name,
                 "tf32_enabled": bool(tf.config.experimental.tensor_float_32_execution_enabled()),
-                "loss_scaling": "dynamic" if loss_scaling else None,
-                "optimizer": type(optimizer).__name__,
+                "loss_scaling": "dynamic" if self._loss_scaling else None,
+                "optimizer": type(self.optimizer).__name__,
                 "strategy": type(strategy).__name__,
                 "replicas_in_process": placement.replicas,
                 "device": placement.device_label,
@@ -302,6 +164,176 @@ class KerasExecutor(Executor):
         except BaseException:
             self.close()
             raise
+
+    def _build_model(self, spec: KerasTrainingSpec, precision: Precision) -> Any:
+        """Model, optimizer (loss-scaled for fp16) and the replica-sum counters, in the strategy's
+        scope; returns the loss function."""
+        tf = self._tf
+        from tensorflow import keras
+
+        with self._strategy.scope():
+            self.model = spec.make_model()
+            loss_fn = spec.make_loss()
+            optimizer = spec.make_optimizer()
+            if precision is Precision.fp16 and not isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer):
+                # fp16 gradients underflow without loss scaling (bf16 has fp32's range).
+                optimizer = keras.mixed_precision.LossScaleOptimizer(optimizer)
+            self.optimizer = optimizer
+            self._loss_scaling = isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer)
+            self._variables = list(self.model.trainable_variables)
+            # Optimizer slots must exist before the first trace: creating variables inside
+            # a replica function of a tf.function is not allowed under MirroredStrategy.
+            if hasattr(optimizer, "build"):
+                optimizer.build(self._variables)
+            # One component per replica, summed when read in cross-replica context:
+            # accumulating costs no all-reduce per step.
+            self._loss_sum = _replica_sum(tf)
+            # Likewise: replica updates since the last check whose gradients held a NaN/inf.
+            # The loss alone can miss one: oneDNN's fused MatMul+BiasAdd+ReLU turns a NaN
+            # input into a finite activation, so the loss stays finite while the gradient
+            # of the first kernel (x^T dz) is NaN, and a NaN entering in the window's last
+            # update would then surface in no later loss.
+            self._non_finite_gradients = _replica_sum(tf)
+        return loss_fn
+
+    def _place_data(self, spec: KerasTrainingSpec, config: RunConfig, local_devices: list[Any]) -> None:
+        import numpy as np
+
+        tf, strategy = self._tf, self._strategy
+        accumulation, micro, global_replicas = self._accumulation, self._micro, self._global_replicas
+        # Data: sample i of the run is pool[i % pool]. Micro-step g of global replica r takes
+        # samples [(g*N + r)*micro, (g*N + r + 1)*micro): the union over one update is the same
+        # whatever the split into replicas and micro-steps, which makes results comparable.
+        inputs = np.asarray(spec.inputs)
+        targets = np.asarray(spec.targets)
+        pool = inputs.shape[0]
+
+        def per_replica(array: Any) -> Any:
+            def value_fn(ctx: Any) -> Any:
+                replica = ctx.replica_id_in_sync_group
+                start = np.arange(accumulation)[:, None] * global_replicas + replica
+                indices = (start * micro + np.arange(micro)[None, :]) % pool  # [GA, micro]
+                # Copied to the replica's device once here, never per step.
+                with tf.device(local_devices[replica % len(local_devices)]):
+                    return tf.identity(tf.convert_to_tensor(np.take(array, indices, axis=0)))
+
+            return strategy.experimental_distribute_values_from_function(value_fn)
+
+        # Real data: each step draws one whole update (R x GA x micro samples) from a tf.data
+        # pipeline; the strategy splits it between replicas, and each replica's share is
+        # reshaped to [GA, micro, ...] in the update. Waiting for it is timed on the host.
+        if config.data == "synthetic":
+            self._inputs = per_replica(inputs)
+            self._targets = per_replica(targets)
+            return
+        from pathlib import Path
+
+        from core.data.tf_records import image_dataset
+
+        if inputs.ndim != 4:
+            raise ValueError(
+                f"TFRecord image data needs a workload whose inputs are images [H, W, C]; "
+                f"this one takes {inputs.shape[1:]}"
+            )
+        dataset = image_dataset(
+            Path(config.data), tuple(inputs.shape[1:]), global_replicas * accumulation * micro, config.seed
+        )
+        self._files = iter(strategy.experimental_distribute_dataset(dataset))
+
+    def _accumulated_gradients(self, loss_fn: Any, jit_compile: bool) -> Callable[[Any, Any], Any]:
+        """One replica's gradients summed over its micro-steps, its loss, and a 1.0 if any
+        gradient element is non-finite (XLA-compiled with ``jit_compile``)."""
+        tf, optimizer, variables = self._tf, self.optimizer, self._variables
+        accumulation, loss_scaling = self._accumulation, self._loss_scaling
+        update_batch = float(self._global_replicas * accumulation * self._micro)
+        # tf.keras 2 LossScaleOptimizer: the caller scales the loss (and unscales gradients).
+        # Keras 3: scale_loss(); apply_gradients() unscales.
+        scale_loss: Callable[[Any], Any] = getattr(
+            optimizer, "get_scaled_loss", getattr(optimizer, "scale_loss", lambda loss: loss)
+        )
+
+        def micro_step(x: Any, y: Any) -> tuple[list[Any], Any]:
+            with tf.GradientTape() as tape:
+                outputs = self.model(x, training=True)
+                per_sample = tf.cast(loss_fn(y, outputs), tf.float32)
+                # Divide by the whole update's batch, so that summing gradients over
+                # micro-steps and (all-reduce) replicas gives the gradient of the mean loss.
+                loss = tf.reduce_sum(per_sample) / update_batch
+                scaled = scale_loss(loss)
+            grads = tape.gradient(scaled, variables)
+            # Dense accumulators: IndexedSlices (embeddings) are densified here.
+            grads = [
+                tf.zeros(v.shape, tf.float32) if g is None else tf.convert_to_tensor(g)
+                for g, v in zip(grads, variables)
+            ]
+            return grads, loss
+
+        def accumulate(xs: Any, ys: Any) -> tuple[list[Any], Any]:
+            # Micro-step 0 seeds the accumulators, so GA=1 needs no loop at all.
+            grads, loss = micro_step(xs[0], ys[0])
+            if accumulation == 1:
+                return grads, loss
+
+            def body(g: Any, acc: list[Any], total: Any) -> tuple[Any, list[Any], Any]:
+                step_grads, step_loss = micro_step(tf.gather(xs, g), tf.gather(ys, g))
+                return g + 1, [a + b for a, b in zip(acc, step_grads)], total + step_loss
+
+            # A while loop, not Python unrolling: the graph stays one micro-step long.
+            _, grads, loss = tf.while_loop(lambda g, acc, total: g < accumulation, body, (tf.constant(1), grads, loss))
+            return grads, loss
+
+        def accumulate_and_check(xs: Any, ys: Any) -> tuple[list[Any], Any, Any]:
+            grads, loss = accumulate(xs, ys)
+            if loss_scaling:
+                # NaN/inf in scaled gradients is loss scaling at work (the optimizer skips the
+                # update and lowers the scale), not a fault: only the loss is checked.
+                return grads, loss, tf.zeros([])
+            # The accumulated gradients are the ones applied: a NaN/inf in any micro-step's
+            # stays NaN/inf in the sum. 1.0 for this replica's update if any element is.
+            return grads, loss, _any_non_finite(tf, grads)
+
+        # XLA compiles the per-replica gradient computation (the finite check with it); the
+        # optimizer apply stays outside it, where every strategy supports its cross-replica merge.
+        return tf.function(accumulate_and_check, jit_compile=True) if jit_compile else accumulate_and_check
+
+    def _make_train_step(self, loss_fn: Any, jit_compile: bool) -> Callable[[Any, Any], None]:
+        tf, strategy, optimizer, variables = self._tf, self._strategy, self.optimizer, self._variables
+        accumulation, micro, loss_scaling = self._accumulation, self._micro, self._loss_scaling
+        global_replicas = self._global_replicas
+        compute = self._accumulated_gradients(loss_fn, jit_compile)
+        # tf.keras 2's LossScaleOptimizer leaves unscaling to the caller; Keras 3's applies it.
+        unscale: Callable[[list[Any]], list[Any]] = (
+            optimizer.get_unscaled_gradients if hasattr(optimizer, "get_scaled_loss") else lambda grads: grads
+        )
+
+        def replica_update(xs: Any, ys: Any) -> None:
+            if self._files is not None:  # [GA x micro, ...] -> [GA, micro, ...]
+                xs = tf.reshape(xs, tf.concat([[accumulation, micro], tf.shape(xs)[1:]], 0))
+                ys = tf.reshape(ys, tf.concat([[accumulation, micro], tf.shape(ys)[1:]], 0))
+            grads, loss, non_finite = compute(xs, ys)
+            grads = unscale(grads)
+            if loss_scaling and global_replicas > 1:
+                # Keras 3's LossScaleOptimizer judges finiteness on replica 0's local
+                # gradients; make every replica see a non-finite gradient if any has one,
+                # so a step that overflows anywhere is skipped everywhere.
+                bad = tf.distribute.get_replica_context().all_reduce(
+                    tf.distribute.ReduceOp.SUM, _any_non_finite(tf, grads)
+                )
+                grads = [tf.where(bad > 0, tf.fill(tf.shape(g), math.nan), g) for g in grads]
+            # In replica context the optimizer all-reduces (sums) gradients across replicas.
+            optimizer.apply_gradients(zip(grads, variables))
+            self._loss_sum.assign_add(loss)
+            if not loss_scaling:
+                # Each replica checks its local gradients before the all-reduce: their sum
+                # is non-finite exactly when one of them is, and the SUM variable reduces
+                # the per-replica counts when read.
+                self._non_finite_gradients.assign_add(non_finite)
+
+        @tf.function
+        def train_step(xs: Any, ys: Any) -> None:
+            strategy.run(replica_update, args=(xs, ys))
+
+        return train_step
 
     def step(self) -> None:
         # Dispatches the update; nothing here reads a value back to the host.
@@ -364,6 +396,15 @@ class KerasExecutor(Executor):
         keras.mixed_precision.set_global_policy(self._previous_policy)
         self._tf.config.experimental.enable_tensor_float_32_execution(self._previous_tf32)
         # Drop graphs, variables and device-resident data so memory can be reclaimed.
-        for name in ("_train_step", "_inputs", "_targets", "_files", "_loss_sum", "_non_finite_gradients",
-                     "model", "optimizer"):
+        for name in (
+            "_train_step",
+            "_inputs",
+            "_targets",
+            "_files",
+            "_loss_sum",
+            "_non_finite_gradients",
+            "_variables",
+            "model",
+            "optimizer",
+        ):
             self.__dict__.pop(name, None)

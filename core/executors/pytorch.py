@@ -10,7 +10,7 @@ import datetime
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -69,7 +69,9 @@ def apply_precision_policy(precision: Precision) -> dict[str, Any]:
     torch.set_float32_matmul_precision("high" if allow_tf32 else "highest")
     return {
         "precision": precision.value,
-        "autocast_dtype": str(_AUTOCAST_DTYPES[precision]).removeprefix("torch.") if precision in _AUTOCAST_DTYPES else None,
+        "autocast_dtype": str(_AUTOCAST_DTYPES[precision]).removeprefix("torch.")
+        if precision in _AUTOCAST_DTYPES
+        else None,
         "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
         "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
@@ -148,19 +150,18 @@ def micro_batch_indices(rank: int, micro_batch: int, accumulation: int, pool: in
     mean gradient, which is what makes accumulation and replicas exactly comparable.
     """
     first = rank * accumulation * micro_batch
-    return [
-        (torch.arange(micro_batch) + first + step * micro_batch) % pool for step in range(accumulation)
-    ]
+    return [(torch.arange(micro_batch) + first + step * micro_batch) % pool for step in range(accumulation)]
 
 
 class TorchExecutor(Executor):
-    def __init__(self, spec: TorchTrainingSpec, config: RunConfig, placement: TorchPlacement, process: ProcessContext) -> None:
+    def __init__(
+        self, spec: TorchTrainingSpec, config: RunConfig, placement: TorchPlacement, process: ProcessContext
+    ) -> None:
         assert config.micro_batch_size is not None
         self._config = config
         self._process = process
         self._placement = placement
         self.device = torch.device(placement.device)
-        self.local_samples_per_update = config.micro_batch_size * config.gradient_accumulation
         self._details: dict[str, Any] = dict(placement.details)
         if placement.configure is not None:
             self._details.update(placement.configure(config))
@@ -169,9 +170,7 @@ class TorchExecutor(Executor):
         if process.is_distributed and not torch.distributed.is_initialized():
             if placement.distributed_backend is None:
                 raise RuntimeError("a multi-process run needs a distributed backend in the placement")
-            torch.distributed.init_process_group(
-                backend=placement.distributed_backend, timeout=DISTRIBUTED_TIMEOUT
-            )
+            torch.distributed.init_process_group(backend=placement.distributed_backend, timeout=DISTRIBUTED_TIMEOUT)
 
         memory_format = torch.channels_last if placement.channels_last else torch.contiguous_format
         model = spec.model.to(self.device)
@@ -213,7 +212,8 @@ class TorchExecutor(Executor):
         dtype = _AUTOCAST_DTYPES.get(config.precision)
         self._autocast: Callable[[], AbstractContextManager[Any]] = (
             (lambda: torch.autocast(device_type=self.device.type, dtype=dtype))
-            if dtype is not None else contextlib.nullcontext
+            if dtype is not None
+            else contextlib.nullcontext
         )
         self._scaler = _grad_scaler(self.device) if config.precision is Precision.fp16 else None
         # Every update raises this flag on the device if any micro-step's loss, or (without a
@@ -228,18 +228,22 @@ class TorchExecutor(Executor):
         self._sparse_gradients = any(getattr(m, "sparse", False) is True for m in spec.model.modules())
         # Kept for the error message only (a reference: no device op per step).
         self._last_loss: torch.Tensor | None = None
-        self._details.update({
-            "framework": "torch",
-            "device": str(self.device),
-            "ddp": self._ddp is not None,
-            "distributed_backend": placement.distributed_backend if process.is_distributed else None,
-            "compile": config.compile,
-            "channels_last": placement.channels_last,
-            "intra_op_threads": torch.get_num_threads(),
-            "inter_op_threads": torch.get_num_interop_threads(),
-        })
+        self._details.update(
+            {
+                "framework": "torch",
+                "device": str(self.device),
+                "ddp": self._ddp is not None,
+                "distributed_backend": placement.distributed_backend if process.is_distributed else None,
+                "compile": config.compile,
+                "channels_last": placement.channels_last,
+                "intra_op_threads": torch.get_num_threads(),
+                "inter_op_threads": torch.get_num_interop_threads(),
+            }
+        )
 
-    def _to_device(self, inputs: torch.Tensor, targets: torch.Tensor, non_blocking: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def _to_device(
+        self, inputs: torch.Tensor, targets: torch.Tensor, non_blocking: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         inputs = inputs.to(self.device, non_blocking=non_blocking)
         if self._memory_format is not None and inputs.dim() == 4:
             inputs = inputs.contiguous(memory_format=self._memory_format)
@@ -247,9 +251,10 @@ class TorchExecutor(Executor):
 
     def _micro_batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self._files is not None:
-            return self._to_device(*self._files.next(), non_blocking=True)
-        batch = self._micro_batches[index]
-        return self._to_device(*batch, non_blocking=True) if self._copy_each_step else batch
+            inputs, targets = self._files.next()
+            return self._to_device(inputs, targets, non_blocking=True)
+        inputs, targets = self._micro_batches[index]
+        return self._to_device(inputs, targets, non_blocking=True) if self._copy_each_step else (inputs, targets)
 
     def data_wait_seconds(self) -> float:
         return self._files.wait_seconds if self._files is not None else 0.0
@@ -300,8 +305,12 @@ class TorchExecutor(Executor):
             return []
         added = _compiled_graph_count() - before
         if added > 0:
-            return [(f"torch.compile compiled {added} new graph(s) inside the timed window (a recompilation): "
-                     "its compile time is in window_seconds")]
+            return [
+                (
+                    f"torch.compile compiled {added} new graph(s) inside the timed window (a recompilation): "
+                    "its compile time is in window_seconds"
+                )
+            ]
         return []
 
     def synchronize(self) -> None:
@@ -324,8 +333,7 @@ class TorchExecutor(Executor):
         if bool(found.item() != 0):
             last = self._last_loss.item() if self._last_loss is not None else None
             raise NonFiniteLossError(
-                f"a loss or gradient was NaN/inf in an update since the last check "
-                f"(last loss on this rank: {last})"
+                f"a loss or gradient was NaN/inf in an update since the last check (last loss on this rank: {last})"
             )
 
     def barrier(self) -> None:
@@ -345,6 +353,13 @@ class TorchExecutor(Executor):
         torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX)
         return float(tensor.item())
 
+    def host_threads(self) -> dict[str, int]:
+        # torch's own settings, and what the placement's configure() set (its keys ending in _threads).
+        return {k: v for k, v in self._details.items() if k.endswith("_threads") and type(v) is int}
+
+    def dataset_samples(self) -> int | None:
+        return self._files.samples if self._files is not None else None
+
     def details(self) -> dict[str, Any]:
         return dict(self._details)
 
@@ -353,8 +368,9 @@ class TorchExecutor(Executor):
 
     def model_state(self) -> dict[str, torch.Tensor]:
         """The trained weights on the host (tests compare them across placements)."""
-        module = self._ddp.module if self._ddp is not None else self._model
-        module = getattr(module, "_orig_mod", module)
+        wrapped = self._ddp.module if self._ddp is not None else self._model
+        # torch.compile wraps the module; its weights are the original module's.
+        module = cast(torch.nn.Module, getattr(wrapped, "_orig_mod", wrapped))
         return {name: tensor.detach().cpu().clone() for name, tensor in module.state_dict().items()}
 
     def close(self) -> None:

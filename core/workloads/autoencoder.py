@@ -42,11 +42,13 @@ def reconstruction_loss(outputs: Any, _labels: Any) -> Any:
 
 class AcesOptions(ZooOptions):
     dataset: ImageDatasetName = Field(default="mnist", description="real dataset whose image shape the data takes")
-    image_size: int | None = Field(default=None, ge=4, le=8192,
-                                   description="square input side in pixels (a multiple of 4); None: the dataset's")
+    image_size: int | None = Field(
+        default=None, ge=4, le=8192, description="square input side in pixels (a multiple of 4); None: the dataset's"
+    )
     channels: int | None = Field(default=None, ge=1, le=4096, description="width C of the trunk; None: 128 (small: 16)")
-    residual_blocks: int | None = Field(default=None, ge=0, le=64,
-                                        description="residual blocks N at each of the four trunk stages; None: 2 (small: 1)")
+    residual_blocks: int | None = Field(
+        default=None, ge=0, le=64, description="residual blocks N at each of the four trunk stages; None: 2 (small: 1)"
+    )
     bottleneck_channels: int = Field(default=8, ge=1, le=4096, description="channels B of the bottleneck")
 
 
@@ -88,9 +90,12 @@ class AcesAutoencoder(ZooWorkload):
     def check_options(self, o: AcesOptions) -> None:
         _, height, width = self.input_shape(o)
         if height % 4 or width % 4:
-            raise option_error("image_size", o.image_size or f"{height}x{width} ({o.dataset})",
-                               "the encoder halves the image twice and the decoder doubles it back: "
-                               "height and width must be multiples of 4")
+            raise option_error(
+                "image_size",
+                o.image_size or f"{height}x{width} ({o.dataset})",
+                "the encoder halves the image twice and the decoder doubles it back: "
+                "height and width must be multiples of 4",
+            )
 
     def samples_per_epoch(self, options: BaseModel) -> int:
         assert isinstance(options, AcesOptions)
@@ -98,8 +103,13 @@ class AcesAutoencoder(ZooWorkload):
 
     def shape_details(self, o: AcesOptions) -> dict[str, Any]:
         channels, blocks = self.widths(o)
-        return {"dataset": o.dataset, "input_shape": list(self.input_shape(o)), "channels": channels,
-                "residual_blocks": blocks, "bottleneck_channels": o.bottleneck_channels}
+        return {
+            "dataset": o.dataset,
+            "input_shape": list(self.input_shape(o)),
+            "channels": channels,
+            "residual_blocks": blocks,
+            "bottleneck_channels": o.bottleneck_channels,
+        }
 
     def tally(self, o: Any, framework: Framework) -> Tally:
         image_channels, height, width = self.input_shape(o)
@@ -129,8 +139,11 @@ class AcesAutoencoder(ZooWorkload):
         import numpy as np
 
         channels, height, width = self.input_shape(o)
-        shape = (o.synthetic_pool_samples, height, width, channels) if channels_last else \
-            (o.synthetic_pool_samples, channels, height, width)
+        shape = (
+            (o.synthetic_pool_samples, height, width, channels)
+            if channels_last
+            else (o.synthetic_pool_samples, channels, height, width)
+        )
         # Pixel intensities in [0, 1), what a sigmoid output can reconstruct.
         return np.random.default_rng(seed + 1).random(shape, dtype=np.float32)
 
@@ -164,16 +177,29 @@ class AcesAutoencoder(ZooWorkload):
             def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
                 return self.network(images), images
 
-        return Reconstruction(nn.Sequential(
-            nn.Conv2d(image_channels, channels, 3, padding=1), nn.ReLU(),
-            nn.Conv2d(channels, channels, 3, stride=2, padding=1), nn.ReLU(), *trunk(),
-            nn.Conv2d(channels, channels, 3, stride=2, padding=1), nn.ReLU(), *trunk(),
-            nn.Conv2d(channels, o.bottleneck_channels, 1),
-            nn.Conv2d(o.bottleneck_channels, channels, 1), nn.ReLU(), *trunk(),
-            nn.ConvTranspose2d(channels, channels, 4, stride=2, padding=1), nn.ReLU(), *trunk(),
-            nn.ConvTranspose2d(channels, channels, 4, stride=2, padding=1), nn.ReLU(),
-            nn.Conv2d(channels, image_channels, 3, padding=1), nn.Sigmoid(),
-        ))
+        return Reconstruction(
+            nn.Sequential(
+                nn.Conv2d(image_channels, channels, 3, padding=1),
+                nn.ReLU(),
+                nn.Conv2d(channels, channels, 3, stride=2, padding=1),
+                nn.ReLU(),
+                *trunk(),
+                nn.Conv2d(channels, channels, 3, stride=2, padding=1),
+                nn.ReLU(),
+                *trunk(),
+                nn.Conv2d(channels, o.bottleneck_channels, 1),
+                nn.Conv2d(o.bottleneck_channels, channels, 1),
+                nn.ReLU(),
+                *trunk(),
+                nn.ConvTranspose2d(channels, channels, 4, stride=2, padding=1),
+                nn.ReLU(),
+                *trunk(),
+                nn.ConvTranspose2d(channels, channels, 4, stride=2, padding=1),
+                nn.ReLU(),
+                nn.Conv2d(channels, image_channels, 3, padding=1),
+                nn.Sigmoid(),
+            )
+        )
 
     def build_torch(self, options: BaseModel, seed: int) -> TorchTrainingSpec:
         import torch
@@ -182,10 +208,12 @@ class AcesAutoencoder(ZooWorkload):
         model = seeded(seed, lambda: self.torch_model(options))
         images = torch.from_numpy(self.images(options, seed, channels_last=False))
         return TorchTrainingSpec(
-            model=model, loss_fn=reconstruction_loss,
+            model=model,
+            loss_fn=reconstruction_loss,
             make_optimizer=lambda params: torch.optim.Adam(params, lr=ADAM_LEARNING_RATE),
             # The targets are unused (the reconstruction is compared with its input): one label each.
-            inputs=images, targets=torch.zeros(len(images), dtype=torch.int64),
+            inputs=images,
+            targets=torch.zeros(len(images), dtype=torch.int64),
         )
 
     def build_keras(self, options: BaseModel, seed: int) -> KerasTrainingSpec:
@@ -240,5 +268,10 @@ class AcesAutoencoder(ZooWorkload):
             return keras.optimizers.Adam(learning_rate=ADAM_LEARNING_RATE)
 
         images = self.images(o, seed, channels_last=True)
-        return KerasTrainingSpec(make_model=make_model, make_loss=make_loss, make_optimizer=make_optimizer,
-                                 inputs=images, targets=images.copy())
+        return KerasTrainingSpec(
+            make_model=make_model,
+            make_loss=make_loss,
+            make_optimizer=make_optimizer,
+            inputs=images,
+            targets=images.copy(),
+        )

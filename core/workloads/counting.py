@@ -35,9 +35,19 @@ class Tally:
     #: the part of ``macs`` in layers that read the raw input (no input gradient in backward)
     input_macs: int = 0
 
-    def conv(self, in_channels: int, out_channels: int, kernel: int | tuple[int, int], out_height: int,
-             out_width: int, *, groups: int = 1, bias: bool = False, norm_parameters: int = 0,
-             reads_input: bool = False) -> None:
+    def conv(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel: int | tuple[int, int],
+        out_height: int,
+        out_width: int,
+        *,
+        groups: int = 1,
+        bias: bool = False,
+        norm_parameters: int = 0,
+        reads_input: bool = False,
+    ) -> None:
         """A 2-D convolution producing ``out_height x out_width``; ``norm_parameters`` per output
         channel for a following batch norm (2 with scale and shift, 1 with shift only)."""
         kh, kw = (kernel, kernel) if isinstance(kernel, int) else kernel
@@ -48,8 +58,9 @@ class Tally:
         if reads_input:
             self.input_macs += macs
 
-    def transposed_conv(self, in_channels: int, out_channels: int, kernel: int, in_height: int, in_width: int,
-                        *, bias: bool = True) -> None:
+    def transposed_conv(
+        self, in_channels: int, out_channels: int, kernel: int, in_height: int, in_width: int, *, bias: bool = True
+    ) -> None:
         """A transposed convolution: every input position scatters a kernel-sized patch."""
         weights = kernel * kernel * in_channels * out_channels
         self.parameters += weights + (out_channels if bias else 0)

@@ -31,25 +31,50 @@ class TokenDataset:
         return self.tokens_per_epoch // sequence_length
 
 
-IMAGE_DATASETS: dict[str, ImageDataset] = {d.name: d for d in (
-    ImageDataset("imagenet", 3, 224, 224, 1000, 1_281_167,
-                 "ImageNet-1k (ILSVRC 2012) training set at the usual 224x224 crop"),
-    ImageDataset("cifar100", 3, 32, 32, 100, 50_000, "CIFAR-100 training set (50,000 of its 60,000 images)"),
-    ImageDataset("food101", 3, 512, 512, 101, 75_750,
-                 "Food-101 training split (750 of the 1,000 images of each class), at its largest side of 512 px"),
-    ImageDataset("mnist", 1, 28, 28, 10, 60_000, "MNIST training set (60,000 of its 70,000 digits)"),
-    ImageDataset("hydra", 3, 600, 800, 2, 28_900,
-                 "GlueX Hydra monitoring plots of the AI4NP study: 800x600 RGB, 28.9k training samples; "
-                 "the poster does not give the label count, 2 (good, bad) is assumed"),
-)}
+IMAGE_DATASETS: dict[str, ImageDataset] = {
+    d.name: d
+    for d in (
+        ImageDataset(
+            "imagenet", 3, 224, 224, 1000, 1_281_167, "ImageNet-1k (ILSVRC 2012) training set at the usual 224x224 crop"
+        ),
+        ImageDataset("cifar100", 3, 32, 32, 100, 50_000, "CIFAR-100 training set (50,000 of its 60,000 images)"),
+        ImageDataset(
+            "food101",
+            3,
+            512,
+            512,
+            101,
+            75_750,
+            "Food-101 training split (750 of the 1,000 images of each class), at its largest side of 512 px",
+        ),
+        ImageDataset("mnist", 1, 28, 28, 10, 60_000, "MNIST training set (60,000 of its 70,000 digits)"),
+        ImageDataset(
+            "hydra",
+            3,
+            600,
+            800,
+            2,
+            28_900,
+            "GlueX Hydra monitoring plots of the AI4NP study: 800x600 RGB, 28.9k training samples; "
+            "the poster does not give the label count, 2 (good, bad) is assumed",
+        ),
+    )
+}
 
-TOKEN_DATASETS: dict[str, TokenDataset] = {d.name: d for d in (
-    TokenDataset("openwebtext", 9_035_582_198,
-                 "OpenWebText in GPT-2 BPE tokens, as nanoGPT prepares it (its train.bin)"),
-    TokenDataset("wikipedia-bookcorpus", 3_300_000_000,
-                 "BERT's pre-training corpus: English Wikipedia (2,500M words) and BooksCorpus (800M words), "
-                 "counted as one token per word (WordPiece gives somewhat more)"),
-)}
+TOKEN_DATASETS: dict[str, TokenDataset] = {
+    d.name: d
+    for d in (
+        TokenDataset(
+            "openwebtext", 9_035_582_198, "OpenWebText in GPT-2 BPE tokens, as nanoGPT prepares it (its train.bin)"
+        ),
+        TokenDataset(
+            "wikipedia-bookcorpus",
+            3_300_000_000,
+            "BERT's pre-training corpus: English Wikipedia (2,500M words) and BooksCorpus (800M words), "
+            "counted as one token per word (WordPiece gives somewhat more)",
+        ),
+    )
+}
 
 ImageDatasetName = Literal["imagenet", "cifar100", "food101", "mnist", "hydra"]
 TokenDatasetName = Literal["openwebtext", "wikipedia-bookcorpus"]

@@ -33,14 +33,17 @@ GPT2_VOCABULARY = 50257
 class LanguageOptions(ZooOptions):
     dataset: TokenDatasetName = Field(default="openwebtext", description="corpus whose epoch size the run reports")
     sequence_length: int | None = Field(
-        default=None, ge=8, le=1 << 17,
+        default=None,
+        ge=8,
+        le=1 << 17,
         description="tokens per sample; None: the model's own (small variant: 32)",
     )
 
 
 class MaskedLanguageOptions(LanguageOptions):
-    dataset: TokenDatasetName = Field(default="wikipedia-bookcorpus",
-                                      description=LanguageOptions.model_fields["dataset"].description)
+    dataset: TokenDatasetName = Field(
+        default="wikipedia-bookcorpus", description=LanguageOptions.model_fields["dataset"].description
+    )
 
 
 class LanguageWorkload(ZooWorkload):
@@ -66,7 +69,9 @@ class LanguageWorkload(ZooWorkload):
 
     def positions(self, o: LanguageOptions) -> int:
         """Rows of the learned position table: the model's context, or longer sequences."""
-        return max(self.tokens_per_sample(o), self.small_sequence_length if o.variant == "small" else self.sequence_length)
+        return max(
+            self.tokens_per_sample(o), self.small_sequence_length if o.variant == "small" else self.sequence_length
+        )
 
     def samples_per_epoch(self, options: BaseModel) -> int:
         assert isinstance(options, LanguageOptions)
@@ -74,9 +79,16 @@ class LanguageWorkload(ZooWorkload):
 
     def shape_details(self, o: LanguageOptions) -> dict[str, Any]:
         hidden, layers, heads, intermediate = self.dimensions(o)
-        return {"dataset": o.dataset, "tokens_per_sample": self.tokens_per_sample(o), "vocabulary": self.vocabulary,
-                "hidden_size": hidden, "layers": layers, "attention_heads": heads, "intermediate_size": intermediate,
-                "non_embedding_parameters": self.non_embedding_parameters(o)}
+        return {
+            "dataset": o.dataset,
+            "tokens_per_sample": self.tokens_per_sample(o),
+            "vocabulary": self.vocabulary,
+            "hidden_size": hidden,
+            "layers": layers,
+            "attention_heads": heads,
+            "intermediate_size": intermediate,
+            "non_embedding_parameters": self.non_embedding_parameters(o),
+        }
 
     def non_embedding_parameters(self, o: LanguageOptions) -> int:
         hidden, _, _, _ = self.dimensions(o)
@@ -99,8 +111,9 @@ class LanguageWorkload(ZooWorkload):
         import torch
 
         generator = torch.Generator().manual_seed(seed + 1)
-        return torch.randint(0, self.vocabulary, (o.synthetic_pool_samples, self.tokens_per_sample(o)),
-                             generator=generator)
+        return torch.randint(
+            0, self.vocabulary, (o.synthetic_pool_samples, self.tokens_per_sample(o)), generator=generator
+        )
 
     def loss(self) -> Any:
         """(logits, token ids) -> mean loss."""
@@ -114,9 +127,11 @@ class LanguageWorkload(ZooWorkload):
         model.train()
         tokens = self.token_pool(options, seed)
         return TorchTrainingSpec(
-            model=model, loss_fn=self.loss(),
+            model=model,
+            loss_fn=self.loss(),
             make_optimizer=lambda params: torch.optim.AdamW(params, lr=ADAMW_LEARNING_RATE),
-            inputs=tokens, targets=tokens.clone(),
+            inputs=tokens,
+            targets=tokens.clone(),
         )
 
 
@@ -154,7 +169,11 @@ class Gpt2(LanguageWorkload):
         transformers = self.load(Framework.torch)
         hidden, layers, heads, intermediate = self.dimensions(o)
         config = transformers.GPT2Config(
-            vocab_size=self.vocabulary, n_positions=self.positions(o), n_embd=hidden, n_layer=layers, n_head=heads,
+            vocab_size=self.vocabulary,
+            n_positions=self.positions(o),
+            n_embd=hidden,
+            n_layer=layers,
+            n_head=heads,
             n_inner=intermediate,
         )
         return token_logits_module(transformers.GPT2LMHeadModel(config))
@@ -175,8 +194,10 @@ class Gpt2Small(Gpt2):
 class Gpt2Caraml800m(Gpt2):
     name: ClassVar[str] = "gpt2-800m"
     description: ClassVar[str] = "GPT decoder of CARAML's 800M size, causal language modelling"
-    architecture: ClassVar[str] = ("CARAML's 800M GPT as a GPT-2 style decoder: 16 layers, hidden 2048, 8 heads, "
-                                   "context 2048 (800M without embeddings)")
+    architecture: ClassVar[str] = (
+        "CARAML's 800M GPT as a GPT-2 style decoder: 16 layers, hidden 2048, 8 heads, "
+        "context 2048 (800M without embeddings)"
+    )
     full: ClassVar[tuple[int, int, int, int]] = (2048, 16, 8, 8192)
     sequence_length: ClassVar[int] = 2048
     default_micro_batch_size: ClassVar[int] = 4
@@ -203,8 +224,9 @@ def masked_lm_loss(logits: Any, tokens: Any) -> Any:
 
     mask = masked_positions(tokens)
     labels = torch.where(mask, tokens, torch.full_like(tokens, IGNORE_INDEX))
-    total = functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
-                                     ignore_index=IGNORE_INDEX, reduction="sum")
+    total = functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
+    )
     return total / mask.sum().clamp(min=1)
 
 
@@ -249,8 +271,12 @@ class BertBase(LanguageWorkload):
         transformers = self.load(Framework.torch)
         hidden, layers, heads, intermediate = self.dimensions(o)
         config = transformers.BertConfig(
-            vocab_size=self.vocabulary, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-            intermediate_size=intermediate, max_position_embeddings=self.positions(o),
+            vocab_size=self.vocabulary,
+            hidden_size=hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            intermediate_size=intermediate,
+            max_position_embeddings=self.positions(o),
         )
         return masked_token_logits_module(transformers.BertForMaskedLM(config))
 

@@ -14,6 +14,7 @@ form in both frameworks) and take small images.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field
@@ -22,8 +23,17 @@ from core.config import Framework
 from core.workload import KerasTrainingSpec, TorchTrainingSpec
 from core.workloads.counting import Tally, conv_output
 from core.workloads.datasets import IMAGE_DATASETS, ImageDatasetName
-from core.workloads.zoo import (Source, ZooOptions, ZooWorkload, float32_logits, keras_source, option_error, seeded,
-                                torchvision_source, transformers_source)
+from core.workloads.zoo import (
+    Source,
+    ZooOptions,
+    ZooWorkload,
+    float32_logits,
+    keras_source,
+    option_error,
+    seeded,
+    torchvision_source,
+    transformers_source,
+)
 
 SGD_LEARNING_RATE = 0.01
 SGD_MOMENTUM = 0.9
@@ -32,12 +42,15 @@ ADAMW_LEARNING_RATE = 1e-4
 
 class VisionOptions(ZooOptions):
     dataset: ImageDatasetName = Field(
-        default="imagenet", description="real dataset whose image shape, label count and epoch size the data takes",
+        default="imagenet",
+        description="real dataset whose image shape, label count and epoch size the data takes",
     )
     image_size: int | None = Field(
-        default=None, ge=8, le=8192,
+        default=None,
+        ge=8,
+        le=8192,
         description="square input side in pixels; None: the dataset's (for ImageNet the model's own crop; "
-                    "small variant: the workload's small size)",
+        "small variant: the workload's small size)",
     )
     num_classes: int | None = Field(default=None, ge=2, le=1 << 20, description="None: the dataset's")
 
@@ -87,10 +100,15 @@ class VisionWorkload(ZooWorkload):
     def check_options(self, o: VisionOptions) -> None:
         channels, height, width = self.input_shape(o)
         if min(height, width) < self.min_image_size:
-            raise option_error("image_size", o.image_size if o.image_size is not None else f"{height}x{width} ({o.dataset})",
-                               f"{self.name} takes images of at least {self.min_image_size} px; set -o image_size")
+            raise option_error(
+                "image_size",
+                o.image_size if o.image_size is not None else f"{height}x{width} ({o.dataset})",
+                f"{self.name} takes images of at least {self.min_image_size} px; set -o image_size",
+            )
         if self.rgb_only and channels != 3:
-            raise option_error("dataset", o.dataset, f"{self.name} takes RGB images; {o.dataset} has {channels} channel(s)")
+            raise option_error(
+                "dataset", o.dataset, f"{self.name} takes RGB images; {o.dataset} has {channels} channel(s)"
+            )
 
     def shape_details(self, o: VisionOptions) -> dict[str, Any]:
         return {"dataset": o.dataset, "input_shape": list(self.input_shape(o)), "num_classes": self.num_classes(o)}
@@ -112,12 +130,14 @@ class VisionWorkload(ZooWorkload):
         pool = options.synthetic_pool_samples
         inputs = torch.randn(pool, *self.input_shape(options), generator=generator)
         targets = torch.randint(0, self.num_classes(options), (pool,), generator=generator)
+        make_optimizer: Callable[[Any], torch.optim.Optimizer]
         if self.optimizer == "adamw":
             make_optimizer = lambda params: torch.optim.AdamW(params, lr=ADAMW_LEARNING_RATE)  # noqa: E731
         else:
             make_optimizer = lambda params: torch.optim.SGD(params, lr=SGD_LEARNING_RATE, momentum=SGD_MOMENTUM)  # noqa: E731
-        return TorchTrainingSpec(model=model, loss_fn=nn.CrossEntropyLoss(), make_optimizer=make_optimizer,
-                                 inputs=inputs, targets=targets)
+        return TorchTrainingSpec(
+            model=model, loss_fn=nn.CrossEntropyLoss(), make_optimizer=make_optimizer, inputs=inputs, targets=targets
+        )
 
     def build_keras(self, options: BaseModel, seed: int) -> KerasTrainingSpec:
         import numpy as np
@@ -147,7 +167,9 @@ class VisionWorkload(ZooWorkload):
         channels, height, width = self.input_shape(o)
         rng = np.random.default_rng(seed + 1)
         return KerasTrainingSpec(
-            make_model=make_model, make_loss=make_loss, make_optimizer=make_optimizer,
+            make_model=make_model,
+            make_loss=make_loss,
+            make_optimizer=make_optimizer,
             inputs=rng.standard_normal((o.synthetic_pool_samples, height, width, channels), dtype=np.float32),
             targets=rng.integers(0, self.num_classes(o), size=(o.synthetic_pool_samples,), dtype=np.int64),
         )
@@ -217,9 +239,15 @@ class ResNet(VisionWorkload):
         transformers = self.load(Framework.torch)
         channels, _, _ = self.input_shape(o)
         config = transformers.ResNetConfig(
-            num_channels=channels, embedding_size=64, hidden_sizes=list(self.widths), depths=list(self.depths),
-            layer_type="bottleneck", hidden_act="relu", downsample_in_first_stage=False,
-            downsample_in_bottleneck=True, num_labels=self.num_classes(o),
+            num_channels=channels,
+            embedding_size=64,
+            hidden_sizes=list(self.widths),
+            depths=list(self.depths),
+            layer_type="bottleneck",
+            hidden_act="relu",
+            downsample_in_first_stage=False,
+            downsample_in_bottleneck=True,
+            num_labels=self.num_classes(o),
         )
         return _logits_module(transformers.ResNetForImageClassification(config), "pixel_values")
 
@@ -228,8 +256,13 @@ class ResNet(VisionWorkload):
 
         channels, height, width = self.input_shape(o)
         build = getattr(keras.applications, self.keras_application)
-        return build(weights=None, include_top=True, input_shape=(height, width, channels),
-                     classes=self.num_classes(o), classifier_activation=None)
+        return build(
+            weights=None,
+            include_top=True,
+            input_shape=(height, width, channels),
+            classes=self.num_classes(o),
+            classifier_activation=None,
+        )
 
 
 class ResNet50(ResNet):
@@ -302,8 +335,13 @@ class VisionTransformer(VisionWorkload):
         hidden, layers, heads, intermediate = self.dimensions(o)
         channels, height, width = self.input_shape(o)
         config = transformers.ViTConfig(
-            hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads, intermediate_size=intermediate,
-            image_size=(height, width), patch_size=self.patch_size, num_channels=channels,
+            hidden_size=hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            intermediate_size=intermediate,
+            image_size=(height, width),
+            patch_size=self.patch_size,
+            num_channels=channels,
             num_labels=self.num_classes(o),
         )
         return _logits_module(transformers.ViTForImageClassification(config), "pixel_values")
@@ -364,9 +402,12 @@ class SwinTransformer(VisionWorkload):
         smallest = min(min(r) for r in self.stage_resolutions(o))
         if smallest < window:
             # transformers builds the relative-position table for the configured window and cannot shrink it.
-            raise option_error("image_size", o.image_size if o.image_size is not None else f"{o.dataset} images",
-                               f"{self.name}'s last stage would be {smallest} tokens wide, narrower than its "
-                               f"{window}-token window; use an image_size of at least {self.min_side(o)}")
+            raise option_error(
+                "image_size",
+                o.image_size if o.image_size is not None else f"{o.dataset} images",
+                f"{self.name}'s last stage would be {smallest} tokens wide, narrower than its "
+                f"{window}-token window; use an image_size of at least {self.min_side(o)}",
+            )
 
     def min_side(self, o: VisionOptions) -> int:
         """The smallest image side whose last stage is still a window wide."""
@@ -408,8 +449,14 @@ class SwinTransformer(VisionWorkload):
         embed, depths, heads, window, patch = self.dimensions(o)
         channels, height, width = self.input_shape(o)
         config = transformers.SwinConfig(
-            image_size=(height, width), patch_size=patch, num_channels=channels, embed_dim=embed,
-            depths=list(depths), num_heads=list(heads), window_size=window, num_labels=self.num_classes(o),
+            image_size=(height, width),
+            patch_size=patch,
+            num_channels=channels,
+            embed_dim=embed,
+            depths=list(depths),
+            num_heads=list(heads),
+            window_size=window,
+            num_labels=self.num_classes(o),
         )
         return _logits_module(transformers.SwinForImageClassification(config), "pixel_values")
 
@@ -433,8 +480,13 @@ class SwinBase(SwinTransformer):
 
 # The B0 baseline (Tan and Le 2019), scaled in width and depth for B1..B7.
 _EFFICIENTNET_BLOCKS = (  # kernel, repeats, in, out, expand ratio, stride
-    (3, 1, 32, 16, 1, 1), (3, 2, 16, 24, 6, 2), (5, 2, 24, 40, 6, 2), (3, 3, 40, 80, 6, 2),
-    (5, 3, 80, 112, 6, 1), (5, 4, 112, 192, 6, 2), (3, 1, 192, 320, 6, 1),
+    (3, 1, 32, 16, 1, 1),
+    (3, 2, 16, 24, 6, 2),
+    (5, 2, 24, 40, 6, 2),
+    (3, 3, 40, 80, 6, 2),
+    (5, 3, 80, 112, 6, 1),
+    (5, 4, 112, 192, 6, 2),
+    (3, 1, 192, 320, 6, 1),
 )
 
 
@@ -452,9 +504,11 @@ class EfficientNet(VisionWorkload):
 
     def block_strides(self) -> list[int]:
         """The stride of every block, in order."""
-        return [stride if repeat == 0 else 1
-                for _, repeats, _, _, _, stride in _EFFICIENTNET_BLOCKS
-                for repeat in range(math.ceil(self.depth_coefficient * repeats))]
+        return [
+            stride if repeat == 0 else 1
+            for _, repeats, _, _, _, stride in _EFFICIENTNET_BLOCKS
+            for repeat in range(math.ceil(self.depth_coefficient * repeats))
+        ]
 
     def tally(self, o: Any, framework: Framework) -> Tally:
         channels, height, width = self.input_shape(o)
@@ -492,9 +546,13 @@ class EfficientNet(VisionWorkload):
         transformers = self.load(Framework.torch)
         channels, height, width = self.input_shape(o)
         config = transformers.EfficientNetConfig(
-            num_channels=channels, image_size=height, width_coefficient=self.width_coefficient,
-            depth_coefficient=self.depth_coefficient, hidden_dim=self.round_filters(1280),
-            dropout_rate=self.dropout_rate, num_labels=self.num_classes(o),
+            num_channels=channels,
+            image_size=height,
+            width_coefficient=self.width_coefficient,
+            depth_coefficient=self.depth_coefficient,
+            hidden_dim=self.round_filters(1280),
+            dropout_rate=self.dropout_rate,
+            num_labels=self.num_classes(o),
             # Symmetric padding in every stride-2 block: an odd side then halves to ceil(n / 2), as in
             # TensorFlow (transformers' checkpoints list the blocks this matters for at their own size).
             depthwise_padding=[index for index, stride in enumerate(self.block_strides()) if stride == 2],
@@ -506,8 +564,13 @@ class EfficientNet(VisionWorkload):
 
         channels, height, width = self.input_shape(o)
         build = getattr(keras.applications, self.keras_application)
-        return build(weights=None, include_top=True, input_shape=(height, width, channels),
-                     classes=self.num_classes(o), classifier_activation=None)
+        return build(
+            weights=None,
+            include_top=True,
+            input_shape=(height, width, channels),
+            classes=self.num_classes(o),
+            classifier_activation=None,
+        )
 
 
 class EfficientNetB0(EfficientNet):
@@ -547,16 +610,34 @@ class EfficientNetB4(EfficientNet):
 
 # (input, kernel, expanded, output, squeeze-excite, stride) of Howard et al. (2019), tables 1 and 2.
 _MOBILENET_V3_LARGE = (
-    (16, 3, 16, 16, False, 1), (16, 3, 64, 24, False, 2), (24, 3, 72, 24, False, 1), (24, 5, 72, 40, True, 2),
-    (40, 5, 120, 40, True, 1), (40, 5, 120, 40, True, 1), (40, 3, 240, 80, False, 2), (80, 3, 200, 80, False, 1),
-    (80, 3, 184, 80, False, 1), (80, 3, 184, 80, False, 1), (80, 3, 480, 112, True, 1),
-    (112, 3, 672, 112, True, 1), (112, 5, 672, 160, True, 2), (160, 5, 960, 160, True, 1),
+    (16, 3, 16, 16, False, 1),
+    (16, 3, 64, 24, False, 2),
+    (24, 3, 72, 24, False, 1),
+    (24, 5, 72, 40, True, 2),
+    (40, 5, 120, 40, True, 1),
+    (40, 5, 120, 40, True, 1),
+    (40, 3, 240, 80, False, 2),
+    (80, 3, 200, 80, False, 1),
+    (80, 3, 184, 80, False, 1),
+    (80, 3, 184, 80, False, 1),
+    (80, 3, 480, 112, True, 1),
+    (112, 3, 672, 112, True, 1),
+    (112, 5, 672, 160, True, 2),
+    (160, 5, 960, 160, True, 1),
     (160, 5, 960, 160, True, 1),
 )
 _MOBILENET_V3_SMALL = (
-    (16, 3, 16, 16, True, 2), (16, 3, 72, 24, False, 2), (24, 3, 88, 24, False, 1), (24, 5, 96, 40, True, 2),
-    (40, 5, 240, 40, True, 1), (40, 5, 240, 40, True, 1), (40, 5, 120, 48, True, 1), (48, 5, 144, 48, True, 1),
-    (48, 5, 288, 96, True, 2), (96, 5, 576, 96, True, 1), (96, 5, 576, 96, True, 1),
+    (16, 3, 16, 16, True, 2),
+    (16, 3, 72, 24, False, 2),
+    (24, 3, 88, 24, False, 1),
+    (24, 5, 96, 40, True, 2),
+    (40, 5, 240, 40, True, 1),
+    (40, 5, 240, 40, True, 1),
+    (40, 5, 120, 48, True, 1),
+    (48, 5, 144, 48, True, 1),
+    (48, 5, 288, 96, True, 2),
+    (96, 5, 576, 96, True, 1),
+    (96, 5, 576, 96, True, 1),
 )
 
 
@@ -602,8 +683,14 @@ class MobileNetV3(VisionWorkload):
 
         channels, height, width = self.input_shape(o)
         build = getattr(keras.applications, self.keras_application)
-        return build(weights=None, include_top=True, input_shape=(height, width, channels),
-                     classes=self.num_classes(o), classifier_activation=None, include_preprocessing=False)
+        return build(
+            weights=None,
+            include_top=True,
+            input_shape=(height, width, channels),
+            classes=self.num_classes(o),
+            classifier_activation=None,
+            include_preprocessing=False,
+        )
 
 
 class MobileNetV3Small(MobileNetV3):
@@ -666,8 +753,15 @@ class InceptionV3(VisionWorkload):
         t = Tally()
         channels, height, width = self.input_shape(o)
 
-        def conv(size: tuple[int, int], cin: int, cout: int, kernel: tuple[int, int], stride: int = 1,
-                 valid: bool = False, first: bool = False) -> tuple[int, int]:
+        def conv(
+            size: tuple[int, int],
+            cin: int,
+            cout: int,
+            kernel: tuple[int, int],
+            stride: int = 1,
+            valid: bool = False,
+            first: bool = False,
+        ) -> tuple[int, int]:
             if valid:
                 size = (conv_output(size[0], kernel[0], stride), conv_output(size[1], kernel[1], stride))
             t.conv(cin, cout, kernel, *size, norm_parameters=norm, reads_input=first)
@@ -719,16 +813,31 @@ class InceptionV3(VisionWorkload):
 
     def torch_model(self, o: VisionOptions) -> Any:
         models = self.load(Framework.torch)
-        return models.inception_v3(weights=None, aux_logits=False, init_weights=True,
-                                   num_classes=self.num_classes(o))
+        return models.inception_v3(weights=None, aux_logits=False, init_weights=True, num_classes=self.num_classes(o))
 
     def keras_model(self, o: VisionOptions) -> Any:
         from tensorflow import keras
 
         channels, height, width = self.input_shape(o)
-        return keras.applications.InceptionV3(weights=None, include_top=True, input_shape=(height, width, channels),
-                                              classes=self.num_classes(o), classifier_activation=None)
+        return keras.applications.InceptionV3(
+            weights=None,
+            include_top=True,
+            input_shape=(height, width, channels),
+            classes=self.num_classes(o),
+            classifier_activation=None,
+        )
 
 
-VISION_WORKLOADS = (ResNet50, ResNet152, VitLarge16, VitHuge14, SwinTiny, SwinBase, EfficientNetB0, EfficientNetB4,
-                    MobileNetV3Small, MobileNetV3Large, InceptionV3)
+VISION_WORKLOADS = (
+    ResNet50,
+    ResNet152,
+    VitLarge16,
+    VitHuge14,
+    SwinTiny,
+    SwinBase,
+    EfficientNetB0,
+    EfficientNetB4,
+    MobileNetV3Small,
+    MobileNetV3Large,
+    InceptionV3,
+)

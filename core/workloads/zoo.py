@@ -12,8 +12,9 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 from abc import abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -46,8 +47,10 @@ class Source:
         """What to install when the library's package cannot be found (nothing is imported)."""
         if module_installed(self.module):
             return None
-        return (f"{self.distribution} ({self.name}), which is not installed here; "
-                f"{self.install or 'pip install ' + self.distribution}")
+        return (
+            f"{self.distribution} ({self.name}), which is not installed here; "
+            f"{self.install or 'pip install ' + self.distribution}"
+        )
 
     def load(self, workload: str) -> Any:
         """Import the library, or raise MissingLibraryError saying what to install."""
@@ -66,8 +69,9 @@ class Source:
 
 
 def transformers_source(model_class: str) -> Source:
-    return Source(f"transformers.{model_class}", "transformers", "transformers",
-                  "pip install 'core[zoo]' (transformers)")
+    return Source(
+        f"transformers.{model_class}", "transformers", "transformers", "pip install 'core[zoo]' (transformers)"
+    )
 
 
 def keras_source(application: str) -> Source:
@@ -78,8 +82,12 @@ def keras_source(application: str) -> Source:
 def torchvision_source(builder: str) -> Source:
     # Not in an extra: each torchvision release pins one torch release, and pip would replace the
     # torch build (CPU, ROCm, an SDK's) that this environment was set up with.
-    return Source(f"torchvision.models.{builder}", "torchvision", "torchvision.models",
-                  "install the torchvision release built for this environment's torch")
+    return Source(
+        f"torchvision.models.{builder}",
+        "torchvision",
+        "torchvision.models",
+        "install the torchvision release built for this environment's torch",
+    )
 
 
 Variant = Literal["full", "small"]
@@ -89,7 +97,8 @@ class ZooOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     variant: Variant = Field(
-        default="full", description="'full': the published model; 'small': the same architecture cut down for CI",
+        default="full",
+        description="'full': the published model; 'small': the same architecture cut down for CI",
     )
     synthetic_pool_samples: int = Field(
         default=64, ge=1, le=1 << 16, description="distinct synthetic samples; sample i is pool[i % pool]"
@@ -151,7 +160,9 @@ class ZooWorkload(Workload):
         for framework, source in self.sources.items():
             tally = self.tally(options, framework)
             implementations[framework.value] = {
-                **source.record(), "parameter_count": tally.parameters, "flops_per_sample": float(tally.training_flops),
+                **source.record(),
+                "parameter_count": tally.parameters,
+                "flops_per_sample": float(tally.training_flops),
             }
         return {
             "architecture": self.architecture,
@@ -162,7 +173,7 @@ class ZooWorkload(Workload):
             "implementations": implementations,
             "parameter_count_counts": self.parameter_count_counts,
             "flops_per_sample_counts": "multiply-adds of matmuls and convolutions x 2; backward twice the forward, "
-                                       "except the input gradient of layers reading the raw input",
+            "except the input gradient of layers reading the raw input",
         }
 
     def load(self, framework: Framework) -> Any:

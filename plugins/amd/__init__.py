@@ -3,9 +3,9 @@ modes, amdsmi energy per physical package, datasheet peaks. See docs/amd.md."""
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
-from core import Accelerator, PowerMeterFactory, hookimpl
+from core.plugin import Accelerator, PowerMeterFactory, hookimpl
 from plugins.amd.accelerator import AmdAccelerator
 from plugins.amd.meter import AmdsmiMeterFactory
 

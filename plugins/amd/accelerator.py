@@ -16,13 +16,22 @@ For parts with one GPU per package (MI100, MI210, MI300X) the two modes are the 
 from __future__ import annotations
 
 import os
-from typing import Any, ClassVar, Literal, Mapping
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from core import Availability, ConfigError, DeviceRecord, Framework, Precision, ProcessContext, RunConfig
-from core.gpu import TorchGpuAccelerator
-from plugins.amd import peaks, smi, visibility
+from core.plugin import (
+    Availability,
+    ConfigError,
+    DeviceRecord,
+    Framework,
+    Precision,
+    ProcessContext,
+    RunConfig,
+    TorchGpuAccelerator,
+)
+from plugins.amd import peaks, smi
 from plugins.probing import SdkProbe
 
 PROBE = SdkProbe(
@@ -45,19 +54,25 @@ class AmdOptions(BaseModel):
     mode: Literal["gcd", "package"] = Field(
         default="gcd",
         description="'gcd': each GPU ROCm shows (an MI250 GCD) is a device; 'package': results, peaks and "
-                    "energy per physical package, replicas covering whole packages")
+        "energy per physical package, replicas covering whole packages",
+    )
 
 
 class AmdAccelerator(TorchGpuAccelerator):
     name: ClassVar[str] = "amd"
-    description: ClassVar[str] = ("AMD Instinct GPUs through ROCm (PyTorch DDP/RCCL, TensorFlow MirroredStrategy); "
-                                  "MI250 GCD or package mode; amdsmi energy per package")
-    visibility_variables: ClassVar[tuple[str, ...]] = visibility.VARIABLES
+    description: ClassVar[str] = (
+        "AMD Instinct GPUs through ROCm (PyTorch DDP/RCCL, TensorFlow MirroredStrategy); "
+        "MI250 GCD or package mode; amdsmi energy per package"
+    )
     torch_build_attribute: ClassVar[str] = "hip"
     options_model: ClassVar[type[BaseModel]] = AmdOptions
 
-    def __init__(self, probe: SdkProbe = PROBE, environment: Mapping[str, str] | None = None,
-                 kfd_topology: Any = smi.KFD_TOPOLOGY) -> None:
+    def __init__(
+        self,
+        probe: SdkProbe = PROBE,
+        environment: Mapping[str, str] | None = None,
+        kfd_topology: Any = smi.KFD_TOPOLOGY,
+    ) -> None:
         self.probe = probe
         self._environment = environment
         self._kfd_topology = kfd_topology
@@ -82,13 +97,21 @@ class AmdAccelerator(TorchGpuAccelerator):
     def _record(self, position: int, gcd: smi.Gcd, node: smi.Node) -> DeviceRecord:
         package = node.package_of(gcd.bdf)
         return DeviceRecord(
-            index=position, name=gcd.product, kind=self.name, memory_bytes=gcd.memory_bytes,
+            index=position,
+            name=gcd.product,
+            kind=self.name,
+            memory_bytes=gcd.memory_bytes,
             details={
-                "unit": "gcd", "bdf": gcd.bdf, "uuid": gcd.uuid, "hip_index": gcd.hip_index,
+                "unit": "gcd",
+                "bdf": gcd.bdf,
+                "uuid": gcd.uuid,
+                "hip_index": gcd.hip_index,
                 "package": package.key if package else None,
                 "package_gcds": list(package.bdfs) if package else None,
-                "market_name": gcd.market_name, "device_id": f"{gcd.device_id:#06x}" if gcd.device_id else None,
-                "compute_units": gcd.compute_units, "gfx_target": gcd.gfx_target,
+                "market_name": gcd.market_name,
+                "device_id": f"{gcd.device_id:#06x}" if gcd.device_id else None,
+                "compute_units": gcd.compute_units,
+                "gfx_target": gcd.gfx_target,
             },
         )
 
@@ -129,10 +152,12 @@ class AmdAccelerator(TorchGpuAccelerator):
         if partial:
             described = "; ".join(f"{key} without {', '.join(bdfs_)}" for key, bdfs_ in partial.items())
             raise ConfigError(
-                "replicas", config.replicas,
+                "replicas",
+                config.replicas,
                 "in package mode the replicas (one process per GCD) must cover whole packages, and the first "
                 f"{config.replicas} visible GPU(s) would use {described}; choose replicas that cover whole packages "
-                "and make sibling GCDs visible together (ROCR_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES)")
+                "and make sibling GCDs visible together (ROCR_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES)",
+            )
 
     def devices_for(self, config: RunConfig, process: ProcessContext) -> list[DeviceRecord]:
         gcds = self.visible_devices()[: config.replicas]
@@ -143,10 +168,17 @@ class AmdAccelerator(TorchGpuAccelerator):
             packages.setdefault(record.details["package"], []).append(record)
         return [
             DeviceRecord(
-                index=position, name=members[0].name, kind=self.name,
-                memory_bytes=sum(m.memory_bytes for m in members) if all(m.memory_bytes for m in members) else None,
-                details={"unit": "package", "package": key,
-                         "gcds": [{"cuda_index": m.index, **m.details} for m in members]},
+                index=position,
+                name=members[0].name,
+                kind=self.name,
+                memory_bytes=sum(m.memory_bytes or 0 for m in members)
+                if all(m.memory_bytes for m in members)
+                else None,
+                details={
+                    "unit": "package",
+                    "package": key,
+                    "gcds": [{"cuda_index": m.index, **m.details} for m in members],
+                },
             )
             for position, (key, members) in enumerate(packages.items())
         ]
@@ -160,11 +192,15 @@ class AmdAccelerator(TorchGpuAccelerator):
         if torch.cuda.device_count() != expected:
             raise RuntimeError(
                 f"PyTorch sees {torch.cuda.device_count()} GPU(s) where amdsmi with ROCR/HIP_VISIBLE_DEVICES gives "
-                f"{expected}: devices and their energy could not be matched")
+                f"{expected}: devices and their energy could not be matched"
+            )
         properties = torch.cuda.get_device_properties(torch.cuda.current_device())
-        return {"mode": self.mode(config), "hip_device_name": properties.name,
-                "gcn_arch_name": getattr(properties, "gcnArchName", None),
-                "miopen_version": torch.backends.cudnn.version()}
+        return {
+            "mode": self.mode(config),
+            "hip_device_name": properties.name,
+            "gcn_arch_name": getattr(properties, "gcnArchName", None),
+            "miopen_version": torch.backends.cudnn.version(),
+        }
 
     def driver_versions(self) -> dict[str, str]:
         try:

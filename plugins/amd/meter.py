@@ -20,15 +20,25 @@ so that no wrap is missed.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
-from core import Availability, DeviceRecord, PowerMeter, PowerMeterFactory, RunConfig, UnavailableMeter
-from core.energy import DeviceEnergyMeter, EnergySource
-from core.results import EnergyMeasurement
+from core.plugin import (
+    Availability,
+    DeviceEnergyMeter,
+    DeviceRecord,
+    EnergyMeasurement,
+    EnergySource,
+    PowerMeter,
+    PowerMeterFactory,
+    RunConfig,
+    UnavailableMeter,
+)
 from plugins.amd import smi
 from plugins.amd.accelerator import PROBE
 from plugins.probing import SdkProbe
@@ -44,10 +54,17 @@ def run_bdfs(devices: list[DeviceRecord]) -> list[str]:
     bdfs: list[str] = []
     for device in devices:
         members = device.details.get("gcds")
-        for bdf in ([m.get("bdf") for m in members] if isinstance(members, list) else [device.details.get("bdf")]):
+        for bdf in [m.get("bdf") for m in members] if isinstance(members, list) else [device.details.get("bdf")]:
             if isinstance(bdf, str) and bdf not in bdfs:
                 bdfs.append(bdf)
     return bdfs
+
+
+def _known(gcd: smi.Gcd | None) -> smi.Gcd:
+    """A GCD of a package found on the same node: every package lists its own GCDs."""
+    if gcd is None:
+        raise RuntimeError("amdsmi listed a package whose GCD is not on the node")
+    return gcd
 
 
 @dataclass
@@ -62,8 +79,10 @@ class _PackageReader:
     reporting: list[str]  # bdfs whose power counts (the secondary MI250 die reports none)
 
     @classmethod
-    def open(cls, key: str, amdsmi: Any, gcds: list[smi.Gcd]) -> "_PackageReader":
-        trackers = [smi.CounterTracker(lambda h=g.handle: smi.energy_ticks(amdsmi, h), g.counter_bits) for g in gcds]
+    def open(cls, key: str, amdsmi: Any, gcds: list[smi.Gcd]) -> _PackageReader:
+        trackers = [
+            smi.CounterTracker(functools.partial(smi.energy_ticks, amdsmi, g.handle), g.counter_bits) for g in gcds
+        ]
         power_keys = {}
         for gcd in gcds:
             try:  # instantaneous where the part reports it (MI300); MI100/MI200 average only
@@ -96,9 +115,15 @@ class _PackageReader:
         return total
 
 
-def _validate(readers: list[_PackageReader], seconds: float, clock: Callable[[], float],
-              sleep: Callable[[float], None], max_ratio: float) -> dict[str, dict[str, Any]]:
+def _validate(
+    readers: list[_PackageReader],
+    seconds: float,
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
+    max_ratio: float,
+) -> dict[str, dict[str, Any]]:
     """Read every counter and power twice, ``seconds`` apart; decide which counters to trust."""
+
     def snapshot() -> tuple[float, dict[str, Any]]:
         now = clock()
         state: dict[str, Any] = {}
@@ -107,8 +132,11 @@ def _validate(readers: list[_PackageReader], seconds: float, clock: Callable[[],
                 energy: Any = reader.counter_joules()
             except Exception as exc:  # noqa: BLE001 - a failed read must never become a number
                 energy = exc
-            state[reader.key] = (energy, {g.bdf: reader.die_watts_or_none(g) for g in reader.gcds},
-                                 [t.last_ticks for t in reader.trackers])
+            state[reader.key] = (
+                energy,
+                {g.bdf: reader.die_watts_or_none(g) for g in reader.gcds},
+                [t.last_ticks for t in reader.trackers],
+            )
         return now, state
 
     t0, first = snapshot()
@@ -122,15 +150,16 @@ def _validate(readers: list[_PackageReader], seconds: float, clock: Callable[[],
         shows = [bdf for bdf in p0 if (p0[bdf] or 0) > 0 or (p1[bdf] or 0) > 0]
         reporting = [g.bdf for g in reader.gcds if g.bdf in moved or g.bdf in shows] or [g.bdf for g in reader.gcds]
         reader.reporting = reporting
-        verdict: dict[str, Any] = {"reporting_gcds": reporting, "silent_gcds": [g.bdf for g in reader.gcds
-                                                                                 if g.bdf not in reporting]}
+        verdict: dict[str, Any] = {
+            "reporting_gcds": reporting,
+            "silent_gcds": [g.bdf for g in reader.gcds if g.bdf not in reporting],
+        }
         verdicts[reader.key] = verdict
         if isinstance(e0, Exception) or isinstance(e1, Exception):
             error = e0 if isinstance(e0, Exception) else e1
             verdict.update(use_counter=False, counter=f"unreadable: {smi.describe_error(error)}")
             continue
-        watts = [sum(p[b] for b in reporting) for p in (p0, p1)
-                 if all(p[b] is not None for b in reporting)]
+        watts = [sum(p[b] for b in reporting) for p in (p0, p1) if all(p[b] is not None for b in reporting)]
         measured = e1 - e0
         verdict.update(counter_joules=measured, seconds=t1 - t0)
         if not watts:
@@ -144,9 +173,13 @@ def _validate(readers: list[_PackageReader], seconds: float, clock: Callable[[],
         ratio = measured / expected
         verdict["ratio"] = ratio
         if ratio > max_ratio or ratio < 1.0 / max_ratio:
-            verdict.update(use_counter=False, counter=(
-                f"rejected: the counter gave {measured:.4g} J in {t1 - t0:.3g} s where power x time gave "
-                f"{expected:.4g} J (ratio {ratio:.3g}, more than {max_ratio:g}x off); power is sampled instead"))
+            verdict.update(
+                use_counter=False,
+                counter=(
+                    f"rejected: the counter gave {measured:.4g} J in {t1 - t0:.3g} s where power x time gave "
+                    f"{expected:.4g} J (ratio {ratio:.3g}, more than {max_ratio:g}x off); power is sampled instead"
+                ),
+            )
         else:
             verdict.update(use_counter=True, counter=f"validated (counter / power x time = {ratio:.3g})")
     return verdicts
@@ -155,16 +188,33 @@ def _validate(readers: list[_PackageReader], seconds: float, clock: Callable[[],
 class AmdsmiMeter(DeviceEnergyMeter):
     """core's device meter over amdsmi packages; holds the amdsmi session until close()."""
 
-    def __init__(self, readers: list[_PackageReader], verdicts: dict[str, dict[str, Any]], session: Any,
-                 sample_interval_seconds: float, details: dict[str, Any], timeline_points: int) -> None:
+    def __init__(
+        self,
+        readers: list[_PackageReader],
+        verdicts: dict[str, dict[str, Any]],
+        session: Any,
+        sample_interval_seconds: float,
+        details: dict[str, Any],
+        timeline_points: int,
+    ) -> None:
         self._session = session
         self._readers = readers
-        sources = [EnergySource(key=r.key,
-                                read_counter_joules=r.counter_joules if verdicts[r.key]["use_counter"] else None,
-                                read_power_watts=r.power_watts)
-                   for r in readers]
-        super().__init__("amdsmi", sources, sample_interval_seconds, sample_power=True, details=details,
-                         timeline_points=timeline_points)
+        sources = [
+            EnergySource(
+                key=r.key,
+                read_counter_joules=r.counter_joules if verdicts[r.key]["use_counter"] else None,
+                read_power_watts=r.power_watts,
+            )
+            for r in readers
+        ]
+        super().__init__(
+            "amdsmi",
+            sources,
+            sample_interval_seconds,
+            sample_power=True,
+            details=details,
+            timeline_points=timeline_points,
+        )
         self._trackers = [t for r in readers if verdicts[r.key]["use_counter"] for t in r.trackers]
         self.poll_seconds = POLL_SECONDS_32_BIT if any(t.bits < 64 for t in self._trackers) else None
         self._stop_polling = threading.Event()
@@ -218,12 +268,21 @@ class AmdsmiMeter(DeviceEnergyMeter):
 
 class AmdsmiMeterFactory(PowerMeterFactory):
     name: ClassVar[str] = "amdsmi"
-    description: ClassVar[str] = ("AMD GPU energy per physical package from amdsmi's energy counter, validated "
-                                  "against power; sampled power where the counter is off")
+    description: ClassVar[str] = (
+        "AMD GPU energy per physical package from amdsmi's energy counter, validated "
+        "against power; sampled power where the counter is off"
+    )
 
-    def __init__(self, probe: SdkProbe = PROBE, *, validation_seconds: float = VALIDATION_SECONDS,
-                 max_counter_ratio: float = MAX_COUNTER_RATIO, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep, kfd_topology: Any = smi.KFD_TOPOLOGY) -> None:
+    def __init__(
+        self,
+        probe: SdkProbe = PROBE,
+        *,
+        validation_seconds: float = VALIDATION_SECONDS,
+        max_counter_ratio: float = MAX_COUNTER_RATIO,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        kfd_topology: Any = smi.KFD_TOPOLOGY,
+    ) -> None:
         self.probe = probe
         self.validation_seconds = validation_seconds
         self.max_counter_ratio = max_counter_ratio
@@ -261,8 +320,10 @@ class AmdsmiMeterFactory(PowerMeterFactory):
         wanted = run_bdfs(devices)
         unknown = [bdf for bdf in wanted if node.gcd(bdf) is None]
         if not wanted or unknown:
-            return UnavailableMeter(self.name, "the run's devices carry no PCI address amdsmi knows"
-                                    + (f" ({', '.join(unknown)})" if unknown else ""))
+            return UnavailableMeter(
+                self.name,
+                "the run's devices carry no PCI address amdsmi knows" + (f" ({', '.join(unknown)})" if unknown else ""),
+            )
         packages = []
         for bdf in wanted:
             package = node.package_of(bdf)
@@ -278,23 +339,35 @@ class AmdsmiMeterFactory(PowerMeterFactory):
             held = [b for b in package.bdfs if b in wanted]
             others = [b for b in package.bdfs if b not in wanted]
             if others:
-                shared[package.key] = (f"the run holds {', '.join(held)} but not {', '.join(others)}: the package's "
-                                       "energy includes whatever its other GCD(s) did")
+                shared[package.key] = (
+                    f"the run holds {', '.join(held)} but not {', '.join(others)}: the package's "
+                    "energy includes whatever its other GCD(s) did"
+                )
             layout[package.key] = {
-                "product": node.gcd(package.bdfs[0]).product,  # type: ignore[union-attr]
-                "gcds": {b: {"hip_index": node.gcd(b).hip_index, "in_run": b in wanted,  # type: ignore[union-attr]
-                             "power_field": reader.power_keys[b], "counter_bits": t.bits,
-                             "counter_resolution_uj": t.resolution_uj}
-                         for b, t in zip(package.bdfs, reader.trackers)},
-                "rule": package.rule, **verdicts[package.key],
+                "product": _known(node.gcd(package.bdfs[0])).product,
+                "gcds": {
+                    b: {
+                        "hip_index": _known(node.gcd(b)).hip_index,
+                        "in_run": b in wanted,
+                        "power_field": reader.power_keys[b],
+                        "counter_bits": t.bits,
+                        "counter_resolution_uj": t.resolution_uj,
+                    }
+                    for b, t in zip(package.bdfs, reader.trackers)
+                },
+                "rule": package.rule,
+                **verdicts[package.key],
             }
         details: dict[str, Any] = {
             "attribution": "per physical package (the sum of its GCDs' counters); see shared_packages",
-            "packages": layout, "shared_packages": shared,
-            "validation_seconds": self.validation_seconds, "amdsmi_version": node.amdsmi_version,
+            "packages": layout,
+            "shared_packages": shared,
+            "validation_seconds": self.validation_seconds,
+            "amdsmi_version": node.amdsmi_version,
         }
         counters_off = {key: v["counter"] for key, v in verdicts.items() if not v["use_counter"]}
         if counters_off:
             details["counters_not_used"] = counters_off
-        return AmdsmiMeter(readers, verdicts, session, config.power_sample_interval_seconds, details,
-                           config.power_timeline_points)
+        return AmdsmiMeter(
+            readers, verdicts, session, config.power_sample_interval_seconds, details, config.power_timeline_points
+        )

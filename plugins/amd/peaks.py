@@ -13,8 +13,7 @@ FLOPS/clock/CU of the MI250 page, the CU counts of ROCm's hardware specification
 
 from __future__ import annotations
 
-from core import Precision
-from core.peaks import TERA, PeakEntry, PeakTable
+from core.plugin import TERA, PeakEntry, PeakTable, Precision
 
 FP32, TF32, BF16, FP16 = Precision.fp32, Precision.tf32, Precision.bf16, Precision.fp16
 
@@ -22,19 +21,38 @@ _DOCS = "ROCm documentation (github.com/ROCm/ROCm, docs/conceptual/gpu-arch/"
 _MI300X = _DOCS + "mi300.md), table 'Peak-performance capabilities of the MI300X': matrix FP32, TF32, FP16, BF16"
 _MI250 = _DOCS + "mi250.md), table 'Peak-performance capabilities of the MI250 OAM': matrix FP32, FP16, BF16"
 _MI100 = _DOCS + "mi100.md), table 'Peak-performance capabilities of MI100': matrix FP32, FP16, BF16"
-_GFX90A = (_DOCS + "mi250.md) FLOPS/clock/CU (matrix FP32 256, FP16/BF16 1024) x {cus} CUs (docs/reference/"
-           "gpu-arch-specs.rst) x 1.7 GHz peak engine clock")
+_GFX90A = (
+    _DOCS + "mi250.md) FLOPS/clock/CU (matrix FP32 256, FP16/BF16 1024) x {cus} CUs (docs/reference/"
+    "gpu-arch-specs.rst) x 1.7 GHz peak engine clock"
+)
 
-AMD_PEAKS = PeakTable((
-    PeakEntry("MI300X", r"MI300X", {FP32: 163.4, TF32: 653.7, BF16: 1307.4, FP16: 1307.4}, _MI300X,
-              notes="amdsmi names it e.g. 'MI300X-O'; tf32 is listed for reference, the plugin does not offer it"),
-    PeakEntry("MI250X", r"MI250X", {FP32: 95.7, BF16: 383.0, FP16: 383.0}, _GFX90A.format(cus=220),
-              notes="per OAM package of two GCDs (110 CUs each)"),
-    PeakEntry("MI250", r"MI250\b", {FP32: 90.5, BF16: 362.1, FP16: 362.1}, _MI250,
-              notes="per OAM package of two GCDs (104 CUs each)"),
-    PeakEntry("MI210", r"MI210", {FP32: 45.3, BF16: 181.0, FP16: 181.0}, _GFX90A.format(cus=104)),
-    PeakEntry("MI100", r"MI100", {FP32: 46.1, BF16: 92.3, FP16: 184.6}, _MI100),
-))
+AMD_PEAKS = PeakTable(
+    (
+        PeakEntry(
+            "MI300X",
+            r"MI300X",
+            {FP32: 163.4, TF32: 653.7, BF16: 1307.4, FP16: 1307.4},
+            _MI300X,
+            notes="amdsmi names it e.g. 'MI300X-O'; tf32 is listed for reference, the plugin does not offer it",
+        ),
+        PeakEntry(
+            "MI250X",
+            r"MI250X",
+            {FP32: 95.7, BF16: 383.0, FP16: 383.0},
+            _GFX90A.format(cus=220),
+            notes="per OAM package of two GCDs (110 CUs each)",
+        ),
+        PeakEntry(
+            "MI250",
+            r"MI250\b",
+            {FP32: 90.5, BF16: 362.1, FP16: 362.1},
+            _MI250,
+            notes="per OAM package of two GCDs (104 CUs each)",
+        ),
+        PeakEntry("MI210", r"MI210", {FP32: 45.3, BF16: 181.0, FP16: 181.0}, _GFX90A.format(cus=104)),
+        PeakEntry("MI100", r"MI100", {FP32: 46.1, BF16: 92.3, FP16: 184.6}, _MI100),
+    )
+)
 
 GCDS_PER_PACKAGE = {"MI250X": 2, "MI250": 2}
 

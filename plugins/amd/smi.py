@@ -28,21 +28,24 @@ named below:
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import io
 import re
 import sys
 import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
-from core.sdk import SharedLibrarySession
-
+from core.plugin import SharedLibrarySession
 from plugins.amd.visibility import visible_order
 
-INSTALL_HINT = ("amdsmi is not installed (pip install 'core[amd]', or the amdsmi matching your ROCm, "
-                "e.g. pip install amdsmi==6.2.4 for ROCm 6.2.4)")
+INSTALL_HINT = (
+    "amdsmi is not installed (pip install 'core[amd]', or the amdsmi matching your ROCm, "
+    "e.g. pip install amdsmi==6.2.4 for ROCm 6.2.4)"
+)
 KFD_TOPOLOGY = Path("/sys/class/kfd/kfd/topology/nodes")
 
 # PCI device ids of the dual-GCD parts: MI250X and MI250 share 0x740c (AMD Instinct docs).
@@ -82,11 +85,13 @@ def import_amdsmi() -> Any:
                 "amdsmi is installed but cannot load ROCm's libamd_smi.so"
                 + (f" (it printed: {said})" if said else f" ({type(exc).__name__}: {exc})")
                 + "; install ROCm's amd-smi-lib, or set ROCM_PATH to the ROCm installation that has "
-                "lib/libamd_smi.so") from exc
+                "lib/libamd_smi.so"
+            ) from exc
         raise AmdsmiUnavailable(
             f"amdsmi failed to import ({type(exc).__name__}: {exc}"
             + (f"; it printed: {said}" if said else "")
-            + "); the amdsmi package must match the installed ROCm version") from exc
+            + "); the amdsmi package must match the installed ROCm version"
+        ) from exc
 
 
 def describe_error(exc: BaseException) -> str:
@@ -104,8 +109,10 @@ def _start_amdsmi() -> Any:
     try:
         amdsmi.amdsmi_init(amdsmi.AmdSmiInitFlags.INIT_AMD_GPUS)
     except amdsmi.AmdSmiException as exc:
-        raise AmdsmiUnavailable(f"amdsmi_init failed ({describe_error(exc)}): is the amdgpu driver "
-                                "loaded and /dev/kfd readable by this user?") from exc
+        raise AmdsmiUnavailable(
+            f"amdsmi_init failed ({describe_error(exc)}): is the amdgpu driver "
+            "loaded and /dev/kfd readable by this user?"
+        ) from exc
     return amdsmi
 
 
@@ -116,6 +123,7 @@ call_lock = threading.RLock()
 
 
 # --- readings -------------------------------------------------------------------------------
+
 
 def energy_ticks(amdsmi: Any, handle: Any) -> tuple[int, float]:
     """(accumulator ticks, uJ per tick) of one GCD."""
@@ -161,8 +169,10 @@ class CounterTracker:
             if self._last is not None and ticks < self._last:
                 back = self._last - ticks
                 if back <= (1 << self.bits) // 2:
-                    raise ValueError(f"energy counter went back by {back} ticks ({back * resolution / 1e6:.3f} J), "
-                                     f"which is not a wrap of its {self.bits}-bit range")
+                    raise ValueError(
+                        f"energy counter went back by {back} ticks ({back * resolution / 1e6:.3f} J), "
+                        f"which is not a wrap of its {self.bits}-bit range"
+                    )
                 self.wraps += 1
             if self._first is None:
                 self._first = ticks
@@ -174,6 +184,7 @@ class CounterTracker:
 
 
 # --- the node -------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Gcd:
@@ -270,12 +281,13 @@ def read_kfd_topology(root: Path = KFD_TOPOLOGY) -> dict[str, int]:
     return nodes
 
 
-def _hip_order(amdsmi: Any, handles: list[Any], bdfs: list[str], kfd_root: Path
-               ) -> tuple[list[int], list[str | None], str]:
+def _hip_order(
+    amdsmi: Any, handles: list[Any], bdfs: list[str], kfd_root: Path
+) -> tuple[list[int], list[str | None], str]:
     """(hip index per handle, HIP uuid per handle or None, the source of the order)."""
     enumeration = getattr(amdsmi, "amdsmi_get_gpu_enumeration_info", None)
     if enumeration is not None:
-        infos = [_optional(lambda h=h: enumeration(h), amdsmi) for h in handles]
+        infos = [_optional(functools.partial(enumeration, h), amdsmi) for h in handles]
         hip_ids = [info.get("hip_id") if info else None for info in infos]
         if all(isinstance(i, int) for i in hip_ids) and len(set(hip_ids)) == len(hip_ids):
             uuids = [info.get("hip_uuid") if info else None for info in infos]
@@ -283,7 +295,7 @@ def _hip_order(amdsmi: Any, handles: list[Any], bdfs: list[str], kfd_root: Path
     kfd = getattr(amdsmi, "amdsmi_get_gpu_kfd_info", None)
     node_ids: list[Any] = []
     if kfd is not None:
-        infos = [_optional(lambda h=h: kfd(h), amdsmi) for h in handles]
+        infos = [_optional(functools.partial(kfd, h), amdsmi) for h in handles]
         node_ids = [info.get("node_id") if info else None for info in infos]
         source = "amdsmi_get_gpu_kfd_info node_id"
     if not node_ids or not all(isinstance(i, int) for i in node_ids):
@@ -293,13 +305,16 @@ def _hip_order(amdsmi: Any, handles: list[Any], bdfs: list[str], kfd_root: Path
     if all(isinstance(i, int) for i in node_ids) and len(set(node_ids)) == len(node_ids):
         ranks = {node: rank for rank, node in enumerate(sorted(node_ids))}
         return [ranks[n] for n in node_ids], [None] * len(handles), source
-    return list(range(len(handles))), [None] * len(handles), (
-        "amdsmi handle order (PCI address), unverified: neither amdsmi nor the KFD topology gave the HIP order")
+    return (
+        list(range(len(handles))),
+        [None] * len(handles),
+        ("amdsmi handle order (PCI address), unverified: neither amdsmi nor the KFD topology gave the HIP order"),
+    )
 
 
 def _product(market_name: str, device_id: int | None, compute_units: int | None) -> str:
     if device_id in DUAL_GCD_DEVICE_IDS and compute_units in _MI250_BY_COMPUTE_UNITS:
-        return _MI250_BY_COMPUTE_UNITS[compute_units]  # type: ignore[index]
+        return _MI250_BY_COMPUTE_UNITS[compute_units]
     return market_name
 
 
@@ -329,23 +344,27 @@ def _packages(amdsmi: Any, gcds: list[Gcd]) -> tuple[list[Package], str | None]:
     dual = [g.bdf for g in gcds if g.dual]
 
     def links(a: str, b: str) -> int:
-        result = _optional(lambda: amdsmi.amdsmi_get_minmax_bandwidth_between_processors(
-            by_bdf[a].handle, by_bdf[b].handle), amdsmi)
+        result = _optional(
+            lambda: amdsmi.amdsmi_get_minmax_bandwidth_between_processors(by_bdf[a].handle, by_bdf[b].handle), amdsmi
+        )
         return int(result.get("max_bandwidth", 0)) if result else 0
 
     pairs, unpaired = pair_siblings(dual, links) if dual else ([], [])
-    groups: list[tuple[tuple[str, ...], str]] = [
-        ((g.bdf,), "one GPU per package") for g in gcds if not g.dual]
-    rule = ("MI250 sibling: the GCD it shares four XGMI links with (the most to any GCD, mutually), "
-            "from amdsmi_get_minmax_bandwidth_between_processors")
+    groups: list[tuple[tuple[str, ...], str]] = [((g.bdf,), "one GPU per package") for g in gcds if not g.dual]
+    rule = (
+        "MI250 sibling: the GCD it shares four XGMI links with (the most to any GCD, mutually), "
+        "from amdsmi_get_minmax_bandwidth_between_processors"
+    )
     for a, b in pairs:
         groups.append((tuple(sorted((a, b), key=lambda bdf: by_bdf[bdf].hip_index)), rule))
     groups.sort(key=lambda group: min(by_bdf[bdf].hip_index for bdf in group[0]))
     packages = [Package(f"package-{n}", bdfs, how) for n, (bdfs, how) in enumerate(groups)]
     error = None
     if unpaired:
-        error = (f"cannot tell which MI250 GCDs share a package: {', '.join(unpaired)} "
-                 "have no unique strongest XGMI peer (amdsmi_get_minmax_bandwidth_between_processors)")
+        error = (
+            f"cannot tell which MI250 GCDs share a package: {', '.join(unpaired)} "
+            "have no unique strongest XGMI peer (amdsmi_get_minmax_bandwidth_between_processors)"
+        )
     return packages, error
 
 
@@ -358,25 +377,46 @@ def discover(amdsmi: Any, kfd_root: Path = KFD_TOPOLOGY) -> Node:
     memory_type = getattr(getattr(amdsmi, "AmdSmiMemoryType", None), "VRAM", None)
     gcds = []
     for handle, bdf, hip_index, hip_uuid in zip(handles, bdfs, hip_indices, hip_uuids):
-        asic = _optional(lambda: amdsmi.amdsmi_get_gpu_asic_info(handle), amdsmi) or {}
+        asic = _optional(functools.partial(amdsmi.amdsmi_get_gpu_asic_info, handle), amdsmi) or {}
         serial = _number(asic.get("asic_serial"))
-        uuid = hip_uuid if isinstance(hip_uuid, str) and hip_uuid.startswith("GPU-") else (
-            f"GPU-{serial:016x}" if serial else "GPU-XX")
+        uuid = (
+            hip_uuid
+            if isinstance(hip_uuid, str) and hip_uuid.startswith("GPU-")
+            else (f"GPU-{serial:016x}" if serial else "GPU-XX")
+        )
         device_id = _number(asic.get("device_id"))
         units = asic.get("num_compute_units")
         compute_units = units if isinstance(units, int) and not isinstance(units, bool) else None
         market = str(asic.get("market_name") or "AMD GPU")
-        memory = _optional(lambda: amdsmi.amdsmi_get_gpu_memory_total(handle, memory_type), amdsmi) \
-            if memory_type is not None else None
+        memory = (
+            _optional(functools.partial(amdsmi.amdsmi_get_gpu_memory_total, handle, memory_type), amdsmi)
+            if memory_type is not None
+            else None
+        )
         gfx = asic.get("target_graphics_version")
-        gcds.append(Gcd(handle=handle, hip_index=hip_index, bdf=bdf, uuid=uuid, market_name=market,
-                        product=_product(market, device_id, compute_units), device_id=device_id,
-                        compute_units=compute_units, gfx_target=gfx if isinstance(gfx, str) else None,
-                        memory_bytes=memory if isinstance(memory, int) else None))
+        gcds.append(
+            Gcd(
+                handle=handle,
+                hip_index=hip_index,
+                bdf=bdf,
+                uuid=uuid,
+                market_name=market,
+                product=_product(market, device_id, compute_units),
+                device_id=device_id,
+                compute_units=compute_units,
+                gfx_target=gfx if isinstance(gfx, str) else None,
+                memory_bytes=memory if isinstance(memory, int) else None,
+            )
+        )
     gcds.sort(key=lambda g: g.hip_index)
     packages, package_error = _packages(amdsmi, gcds)
-    return Node(gcds=tuple(gcds), packages=tuple(packages), package_error=package_error,
-                hip_order=order_source, amdsmi_version=str(getattr(amdsmi, "__version__", "unknown")))
+    return Node(
+        gcds=tuple(gcds),
+        packages=tuple(packages),
+        package_error=package_error,
+        hip_order=order_source,
+        amdsmi_version=str(getattr(amdsmi, "__version__", "unknown")),
+    )
 
 
 def driver_versions(amdsmi: Any, node: Node) -> dict[str, str]:

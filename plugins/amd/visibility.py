@@ -20,12 +20,11 @@ The result is in the order PyTorch numbers the devices: ``cuda:0`` is the first.
 from __future__ import annotations
 
 import re
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 ROCR = "ROCR_VISIBLE_DEVICES"
 HIP = "HIP_VISIBLE_DEVICES"
 CUDA = "CUDA_VISIBLE_DEVICES"
-VARIABLES = (ROCR, HIP, CUDA)
 
 
 def _strtol(text: str) -> int | None:

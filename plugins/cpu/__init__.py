@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
-from core import Accelerator, PowerMeterFactory, hookimpl
+from core.plugin import Accelerator, PowerMeterFactory, hookimpl
 from plugins.cpu.accelerator import CpuAccelerator
 from plugins.cpu.rapl import RaplMeterFactory
 

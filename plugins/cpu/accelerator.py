@@ -9,11 +9,20 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from core import (Accelerator, Availability, ConfigError, DeviceRecord, Framework, Precision,
-                  ProcessContext, RunConfig, Workload)
+from core.plugin import (
+    Accelerator,
+    Availability,
+    ConfigError,
+    DeviceRecord,
+    Framework,
+    Precision,
+    ProcessContext,
+    RunConfig,
+    Workload,
+)
 
 if TYPE_CHECKING:
-    from core.executors.base import Executor
+    from core.plugin import Executor
 
 _PRECISIONS = (Precision.fp32, Precision.bf16, Precision.fp16)
 
@@ -54,35 +63,45 @@ class CpuAccelerator(Accelerator):
         cores = usable_cores()
         if config.threads_per_replica is not None and config.threads_per_replica * config.replicas > cores:
             raise ConfigError(
-                "threads_per_replica", config.threads_per_replica,
+                "threads_per_replica",
+                config.threads_per_replica,
                 f"threads_per_replica x replicas ({config.threads_per_replica} x {config.replicas}) "
                 f"must not exceed the {cores} usable cores",
             )
         if config.compile and config.framework is Framework.tensorflow:
             return  # XLA jit of the train step
         if config.compile and config.replicas > 1:
-            raise ConfigError("compile", True, "torch.compile with replicas > 1 on the CPU is not supported; use compile=False")
+            raise ConfigError(
+                "compile", True, "torch.compile with replicas > 1 on the CPU is not supported; use compile=False"
+            )
 
     def threads_per_replica(self, config: RunConfig) -> int:
         return config.threads_per_replica or max(1, usable_cores() // config.replicas)
 
     def devices(self) -> list[DeviceRecord]:
-        from core.environment import processor_name
+        from core.plugin import processor_name
 
-        return [DeviceRecord(index=0, name=processor_name() or "cpu", kind=self.name,
-                             memory_bytes=_memory_bytes(), details={"usable_cores": usable_cores()})]
+        return [
+            DeviceRecord(
+                index=0,
+                name=processor_name() or "cpu",
+                kind=self.name,
+                memory_bytes=_memory_bytes(),
+                details={"usable_cores": usable_cores()},
+            )
+        ]
 
     def devices_for(self, config: RunConfig, process: ProcessContext) -> list[DeviceRecord]:
         device = self.devices()[0]
         device.details.update({"replicas": config.replicas, "threads_per_replica": self.threads_per_replica(config)})
         return [device]
 
-    def create_executor(self, workload: Workload, config: RunConfig, process: ProcessContext) -> "Executor":
+    def create_executor(self, workload: Workload, config: RunConfig, process: ProcessContext) -> Executor:
         options = workload.parse_options(dict(config.workload_options))
         threads = self.threads_per_replica(config)
         if config.framework is Framework.tensorflow:
             return self._keras_executor(workload, options, config, threads)
-        from core.executors.pytorch import TorchExecutor, TorchPlacement
+        from core.plugin import TorchExecutor, TorchPlacement
 
         def set_threads(_config: RunConfig) -> dict[str, Any]:
             import torch
@@ -93,11 +112,11 @@ class CpuAccelerator(Accelerator):
         placement = TorchPlacement(device="cpu", distributed_backend=self.distributed_backend, configure=set_threads)
         return TorchExecutor(workload.build_torch(options, config.seed), config, placement, process)
 
-    def _keras_executor(self, workload: Workload, options: Any, config: RunConfig, threads: int) -> "Executor":
+    def _keras_executor(self, workload: Workload, options: Any, config: RunConfig, threads: int) -> Executor:
         # The executor module first: it quiets TensorFlow's start-up logging before TF loads.
-        from core.executors.keras import KerasExecutor, KerasPlacement, split_host_cpu
-
         import tensorflow as tf
+
+        from core.plugin import KerasExecutor, KerasPlacement, split_host_cpu
 
         # Both must be set before TensorFlow starts its runtime; the executor records them.
         tf.config.threading.set_intra_op_parallelism_threads(threads * config.replicas)
@@ -107,11 +126,14 @@ class CpuAccelerator(Accelerator):
 
             def make_strategy() -> Any:
                 return tf.distribute.MirroredStrategy(
-                    devices=devices, cross_device_ops=tf.distribute.ReductionToOneDevice())
+                    devices=devices, cross_device_ops=tf.distribute.ReductionToOneDevice()
+                )
         else:
+
             def make_strategy() -> Any:
                 return tf.distribute.OneDeviceStrategy("/cpu:0")
 
-        placement = KerasPlacement(make_strategy=make_strategy, replicas=config.replicas,
-                                   device_label="/cpu:0", jit_compile=config.compile)
+        placement = KerasPlacement(
+            make_strategy=make_strategy, replicas=config.replicas, device_label="/cpu:0", jit_compile=config.compile
+        )
         return KerasExecutor(workload.build_keras(options, config.seed), config, placement)

@@ -19,14 +19,19 @@ from __future__ import annotations
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
-from core.accelerator import Availability
-from core.config import RunConfig
-from core.power import PowerMeter, PowerMeterFactory, UnavailableMeter
-from core.results import DeviceRecord, EnergyMeasurement
+from core.plugin import (
+    Availability,
+    DeviceRecord,
+    EnergyMeasurement,
+    PowerMeter,
+    PowerMeterFactory,
+    RunConfig,
+    UnavailableMeter,
+)
 
 POWERCAP_ROOT = Path("/sys/class/powercap")
 _ZONE = re.compile(r"^intel-rapl:(\d+)$")
@@ -207,13 +212,16 @@ class RaplMeter(PowerMeter):
         values, error = (None, self._start_error) if self._start_error else _read_counters(self.zones, self._read_text)
         self.close()
         if values is None:
-            return EnergyMeasurement(meter=self.name, method="counter", unavailable_reason=error,
-                                     details=self._error_details())
+            return EnergyMeasurement(
+                meter=self.name, method="counter", unavailable_reason=error, details=self._error_details()
+            )
         with self._lock:
             self._advance(t, values)
             if self._max_gap > self.safe_gap_seconds:
                 return EnergyMeasurement(
-                    meter=self.name, method="counter", details=self._error_details(),
+                    meter=self.name,
+                    method="counter",
+                    details=self._error_details(),
                     unavailable_reason=(
                         f"RAPL counters went unread for {self._max_gap:.1f} s, longer than the "
                         f"{self.safe_gap_seconds:.1f} s in which a counter could wrap more than once; "
@@ -226,16 +234,29 @@ class RaplMeter(PowerMeter):
         joules = [uj / 1e6 for uj in self._energy_uj]
         total = sum(j for j, zone in zip(joules, self.zones) if zone.in_total)
         zones = [
-            {"zone": z.key, "path": str(z.path), "joules": j, "in_total": z.in_total, "wraps": w,
-             "max_energy_range_uj": z.max_energy_range_uj}
+            {
+                "zone": z.key,
+                "path": str(z.path),
+                "joules": j,
+                "in_total": z.in_total,
+                "wraps": w,
+                "max_energy_range_uj": z.max_energy_range_uj,
+            }
             for z, j, w in zip(self.zones, joules, self._wraps)
         ]
         return EnergyMeasurement(
-            meter=self.name, method="counter", energy_joules=total,
+            meter=self.name,
+            method="counter",
+            energy_joules=total,
             components_joules={z.key: j for z, j in zip(self.zones, joules)},
             mean_power_watts=total / seconds if seconds > 0 else None,
-            details={"zones": zones, "wraps": sum(self._wraps), "window_seconds": seconds, "scope": _SCOPE,
-                     **self._error_details()},
+            details={
+                "zones": zones,
+                "wraps": sum(self._wraps),
+                "window_seconds": seconds,
+                "scope": _SCOPE,
+                **self._error_details(),
+            },
         )
 
     def _error_details(self) -> dict[str, object]:
@@ -268,8 +289,10 @@ class RaplMeterFactory(PowerMeterFactory):
         except (OSError, ValueError) as exc:
             return [], f"RAPL zones under {self.root} cannot be read: {type(exc).__name__}: {exc}"
         if not zones:
-            return [], (f"no RAPL zones under {self.root} (not an Intel/AMD CPU with the intel_rapl "
-                        "powercap driver loaded, or not Linux)")
+            return [], (
+                f"no RAPL zones under {self.root} (not an Intel/AMD CPU with the intel_rapl "
+                "powercap driver loaded, or not Linux)"
+            )
         if not any(z.in_total for z in zones):
             return [], f"no RAPL package zone under {self.root} (found only: {', '.join(z.key for z in zones)})"
         return zones, None
@@ -289,8 +312,9 @@ class RaplMeterFactory(PowerMeterFactory):
                     f"`sudo chmod o+r {self.root}/intel-rapl:*/energy_uj`"
                 )
             except (OSError, ValueError) as exc:
-                return Availability.no(f"RAPL energy counter {zone.energy_file} cannot be read: "
-                                       f"{type(exc).__name__}: {exc}")
+                return Availability.no(
+                    f"RAPL energy counter {zone.energy_file} cannot be read: {type(exc).__name__}: {exc}"
+                )
         return Availability.yes()
 
     def create(self, devices: list[DeviceRecord], config: RunConfig) -> PowerMeter:

@@ -8,9 +8,9 @@ accelerator (unavailable without the Poplar SDK, with the instruction) and the m
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
-from core import Accelerator, PowerMeterFactory, hookimpl
+from core.plugin import Accelerator, PowerMeterFactory, hookimpl
 from plugins.graphcore.accelerator import POPLAR_SDK_INSTRUCTIONS, GraphcoreAccelerator
 from plugins.graphcore.meter import GcipuinfoMeterFactory
 

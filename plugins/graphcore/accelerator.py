@@ -19,14 +19,22 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from core import (Accelerator, Availability, ConfigError, DeviceRecord, Framework, Precision, ProcessContext,
-                  RunConfig, Workload)
-from core.data import SYNTHETIC_SOURCES
-from plugins.graphcore.placement import (IpuPlacement, PoprunProcess, format_command, plan_placement,
-                                         poprun_command)
+from core.plugin import (
+    SYNTHETIC_SOURCES,
+    Accelerator,
+    Availability,
+    ConfigError,
+    DeviceRecord,
+    Framework,
+    Precision,
+    ProcessContext,
+    RunConfig,
+    Workload,
+)
+from plugins.graphcore.placement import IpuPlacement, PoprunProcess, format_command, plan_placement, poprun_command
 
 if TYPE_CHECKING:
-    from core.executors.base import Executor
+    from core.plugin import Executor
 
 POPLAR_SDK_INSTRUCTIONS = (
     "PopTorch is not installed: it ships only inside Graphcore's Poplar SDK (3.3 is the last), not on a "
@@ -34,8 +42,7 @@ POPLAR_SDK_INSTRUCTIONS = (
     "`pip install 'torch==2.0.1' <sdk>/poptorch-*.whl <sdk>/gcipuinfo-*.whl` (for TensorFlow: "
     "<sdk>/tensorflow-2.6*+gc*.whl and <sdk>/keras-2.6*+gc*.whl); see README 'Graphcore'"
 )
-NO_IPU_HINT = ("no IPU found here (gcipuinfo lists none, no /dev/ipu* device nodes, no IPU-over-Fabric "
-               "configuration)")
+NO_IPU_HINT = "no IPU found here (gcipuinfo lists none, no /dev/ipu* device nodes, no IPU-over-Fabric configuration)"
 
 _PRECISIONS = {Framework.torch: (Precision.fp32, Precision.fp16), Framework.tensorflow: (Precision.fp32,)}
 
@@ -47,15 +54,24 @@ class GraphcoreOptions(BaseModel):
 
     ipu_model: bool = Field(default=False, description="run on the IPU Model (Poplar's simulator on the host CPU)")
     executable_cache_dir: str = Field(
-        default="", description="load/save compiled executables here (poptorch enableExecutableCaching); "
-                                "a cached executable makes the first step a load, not a compilation")
-    instances: int = Field(default=0, ge=0, le=1 << 12,
-                           description="host processes (poprun --num-instances); 0: as poprun started this one, else 1")
+        default="",
+        description="load/save compiled executables here (poptorch enableExecutableCaching); "
+        "a cached executable makes the first step a load, not a compilation",
+    )
+    instances: int = Field(
+        default=0,
+        ge=0,
+        le=1 << 12,
+        description="host processes (poprun --num-instances); 0: as poprun started this one, else 1",
+    )
     auto_round_num_ipus: bool = Field(
-        default=True, description="reserve the next power of two of IPUs when the run uses another count")
+        default=True, description="reserve the next power of two of IPUs when the run uses another count"
+    )
     pipeline_splits: str = Field(
-        default="", description="comma-separated layer names where pipeline stages 2.. begin; "
-                                "default: the workload's split points, else balanced by parameter count")
+        default="",
+        description="comma-separated layer names where pipeline stages 2.. begin; "
+        "default: the workload's split points, else balanced by parameter count",
+    )
 
 
 def _tensorflow_is_graphcore_build() -> bool:
@@ -109,8 +125,10 @@ def resolve_instances(options: GraphcoreOptions, environ: Any = None) -> tuple[i
 
 class GraphcoreAccelerator(Accelerator):
     name: ClassVar[str] = "graphcore"
-    description: ClassVar[str] = ("Graphcore IPUs through PopTorch / TensorFlow-IPU: replicas, pipelining, "
-                                  "gradient accumulation, device iterations; gcipuinfo power")
+    description: ClassVar[str] = (
+        "Graphcore IPUs through PopTorch / TensorFlow-IPU: replicas, pipelining, "
+        "gradient accumulation, device iterations; gcipuinfo power"
+    )
     frameworks: ClassVar[tuple[Framework, ...]] = (Framework.torch, Framework.tensorflow)
     max_devices_per_replica: ClassVar[int] = 64
     supports_device_iterations: ClassVar[bool] = True
@@ -146,72 +164,111 @@ class GraphcoreAccelerator(Accelerator):
         instances, _ = resolve_instances(options)
         assert config.micro_batch_size is not None
         return plan_placement(
-            micro_batch_size=config.micro_batch_size, gradient_accumulation=config.gradient_accumulation,
-            replicas=config.replicas, ipus_per_replica=config.devices_per_replica,
-            device_iterations=config.device_iterations, instances=instances,
-            auto_round_num_ipus=options.auto_round_num_ipus, framework=config.framework.value)
+            micro_batch_size=config.micro_batch_size,
+            gradient_accumulation=config.gradient_accumulation,
+            replicas=config.replicas,
+            ipus_per_replica=config.devices_per_replica,
+            device_iterations=config.device_iterations,
+            instances=instances,
+            auto_round_num_ipus=options.auto_round_num_ipus,
+            framework=config.framework.value,
+        )
 
     def validate(self, config: RunConfig) -> None:
         options = self._options(config)
         if config.framework is Framework.torch and not _has_poptorch():
             raise ConfigError("framework", "torch", POPLAR_SDK_INSTRUCTIONS)
         if config.framework is Framework.tensorflow and not _tensorflow_is_graphcore_build():
-            raise ConfigError("framework", "tensorflow",
-                              "needs the IPU build of TensorFlow from the Poplar SDK (its version has '+gc'): "
-                              "pip install <sdk>/tensorflow-2.6*+gc*.whl <sdk>/keras-2.6*+gc*.whl")
+            raise ConfigError(
+                "framework",
+                "tensorflow",
+                "needs the IPU build of TensorFlow from the Poplar SDK (its version has '+gc'): "
+                "pip install <sdk>/tensorflow-2.6*+gc*.whl <sdk>/keras-2.6*+gc*.whl",
+            )
         if config.compile:
             raise ConfigError("compile", True, "IPU programs are always compiled by Poplar; leave compile=False")
         if config.data not in SYNTHETIC_SOURCES:
             # Both IPU executors stream the synthetic pool from the host; a dataset path would be
             # silently ignored, and the figures would be for data the user did not ask for.
-            raise ConfigError("data", config.data,
-                              f"the IPU executors feed synthetic samples only; allowed: {', '.join(SYNTHETIC_SOURCES)}")
+            raise ConfigError(
+                "data",
+                config.data,
+                f"the IPU executors feed synthetic samples only; allowed: {', '.join(SYNTHETIC_SOURCES)}",
+            )
         placement = self.placement(config)
         instances, process = resolve_instances(options)
         launched = process.instances if process is not None else 1
         if instances != launched:
             raise ConfigError(
-                "accelerator_options.instances", instances,
+                "accelerator_options.instances",
+                instances,
                 f"this process is one of {launched} started together; {instances} instances need one process "
-                "each, started by poprun: " + format_command(poprun_command(placement, _this_command())))
+                "each, started by poprun: " + format_command(poprun_command(placement, _this_command())),
+            )
         if config.framework is Framework.tensorflow and instances > 1:
-            raise ConfigError("accelerator_options.instances", instances,
-                              "the TensorFlow path runs in one instance; use framework torch under poprun")
+            raise ConfigError(
+                "accelerator_options.instances",
+                instances,
+                "the TensorFlow path runs in one instance; use framework torch under poprun",
+            )
         if not options.ipu_model:
             ipus = count_ipus()
             if ipus == 0:
-                raise ConfigError("accelerator_options.ipu_model", False,
-                                  f"{NO_IPU_HINT}; set ipu_model=true to run on the IPU Model simulator")
+                raise ConfigError(
+                    "accelerator_options.ipu_model",
+                    False,
+                    f"{NO_IPU_HINT}; set ipu_model=true to run on the IPU Model simulator",
+                )
             if ipus is not None and placement.reserved_ipus > ipus:
                 raise ConfigError(
-                    "replicas", config.replicas,
+                    "replicas",
+                    config.replicas,
                     f"the run reserves {placement.reserved_ipus} IPUs ({placement.total_ipus} used); "
-                    f"this host sees {ipus}")
+                    f"this host sees {ipus}",
+                )
 
     def devices(self) -> list[DeviceRecord]:
         devices = _gcipuinfo_devices()
         if devices is None:
-            return [DeviceRecord(index=i, name="IPU", kind=self.name, details={"device_node": node})
-                    for i, node in enumerate(sorted(glob.glob("/dev/ipu[0-9]*")))]
+            return [
+                DeviceRecord(index=i, name="IPU", kind=self.name, details={"device_node": node})
+                for i, node in enumerate(sorted(glob.glob("/dev/ipu[0-9]*")))
+            ]
         records = []
         for position, device in enumerate(devices):
             device_id = str(device.get("id", position))
-            records.append(DeviceRecord(
-                index=int(device_id) if device_id.isdigit() else position,
-                name=f"{device.get('board type', 'IPU')} {device.get('ipu architecture', '')}".strip(),
-                kind=self.name,
-                details={k: device[k] for k in ("id", "board type", "board serial number", "ipu architecture",
-                                                "board ipu index", "firmware version", "driver version",
-                                                "numa node", "pci id") if k in device},
-            ))
+            records.append(
+                DeviceRecord(
+                    index=int(device_id) if device_id.isdigit() else position,
+                    name=f"{device.get('board type', 'IPU')} {device.get('ipu architecture', '')}".strip(),
+                    kind=self.name,
+                    details={
+                        k: device[k]
+                        for k in (
+                            "id",
+                            "board type",
+                            "board serial number",
+                            "ipu architecture",
+                            "board ipu index",
+                            "firmware version",
+                            "driver version",
+                            "numa node",
+                            "pci id",
+                        )
+                        if k in device
+                    },
+                )
+            )
         return records
 
     def devices_for(self, config: RunConfig, process: ProcessContext) -> list[DeviceRecord]:
         options = self._options(config)
         if options.ipu_model:
             placement = self.placement(config)
-            return [DeviceRecord(index=i, name="IPU Model", kind=self.name, details={"simulator": True})
-                    for i in range(placement.reserved_ipus_per_instance)]
+            return [
+                DeviceRecord(index=i, name="IPU Model", kind=self.name, details={"simulator": True})
+                for i in range(placement.reserved_ipus_per_instance)
+            ]
         # Which IPUs Poplar attaches to is known only once it has (in the first step); the meter finds
         # them then, by process id. Here: as many as the run reserves, in gcipuinfo's order.
         records = self.devices()[: self.placement(config).reserved_ipus_per_instance]
@@ -228,7 +285,7 @@ class GraphcoreAccelerator(Accelerator):
                 continue
         return versions
 
-    def create_executor(self, workload: Workload, config: RunConfig, process: ProcessContext) -> "Executor":
+    def create_executor(self, workload: Workload, config: RunConfig, process: ProcessContext) -> Executor:
         options = self._options(config)
         placement = self.placement(config)
         if config.framework is Framework.tensorflow:
@@ -238,8 +295,14 @@ class GraphcoreAccelerator(Accelerator):
         _, poprun = resolve_instances(options)
         return self._poptorch_executor(workload, config, placement, options, poprun)
 
-    def _poptorch_executor(self, workload: Workload, config: RunConfig, placement: IpuPlacement,
-                           options: GraphcoreOptions, poprun: PoprunProcess | None) -> "Executor":
+    def _poptorch_executor(
+        self,
+        workload: Workload,
+        config: RunConfig,
+        placement: IpuPlacement,
+        options: GraphcoreOptions,
+        poprun: PoprunProcess | None,
+    ) -> Executor:
         import importlib
 
         from plugins.graphcore.executor import PopTorchExecutor
@@ -257,16 +320,30 @@ class GraphcoreAccelerator(Accelerator):
         if not split_points and placement.pipelined:
             named = getattr(workload, "pipeline_split_points", None)
             split_points = list(named(workload_options, placement.ipus_per_replica) or ()) if callable(named) else []
-        settings = OptionSettings(seed=config.seed, ipu_model=options.ipu_model,
-                                  executable_cache_dir=options.executable_cache_dir or None,
-                                  half_precision=config.precision is Precision.fp16, process=poprun)
-        details: dict[str, Any] = {"ipu_model": options.ipu_model,
-                                   "executable_cache_dir": options.executable_cache_dir or None,
-                                   "instance_index": poprun.instance_index if poprun else 0}
+        settings = OptionSettings(
+            seed=config.seed,
+            ipu_model=options.ipu_model,
+            executable_cache_dir=options.executable_cache_dir or None,
+            half_precision=config.precision is Precision.fp16,
+            process=poprun,
+        )
+        details: dict[str, Any] = {
+            "ipu_model": options.ipu_model,
+            "executable_cache_dir": options.executable_cache_dir or None,
+            "instance_index": poprun.instance_index if poprun else 0,
+        }
         if placement.instances > 1:
             details["poprun_command"] = format_command(poprun_command(placement, ["<command>"]))
-        return PopTorchExecutor(workload.build_torch(workload_options, config.seed), config, placement, settings,
-                                poptorch=poptorch, popdist=popdist, split_points=split_points, details=details)
+        return PopTorchExecutor(
+            workload.build_torch(workload_options, config.seed),
+            config,
+            placement,
+            settings,
+            poptorch=poptorch,
+            popdist=popdist,
+            split_points=split_points,
+            details=details,
+        )
 
 
 def _this_command() -> list[str]:
@@ -279,9 +356,11 @@ def _this_command() -> list[str]:
 
 def _check_popdist(popdist: Any, placement: IpuPlacement) -> None:
     """poprun's own numbers must be the run's (poprun overrides what the application asks for)."""
-    checks = [("replicas", popdist.getNumTotalReplicas(), placement.replicas, "--num-replicas"),
-              ("devices_per_replica", popdist.getNumIpusPerReplica(), placement.ipus_per_replica, "--ipus-per-replica"),
-              ("accelerator_options.instances", popdist.getNumInstances(), placement.instances, "--num-instances")]
+    checks = [
+        ("replicas", popdist.getNumTotalReplicas(), placement.replicas, "--num-replicas"),
+        ("devices_per_replica", popdist.getNumIpusPerReplica(), placement.ipus_per_replica, "--ipus-per-replica"),
+        ("accelerator_options.instances", popdist.getNumInstances(), placement.instances, "--num-instances"),
+    ]
     for field, launched, asked, flag in checks:
         if launched != asked:
             raise ConfigError(field, asked, f"poprun was started with {flag} {launched}; run with the same value")

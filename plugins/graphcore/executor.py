@@ -22,14 +22,12 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
-from core.config import RunConfig
-from core.errors import NonFiniteLossError
-from core.executors.base import Executor, HostStepClock, StepClock
-from core.workload import TorchTrainingSpec
+from core.plugin import Executor, HostStepClock, NonFiniteLossError, RunConfig, StepClock, TorchTrainingSpec
 from plugins.graphcore.options import OptionSettings, build_options, options_summary
 from plugins.graphcore.pipeline import StagePlan, assign_blocks, plan_stages
 from plugins.graphcore.placement import IpuPlacement, host_call_samples
@@ -70,16 +68,27 @@ class _PoolSamples(torch.utils.data.Dataset):
 
 
 class PopTorchExecutor(Executor):
-    def __init__(self, spec: TorchTrainingSpec, config: RunConfig, placement: IpuPlacement, settings: OptionSettings,
-                 *, poptorch: Any, popdist: Any = None, split_points: Sequence[str] = (),
-                 details: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        spec: TorchTrainingSpec,
+        config: RunConfig,
+        placement: IpuPlacement,
+        settings: OptionSettings,
+        *,
+        poptorch: Any,
+        popdist: Any = None,
+        split_points: Sequence[str] = (),
+        details: dict[str, Any] | None = None,
+    ) -> None:
         self._poptorch = poptorch
         self._placement = placement
         self.updates_per_step = placement.device_iterations
-        self.local_samples_per_update = (placement.micro_batch_size * placement.gradient_accumulation
-                                         * placement.replicas_per_instance)
-        self._details: dict[str, Any] = {"framework": "torch", "runtime": "poptorch", **(details or {}),
-                                         **placement.summary()}
+        self._details: dict[str, Any] = {
+            "framework": "torch",
+            "runtime": "poptorch",
+            **(details or {}),
+            **placement.summary(),
+        }
 
         model = spec.model
         self.stage_plan: StagePlan | None = None
@@ -98,10 +107,16 @@ class PopTorchExecutor(Executor):
         self._details["poptorch_options"] = options_summary(self.options)
 
         # One host call's samples for every instance; the DataLoader hands this process its share.
-        every_instance = torch.cat([host_call_indices(placement, i, len(spec.inputs))
-                                    for i in range(placement.instances)])
-        loader = poptorch.DataLoader(self.options, _PoolSamples(spec.inputs, spec.targets, every_instance),
-                                     batch_size=placement.micro_batch_size, shuffle=False, drop_last=True)
+        every_instance = torch.cat(
+            [host_call_indices(placement, i, len(spec.inputs)) for i in range(placement.instances)]
+        )
+        loader = poptorch.DataLoader(
+            self.options,
+            _PoolSamples(spec.inputs, spec.targets, every_instance),
+            batch_size=placement.micro_batch_size,
+            shuffle=False,
+            drop_last=True,
+        )
         inputs, targets = next(iter(loader))
         if settings.half_precision and inputs.is_floating_point():
             inputs = inputs.half()

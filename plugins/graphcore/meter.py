@@ -23,14 +23,25 @@ import importlib
 import importlib.util
 import os
 import threading
-from typing import Any, Callable, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar
 
-from core import Availability, DeviceRecord, PowerMeter, PowerMeterFactory, RunConfig, UnavailableMeter
-from core.energy import DeviceEnergyMeter, EnergySource
+from core.plugin import (
+    Availability,
+    DeviceEnergyMeter,
+    DeviceRecord,
+    EnergySource,
+    PowerMeter,
+    PowerMeterFactory,
+    RunConfig,
+    UnavailableMeter,
+)
 
 POWER_ATTRIBUTE = "ipu power"  # gcipuinfo.IpuPower
-GCIPUINFO_MISSING = ("gcipuinfo is not installed: it ships with Graphcore's Poplar SDK; "
-                     "`pip install <sdk>/gcipuinfo-*.whl` (see README 'Graphcore')")
+GCIPUINFO_MISSING = (
+    "gcipuinfo is not installed: it ships with Graphcore's Poplar SDK; "
+    "`pip install <sdk>/gcipuinfo-*.whl` (see README 'Graphcore')"
+)
 
 
 def import_gcipuinfo() -> Any:
@@ -69,8 +80,10 @@ class PowerSnapshot:
     def read(self, key: str) -> float | None:
         with self._lock:
             if key == self._keys[0] or key not in self._watts:
-                self._watts = {str(device.get("id")): parse_power_watts(device.get(self._attribute))
-                               for device in self._info.getDevices()}
+                self._watts = {
+                    str(device.get("id")): parse_power_watts(device.get(self._attribute))
+                    for device in self._info.getDevices()
+                }
             if key not in self._watts:
                 raise LookupError(f"IPU {key} is no longer listed by gcipuinfo")
             return self._watts[key]
@@ -81,25 +94,46 @@ def _reader(snapshot: PowerSnapshot, key: str) -> Callable[[], float | None]:
 
 
 class GcipuinfoMeter(DeviceEnergyMeter):
-    def __init__(self, info: Any, device_ids: list[str], scope: str, sample_interval_seconds: float,
-                 *, power_attribute: str = POWER_ATTRIBUTE, timeline_points: int) -> None:
+    def __init__(
+        self,
+        info: Any,
+        device_ids: list[str],
+        scope: str,
+        sample_interval_seconds: float,
+        *,
+        power_attribute: str = POWER_ATTRIBUTE,
+        timeline_points: int,
+    ) -> None:
         snapshot = PowerSnapshot(info, device_ids, power_attribute)
-        sources = [EnergySource(key=f"ipu{device_id}", read_power_watts=_reader(snapshot, device_id))
-                   for device_id in device_ids]
-        super().__init__("gcipuinfo", sources, sample_interval_seconds, sample_power=True, details={
-            "power_reading": f"gcipuinfo '{power_attribute}' (update mode on), trapezoid-integrated",
-            "energy_counted": False,
-            "scope": scope,
-            "device_ids": list(device_ids),
-        }, timeline_points=timeline_points)
+        sources = [
+            EnergySource(key=f"ipu{device_id}", read_power_watts=_reader(snapshot, device_id))
+            for device_id in device_ids
+        ]
+        super().__init__(
+            "gcipuinfo",
+            sources,
+            sample_interval_seconds,
+            sample_power=True,
+            details={
+                "power_reading": f"gcipuinfo '{power_attribute}' (update mode on), trapezoid-integrated",
+                "energy_counted": False,
+                "scope": scope,
+                "device_ids": list(device_ids),
+            },
+            timeline_points=timeline_points,
+        )
 
 
-def select_devices(devices: list[dict[str, Any]], pid: int,
-                   power_attribute: str = POWER_ATTRIBUTE) -> tuple[list[str], str]:
+def select_devices(
+    devices: list[dict[str, Any]], pid: int, power_attribute: str = POWER_ATTRIBUTE
+) -> tuple[list[str], str]:
     """The IPU ids to read (those attached to ``pid``, else all), and a description of the scope."""
     listed = [str(d.get("id")) for d in devices if d.get("id") is not None and power_attribute in d]
-    own = [str(d.get("id")) for d in devices
-           if str(d.get("user process id", "")).strip() == str(pid) and str(d.get("id")) in listed]
+    own = [
+        str(d.get("id"))
+        for d in devices
+        if str(d.get("user process id", "")).strip() == str(pid) and str(d.get("id")) in listed
+    ]
     if own:
         return own, f"the {len(own)} IPU(s) attached to this process (gcipuinfo 'user process id')"
     return listed, f"every IPU gcipuinfo lists in the partition ({len(listed)}); none named this process"
@@ -122,7 +156,9 @@ class GcipuinfoMeterFactory(PowerMeterFactory):
 
         options = config.accelerator_options
         if options.get("ipu_model"):
-            return UnavailableMeter(self.name, "the IPU Model is a simulator on the host CPU: there is no IPU power to read")
+            return UnavailableMeter(
+                self.name, "the IPU Model is a simulator on the host CPU: there is no IPU power to read"
+            )
         gcipuinfo = import_gcipuinfo()
         info = gcipuinfo.gcipuinfo()
         info.setUpdateMode(True)
@@ -134,8 +170,18 @@ class GcipuinfoMeterFactory(PowerMeterFactory):
         process = PoprunProcess.from_environment(os.environ)
         attached = "attached to this process" in scope
         if not attached and process is not None and process.instances > 1:
-            return UnavailableMeter(self.name, (
-                f"no IPU names this process ({os.getpid()}) as its user, and with {process.instances} poprun "
-                "instances the partition's IPUs would be counted once per instance"))
-        return GcipuinfoMeter(info, ids, scope, config.power_sample_interval_seconds, power_attribute=attribute,
-                              timeline_points=config.power_timeline_points)
+            return UnavailableMeter(
+                self.name,
+                (
+                    f"no IPU names this process ({os.getpid()}) as its user, and with {process.instances} poprun "
+                    "instances the partition's IPUs would be counted once per instance"
+                ),
+            )
+        return GcipuinfoMeter(
+            info,
+            ids,
+            scope,
+            config.power_sample_interval_seconds,
+            power_attribute=attribute,
+            timeline_points=config.power_timeline_points,
+        )

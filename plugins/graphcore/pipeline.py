@@ -16,10 +16,11 @@ testable without a model.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
-from core.errors import ConfigError
+from core.plugin import ConfigError
 
 if TYPE_CHECKING:
     import torch
@@ -48,12 +49,14 @@ class StagePlan:
     def summary(self) -> dict[str, Any]:
         return {
             "pipeline_balanced_by": self.balanced_by,
-            "pipeline_stage_plan": [{"ipu": s.index, "first_layer": s.first_layer, "layers": len(s.layers),
-                                 "parameters": s.parameters} for s in self.stages],
+            "pipeline_stage_plan": [
+                {"ipu": s.index, "first_layer": s.first_layer, "layers": len(s.layers), "parameters": s.parameters}
+                for s in self.stages
+            ],
         }
 
 
-def pipeline_layers(model: "torch.nn.Module") -> list[tuple[str, "torch.nn.Module"]]:
+def pipeline_layers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
     """The model's layers in order: the children of the outermost module with more than one child.
 
     Wrappers holding a single module (a model inside a loss wrapper) are looked through; layer
@@ -96,9 +99,11 @@ def balance(layers: Sequence[tuple[str, int]], stages: int) -> StagePlan:
     segments = _segments(layers)
     if stages > len(segments):
         raise ConfigError(
-            "devices_per_replica", stages,
+            "devices_per_replica",
+            stages,
             f"the model has {len(segments)} layer(s) with parameters to pipeline "
-            f"({', '.join(s[0][0] for s in segments)}); at most {len(segments)} stages")
+            f"({', '.join(s[0][0] for s in segments)}); at most {len(segments)} stages",
+        )
     weights = [w for _, w in segments]
     n = len(weights)
     prefix = [0]
@@ -121,7 +126,7 @@ def balance(layers: Sequence[tuple[str, int]], stages: int) -> StagePlan:
     bounds.reverse()
     result = []
     for k in range(stages):
-        chosen = segments[bounds[k]:bounds[k + 1]]
+        chosen = segments[bounds[k] : bounds[k + 1]]
         result.append(Stage(k, tuple(name for names, _ in chosen for name in names), sum(w for _, w in chosen)))
     return StagePlan(tuple(result), "parameter count")
 
@@ -130,33 +135,43 @@ def split_at(layers: Sequence[tuple[str, int]], split_points: Sequence[str], sta
     """Stages that begin at the named layers (the first stage begins at the first layer)."""
     names = [name for name, _ in layers]
     if len(split_points) != stages - 1:
-        raise ConfigError("accelerator_options.pipeline_splits", ",".join(split_points),
-                          f"{stages} stages (devices_per_replica) need {stages - 1} split point(s), "
-                          f"one per stage after the first; layers: {', '.join(names)}")
+        raise ConfigError(
+            "accelerator_options.pipeline_splits",
+            ",".join(split_points),
+            f"{stages} stages (devices_per_replica) need {stages - 1} split point(s), "
+            f"one per stage after the first; layers: {', '.join(names)}",
+        )
     positions = []
     for point in split_points:
         if point not in names:
-            raise ConfigError("accelerator_options.pipeline_splits", point,
-                              f"not a layer of the model; layers: {', '.join(names)}")
+            raise ConfigError(
+                "accelerator_options.pipeline_splits", point, f"not a layer of the model; layers: {', '.join(names)}"
+            )
         positions.append(names.index(point))
     if positions != sorted(positions) or len(set(positions)) != len(positions) or (positions and positions[0] == 0):
-        raise ConfigError("accelerator_options.pipeline_splits", ",".join(split_points),
-                          "split points must be distinct layers after the first, in model order: "
-                          f"{', '.join(names)}")
+        raise ConfigError(
+            "accelerator_options.pipeline_splits",
+            ",".join(split_points),
+            f"split points must be distinct layers after the first, in model order: {', '.join(names)}",
+        )
     bounds = [0] + positions + [len(layers)]
     counts = dict(layers)
-    return StagePlan(tuple(
-        Stage(k, tuple(names[bounds[k]:bounds[k + 1]]), sum(counts[n] for n in names[bounds[k]:bounds[k + 1]]))
-        for k in range(stages)), "split points")
+    return StagePlan(
+        tuple(
+            Stage(k, tuple(names[bounds[k] : bounds[k + 1]]), sum(counts[n] for n in names[bounds[k] : bounds[k + 1]]))
+            for k in range(stages)
+        ),
+        "split points",
+    )
 
 
-def plan_stages(model: "torch.nn.Module", stages: int, split_points: Sequence[str] = ()) -> StagePlan:
+def plan_stages(model: torch.nn.Module, stages: int, split_points: Sequence[str] = ()) -> StagePlan:
     """The stage plan of ``model`` over ``stages`` IPUs."""
     layers = [(name, sum(p.numel() for p in module.parameters())) for name, module in pipeline_layers(model)]
     return split_at(layers, split_points, stages) if split_points else balance(layers, stages)
 
 
-def assign_blocks(poptorch: Any, model: "torch.nn.Module", plan: StagePlan) -> None:
+def assign_blocks(poptorch: Any, model: torch.nn.Module, plan: StagePlan) -> None:
     """Mark each stage's first layer with ``poptorch.BeginBlock`` on the stage's IPU."""
     modules = dict(model.named_modules())
     for stage in plan.stages:

@@ -23,10 +23,11 @@ the SDK's own sources:
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
-from core.errors import ConfigError
+from core.plugin import ConfigError
 
 #: PopTorch refuses more IPUs than this in one process ("Experiments that need more than 64 IPUs
 #: require distributed execution.")
@@ -122,7 +123,8 @@ class IpuPlacement:
             notes.append(
                 f"IPUs rounded up to a power of two: each instance uses {self.ipus_per_instance} "
                 f"({self.replicas_per_instance} replica(s) x {self.ipus_per_replica} IPU(s) per replica) and "
-                f"reserves {self.reserved_ipus_per_instance}; {self.idle_ipus} IPU(s) in all stay idle")
+                f"reserves {self.reserved_ipus_per_instance}; {self.idle_ipus} IPU(s) in all stay idle"
+            )
         return notes
 
     def summary(self) -> dict[str, Any]:
@@ -144,52 +146,83 @@ class IpuPlacement:
         }
 
 
-def plan_placement(*, micro_batch_size: int, gradient_accumulation: int, replicas: int, ipus_per_replica: int,
-                   device_iterations: int, instances: int = 1, training: bool = True,
-                   auto_round_num_ipus: bool = True, framework: str = "torch") -> IpuPlacement:
+def plan_placement(
+    *,
+    micro_batch_size: int,
+    gradient_accumulation: int,
+    replicas: int,
+    ipus_per_replica: int,
+    device_iterations: int,
+    instances: int = 1,
+    training: bool = True,
+    auto_round_num_ipus: bool = True,
+    framework: str = "torch",
+) -> IpuPlacement:
     """Validate a placement; raise ConfigError naming the field and the rule it breaks."""
     if instances < 1:
         raise ConfigError("accelerator_options.instances", instances, "must be >= 1")
     if replicas % instances:
         raise ConfigError(
-            "accelerator_options.instances", instances,
-            f"must divide replicas ({replicas}): poprun gives every instance the same number of replicas")
-    placement = IpuPlacement(micro_batch_size, gradient_accumulation, replicas, ipus_per_replica, device_iterations,
-                             instances, training, auto_round_num_ipus)
+            "accelerator_options.instances",
+            instances,
+            f"must divide replicas ({replicas}): poprun gives every instance the same number of replicas",
+        )
+    placement = IpuPlacement(
+        micro_batch_size,
+        gradient_accumulation,
+        replicas,
+        ipus_per_replica,
+        device_iterations,
+        instances,
+        training,
+        auto_round_num_ipus,
+    )
     per_instance = placement.ipus_per_instance
-    layout = (f"{placement.replicas_per_instance} replica(s) per instance x {ipus_per_replica} "
-              f"IPU(s) per replica = {per_instance} IPUs per instance")
+    layout = (
+        f"{placement.replicas_per_instance} replica(s) per instance x {ipus_per_replica} "
+        f"IPU(s) per replica = {per_instance} IPUs per instance"
+    )
     if placement.reserved_ipus_per_instance > MAX_IPUS_PER_INSTANCE:
         raise ConfigError(
-            "replicas", replicas,
+            "replicas",
+            replicas,
             f"{layout}, reserving {placement.reserved_ipus_per_instance}; one process can reserve at most "
-            f"{MAX_IPUS_PER_INSTANCE} IPUs: use more instances (accelerator_options.instances, under poprun)")
+            f"{MAX_IPUS_PER_INSTANCE} IPUs: use more instances (accelerator_options.instances, under poprun)",
+        )
     if framework == "tensorflow":
         _check_tensorflow_ipus(placement)
     elif not is_power_of_two(per_instance) and not auto_round_num_ipus:
         raise ConfigError(
-            "replicas", replicas,
+            "replicas",
+            replicas,
             f"{layout}, not a power of two; PopTorch must reserve {placement.reserved_ipus_per_instance}. "
             "Choose replicas x devices_per_replica a power of two, or set accelerator_options."
-            "auto_round_num_ipus=true to reserve the extra IPUs and leave them idle")
+            "auto_round_num_ipus=true to reserve the extra IPUs and leave them idle",
+        )
     stages = placement.pipeline_stages
     if training and placement.pipelined and gradient_accumulation < stages:
         raise ConfigError(
-            "gradient_accumulation", gradient_accumulation,
+            "gradient_accumulation",
+            gradient_accumulation,
             f"pipelined training over {ipus_per_replica} IPUs per replica runs {stages} pipeline stages "
             f"({ipus_per_replica} forward + {ipus_per_replica - 1} backward); gradient_accumulation must be "
-            f">= 2 x devices_per_replica - 1 = {stages}")
+            f">= 2 x devices_per_replica - 1 = {stages}",
+        )
     if not training:
         if gradient_accumulation != 1:
-            raise ConfigError("gradient_accumulation", gradient_accumulation,
-                              "inference runs no weight update: gradient_accumulation must be 1 "
-                              "(use device_iterations to feed a pipeline)")
+            raise ConfigError(
+                "gradient_accumulation",
+                gradient_accumulation,
+                "inference runs no weight update: gradient_accumulation must be 1 "
+                "(use device_iterations to feed a pipeline)",
+            )
         if placement.pipelined and device_iterations < stages:
             raise ConfigError(
-                "device_iterations", device_iterations,
-                f"pipelined inference over {stages} stages needs device_iterations >= {stages}")
+                "device_iterations",
+                device_iterations,
+                f"pipelined inference over {stages} stages needs device_iterations >= {stages}",
+            )
     return placement
-
 
 
 def host_call_samples(placement: IpuPlacement, instance_index: int = 0) -> list[int]:
@@ -204,19 +237,26 @@ def host_call_samples(placement: IpuPlacement, instance_index: int = 0) -> list[
     """
     micro, accumulation = placement.micro_batch_size, placement.gradient_accumulation
     local = placement.replicas_per_instance
-    update = [((instance_index * local + replica) * accumulation + step) * micro + sample
-              for step in range(accumulation) for replica in range(local) for sample in range(micro)]
+    update = [
+        ((instance_index * local + replica) * accumulation + step) * micro + sample
+        for step in range(accumulation)
+        for replica in range(local)
+        for sample in range(micro)
+    ]
     return update * placement.device_iterations
+
 
 def _check_tensorflow_ipus(placement: IpuPlacement) -> None:
     shards = next_power_of_two(placement.ipus_per_replica)
     ipus = placement.replicas_per_instance * shards
     if not is_power_of_two(ipus):
         raise ConfigError(
-            "replicas", placement.replicas,
+            "replicas",
+            placement.replicas,
             f"IPU TensorFlow selects a multi-IPU device of {placement.replicas_per_instance} replica(s) x "
             f"{shards} IPU(s) (pipeline shards rounded up to a power of two) = {ipus} IPUs, and derives the "
-            "replication factor from that count, so it must be a power of two: nothing can be rounded")
+            "replication factor from that count, so it must be a power of two: nothing can be rounded",
+        )
 
 
 def tensorflow_ipus_per_instance(placement: IpuPlacement) -> int:
@@ -229,8 +269,9 @@ def keras_steps_per_execution(placement: IpuPlacement) -> int:
     return placement.gradient_accumulation * placement.device_iterations
 
 
-def check_steps_per_execution(steps_per_execution: int, gradient_accumulation: int, replicas: int,
-                              per_replica: bool = True) -> None:
+def check_steps_per_execution(
+    steps_per_execution: int, gradient_accumulation: int, replicas: int, per_replica: bool = True
+) -> None:
     """The Keras rule: an execution holds whole weight updates.
 
     Since SDK 2.5 ``steps_per_execution`` counts micro-batches per replica and must be a multiple of
@@ -239,10 +280,16 @@ def check_steps_per_execution(steps_per_execution: int, gradient_accumulation: i
     """
     unit = gradient_accumulation if per_replica else gradient_accumulation * replicas
     if steps_per_execution % unit:
-        what = ("gradient_accumulation" if per_replica
-                else f"replicas x gradient_accumulation ({replicas} x {gradient_accumulation})")
-        raise ConfigError("device_iterations", steps_per_execution,
-                          f"steps_per_execution {steps_per_execution} must be a multiple of {what} = {unit}")
+        what = (
+            "gradient_accumulation"
+            if per_replica
+            else f"replicas x gradient_accumulation ({replicas} x {gradient_accumulation})"
+        )
+        raise ConfigError(
+            "device_iterations",
+            steps_per_execution,
+            f"steps_per_execution {steps_per_execution} must be a multiple of {what} = {unit}",
+        )
 
 
 @dataclass(frozen=True)
@@ -254,7 +301,7 @@ class PoprunProcess:
     local_index: int  # among the instances on this host; 0 reads the host's power meter
 
     @classmethod
-    def from_environment(cls, environ: Mapping[str, str]) -> "PoprunProcess | None":
+    def from_environment(cls, environ: Mapping[str, str]) -> PoprunProcess | None:
         """From Open MPI's variables (which PopTorch's ``Distributed`` options read too); None outside."""
         if "OMPI_COMM_WORLD_SIZE" not in environ:
             return None
@@ -264,16 +311,29 @@ class PoprunProcess:
         return cls(instance_index=rank, instances=size, local_index=local)
 
 
-def poprun_command(placement: IpuPlacement, program: Sequence[str], *, hosts: Sequence[str] = (),
-                   executable_cache_dir: str | None = None, numa_aware: bool = True,
-                   vipu_partition: str | None = None) -> list[str]:
+def poprun_command(
+    placement: IpuPlacement,
+    program: Sequence[str],
+    *,
+    hosts: Sequence[str] = (),
+    executable_cache_dir: str | None = None,
+    numa_aware: bool = True,
+    vipu_partition: str | None = None,
+) -> list[str]:
     """The poprun command line that runs ``program`` as ``placement.instances`` instances.
 
     poprun splits ``--num-replicas`` over ``--num-instances`` (one host process each) and gives each
     replica ``--ipus-per-replica`` IPUs; the ACES paper's "num-instances" and "num-replicas".
     """
-    command = ["poprun", "--num-instances", str(placement.instances), "--num-replicas", str(placement.replicas),
-               "--ipus-per-replica", str(placement.ipus_per_replica)]
+    command = [
+        "poprun",
+        "--num-instances",
+        str(placement.instances),
+        "--num-replicas",
+        str(placement.replicas),
+        "--ipus-per-replica",
+        str(placement.ipus_per_replica),
+    ]
     if numa_aware:
         command += ["--numa-aware", "1"]
     if hosts:
@@ -287,4 +347,3 @@ def poprun_command(placement: IpuPlacement, program: Sequence[str], *, hosts: Se
 
 def format_command(command: Sequence[str]) -> str:
     return shlex.join(command)
-

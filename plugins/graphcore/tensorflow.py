@@ -26,13 +26,24 @@ import math
 import os
 from typing import Any
 
-from core.config import RunConfig
-from core.errors import ConfigError, NonFiniteLossError
-from core.executors.base import Executor, HostStepClock, StepClock
-from core.workload import KerasTrainingSpec, Workload
+from core.plugin import (
+    ConfigError,
+    Executor,
+    HostStepClock,
+    KerasTrainingSpec,
+    NonFiniteLossError,
+    RunConfig,
+    StepClock,
+    Workload,
+)
 from plugins.graphcore.pipeline import balance
-from plugins.graphcore.placement import (IpuPlacement, check_steps_per_execution, host_call_samples,
-                                         keras_steps_per_execution, tensorflow_ipus_per_instance)
+from plugins.graphcore.placement import (
+    IpuPlacement,
+    check_steps_per_execution,
+    host_call_samples,
+    keras_steps_per_execution,
+    tensorflow_ipus_per_instance,
+)
 
 POPLAR_FLAGS = "TF_POPLAR_FLAGS"
 
@@ -62,16 +73,22 @@ def stage_assignment(model: Any, stages: int) -> list[int]:
 
 
 class KerasIpuExecutor(Executor):
-    def __init__(self, spec: KerasTrainingSpec, config: RunConfig, placement: IpuPlacement, *, ipu: Any,
-                 ipu_model: bool = False, executable_cache_dir: str | None = None) -> None:
+    def __init__(
+        self,
+        spec: KerasTrainingSpec,
+        config: RunConfig,
+        placement: IpuPlacement,
+        *,
+        ipu: Any,
+        ipu_model: bool = False,
+        executable_cache_dir: str | None = None,
+    ) -> None:
         import numpy as np
         import tensorflow as tf
 
         self._tf = tf
         self._placement = placement
         self.updates_per_step = placement.device_iterations
-        self.local_samples_per_update = (placement.micro_batch_size * placement.gradient_accumulation
-                                         * placement.replicas_per_instance)
         self.steps_per_execution = keras_steps_per_execution(placement)
         check_steps_per_execution(self.steps_per_execution, placement.gradient_accumulation, placement.replicas)
 
@@ -90,35 +107,49 @@ class KerasIpuExecutor(Executor):
                 def mean_loss(targets: Any, outputs: Any) -> Any:
                     return tf.reduce_mean(per_sample(targets, outputs))
 
-                self.model.compile(optimizer=spec.make_optimizer(), loss=mean_loss,
-                                   steps_per_execution=self.steps_per_execution)
+                self.model.compile(
+                    optimizer=spec.make_optimizer(), loss=mean_loss, steps_per_execution=self.steps_per_execution
+                )
                 assignment = None
                 if placement.pipelined:
                     if not hasattr(self.model, "set_pipeline_stage_assignment") or not _is_sequential(self.model):
-                        raise ConfigError("devices_per_replica", placement.ipus_per_replica,
-                                          "pipelining a TensorFlow workload needs its model to be a keras.Sequential")
+                        raise ConfigError(
+                            "devices_per_replica",
+                            placement.ipus_per_replica,
+                            "pipelining a TensorFlow workload needs its model to be a keras.Sequential",
+                        )
                     assignment = stage_assignment(self.model, placement.ipus_per_replica)
                     self.model.set_pipeline_stage_assignment(list(assignment))
                     self.model.set_pipelining_options(
                         gradient_accumulation_steps_per_replica=placement.gradient_accumulation,
-                        gradient_accumulation_reduction_method="mean")
+                        gradient_accumulation_reduction_method="mean",
+                    )
                 elif placement.gradient_accumulation > 1:
                     self.model.set_gradient_accumulation_options(
                         gradient_accumulation_steps_per_replica=placement.gradient_accumulation,
-                        gradient_accumulation_reduction_method="mean")
+                        gradient_accumulation_reduction_method="mean",
+                    )
 
             indices = np.asarray(host_call_samples(placement), dtype=np.int64) % len(spec.inputs)
             inputs = np.take(np.asarray(spec.inputs), indices, axis=0)
             targets = np.take(np.asarray(spec.targets), indices, axis=0)
-            self._dataset = (tf.data.Dataset.from_tensor_slices((inputs, targets))
-                             .batch(placement.micro_batch_size, drop_remainder=True).repeat())
+            self._dataset = (
+                tf.data.Dataset.from_tensor_slices((inputs, targets))
+                .batch(placement.micro_batch_size, drop_remainder=True)
+                .repeat()
+            )
             self._last_loss: float | None = None
             self._details: dict[str, Any] = {
-                "framework": "tensorflow", "runtime": "tensorflow-ipu", "tensorflow_version": tf.__version__,
+                "framework": "tensorflow",
+                "runtime": "tensorflow-ipu",
+                "tensorflow_version": tf.__version__,
                 **placement.summary(),
-                "auto_select_ipus": cfg.auto_select_ipus, "steps_per_execution": self.steps_per_execution,
-                "gradient_accumulation_reduction_method": "mean", "pipeline_stage_assignment": assignment,
-                "ipu_model": ipu_model, "executable_cache_dir": executable_cache_dir,
+                "auto_select_ipus": cfg.auto_select_ipus,
+                "steps_per_execution": self.steps_per_execution,
+                "gradient_accumulation_reduction_method": "mean",
+                "pipeline_stage_assignment": assignment,
+                "ipu_model": ipu_model,
+                "executable_cache_dir": executable_cache_dir,
                 POPLAR_FLAGS: os.environ[POPLAR_FLAGS],
             }
         except BaseException:
@@ -128,8 +159,9 @@ class KerasIpuExecutor(Executor):
     def step(self) -> None:
         # One execution: steps_per_execution micro-batches per replica, device_iterations updates.
         with self._strategy.scope():
-            history = self.model.fit(self._dataset, epochs=1, steps_per_epoch=self.steps_per_execution, shuffle=False,
-                                     verbose=0)
+            history = self.model.fit(
+                self._dataset, epochs=1, steps_per_epoch=self.steps_per_execution, shuffle=False, verbose=0
+            )
         self._last_loss = float(history.history["loss"][-1])
 
     def synchronize(self) -> None:
@@ -164,9 +196,16 @@ def _is_sequential(model: Any) -> bool:
 
 
 def create_keras_executor(workload: Workload, config: RunConfig, placement: IpuPlacement, options: Any) -> Executor:
-    # Quiets TensorFlow's start-up logging before it loads, as core's Keras executor does.
-    import core.executors.keras  # noqa: F401
+    from core.plugin import quiet_tensorflow_startup
+
+    quiet_tensorflow_startup()  # before TensorFlow loads, as core's Keras executor does
 
     workload_options = workload.parse_options(dict(config.workload_options))
-    return KerasIpuExecutor(workload.build_keras(workload_options, config.seed), config, placement, ipu=import_ipu(),
-                            ipu_model=options.ipu_model, executable_cache_dir=options.executable_cache_dir or None)
+    return KerasIpuExecutor(
+        workload.build_keras(workload_options, config.seed),
+        config,
+        placement,
+        ipu=import_ipu(),
+        ipu_model=options.ipu_model,
+        executable_cache_dir=options.executable_cache_dir or None,
+    )

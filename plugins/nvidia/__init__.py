@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
-from core import Accelerator, PowerMeterFactory, hookimpl
+from core.plugin import Accelerator, PowerMeterFactory, hookimpl
 from plugins.nvidia.accelerator import NvidiaAccelerator
 from plugins.nvidia.meter import NvmlMeterFactory
 

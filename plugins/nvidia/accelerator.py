@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from core import Availability, DeviceRecord, Precision, RunConfig
-from core.gpu import TorchGpuAccelerator
+from core.plugin import Availability, DeviceRecord, Precision, RunConfig, TorchGpuAccelerator
 from plugins.nvidia import nvml
 from plugins.nvidia.peaks import NVIDIA_PEAKS
 from plugins.probing import SdkProbe
@@ -21,7 +20,6 @@ PROBE = SdkProbe(
 class NvidiaAccelerator(TorchGpuAccelerator):
     name: ClassVar[str] = "nvidia"
     description: ClassVar[str] = "NVIDIA GPUs through CUDA (PyTorch DDP/NCCL, TensorFlow MirroredStrategy), NVML energy"
-    visibility_variables: ClassVar[tuple[str, ...]] = ("CUDA_VISIBLE_DEVICES",)
     torch_build_attribute: ClassVar[str] = "cuda"
 
     def availability(self) -> Availability:
@@ -31,9 +29,17 @@ class NvidiaAccelerator(TorchGpuAccelerator):
     def visible_devices(self) -> list[DeviceRecord]:
         return [
             DeviceRecord(
-                index=position, name=gpu.name, kind=self.name, memory_bytes=gpu.memory_bytes,
-                details={"uuid": gpu.uuid, "nvml_index": gpu.nvml_index, "compute_capability": gpu.compute_capability,
-                         "power_limit_watts": gpu.power_limit_watts, "energy_counter": gpu.has_energy_counter},
+                index=position,
+                name=gpu.name,
+                kind=self.name,
+                memory_bytes=gpu.memory_bytes,
+                details={
+                    "uuid": gpu.uuid,
+                    "nvml_index": gpu.nvml_index,
+                    "compute_capability": gpu.compute_capability,
+                    "power_limit_watts": gpu.power_limit_watts,
+                    "energy_counter": gpu.has_energy_counter,
+                },
             )
             for position, gpu in enumerate(nvml.visible_gpus())
         ]
@@ -42,16 +48,18 @@ class NvidiaAccelerator(TorchGpuAccelerator):
         return (Precision.fp32, Precision.tf32, Precision.bf16, Precision.fp16)
 
     def validate(self, config: RunConfig) -> None:
-        from core import ConfigError
+        from core.plugin import ConfigError
 
         if config.precision in (Precision.tf32, Precision.bf16):
             # TF32 and bf16 need Ampere (compute capability 8.0) or newer.
-            old = [d for d in self.visible_devices()[: config.replicas]
-                   if float(d.details["compute_capability"]) < 8.0]
+            old = [d for d in self.visible_devices()[: config.replicas] if float(d.details["compute_capability"]) < 8.0]
             if old:
-                raise ConfigError("precision", config.precision.value,
-                                  f"{old[0].name} (compute capability {old[0].details['compute_capability']}) "
-                                  "supports fp32 and fp16; tf32 and bf16 need compute capability 8.0 or newer")
+                raise ConfigError(
+                    "precision",
+                    config.precision.value,
+                    f"{old[0].name} (compute capability {old[0].details['compute_capability']}) "
+                    "supports fp32 and fp16; tf32 and bf16 need compute capability 8.0 or newer",
+                )
 
     def configure_torch(self, config: RunConfig) -> dict[str, Any]:
         import torch

@@ -10,8 +10,15 @@ from __future__ import annotations
 import importlib.util
 from typing import Any, ClassVar
 
-from core import Availability, DeviceRecord, PowerMeter, PowerMeterFactory, RunConfig
-from core.energy import DeviceEnergyMeter, EnergySource
+from core.plugin import (
+    Availability,
+    DeviceEnergyMeter,
+    DeviceRecord,
+    EnergySource,
+    PowerMeter,
+    PowerMeterFactory,
+    RunConfig,
+)
 from plugins.nvidia.nvml import energy_counter_joules, nvml_session, power_reader
 
 
@@ -22,8 +29,14 @@ class NvmlMeter(DeviceEnergyMeter):
         try:
             readings: dict[str, str] = {}
             sources = [self._source(pynvml, device, readings) for device in devices]
-            super().__init__("nvml", sources, config.power_sample_interval_seconds, sample_power=True,
-                             details={"power_reading": readings}, timeline_points=config.power_timeline_points)
+            super().__init__(
+                "nvml",
+                sources,
+                config.power_sample_interval_seconds,
+                sample_power=True,
+                details={"power_reading": readings},
+                timeline_points=config.power_timeline_points,
+            )
         except BaseException:
             self._session.__exit__(None, None, None)
             raise

@@ -7,11 +7,13 @@ in milliwatts, memory in bytes, power limits in milliwatts.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
-from core.sdk import SharedLibrarySession
+from core.plugin import SharedLibrarySession
 from plugins.nvidia.visibility import visible_nvml_indices
+
 
 def import_pynvml() -> Any:
     import pynvml  # from nvidia-ml-py; imported here so `core plugins` never loads it
@@ -67,7 +69,8 @@ def describe(pynvml: Any, index: int) -> NvmlGpu:
         architecture=architecture,
         power_limit_watts=limit_mw / 1000.0 if limit_mw is not None else None,
         # The total-energy counter exists from Volta on (nvmlDeviceGetTotalEnergyConsumption docs).
-        has_energy_counter=architecture is not None and architecture >= pynvml.NVML_DEVICE_ARCH_VOLTA
+        has_energy_counter=architecture is not None
+        and architecture >= pynvml.NVML_DEVICE_ARCH_VOLTA
         and architecture != pynvml.NVML_DEVICE_ARCH_UNKNOWN,
     )
 

@@ -7,7 +7,7 @@ ends at the first entry that matches no device.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def visible_nvml_indices(cuda_visible_devices: str | None, nvml_uuids: Sequence[str]) -> list[int]:

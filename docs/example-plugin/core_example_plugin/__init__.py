@@ -13,15 +13,26 @@ imports this module, and it must stay light. torch is imported inside the method
 from __future__ import annotations
 
 import platform
-from typing import TYPE_CHECKING, Any, Callable, ClassVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from core import (Accelerator, Availability, DeviceRecord, Framework, Precision, ProcessContext, RunConfig,
-                  TorchTrainingSpec, Workload, hookimpl)
+from core.plugin import (
+    Accelerator,
+    Availability,
+    DeviceRecord,
+    Framework,
+    Precision,
+    ProcessContext,
+    RunConfig,
+    TorchTrainingSpec,
+    Workload,
+    hookimpl,
+)
 
 if TYPE_CHECKING:
-    from core.executors.base import Executor
+    from core.plugin import Executor
 
 LEARNING_RATE = 0.01
 
@@ -61,12 +72,18 @@ class ExampleCpuAccelerator(Accelerator):
         return 1
 
     def devices(self) -> list[DeviceRecord]:
-        return [DeviceRecord(index=0, name=platform.processor() or platform.machine() or "cpu",
-                             kind=self.name, details={"threads": 1})]
+        return [
+            DeviceRecord(
+                index=0,
+                name=platform.processor() or platform.machine() or "cpu",
+                kind=self.name,
+                details={"threads": 1},
+            )
+        ]
 
-    def create_executor(self, workload: Workload, config: RunConfig, process: ProcessContext) -> "Executor":
+    def create_executor(self, workload: Workload, config: RunConfig, process: ProcessContext) -> Executor:
         # Imported here, not at the top: this module imports torch.
-        from core.executors.pytorch import TorchExecutor, TorchPlacement
+        from core.plugin import TorchExecutor, TorchPlacement
 
         options = workload.parse_options(dict(config.workload_options))
         placement = TorchPlacement(

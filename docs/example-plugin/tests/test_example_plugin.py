@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
-import core.workloads
 import core_example_plugin
+
+import core.workloads
 from core.testing import registered_plugins, run_tiny
 
 

@@ -8,10 +8,28 @@ sys.path, so ``import amdsmi`` finds this package.
 """
 
 from ._version import __version__
-from .amdsmi_interface import (AmdSmiInitFlags, AmdSmiMemoryType, amdsmi_get_energy_count, amdsmi_get_gpu_asic_info,
-                               amdsmi_get_gpu_device_bdf, amdsmi_get_gpu_device_uuid, amdsmi_get_gpu_driver_info,
-                               amdsmi_get_gpu_memory_total, amdsmi_get_lib_version,
-                               amdsmi_get_minmax_bandwidth_between_processors, amdsmi_get_power_info,
-                               amdsmi_get_processor_handles, amdsmi_init, amdsmi_shut_down)
-from .amdsmi_exception import (AmdSmiBdfFormatException, AmdSmiException, AmdSmiKeyException, AmdSmiLibraryException,
-                               AmdSmiParameterException, AmdSmiRetryException, AmdSmiTimeoutException)
+from .amdsmi_exception import (
+    AmdSmiBdfFormatException,
+    AmdSmiException,
+    AmdSmiKeyException,
+    AmdSmiLibraryException,
+    AmdSmiParameterException,
+    AmdSmiRetryException,
+    AmdSmiTimeoutException,
+)
+from .amdsmi_interface import (
+    AmdSmiInitFlags,
+    AmdSmiMemoryType,
+    amdsmi_get_energy_count,
+    amdsmi_get_gpu_asic_info,
+    amdsmi_get_gpu_device_bdf,
+    amdsmi_get_gpu_device_uuid,
+    amdsmi_get_gpu_driver_info,
+    amdsmi_get_gpu_memory_total,
+    amdsmi_get_lib_version,
+    amdsmi_get_minmax_bandwidth_between_processors,
+    amdsmi_get_power_info,
+    amdsmi_get_processor_handles,
+    amdsmi_init,
+    amdsmi_shut_down,
+)

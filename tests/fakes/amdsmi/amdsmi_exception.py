@@ -41,7 +41,7 @@ class AmdSmiLibraryException(AmdSmiException):
         self.set_err_info()
 
     def __str__(self) -> str:
-        return "Error code:\n\t{err_code} | {err_info}".format(err_code=self.err_code, err_info=self.err_info)
+        return f"Error code:\n\t{self.err_code} | {self.err_info}"
 
     def get_error_info(self, detailed: bool = True) -> str:
         return self.err_info if detailed else str(self.err_info).split(" - ")[0]
@@ -69,8 +69,11 @@ class AmdSmiParameterException(AmdSmiException):
         self.err_code = None
         self.actualType = type(receivedValue)
         self.expectedType = expectedType
-        self.err_msg = ("Invalid parameter:\n" + f"Actual type: {self.actualType}\n"
-                        + f"Expected type: {self.expectedType}") if msg is None else msg
+        self.err_msg = (
+            ("Invalid parameter:\n" + f"Actual type: {self.actualType}\n" + f"Expected type: {self.expectedType}")
+            if msg is None
+            else msg
+        )
 
     def __str__(self) -> str:
         return self.err_msg

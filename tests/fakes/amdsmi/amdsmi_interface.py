@@ -18,11 +18,15 @@ from __future__ import annotations
 import ctypes
 import uuid as _uuid
 from enum import IntEnum
-from typing import Any, Dict, List
+from typing import Any
 
 from . import amdsmi_wrapper
-from .amdsmi_exception import (AmdSmiLibraryException, AmdSmiParameterException, AmdSmiRetryException,
-                               AmdSmiTimeoutException)
+from .amdsmi_exception import (
+    AmdSmiLibraryException,
+    AmdSmiParameterException,
+    AmdSmiRetryException,
+    AmdSmiTimeoutException,
+)
 
 
 class AmdSmiInitFlags(IntEnum):
@@ -92,7 +96,7 @@ def amdsmi_shut_down() -> None:
     node.initialized = False  # amd_smi.cc: one shut-down ends the library, however many inits
 
 
-def amdsmi_get_processor_handles() -> List[Any]:
+def amdsmi_get_processor_handles() -> list[Any]:
     node = _node()
     node.calls.append("amdsmi_get_processor_handles")
     if not node.initialized:
@@ -110,12 +114,17 @@ def amdsmi_get_gpu_device_uuid(processor_handle: Any) -> str:
     return str(_uuid.UUID(int=(gcd.unique_id << 64) | (gcd.device_id << 16) | 0xFF))
 
 
-def amdsmi_get_gpu_asic_info(processor_handle: Any) -> Dict[str, Any]:
+def amdsmi_get_gpu_asic_info(processor_handle: Any) -> dict[str, Any]:
     gcd = _gcd(processor_handle, "amdsmi_get_gpu_asic_info")
-    info: Dict[str, Any] = {
-        "market_name": gcd.market_name, "vendor_id": 0x1002, "vendor_name": "Advanced Micro Devices Inc. [AMD/ATI]",
-        "subvendor_id": 0x1002, "device_id": gcd.device_id, "rev_id": 0x1,
-        "asic_serial": f"{gcd.unique_id:016x}", "oam_id": gcd.kfd_node,
+    info: dict[str, Any] = {
+        "market_name": gcd.market_name,
+        "vendor_id": 0x1002,
+        "vendor_name": "Advanced Micro Devices Inc. [AMD/ATI]",
+        "subvendor_id": 0x1002,
+        "device_id": gcd.device_id,
+        "rev_id": 0x1,
+        "asic_serial": f"{gcd.unique_id:016x}",
+        "oam_id": gcd.kfd_node,
     }
     if _version() >= (6, 1, 0):
         for key in ("vendor_id", "subvendor_id", "device_id"):
@@ -128,16 +137,21 @@ def amdsmi_get_gpu_asic_info(processor_handle: Any) -> Dict[str, Any]:
     return info
 
 
-def _amdsmi_get_gpu_kfd_info(processor_handle: Any) -> Dict[str, Any]:
+def _amdsmi_get_gpu_kfd_info(processor_handle: Any) -> dict[str, Any]:
     gcd = _gcd(processor_handle, "amdsmi_get_gpu_kfd_info")
     return {"kfd_id": 40000 + gcd.kfd_node, "node_id": gcd.kfd_node, "current_partition_id": 0}
 
 
-def _amdsmi_get_gpu_enumeration_info(processor_handle: Any) -> Dict[str, Any]:
+def _amdsmi_get_gpu_enumeration_info(processor_handle: Any) -> dict[str, Any]:
     gcd = _gcd(processor_handle, "amdsmi_get_gpu_enumeration_info")
     smallest = min(g.kfd_node for g in _node().gcds)  # real: node_id minus the smallest KFD GPU node id
-    return {"drm_render": 128 + _node().gcds.index(gcd), "drm_card": _node().gcds.index(gcd),
-            "hsa_id": gcd.kfd_node, "hip_id": gcd.kfd_node - smallest, "hip_uuid": gcd.uuid}
+    return {
+        "drm_render": 128 + _node().gcds.index(gcd),
+        "drm_card": _node().gcds.index(gcd),
+        "hsa_id": gcd.kfd_node,
+        "hip_id": gcd.kfd_node - smallest,
+        "hip_uuid": gcd.uuid,
+    }
 
 
 def amdsmi_get_gpu_memory_total(processor_handle: Any, mem_type: AmdSmiMemoryType) -> int:
@@ -147,14 +161,17 @@ def amdsmi_get_gpu_memory_total(processor_handle: Any, mem_type: AmdSmiMemoryTyp
     return gcd.vram_bytes if mem_type == AmdSmiMemoryType.VRAM else 0
 
 
-def amdsmi_get_power_info(processor_handle: Any) -> Dict[str, Any]:
+def amdsmi_get_power_info(processor_handle: Any) -> dict[str, Any]:
     gcd = _gcd(processor_handle, "amdsmi_get_power_info")
     node = _node()
     watts = 0xFFFF if gcd.power_na else int(round(node.reported_watts(gcd)))
-    info: Dict[str, Any] = {
+    info: dict[str, Any] = {
         "current_socket_power": watts if gcd.current_power_supported else 0xFFFF,
         "average_socket_power": watts,
-        "gfx_voltage": 781, "soc_voltage": 0xFFFF, "mem_voltage": 0xFFFF, "power_limit": 560,
+        "gfx_voltage": 781,
+        "soc_voltage": 0xFFFF,
+        "mem_voltage": 0xFFFF,
+        "power_limit": 560,
     }
     if _version() >= (7, 0, 0):
         info = {"socket_power": watts, **info}
@@ -163,7 +180,7 @@ def amdsmi_get_power_info(processor_handle: Any) -> Dict[str, Any]:
     return info
 
 
-def amdsmi_get_energy_count(processor_handle: Any) -> Dict[str, Any]:
+def amdsmi_get_energy_count(processor_handle: Any) -> dict[str, Any]:
     gcd = _gcd(processor_handle, "amdsmi_get_energy_count")
     if not gcd.energy_supported:
         _check_res(amdsmi_wrapper.AMDSMI_STATUS_NOT_SUPPORTED)
@@ -173,13 +190,18 @@ def amdsmi_get_energy_count(processor_handle: Any) -> Dict[str, Any]:
     if _version() < (6, 3, 0):
         return {"power": accumulator, "counter_resolution": resolution, "timestamp": timestamp}
     if _version() < (6, 4, 0):
-        return {"power": accumulator, "energy_accumulator": accumulator, "counter_resolution": resolution,
-                "timestamp": timestamp}
+        return {
+            "power": accumulator,
+            "energy_accumulator": accumulator,
+            "counter_resolution": resolution,
+            "timestamp": timestamp,
+        }
     return {"energy_accumulator": accumulator, "counter_resolution": resolution, "timestamp": timestamp}
 
 
-def amdsmi_get_minmax_bandwidth_between_processors(processor_handle_src: Any, processor_handle_dst: Any
-                                                   ) -> Dict[str, int]:
+def amdsmi_get_minmax_bandwidth_between_processors(
+    processor_handle_src: Any, processor_handle_dst: Any
+) -> dict[str, int]:
     src = _gcd(processor_handle_src, "amdsmi_get_minmax_bandwidth_between_processors")
     dst = _gcd(processor_handle_dst, "amdsmi_get_minmax_bandwidth_between_processors")
     if src is dst:
@@ -192,12 +214,16 @@ def amdsmi_get_minmax_bandwidth_between_processors(processor_handle_src: Any, pr
     return {"min_bandwidth": LINK_MBPS, "max_bandwidth": links * LINK_MBPS}
 
 
-def amdsmi_get_gpu_driver_info(processor_handle: Any) -> Dict[str, Any]:
+def amdsmi_get_gpu_driver_info(processor_handle: Any) -> dict[str, Any]:
     _gcd(processor_handle, "amdsmi_get_gpu_driver_info")
     return {"driver_name": "amdgpu", "driver_version": _node().driver_version, "driver_date": "2015/01/01 00:00"}
 
 
-def amdsmi_get_lib_version() -> Dict[str, Any]:
+def amdsmi_get_lib_version() -> dict[str, Any]:
     major, minor, release = _version()
-    return {"major": 25 if major >= 7 else 24, "minor": minor, "release": release,
-            "build": ".".join(str(p) for p in _version())}
+    return {
+        "major": 25 if major >= 7 else 24,
+        "minor": minor,
+        "release": release,
+        "build": ".".join(str(p) for p in _version()),
+    }

@@ -24,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import sys
 from dataclasses import dataclass, field
+
 from . import amdsmi_wrapper
 
 LINK_MBPS = 50_000  # one Aldebaran XGMI link as KFD reports it
@@ -91,8 +92,9 @@ class FakeNode:
         self.timestamp_ns += int(seconds * 1e9)
         for gcd in self.gcds:
             if gcd.reports_power:
-                ticks = round(self.reported_watts(gcd) * seconds * 1e6 / c_float(gcd.counter_resolution)
-                              * gcd.counter_scale)
+                ticks = round(
+                    self.reported_watts(gcd) * seconds * 1e6 / c_float(gcd.counter_resolution) * gcd.counter_scale
+                )
                 gcd.accumulator = (gcd.accumulator + ticks) % (1 << gcd.counter_bits)
 
     def energy_joules(self, gcd: FakeGcd) -> float:
@@ -142,4 +144,3 @@ def install(node: FakeNode) -> FakeNode:
             elif hasattr(module, name):
                 delattr(module, name)
     return node
-

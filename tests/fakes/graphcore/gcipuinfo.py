@@ -19,40 +19,46 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Union
+from typing import Any
 
 IpuPower = "ipu power"
 DiscoverActivePartitionIPUs = 0
 DiscoverAllPartitionIPUs = 1
 
-PowerTrace = Callable[[float], Union[float, str, None]]
+PowerTrace = Callable[[float], float | str | None]
 
 
 @dataclass
 class FakeIpu:
     device_id: int
     power: PowerTrace = lambda t: 100.0
-    attributes: Dict[str, str] = field(default_factory=dict)
+    attributes: dict[str, str] = field(default_factory=dict)
 
-    def snapshot(self, now: float) -> Dict[str, str]:
+    def snapshot(self, now: float) -> dict[str, str]:
         value = self.power(now)
         power = value if isinstance(value, str) else ("N/A" if value is None else f"{value:.2f}W")
-        record = {"id": str(self.device_id), "board type": "M2000", "ipu architecture": "ipu2",
-                  "board ipu index": str(self.device_id % 4), IpuPower: power}
+        record = {
+            "id": str(self.device_id),
+            "board type": "M2000",
+            "ipu architecture": "ipu2",
+            "board ipu index": str(self.device_id % 4),
+            IpuPower: power,
+        }
         record.update(self.attributes)
         return record
 
 
 @dataclass
 class FakeMachine:
-    ipus: List[FakeIpu] = field(default_factory=list)
-    refreshes: List[float] = field(default_factory=list)  # clock time of each data refresh
+    ipus: list[FakeIpu] = field(default_factory=list)
+    refreshes: list[float] = field(default_factory=list)  # clock time of each data refresh
     lock: threading.Lock = field(default_factory=threading.Lock)
     clock: Callable[[], float] = time.monotonic  # the time power traces are evaluated at
 
     @classmethod
-    def with_ipus(cls, count: int, power: Optional[PowerTrace] = None, **attributes: str) -> "FakeMachine":
+    def with_ipus(cls, count: int, power: PowerTrace | None = None, **attributes: str) -> FakeMachine:
         return cls([FakeIpu(i, power or (lambda t: 100.0), dict(attributes)) for i in range(count)])
 
 
@@ -62,7 +68,7 @@ machine = FakeMachine()
 class gcipuinfo:  # noqa: N801 - the real class name
     def __init__(self, discoveryMode: int = DiscoverActivePartitionIPUs) -> None:
         self._auto_update = False
-        self._data: List[Dict[str, str]] = []
+        self._data: list[dict[str, str]] = []
         self.updateData()
 
     def updateData(self) -> bool:
@@ -75,15 +81,15 @@ class gcipuinfo:  # noqa: N801 - the real class name
     def setUpdateMode(self, autoUpdate: bool) -> None:
         self._auto_update = bool(autoUpdate)
 
-    def _query(self) -> List[Dict[str, str]]:
+    def _query(self) -> list[dict[str, str]]:
         if self._auto_update:
             self.updateData()
         return self._data
 
-    def getDevices(self) -> List[Dict[str, str]]:
+    def getDevices(self) -> list[dict[str, str]]:
         return [dict(device) for device in self._query()]
 
-    def getNamedAttributeForAll(self, attributeName: str) -> List[str]:
+    def getNamedAttributeForAll(self, attributeName: str) -> list[str]:
         return [device.get(attributeName, "") for device in self._query()]
 
     def getNamedAttributeForDevice(self, deviceId: int, attributeName: str) -> str:
@@ -93,10 +99,10 @@ class gcipuinfo:  # noqa: N801 - the real class name
         raise RuntimeError(f"device id {deviceId} does not exist")
 
 
-def reset(new_machine: Optional[FakeMachine] = None) -> FakeMachine:
+def reset(new_machine: FakeMachine | None = None) -> FakeMachine:
     global machine
     machine = new_machine or FakeMachine()
     return machine
 
 
-__all__: List[Any] = ["IpuPower", "gcipuinfo", "machine", "FakeMachine", "FakeIpu", "reset"]
+__all__: list[Any] = ["IpuPower", "gcipuinfo", "machine", "FakeMachine", "FakeIpu", "reset"]

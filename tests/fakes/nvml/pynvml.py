@@ -12,9 +12,10 @@ import string
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
 
 NVML_SUCCESS = 0
 NVML_ERROR_UNINITIALIZED = 1
@@ -62,7 +63,7 @@ class NVMLError(Exception):
         NVML_ERROR_UNKNOWN: "Unknown Error",
     }
 
-    def __new__(typ, value: int) -> "NVMLError":  # noqa: N804 - mirrors the real signature
+    def __new__(typ, value: int) -> NVMLError:  # noqa: N804 - mirrors the real signature
         if typ == NVMLError:
             typ = NVMLError._valClassMapping.get(value, typ)
         obj = Exception.__new__(typ)
@@ -88,6 +89,7 @@ def _extract_errors_as_classes() -> None:
         def make_new(val: int) -> Callable[..., Any]:
             def new(typ: type, *args: Any) -> NVMLError:
                 return NVMLError.__new__(typ, val)
+
             return new
 
         cls = type(class_name, (NVMLError,), {"__new__": make_new(code)})
@@ -244,11 +246,23 @@ def nvmlDeviceGetFieldValues(handle: Any, fieldIds: list[Any]) -> list[SimpleNam
     for field_id in fieldIds:
         fid, scope = field_id if isinstance(field_id, tuple) else (field_id, 0)
         supported = fid == NVML_FI_DEV_POWER_INSTANT and gpu.instant_power_supported
-        values.append(SimpleNamespace(
-            fieldId=fid, scopeId=scope, timestamp=int(machine.time * 1e6), latencyUsec=0,
-            valueType=NVML_VALUE_TYPE_UNSIGNED_INT,
-            nvmlReturn=NVML_SUCCESS if supported else NVML_ERROR_NOT_SUPPORTED,
-            value=SimpleNamespace(uiVal=int(gpu.power_watts(machine.time) * 1000) if supported else 0,
-                                  dVal=0.0, ulVal=0, ullVal=0, sllVal=0, siVal=0, usVal=0),
-        ))
+        values.append(
+            SimpleNamespace(
+                fieldId=fid,
+                scopeId=scope,
+                timestamp=int(machine.time * 1e6),
+                latencyUsec=0,
+                valueType=NVML_VALUE_TYPE_UNSIGNED_INT,
+                nvmlReturn=NVML_SUCCESS if supported else NVML_ERROR_NOT_SUPPORTED,
+                value=SimpleNamespace(
+                    uiVal=int(gpu.power_watts(machine.time) * 1000) if supported else 0,
+                    dVal=0.0,
+                    ulVal=0,
+                    ullVal=0,
+                    sllVal=0,
+                    siVal=0,
+                    usVal=0,
+                ),
+            )
+        )
     return values

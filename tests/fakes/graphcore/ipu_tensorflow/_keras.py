@@ -7,17 +7,17 @@ micro-batch: it checks configurations, it does not emulate accumulation."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any
 
 import keras
 
 from .gradient_accumulation import GradientAccumulationReductionMethod
 
-calls: List[tuple] = []
-_ORIGINAL_FIT: Dict[str, Any] = {}
+calls: list[tuple] = []
+_ORIGINAL_FIT: dict[str, Any] = {}
 
 
-def _state(model: Any) -> Dict[str, Any]:
+def _state(model: Any) -> dict[str, Any]:
     state = model.__dict__.get("_fake_ipu_state")
     if state is None:
         state = {"ga": None, "pipeline_ga": None, "assignment": None, "reduction": None}
@@ -27,16 +27,25 @@ def _state(model: Any) -> Dict[str, Any]:
 
 def _positive(value: Any) -> None:
     if not isinstance(value, int) or value < 1:
-        raise ValueError("Expected `gradient_accumulation_steps_per_replica` to be a positive integer, but got "
-                         f"{value} instead.")
+        raise ValueError(
+            f"Expected `gradient_accumulation_steps_per_replica` to be a positive integer, but got {value} instead."
+        )
 
 
-def set_gradient_accumulation_options(self: Any, gradient_accumulation_steps_per_replica: Any = None,
-                                      gradient_accumulation_reduction_method: Any = "sum",
-                                      use_v2_gradient_accumulation_optimizer: bool = False,
-                                      **gradient_accumulation_optimizer_kwargs: Any) -> None:
-    calls.append(("set_gradient_accumulation_options", gradient_accumulation_steps_per_replica,
-                  gradient_accumulation_reduction_method))
+def set_gradient_accumulation_options(
+    self: Any,
+    gradient_accumulation_steps_per_replica: Any = None,
+    gradient_accumulation_reduction_method: Any = "sum",
+    use_v2_gradient_accumulation_optimizer: bool = False,
+    **gradient_accumulation_optimizer_kwargs: Any,
+) -> None:
+    calls.append(
+        (
+            "set_gradient_accumulation_options",
+            gradient_accumulation_steps_per_replica,
+            gradient_accumulation_reduction_method,
+        )
+    )
     state = _state(self)
     state["reduction"] = GradientAccumulationReductionMethod.parse(gradient_accumulation_reduction_method)
     if gradient_accumulation_steps_per_replica is not None:
@@ -44,38 +53,55 @@ def set_gradient_accumulation_options(self: Any, gradient_accumulation_steps_per
         state["ga"] = gradient_accumulation_steps_per_replica
 
 
-def set_pipelining_options(self: Any, gradient_accumulation_steps_per_replica: Any = None, device_mapping: Any = None,
-                           accumulate_outfeed: Any = None, gradient_accumulation_reduction_method: Any = "sum",
-                           **pipelining_kwargs: Any) -> None:
-    calls.append(("set_pipelining_options", gradient_accumulation_steps_per_replica,
-                  gradient_accumulation_reduction_method))
+def set_pipelining_options(
+    self: Any,
+    gradient_accumulation_steps_per_replica: Any = None,
+    device_mapping: Any = None,
+    accumulate_outfeed: Any = None,
+    gradient_accumulation_reduction_method: Any = "sum",
+    **pipelining_kwargs: Any,
+) -> None:
+    calls.append(
+        ("set_pipelining_options", gradient_accumulation_steps_per_replica, gradient_accumulation_reduction_method)
+    )
     state = _state(self)
     state["reduction"] = GradientAccumulationReductionMethod.parse(gradient_accumulation_reduction_method)
     if gradient_accumulation_steps_per_replica is not None:
         _positive(gradient_accumulation_steps_per_replica)
         state["pipeline_ga"] = gradient_accumulation_steps_per_replica
-    if device_mapping is not None and (not isinstance(device_mapping, list)
-                                       or not all(isinstance(x, int) for x in device_mapping)):
+    if device_mapping is not None and (
+        not isinstance(device_mapping, list) or not all(isinstance(x, int) for x in device_mapping)
+    ):
         raise ValueError("Expected `device_mapping` to be a list of integers.")
 
 
 def set_pipeline_stage_assignment(self: Any, pipeline_stage_assignment: Any) -> None:
-    calls.append(("set_pipeline_stage_assignment", list(pipeline_stage_assignment)
-                  if isinstance(pipeline_stage_assignment, list) else pipeline_stage_assignment))
+    calls.append(
+        (
+            "set_pipeline_stage_assignment",
+            list(pipeline_stage_assignment)
+            if isinstance(pipeline_stage_assignment, list)
+            else pipeline_stage_assignment,
+        )
+    )
     if not isinstance(pipeline_stage_assignment, list):
         raise ValueError("`pipeline_stage_assignment` needs to be a list.")
     if len(pipeline_stage_assignment) != len(self.layers):
         raise ValueError(
             f"The length of the provided `pipeline_stage_assignment` ({len(pipeline_stage_assignment)}) does not "
             f"match the number of layers in the graph ({len(self.layers)}). Each layer needs to be assigned a "
-            "pipeline stage (excluding input layers).")
+            "pipeline stage (excluding input layers)."
+        )
     _state(self)["assignment"] = list(pipeline_stage_assignment)
 
 
 def fit(self: Any, *args: Any, **kwargs: Any) -> Any:
     state = _state(self)
-    steps = int(self.steps_per_execution) if not hasattr(self.steps_per_execution, "numpy") \
+    steps = (
+        int(self.steps_per_execution)
+        if not hasattr(self.steps_per_execution, "numpy")
         else int(self.steps_per_execution.numpy())
+    )
     pipelined = state["assignment"] is not None and len(set(state["assignment"])) > 1
     calls.append(("fit", steps, kwargs.get("steps_per_epoch")))
     mode = ""
@@ -85,7 +111,8 @@ def fit(self: Any, *args: Any, **kwargs: Any) -> Any:
             raise ValueError(
                 "The model which you are attempting to train is pipelined, however "
                 "`gradient_accumulation_steps_per_replica` has not been set through `set_pipelining_options()`. "
-                "You need to set this value as pipelined models will perform gradient accumulation when training.")
+                "You need to set this value as pipelined models will perform gradient accumulation when training."
+            )
         accumulation = state["pipeline_ga"]
     else:
         accumulation = state["ga"] or 1
@@ -95,13 +122,16 @@ def fit(self: Any, *args: Any, **kwargs: Any) -> Any:
             f"`steps_per_execution` value (set to {steps}) is not divisible by "
             f"`gradient_accumulation_steps_per_replica` ({accumulation}). You need to adjust either "
             "`steps_per_execution` or`gradient_accumulation_steps_per_replica` to make sure that "
-            "`steps_per_execution` is divisible by `gradient_accumulation_steps_per_replica`.")
+            "`steps_per_execution` is divisible by `gradient_accumulation_steps_per_replica`."
+        )
     return _ORIGINAL_FIT["fit"](self, *args, **kwargs)
 
 
-_EXTENSIONS = {"set_gradient_accumulation_options": set_gradient_accumulation_options,
-               "set_pipelining_options": set_pipelining_options,
-               "set_pipeline_stage_assignment": set_pipeline_stage_assignment}
+_EXTENSIONS = {
+    "set_gradient_accumulation_options": set_gradient_accumulation_options,
+    "set_pipelining_options": set_pipelining_options,
+    "set_pipeline_stage_assignment": set_pipeline_stage_assignment,
+}
 
 
 def install() -> None:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import copy
 import os
-from typing import Any, List, Union
+from typing import Any
 
-configured: List["IPUConfig"] = []
+configured: list[IPUConfig] = []
 
 
 def running_on_ipu_model() -> bool:
@@ -24,8 +24,8 @@ class _IPUModelConfig:
 
 class IPUConfig:
     def __init__(self) -> None:
-        self.auto_select_ipus: Union[int, List[int]] = []
-        self.select_ipus: Union[int, List[int]] = []
+        self.auto_select_ipus: int | list[int] = []
+        self.select_ipus: int | list[int] = []
         self.ipu_model = _IPUModelConfig()
         self.allow_recompute = False
         self.serialization_output_folder = ""
@@ -38,8 +38,9 @@ class IPUConfig:
         if isinstance(self.select_ipus, int):
             self.select_ipus = [self.select_ipus]
         if self.select_ipus and running_on_ipu_model():
-            raise Exception("When using the IPUModel, the devices to attach to can only be specified with "
-                            "`auto_select_ipus`.")
+            raise Exception(
+                "When using the IPUModel, the devices to attach to can only be specified with `auto_select_ipus`."
+            )
 
     def configure_ipu_system(self, device: str = "cpu") -> None:
         configure_ipu_system(self, device)

@@ -11,10 +11,12 @@ class GradientAccumulationReductionMethod(Enum):
     RUNNING_MEAN = 2
 
     @classmethod
-    def parse(cls, reduction_method: object) -> "GradientAccumulationReductionMethod":
+    def parse(cls, reduction_method: object) -> GradientAccumulationReductionMethod:
         if isinstance(reduction_method, cls):
             return reduction_method
         if isinstance(reduction_method, str) and reduction_method.upper() in cls.__members__:
             return cls[reduction_method.upper()]
-        raise ValueError(f"Cannot parse {reduction_method} as one of GradientAccumulationReductionMethod. "
-                         f"Valid values are: {', '.join(cls._member_names_)}.")
+        raise ValueError(
+            f"Cannot parse {reduction_method} as one of GradientAccumulationReductionMethod. "
+            f"Valid values are: {', '.join(cls._member_names_)}."
+        )

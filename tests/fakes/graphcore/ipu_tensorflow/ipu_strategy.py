@@ -14,8 +14,13 @@ from . import _keras
 
 
 class IPUStrategyV1:
-    def __init__(self, ipu_device: str = "/device:IPU:0", cpu_device: str = "/device:CPU:0",
-                 enable_dataset_iterators: bool = True, enable_keras_extensions: bool = True) -> None:
+    def __init__(
+        self,
+        ipu_device: str = "/device:IPU:0",
+        cpu_device: str = "/device:CPU:0",
+        enable_dataset_iterators: bool = True,
+        enable_keras_extensions: bool = True,
+    ) -> None:
         self._ipu_device = ipu_device
         if enable_keras_extensions:
             _keras.install()

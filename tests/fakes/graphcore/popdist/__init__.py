@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Optional
 
 #: {"instances", "instance_index", "total_replicas", "ipus_per_replica"}, or None outside poprun
-environment: Optional[dict] = None
+environment: dict | None = None
 
 
 def isPopdistEnvSet() -> bool:

@@ -31,8 +31,9 @@ import copy
 import enum
 import os
 from collections import OrderedDict
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 
@@ -110,7 +111,8 @@ class _OptionsDict:
         for option, value in kwargs.items():
             assert option in self._values, f"Invalid option {option}, valid options are {self._values.keys()}"
             assert isinstance(value, type(self._values[option])), (
-                f"Unexpected type {type(value)} for option {option}. Expected {type(self._values[option])}")
+                f"Unexpected type {type(value)} for option {option}. Expected {type(self._values[option])}"
+            )
             self._values[option] = value
 
     def createOrSet(self, **kwargs: Any) -> None:
@@ -146,14 +148,14 @@ class _OptionsDict:
         else:
             self.set(**{option: value})
 
-    def __deepcopy__(self, memo: dict) -> "_OptionsDict":
+    def __deepcopy__(self, memo: dict) -> _OptionsDict:
         clone = self.__class__.__new__(self.__class__)
         memo[id(self)] = clone
         for key, value in self.__dict__.items():
             object.__setattr__(clone, key, False if key == "_is_frozen" else copy.deepcopy(value, memo))
         return clone
 
-    def toDict(self) -> Dict[str, Any]:
+    def toDict(self) -> dict[str, Any]:
         return dict(self._values)
 
 
@@ -161,11 +163,11 @@ class _PopartOptions:
     """PopART session options set by name (``opts._Popart.set(key, value)``)."""
 
     def __init__(self, record: Callable[..., None]) -> None:
-        self.options: Dict[str, Any] = {}
+        self.options: dict[str, Any] = {}
         self._record = record
         self._is_frozen = False
 
-    def set(self, key: str, value: Any) -> "_PopartOptions":
+    def set(self, key: str, value: Any) -> _PopartOptions:
         if self._is_frozen:
             raise AttributeError("Can't modify frozen Options")
         self._record("_Popart.set", key, value)
@@ -179,19 +181,19 @@ class _TrainingOptions(_OptionsDict):
         object.__setattr__(self, "_popart_options", popart)
         object.__setattr__(self, "_record", record)
 
-    def gradientAccumulation(self, gradient_accumulation: int) -> "_TrainingOptions":
+    def gradientAccumulation(self, gradient_accumulation: int) -> _TrainingOptions:
         self._record("Training.gradientAccumulation", gradient_accumulation)
         self.set(gradient_accumulation=gradient_accumulation)
         return self
 
-    def accumulationAndReplicationReductionType(self, reduction_type: ReductionType) -> "_TrainingOptions":
+    def accumulationAndReplicationReductionType(self, reduction_type: ReductionType) -> _TrainingOptions:
         self._record("Training.accumulationAndReplicationReductionType", reduction_type)
         if reduction_type not in (ReductionType.Sum, ReductionType.Mean):
             raise ValueError("accumulationAndReplicationReductionType must be ReductionType.Sum or ReductionType.Mean")
         self.set(accumulation_and_replication_reduction_type=reduction_type)
         return self
 
-    def setAutomaticLossScaling(self, enabled: bool) -> "_TrainingOptions":
+    def setAutomaticLossScaling(self, enabled: bool) -> _TrainingOptions:
         self._record("Training.setAutomaticLossScaling", enabled)
         self._popart_options.set("automaticLossScalingSettings.enabled", enabled)
         return self
@@ -203,7 +205,7 @@ class _PrecisionOptions(_OptionsDict):
         object.__setattr__(self, "_popart_options", popart)
         object.__setattr__(self, "_record", record)
 
-    def setPartialsType(self, dtype: torch.dtype) -> "_PrecisionOptions":
+    def setPartialsType(self, dtype: torch.dtype) -> _PrecisionOptions:
         self._record("Precision.setPartialsType", dtype)
         if dtype in (torch.float, torch.float32):
             name = "float"
@@ -224,11 +226,12 @@ class _DistributedOptions(_OptionsDict):
         self.setEnvVarNames("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK")
         object.__setattr__(self, "_record", record)
 
-    def setEnvVarNames(self, var_num_processes: str, var_process_id: str) -> "_DistributedOptions":
-        return self.configureProcessId(int(os.environ.get(var_process_id, "0")),
-                                       int(os.environ.get(var_num_processes, "1")))
+    def setEnvVarNames(self, var_num_processes: str, var_process_id: str) -> _DistributedOptions:
+        return self.configureProcessId(
+            int(os.environ.get(var_process_id, "0")), int(os.environ.get(var_num_processes, "1"))
+        )
 
-    def configureProcessId(self, process_id: int, num_processes: int) -> "_DistributedOptions":
+    def configureProcessId(self, process_id: int, num_processes: int) -> _DistributedOptions:
         self._record("Distributed.configureProcessId", process_id, num_processes)
         self.set(distributed_process_id=process_id)
         self.set(num_distributed_processes=num_processes)
@@ -247,26 +250,26 @@ class Stage:
     def __init__(self, *block_ids: str) -> None:
         self._blocks = list(block_ids)
         self._stage_id = -1
-        self._ipu: Optional[int] = None
+        self._ipu: int | None = None
 
     @property
-    def blocks(self) -> List[str]:
+    def blocks(self) -> list[str]:
         return self._blocks
 
-    def ipu(self, ipu: int) -> "Stage":
+    def ipu(self, ipu: int) -> Stage:
         self._ipu = ipu
         return self
 
 
 class _IExecutionStrategy:
-    def backendOptions(self) -> Dict[str, Any]:
+    def backendOptions(self) -> dict[str, Any]:
         raise NotImplementedError
 
 
 class PipelinedExecution(_IExecutionStrategy):
     def __init__(self, *args: Any) -> None:
         self.auto_stage = AutoStage.SameAsIpu
-        self.stages: List[Stage] = []
+        self.stages: list[Stage] = []
         if len(args) == 1 and isinstance(args[0], AutoStage):
             self.auto_stage = args[0]
         else:
@@ -275,7 +278,7 @@ class PipelinedExecution(_IExecutionStrategy):
                 stage._stage_id = stage_id
                 self.stages.append(stage)
 
-    def backendOptions(self) -> Dict[str, Any]:
+    def backendOptions(self) -> dict[str, Any]:
         return {"execution_mode": 0}
 
     def __repr__(self) -> str:
@@ -283,7 +286,7 @@ class PipelinedExecution(_IExecutionStrategy):
 
 
 class ShardedExecution(PipelinedExecution):
-    def backendOptions(self) -> Dict[str, Any]:
+    def backendOptions(self) -> dict[str, Any]:
         return {"execution_mode": 1}
 
 
@@ -300,9 +303,17 @@ class Options(_OptionsDict):
         object.__setattr__(self, "_distributed", _DistributedOptions(record))
         object.__setattr__(self, "_execution_strategy", PipelinedExecution())
         object.__setattr__(self, "_show_compilation_progress_bar", True)
-        super().__init__(replication_factor=1, input_group_size=1, broadcast_buffers=True, device_iterations=1,
-                         log_dir=".", auto_round_num_ipus=False, output_mode=OutputMode.Default.value,
-                         output_return_period=1, connection_type=ConnectionType.Always.value)
+        super().__init__(
+            replication_factor=1,
+            input_group_size=1,
+            broadcast_buffers=True,
+            device_iterations=1,
+            log_dir=".",
+            auto_round_num_ipus=False,
+            output_mode=OutputMode.Default.value,
+            output_return_period=1,
+            connection_type=ConnectionType.Always.value,
+        )
         path = os.environ.get("POPTORCH_CACHE_DIR", "")
         if path:
             self.enableExecutableCaching(path)
@@ -331,29 +342,29 @@ class Options(_OptionsDict):
     def _Popart(self) -> _PopartOptions:
         return self._popart
 
-    def autoRoundNumIPUs(self, auto_round_num_ipus: bool = True) -> "Options":
+    def autoRoundNumIPUs(self, auto_round_num_ipus: bool = True) -> Options:
         self._record("autoRoundNumIPUs", auto_round_num_ipus)
         self.set(auto_round_num_ipus=auto_round_num_ipus)
         return self
 
-    def deviceIterations(self, device_iterations: int) -> "Options":
+    def deviceIterations(self, device_iterations: int) -> Options:
         self._record("deviceIterations", device_iterations)
         self.set(device_iterations=device_iterations)
         return self
 
-    def replicationFactor(self, replication_factor: int) -> "Options":
+    def replicationFactor(self, replication_factor: int) -> Options:
         self._record("replicationFactor", replication_factor)
         self.set(replication_factor=replication_factor)
         return self
 
-    def setExecutionStrategy(self, strategy: _IExecutionStrategy) -> "Options":
+    def setExecutionStrategy(self, strategy: _IExecutionStrategy) -> Options:
         self._record("setExecutionStrategy", strategy)
         assert isinstance(strategy, _IExecutionStrategy)
         self.checkIsFrozen()
         object.__setattr__(self, "_execution_strategy", strategy)
         return self
 
-    def enableExecutableCaching(self, path: Optional[str]) -> "Options":
+    def enableExecutableCaching(self, path: str | None) -> Options:
         self._record("enableExecutableCaching", path)
         if path is None:
             self._Popart.set("enableEngineCaching", False)
@@ -362,24 +373,24 @@ class Options(_OptionsDict):
             self._Popart.set("enableEngineCaching", True)
         return self
 
-    def useIpuModel(self, use_model: bool) -> "Options":
+    def useIpuModel(self, use_model: bool) -> Options:
         self._record("useIpuModel", use_model)
         self.createOrSet(use_model=use_model)
         return self
 
-    def useIpuId(self, ipu_id: int) -> "Options":
+    def useIpuId(self, ipu_id: int) -> Options:
         self._record("useIpuId", ipu_id)
         self.createOrSet(ipu_id=ipu_id)
         return self
 
-    def randomSeed(self, random_seed: int) -> "Options":
+    def randomSeed(self, random_seed: int) -> Options:
         self._record("randomSeed", random_seed)
         assert isinstance(random_seed, int)
         torch.manual_seed(random_seed)
         self.createOrSet(random_seed=random_seed)
         return self
 
-    def outputMode(self, output_mode: OutputMode, output_return_period: Optional[int] = None) -> "Options":
+    def outputMode(self, output_mode: OutputMode, output_return_period: int | None = None) -> Options:
         self._record("outputMode", output_mode)
         self.set(output_mode=output_mode.value)
         return self
@@ -387,17 +398,17 @@ class Options(_OptionsDict):
     def defaultOutputMode(self) -> bool:
         return self.output_mode == OutputMode.Default.value
 
-    def connectionType(self, connection_type: ConnectionType) -> "Options":
+    def connectionType(self, connection_type: ConnectionType) -> Options:
         self._record("connectionType", connection_type)
         self.set(connection_type=connection_type.value)
         return self
 
-    def enableSyntheticData(self, enabled: bool) -> "Options":
+    def enableSyntheticData(self, enabled: bool) -> Options:
         self._record("enableSyntheticData", enabled)
         self._Popart.set("syntheticDataMode", 2 if enabled else 0)
         return self
 
-    def clone(self) -> "Options":
+    def clone(self) -> Options:
         return copy.deepcopy(self)
 
 
@@ -408,10 +419,10 @@ class _StageTracker:
     """Set while the fake compiler traces the model: records the blocks entered, in order."""
 
     def __init__(self) -> None:
-        self.blocks: List[tuple] = []
+        self.blocks: list[tuple] = []
         self._auto_id = 0
 
-    def beginStage(self, user_id: Optional[str], ipu_id: Optional[int]) -> None:
+    def beginStage(self, user_id: str | None, ipu_id: int | None) -> None:
         self.blocks.append((user_id, ipu_id))
 
     def nextAutoId(self) -> str:
@@ -424,7 +435,7 @@ class _StageTracker:
 
 class Block(torch.nn.Module):
     # None outside tracing: on the CPU the class is a no-op, as in PopTorch.
-    _stages_manager: Optional[_StageTracker] = None
+    _stages_manager: _StageTracker | None = None
 
     @staticmethod
     def useAutoId() -> None:
@@ -432,11 +443,11 @@ class Block(torch.nn.Module):
             Block._stages_manager.resetAutoId()
 
     @staticmethod
-    def start(user_id: Optional[str] = None, ipu_id: Optional[int] = None) -> None:
+    def start(user_id: str | None = None, ipu_id: int | None = None) -> None:
         if Block._stages_manager is not None:
             Block._stages_manager.beginStage(user_id, ipu_id)
 
-    def __init__(self, user_id: Optional[str] = None, ipu_id: Optional[int] = None) -> None:
+    def __init__(self, user_id: str | None = None, ipu_id: int | None = None) -> None:
         super().__init__()
         self._user_id = user_id
         self._ipu_id = ipu_id
@@ -449,7 +460,7 @@ class Block(torch.nn.Module):
 
 
 class _BlockHook:
-    def __init__(self, user_id: Optional[str], ipu_id: Optional[int]) -> None:
+    def __init__(self, user_id: str | None, ipu_id: int | None) -> None:
         self._user_id = user_id
         self._ipu_id = ipu_id
 
@@ -463,8 +474,9 @@ class _BlockHook:
         return f"BeginBlock(user_id={self._user_id}, ipu_id={self._ipu_id})"
 
 
-def BeginBlock(layer_to_call: torch.nn.Module, user_id: Optional[str] = None,
-               ipu_id: Optional[int] = None) -> torch.nn.Module:
+def BeginBlock(
+    layer_to_call: torch.nn.Module, user_id: str | None = None, ipu_id: int | None = None
+) -> torch.nn.Module:
     if not isinstance(layer_to_call, torch.nn.Module):
         raise createPoptorchError("module is not an instance of torch.nn.Module or function.")
     if any(isinstance(hook, _BlockHook) for hook in layer_to_call._forward_pre_hooks.values()):
@@ -476,7 +488,8 @@ def BeginBlock(layer_to_call: torch.nn.Module, user_id: Optional[str] = None,
 def removeBlocks(module: torch.nn.Module) -> None:
     for m in module.modules():
         m._forward_pre_hooks = OrderedDict(
-            (k, v) for k, v in m._forward_pre_hooks.items() if not isinstance(v, _BlockHook))
+            (k, v) for k, v in m._forward_pre_hooks.items() if not isinstance(v, _BlockHook)
+        )
 
 
 def identity_loss(x: torch.Tensor, reduction: str) -> torch.Tensor:
@@ -501,11 +514,18 @@ def _round_up_num_ipus(num_ipus: int) -> int:
 
 
 class PoplarExecutor:
-    def __init__(self, model: torch.nn.Module, options: Optional[Options], training: bool,
-                 optimizer: Optional[torch.optim.Optimizer] = None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        options: Options | None,
+        training: bool,
+        optimizer: torch.optim.Optimizer | None = None,
+    ) -> None:
         if options:
             if not isinstance(options, Options):
-                raise createPoptorchError(f"Invalid type: 'options' is of type {type(options)} (Expected poptorch.Options)")
+                raise createPoptorchError(
+                    f"Invalid type: 'options' is of type {type(options)} (Expected poptorch.Options)"
+                )
             options._freeze()
             options = options.clone()
         else:
@@ -521,17 +541,21 @@ class PoplarExecutor:
             if options.defaultOutputMode():
                 options.outputMode(OutputMode.All)
             if options.Training.gradient_accumulation != 1:
-                message = ("You must set poptorch.Options().Training.gradientAccumulation to 1 or leave it as its "
-                           "default value (1) when running a poptorch.inferenceModel().")
+                message = (
+                    "You must set poptorch.Options().Training.gradientAccumulation to 1 or leave it as its "
+                    "default value (1) when running a poptorch.inferenceModel()."
+                )
                 strategy = options._execution_strategy
                 if isinstance(strategy, PipelinedExecution) and not isinstance(strategy, ShardedExecution):
-                    message += (" Use poptorch.Options().deviceIterations to process a sufficient number of batches "
-                                "each run for pipelined execution instead.")
+                    message += (
+                        " Use poptorch.Options().deviceIterations to process a sufficient number of batches "
+                        "each run for pipelined execution instead."
+                    )
                 raise createPoptorchError(message)
             assert optimizer is None, "Optimizer should be None for inference"
         self._options = options
         self._optimizer = optimizer
-        self._executable: Optional[dict] = None
+        self._executable: dict | None = None
         self._is_attached = False
         self.compile_count = 0
         self.execute_count = 0
@@ -564,8 +588,15 @@ class PoplarExecutor:
             "Options.inputReplicaGrouping.input_group_size(%d)) * Options.Training.gradientAccumulation(%d) = %d "
             "because it is used to calculate the batch size which will be executed on the device in any given "
             "iteration. For a full explanation see the batching semantics page of the documentation."
-        ) % (tensor.shape, size, o.device_iterations, o.replication_factor, o.input_group_size,
-             o.Training.gradient_accumulation, extra)
+        ) % (
+            tensor.shape,
+            size,
+            o.device_iterations,
+            o.replication_factor,
+            o.input_group_size,
+            o.Training.gradient_accumulation,
+            extra,
+        )
         return tensor.narrow(0, 0, size // extra)
 
     def compile(self, *args: torch.Tensor) -> None:
@@ -600,12 +631,16 @@ class PoplarExecutor:
                 raise poptorch_core.raise_compiler_error(
                     f"The model specifies the use of {num_ipus} IPUs, however PopTorch must reserve a minimum of "
                     f"{rounded} in order to allow the model to run{common}. Please reconfigure your model to use a "
-                    "different number of IPUs or set poptorch.Options().autoRoundNumIPUs(True).", _CPP_COMPILER)
+                    "different number of IPUs or set poptorch.Options().autoRoundNumIPUs(True).",
+                    _CPP_COMPILER,
+                )
             num_ipus = rounded
         if num_ipus > 64:
             raise poptorch_core.raise_compiler_error(
                 f"Too many IPUs requested ({num_ipus}). Experiments that need more than 64 IPUs require "
-                "distributed execution.", _CPP_COMPILER)
+                "distributed execution.",
+                _CPP_COMPILER,
+            )
         if isinstance(strategy, PipelinedExecution) and not isinstance(strategy, ShardedExecution) and stages > 1:
             if self._training:
                 total = 2 * stages - 1
@@ -614,18 +649,27 @@ class PoplarExecutor:
                         f"poptorch.Options().Training.gradientAccumulation must be greater than or equal to the "
                         f"number of pipeline stages ({total}) when using poptorch.PipelinedExecution. Please note "
                         f"that a model with {(total + 1) // 2} pipeline stages in PopTorch will have an additional "
-                        f"{(total - 1) // 2} stages when training.", "popart_compiler/source/Compiler.cpp")
+                        f"{(total - 1) // 2} stages when training.",
+                        "popart_compiler/source/Compiler.cpp",
+                    )
             elif o.device_iterations < stages:
                 raise poptorch_core.raise_compiler_error(
                     f"poptorch.Options().deviceIterations must be greater than or equal to the number of pipeline "
-                    f"stages ({stages}) when using PopTorch.PipelinedExecution.", "popart_compiler/source/Compiler.cpp")
+                    f"stages ({stages}) when using PopTorch.PipelinedExecution.",
+                    "popart_compiler/source/Compiler.cpp",
+                )
         use_model = o.exists("use_model") and o.use_model
         if not use_model:
             if fake_hardware.ipus < num_ipus:
                 raise poptorch_core.raise_compiler_error(f"Failed to acquire {num_ipus} IPU(s)", _CPP_COMPILER)
             fake_hardware.attached.append(num_ipus)
-        self._executable = {"num_ipus": num_ipus, "ipus_per_replica": ipus_per_replica, "stages": stages,
-                            "blocks": list(tracker.blocks), "use_model": use_model}
+        self._executable = {
+            "num_ipus": num_ipus,
+            "ipus_per_replica": ipus_per_replica,
+            "stages": stages,
+            "blocks": list(tracker.blocks),
+            "use_model": use_model,
+        }
         self._is_attached = True
         self.compile_count += 1
 
@@ -658,8 +702,11 @@ class PoplarExecutor:
                     micro_args = [b[d, a, r] for b in batches]
                     if self._training:
                         loss = self._user_model(*micro_args)
-                        scale = 1.0 / (accumulation * replicas) if (
-                            o.Training.accumulation_and_replication_reduction_type == ReductionType.Mean) else 1.0
+                        scale = (
+                            1.0 / (accumulation * replicas)
+                            if (o.Training.accumulation_and_replication_reduction_type == ReductionType.Mean)
+                            else 1.0
+                        )
                         (loss.float() * scale).backward()
                         if a == accumulation - 1:
                             last.append(loss.detach())
@@ -696,14 +743,15 @@ class PoplarExecutor:
         self._is_attached = False
 
 
-def trainingModel(model: torch.nn.Module, options: Optional[Options] = None,
-                  optimizer: Optional[torch.optim.Optimizer] = None) -> PoplarExecutor:
+def trainingModel(
+    model: torch.nn.Module, options: Options | None = None, optimizer: torch.optim.Optimizer | None = None
+) -> PoplarExecutor:
     if isinstance(model, PoplarExecutor):
         model = model._user_model
     return PoplarExecutor(model, options, training=True, optimizer=optimizer)
 
 
-def inferenceModel(model: torch.nn.Module, options: Optional[Options] = None) -> PoplarExecutor:
+def inferenceModel(model: torch.nn.Module, options: Options | None = None) -> PoplarExecutor:
     if isinstance(model, PoplarExecutor):
         model = model._user_model
     return PoplarExecutor(model, options, training=False)
@@ -734,10 +782,19 @@ class _SubDataset(torch.utils.data.Dataset):
 
 
 class DataLoader(torch.utils.data.DataLoader):
-    def __init__(self, options: Options, dataset: Any, batch_size: int = 1, shuffle: Optional[bool] = None,
-                 num_workers: int = 0, drop_last: bool = True, persistent_workers: Optional[bool] = None,
-                 auto_distributed_partitioning: bool = True, mode: DataLoaderMode = DataLoaderMode.Sync,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        options: Options,
+        dataset: Any,
+        batch_size: int = 1,
+        shuffle: bool | None = None,
+        num_workers: int = 0,
+        drop_last: bool = True,
+        persistent_workers: bool | None = None,
+        auto_distributed_partitioning: bool = True,
+        mode: DataLoaderMode = DataLoaderMode.Sync,
+        **kwargs: Any,
+    ) -> None:
         assert isinstance(options, Options)
         options._freeze()
         if shuffle is None:
@@ -751,13 +808,21 @@ class DataLoader(torch.utils.data.DataLoader):
         if options.Distributed.numProcesses > 1 and auto_distributed_partitioning:
             assert not shuffle or options.exists("random_seed"), (
                 "When using auto_distributed_partitioning you must set poptorch.Options.randomSeed() to ensure "
-                "that tensors are in the same order in all processes.")
+                "that tensors are in the same order in all processes."
+            )
             dataset = _SubDataset(dataset, options, self._combined_batch_size)
-        super().__init__(dataset, batch_size=self._combined_batch_size, shuffle=shuffle, num_workers=num_workers,
-                         drop_last=drop_last, persistent_workers=persistent_workers, **kwargs)
+        super().__init__(
+            dataset,
+            batch_size=self._combined_batch_size,
+            shuffle=shuffle,
+            num_workers=num_workers,
+            drop_last=drop_last,
+            persistent_workers=persistent_workers,
+            **kwargs,
+        )
 
     @property
-    def combinedBatchSize(self) -> Optional[int]:
+    def combinedBatchSize(self) -> int | None:
         return self._combined_batch_size
 
     @property
@@ -766,8 +831,25 @@ class DataLoader(torch.utils.data.DataLoader):
 
 
 __all__ = [
-    "AutoStage", "BeginBlock", "Block", "ConnectionType", "DataLoader", "DataLoaderMode", "Error", "Options",
-    "OutputMode", "PipelinedExecution", "PoplarExecutor", "RecoverableError", "ReductionType", "ShardedExecution",
-    "Stage", "UnrecoverableError", "identity_loss", "inferenceModel", "ipuHardwareIsAvailable", "poptorch_core",
+    "AutoStage",
+    "BeginBlock",
+    "Block",
+    "ConnectionType",
+    "DataLoader",
+    "DataLoaderMode",
+    "Error",
+    "Options",
+    "OutputMode",
+    "PipelinedExecution",
+    "PoplarExecutor",
+    "RecoverableError",
+    "ReductionType",
+    "ShardedExecution",
+    "Stage",
+    "UnrecoverableError",
+    "identity_loss",
+    "inferenceModel",
+    "ipuHardwareIsAvailable",
+    "poptorch_core",
     "trainingModel",
 ]

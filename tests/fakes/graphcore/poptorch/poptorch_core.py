@@ -22,7 +22,7 @@ class UnrecoverableError(Error):
     pass
 
 
-def raise_compiler_error(message: str, location: str) -> "Error":
+def raise_compiler_error(message: str, location: str) -> Error:
     """An error as the C++ compiler raises it (``ERROR(...)`` in popart_compiler)."""
     error = Error(message)
     error.type = "poptorch_cpp_error"

@@ -1,0 +1,108 @@
+"""Everything a plugin for core imports, from one module: the plugin author's stable surface.
+
+    from core.plugin import Accelerator, Availability, DeviceRecord, TorchGpuAccelerator, hookimpl
+
+A name importable from here keeps working across releases; when one moves or is renamed, the
+old name stays here for at least one release and warns (DeprecationWarning) when used. Anything
+imported from another ``core.*`` module is internal and may move without notice: the built-in
+plugins import nothing else (tests/test_plugin_surface.py enforces it). Tests of a plugin use
+:mod:`core.testing` as well.
+
+Importing this module imports no framework and no vendor SDK (``core plugins`` imports every
+plugin): the executors that need PyTorch or TensorFlow load on first use of their names.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from core.accelerator import Accelerator, Availability
+from core.config import Framework, Precision, RunConfig
+from core.data import SYNTHETIC_SOURCES
+from core.distributed import ProcessContext
+from core.energy import DeviceEnergyMeter, EnergySource
+from core.environment import processor_name
+from core.errors import ConfigError, NonFiniteLossError, PluginError
+from core.executors.base import Executor, HostStepClock, StepClock
+from core.gpu import ALL_PRECISIONS, TorchGpuAccelerator
+from core.hookspecs import hookimpl
+from core.peaks import TERA, PeakEntry, PeakTable
+from core.power import PowerMeter, PowerMeterFactory, UnavailableMeter
+from core.results import DeviceRecord, EnergyMeasurement, RunResult
+from core.sampling import FixedRateSampler
+from core.sdk import SharedLibrarySession
+from core.workload import KerasTrainingSpec, TorchTrainingSpec, Workload, parse_plugin_options
+
+if TYPE_CHECKING:
+    from core.executors.keras import KerasExecutor, KerasPlacement, quiet_tensorflow_startup, split_host_cpu
+    from core.executors.pytorch import TorchExecutor, TorchPlacement
+
+# Names whose modules import a framework (or change its start-up): loaded when first used.
+_LAZY = {
+    "TorchExecutor": "core.executors.pytorch",
+    "TorchPlacement": "core.executors.pytorch",
+    "KerasExecutor": "core.executors.keras",
+    "KerasPlacement": "core.executors.keras",
+    "split_host_cpu": "core.executors.keras",
+    "quiet_tensorflow_startup": "core.executors.keras",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'core.plugin' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+__all__ = [
+    # registering and describing
+    "hookimpl",
+    "Accelerator",
+    "Availability",
+    "DeviceRecord",
+    "Framework",
+    "Precision",
+    "ALL_PRECISIONS",
+    "RunConfig",
+    "ProcessContext",
+    "ConfigError",
+    "PluginError",
+    "NonFiniteLossError",
+    "parse_plugin_options",
+    "SYNTHETIC_SOURCES",
+    "processor_name",
+    "SharedLibrarySession",
+    # GPUs that PyTorch drives through its CUDA API (NVIDIA, AMD)
+    "TorchGpuAccelerator",
+    "PeakEntry",
+    "PeakTable",
+    "TERA",
+    # running: the executor contract and core's executors
+    "Executor",
+    "StepClock",
+    "HostStepClock",
+    "TorchExecutor",
+    "TorchPlacement",
+    "KerasExecutor",
+    "KerasPlacement",
+    "split_host_cpu",
+    "quiet_tensorflow_startup",
+    # workloads
+    "Workload",
+    "TorchTrainingSpec",
+    "KerasTrainingSpec",
+    # observing runs (core_run_started, core_result_ready)
+    "RunResult",
+    # energy
+    "PowerMeter",
+    "PowerMeterFactory",
+    "UnavailableMeter",
+    "EnergyMeasurement",
+    "DeviceEnergyMeter",
+    "EnergySource",
+    "FixedRateSampler",
+]

@@ -1,0 +1,344 @@
+"""Reports: the database's sweeps as Markdown and a self-contained HTML page, with plots.
+
+    from core.report import write_report
+    files = write_report("results/core.db", "results/report")
+
+For each sweep: a table of its cells (median of the repeats, spread, flag), a throughput table
+by batch size (out-of-memory cells shown as such, as the blank cells of the AI4NP heatmap), and
+five plots: throughput against batch size (log-log, one line per accelerator, precision and any
+other option that varies), samples per Wh against batch size, scaling efficiency against device
+count, MFU (or achieved FLOP/s where no peak is known) against batch size, and throughput against
+samples per Wh with its Pareto front. A plot without data is not drawn; the report says why.
+
+The plots are PNG files under ``plots/``, which report.md links; report.html embeds the same
+bytes as data: URIs, so the page is one file that can be mailed or attached to a CI run.
+matplotlib is imported here only (``pip install 'core[report]'``).
+
+Everything a report shows comes from the database, so all of it is treated as untrusted text:
+both renderings escape it (Markdown too: no raw HTML, no table or code-span breakage), file
+names are slugs of the sweep names and must stay inside the output directory, and the files
+are written whole or not at all (see :func:`write_report`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from core.files import OutputError, check_writable, describe_os_error, write_atomically
+from core.report.analysis import (
+    group_series,
+    option_names,
+    pareto_front,
+    power_traces,
+    scaling_points,
+    series_label,
+    varying_options,
+)
+from core.report.document import (
+    _TEXT_CHARS,
+    PLOTS_DIRECTORY,
+    REPORT_HTML,
+    REPORT_MARKDOWN,
+    Block,
+    Code,
+    Figure,
+    Heading,
+    Paragraph,
+    Preformatted,
+    ReportError,
+    Table,
+    Value,
+    _checked_file_name,
+    clean_text,
+    format_number,
+    format_percent,
+    list_names,
+    markdown_block,
+    markdown_code,
+    markdown_text,
+    one_line,
+    render_html,
+    render_markdown,
+    shorten,
+    sweep_slugs,
+)
+from core.report.plots import _pyplot, count_label, plot_against_batch, plot_pareto, plot_power_traces, plot_scaling
+from core.report.sections import batch_table, cells_table, environment_table, sweep_section
+from core.store import ResultStore, StoreError
+from core.summary import summarise
+
+# The package's modules, by concern (this one writes the files):
+#   document  blocks, escaping, Markdown and HTML rendering, safe file names
+#   analysis  what varies in a sweep, its series
+#   plots     the PNG plots (matplotlib is imported there only) and the data they draw
+#   sections  one sweep's section: tables, plots or why not, failures
+__all__ = [
+    "PLOTS_DIRECTORY",
+    "REPORT_HTML",
+    "REPORT_MARKDOWN",
+    "Block",
+    "Code",
+    "Figure",
+    "Heading",
+    "Paragraph",
+    "Preformatted",
+    "ReportError",
+    "ReportFiles",
+    "ReportWriteError",
+    "Table",
+    "Value",
+    "batch_table",
+    "build_report",
+    "cells_table",
+    "check_report_output",
+    "clean_text",
+    "count_label",
+    "environment_table",
+    "format_number",
+    "format_percent",
+    "group_series",
+    "list_names",
+    "markdown_block",
+    "markdown_code",
+    "markdown_text",
+    "one_line",
+    "option_names",
+    "pareto_front",
+    "plot_against_batch",
+    "plot_pareto",
+    "plot_power_traces",
+    "plot_scaling",
+    "power_traces",
+    "render_html",
+    "render_markdown",
+    "scaling_points",
+    "select_sweeps",
+    "series_label",
+    "shorten",
+    "store_warnings",
+    "sweep_section",
+    "sweep_slugs",
+    "varying_options",
+    "write_report",
+    "write_report_files",
+]
+
+# --- the report ---------------------------------------------------------------------------------
+
+
+class ReportWriteError(OutputError):
+    """The report was built but could not be written; the output directory was left as it was."""
+
+
+@dataclass(frozen=True)
+class ReportFiles:
+    markdown: Path
+    html: Path
+    plots: list[Path]
+    warnings: list[str] = field(default_factory=list)  # what the database could not give (skipped rows)
+
+
+_MAX_WARNINGS = 50  # shown in a report; the rest are counted
+
+
+def store_warnings(store: ResultStore) -> list[str]:
+    """The rows the store skipped so far because they cannot be parsed (``ResultStore.skipped_rows``),
+    each as one line of text."""
+    return [one_line(row) for row in getattr(store, "skipped_rows", ())]
+
+
+def select_sweeps(store: ResultStore, sweeps: Sequence[str] | None = None) -> list[str]:
+    """The sweeps to report: those asked for, which must exist, else all of them."""
+    known = store.sweep_names()
+    names = list(dict.fromkeys(sweeps)) if sweeps else known
+    missing = [name for name in names if name not in known]
+    if missing:
+        raise ReportError(
+            f"no sweep named {', '.join(repr(n) for n in missing)} in {store.path}; it has: {list_names(known)}"
+        )
+    if not names:
+        raise ReportError(f"{store.path} has no sweeps to report; run `core sweep FILE` first")
+    return names
+
+
+def _read_section(store: ResultStore, name: str, slug: str) -> list[Block]:
+    """One sweep's section; a sweep whose rows cannot be read is a note, not the end of the report."""
+    try:
+        cells = summarise(store.runs(sweep=name))
+    except (ValueError, sqlite3.DatabaseError, StoreError) as error:
+        return [
+            Heading(2, f"Sweep {shorten(one_line(name))}"),
+            Paragraph(
+                f"The runs of this sweep could not be read from the database, so it is left out: "
+                f"{type(error).__name__}: {shorten(one_line(error))}."
+            ),
+        ]
+    notes: list[Block] = []
+    try:
+        record = store.sweep(name)
+    except (ValueError, TypeError, KeyError, sqlite3.DatabaseError, StoreError) as error:
+        record = None
+        notes.append(
+            Paragraph(
+                f"The sweep's settings could not be read from the database ({type(error).__name__}: "
+                f"{shorten(one_line(error))}); refused and missing cells are not shown."
+            )
+        )
+    blocks = sweep_section(name, cells, record, store.path, slug)
+    return blocks[:1] + notes + blocks[1:]
+
+
+def _warning_blocks(warnings: Sequence[str]) -> list[Block]:
+    if not warnings:
+        return []
+    blocks: list[Block] = [
+        Heading(2, "Database warnings"),
+        Paragraph(f"{len(warnings)} rows of the database could not be read and are left out of this report:"),
+    ]
+    blocks += [Paragraph(shorten(warning, 4 * _TEXT_CHARS)) for warning in warnings[:_MAX_WARNINGS]]
+    if len(warnings) > _MAX_WARNINGS:
+        blocks.append(Paragraph(f"... and {len(warnings) - _MAX_WARNINGS} more."))
+    return blocks
+
+
+def build_report(store: ResultStore, sweeps: Sequence[str] | None = None) -> tuple[str, list[Block]]:
+    names = select_sweeps(store, sweeps)
+    _pyplot()  # fail before any work when matplotlib is missing, plots or not
+    slugs = sweep_slugs(names)
+    sections: list[Block] = []
+    for name in names:
+        sections += _read_section(store, name, slugs[name])
+    generated = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    blocks: list[Block] = [
+        Paragraph(
+            f"Generated {generated} from ",
+            Code(str(store.path)),
+            f": sweeps {', '.join(shorten(one_line(name), 80) for name in names)}.",
+        )
+    ]
+    return "core benchmark report", blocks + _warning_blocks(store_warnings(store)) + sections
+
+
+def check_report_output(output: str | Path) -> None:
+    """Refuse, before any work, an output directory the report cannot be written to.
+
+    Creates the directory (and its parents) when it is missing.
+
+    :raises OutputError: naming the path and the reason.
+    """
+    output = Path(output)
+    if output.exists() and not output.is_dir():
+        raise OutputError(f"report output {output} is a file; give a directory for report.md, report.html and plots/")
+    for name in (REPORT_MARKDOWN, REPORT_HTML, PLOTS_DIRECTORY):
+        target = output / name
+        if name == PLOTS_DIRECTORY:
+            if target.exists() and not target.is_dir():
+                raise OutputError(f"cannot write the report's plots: {target} is in the way and is not a directory")
+            if target.is_dir() and not os.access(target, os.W_OK | os.X_OK):
+                raise OutputError(f"cannot write the report's plots: no permission to write in {target}")
+        elif target.is_dir():
+            raise OutputError(f"cannot write the report: {target} is a directory")
+        else:
+            check_writable(target, "report file")
+
+
+def _commit(staging: Path, output: Path, figures: Sequence[Figure]) -> list[Path]:
+    """Move the staged files into place: renames in one directory, which need no space."""
+    plots_directory = output / PLOTS_DIRECTORY
+    plots = []
+    for figure in figures:
+        target = plots_directory / _checked_file_name(figure.file_name)
+        if Path(os.path.normpath(target)).parent != Path(os.path.normpath(plots_directory)):
+            raise ReportError(f"refusing to write {target}: outside {plots_directory}")
+        os.replace(staging / figure.file_name, target)
+        plots.append(target)
+    for name in (REPORT_MARKDOWN, REPORT_HTML):
+        os.replace(staging / name, output / name)
+    return plots
+
+
+def write_report_files(output: str | Path, title: str, blocks: Sequence[Block]) -> list[Path]:
+    """Write report.md, report.html and the plots under ``output``, all of them or none.
+
+    Every file is first written (and flushed to disk) in a hidden staging directory inside
+    ``output``; only when all are whole are they renamed into place. A failure (a full disk)
+    removes the staging directory and leaves ``output`` as it was. Plots of earlier reports that
+    this one does not replace are left alone. Returns the plots' paths.
+
+    :raises ReportWriteError: when a file cannot be written.
+    """
+    output = Path(output)
+    figures = [block for block in blocks if isinstance(block, Figure)]
+    names = [_checked_file_name(figure.file_name).lower() for figure in figures]
+    if len(set(names)) != len(names):
+        raise ReportError("two plots of this report would share a file name")
+    documents = {REPORT_MARKDOWN: render_markdown(title, blocks), REPORT_HTML: render_html(title, blocks)}
+    try:
+        (output / PLOTS_DIRECTORY).mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".report.", suffix=".partial", dir=output))
+    except OSError as error:
+        raise ReportWriteError(f"cannot write the report in {output}: {describe_os_error(error)}") from None
+    try:
+        try:
+            for figure in figures:
+                write_atomically(staging / figure.file_name, figure.png, "report plot")
+            for name, text in documents.items():
+                write_atomically(staging / name, text, "report file")
+        except OutputError as error:
+            reason = describe_os_error(error.__context__) if isinstance(error.__context__, OSError) else str(error)
+            raise ReportWriteError(
+                f"cannot write the report in {output}: {reason}; nothing in it was changed"
+            ) from None
+        try:
+            return _commit(staging, output, figures)
+        except OSError as error:  # a rename refused: rare (the checks ran), but then say what is left
+            raise ReportWriteError(
+                f"cannot move the report into {output}: {describe_os_error(error)}; the report "
+                "there may be incomplete: run `core report` again"
+            ) from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def write_report(
+    database: str | Path | ResultStore, output: str | Path, sweeps: Sequence[str] | None = None
+) -> ReportFiles:
+    """Write report.md, report.html and plots/*.png under ``output``; returns their paths.
+
+    The output directory is checked before any plot is drawn (:class:`~core.files.OutputError`),
+    and the files are written whole or not at all (:class:`ReportWriteError`).
+    """
+    output = Path(output)
+    store = database if isinstance(database, ResultStore) else ResultStore(database, create=False)
+    # Folders this report may create (plots/, the output, missing parents), innermost first.
+    created = [directory for directory in (output / PLOTS_DIRECTORY, output, *output.parents) if not directory.exists()]
+    try:
+        select_sweeps(store, sweeps)
+        _pyplot()
+        check_report_output(output)
+        title, blocks = build_report(store, sweeps)
+        warnings = store_warnings(store)
+        plots = write_report_files(output, title, blocks)
+    except BaseException:
+        _remove_empty_directories(created)
+        raise
+    finally:
+        if not isinstance(database, ResultStore):
+            store.close()
+    return ReportFiles(markdown=output / REPORT_MARKDOWN, html=output / REPORT_HTML, plots=plots, warnings=warnings)
+
+
+def _remove_empty_directories(directories: Sequence[Path]) -> None:
+    """Undo the folders this report created when it failed: only where they are still empty."""
+    for directory in directories:
+        try:
+            directory.rmdir()
+        except OSError:
+            pass

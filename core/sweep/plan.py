@@ -1,0 +1,132 @@
+"""A sweep's cells: the grid expanded, each cell validated as a run before anything runs."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from core.config import RunConfig
+from core.errors import ConfigError, PluginError
+from core.sweep.spec import SweepSpec, _flatten, _shorten, _too_many, shown
+
+_LABEL_VALUE_CHARS = 60  # of one value in a cell's label
+
+
+@dataclass
+class Cell:
+    """One point of the grid: its options, and how validation judged them."""
+
+    index: int
+    key: str  # canonical JSON of the options: the cell's identity in the database
+    label: str  # the axis values only, for people
+    options: dict[str, Any]  # RunConfig fields, workload and accelerator included
+    config: RunConfig | None = None  # validated, micro-batch resolved; None when refused
+    invalid_reason: str | None = None
+
+    @property
+    def valid(self) -> bool:
+        return self.invalid_reason is None
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "key": self.key,
+            "label": self.label,
+            "options": self.options,
+            "invalid_reason": self.invalid_reason,
+        }
+
+
+@dataclass
+class SweepPlan:
+    spec: SweepSpec
+    cells: list[Cell]
+    source: str | None = None
+
+    @property
+    def valid_cells(self) -> list[Cell]:
+        return [cell for cell in self.cells if cell.valid]
+
+    @property
+    def invalid_cells(self) -> list[Cell]:
+        return [cell for cell in self.cells if not cell.valid]
+
+
+def _cell_options(shared: dict[str, Any], chosen: dict[str, Any]) -> dict[str, Any]:
+    options: dict[str, Any] = {"accelerator": "cpu"}  # as `core run`: the CPU unless the file says
+    for name, value in {**shared, **chosen}.items():
+        if "." in name:
+            group, key = name.split(".", 1)
+            options.setdefault(group, {})[key] = value
+        else:
+            options[name] = value
+    return options
+
+
+def _excluded(values: dict[str, Any], spec: SweepSpec) -> bool:
+    for entry in spec.exclude:
+        if all(
+            values.get(name) in (wanted if isinstance(wanted, list) else [wanted]) for name, wanted in _flatten(entry)
+        ):
+            return True
+    return False
+
+
+def cell_key(options: dict[str, Any]) -> str:
+    """Canonical JSON of a cell's options: the same options always give the same key."""
+    return json.dumps(options, sort_keys=True, separators=(",", ":"))
+
+
+def expand_cells(spec: SweepSpec) -> list[Cell]:
+    """Every combination of the axes, first axis outermost, minus the excluded ones."""
+    axes, shared = spec.axes(), spec.shared()
+    cells: list[Cell] = []
+    for combination in itertools.product(*(values for _, values in axes)):
+        chosen = {name: value for (name, _), value in zip(axes, combination)}
+        if _excluded({**shared, **chosen}, spec):
+            continue
+        options = _cell_options(shared, chosen)
+        label = (
+            " ".join(f"{name.split('.', 1)[-1]}={_label_value(value)}" for name, value in chosen.items())
+            or f"{_label_value(options['workload'])} on {_label_value(options['accelerator'])}"
+        )
+        cells.append(Cell(index=len(cells), key=cell_key(options), label=label, options=options))
+    return cells
+
+
+def _label_value(value: Any) -> str:
+    """A value as a cell's label shows it: a string that reads as a number keeps its quotes ("8")."""
+    text = str(value)
+    if isinstance(value, str):
+        try:
+            json.loads(value)
+            text = json.dumps(value)
+        except ValueError:
+            pass
+    return _shorten(text, _LABEL_VALUE_CHARS)
+
+
+def describe_config_error(error: ConfigError) -> str:
+    errors = _too_many(list(getattr(error, "errors", [error])))
+    return _shorten("; ".join(f"{e.field} = {shown(e.value)!r}: {_shorten(str(e.allowed), 600)}" for e in errors), 4000)
+
+
+def plan_sweep(spec: SweepSpec, manager: Any = None, source: str | None = None) -> SweepPlan:
+    """Expand the grid and validate every cell against the plugins, touching no device."""
+    from core.planning import plan_run
+    from core.plugins import get_plugin_manager
+
+    manager = manager if manager is not None else get_plugin_manager()
+    cells = expand_cells(spec)
+    for cell in cells:
+        options = dict(cell.options)
+        workload, accelerator = options.pop("workload"), options.pop("accelerator")
+        try:
+            cell.config = plan_run(manager, workload, accelerator, options).config
+        except ConfigError as error:
+            cell.invalid_reason = describe_config_error(error)
+        except PluginError as fault:  # a plugin's own bug makes its cells invalid, not the sweep crash
+            cell.invalid_reason = str(fault)
+    return SweepPlan(spec=spec, cells=cells, source=source)
