@@ -14,8 +14,6 @@ agent's group is stopped and the work directory removed.
 
 from __future__ import annotations
 
-import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -93,38 +91,28 @@ def launch_with_torchrun(
             torchrun_arguments(plan.config.replicas, config_path, result_path, work / "torchelastic"),
             remove_when_orphaned=work,
         )
-        started = time.monotonic()
-        timed_out = False
         callback_warnings: list[str] = []
-        with open(log_path, "wb") as log:
-            process = processes.start(command, stdout=log, stderr=subprocess.STDOUT)
-            try:
-                while True:
-                    try:
-                        process.wait(timeout=_POLL_SECONDS)
-                        break
-                    except subprocess.TimeoutExpired:
-                        pass
-                    if rank_zero.refresh() and on_progress is not None:
-                        # The warnings are kept apart: the next read of rank 0's file replaces its result.
-                        observe_progress(on_progress, rank_zero.result, callback_warnings)
-                    if timeout_seconds is not None and time.monotonic() - started > timeout_seconds:
-                        timed_out = True
-                        break
-            finally:
-                processes.stop_process_group(process)
+
+        def watch(_elapsed: float) -> None:
+            if rank_zero.refresh() and on_progress is not None:
+                # The warnings are kept apart: the next read of rank 0's file replaces its result.
+                observe_progress(on_progress, rank_zero.result, callback_warnings)
+
+        ended = processes.supervise(
+            command, log_path, timeout_seconds=timeout_seconds, on_wait=watch, poll_seconds=_POLL_SECONDS
+        )
         rank_zero.refresh()
         output = log_path.read_text(encoding="utf-8", errors="replace")
     result = rank_zero.result
     result.warnings.extend(w for w in callback_warnings if w not in result.warnings)
-    if timed_out:
+    if ended.timed_out:
         result.status = processes.timeout_status(
             timeout_seconds or 0.0, phase=processes.phase_after(result), output=output, limit="the launch's time limit"
         )
-    elif process.returncode != 0:
+    elif ended.returncode != 0:
         phase = result.status.phase or processes.phase_after(result)
         failure = processes.exit_status(
-            process.returncode,
+            ended.returncode,
             process="torchrun",
             phase=phase,
             output=output,

@@ -34,7 +34,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -299,6 +300,55 @@ def stop_process_group(process: subprocess.Popen[Any], grace_seconds: float = ST
         process.wait(timeout=_KILL_WAIT_SECONDS)
     except subprocess.TimeoutExpired:
         pass
+
+
+@dataclass(frozen=True)
+class Supervised:
+    """How a supervised child ended."""
+
+    returncode: int  # negative: the signal that ended it
+    timed_out: bool
+    seconds: float
+
+
+def supervise(
+    command: Sequence[str],
+    log_path: Path,
+    *,
+    timeout_seconds: float | None = None,
+    on_wait: Callable[[float], None] | None = None,
+    poll_seconds: float = 0.5,
+    grace_seconds: float = STOP_GRACE_SECONDS,
+    clock: Callable[[], float] = time.monotonic,
+) -> Supervised:
+    """Run ``command`` (:func:`start`) with its output in ``log_path`` and wait for it to end.
+
+    Every ``poll_seconds`` it calls ``on_wait(elapsed)``, and past ``timeout_seconds`` it stops
+    waiting. On every way out (the end, the time limit, an exception such as Ctrl-C, an
+    ``on_wait`` that raises) the child's whole process group is stopped.
+    """
+    started = clock()
+    timed_out = False
+    with open(log_path, "wb") as log:
+        process = start(command, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            while True:
+                try:
+                    process.wait(timeout=poll_seconds)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                elapsed = clock() - started
+                if timeout_seconds is not None and elapsed > timeout_seconds:
+                    timed_out = True
+                    break
+                if on_wait is not None:
+                    on_wait(elapsed)
+        finally:
+            stop_process_group(process, grace_seconds)
+    # A child still there after SIGKILL's wait (stuck in the kernel) is reported as killed.
+    returncode = process.returncode if process.returncode is not None else -signal.SIGKILL
+    return Supervised(returncode=returncode, timed_out=timed_out, seconds=clock() - started)
 
 
 def guarded_command(module_command: Sequence[str], remove_when_orphaned: Path | None = None) -> list[str]:

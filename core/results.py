@@ -187,5 +187,19 @@ class RunResult(BaseModel):
         default_factory=list, description="things that make the figures less clean, e.g. a recompilation in the window"
     )
 
+    @classmethod
+    def of_config(cls, config: RunConfig, world_size: int, **fields: Any) -> RunResult:
+        """A result with nothing measured yet: what the configuration alone says, plus ``fields``."""
+        return cls(
+            workload=config.workload,
+            accelerator=config.accelerator,
+            framework=config.framework.value,
+            config=config,
+            samples_per_update=config.samples_per_update,
+            samples_per_host_call=config.samples_per_host_call,
+            world_size=world_size,
+            **fields,
+        )
+
     def to_json(self) -> str:
         return self.model_dump_json(indent=2)

@@ -93,14 +93,9 @@ def new_result(plan: RunPlan, world_size: int) -> RunResult:
     config = plan.config
     warnings: list[str] = []
     parameters, flops, details = _workload_figures(plan, warnings)
-    return RunResult(
-        workload=config.workload,
-        accelerator=config.accelerator,
-        framework=config.framework.value,
-        config=config,
-        samples_per_update=config.samples_per_update,
-        samples_per_host_call=config.samples_per_host_call,
-        world_size=world_size,
+    return RunResult.of_config(
+        config,
+        world_size,
         parameter_count=parameters,
         flops_per_sample=flops,
         workload_details=details,

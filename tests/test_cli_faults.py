@@ -6,16 +6,16 @@ nothing measured lost and no partial file.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+from filesystems import mounted_tmpfs
 
 from core import Accelerator, Availability, Precision, hookimpl
 from core.cli import format_result, main
@@ -72,26 +72,10 @@ def test_output_parents_are_created_and_the_file_is_whole(tmp_path: Path, capsys
     assert [path.name for path in target.parent.iterdir()] == ["result.json"]  # no temporary left
 
 
-@contextlib.contextmanager
-def tiny_filesystem(tmp_path: Path, kilobytes: int) -> Iterator[Path]:
-    """A real, nearly full disk: a tmpfs of a few KiB (needs root, as CI and this machine are)."""
-    mount_point = tmp_path / "tiny"
-    mount_point.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={kilobytes}k", "tmpfs", str(mount_point)], capture_output=True, text=True
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    try:
-        yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
-
-
 def test_a_full_disk_keeps_the_result_and_leaves_no_partial_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with tiny_filesystem(tmp_path, 16) as disk:
+    with mounted_tmpfs(tmp_path, 16) as disk:
         fill(disk / "filler")
         target = disk / "result.json"
         code = main([*TINY_RUN, "--json", "--output", str(target)])

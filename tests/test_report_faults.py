@@ -8,7 +8,6 @@ and nothing written outside the output directory.
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import errno
 import io
@@ -16,11 +15,11 @@ import json
 import os
 import re
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from filesystems import mounted_tmpfs
 from synthetic import synthetic_result
 
 from core.cli import format_cells, main
@@ -82,22 +81,6 @@ class FailingFsync:
         if self.calls > self.after:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         self._fsync(descriptor)
-
-
-@contextlib.contextmanager
-def mounted_tmpfs(tmp_path: Path, kilobytes: int = 4096) -> Iterator[Path]:
-    """A tmpfs of its own (needs root, as CI and this machine are), unmounted afterwards."""
-    mount_point = tmp_path / "mounted"
-    mount_point.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={kilobytes}k", "tmpfs", str(mount_point)], capture_output=True, text=True
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    try:
-        yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
 def make_read_only(directory: Path) -> None:

@@ -5,26 +5,18 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from core.config import RunConfig
+from core import processes
 from core.results import RunResult
 from core.sweep.plan import Cell
 
 STOP_GRACE_SECONDS = 10.0  # between SIGTERM and SIGKILL when a cell is stopped
 _POLL_SECONDS = 0.5
 _OUTPUT_TAIL_CHARS = 4000
-
-
-def _stop_process_group(process: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the cell's process group (torchrun stops its workers on it), SIGKILL what remains."""
-    from core import processes
-
-    processes.stop_process_group(process, STOP_GRACE_SECONDS)
 
 
 def _tail(path: Path) -> str:
@@ -42,18 +34,6 @@ def _read_result(path: Path) -> RunResult | None:
         return None
 
 
-def _bare_result(config: RunConfig) -> RunResult:
-    return RunResult(
-        workload=config.workload,
-        accelerator=config.accelerator,
-        framework=config.framework.value,
-        config=config,
-        samples_per_update=config.samples_per_update,
-        samples_per_host_call=config.samples_per_host_call,
-        world_size=config.replicas,
-    )
-
-
 def worker_command(request: Path, result_path: Path) -> list[str]:
     """The command that runs one repeat (see core/sweep_worker.py)."""
     return [sys.executable, "-m", "core.sweep_worker", str(request), str(result_path)]
@@ -68,7 +48,6 @@ def run_in_process(
     the result's status, keeping the phases measured before it. KeyboardInterrupt (and SIGTERM,
     which the CLI turns into one) stops the process and propagates.
     """
-    from core import processes
 
     assert cell.config is not None, "only validated cells run"
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -78,28 +57,19 @@ def run_in_process(
         stale.unlink(missing_ok=True)
     request.write_text(json.dumps({"options": cell.options, "parent_pid": os.getpid()}), encoding="utf-8")
     command = worker_command(request, result_path)
-    started = time.monotonic()
-    timed_out = False
-    with open(log_path, "wb") as log:
-        # A session of its own: the whole cell (torchrun included) can be stopped as one group,
-        # and a Ctrl-C at the terminal reaches the sweep, which then stops the cell itself. The
-        # cell's process ends with the sweep if the sweep is killed (core.processes).
-        process = processes.start(command, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            while True:
-                try:
-                    process.wait(timeout=_POLL_SECONDS)
-                    break
-                except subprocess.TimeoutExpired:
-                    elapsed = time.monotonic() - started
-                    if elapsed > timeout_seconds:
-                        timed_out = True
-                        break
-                    if on_wait is not None:
-                        on_wait(elapsed)
-        finally:
-            _stop_process_group(process)
-    process_seconds = time.monotonic() - started
+    # A session of its own: the whole cell (torchrun included) can be stopped as one group, and a
+    # Ctrl-C at the terminal reaches the sweep, which then stops the cell itself. The cell's
+    # process ends with the sweep if the sweep is killed (core.processes).
+    ended = processes.supervise(
+        command,
+        log_path,
+        timeout_seconds=timeout_seconds,
+        on_wait=on_wait,
+        poll_seconds=_POLL_SECONDS,
+        grace_seconds=STOP_GRACE_SECONDS,
+        clock=time.monotonic,
+    )
+    timed_out, process_seconds = ended.timed_out, ended.seconds
 
     result = None if timed_out else _read_result(result_path)
     if result is not None:
@@ -107,7 +77,7 @@ def run_in_process(
     partial = _read_result(partial_path)
     if partial is not None and not partial.status.ok and not timed_out:
         return partial, process_seconds  # the run recorded its own fault, then the process died
-    result = partial if partial is not None else _bare_result(cell.config)
+    result = partial if partial is not None else RunResult.of_config(cell.config, world_size=cell.config.replicas)
     phase = processes.phase_after(result)
     if timed_out:
         result.status = processes.timeout_status(
@@ -115,6 +85,6 @@ def run_in_process(
         )
     else:
         result.status = processes.exit_status(
-            process.returncode, process="the cell's process", phase=phase, output=_tail(log_path)
+            ended.returncode, process="the cell's process", phase=phase, output=_tail(log_path)
         )
     return result, process_seconds
