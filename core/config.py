@@ -186,13 +186,27 @@ def describe_type_error(error: Any, model: type[BaseModel] | None = None) -> str
     return f"{required} is required ({why})" + (f"; allowed: {bounds}" if bounds else "")
 
 
-def _describe_pydantic_error(error: Any) -> ConfigError:
-    field = ".".join(str(part) for part in error.get("loc", ())) or "config"
-    if error.get("type") == "extra_forbidden":
-        allowed = "unknown option; allowed options are: " + ", ".join(RunConfig.model_fields)
-    else:
-        allowed = describe_type_error(error, RunConfig) or str(error.get("msg", "invalid"))
-    return ConfigError(field, error.get("input"), allowed)
+def config_errors(
+    exc: ValidationError, model: type[BaseModel], *, unknown: str, prefix: str = "", nameless: str = "config"
+) -> list[ConfigError]:
+    """pydantic's errors as ConfigErrors naming the field, the value and what is allowed: the one
+    translator, for runs, sweep files and plugin options alike.
+
+    :param unknown: what an unknown key is called, followed by the model's fields ("unknown option;
+        allowed").
+    :param prefix: put before each field ("workload_options").
+    :param nameless: the field of an error that names none.
+    """
+    errors = []
+    for error in exc.errors():
+        where = ".".join(str(part) for part in error.get("loc", ())) or nameless
+        if error.get("type") == "extra_forbidden":
+            allowed = f"{unknown}: {', '.join(model.model_fields) or 'none'}"
+        else:
+            allowed = describe_type_error(error, model) or str(error.get("msg", "invalid"))
+            allowed = allowed.removeprefix("Value error, ")
+        errors.append(ConfigError(f"{prefix}.{where}" if prefix else where, error.get("input"), allowed))
+    return errors
 
 
 def make_config(**options: Any) -> RunConfig:
@@ -200,5 +214,5 @@ def make_config(**options: Any) -> RunConfig:
     try:
         return RunConfig(**options)
     except ValidationError as exc:
-        errors = [_describe_pydantic_error(e) for e in exc.errors()]
+        errors = config_errors(exc, RunConfig, unknown="unknown option; allowed options are")
         raise (errors[0] if len(errors) == 1 else ConfigErrors(errors)) from None

@@ -5,7 +5,8 @@ amdsmi: an accumulator x resolution that can wrap, and power in whole watts; gci
 only), not in how a window's energy is measured. A vendor plugin describes each device as an
 ``EnergySource``; this meter does the rest, identically for all:
 
-- a counter is read at the window's start and stop (wrap-corrected); it is the measurement;
+- a counter is read at the window's start and stop and, where it can wrap, polled in between often
+  enough that no wrap is missed (:class:`EnergyCounter`); it is the measurement;
 - where power can be read, a fixed-rate sampler integrates it over the same window (trapezoid
   rule): the measurement for devices without a counter, a cross-check for those with one;
 - the method is recorded per device, and the counter / sampled ratio where both exist.
@@ -14,6 +15,7 @@ only), not in how a window's energy is measured. A vendor plugin describes each 
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,23 +31,108 @@ from core.sampling import DEFAULT_TIMELINE_SPANS, FixedRateSampler
 CROSS_CHECK_TOLERANCE = 0.05
 
 
+# Longest wait between two polls of a counter that can wrap, whatever its range.
+MAX_POLL_SECONDS = 10.0
+
+
+class EnergyCounter:
+    """One hardware energy accumulator, read as joules since :meth:`start`.
+
+    ``read`` returns ``(ticks, joules per tick)``. A counter with a known range (it restarts at 0
+    after ``range_ticks``) is polled often enough that it passes less than half its range
+    between two reads, so a read below the previous one by more than half the range is one
+    wrap, and a smaller step back is an error, never energy (amdsmi issue #115 reports counters
+    that stepped back). ``max_power_watts`` bounds how fast the counter can move: with it, the
+    meter knows how long a gap between reads is safe (:attr:`safe_gap_seconds`: less than half
+    the range can pass), polls at half that, and reports a longer gap as unknown energy rather
+    than guess (after such a gap a wrap could pass for a step back, and a later read for none).
+    Counting is in ticks from the first read: a float of a counter's absolute value can be too
+    coarse for the joules between two reads.
+    Thread-safe: the meter's poller and the caller read it.
+    """
+
+    def __init__(
+        self,
+        read: Callable[[], tuple[int | float, float]],
+        range_ticks: int | float | None = None,
+        max_power_watts: float | None = None,
+    ) -> None:
+        self._read = read
+        self.range_ticks = range_ticks
+        self.max_power_watts = max_power_watts
+        self.joules_per_tick: float | None = None
+        self.wraps = 0
+        self._first: int | float | None = None
+        self._last: int | float | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def last_ticks(self) -> int | float | None:
+        return self._last
+
+    @property
+    def safe_gap_seconds(self) -> float | None:
+        """The longest time between reads in which the counter passes at most half its range."""
+        if self.range_ticks is None or self.max_power_watts is None or self.joules_per_tick is None:
+            return None
+        return self.range_ticks * self.joules_per_tick / self.max_power_watts / 2
+
+    def start(self) -> float:
+        """Read the counter and count from here (what was counted before is dropped)."""
+        with self._lock:
+            self._first = self._last = None
+            self.wraps = 0
+        return self.read_joules()
+
+    def read_joules(self) -> float:
+        """Joules since :meth:`start` (or the first read). Raises if the read fails or the counter
+        stepped back; the counter is then left as it was."""
+        ticks, joules_per_tick = self._read()
+        if isinstance(ticks, bool) or not math.isfinite(ticks) or not math.isfinite(joules_per_tick):
+            raise ValueError(f"counter read {ticks!r} x {joules_per_tick!r} J")
+        with self._lock:
+            if self._last is not None and ticks < self._last:
+                back = self._last - ticks
+                if self.range_ticks is None:
+                    raise ValueError(
+                        f"energy counter went backwards ({self._last} -> {ticks}) and its range is unknown"
+                    )
+                if back <= self.range_ticks / 2:
+                    raise ValueError(
+                        f"energy counter went back by {back} ticks ({back * joules_per_tick:.3f} J), "
+                        f"which is not a wrap of its range of {self.range_ticks} ticks"
+                    )
+                self.wraps += 1
+            if self._first is None:
+                self._first = ticks
+            self._last = ticks
+            self.joules_per_tick = joules_per_tick
+            wrapped = self.wraps * self.range_ticks if self.wraps and self.range_ticks is not None else 0
+            return (wrapped + ticks - self._first) * joules_per_tick
+
+
 @dataclass(frozen=True)
 class EnergySource:
-    """One device (or package) as the meter reads it; the readers may raise on failure."""
+    """One device (or package, or zone) as the meter reads it; the readers may raise on failure.
+
+    The counter is ``counters`` (summed: a package whose dies each have one), or the shorthand
+    ``read_counter_joules`` with ``counter_wrap_joules`` for a single counter read in joules.
+    """
 
     key: str  # "gpu0", "package-1", "ipu3": names the component in the result
     read_counter_joules: Callable[[], float] | None = None  # monotonically increasing energy counter
     counter_wrap_joules: float | None = None  # the counter restarts from 0 after this many joules
     read_power_watts: Callable[[], float | None] | None = None  # instantaneous power; None = "N/A"
+    counters: tuple[EnergyCounter, ...] = ()
+    in_total: bool = True  # False for a component inside another one (a RAPL core zone in its package)
 
-
-def counter_delta(start: float, stop: float, wrap: float | None) -> float:
-    """Energy between two counter reads; one wrap is undone where the counter's range is known."""
-    if stop >= start:
-        return stop - start
-    if wrap is None:
-        raise ValueError(f"energy counter went backwards ({start} -> {stop}) and its range is unknown")
-    return stop + wrap - start
+    def __post_init__(self) -> None:
+        if self.read_counter_joules is not None:
+            if self.counters:
+                raise ValueError(f"{self.key}: give counters or read_counter_joules, not both")
+            read = self.read_counter_joules
+            counter = EnergyCounter(lambda: (float(read()), 1.0), range_ticks=self.counter_wrap_joules)
+            object.__setattr__(self, "counters", (counter,))
 
 
 class DeviceEnergyMeter(PowerMeter):
@@ -57,16 +144,31 @@ class DeviceEnergyMeter(PowerMeter):
         sample_power: bool = True,
         details: dict[str, Any] | None = None,
         timeline_points: int = DEFAULT_TIMELINE_SPANS,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        max_poll_seconds: float = MAX_POLL_SECONDS,
     ) -> None:
         if not sources:
             raise ValueError("a device energy meter needs at least one source")
         self.name = name
         self._sources = sources
         self._details = dict(details or {})
-        self._counters_at_start: dict[str, float] = {}
+        self._clock = clock
+        self._max_poll_seconds = max_poll_seconds
         self._counter_errors: dict[str, str] = {}
+        self._counted: dict[str, float] = {}  # joules per source since start, at the last good read
+        self._last_read_at: dict[str, float] = {}
+        self._max_gap: dict[str, float] = {}
         self._started_at: float | None = None
+        self._stopping = False
         self._sampling = False
+        self._lock = threading.Lock()
+        self._stop_polling = threading.Event()
+        self._poller: threading.Thread | None = None
+        self.poll_interval_seconds: float | None = None
+        self._polls = 0
+        self._poll_error_count = 0
+        self._poll_errors: list[str] = []
         powered = [s for s in sources if s.read_power_watts is not None]
         self._sampler = (
             FixedRateSampler(
@@ -74,57 +176,126 @@ class DeviceEnergyMeter(PowerMeter):
                 sample_interval_seconds,
                 timeline_spans=timeline_points,
             )
-            if powered and (sample_power or any(s.read_counter_joules is None for s in powered))
+            if powered and (sample_power or any(not s.counters for s in powered))
             else None
         )
 
-    def _read_counter(self, source: EnergySource) -> float | None:
-        assert source.read_counter_joules is not None
+    # --- counters ------------------------------------------------------------------------------
+
+    def _read_source(self, source: EnergySource, first: bool) -> tuple[float | None, str | None]:
+        """(joules since start, None) or (None, why not). A failed read must never become a number."""
         try:
-            value = float(source.read_counter_joules())
-        except Exception as exc:  # a failed read must never become a number
-            self._counter_errors[source.key] = f"{type(exc).__name__}: {exc}"
+            joules = sum(c.start() if first else c.read_joules() for c in source.counters)
+        except Exception as exc:  # noqa: BLE001 - a vendor call may raise anything
+            return None, f"{type(exc).__name__}: {exc}"
+        if not math.isfinite(joules):
+            return None, f"counter read {joules}"
+        return joules, None
+
+    def _fold(self, source: EnergySource, t: float, joules: float) -> None:
+        """A good read at ``t``. Caller holds the lock."""
+        self._max_gap[source.key] = max(self._max_gap.get(source.key, 0.0), t - self._last_read_at[source.key])
+        self._last_read_at[source.key] = t
+        self._counted[source.key] = joules
+
+    def _poll_interval(self) -> float | None:
+        """How often the counters that can wrap are read: within half their safe gap."""
+        wrapping = [c for s in self._sources if s.key in self._counted for c in s.counters if c.range_ticks]
+        if not wrapping:
             return None
-        if not math.isfinite(value):
-            self._counter_errors[source.key] = f"counter read {value}"
-            return None
-        return value
+        gaps = [c.safe_gap_seconds for c in wrapping if c.safe_gap_seconds is not None]
+        return min([self._max_poll_seconds, *(gap / 2 for gap in gaps)])
+
+    def poll(self) -> None:
+        """Read every counter now (the poller's step; tests call it): no wrap goes unseen."""
+        t = self._clock()
+        for source in self._sources:
+            if source.key not in self._counted:
+                continue
+            joules, error = self._read_source(source, first=False)
+            with self._lock:
+                if self._stopping:
+                    return  # stop() takes the final reading
+                if joules is None:
+                    # The last good read stays: the next one still gives the right total, and the
+                    # gap check at stop() catches a gap long enough to hide a wrap.
+                    self._poll_error_count += 1
+                    message = f"{source.key}: {error}"
+                    if message not in self._poll_errors and len(self._poll_errors) < 10:
+                        self._poll_errors.append(message)
+                    continue
+                self._fold(source, t, joules)
+        with self._lock:
+            self._polls += 1
+
+    def _poll_loop(self) -> None:
+        assert self.poll_interval_seconds is not None
+        while not self._stop_polling.wait(self.poll_interval_seconds):
+            self.poll()
+
+    def _end_polling(self) -> None:
+        self._stop_polling.set()
+        if self._poller is not None:
+            self._poller.join(5.0)
+            self._poller = None
+
+    # --- the window ----------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._started_at = time.monotonic()
+        self._stopping = False
+        t = self._clock()
+        self._started_at = t
         for source in self._sources:
-            if source.read_counter_joules is not None:
-                value = self._read_counter(source)
-                if value is not None:
-                    self._counters_at_start[source.key] = value
+            if not source.counters:
+                continue
+            joules, error = self._read_source(source, first=True)
+            if joules is None:
+                self._counter_errors[source.key] = error or "unreadable"
+                continue
+            self._counted[source.key], self._last_read_at[source.key] = joules, t
+        self.poll_interval_seconds = self._poll_interval()
+        if self.poll_interval_seconds is not None:
+            self._poller = threading.Thread(target=self._poll_loop, name=f"{self.name}-counter-poll", daemon=True)
+            self._poller.start()
         if self._sampler is not None:
             self._sampler.start()
             self._sampling = True
 
     def stop(self) -> EnergyMeasurement:
-        counted: dict[str, float] = {}
+        with self._lock:
+            self._stopping = True  # from here on the poller discards what it reads
+        self._end_polling()
+        if self._started_at is None:
+            self._stop_sampling()
+            return EnergyMeasurement(meter=self.name, unavailable_reason="stop() was called before start()")
+        t = self._clock()
         for source in self._sources:
-            if source.read_counter_joules is None or source.key not in self._counters_at_start:
+            if source.key not in self._counted:
                 continue
-            value = self._read_counter(source)
-            if value is None:
+            joules, error = self._read_source(source, first=False)
+            if joules is None:
+                self._counter_errors[source.key] = error or "unreadable"
+                del self._counted[source.key]
                 continue
-            try:
-                counted[source.key] = counter_delta(
-                    self._counters_at_start[source.key], value, source.counter_wrap_joules
+            with self._lock:
+                self._fold(source, t, joules)
+            safe = min((c.safe_gap_seconds for c in source.counters if c.safe_gap_seconds), default=None)
+            if safe is not None and self._max_gap[source.key] > safe:
+                self._counter_errors[source.key] = (
+                    f"its counter went unread for {self._max_gap[source.key]:.1f} s, longer than the {safe:.1f} s "
+                    "in which it can pass half its range, so a wrap could be missed; the energy cannot be known"
                 )
-            except ValueError as exc:
-                self._counter_errors[source.key] = str(exc)
-        elapsed = time.monotonic() - self._started_at if self._started_at is not None else None
+                del self._counted[source.key]
+        elapsed = t - self._started_at
         sampled = self._stop_sampling()
-        return self._measurement(counted, sampled, elapsed)
+        return self._measurement(dict(self._counted), sampled, elapsed)
 
     def _measurement(self, counted: dict[str, float], sampled: Any, elapsed: float | None) -> EnergyMeasurement:
         components: dict[str, float] = {}
         methods: dict[str, str] = {}
         missing: list[str] = []
         sampled_joules = dict(sampled.components_joules) if sampled is not None else {}
-        sampled_complete = {k for k, v in (sampled.coverage.items() if sampled is not None else ()) if v >= 0.999}
+        sampled_complete = sampled.complete_components() if sampled is not None else set()
         for source in self._sources:
             if source.key in counted:
                 components[source.key], methods[source.key] = counted[source.key], "counter"
@@ -132,7 +303,7 @@ class DeviceEnergyMeter(PowerMeter):
                 components[source.key], methods[source.key] = sampled_joules[source.key], "sampled"
             else:
                 missing.append(source.key)
-        details: dict[str, Any] = {**self._details, "methods": methods}
+        details: dict[str, Any] = {**self._details, "methods": methods, "window_seconds": elapsed}
         timeline = sampled.timeline if sampled is not None else None
         warnings: list[str] = []
         if sampled is not None:
@@ -158,6 +329,7 @@ class DeviceEnergyMeter(PowerMeter):
                 details["power_read_errors"] = list(sampled.errors)
         if self._counter_errors:
             details["counter_errors"] = dict(self._counter_errors)
+        details.update(self._counter_details())
         if missing:
             reasons = "; ".join(
                 f"{k}: {self._counter_errors.get(k, 'no counter and no complete power trace')}" for k in missing
@@ -170,7 +342,7 @@ class DeviceEnergyMeter(PowerMeter):
                 power_timeline=timeline,
                 warnings=warnings,
             )
-        total = sum(components.values())
+        total = sum(joules for s in self._sources if (joules := components.get(s.key)) is not None and s.in_total)
         kinds = set(methods.values())
         return EnergyMeasurement(
             meter=self.name,
@@ -183,6 +355,20 @@ class DeviceEnergyMeter(PowerMeter):
             warnings=warnings,
         )
 
+    def _counter_details(self) -> dict[str, Any]:
+        wrapping = [s for s in self._sources if any(c.range_ticks for c in s.counters)]
+        if not wrapping:
+            return {}
+        info: dict[str, Any] = {
+            "counter_wraps": {s.key: sum(c.wraps for c in s.counters) for s in wrapping},
+            "counter_polls": self._polls,
+            "counter_poll_interval_seconds": self.poll_interval_seconds,
+        }
+        if self._poll_error_count:
+            info["poll_error_count"] = self._poll_error_count
+            info["poll_errors"] = list(self._poll_errors)
+        return info
+
     def _stop_sampling(self) -> Any:
         if self._sampler is None or not self._sampling:
             return None
@@ -190,4 +376,6 @@ class DeviceEnergyMeter(PowerMeter):
         return self._sampler.stop()
 
     def close(self) -> None:
-        self._stop_sampling()  # a window that failed half-way leaves no sampling thread behind
+        # A window that failed half-way leaves no polling or sampling thread behind.
+        self._end_polling()
+        self._stop_sampling()

@@ -21,7 +21,7 @@ from core.accelerator import Accelerator, Availability
 from core.config import Framework, Precision, RunConfig
 from core.data import SYNTHETIC_SOURCES
 from core.distributed import ProcessContext
-from core.energy import DeviceEnergyMeter, EnergySource
+from core.energy import DeviceEnergyMeter, EnergyCounter, EnergySource
 from core.environment import processor_name
 from core.errors import ConfigError, NonFiniteLossError, PluginError
 from core.executors.base import Executor, HostStepClock, StepClock
@@ -104,5 +104,6 @@ __all__ = [
     "EnergyMeasurement",
     "DeviceEnergyMeter",
     "EnergySource",
+    "EnergyCounter",
     "FixedRateSampler",
 ]

@@ -152,8 +152,13 @@ class SampledEnergy:
         return (
             self.total_joules is not None
             and not self.unavailable_components
-            and all(c == 1.0 for c in self.coverage.values())
+            and self.complete_components() == set(self.coverage)
         )
+
+    def complete_components(self) -> set[str]:
+        """The components integrated over the whole window: the only ones whose energy is known.
+        (The sampler sets coverage to exactly 1.0 within float tolerance; anything less is a gap.)"""
+        return {name for name, c in self.coverage.items() if c == 1.0 and name not in self.unavailable_components}
 
     def to_measurement(self, meter: str, details: Mapping[str, object] | None = None) -> EnergyMeasurement:
         """An EnergyMeasurement for the result. Partial coverage gives no total: a partial integral

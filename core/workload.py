@@ -16,8 +16,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from core.config import Framework, describe_type_error
-from core.errors import ConfigError
+from core.config import Framework, config_errors
 
 
 class NoOptions(BaseModel):
@@ -39,13 +38,8 @@ def parse_plugin_options(model: type[BaseModel], options: dict[str, Any], field:
             return model.model_validate(options, strict=True)
         return model.model_validate_json(document, strict=True)
     except ValidationError as exc:
-        error = exc.errors()[0]
-        key = ".".join(str(p) for p in error.get("loc", ())) or "?"
-        if error.get("type") == "extra_forbidden":
-            allowed = f"unknown option for {owner}; allowed: {', '.join(model.model_fields) or 'none'}"
-        else:
-            allowed = describe_type_error(error, model) or str(error.get("msg"))
-        raise ConfigError(f"{field}.{key}", error.get("input"), allowed) from None
+        errors = config_errors(exc, model, unknown=f"unknown option for {owner}; allowed", prefix=field, nameless="?")
+        raise errors[0] from None
 
 
 #: framework -> (its module, how to install it), for planning's check that it is installed

@@ -130,26 +130,38 @@ def test_wrap_is_handled(tmp_path: Path) -> None:
 
 
 def test_several_wraps_are_counted_by_polling(tmp_path: Path) -> None:
-    zone_dir(tmp_path / "intel-rapl:0", "package-0", MAX - 1_000_000)
+    start = MAX - 1_000_000
+    zone_dir(tmp_path / "intel-rapl:0", "package-0", start)
     clock = Clock()
     meter = RaplMeter(discover_zones(tmp_path), clock=clock)
     meter.start()
-    for value in (MAX // 2, MAX - 2_000_000, 1_000_000):  # wraps before the first and the third poll
-        clock.t += 200.0  # well inside the ~524 s a 262 kJ counter needs to wrap at 500 W
-        set_energy(tmp_path, "intel-rapl:0", value)
+    step_uj = 100_000_000_000  # 100 kJ per 200 s (500 W): under half the 262 kJ range between reads
+    for k in (1, 2, 3):  # the counter wraps before the first and the third poll
+        clock.t += 200.0  # inside the 262 s in which 500 W passes half the range
+        set_energy(tmp_path, "intel-rapl:0", (start + k * step_uj) % MAX)
         meter.poll()
     clock.t += 200.0
-    set_energy(tmp_path, "intel-rapl:0", 4_000_000)
+    set_energy(tmp_path, "intel-rapl:0", (start + 4 * step_uj) % MAX)
     m = meter.stop()
-    # Two whole ranges were passed; reads at start and stop alone would have seen one wrap and 5 J.
+    # 400 kJ, more than a whole range: reads at start and stop alone would have seen one wrap.
     assert m.details["wraps"] == 2 and m.details["polls"] == 3
-    assert m.energy_joules == pytest.approx((2 * MAX + 4_000_000 - (MAX - 1_000_000)) / 1e6)
-    assert m.energy_joules == pytest.approx(5.0 + MAX / 1e6)
+    assert m.energy_joules == pytest.approx(4 * step_uj / 1e6)
+
+
+def test_a_small_step_back_is_an_error_not_a_wrap(tmp_path: Path) -> None:
+    # A counter that steps back by less than half its range did not wrap (polled as it is, it
+    # cannot have passed half its range): the read is refused, never counted as energy.
+    zone_dir(tmp_path / "intel-rapl:0", "package-0", 5_000_000_000)
+    meter = RaplMeter(discover_zones(tmp_path))
+    meter.start()
+    set_energy(tmp_path, "intel-rapl:0", 4_000_000_000)
+    m = meter.stop()
+    assert m.energy_joules is None and "not a wrap" in (m.unavailable_reason or "")
 
 
 def test_background_thread_polls_fast_enough_for_small_ranges() -> None:
-    # A 10 J counter at 20 W wraps every 0.5 s; with max_power_watts=25 the meter must read at least every
-    # 0.4 s (it polls every 0.2 s, leaving room for scheduling delays), so both wraps in 1.2 s count.
+    # A 10 J counter at 20 W wraps every 0.5 s; with max_power_watts=25 half its range passes in 0.2 s at
+    # the most, so the meter polls every 0.1 s (room for scheduling delays) and both wraps in 1.2 s count.
     zone = RaplZone("package-0", Path("/fake/intel-rapl:0"), 10_000_000, True)
     t0 = time.monotonic()
 
@@ -157,7 +169,7 @@ def test_background_thread_polls_fast_enough_for_small_ranges() -> None:
         return str(round(20e6 * (time.monotonic() - t0)) % 10_000_000)
 
     meter = RaplMeter([zone], read_text=read_text, max_power_watts=25.0)
-    assert meter.poll_interval_seconds == pytest.approx(0.2)
+    assert meter.poll_interval_seconds == pytest.approx(0.1)
     meter.start()
     time.sleep(1.2)
     m = meter.stop()
@@ -189,7 +201,9 @@ def test_failed_read_at_stop_is_unavailable_not_a_wrap(tmp_path: Path) -> None:
     energy.unlink()
     energy.mkdir()  # reading it now raises IsADirectoryError (chmod 000 would not stop root)
     m = meter.stop()
-    assert m.energy_joules is None and m.components_joules == {}
+    # No total; the zones that were read keep their figures, the failed one has none.
+    assert m.energy_joules is None and "package-1" not in m.components_joules
+    assert m.components_joules["package-0"] == 0.0
     assert "intel-rapl:1/energy_uj" in (m.unavailable_reason or "")
     assert "IsADirectoryError" in (m.unavailable_reason or "")
 

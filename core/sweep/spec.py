@@ -205,7 +205,7 @@ def _too_many(errors: list[ConfigError]) -> list[ConfigError]:
 
 def make_sweep_spec(document: dict[str, Any], default_name: str | None = None) -> SweepSpec:
     """Validate a sweep document. Raises ConfigError naming the setting (``grid.precision``)."""
-    from core.config import describe_type_error
+    from core.config import config_errors
 
     document = dict(document)
     if default_name is not None and "name" not in document:
@@ -213,15 +213,10 @@ def make_sweep_spec(document: dict[str, Any], default_name: str | None = None) -
     try:
         spec = SweepSpec(**document)
     except ValidationError as exc:
-        errors = []
-        for error in exc.errors():
-            where = ".".join(str(part) for part in error.get("loc", ())) or "sweep"
-            if error.get("type") == "extra_forbidden":
-                allowed = "unknown setting; a sweep file has: " + ", ".join(SweepSpec.model_fields)
-            else:
-                allowed = describe_type_error(error, SweepSpec) or str(error.get("msg", "invalid"))
-                allowed = allowed.removeprefix("Value error, ")
-            errors.append(ConfigError(where, shown(error.get("input")), _shorten(allowed, 600)))
+        errors = [
+            ConfigError(e.field, shown(e.value), _shorten(str(e.allowed), 600))
+            for e in config_errors(exc, SweepSpec, unknown="unknown setting; a sweep file has", nameless="sweep")
+        ]
         errors = _too_many(errors)
         raise (errors[0] if len(errors) == 1 else ConfigErrors(errors)) from None
     _check_grid(spec)

@@ -14,15 +14,15 @@ Each package the run touches is one source of core's DeviceEnergyMeter (componen
 Before the window (in ``create``) every package's counter is validated: read twice
 ``validation_seconds`` apart and compared with power x time; a counter that is off by more than
 ``max_counter_ratio`` (10x) either way is not used, and that package is measured by sampling
-its power, with the reason recorded. 32-bit counters (MI100) are also polled during the window
-so that no wrap is missed.
+its power, with the reason recorded. During the window core's meter reads the counters every
+10 s besides, so a 32-bit counter (MI100: 65.7 kJ at 15.3 uJ per tick, 110 s at 600 W) cannot
+wrap unseen.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,7 +32,7 @@ from core.plugin import (
     Availability,
     DeviceEnergyMeter,
     DeviceRecord,
-    EnergyMeasurement,
+    EnergyCounter,
     EnergySource,
     PowerMeter,
     PowerMeterFactory,
@@ -46,7 +46,6 @@ from plugins.probing import SdkProbe
 VALIDATION_SECONDS = 0.25
 MAX_COUNTER_RATIO = 10.0
 MIN_VALIDATION_JOULES = 0.5  # below this power x time says too little to judge a counter
-POLL_SECONDS_32_BIT = 10.0  # a 32-bit counter at 15.3 uJ/tick wraps after 65.7 kJ: 110 s at 600 W
 
 
 def run_bdfs(devices: list[DeviceRecord]) -> list[str]:
@@ -58,6 +57,12 @@ def run_bdfs(devices: list[DeviceRecord]) -> list[str]:
             if isinstance(bdf, str) and bdf not in bdfs:
                 bdfs.append(bdf)
     return bdfs
+
+
+def _ticks_in_joules(amdsmi: Any, handle: Any) -> tuple[int, float]:
+    """One GCD's energy accumulator: (ticks, joules per tick)."""
+    ticks, resolution_uj = smi.energy_ticks(amdsmi, handle)
+    return ticks, resolution_uj / 1e6
 
 
 def _known(gcd: smi.Gcd | None) -> smi.Gcd:
@@ -74,14 +79,15 @@ class _PackageReader:
     key: str
     amdsmi: Any
     gcds: list[smi.Gcd]
-    trackers: list[smi.CounterTracker]
+    counters: list[EnergyCounter]  # one per GCD, in ``gcds`` order
     power_keys: dict[str, str]  # bdf -> the power field that GCD reports
     reporting: list[str]  # bdfs whose power counts (the secondary MI250 die reports none)
 
     @classmethod
     def open(cls, key: str, amdsmi: Any, gcds: list[smi.Gcd]) -> _PackageReader:
-        trackers = [
-            smi.CounterTracker(functools.partial(smi.energy_ticks, amdsmi, g.handle), g.counter_bits) for g in gcds
+        counters = [
+            EnergyCounter(functools.partial(_ticks_in_joules, amdsmi, g.handle), range_ticks=1 << g.counter_bits)
+            for g in gcds
         ]
         power_keys = {}
         for gcd in gcds:
@@ -90,10 +96,10 @@ class _PackageReader:
             except Exception:  # noqa: BLE001 - an unreadable field is one the part does not offer
                 current = None
             power_keys[gcd.bdf] = "current_socket_power" if current is not None else "average_socket_power"
-        return cls(key, amdsmi, gcds, trackers, power_keys, [g.bdf for g in gcds])
+        return cls(key, amdsmi, gcds, counters, power_keys, [g.bdf for g in gcds])
 
     def counter_joules(self) -> float:
-        return sum(tracker.read_joules() for tracker in self.trackers)
+        return sum(counter.read_joules() for counter in self.counters)
 
     def die_watts(self, gcd: smi.Gcd) -> float | None:
         return smi.power_watts(self.amdsmi, gcd.handle, self.power_keys[gcd.bdf])
@@ -135,7 +141,7 @@ def _validate(
             state[reader.key] = (
                 energy,
                 {g.bdf: reader.die_watts_or_none(g) for g in reader.gcds},
-                [t.last_ticks for t in reader.trackers],
+                [c.last_ticks for c in reader.counters],
             )
         return now, state
 
@@ -202,7 +208,7 @@ class AmdsmiMeter(DeviceEnergyMeter):
         sources = [
             EnergySource(
                 key=r.key,
-                read_counter_joules=r.counter_joules if verdicts[r.key]["use_counter"] else None,
+                counters=tuple(r.counters) if verdicts[r.key]["use_counter"] else (),
                 read_power_watts=r.power_watts,
             )
             for r in readers
@@ -215,50 +221,14 @@ class AmdsmiMeter(DeviceEnergyMeter):
             details=details,
             timeline_points=timeline_points,
         )
-        self._trackers = [t for r in readers if verdicts[r.key]["use_counter"] for t in r.trackers]
-        self.poll_seconds = POLL_SECONDS_32_BIT if any(t.bits < 64 for t in self._trackers) else None
-        self._stop_polling = threading.Event()
-        self._poller: threading.Thread | None = None
 
-    def poll(self) -> None:
-        """Read every used counter now, so that a wrap between start and stop is seen."""
-        for tracker in self._trackers:
-            try:
-                tracker.read_joules()
-            except Exception:  # noqa: BLE001 - the read at stop() reports a persistent failure
-                pass
-
-    def _poll_loop(self) -> None:
-        assert self.poll_seconds is not None
-        while not self._stop_polling.wait(self.poll_seconds):
-            self.poll()
-
-    def _wraps(self) -> dict[str, int]:
-        return {r.key: sum(t.wraps for t in r.trackers) for r in self._readers}
-
-    def start(self) -> None:
-        self._wraps_at_start = self._wraps()
-        super().start()
-        if self.poll_seconds is not None:
-            self._poller = threading.Thread(target=self._poll_loop, name="amdsmi-counter-poll", daemon=True)
-            self._poller.start()
-
-    def _end_polling(self) -> None:
-        self._stop_polling.set()
-        if self._poller is not None:
-            self._poller.join(5.0)
-            self._poller = None
-
-    def stop(self) -> EnergyMeasurement:
-        self._end_polling()
-        measurement = super().stop()
-        start = getattr(self, "_wraps_at_start", {})
-        measurement.details["counter_wraps"] = {k: n - start.get(k, 0) for k, n in self._wraps().items()}
-        return measurement
+    @property
+    def poll_seconds(self) -> float | None:
+        """How often the window's counters are read (core's poller: no wrap goes unseen)."""
+        return self.poll_interval_seconds
 
     def close(self) -> None:
         try:
-            self._end_polling()
             super().close()
         finally:
             session, self._session = self._session, None
@@ -350,10 +320,10 @@ class AmdsmiMeterFactory(PowerMeterFactory):
                         "hip_index": _known(node.gcd(b)).hip_index,
                         "in_run": b in wanted,
                         "power_field": reader.power_keys[b],
-                        "counter_bits": t.bits,
-                        "counter_resolution_uj": t.resolution_uj,
+                        "counter_bits": gcd.counter_bits,
+                        "counter_resolution_uj": c.joules_per_tick * 1e6 if c.joules_per_tick is not None else None,
                     }
-                    for b, t in zip(package.bdfs, reader.trackers)
+                    for b, gcd, c in zip(package.bdfs, reader.gcds, reader.counters)
                 },
                 "rule": package.rule,
                 **verdicts[package.key],

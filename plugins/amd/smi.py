@@ -142,47 +142,6 @@ def power_watts(amdsmi: Any, handle: Any, key: str) -> float | None:
     return float(value)
 
 
-class CounterTracker:
-    """One GCD's energy accumulator as monotonic joules since the first read.
-
-    A read below the previous one is a wrap only when it is more than half the counter's range
-    below (the counter passed 2**bits and restarted); a smaller step back is an error, never
-    energy (amdsmi issue #115 reports counters that stepped back).
-    """
-
-    def __init__(self, read_ticks: Callable[[], tuple[int, float]], bits: int) -> None:
-        self._read_ticks = read_ticks
-        self.bits = bits
-        self.wraps = 0
-        self.resolution_uj: float | None = None
-        self._first: int | None = None
-        self._last: int | None = None
-        self._lock = threading.Lock()
-
-    @property
-    def last_ticks(self) -> int | None:
-        return self._last
-
-    def read_joules(self) -> float:
-        ticks, resolution = self._read_ticks()
-        with self._lock:
-            if self._last is not None and ticks < self._last:
-                back = self._last - ticks
-                if back <= (1 << self.bits) // 2:
-                    raise ValueError(
-                        f"energy counter went back by {back} ticks ({back * resolution / 1e6:.3f} J), "
-                        f"which is not a wrap of its {self.bits}-bit range"
-                    )
-                self.wraps += 1
-            if self._first is None:
-                self._first = ticks
-            self._last = ticks
-            self.resolution_uj = resolution
-            # Counted from the first read: a counter's absolute value can be large enough (2**64
-            # ticks is 2.8e14 J) that a float of it would lose the joules between two reads.
-            return ((self.wraps << self.bits) + ticks - self._first) * resolution / 1e6
-
-
 # --- the node -------------------------------------------------------------------------------
 
 

@@ -7,17 +7,16 @@ and ``intel-rapl:N:M`` its subzone M ("core", "uncore", "dram"). The flat entrie
 its numbers here, not by path. ``intel-rapl-mmio:N`` re-exposes a package through MMIO (same
 energy, name "package-N") and is ignored, or packages would be counted twice.
 
-Each zone has ``energy_uj``, a counter that wraps to 0 after ``max_energy_range_uj``. The window's
-energy is the sum of wrap-corrected deltas between reads. Two reads alone cannot see a counter wrap
-twice, so a background thread also reads the counters often enough that no zone can pass its whole
-range between two reads (at ``max_power_watts``); if reads were ever further apart than that, the
-measurement is reported unavailable rather than guessed.
+Each zone has ``energy_uj``, a counter that wraps to 0 after ``max_energy_range_uj``. Each zone is
+an ``EnergyCounter`` of core's ``DeviceEnergyMeter``, which reads them at the window's start and
+stop and polls them in between often enough that no zone passes half its range between two reads
+(at ``max_power_watts``), so every wrap is seen; if reads were ever further apart than that, the
+zone's energy is reported unknown rather than guessed.
 """
 
 from __future__ import annotations
 
 import re
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,8 +24,11 @@ from pathlib import Path
 
 from core.plugin import (
     Availability,
+    DeviceEnergyMeter,
     DeviceRecord,
+    EnergyCounter,
     EnergyMeasurement,
+    EnergySource,
     PowerMeter,
     PowerMeterFactory,
     RunConfig,
@@ -36,7 +38,6 @@ from core.plugin import (
 POWERCAP_ROOT = Path("/sys/class/powercap")
 _ZONE = re.compile(r"^intel-rapl:(\d+)$")
 _SUBZONE = re.compile(r"^intel-rapl:(\d+):(\d+)$")
-_MAX_KEPT_ERRORS = 10
 _SCOPE = "whole CPU packages (and their DRAM): includes idle power and every process on the host"
 
 ReadText = Callable[[Path], str]
@@ -110,19 +111,19 @@ def discover_zones(root: Path = POWERCAP_ROOT, read_text: ReadText = _read_text)
     return zones
 
 
-def _read_counters(zones: list[RaplZone], read_text: ReadText) -> tuple[list[int] | None, str | None]:
-    """All counters, or None and which file failed how. A failed read is never turned into a number."""
-    values: list[int] = []
-    for zone in zones:
-        try:
-            values.append(int(read_text(zone.energy_file).strip()))
-        except (OSError, ValueError) as exc:
-            return None, f"cannot read {zone.energy_file}: {type(exc).__name__}: {exc}"
-    return values, None
+def _zone_counter(zone: RaplZone, read_text: ReadText, max_power_watts: float) -> EnergyCounter:
+    def read() -> tuple[int, float]:
+        # int() of an empty or garbled file raises: a failed read is never turned into a number.
+        return int(read_text(zone.energy_file).strip()), 1e-6
+
+    # The counter restarts at 0 after max_energy_range_uj. (The true modulus is one hardware
+    # energy unit, ~15-61 uJ, larger; negligible against a range of ~262 kJ.)
+    return EnergyCounter(read, range_ticks=zone.max_energy_range_uj, max_power_watts=max_power_watts)
 
 
-class RaplMeter(PowerMeter):
-    name = "rapl"
+class RaplMeter(DeviceEnergyMeter):
+    """Every RAPL zone as an energy counter of core's device meter, which polls them (see the
+    module's docstring); the total counts packages and DRAM, the zones inside or around them not."""
 
     def __init__(
         self,
@@ -134,142 +135,49 @@ class RaplMeter(PowerMeter):
         max_poll_seconds: float = 10.0,
     ) -> None:
         self.zones = list(zones)
-        self._read_text = read_text
-        self._clock = clock
-        # Reads further apart than this could hide a second wrap in some zone.
+        sources = [
+            EnergySource(key=z.key, counters=(_zone_counter(z, read_text, max_power_watts),), in_total=z.in_total)
+            for z in self.zones
+        ]
+        # Reads further apart than this could miss a wrap in some zone (less than half a range passes).
         self.safe_gap_seconds = min(
-            (z.max_energy_range_uj / 1e6 / max_power_watts for z in self.zones), default=max_poll_seconds
+            (z.max_energy_range_uj / 1e6 / max_power_watts / 2 for z in self.zones), default=max_poll_seconds
+        )
+        super().__init__(
+            "rapl",
+            sources or [EnergySource(key="rapl")],
+            sample_interval_seconds=1.0,
+            sample_power=False,
+            details={"scope": _SCOPE},
+            clock=clock,
+            max_poll_seconds=max_poll_seconds,
         )
         self.poll_interval_seconds = min(max_poll_seconds, self.safe_gap_seconds / 2)
-        self._lock = threading.Lock()
-        self._stop_event = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._start_error: str | None = "RaplMeter.stop() was called before start()"
-        self._stopping = False
-        self._t_start = self._t_last = 0.0
-        self._last: list[int] = []
-        self._energy_uj = [0] * len(self.zones)
-        self._wraps = [0] * len(self.zones)
-        self._max_gap = 0.0
-        self._polls = 0
-        self._poll_error_count = 0
-        self._poll_errors: list[str] = []
 
     def start(self) -> None:
         if not self.zones:
-            self._start_error = "no RAPL zones to read"
-            return
-        t = self._clock()
-        values, error = _read_counters(self.zones, self._read_text)
-        if values is None:
-            self._start_error = error  # reported by stop(); start() does not abort the run
-            return
-        self._start_error = None
-        self._t_start = self._t_last = t
-        self._last = values
-        self._thread = threading.Thread(target=self._poll_loop, name="rapl-poll", daemon=True)
-        self._thread.start()
-
-    def _poll_loop(self) -> None:
-        while not self._stop_event.wait(self.poll_interval_seconds):
-            self.poll()
-
-    def poll(self) -> None:
-        """Read every counter now and fold it in (the background thread's step; callable in tests)."""
-        t = self._clock()
-        values, error = _read_counters(self.zones, self._read_text)
-        with self._lock:
-            if self._stopping or self._start_error is not None:
-                return  # outside the window: stop() takes the final values; before start() there is no base
-            if values is None:
-                # Keep the last good values: the next good read still gives the right delta, and the
-                # gap check in stop() catches a gap long enough to hide a wrap.
-                self._poll_error_count += 1
-                if error not in self._poll_errors and len(self._poll_errors) < _MAX_KEPT_ERRORS:
-                    self._poll_errors.append(error or "")
-                return
-            self._polls += 1
-            self._advance(t, values)
-
-    def _advance(self, t: float, values: list[int]) -> None:
-        """Add the deltas since the last good read. Caller holds the lock."""
-        self._max_gap = max(self._max_gap, t - self._t_last)
-        for i, (zone, value) in enumerate(zip(self.zones, values)):
-            delta = value - self._last[i]
-            if delta < 0:
-                # The counter passed max_energy_range_uj and restarted at 0. (The true modulus is
-                # one hardware energy unit, ~15-61 uJ, larger; negligible against a wrap of ~262 kJ.)
-                delta += zone.max_energy_range_uj
-                self._wraps[i] += 1
-            self._energy_uj[i] += delta
-        self._last = values
-        self._t_last = t
+            return  # stop() says why
+        super().start()
 
     def stop(self) -> EnergyMeasurement:
-        with self._lock:
-            self._stopping = True  # from here on the poller discards what it reads
-        t = self._clock()
-        values, error = (None, self._start_error) if self._start_error else _read_counters(self.zones, self._read_text)
-        self.close()
-        if values is None:
-            return EnergyMeasurement(
-                meter=self.name, method="counter", unavailable_reason=error, details=self._error_details()
-            )
-        with self._lock:
-            self._advance(t, values)
-            if self._max_gap > self.safe_gap_seconds:
-                return EnergyMeasurement(
-                    meter=self.name,
-                    method="counter",
-                    details=self._error_details(),
-                    unavailable_reason=(
-                        f"RAPL counters went unread for {self._max_gap:.1f} s, longer than the "
-                        f"{self.safe_gap_seconds:.1f} s in which a counter could wrap more than once; "
-                        "the energy cannot be known"
-                    ),
-                )
-            return self._measurement(t - self._t_start)
-
-    def _measurement(self, seconds: float) -> EnergyMeasurement:
-        joules = [uj / 1e6 for uj in self._energy_uj]
-        total = sum(j for j, zone in zip(joules, self.zones) if zone.in_total)
-        zones = [
+        if not self.zones:
+            return EnergyMeasurement(meter=self.name, method="counter", unavailable_reason="no RAPL zones to read")
+        measurement = super().stop()
+        wraps = measurement.details.get("counter_wraps", {})
+        measurement.details["zones"] = [
             {
                 "zone": z.key,
                 "path": str(z.path),
-                "joules": j,
+                "joules": measurement.components_joules.get(z.key),
                 "in_total": z.in_total,
-                "wraps": w,
+                "wraps": wraps.get(z.key, 0),
                 "max_energy_range_uj": z.max_energy_range_uj,
             }
-            for z, j, w in zip(self.zones, joules, self._wraps)
+            for z in self.zones
         ]
-        return EnergyMeasurement(
-            meter=self.name,
-            method="counter",
-            energy_joules=total,
-            components_joules={z.key: j for z, j in zip(self.zones, joules)},
-            mean_power_watts=total / seconds if seconds > 0 else None,
-            details={
-                "zones": zones,
-                "wraps": sum(self._wraps),
-                "window_seconds": seconds,
-                "scope": _SCOPE,
-                **self._error_details(),
-            },
-        )
-
-    def _error_details(self) -> dict[str, object]:
-        info: dict[str, object] = {"polls": self._polls, "poll_interval_seconds": self.poll_interval_seconds}
-        if self._poll_error_count:
-            info["poll_error_count"] = self._poll_error_count
-            info["poll_errors"] = list(self._poll_errors)
-        return info
-
-    def close(self) -> None:
-        self._stop_event.set()
-        if self._thread is not None:
-            self._thread.join(5.0)
+        measurement.details["wraps"] = sum(wraps.values())
+        measurement.details["polls"] = measurement.details.get("counter_polls", 0)
+        return measurement
 
 
 class RaplMeterFactory(PowerMeterFactory):
