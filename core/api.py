@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from core.distributed import SINGLE_PROCESS
@@ -18,6 +19,7 @@ def run(
     accelerator: str | Accelerator,
     *,
     on_progress: ProgressCallback | None = None,
+    timeout_seconds: float | None = None,
     **options: Any,
 ) -> RunResult:
     """Run ``workload`` on ``accelerator`` and return its result.
@@ -25,6 +27,9 @@ def run(
     :param workload: a registered workload name (``"fcnn"``) or a Workload object.
     :param accelerator: a registered accelerator name (``"cpu"``) or an Accelerator object.
     :param on_progress: called with the partial result after each phase.
+    :param timeout_seconds: stop the run after this long; its result then has a ``timeout`` status
+        and keeps the phases measured before. A run with a limit runs in a child process (replicas
+        under torchrun do anyway), which the limit stops with its whole process group.
     :param options: any RunConfig field: ``micro_batch_size``, ``precision``, ``replicas``, ...
     :raises ConfigError: before any device is touched, naming the field, value and what is allowed.
     :raises KeyboardInterrupt: on Ctrl-C, after the executor, the meter and any worker
@@ -36,17 +41,53 @@ def run(
         from core.errors import ConfigError
 
         raise ConfigError("on_progress", on_progress, "a callable taking the partial RunResult, or None")
-    from core.launch import launch_with_torchrun
-    from core.planning import plan_run
+    _check_timeout(timeout_seconds)
+    from core import processes
+    from core.launch import launch_with_torchrun, run_in_child
+    from core.planning import check_findable_by_workers, plan_run
     from core.plugins import call_observers, get_plugin_manager
     from core.runner import execute
 
     manager = get_plugin_manager()
     plan = plan_run(manager, workload, accelerator, options)
+    if timeout_seconds is not None and not plan.launches_processes:
+        check_findable_by_workers(
+            manager,
+            plan.workload,
+            plan.accelerator,
+            plan.config,
+            "timeout_seconds",
+            timeout_seconds,
+            "a run with a time limit runs in a child process",
+        )
+        # The child process runs core.run itself, observers included: they are told once.
+        with processes.work_directory("core-run-") as work:
+            result, _ = run_in_child(
+                plan.config.model_dump(mode="json"),
+                plan.config,
+                timeout_seconds=timeout_seconds,
+                work_dir=work,
+                on_progress=on_progress,
+            )
+        return result
     call_observers(lambda: manager.hook.core_run_started(config=plan.config), "run-started")
     if plan.launches_processes:
-        result = launch_with_torchrun(plan, on_progress)
+        result = launch_with_torchrun(plan, on_progress, timeout_seconds=timeout_seconds)
     else:
         result = execute(plan, SINGLE_PROCESS, on_progress)
     call_observers(lambda: manager.hook.core_result_ready(result=result), "result-ready")
     return result
+
+
+def _check_timeout(timeout_seconds: object) -> None:
+    from core.errors import ConfigError
+
+    if timeout_seconds is None:
+        return
+    if (
+        isinstance(timeout_seconds, bool)
+        or not isinstance(timeout_seconds, (int, float))
+        or not math.isfinite(timeout_seconds)
+        or timeout_seconds <= 0
+    ):
+        raise ConfigError("timeout_seconds", timeout_seconds, "a positive number of seconds, or None for no limit")

@@ -128,6 +128,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="vendor placement option, e.g. -a mode=package (AMD), -a ipu_model=true (Graphcore)",
     )
+    run.add_argument(
+        "--timeout-seconds",
+        type=float,
+        metavar="TIMEOUT_SECONDS",
+        help="stop the run after this long (it then runs in a child process); the result keeps the phases "
+        "measured before",
+    )
     run.add_argument("--json", action="store_true", help="print the result as JSON")
     run.add_argument("--output", type=Path, help="also write the result JSON to this file")
 
@@ -283,7 +290,9 @@ def _command_run(args: argparse.Namespace) -> int:
         )
         progress.start()
     try:
-        result = run(args.workload, args.accelerator, on_progress=progress, **options)
+        result = run(
+            args.workload, args.accelerator, on_progress=progress, timeout_seconds=args.timeout_seconds, **options
+        )
     except ConfigError as error:
         line.clear()
         return _error(_describe_config_error(error))

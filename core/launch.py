@@ -14,10 +14,16 @@ agent's group is stopped and the work directory removed.
 
 from __future__ import annotations
 
+import json
+import os
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from core import processes
+from core.config import RunConfig
 from core.planning import RunPlan
 from core.results import RunResult, RunState
 from core.runner import new_result, observe_progress
@@ -125,3 +131,95 @@ def launch_with_torchrun(
                 failure.message = f"{failure.message}\nrank 0 saw: {result.status.error_type}: {result.status.message}"
             result.status = failure
     return result
+
+
+# --- one run in a child process -------------------------------------------------------------
+
+_CHILD_POLL_SECONDS = 0.5
+_OUTPUT_TAIL_CHARS = 4000
+
+
+def child_command(request: Path, result_path: Path) -> list[str]:
+    """The command that runs one run in a child process (see core/sweep_worker.py)."""
+    return [sys.executable, "-m", "core.sweep_worker", str(request), str(result_path)]
+
+
+def _tail(path: Path) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return ""
+    return data[-_OUTPUT_TAIL_CHARS:].decode("utf-8", errors="replace").strip()
+
+
+def _read_result(path: Path) -> RunResult | None:
+    try:
+        return RunResult.model_validate_json(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def run_in_child(
+    options: dict[str, Any],
+    config: RunConfig,
+    *,
+    timeout_seconds: float | None,
+    work_dir: Path,
+    on_wait: Callable[[float], None] | None = None,
+    on_progress: Callable[[RunResult], None] | None = None,
+    command: Callable[[Path, Path], list[str]] = child_command,
+    grace_seconds: float = processes.STOP_GRACE_SECONDS,
+    clock: Callable[[], float] = time.monotonic,
+    names: tuple[str, str] = ("the run's process", "the run's time limit"),
+) -> tuple[RunResult, float]:
+    """Run ``options`` (a validated run, ``config``) in a fresh process under ``core.processes``
+    supervision; returns its result and the process's seconds.
+
+    A sweep runs each repeat this way, and ``core.run`` a single-process run with a time limit.
+    Never raises for what happens inside the process: a crash, a kill or a timeout comes back as
+    the result's status, keeping the phases measured before it (the child writes them to
+    RESULT.partial after each phase, and ``on_progress`` gets them as they come). KeyboardInterrupt
+    stops the process and propagates.
+    """
+    work_dir.mkdir(parents=True, exist_ok=True)
+    request, result_path, log_path = (work_dir / "request.json", work_dir / "result.json", work_dir / "output.log")
+    partial_path = result_path.with_name(result_path.name + ".partial")
+    for stale in (result_path, partial_path):
+        stale.unlink(missing_ok=True)
+    request.write_text(json.dumps({"options": options, "parent_pid": os.getpid()}), encoding="utf-8")
+    partial = _RankZeroResult(partial_path, RunResult.of_config(config, world_size=config.replicas))
+    callback_warnings: list[str] = []
+
+    def wait(elapsed: float) -> None:
+        if on_progress is not None and partial.refresh():
+            observe_progress(on_progress, partial.result, callback_warnings)
+        if on_wait is not None:
+            on_wait(elapsed)
+
+    # A session of its own: the whole run (torchrun included) can be stopped as one group; it
+    # ends with this process if this process is killed (core.processes).
+    ended = processes.supervise(
+        command(request, result_path),
+        log_path,
+        timeout_seconds=timeout_seconds,
+        on_wait=wait,
+        poll_seconds=_CHILD_POLL_SECONDS,
+        grace_seconds=grace_seconds,
+        clock=clock,
+    )
+    result = None if ended.timed_out else _read_result(result_path)
+    if result is None:
+        result = _read_result(partial_path)
+        if result is None or result.status.ok or ended.timed_out:
+            # No result of its own making: the phases measured before, and how the process ended.
+            result = result or RunResult.of_config(config, world_size=config.replicas)
+            process, limit = names
+            phase = processes.phase_after(result)
+            output = _tail(log_path)
+            result.status = (
+                processes.timeout_status(timeout_seconds or 0.0, phase=phase, output=output, limit=limit)
+                if ended.timed_out
+                else processes.exit_status(ended.returncode, process=process, phase=phase, output=output)
+            )
+    result.warnings.extend(w for w in callback_warnings if w not in result.warnings)
+    return result, ended.seconds

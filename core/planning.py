@@ -87,7 +87,7 @@ def plan_run(
         accelerator_obj.validate(config)
 
     if RunPlan(config, workload_obj, workload_options, accelerator_obj, None, None).launches_processes:
-        _check_findable_by_workers(manager, workload_obj, accelerator_obj, config)
+        check_findable_by_workers(manager, workload_obj, accelerator_obj, config)
 
     factory, meter_reason = _choose_meter(manager, accelerator_obj, config)
     return RunPlan(config, workload_obj, workload_options, accelerator_obj, factory, meter_reason)
@@ -136,10 +136,17 @@ def _check_placement_limits(manager: PluginManager, accelerator: Accelerator, co
         )
 
 
-def _check_findable_by_workers(
-    manager: PluginManager, workload: Workload, accelerator: Accelerator, config: RunConfig
+def check_findable_by_workers(
+    manager: PluginManager,
+    workload: Workload,
+    accelerator: Accelerator,
+    config: RunConfig,
+    field: str = "replicas",
+    value: object = None,
+    why: str = "replicas > 1 start one process each",
 ) -> None:
-    # Worker processes find the workload and accelerator again by name, through the plugins.
+    """Refuse a run whose processes could not find its workload and accelerator: they look them up
+    again by name, through the plugins, so objects passed to run() do not reach them."""
     registered_workload = manager.workloads.get(config.workload)
     registered_accelerator = manager.accelerators.get(config.accelerator)
     if (
@@ -149,10 +156,10 @@ def _check_findable_by_workers(
         or registered_accelerator.item is not accelerator
     ):
         raise ConfigError(
-            "replicas",
-            config.replicas,
-            "replicas > 1 start one process each, which needs the workload and accelerator "
-            "registered through a plugin (objects passed to run() exist in this process only)",
+            field,
+            config.replicas if value is None else value,
+            f"{why}, which needs the workload and accelerator registered through a plugin (objects "
+            "passed to run() exist in this process only)",
         )
 
 

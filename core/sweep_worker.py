@@ -1,14 +1,15 @@
-"""One repeat of one sweep cell, in its own process: ``python -m core.sweep_worker REQUEST RESULT``.
+"""One run in its own process: ``python -m core.sweep_worker REQUEST RESULT``. A sweep runs each
+repeat of a cell this way, and ``core.run`` a run with a time limit (core.launch.run_in_child).
 
 REQUEST is a JSON file ``{"options": {...RunConfig fields...}, "parent_pid": N}``. The worker
 runs ``core.run`` and writes the result to RESULT atomically when the run is over; after each
 phase it writes what it has to RESULT.partial (for replicas as processes too: the launcher passes
 rank 0's phases on), so a run that later crashes or hangs still leaves its earlier figures. The
-sweep, not this process, decides what a missing RESULT means.
+parent, not this process, decides what a missing RESULT means.
 
-A worker must not outlive its sweep: if the sweep process dies (``kill -9``), the kernel sends
-this process SIGTERM (core.processes.die_with_parent); a torchrun launch in progress stops its
-processes on it, so a resumed sweep never measures next to an orphan.
+A worker must not outlive its parent (the sweep, or the run with a time limit): if the parent dies
+(``kill -9``), the kernel sends this process SIGTERM (core.processes.die_with_parent); a torchrun
+launch in progress stops its processes on it, so a resumed sweep never measures next to an orphan.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ import core.sweep.repeat
 from core import (
     Accelerator,
     Availability,
+    ConfigError,
     DeviceRecord,
     EnergyMeasurement,
     Framework,
@@ -459,3 +460,57 @@ def test_a_two_replica_sweep_cell_stopped_by_its_time_limit_keeps_the_phases_it_
     assert any("core.worker" in command for command in tree.values()), tree
     assert alive(list(tree)) == [], f"left running: {[tree[pid] for pid in alive(list(tree))]}"
     assert not any(work_directories(pid) for pid in tree)
+
+
+# --- core.run with a time limit ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("limit", [True, 0, -1.0, float("nan"), "5"])
+def test_a_bad_time_limit_is_refused_before_anything_runs(limit: Any) -> None:
+    with pytest.raises(ConfigError) as refused:
+        run("fcnn", "cpu", steps=1, workload_options=TINY, timeout_seconds=limit)
+    assert refused.value.field == "timeout_seconds" and "positive number of seconds" in str(refused.value)
+
+
+def test_a_time_limit_needs_a_registered_workload() -> None:
+    from core.workloads.fcnn import Fcnn
+
+    with pytest.raises(ConfigError, match="child process.*registered through a plugin") as refused:
+        run(Fcnn(), "cpu", steps=1, workload_options=TINY, timeout_seconds=60)
+    assert refused.value.field == "timeout_seconds"
+
+
+@pytest.mark.slow
+def test_a_run_past_its_time_limit_is_stopped_and_keeps_its_phases() -> None:
+    before = set(Path(tempfile.gettempdir()).glob("core-run-*"))
+    seen: list[str] = []
+    started = time.monotonic()
+    result = run(
+        "fcnn",
+        "cpu",
+        steps=16_000_000,
+        warmup_steps=0,
+        power_meter="none",
+        workload_options=TINY,
+        timeout_seconds=6,
+        on_progress=lambda partial: seen.append(processes_phase(partial)),
+    )
+    assert time.monotonic() - started < 60
+    assert result.status.state.value == "timeout" and result.status.phase == "window", result.status
+    assert result.setup_seconds is not None and result.first_step_seconds is not None
+    assert result.throughput_per_second is None
+    assert seen and seen[-1] == "window"  # the child's phases reached on_progress (polled: not each one)
+    assert not descendants(os.getpid()), "the child process outlived its time limit"
+    assert set(Path(tempfile.gettempdir()).glob("core-run-*")) == before
+
+
+@pytest.mark.slow
+def test_a_run_within_its_time_limit_is_the_same_run() -> None:
+    result = run("fcnn", "cpu", steps=2, warmup_steps=0, power_meter="none", workload_options=TINY, timeout_seconds=120)
+    assert result.status.ok and result.window_samples == 2 * result.samples_per_update
+
+
+def processes_phase(result: RunResult) -> str:
+    from core.processes import phase_after
+
+    return phase_after(result)
