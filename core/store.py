@@ -300,7 +300,10 @@ class ResultStore:
         try:
             return self._connect_read_only(f"{uri}?mode=ro")
         except sqlite3.OperationalError as exc:
-            if "unable to open" not in str(exc):
+            # SQLite says "unable to open" (no -shm file can be made beside a WAL database) or
+            # "readonly database" (SQLITE_READONLY_DIRECTORY, the shared-memory file cannot be
+            # written) when the folder is read-only: both are a read-only folder, not a fault.
+            if "unable to open" not in str(exc) and "readonly" not in str(exc):
                 raise StoreError(self._explain(exc, "open")) from None
             # A database in WAL mode needs its shared-memory file (-shm), which a read-only folder
             # cannot take. Without a log to replay, the file alone is the whole database.

@@ -10,6 +10,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -446,7 +447,9 @@ def fcnn_sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     facts["orphans"] = [pid for pid in workers if _alive(pid)]
     facts["rows_after_kill"] = _rows(database)
     facts["without_resume"] = core_cli("sweep", str(grid), "--database", str(database))
+    facts["scratch_at_kill"] = sorted(Path(tempfile.gettempdir()).glob(f"core-sweep-{sweep.pid}-*"))
     facts["resumed"] = core_cli("sweep", str(grid), "--database", str(database), "--resume")
+    facts["scratch_after_resume"] = sorted(Path(tempfile.gettempdir()).glob(f"core-sweep-{sweep.pid}-*"))
     facts["sweep_seconds"] = time.monotonic() - started
     facts["reported"] = core_cli("report", "--database", str(database), "--output", str(directory / "report"))
     return facts
@@ -460,6 +463,8 @@ def test_a_sweep_killed_with_sigkill_resumes_and_counts_every_cell_once(fcnn_swe
     # The orphaned run stops itself rather than measuring alongside the resumed sweep.
     assert fcnn_sweep["orphans"] == [], "the killed sweep's worker outlived it"
     assert fcnn_sweep["rows_after_kill"] == before  # nothing lost, nothing half-written
+    # The killed sweep could not remove its scratch directory; the resumed one does.
+    assert fcnn_sweep["scratch_at_kill"] and fcnn_sweep["scratch_after_resume"] == []
     refused = fcnn_sweep["without_resume"]
     assert refused.returncode == 2 and "--resume" in refused.stderr
     resumed = fcnn_sweep["resumed"]

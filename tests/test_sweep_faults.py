@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -462,6 +463,32 @@ def recorded_database(path: Path) -> Path:
             repeat=0,
         )
     return path
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs util-linux's setpriv")
+def test_a_database_in_a_read_only_folder_is_read_without_root_powers(tmp_path: Path) -> None:
+    # Root ignores file modes, so the reader runs without the capabilities that let it: as a user
+    # would, in a folder it cannot write (SQLite then cannot make the -shm file beside the file).
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    database = recorded_database(folder / "r.db")
+    database.chmod(0o444)
+    folder.chmod(0o555)
+    try:
+        drop = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--inh-caps=-dac_override,-dac_read_search"]
+        listed = subprocess.run(
+            [*drop, sys.executable, "-m", "core.cli", "results", "--database", str(database), "--format", "json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        folder.chmod(0o755)
+    if "setpriv" in listed.stderr and listed.returncode != 0 and "core" not in listed.stderr:
+        pytest.skip(f"setpriv cannot drop capabilities here: {listed.stderr.strip()}")
+    assert listed.returncode == 0, listed.stderr
+    assert [run["result"]["throughput_per_second"] for run in json.loads(listed.stdout)] == [500.0]
+    assert sorted(p.name for p in folder.iterdir()) == ["r.db"]  # nothing written beside it
 
 
 def test_a_store_opened_for_reading_writes_nothing(tmp_path: Path) -> None:

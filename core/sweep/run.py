@@ -4,11 +4,11 @@ sweep per database at a time."""
 from __future__ import annotations
 
 import json
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from core import processes
 from core.results import RunResult, RunState
 from core.store import ResultStore, StoreError, default_database, unsaved_directory
 from core.summary import CellSummary, summarise
@@ -282,7 +282,8 @@ def _run_cells(
     durations = store.process_seconds(spec.name)
     runs_done = 0
     observer.started(plan, runs_total=len(pending()) + already, runs_finished=already, runs_recorded=in_database)
-    with tempfile.TemporaryDirectory(prefix="core-sweep-") as scratch:
+    # Removed on every way out; one left by a sweep that was killed (-9) goes at the next sweep's start.
+    with processes.work_directory("core-sweep-") as scratch:
         while True:
             queue = pending()
             if not queue:
