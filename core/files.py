@@ -48,6 +48,10 @@ def check_writable(path: Path, what: str = "output") -> None:
     if path.is_dir():
         raise OutputError(f"{what} {path} is a directory; give a file name")
     parent = path.parent if str(path.parent) else Path(".")
+    # A file where a folder of the path should be: mkdir would only say "File exists".
+    blocking = next((p for p in (parent, *parent.parents) if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise OutputError(f"cannot write {what} {path}: {blocking} is a file, not a folder")
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

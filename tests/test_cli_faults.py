@@ -65,6 +65,14 @@ def test_output_that_is_a_directory_is_refused_before_the_run(
     assert captured.out == ""  # refused before running: nothing measured, nothing printed
 
 
+def test_a_file_in_the_way_of_the_output_folder_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "plain").write_text("not a folder")
+    code = main([*TINY_RUN, "--output", str(tmp_path / "plain" / "sub" / "result.json")])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    assert f"{tmp_path / 'plain'} is a file, not a folder" in captured.err
+
+
 def test_output_parents_are_created_and_the_file_is_whole(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     target = tmp_path / "a" / "b" / "result.json"
     assert main([*TINY_RUN, "--output", str(target)]) == 0

@@ -256,7 +256,7 @@ def test_results_output_problems_are_refused_before_the_query(
     blocker.write_text("")
     assert main(["results", "--database", str(tmp_path / "r.db"), "--output", str(blocker / "runs.csv")]) == 2
     err = capsys.readouterr().err
-    assert f"cannot create the folder of --output {blocker / 'runs.csv'}" in err and "Traceback" not in err
+    assert f"{blocker} is a file, not a folder" in err and "Traceback" not in err
 
 
 def test_results_into_a_read_only_directory_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
