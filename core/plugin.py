@@ -23,7 +23,7 @@ from core.data import SYNTHETIC_SOURCES
 from core.distributed import ProcessContext
 from core.energy import DeviceEnergyMeter, EnergyCounter, EnergySource
 from core.environment import processor_name
-from core.errors import ConfigError, NonFiniteLossError, PluginError
+from core.errors import ConfigError, NonFiniteLossError, PluginError, RegistrationError
 from core.executors.base import Executor, HostStepClock, StepClock
 from core.gpu import ALL_PRECISIONS, TorchGpuAccelerator
 from core.hookspecs import hookimpl
@@ -71,6 +71,7 @@ __all__ = [
     "ProcessContext",
     "ConfigError",
     "PluginError",
+    "RegistrationError",
     "NonFiniteLossError",
     "parse_plugin_options",
     "SYNTHETIC_SOURCES",
