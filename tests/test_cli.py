@@ -11,10 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
+from launching import SMALL_FCNN, start_long_run
 
 from core.results import SCHEMA_VERSION, RunResult
 
-SMALL = ["-o", "hidden_width=32", "-o", "input_width=64", "-o", "output_width=10", "--warmup-steps", "1"]
+SMALL = SMALL_FCNN
 
 
 def core(*arguments: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
@@ -141,26 +142,7 @@ def _worker_pids(launcher_pid: int) -> list[int]:
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
 def test_a_killed_worker_is_reported_and_earlier_phases_kept() -> None:
-    launcher = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "core.cli",
-            "run",
-            "fcnn",
-            "--replicas",
-            "2",
-            "--batch-size",
-            "8",
-            "--steps",
-            "10000000",
-            *SMALL,
-            "--json",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    launcher = start_long_run()
     try:
         deadline = time.monotonic() + 240
         workers: list[int] = []

@@ -10,8 +10,6 @@ defaults (oneDNN on).
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +18,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 import torch
+from launching import torchrun_two_ranks
 
 import core.executors.pytorch as pytorch_executor
 from core import RunState, Workload, run
@@ -31,7 +30,6 @@ from core.testing import TINY_FCNN, registered_plugins
 from core.workload import TorchTrainingSpec
 from core.workloads.fcnn import Fcnn, FcnnOptions
 
-ROOT = Path(__file__).resolve().parents[1]
 OPTIONS = {"layers": 3, "hidden_width": 32, "input_width": 20, "output_width": 10}
 UPDATES = 3  # the fault goes into the last of them unless a test says otherwise
 NAN, INF = float("nan"), float("inf")
@@ -229,14 +227,7 @@ def test_ddp_ranks_agree_on_a_fault_seen_by_one_rank(tmp_path: Path) -> None:
     script = tmp_path / "worker.py"
     script.write_text(DDP_WORKER.format(options=OPTIONS))
     out = tmp_path / "verdicts"
-    completed = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script), str(out)],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
+    completed = torchrun_two_ranks(script, out, tmp_path / "torchelastic")
     assert completed.returncode == 0, completed.stderr[-3000:]
     expected = {
         "clean": "finite",

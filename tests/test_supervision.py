@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+from launching import start_long_run
 
 import core.sweep.repeat
 from core import (
@@ -44,7 +45,6 @@ from core.sweep import make_sweep_spec, plan_sweep, run_in_process
 from core.testing import SimulatedExecutor, registered_plugins
 
 TINY = {"hidden_width": 32, "input_width": 64, "output_width": 10}
-SMALL = ["-o", "hidden_width=32", "-o", "input_width=64", "-o", "output_width=10", "--warmup-steps", "1"]
 needs_proc = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds processes through /proc")
 
 
@@ -278,30 +278,6 @@ def kill_all(launcher: subprocess.Popen[str], tree: dict[int, str]) -> None:
     if launcher.poll() is None:
         launcher.kill()
         launcher.wait()
-
-
-def start_long_run(**popen: Any) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "core.cli",
-            "run",
-            "fcnn",
-            "--replicas",
-            "2",
-            "--batch-size",
-            "8",
-            "--steps",
-            "10000000",
-            *SMALL,
-            "--json",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        **popen,
-    )
 
 
 def _workers(launcher_pid: int) -> dict[int, str]:

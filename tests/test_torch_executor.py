@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
+from launching import torchrun_two_ranks
 
 from core.config import make_config
 from core.distributed import SINGLE_PROCESS
@@ -85,13 +84,7 @@ def test_two_torchrun_replicas_equal_one_process_with_the_whole_batch(tmp_path: 
     script = tmp_path / "worker.py"
     script.write_text(WORKER.format(options=OPTIONS))
     out = tmp_path / "state.pt"
-    completed = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script), str(out)],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    completed = torchrun_two_ranks(script, out, tmp_path / "torchelastic")
     assert completed.returncode == 0, completed.stderr[-3000:]
     replicated = torch.load(out)
     whole = one_update(micro_batch_size=32, gradient_accumulation=1)
