@@ -34,9 +34,9 @@ from typing import Any
 import torch
 
 from core import RunResult, Workload, run
-from core.energy import DeviceEnergyMeter
-from core.plugins import get_plugin_manager
-from core.workload import TorchTrainingSpec
+from core.contract.manager import get_plugin_manager
+from core.contract.workload import TorchTrainingSpec
+from core.energy.meters import DeviceEnergyMeter
 
 CASES = ("resnet50", "resnet50-compile", "fcnn", "meter")
 

@@ -9,17 +9,29 @@ Importing core imports neither PyTorch nor TensorFlow nor any vendor SDK.
 
 from __future__ import annotations
 
-from core.accelerator import Accelerator, Availability
+from core import _moved
 from core.api import run
 from core.config import Framework, Precision, RunConfig, make_config
-from core.distributed import ProcessContext
+from core.contract.accelerator import Accelerator, Availability
+from core.contract.hookspecs import hookimpl, hookspec
+from core.contract.workload import KerasTrainingSpec, TorchTrainingSpec, Workload
+from core.energy.meter import PowerMeter, PowerMeterFactory, UnavailableMeter
 from core.errors import ConfigError, CoreError, NonFiniteLossError, PluginError, RegistrationError
-from core.hookspecs import hookimpl, hookspec
-from core.power import PowerMeter, PowerMeterFactory, UnavailableMeter
-from core.results import SCHEMA_VERSION, DeviceRecord, EnergyMeasurement, EnvironmentInfo, RunResult, RunState, Status
-from core.store import ResultStore
+from core.running.distributed import ProcessContext
+from core.storage.results import (
+    SCHEMA_VERSION,
+    DeviceRecord,
+    EnergyMeasurement,
+    EnvironmentInfo,
+    RunResult,
+    RunState,
+    Status,
+)
+from core.storage.store import ResultStore
 from core.sweep import SweepSpec, load_sweep, run_sweep
-from core.workload import KerasTrainingSpec, TorchTrainingSpec, Workload
+
+# Old module paths (before 0.2) keep working for a release, with a DeprecationWarning.
+_moved.install()
 
 __all__ = [
     "Accelerator",

@@ -5,13 +5,13 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from core.distributed import SINGLE_PROCESS
+from core.running.distributed import SINGLE_PROCESS
 
 if TYPE_CHECKING:
-    from core.accelerator import Accelerator
-    from core.results import RunResult
-    from core.runner import ProgressCallback
-    from core.workload import Workload
+    from core.contract.accelerator import Accelerator
+    from core.contract.workload import Workload
+    from core.running.runner import ProgressCallback
+    from core.storage.results import RunResult
 
 
 def run(
@@ -42,11 +42,11 @@ def run(
 
         raise ConfigError("on_progress", on_progress, "a callable taking the partial RunResult, or None")
     _check_timeout(timeout_seconds)
-    from core import processes
-    from core.launch import launch_with_torchrun, run_in_child
-    from core.planning import check_findable_by_workers, plan_run
-    from core.plugins import call_observers, get_plugin_manager
-    from core.runner import execute
+    from core.contract.manager import call_observers, get_plugin_manager
+    from core.running import processes
+    from core.running.launch import launch, run_in_child
+    from core.running.planning import check_findable_by_workers, plan_run
+    from core.running.runner import execute
 
     manager = get_plugin_manager()
     plan = plan_run(manager, workload, accelerator, options)
@@ -71,8 +71,8 @@ def run(
             )
         return result
     call_observers(lambda: manager.hook.core_run_started(config=plan.config), "run-started")
-    if plan.launches_processes:
-        result = launch_with_torchrun(plan, on_progress, timeout_seconds=timeout_seconds)
+    if plan.launcher is not None:
+        result = launch(plan.launcher, plan, on_progress, timeout_seconds=timeout_seconds)
     else:
         result = execute(plan, SINGLE_PROCESS, on_progress)
     call_observers(lambda: manager.hook.core_result_ready(result=result), "result-ready")

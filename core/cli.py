@@ -271,9 +271,9 @@ def format_result(result: Any) -> str:
 
 def _command_run(args: argparse.Namespace) -> int:
     from core.api import run
-    from core.files import OutputError, check_writable, write_atomically
-    from core.plugins import PluginFault
-    from core.progress import ProgressLine, RunProgress
+    from core.contract.manager import PluginFault
+    from core.running.progress import ProgressLine, RunProgress
+    from core.storage.files import OutputError, check_writable, write_atomically
 
     options = _run_options(args)
     if args.output is not None:
@@ -324,7 +324,7 @@ def _command_run(args: argparse.Namespace) -> int:
 
 def plugin_report() -> list[dict[str, Any]]:
     """Everything ``core plugins`` shows, as plain data."""
-    from core.plugins import get_plugin_manager
+    from core.contract.manager import get_plugin_manager
 
     manager = get_plugin_manager()
     rows = []
@@ -401,7 +401,7 @@ def _indent(text: str, prefix: str) -> str:
 
 
 def _command_devices(args: argparse.Namespace) -> int:
-    from core.plugins import PluginFault, get_plugin_manager
+    from core.contract.manager import PluginFault, get_plugin_manager
 
     manager = get_plugin_manager()
     listing: dict[str, Any] = {}
@@ -429,7 +429,7 @@ def _command_devices(args: argparse.Namespace) -> int:
 
 
 def workload_report() -> list[dict[str, Any]]:
-    from core.plugins import PluginFault, get_plugin_manager
+    from core.contract.manager import PluginFault, get_plugin_manager
 
     manager = get_plugin_manager()
     rows = []
@@ -493,7 +493,7 @@ class _SweepDisplay:
     """The sweep's progress line on stderr (terminals only) and one line per finished run on stdout."""
 
     def __init__(self) -> None:
-        from core.progress import ProgressLine
+        from core.running.progress import ProgressLine
 
         self.line = ProgressLine()
         self._position = ""
@@ -512,7 +512,7 @@ class _SweepDisplay:
             self.line.print(text)
 
     def run_started(self, cell: Any, repeat: int, runs_done: int, runs_total: int, seconds_left: float | None) -> None:
-        from core.progress import format_duration
+        from core.running.progress import format_duration
 
         self._position = (
             f"[{runs_done + 1}/{runs_total}] cell {cell.index + 1}/{self._cells} {cell.label} repeat {repeat + 1}"
@@ -520,7 +520,7 @@ class _SweepDisplay:
         self.line.show(f"{self._position} | ~{format_duration(seconds_left)} left")
 
     def waiting(self, cell: Any, repeat: int, elapsed_seconds: float, seconds_left: float | None) -> None:
-        from core.progress import format_duration
+        from core.running.progress import format_duration
 
         self.line.show(
             f"{self._position} | {format_duration(elapsed_seconds)} in this run | ~{format_duration(seconds_left)} left"
@@ -558,7 +558,7 @@ def _print_plan(plan: Any, repeats: int, finished: dict[tuple[str, int], str]) -
 def _command_sweep(args: argparse.Namespace) -> int:
     import signal
 
-    from core.store import ResultStore, StoreError, default_database
+    from core.storage.store import ResultStore, StoreError, default_database
     from core.sweep import SweepError, UnsavedResultError, load_sweep, make_sweep_spec, plan_sweep, run_sweep
 
     try:
@@ -674,9 +674,9 @@ def format_cells(cells: Sequence[Any], sweep_column: bool | None = None) -> str:
 def _command_report(args: argparse.Namespace) -> int:
     import sqlite3
 
-    from core.files import OutputError
     from core.report import ReportError, ReportWriteError, write_report
-    from core.store import StoreError, default_database
+    from core.storage.files import OutputError
+    from core.storage.store import StoreError, default_database
 
     database = args.database or default_database()
     try:
@@ -696,7 +696,7 @@ def _command_report(args: argparse.Namespace) -> int:
 def _status_filter(status: str | None) -> None:
     """An unknown --status is an error listing the states a run can end in."""
     from core.errors import CoreError
-    from core.results import RunState
+    from core.storage.results import RunState
 
     allowed = [state.value for state in RunState]
     if status is not None and status not in allowed:
@@ -719,7 +719,7 @@ def _results_content(args: argparse.Namespace, store: Any, filters: dict[str, st
     import io
     import tempfile
 
-    from core.summary import summarise
+    from core.storage.summary import summarise
 
     if args.format == "summary":
         cells = summarise(store.runs(**filters))
@@ -739,9 +739,9 @@ def _command_results(args: argparse.Namespace) -> int:
     import sqlite3
 
     from core.errors import CoreError
-    from core.files import OutputError, check_writable, describe_os_error, write_atomically
     from core.report import store_warnings
-    from core.store import ResultStore, default_database
+    from core.storage.files import OutputError, check_writable, describe_os_error, write_atomically
+    from core.storage.store import ResultStore, default_database
 
     database = args.database or default_database()
     if args.format == "parquet" and args.output is None:

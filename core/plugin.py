@@ -17,26 +17,29 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from core.accelerator import Accelerator, Availability
 from core.config import Framework, Precision, RunConfig
+from core.contract.accelerator import Accelerator, Availability
+from core.contract.context import RunContext
+from core.contract.gpu import ALL_PRECISIONS, TorchGpuAccelerator
+from core.contract.hookspecs import hookimpl
+from core.contract.launcher import Launcher
+from core.contract.peaks import TERA, PeakEntry, PeakTable
+from core.contract.sdk import SharedLibrarySession
+from core.contract.workload import KerasTrainingSpec, TorchTrainingSpec, Workload, parse_plugin_options
 from core.data import SYNTHETIC_SOURCES
-from core.distributed import ProcessContext
-from core.energy import DeviceEnergyMeter, EnergyCounter, EnergySource
-from core.environment import processor_name
+from core.energy.meter import PowerMeter, PowerMeterFactory, UnavailableMeter
+from core.energy.meters import DeviceEnergyMeter, EnergyCounter, EnergySource
+from core.energy.sampling import FixedRateSampler
 from core.errors import ConfigError, NonFiniteLossError, PluginError, RegistrationError
 from core.executors.base import Executor, HostStepClock, StepClock
-from core.gpu import ALL_PRECISIONS, TorchGpuAccelerator
-from core.hookspecs import hookimpl
-from core.peaks import TERA, PeakEntry, PeakTable
-from core.power import PowerMeter, PowerMeterFactory, UnavailableMeter
-from core.results import DeviceRecord, EnergyMeasurement, RunResult
-from core.sampling import FixedRateSampler
-from core.sdk import SharedLibrarySession
-from core.workload import KerasTrainingSpec, TorchTrainingSpec, Workload, parse_plugin_options
+from core.running.distributed import ProcessContext
+from core.storage.environment import processor_name
+from core.storage.results import DeviceRecord, EnergyMeasurement, RunResult
 
 if TYPE_CHECKING:
     from core.executors.keras import KerasExecutor, KerasPlacement, quiet_tensorflow_startup, split_host_cpu
     from core.executors.pytorch import TorchExecutor, TorchPlacement
+    from core.running.launch import TorchrunLauncher
 
 # Names whose modules import a framework (or change its start-up): loaded when first used.
 _LAZY = {
@@ -46,6 +49,8 @@ _LAZY = {
     "KerasPlacement": "core.executors.keras",
     "split_host_cpu": "core.executors.keras",
     "quiet_tensorflow_startup": "core.executors.keras",
+    # Not a framework, but the whole of core's running machinery: loaded when a plugin needs it.
+    "TorchrunLauncher": "core.running.launch",
 }
 
 
@@ -69,6 +74,7 @@ __all__ = [
     "ALL_PRECISIONS",
     "RunConfig",
     "ProcessContext",
+    "RunContext",
     "ConfigError",
     "PluginError",
     "RegistrationError",
@@ -92,6 +98,9 @@ __all__ = [
     "KerasPlacement",
     "split_host_cpu",
     "quiet_tensorflow_startup",
+    # launching a run's processes (torchrun; the Graphcore plugin's poprun)
+    "Launcher",
+    "TorchrunLauncher",
     # workloads
     "Workload",
     "TorchTrainingSpec",

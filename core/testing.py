@@ -14,24 +14,37 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from core.config import RunConfig
+from core.contract.accelerator import Accelerator
+from core.contract.context import RunContext
+from core.contract.manager import PluginManager, set_plugin_manager
+from core.contract.workload import Workload
 from core.executors.base import Executor, HostStepClock, StepClock
-from core.plugins import PluginManager, set_plugin_manager
-from core.results import RunResult
+from core.running.distributed import SINGLE_PROCESS, ProcessContext
+from core.storage.results import RunResult
 
 TINY_FCNN = {"layers": 2, "hidden_width": 32, "input_width": 16, "output_width": 8, "synthetic_pool_samples": 64}
 
 
 @contextmanager
-def registered_plugins(*plugins: object, entry_points: bool = True) -> Iterator[PluginManager]:
+def registered_plugins(
+    *plugins: object, entry_points: bool = True, builtin_workloads: bool = False
+) -> Iterator[PluginManager]:
     """Use a fresh plugin manager with ``plugins`` registered for the duration of the block.
 
     :param plugins: modules or objects with ``@hookimpl`` functions; each is registered under its
         ``__name__`` (modules) or class name.
     :param entry_points: also load the installed entry-point plugins (the built-ins among them).
+    :param builtin_workloads: register core's workload zoo (fcnn, resnet50, ...) even without the
+        entry points, for a test of one accelerator against known workloads and nothing else.
     """
     manager = PluginManager()
     if entry_points:
         manager.load_entry_points()
+    if builtin_workloads and not entry_points:
+        import core.workloads
+
+        manager.register_plugin(core.workloads, name="workloads")
     for plugin in plugins:
         if manager.is_registered(plugin):  # the plugin under test is installed: its entry point loaded it
             continue
@@ -41,6 +54,24 @@ def registered_plugins(*plugins: object, entry_points: bool = True) -> Iterator[
         yield manager
     finally:
         set_plugin_manager(previous)
+
+
+def run_context(
+    config: RunConfig,
+    accelerator: Accelerator | None = None,
+    workload: Workload | None = None,
+    process: ProcessContext = SINGLE_PROCESS,
+) -> RunContext:
+    """The context planning would hand the plugins for ``config``, the options parsed by their models.
+
+    For a test that calls ``executor_for``, ``validate_run`` or a meter's ``meter_for`` directly.
+    Without ``accelerator`` (or ``workload``) those options are parsed as none (an empty model).
+    """
+    from core.contract.workload import NoOptions
+
+    workload_options = workload.parse_options(dict(config.workload_options)) if workload else NoOptions()
+    accelerator_options = accelerator.parse_options(dict(config.accelerator_options)) if accelerator else NoOptions()
+    return RunContext(config, workload_options, accelerator_options, process)
 
 
 def run_tiny(workload: str, accelerator: str, **options: Any) -> RunResult:

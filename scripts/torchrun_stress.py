@@ -11,7 +11,7 @@ tests/test_torch_executor.py::test_two_torchrun_replicas_equal_one_process_with_
 with torchrun exactly as that test does. Under load one rank used to die at exit with SIGABRT
 ("terminate called without an active exception"): gloo's worker thread released the last
 gradient all-reduce, which holds a Python object, while the interpreter was finalizing (see
-core.distributed.release_finished_collectives). ``--without-fix`` turns that wait off in the
+core.running.distributed.release_finished_collectives). ``--without-fix`` turns that wait off in the
 workers, to show the failure rate without it.
 
 Exit status: 0 when every run passed, 1 otherwise. The output of failed runs is kept with --logs.
@@ -31,10 +31,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from core import processes  # noqa: E402
+from core.running import processes  # noqa: E402
 
-_HOG = "from core.processes import die_with_parent\ndie_with_parent()\nwhile True:\n    pass\n"
-_NO_FIX = "import core.distributed\ncore.distributed.release_finished_collectives = lambda *args, **kwargs: None\n"
+_HOG = "from core.running.processes import die_with_parent\ndie_with_parent()\nwhile True:\n    pass\n"
+_NO_FIX = (
+    "import core.running.distributed\n"
+    "core.running.distributed.release_finished_collectives = lambda *args, **kwargs: None\n"
+)
 
 
 def test_case_command(directory: Path, without_fix: bool) -> list[str]:

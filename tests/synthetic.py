@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from core.config import make_config
-from core.results import EnergyMeasurement, PowerTimeline, RunResult, RunState, Status
+from core.storage.results import EnergyMeasurement, PowerTimeline, RunResult, RunState, Status
 
 FLOPS_PER_SAMPLE = 6.0e6
 

@@ -16,16 +16,16 @@ import pytest
 
 import core.workloads
 from core import ConfigError, DeviceRecord, Framework, Precision, ProcessContext, RunConfig, hookimpl, make_config, run
+from core.energy.meter import UnavailableMeter
 from core.executors.base import Executor
-from core.planning import plan_run
-from core.power import UnavailableMeter
-from core.testing import SimulatedExecutor, registered_plugins
-from plugins.amd import smi
-from plugins.amd.accelerator import AmdAccelerator
-from plugins.amd.meter import AmdsmiMeter, AmdsmiMeterFactory
-from plugins.amd.peaks import AMD_PEAKS, peak_flops
-from plugins.amd.visibility import hip_visible, rocr_visible, visible_order
-from plugins.probing import SdkProbe
+from core.running.planning import plan_run
+from core.testing import SimulatedExecutor, registered_plugins, run_context
+from core_plugins.amd import smi
+from core_plugins.amd.accelerator import AmdAccelerator
+from core_plugins.amd.meter import AmdsmiMeter, AmdsmiMeterFactory
+from core_plugins.amd.peaks import AMD_PEAKS, peak_flops
+from core_plugins.amd.visibility import hip_visible, rocr_visible, visible_order
+from core_plugins.probing import SdkProbe
 
 RES = 15.300000190734863  # what amdsmi returns for rocm_smi's 15.3 uJ: a C float
 BDF_A0, BDF_A1, BDF_B0, BDF_B1 = "0000:c1:00.0", "0000:c6:00.0", "0000:c9:00.0", "0000:ce:00.0"
@@ -77,6 +77,10 @@ def gcd(node: Any, bdf: str) -> Any:
 
 def accelerator(probe: SdkProbe, **environment: str) -> AmdAccelerator:
     return AmdAccelerator(probe=probe, environment=environment)
+
+
+def validate(amd: AmdAccelerator, config: RunConfig) -> None:
+    amd.validate_run(run_context(config, amd))
 
 
 def config(**options: Any) -> RunConfig:
@@ -172,7 +176,7 @@ def test_sibling_pairs_need_a_unique_mutual_strongest_link(fake_amdsmi: Any, pro
     assert amd.node().package_error is not None and "0000:c1:00.0" in amd.node().package_error
     assert amd.visible_devices()[0].details["package"] is None
     with pytest.raises(ConfigError) as refused:
-        amd.validate(config(replicas=2, accelerator_options={"mode": "package"}))
+        validate(amd, config(replicas=2, accelerator_options={"mode": "package"}))
     assert refused.value.field == "accelerator_options.mode" and "XGMI" in str(refused.value)
 
 
@@ -255,12 +259,12 @@ def test_mode_is_an_accelerator_option(fake_amdsmi: Any, probe: SdkProbe) -> Non
 def test_package_mode_needs_whole_packages(fake_amdsmi: Any, probe: SdkProbe) -> None:
     node_with_draw(fake_amdsmi)
     with pytest.raises(ConfigError) as split:  # hip 0 and 1 are GCDs of two different packages
-        accelerator(probe).validate(config(replicas=2, accelerator_options={"mode": "package"}))
+        validate(accelerator(probe), config(replicas=2, accelerator_options={"mode": "package"}))
     assert split.value.field == "replicas"
     assert "package-0 without 0000:c6:00.0" in split.value.allowed and "package-1" in split.value.allowed
     paired = accelerator(probe, HIP_VISIBLE_DEVICES="0,2,1,3")
-    paired.validate(config(replicas=2, accelerator_options={"mode": "package"}))
-    accelerator(probe).validate(config(replicas=2))  # gcd mode takes any GCDs
+    validate(paired, config(replicas=2, accelerator_options={"mode": "package"}))
+    validate(accelerator(probe), config(replicas=2))  # gcd mode takes any GCDs
 
 
 def test_package_mode_records_packages_and_their_peaks(fake_amdsmi: Any, probe: SdkProbe) -> None:
@@ -288,7 +292,7 @@ def test_package_mode_records_packages_and_their_peaks(fake_amdsmi: Any, probe: 
 
 def open_meter(amdsmi: Any, probe: SdkProbe, devices: list[DeviceRecord], **kwargs: Any) -> Any:
     clock = Clock(amdsmi.amdsmi_wrapper.node)
-    return factory(probe, clock, **kwargs).create(devices, config())
+    return factory(probe, clock, **kwargs).meter_for(devices, run_context(config()))
 
 
 def test_energy_per_package_equals_a_hand_calculation_from_the_counters(fake_amdsmi: Any, probe: SdkProbe) -> None:
@@ -555,7 +559,7 @@ def test_missing_libamd_smi_gives_a_clear_reason(
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setenv("ROCM_PATH", str(tmp_path / "no-rocm"))
     assert AmdsmiMeterFactory(probe).availability().available  # cheap: it imports nothing
-    meter = AmdsmiMeterFactory(probe).create([], config())
+    meter = AmdsmiMeterFactory(probe).meter_for([], run_context(config()))
     assert isinstance(meter, UnavailableMeter)
     assert "cannot load ROCm's libamd_smi.so" in meter.reason and "ROCM_PATH" in meter.reason
     assert "Unable to find libamd_smi.so" in meter.reason  # what the module printed, kept as the reason
@@ -576,7 +580,7 @@ def test_amdsmi_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_driver_not_loaded(fake_amdsmi: Any, probe: SdkProbe) -> None:
     node = node_with_draw(fake_amdsmi)
     node.init_status = fake_amdsmi.amdsmi_wrapper.AMDSMI_STATUS_DRIVER_NOT_LOADED
-    meter = AmdsmiMeterFactory(probe).create([], config())
+    meter = AmdsmiMeterFactory(probe).meter_for([], run_context(config()))
     assert isinstance(meter, UnavailableMeter)
     assert "amdsmi_init failed" in meter.reason and "AMDSMI_STATUS_DRIVER_NOT_LOADED" in meter.reason
 
@@ -634,7 +638,8 @@ def test_a_pytorch_without_rocm_is_refused_with_the_reason(fake_amdsmi: Any, pro
     from core.workloads.fcnn import Fcnn
 
     with pytest.raises(RuntimeError, match=r"torch.version.hip is None"):
-        accelerator(probe).create_executor(Fcnn(), config(), ProcessContext(rank=0, local_rank=0, world_size=1))
+        amd = accelerator(probe)
+        amd.executor_for(Fcnn(), run_context(config(), amd, Fcnn()))
 
 
 class SimulatedAmd(AmdAccelerator):

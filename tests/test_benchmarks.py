@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from core import make_config
+from core.testing import run_context
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
@@ -84,8 +85,8 @@ def test_gpu_benchmark_compile_case_reports_compilation_apart(monkeypatch: pytes
 
 
 def test_independent_counter_reads_bracket_the_meter_window(fake_pynvml: Any) -> None:
-    from plugins.nvidia.accelerator import NvidiaAccelerator
-    from plugins.nvidia.meter import NvmlMeterFactory
+    from core_plugins.nvidia.accelerator import NvidiaAccelerator
+    from core_plugins.nvidia.meter import NvmlMeterFactory
 
     fake_pynvml.machine.gpus = [
         fake_pynvml.FakeGpu(
@@ -100,7 +101,7 @@ def test_independent_counter_reads_bracket_the_meter_window(fake_pynvml: Any) ->
     devices = NvidiaAccelerator().visible_devices()
     uuids = [device.details["uuid"] for device in devices]
     with bench_module.independent_counter_reads("nvidia", uuids) as independent:
-        meter = NvmlMeterFactory().create(devices, config)
+        meter = NvmlMeterFactory().meter_for(devices, run_context(config))
         meter.start()
         time.sleep(0.3)
         measurement = meter.stop()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from launching import SMALL_FCNN, start_long_run
 
-from core.results import SCHEMA_VERSION, RunResult
+from core.storage.results import SCHEMA_VERSION, RunResult
 
 SMALL = SMALL_FCNN
 
@@ -112,7 +112,7 @@ def test_devices_json() -> None:
 
 
 def _worker_pids(launcher_pid: int) -> list[int]:
-    """PIDs of core.worker processes below the launcher, found through /proc."""
+    """PIDs of core.running.worker processes below the launcher, found through /proc."""
     parents: dict[int, int] = {}
     commands: dict[int, str] = {}
     for entry in Path("/proc").iterdir():
@@ -135,7 +135,7 @@ def _worker_pids(launcher_pid: int) -> list[int]:
     return sorted(
         pid
         for pid, command in commands.items()
-        if "core.worker" in command and "torch.distributed" not in command and descends(pid)
+        if "core.running.worker" in command and "torch.distributed" not in command and descends(pid)
     )
 
 
@@ -151,7 +151,7 @@ def test_a_killed_worker_is_reported_and_earlier_phases_kept() -> None:
             workers = _worker_pids(launcher.pid)
             if len(workers) == 2:
                 command = Path(f"/proc/{workers[0]}/cmdline").read_bytes().split(b"\0")
-                result_file = Path(command[command.index(b"core.worker") + 2].decode())
+                result_file = Path(command[command.index(b"core.running.worker") + 2].decode())
                 if result_file.exists() and json.loads(result_file.read_text()).get("warmup_seconds") is not None:
                     break
             time.sleep(0.2)

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from core import ConfigError, Framework, KerasTrainingSpec, RunState, Workload, run
+from core.contract.workload import TorchTrainingSpec
 from core.data import detect_format
 from core.data.torch_datasets import TokenFile, WebDatasetShards
 from core.testing import registered_plugins
-from core.workload import TorchTrainingSpec
 
 IMAGE_SHAPE = (3, 12, 12)
 

@@ -1,6 +1,6 @@
 """The documentation agrees with the code.
 
-- every hook in core/hookspecs.py has a ``## <hook>`` section in docs/hooks.md with its exact
+- every hook in core/contract/hookspecs.py has a ``## <hook>`` section in docs/hooks.md with its exact
   signature, and the section's example registers and runs;
 - local Markdown links resolve; ``core.<name>`` references in backticks exist; every ``core``
   command shown parses;
@@ -28,10 +28,11 @@ from typing import Any
 
 import pytest
 
-import core.hookspecs
+import core.contract.hookspecs
 from core.config import make_config
-from core.plugins import PluginManager, PluginState
-from core.results import RunResult
+from core.contract.manager import PluginManager, PluginState
+from core.storage.results import RunResult
+from core.testing import run_context
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -46,11 +47,11 @@ _FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.S | re.M)
 
 
 def hook_specs() -> dict[str, types.FunctionType]:
-    """Every function in core.hookspecs carrying pluggy's spec marker (``core_spec``)."""
-    marker = f"{core.hookspecs.PROJECT_NAME}_spec"
+    """Every function in core.contract.hookspecs carrying pluggy's spec marker (``core_spec``)."""
+    marker = f"{core.contract.hookspecs.PROJECT_NAME}_spec"
     return {
         name: function
-        for name, function in inspect.getmembers(core.hookspecs, inspect.isfunction)
+        for name, function in inspect.getmembers(core.contract.hookspecs, inspect.isfunction)
         if hasattr(function, marker)
     }
 
@@ -132,12 +133,12 @@ def test_hook_documented_with_exact_signature(hook: str) -> None:
     assert blocks, f"docs/hooks.md '## {hook}' has no python code block with its signature"
     expected = source_signature(hook_specs()[hook])
     documented = normalise_signature(blocks[0])
-    assert documented == expected, f"docs/hooks.md signature of {hook} differs from core/hookspecs.py"
+    assert documented == expected, f"docs/hooks.md signature of {hook} differs from core/contract/hookspecs.py"
 
 
 @pytest.mark.parametrize("hook", HOOKS)
 def test_hook_firstresult_documented(hook: str) -> None:
-    firstresult = getattr(hook_specs()[hook], f"{core.hookspecs.PROJECT_NAME}_spec")["firstresult"]
+    firstresult = getattr(hook_specs()[hook], f"{core.contract.hookspecs.PROJECT_NAME}_spec")["firstresult"]
     assert ("firstresult" in hook_section(hook)) == firstresult
 
 
@@ -158,7 +159,7 @@ def _exercise(hook: str, manager: PluginManager, tmp_path: Path) -> None:
     elif hook == "core_register_power_meters":
         factory = manager.power_meters["example-no-sensor"].item
         assert factory.reads("example-cpu") and factory.availability().available
-        meter = factory.create([], config)
+        meter = factory.meter_for([], run_context(config))
         meter.start()
         assert meter.stop().unavailable_reason
     elif hook == "core_select_power_meter":

@@ -1,12 +1,12 @@
-"""core.energy: the one energy pipeline every vendor meter is built on (counters, wraps, polling,
+"""core.energy.meters: the one energy pipeline every vendor meter is built on (counters, wraps, polling,
 the completeness rule), tested on its own."""
 
 from __future__ import annotations
 
 import pytest
 
-from core.energy import DeviceEnergyMeter, EnergyCounter, EnergySource
-from core.sampling import SampledEnergy
+from core.energy.meters import DeviceEnergyMeter, EnergyCounter, EnergySource
+from core.energy.sampling import SampledEnergy
 
 
 class Ticks:

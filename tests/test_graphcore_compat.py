@@ -56,7 +56,7 @@ import gcipuinfo
 gcipuinfo.reset(gcipuinfo.FakeMachine.with_ipus(4, **{{"user process id": str(os.getpid())}}))
 from core import run
 from core.testing import TINY_FCNN
-import plugins.graphcore.tensorflow
+import core_plugins.graphcore.tensorflow
 result = run("fcnn", "graphcore", workload_options=TINY_FCNN, micro_batch_size=4, replicas=2, devices_per_replica=2,
              gradient_accumulation=3, device_iterations=2, steps=2, warmup_steps=1, power_sample_interval_seconds=0.01)
 assert result.status.ok, result.status
@@ -76,7 +76,7 @@ def graphcore_path_files() -> list[Path]:
     assert completed.returncode == 0, completed.stderr[-3000:]
     files = [Path(f) for f in json.loads(completed.stdout.strip().splitlines()[-1])]
     assert any(f.name == "executor.py" and f.parent.name == "graphcore" for f in files)
-    assert ROOT / "core" / "runner.py" in files and ROOT / "core" / "energy.py" in files
+    assert ROOT / "core" / "running" / "runner.py" in files and ROOT / "core" / "energy" / "meters.py" in files
     return files
 
 

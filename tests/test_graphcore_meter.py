@@ -13,8 +13,10 @@ from typing import Any
 import pytest
 
 from core import UnavailableMeter, make_config
-from core.sampling import FixedRateSampler
-from plugins.graphcore.meter import (
+from core.energy.sampling import FixedRateSampler
+from core.testing import run_context
+from core_plugins.graphcore.accelerator import GraphcoreAccelerator
+from core_plugins.graphcore.meter import (
     GcipuinfoMeter,
     GcipuinfoMeterFactory,
     PowerSnapshot,
@@ -86,7 +88,7 @@ def run_meter(fake_sdk: Any, power: Callable[[float], float], seconds: float, in
     machine = gcipuinfo.reset(gcipuinfo.FakeMachine.with_ipus(2, power=power, **{"user process id": str(os.getpid())}))
     factory = GcipuinfoMeterFactory()
     assert factory.availability().available and factory.reads("graphcore")
-    meter = factory.create([], config(power_sample_interval_seconds=interval))
+    meter = factory.meter_for([], run_context(config(power_sample_interval_seconds=interval), GraphcoreAccelerator()))
     assert isinstance(meter, GcipuinfoMeter)
     first = len(machine.refreshes)
     meter.start()
@@ -186,14 +188,14 @@ def test_na_for_part_of_the_window_gives_no_total(fake_sdk: Any) -> None:
 
 def test_ipu_model_and_shared_partitions_give_reasons_not_numbers(fake_sdk: Any, monkeypatch: Any) -> None:
     factory = GcipuinfoMeterFactory()
-    meter = factory.create([], config(accelerator_options={"ipu_model": True}))
+    meter = factory.meter_for([], run_context(config(accelerator_options={"ipu_model": True}), GraphcoreAccelerator()))
     assert isinstance(meter, UnavailableMeter) and "IPU Model" in meter.reason
     # No IPU names this process and poprun started 2 instances: each would read the whole partition.
     monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
-    meter = factory.create([], config())
+    meter = factory.meter_for([], run_context(config(), GraphcoreAccelerator()))
     assert isinstance(meter, UnavailableMeter) and "counted once per instance" in meter.reason
     monkeypatch.delenv("OMPI_COMM_WORLD_SIZE")
-    meter = factory.create([], config())
+    meter = factory.meter_for([], run_context(config(), GraphcoreAccelerator()))
     assert isinstance(meter, GcipuinfoMeter)
     meter.close()
 

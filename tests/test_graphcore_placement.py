@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from core import ConfigError
-from plugins.graphcore.pipeline import balance, pipeline_layers, plan_stages, split_at
-from plugins.graphcore.placement import (
+from core_plugins.graphcore.pipeline import balance, pipeline_layers, plan_stages, split_at
+from core_plugins.graphcore.placement import (
     IpuPlacement,
     PoprunProcess,
     check_steps_per_execution,

@@ -6,18 +6,20 @@ IPU Model."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
 from core import ConfigError, run
-from core.distributed import SINGLE_PROCESS
-from core.planning import plan_run
-from core.plugins import get_plugin_manager
-from core.testing import TINY_FCNN
-from plugins.graphcore.executor import host_call_indices
-from plugins.graphcore.placement import plan_placement
+from core.contract.manager import get_plugin_manager
+from core.running.distributed import SINGLE_PROCESS
+from core.running.planning import plan_run
+from core.testing import TINY_FCNN, run_context
+from core_plugins.graphcore.executor import host_call_indices
+from core_plugins.graphcore.launcher import PoprunLauncher
+from core_plugins.graphcore.placement import plan_placement
 
 pytestmark = pytest.mark.usefixtures("fake_sdk")
 
@@ -29,7 +31,7 @@ def build(**options: Any) -> tuple[Any, Any]:
     settings: dict[str, Any] = {"workload_options": FCNN, "power_meter": "none"}
     settings.update(options)
     plan = plan_run(get_plugin_manager(), "fcnn", "graphcore", settings)
-    return plan.accelerator.create_executor(plan.workload, plan.config, SINGLE_PROCESS), plan
+    return plan.accelerator.executor_for(plan.workload, plan.context(SINGLE_PROCESS)), plan
 
 
 def is_subsequence(expected: list, calls: list) -> bool:
@@ -162,7 +164,7 @@ def test_weights_follow_the_cpu_placement_of_the_same_global_batch(fake_sdk: Any
             "threads_per_replica": 1,
         },
     )
-    cpu = cpu_plan.accelerator.create_executor(cpu_plan.workload, cpu_plan.config, SINGLE_PROCESS)
+    cpu = cpu_plan.accelerator.executor_for(cpu_plan.workload, cpu_plan.context(SINGLE_PROCESS))
     for _ in range(6):
         cpu.step()
     ipu_state, cpu_state = ipu.model_state(), cpu.model_state()
@@ -278,9 +280,9 @@ def test_a_dataset_path_is_refused_not_ignored(fake_sdk: Any, tmp_path: Any) -> 
         accelerator_options={"ipu_model": True},
     )
     with pytest.raises(ConfigError) as caught:
-        accelerator.validate(config)
+        accelerator.validate_run(run_context(config, accelerator))
     assert caught.value.field == "data" and "synthetic samples only" in str(caught.value)
-    accelerator.validate(config.model_copy(update={"data": "synthetic-host"}))
+    accelerator.validate_run(run_context(config.model_copy(update={"data": "synthetic-host"}), accelerator))
 
 
 def test_a_run_larger_than_the_host_is_refused(fake_sdk: Any) -> None:
@@ -423,3 +425,76 @@ def test_open_mpi_instances_with_the_instances_option(fake_sdk: Any, monkeypatch
     with pytest.raises(ConfigError, match="one of 4 started together"):
         build(micro_batch_size=2, replicas=4, accelerator_options={"instances": 2})
     assert os.environ["OMPI_COMM_WORLD_SIZE"] == "4"
+
+
+# --- core starts the instances with poprun (PoprunLauncher) -----------------------------------------
+
+
+def _poprun_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fake poprun first on PATH, and the fake SDK importable in the processes it starts."""
+    fakes = Path(__file__).parent / "fakes" / "graphcore"
+    monkeypatch.setenv("PATH", f"{fakes / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(fakes), os.environ.get("PYTHONPATH")])))
+
+
+@pytest.mark.slow
+def test_core_starts_the_instances_with_poprun(fake_sdk: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    _poprun_on_path(monkeypatch)
+    options = {"micro_batch_size": 2, "replicas": 4, "accelerator_options": {"instances": 2, "ipu_model": True}}
+    plan = plan_run(get_plugin_manager(), "fcnn", "graphcore", {"workload_options": FCNN, **options})
+    assert isinstance(plan.launcher, PoprunLauncher)
+    result = run("fcnn", "graphcore", workload_options=FCNN, steps=3, warmup_steps=1, power_meter="none", **options)
+    assert result.status.ok, result.status
+    assert result.world_size == 2  # instance 0's result, which knows it was one of two
+    assert result.executor_details["instance_index"] == 0
+    assert result.samples_per_update == 2 * 4  # the global batch: every instance's replicas
+
+
+@pytest.mark.slow
+def test_an_instance_that_dies_fails_the_launch_naming_poprun(
+    fake_sdk: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    _poprun_on_path(monkeypatch)
+    # Instance 1 is SIGKILLed as it starts; mpirun (the fake poprun) stops instance 0 and names the rank.
+    (tmp_path / "sitecustomize.py").write_text(
+        "import os, signal\n"
+        "if os.environ.get('OMPI_COMM_WORLD_RANK') == '1':\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ['PYTHONPATH']}")
+    result = run(
+        "fcnn",
+        "graphcore",
+        workload_options=FCNN,
+        steps=3,
+        micro_batch_size=2,
+        replicas=4,
+        power_meter="none",
+        accelerator_options={"instances": 2, "ipu_model": True},
+    )
+    assert not result.status.ok
+    assert result.status.state.value == "killed", result.status
+    assert "poprun" in result.status.message
+
+
+def test_several_instances_without_poprun_are_refused_with_the_command(
+    fake_sdk: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(ConfigError, match="poprun, which is not on PATH") as refused:
+        build(micro_batch_size=2, replicas=4, accelerator_options={"instances": 2, "ipu_model": True})
+    assert "poprun --num-instances 2 --num-replicas 4" in str(refused.value)
+
+
+def test_the_poprun_launcher_reads_open_mpi_s_variables() -> None:
+    environ = {
+        "OMPI_COMM_WORLD_SIZE": "4",
+        "OMPI_COMM_WORLD_RANK": "3",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+    }
+    process = PoprunLauncher().process_context(environ)
+    assert (process.rank, process.local_rank, process.world_size, process.local_world_size) == (3, 1, 4, 2)
+    assert not process.is_main and not process.reads_node_meter
+    with pytest.raises(RuntimeError, match="OMPI_COMM_WORLD"):
+        PoprunLauncher().process_context({})

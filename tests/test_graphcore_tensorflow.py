@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from core import run
-from core.distributed import SINGLE_PROCESS
-from core.planning import plan_run
-from core.plugins import get_plugin_manager
+from core.contract.manager import get_plugin_manager
+from core.running.distributed import SINGLE_PROCESS
+from core.running.planning import plan_run
 from core.testing import TINY_FCNN
-from plugins.graphcore import accelerator as graphcore_accelerator
+from core_plugins.graphcore import accelerator as graphcore_accelerator
 
 pytestmark = [pytest.mark.tensorflow, pytest.mark.usefixtures("fake_sdk", "fake_tf_ipu")]
 
@@ -29,7 +29,7 @@ def build(**options: Any) -> Any:
     settings: dict[str, Any] = {"framework": "tensorflow", "workload_options": TINY_FCNN, "power_meter": "none"}
     settings.update(options)
     plan = plan_run(get_plugin_manager(), "fcnn", "graphcore", settings)
-    return plan.accelerator.create_executor(plan.workload, plan.config, SINGLE_PROCESS)
+    return plan.accelerator.executor_for(plan.workload, plan.context(SINGLE_PROCESS))
 
 
 def test_ipu_config_strategy_and_gradient_accumulation(fake_tf_ipu: Any) -> None:

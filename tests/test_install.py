@@ -57,3 +57,23 @@ def test_the_setup_script_installs_through_the_constraints() -> None:
     assert "--no-build-isolation" in setup
     test = (ROOT / "scripts" / "test.sh").read_text()
     assert "./scripts/setup.sh dev" in test
+
+
+def _installed_name(folder: Path) -> str:
+    """The import name a package folder installs as (pyproject's package-dir maps plugins/ to core_plugins)."""
+    parts = folder.relative_to(ROOT).parts
+    return ".".join(("core_plugins", *parts[1:]) if parts[0] == "plugins" else parts)
+
+
+def test_the_package_list_names_every_package_folder() -> None:
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert setuptools["package-dir"] == {"core_plugins": "plugins"}
+    folders = [init.parent for top in ("core", "plugins") for init in (ROOT / top).rglob("__init__.py")]
+    assert sorted(setuptools["packages"]) == sorted(_installed_name(folder) for folder in folders)
+
+
+def test_the_built_in_plugins_install_under_a_namespaced_name() -> None:
+    entry_points = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["core"]
+    assert {name: target for name, target in entry_points.items() if name != "workloads"} == {
+        vendor: f"core_plugins.{vendor}" for vendor in ("cpu", "nvidia", "amd", "graphcore")
+    }

@@ -23,11 +23,11 @@ from launching import torchrun_two_ranks
 import core.executors.pytorch as pytorch_executor
 from core import RunState, Workload, run
 from core.config import make_config
-from core.distributed import SINGLE_PROCESS
+from core.contract.workload import TorchTrainingSpec
 from core.errors import NonFiniteLossError
 from core.executors.pytorch import TorchExecutor, TorchPlacement
+from core.running.distributed import SINGLE_PROCESS
 from core.testing import TINY_FCNN, registered_plugins
-from core.workload import TorchTrainingSpec
 from core.workloads.fcnn import Fcnn, FcnnOptions
 
 OPTIONS = {"layers": 3, "hidden_width": 32, "input_width": 20, "output_width": 10}
@@ -145,7 +145,7 @@ def test_torch_fp16_scaler_skips_are_not_reported_but_a_nan_loss_is() -> None:
 
 def test_a_nan_gradient_in_the_windows_last_update_fails_the_run() -> None:
     """End to end: the fault enters in the very last update and is in the window's status."""
-    from plugins.cpu.accelerator import CpuAccelerator
+    from core_plugins.cpu.accelerator import CpuAccelerator
 
     steps, warmup = 3, 1
     faults = Faults(inf_gradient_at=1 + warmup + steps)  # first step + warm-up + window
@@ -176,7 +176,7 @@ def test_a_nan_gradient_in_the_windows_last_update_fails_the_run() -> None:
 DDP_WORKER = textwrap.dedent("""
     import gc, json, sys, torch
     from core.config import make_config
-    from core.distributed import ProcessContext
+    from core.running.distributed import ProcessContext
     from core.executors.pytorch import TorchExecutor, TorchPlacement
     from core.workloads.fcnn import Fcnn, FcnnOptions
     options = {options!r}

@@ -11,12 +11,12 @@ import pytest
 import core.workloads
 from core import Availability, Precision, RunConfig, hookimpl, make_config, run
 from core.executors.base import Executor
-from core.results import DeviceRecord
-from core.testing import SimulatedExecutor, registered_plugins
-from plugins.nvidia import nvml
-from plugins.nvidia.accelerator import NvidiaAccelerator
-from plugins.nvidia.meter import NvmlMeterFactory
-from plugins.nvidia.visibility import visible_nvml_indices
+from core.storage.results import DeviceRecord
+from core.testing import SimulatedExecutor, registered_plugins, run_context
+from core_plugins.nvidia import nvml
+from core_plugins.nvidia.accelerator import NvidiaAccelerator
+from core_plugins.nvidia.meter import NvmlMeterFactory
+from core_plugins.nvidia.visibility import visible_nvml_indices
 
 UUIDS = [
     "GPU-1111aaaa-0000-0000-0000-000000000000",
@@ -85,7 +85,7 @@ def test_driver_versions(fake_pynvml: Any) -> None:
 def run_meter(pynvml: Any, window_seconds: float, config: RunConfig | None = None) -> Any:
     config = config or make_config(workload="fcnn", accelerator="nvidia", power_sample_interval_seconds=0.01)
     devices = NvidiaAccelerator().visible_devices()
-    meter = NvmlMeterFactory().create(devices, config)
+    meter = NvmlMeterFactory().meter_for(devices, run_context(config))
     try:
         meter.start()
         time.sleep(window_seconds)
@@ -159,7 +159,7 @@ def test_a_lost_gpu_gives_no_number_but_the_reason(fake_pynvml: Any) -> None:
     three_gpus(fake_pynvml)
     config = make_config(workload="fcnn", accelerator="nvidia", power_sample_interval_seconds=0.01)
     devices = NvidiaAccelerator().visible_devices()
-    meter = NvmlMeterFactory().create(devices[:1], config)
+    meter = NvmlMeterFactory().meter_for(devices[:1], run_context(config))
     meter.start()
     fake_pynvml.machine.gpus[0].lost = True
     measurement = meter.stop()

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from core.energy import DeviceEnergyMeter
+from core.energy.meters import DeviceEnergyMeter
 from core.testing import TINY_FCNN, registered_plugins, run_tiny
 
 pytestmark = pytest.mark.gpu
@@ -31,7 +31,7 @@ def cuda_device_count() -> int:
 def test_discovery_matches_what_cuda_reports() -> None:
     import torch
 
-    from plugins.nvidia.accelerator import NvidiaAccelerator
+    from core_plugins.nvidia.accelerator import NvidiaAccelerator
 
     devices = NvidiaAccelerator().visible_devices()
     assert len(devices) == torch.cuda.device_count()

@@ -17,11 +17,11 @@ from typing import Any, ClassVar
 import pytest
 
 from core import Accelerator, Availability, ConfigError, PowerMeterFactory, hookimpl, make_config
-from core.plugins import PluginFault, PluginManager, PluginState
+from core.contract.manager import PluginFault, PluginManager, PluginState
 from core.testing import TINY_FCNN, registered_plugins
 from core.workloads.fcnn import Fcnn
 
-CPU_SOURCE = "from plugins.cpu.accelerator import CpuAccelerator\n"
+CPU_SOURCE = "from core_plugins.cpu.accelerator import CpuAccelerator\n"
 
 
 def core_cli(*arguments: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -51,8 +51,10 @@ def test_plugins_import_only_the_plugin_surface(path: Path) -> None:
 
 def test_the_check_catches_an_internal_import(tmp_path: Path) -> None:
     plugin = tmp_path / "plugin.py"
-    plugin.write_text("from core.plugin import hookimpl\n\ndef f():\n    from core.gpu import TorchGpuAccelerator\n")
-    assert core_imports(plugin) == [(1, "core.plugin"), (4, "core.gpu")]
+    plugin.write_text(
+        "from core.plugin import hookimpl\n\ndef f():\n    from core.contract.gpu import TorchGpuAccelerator\n"
+    )
+    assert core_imports(plugin) == [(1, "core.plugin"), (4, "core.contract.gpu")]
 
 
 def test_every_surface_name_resolves_and_unknown_names_do_not() -> None:

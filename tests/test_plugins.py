@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import pytest
 
 from core import Accelerator, Workload, hookimpl
-from core.plugins import PluginManager, PluginState
+from core.contract.manager import PluginManager, PluginState
 from core.workloads.fcnn import Fcnn
 
 HEAVY_MODULES = ("torch", "tensorflow", "pynvml", "amdsmi", "poptorch", "gcipuinfo", "torch_xla")
@@ -186,9 +186,9 @@ def test_a_second_plugin_under_a_taken_name_is_reported_not_swapped_in(manager: 
 
 
 def test_registering_an_installed_plugin_again_is_harmless() -> None:
-    import plugins.cpu
+    import core_plugins.cpu
     from core.testing import registered_plugins
 
-    with registered_plugins(plugins.cpu) as manager:
+    with registered_plugins(core_plugins.cpu) as manager:
         assert manager.plugins["cpu"].state is PluginState.loaded
         assert not [r for r in manager.plugins.values() if r.state is PluginState.failed]

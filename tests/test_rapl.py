@@ -1,4 +1,4 @@
-"""plugins.cpu.rapl against fake powercap sysfs trees laid out like the kernel's."""
+"""core_plugins.cpu.rapl against fake powercap sysfs trees laid out like the kernel's."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from core.config import RunConfig
-from core.power import UnavailableMeter
-from plugins.cpu.rapl import RaplMeter, RaplMeterFactory, RaplZone, discover_zones
+from core.energy.meter import UnavailableMeter
+from core.testing import run_context
+from core_plugins.cpu.rapl import RaplMeter, RaplMeterFactory, RaplZone, discover_zones
 
 MAX = 262143328850  # max_energy_range_uj of a typical Intel package (2^32 - 1 units of 61.035 uJ)
 
@@ -264,7 +265,7 @@ def test_factory_reads_cpu_and_creates_a_meter(tmp_path: Path) -> None:
     factory = RaplMeterFactory(root=kernel_tree(tmp_path))
     assert factory.name == "rapl" and factory.reads("cpu") and not factory.reads("nvidia")
     assert factory.availability().available
-    meter = factory.create([], config())
+    meter = factory.meter_for([], run_context(config()))
     assert isinstance(meter, RaplMeter) and len(meter.zones) == 6
 
 
@@ -273,7 +274,7 @@ def test_no_zones_is_unavailable(tmp_path: Path, make_root) -> None:
     factory = RaplMeterFactory(root=make_root(tmp_path))
     availability = factory.availability()
     assert not availability.available and "no RAPL zones" in (availability.reason or "")
-    meter = factory.create([], config())
+    meter = factory.meter_for([], run_context(config()))
     assert isinstance(meter, UnavailableMeter)
     m = meter.stop()
     assert m.energy_joules is None and "no RAPL zones" in (m.unavailable_reason or "")

@@ -17,8 +17,8 @@ from chromium import find_chromium, open_page
 from synthetic import synthetic_result
 
 from core.report import ReportError, count_label, format_number, pareto_front, power_traces, write_report
-from core.store import ResultStore
-from core.summary import summarise
+from core.storage.store import ResultStore
+from core.storage.summary import summarise
 
 PLOT_KINDS = (
     "throughput-vs-batch-size",

@@ -33,9 +33,9 @@ from core.report import (
     sweep_slugs,
     write_report,
 )
-from core.results import DeviceRecord, EnvironmentInfo, PowerTimeline, RunResult, RunState
-from core.store import ResultStore
-from core.summary import summarise
+from core.storage.results import DeviceRecord, EnvironmentInfo, PowerTimeline, RunResult, RunState
+from core.storage.store import ResultStore
+from core.storage.summary import summarise
 
 HOSTILE = "<script>alert(1)</script> | pipes | `tick` *star* _under_ [link](javascript:alert(2)) $x$\nsecond line"
 
@@ -690,7 +690,7 @@ def test_rows_the_store_skips_are_shown(tmp_path: Path, capsys: pytest.CaptureFi
 
 
 def test_a_sweep_that_cannot_be_read_is_a_note(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from core.store import StoreError
+    from core.storage.store import StoreError
 
     read = ResultStore.runs
 

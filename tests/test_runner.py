@@ -215,7 +215,7 @@ def test_faults_are_reported_and_earlier_figures_kept(
 
 def test_a_nan_loss_in_a_real_torch_run_is_reported() -> None:
     from core.testing import TINY_FCNN
-    from plugins.cpu.accelerator import CpuAccelerator
+    from core_plugins.cpu.accelerator import CpuAccelerator
 
     class HugeLearningRate(Workload):
         """FCNN whose optimizer diverges at once."""
@@ -269,7 +269,7 @@ def test_observers_see_the_start_and_the_result() -> None:
 
 def test_replicas_as_processes_need_registered_plugins() -> None:
     from core import ConfigError
-    from plugins.cpu.accelerator import CpuAccelerator
+    from core_plugins.cpu.accelerator import CpuAccelerator
 
     with registered_plugins():
         with pytest.raises(ConfigError) as caught:

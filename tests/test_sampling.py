@@ -1,4 +1,4 @@
-"""core.sampling: trapezoid integration and the fixed-rate sampler, in simulated and in real time."""
+"""core.energy.sampling: trapezoid integration and the fixed-rate sampler, in simulated and in real time."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from core.results import PowerTimeline
-from core.sampling import FixedRateSampler, PowerTimelineRecorder, SampledEnergy
+from core.energy.sampling import FixedRateSampler, PowerTimelineRecorder, SampledEnergy
+from core.storage.results import PowerTimeline
 
 
 class SimClock:

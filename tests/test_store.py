@@ -15,9 +15,9 @@ import pytest
 from synthetic import synthetic_result
 
 from core.cli import main
-from core.results import RunResult
-from core.store import EXPORT_COLUMNS, ResultStore, StoreError
-from core.summary import SPREAD_FLAG_FRACTION, summarise
+from core.storage.results import RunResult
+from core.storage.store import EXPORT_COLUMNS, ResultStore, StoreError
+from core.storage.summary import SPREAD_FLAG_FRACTION, summarise
 
 
 def filled_store(path: Path) -> ResultStore:
@@ -109,7 +109,7 @@ def test_a_committed_run_survives_sigkill(tmp_path: Path) -> None:
     """The process that wrote the row dies with SIGKILL straight after add(): the row is there."""
     code = (
         "import os, signal, sys; sys.path.insert(0, sys.argv[2]); from synthetic import synthetic_result; "
-        "from core.store import ResultStore; store = ResultStore(sys.argv[1]); "
+        "from core.storage.store import ResultStore; store = ResultStore(sys.argv[1]); "
         "store.add(synthetic_result(throughput=123.0), sweep='k', cell_key='x', repeat=0); "
         "os.kill(os.getpid(), signal.SIGKILL)"
     )

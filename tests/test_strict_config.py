@@ -25,11 +25,11 @@ from synthetic import synthetic_result
 from core import ConfigError, Framework, Workload, run
 from core.cli import main
 from core.config import Precision, RunConfig, make_config
-from core.planning import plan_run
-from core.plugins import get_plugin_manager
-from core.results import RunResult
+from core.contract.manager import get_plugin_manager
+from core.contract.workload import parse_plugin_options
+from core.running.planning import plan_run
+from core.storage.results import RunResult
 from core.testing import TINY_FCNN, registered_plugins
-from core.workload import parse_plugin_options
 
 # --- 4: strict types -------------------------------------------------------------------------
 
@@ -135,7 +135,7 @@ STORED_CONFIG = {
 
 
 def test_stored_results_still_load(tmp_path: Path) -> None:
-    from core.store import ResultStore
+    from core.storage.store import ResultStore
 
     stored = json.loads(synthetic_result(micro_batch_size=64, precision="bf16").model_dump_json())
     stored["config"] = STORED_CONFIG
@@ -253,8 +253,8 @@ def test_plugin_options_take_enum_values_and_ints_for_floats() -> None:
 
 
 def test_vendor_accelerator_options_are_strict() -> None:
-    from plugins.amd.accelerator import AmdOptions
-    from plugins.graphcore.accelerator import GraphcoreOptions
+    from core_plugins.amd.accelerator import AmdOptions
+    from core_plugins.graphcore.accelerator import GraphcoreOptions
 
     with pytest.raises(ConfigError, match=r"accelerator_options.ipu_model = 1: a boolean"):
         parse_plugin_options(GraphcoreOptions, {"ipu_model": 1}, "accelerator_options", "accelerator 'graphcore'")
@@ -385,7 +385,7 @@ def test_a_missing_framework_is_refused_by_a_sweep_dry_run(monkeypatch: pytest.M
 
 def test_planning_imports_no_framework_or_model_library(token_file: Path) -> None:
     code = (
-        "import sys; from core.plugins import get_plugin_manager; from core.planning import plan_run\n"
+        "import sys; from core.contract.manager import get_plugin_manager; from core.running.planning import plan_run\n"
         "m = get_plugin_manager()\n"
         "for w, o in (('resnet50', {}), ('gpt2-124m', {'data': sys.argv[1]}), ('fcnn', {'framework': 'tensorflow'}),"
         " ('mobilenetv3-small', {'framework': 'tensorflow'})):\n"

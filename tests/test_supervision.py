@@ -1,8 +1,8 @@
-"""Process supervision (core.processes): no orphan, no leaked temporary directory, no lost phase.
+"""Process supervision (core.running.processes): no orphan, no leaked temporary directory, no lost phase.
 
 The slow tests start `core run --replicas 2` (torchrun and two gloo workers) or a sweep cell with
 two replicas, then kill, interrupt or time them out and look for what is left: processes found
-through /proc, and the launcher's work directory (core-torchrun-<pid>-*) in the temp folder.
+through /proc, and the launcher's work directory (core-launch-<pid>-*) in the temp folder.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from core import (
     run,
 )
 from core.executors.base import Executor
-from core.results import RunResult
+from core.storage.results import RunResult
 from core.sweep import make_sweep_spec, plan_sweep, run_in_process
 from core.testing import SimulatedExecutor, registered_plugins
 
@@ -259,7 +259,7 @@ def alive(pids: list[int]) -> list[int]:
 
 
 def work_directories(owner: int) -> list[Path]:
-    return sorted(Path(tempfile.gettempdir()).glob(f"core-torchrun-{owner}-*"))
+    return sorted(Path(tempfile.gettempdir()).glob(f"core-launch-{owner}-*"))
 
 
 def wait_for(condition: Any, seconds: float, every: float = 0.2) -> bool:
@@ -284,7 +284,7 @@ def _workers(launcher_pid: int) -> dict[int, str]:
     return {
         pid: command
         for pid, command in descendants(launcher_pid).items()
-        if "core.worker" in command and "torch.distributed" not in command
+        if "core.running.worker" in command and "torch.distributed" not in command
     }
 
 
@@ -298,9 +298,9 @@ def wait_for_window(launcher: subprocess.Popen[str]) -> tuple[dict[int, str], Pa
         if len(workers) != 2:
             return False
         arguments = Path(f"/proc/{min(workers)}/cmdline").read_bytes().split(b"\0") if alive([min(workers)]) else []
-        if b"core.worker" not in arguments:
+        if b"core.running.worker" not in arguments:
             return False
-        result_path = Path(arguments[arguments.index(b"core.worker") + 2].decode())
+        result_path = Path(arguments[arguments.index(b"core.running.worker") + 2].decode())
         try:
             result = json.loads(result_path.read_text())
         except (OSError, ValueError):
@@ -358,9 +358,9 @@ def test_ctrl_c_or_sigterm_of_core_run_with_two_replicas_stops_everything_first(
 @pytest.mark.slow
 @needs_proc
 def test_a_launch_past_its_time_limit_is_stopped_and_cleaned_up() -> None:
-    from core.launch import launch_with_torchrun
-    from core.planning import plan_run
-    from core.plugins import get_plugin_manager
+    from core.contract.manager import get_plugin_manager
+    from core.running.launch import TorchrunLauncher, launch
+    from core.running.planning import plan_run
 
     plan = plan_run(
         get_plugin_manager(),
@@ -369,7 +369,7 @@ def test_a_launch_past_its_time_limit_is_stopped_and_cleaned_up() -> None:
         {"replicas": 2, "micro_batch_size": 8, "steps": 10_000_000, "warmup_steps": 1, "workload_options": TINY},
     )
     started = time.monotonic()
-    result = launch_with_torchrun(plan, timeout_seconds=2.0)
+    result = launch(TorchrunLauncher(), plan, timeout_seconds=2.0)
     assert time.monotonic() - started < 60
     assert result.status.state is RunState.timeout and result.status.error_type == "Timeout"
     assert "launch's time limit" in result.status.message
@@ -433,7 +433,7 @@ def test_a_two_replica_sweep_cell_stopped_by_its_time_limit_keeps_the_phases_it_
     assert result.warmup_seconds is not None and result.throughput_per_second is None
     assert result.world_size == 2
     tree = seen["tree"]
-    assert any("core.worker" in command for command in tree.values()), tree
+    assert any("core.running.worker" in command for command in tree.values()), tree
     assert alive(list(tree)) == [], f"left running: {[tree[pid] for pid in alive(list(tree))]}"
     assert not any(work_directories(pid) for pid in tree)
 
@@ -487,6 +487,6 @@ def test_a_run_within_its_time_limit_is_the_same_run() -> None:
 
 
 def processes_phase(result: RunResult) -> str:
-    from core.processes import phase_after
+    from core.running.processes import phase_after
 
     return phase_after(result)

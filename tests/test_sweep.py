@@ -22,9 +22,9 @@ import core.sweep.repeat
 import core.sweep.run
 from core import ConfigError, RunState
 from core.cli import main
-from core.progress import ProgressLine, RunProgress, format_duration
-from core.runner import classify_fault
-from core.store import ResultStore
+from core.running.progress import ProgressLine, RunProgress, format_duration
+from core.running.runner import classify_fault
+from core.storage.store import ResultStore
 from core.sweep import SweepError, SweepObserver, expand_cells, load_sweep, make_sweep_spec, plan_sweep, run_sweep
 
 TINY = {"hidden_width": 32, "input_width": 64, "output_width": 10}
@@ -220,7 +220,7 @@ def test_a_sweep_in_the_database_continues_only_with_resume(tmp_path: Path) -> N
 FAKE_OK = """
 import json, sys
 from core.config import make_config
-from core.results import RunResult
+from core.storage.results import RunResult
 request = json.load(open(sys.argv[1]))
 config = make_config(**request["options"])
 result = RunResult(workload=config.workload, accelerator=config.accelerator, framework="torch", config=config,
@@ -429,7 +429,7 @@ def fcnn_sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and sweep.poll() is None:
-            workers = _children(sweep.pid, "core.sweep_worker")
+            workers = _children(sweep.pid, "core.sweep.worker")
             if len(_rows(database)) >= 3 and workers:
                 break
             time.sleep(0.05)

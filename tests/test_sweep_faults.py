@@ -26,12 +26,12 @@ from typing import Any
 import pytest
 from synthetic import synthetic_result
 
-import core.store
+import core.storage.store
 import core.sweep.run
 from core import ConfigError
 from core.cli import main
-from core.results import RunResult
-from core.store import ResultStore, StoreError, SweepLock
+from core.storage.results import RunResult
+from core.storage.store import ResultStore, StoreError, SweepLock
 from core.sweep import SweepError, load_sweep, make_sweep_spec, plan_sweep, run_sweep
 
 TINY_GRID = """
@@ -118,7 +118,7 @@ def no_traceback(text: str) -> None:
 
 HOLD_LOCK = """
 import sys, time
-from core.store import SweepLock
+from core.storage.store import SweepLock
 lock = SweepLock(sys.argv[1], "first")
 lock.acquire()
 print("locked", flush=True)
@@ -187,7 +187,7 @@ def test_two_real_sweeps_side_by_side_one_is_refused_and_nothing_is_lost(tmp_pat
     first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
-        lock = core.store.lock_path(database)
+        lock = core.storage.store.lock_path(database)
         while time.monotonic() < deadline and first.poll() is None:
             if lock.exists() and f'"pid": {first.pid}' in lock.read_text(encoding="utf-8"):
                 break
@@ -306,7 +306,7 @@ def test_a_database_that_cannot_be_opened_is_refused_before_anything_runs(
         no_traceback(err)
     assert (tmp_path / "garbage.db").read_bytes() == b"this is not a database\n" * 100  # untouched
     # A disk without room: refused at open, not after the first run has been measured.
-    monkeypatch.setattr(core.store.shutil, "disk_usage", lambda path: type("Usage", (), {"free": 4096})())
+    monkeypatch.setattr(core.storage.store.shutil, "disk_usage", lambda path: type("Usage", (), {"free": 4096})())
     assert main(["sweep", str(sweep_file), "--database", str(tmp_path / "full.db")]) == 2
     err = capsys.readouterr().err
     assert "its disk is full (4,096 bytes free)" in err
@@ -388,14 +388,14 @@ def test_a_result_the_full_database_refuses_is_saved_beside_it_and_recorded_on_r
 def test_when_nothing_beside_the_database_can_be_written_the_result_is_printed_as_json(
     tmp_path: Path, fake_runs: FakeRuns, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from core.files import OutputError
+    from core.storage.files import OutputError
 
     def no_space(path: Path, data: Any, what: str = "output") -> None:
         raise OutputError(f"cannot write {what} {path}: no space left on the device (ENOSPC)")
 
     database = tmp_path / "r.db"
     fill_disk_after(monkeypatch, succeed=0)
-    monkeypatch.setattr("core.files.write_atomically", no_space)
+    monkeypatch.setattr("core.storage.files.write_atomically", no_space)
     assert main(["sweep", str(grid(tmp_path / "s.toml")), "--database", str(database)]) == 1
     captured = capsys.readouterr()
     printed = json.loads(captured.out.strip().splitlines()[-1])
@@ -417,7 +417,7 @@ def test_a_failed_commit_leaves_no_transaction_open(tmp_path: Path) -> None:
     store = ResultStore(tmp_path / "r.db")
     real = store._connection
     store._connection = FailingCommit(real, 0)  # type: ignore[assignment]
-    with pytest.raises(core.store.StoreWriteError, match="its disk is full"):
+    with pytest.raises(core.storage.store.StoreWriteError, match="its disk is full"):
         store.add(synthetic_result(), sweep="s", cell_key="a", repeat=0)
     assert not real.in_transaction
     store._connection = real
@@ -496,7 +496,7 @@ def test_a_store_opened_for_reading_writes_nothing(tmp_path: Path) -> None:
     before = database.read_bytes()
     with ResultStore(database, create=False) as store:
         assert store.read_only and [run.result.throughput_per_second for run in store.runs()] == [500.0]
-        with pytest.raises(core.store.StoreWriteError, match="read-only"):
+        with pytest.raises(core.storage.store.StoreWriteError, match="read-only"):
             store.add(synthetic_result(), sweep="s", cell_key="b", repeat=0)
     assert database.read_bytes() == before
     with pytest.raises(StoreError, match="no results database at"):
@@ -530,7 +530,7 @@ def test_results_read_a_database_in_a_read_only_folder(tmp_path: Path, capsys: p
 
 KILLED_WRITER = """
 import os, sys
-from core.store import ResultStore
+from core.storage.store import ResultStore
 sys.path.insert(0, sys.argv[2])
 from synthetic import synthetic_result
 store = ResultStore(sys.argv[1])
@@ -722,7 +722,7 @@ def test_lowering_repeats_on_resume_counts_every_run_and_keeps_the_recorded_spec
     assert len(fake_runs.calls) == 6 and len(rows(database)) == 6
     with ResultStore(database, create=False) as store:
         record = store.sweep("s")
-        summaries = __import__("core.summary", fromlist=["summarise"]).summarise(store.runs(sweep="s"))
+        summaries = __import__("core.storage.summary", fromlist=["summarise"]).summarise(store.runs(sweep="s"))
     assert record is not None and record.spec["repeats"] == 3  # not lowered: 3 repeats per cell are recorded
     assert [entry["repeats"] for entry in record.spec["resumed"]] == [1]
     assert [cell.repeats_recorded for cell in summaries] == [3, 3]

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 from core.config import RunConfig
 from core.data import detect_format
 from core.data.torch_datasets import make_dataset
-from core.distributed import ProcessContext
+from core.running.distributed import ProcessContext
 
 
 class FileBatches:

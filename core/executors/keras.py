@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.config import Precision, RunConfig
+from core.contract.workload import KerasTrainingSpec
 from core.errors import NonFiniteLossError
 from core.executors.base import Executor, HostStepClock, StepClock
-from core.workload import KerasTrainingSpec
 
 
 def quiet_tensorflow_startup() -> None:

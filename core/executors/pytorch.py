@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from core.config import Precision, RunConfig
+from core.contract.workload import TorchTrainingSpec
 from core.data import SYNTHETIC_ON_HOST, SYNTHETIC_SOURCES
-from core.distributed import ProcessContext
 from core.errors import NonFiniteLossError
 from core.executors.base import Executor, HostStepClock, StepClock
-from core.workload import TorchTrainingSpec
+from core.running.distributed import ProcessContext
 
 if TYPE_CHECKING:
     from core.data.loading import FileBatches
@@ -378,6 +378,6 @@ class TorchExecutor(Executor):
             torch.distributed.destroy_process_group()
             # gloo's worker thread may still hold the Context a gradient all-reduce captured in
             # backward(); released during interpreter exit, it aborts the process. Wait for it.
-            from core.distributed import release_finished_collectives
+            from core.running.distributed import release_finished_collectives
 
             release_finished_collectives()

@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from core.files import OutputError, check_writable, describe_os_error, write_atomically
 from core.report.analysis import (
     group_series,
     option_names,
@@ -71,8 +70,9 @@ from core.report.document import (
 )
 from core.report.plots import _pyplot, count_label, plot_against_batch, plot_pareto, plot_power_traces, plot_scaling
 from core.report.sections import batch_table, cells_table, environment_table, sweep_section
-from core.store import ResultStore, StoreError
-from core.summary import summarise
+from core.storage.files import OutputError, check_writable, describe_os_error, write_atomically
+from core.storage.store import ResultStore, StoreError
+from core.storage.summary import summarise
 
 # The package's modules, by concern (this one writes the files):
 #   document  blocks, escaping, Markdown and HTML rendering, safe file names
@@ -312,7 +312,7 @@ def write_report(
 ) -> ReportFiles:
     """Write report.md, report.html and plots/*.png under ``output``; returns their paths.
 
-    The output directory is checked before any plot is drawn (:class:`~core.files.OutputError`),
+    The output directory is checked before any plot is drawn (:class:`~core.storage.files.OutputError`),
     and the files are written whole or not at all (:class:`ReportWriteError`).
     """
     output = Path(output)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TypeGuard
 
 from core.config import RunConfig
-from core.summary import CellSummary
+from core.storage.summary import CellSummary
 
 _BATCH = "micro_batch_size"
 _DEVICE_OPTIONS = ("replicas", "devices_per_replica")

@@ -17,7 +17,7 @@ from core.report.analysis import (
     pareto_front,
 )
 from core.report.document import ReportError, one_line, shorten
-from core.summary import CellSummary
+from core.storage.summary import CellSummary
 
 _PLOT_TEXT_CHARS = 60  # of a label in a plot's legend or annotation
 _MAX_LEGEND_ENTRIES = 16  # lines named in a plot's legend before "... and N more"

@@ -43,8 +43,8 @@ from core.report.plots import (
     plot_power_traces,
     plot_scaling,
 )
-from core.store import SweepRecord
-from core.summary import SPREAD_FLAG_FRACTION, CellSummary
+from core.storage.store import SweepRecord
+from core.storage.summary import SPREAD_FLAG_FRACTION, CellSummary
 
 _MESSAGE_CHARS = 1200  # of a failure's message shown in the report (the database has all of it)
 

@@ -12,8 +12,8 @@ The grid file (TOML, YAML or JSON) names RunConfig fields; a list is an axis, a 
     micro_batch_size = [64, 256, 1024]
     precision = ["fp32", "bf16"]
 
-Every cell is validated (``core.planning.plan_run``) before anything runs. Each repeat runs in a
-fresh process (``core.sweep_worker``) with a time limit, so an out-of-memory error, a crash or a
+Every cell is validated (``core.running.planning.plan_run``) before anything runs. Each repeat runs in a
+fresh process (``core.sweep.worker``) with a time limit, so an out-of-memory error, a crash or a
 hang becomes a recorded result and the sweep goes on. Each result is committed to the database
 as it arrives; ``resume=True`` runs only what is missing.
 """

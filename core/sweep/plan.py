@@ -115,8 +115,8 @@ def describe_config_error(error: ConfigError) -> str:
 
 def plan_sweep(spec: SweepSpec, manager: Any = None, source: str | None = None) -> SweepPlan:
     """Expand the grid and validate every cell against the plugins, touching no device."""
-    from core.planning import plan_run
-    from core.plugins import get_plugin_manager
+    from core.contract.manager import get_plugin_manager
+    from core.running.planning import plan_run
 
     manager = manager if manager is not None else get_plugin_manager()
     cells = expand_cells(spec)

@@ -1,4 +1,4 @@
-"""One repeat of one cell, in its own process (``core.sweep_worker``) with a time limit: a crash,
+"""One repeat of one cell, in its own process (``core.sweep.worker``) with a time limit: a crash,
 an out-of-memory error or a hang becomes a recorded result."""
 
 from __future__ import annotations
@@ -7,14 +7,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from core.launch import child_command, run_in_child
-from core.results import RunResult
+from core.running.launch import child_command, run_in_child
+from core.storage.results import RunResult
 from core.sweep.plan import Cell
 
 STOP_GRACE_SECONDS = 10.0  # between SIGTERM and SIGKILL when a cell is stopped
 
 
-# The command that runs one repeat (see core/sweep_worker.py); a name of its own, so tests can swap it.
+# The command that runs one repeat (see core/sweep/worker.py); a name of its own, so tests can swap it.
 worker_command = child_command
 
 

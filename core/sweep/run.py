@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from core import processes
-from core.results import RunResult, RunState
-from core.store import ResultStore, StoreError, default_database, unsaved_directory
-from core.summary import CellSummary, summarise
+from core.running import processes
+from core.storage.results import RunResult, RunState
+from core.storage.store import ResultStore, StoreError, default_database, unsaved_directory
+from core.storage.summary import CellSummary, summarise
 from core.sweep.plan import Cell, SweepPlan, plan_sweep
 from core.sweep.repeat import run_in_process
 from core.sweep.spec import SweepError, SweepSpec, UnsavedResultError, _shorten, load_sweep, make_sweep_spec
@@ -157,7 +157,7 @@ def _unsaved_file(database: Path, sweep: str, cell: Cell, repeat: int) -> Path:
 
 def _save_unsaved(path: Path, document: dict[str, Any]) -> str | None:
     """Write ``document`` whole to ``path`` (None) or say why it could not be written."""
-    from core.files import OutputError, write_atomically
+    from core.storage.files import OutputError, write_atomically
 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -166,7 +166,7 @@ def _save_unsaved(path: Path, document: dict[str, Any]) -> str | None:
     except OutputError as error:
         why = str(error)
     except OSError as exc:
-        from core.files import describe_os_error
+        from core.storage.files import describe_os_error
 
         why = f"cannot create {path.parent}: {describe_os_error(exc)}"
     try:

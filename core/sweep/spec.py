@@ -102,7 +102,7 @@ def read_sweep_document(path: Path) -> dict[str, Any]:
     A file over 1 MiB is refused, and so are YAML aliases (``*name``, ``<<: *name``): a few hundred
     bytes of nested aliases expand to billions of values.
     """
-    from core.files import describe_os_error
+    from core.storage.files import describe_os_error
 
     suffix = path.suffix.lower()
     if suffix not in (".toml", ".yaml", ".yml", ".json"):

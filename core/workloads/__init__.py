@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from core.hookspecs import hookimpl
-from core.workload import Workload
+from core.contract.hookspecs import hookimpl
+from core.contract.workload import Workload
 from core.workloads.autoencoder import AcesAutoencoder
 from core.workloads.fcnn import Fcnn
 from core.workloads.language import LANGUAGE_WORKLOADS

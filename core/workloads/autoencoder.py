@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, Field
 
 from core.config import Framework
-from core.workload import KerasTrainingSpec, TorchTrainingSpec
+from core.contract.workload import KerasTrainingSpec, TorchTrainingSpec
 from core.workloads.counting import Tally
 from core.workloads.datasets import IMAGE_DATASETS, ImageDatasetName
 from core.workloads.zoo import Source, ZooOptions, ZooWorkload, option_error, seeded

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from core.config import Framework
-from core.workload import KerasTrainingSpec, TorchTrainingSpec, Workload
+from core.contract.workload import KerasTrainingSpec, TorchTrainingSpec, Workload
 
 LEARNING_RATE = 0.01
 MOMENTUM = 0.9

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, Field
 
 from core.config import Framework
-from core.workload import TorchTrainingSpec
+from core.contract.workload import TorchTrainingSpec
 from core.workloads.counting import Tally
 from core.workloads.datasets import TOKEN_DATASETS, TokenDatasetName
 from core.workloads.zoo import Source, ZooOptions, ZooWorkload, seeded, transformers_source

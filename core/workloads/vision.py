@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, Field
 
 from core.config import Framework
-from core.workload import KerasTrainingSpec, TorchTrainingSpec
+from core.contract.workload import KerasTrainingSpec, TorchTrainingSpec
 from core.workloads.counting import Tally, conv_output
 from core.workloads.datasets import IMAGE_DATASETS, ImageDatasetName
 from core.workloads.zoo import (

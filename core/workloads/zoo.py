@@ -19,8 +19,8 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from core.config import Framework
+from core.contract.workload import Workload, module_installed
 from core.errors import ConfigError, CoreError
-from core.workload import Workload, module_installed
 from core.workloads.counting import Tally
 
 

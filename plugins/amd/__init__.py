@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from core.plugin import Accelerator, PowerMeterFactory, hookimpl
-from plugins.amd.accelerator import AmdAccelerator
-from plugins.amd.meter import AmdsmiMeterFactory
+
+from .accelerator import AmdAccelerator
+from .meter import AmdsmiMeterFactory
 
 
 @hookimpl

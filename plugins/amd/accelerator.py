@@ -29,10 +29,12 @@ from core.plugin import (
     Precision,
     ProcessContext,
     RunConfig,
+    RunContext,
     TorchGpuAccelerator,
 )
-from plugins.amd import peaks, smi
-from plugins.probing import SdkProbe
+
+from ..probing import SdkProbe
+from . import peaks, smi
 
 PROBE = SdkProbe(
     module="amdsmi",
@@ -136,8 +138,9 @@ class AmdAccelerator(TorchGpuAccelerator):
     def mode(self, config: RunConfig) -> str:
         return self.parse_options(dict(config.accelerator_options)).mode  # type: ignore[attr-defined]
 
-    def validate(self, config: RunConfig) -> None:
-        if self.mode(config) != "package":
+    def validate_run(self, context: RunContext) -> None:
+        config = context.config
+        if context.accelerator_options_as(AmdOptions).mode != "package":
             return
         used = self._visible_or_refuse()[: config.replicas]
         node = self.node()

@@ -37,11 +37,13 @@ from core.plugin import (
     PowerMeter,
     PowerMeterFactory,
     RunConfig,
+    RunContext,
     UnavailableMeter,
 )
-from plugins.amd import smi
-from plugins.amd.accelerator import PROBE
-from plugins.probing import SdkProbe
+
+from ..probing import SdkProbe
+from . import smi
+from .accelerator import PROBE
 
 VALIDATION_SECONDS = 0.25
 MAX_COUNTER_RATIO = 10.0
@@ -270,7 +272,8 @@ class AmdsmiMeterFactory(PowerMeterFactory):
             reasons.append(smi.INSTALL_HINT)
         return Availability.no("; ".join(reasons)) if reasons else Availability.yes()
 
-    def create(self, devices: list[DeviceRecord], config: RunConfig) -> PowerMeter:
+    def meter_for(self, devices: list[DeviceRecord], context: RunContext) -> PowerMeter:
+        config = context.config
         session = smi.amdsmi_session()
         try:
             amdsmi = session.__enter__()

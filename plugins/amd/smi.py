@@ -40,7 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from core.plugin import SharedLibrarySession
-from plugins.amd.visibility import visible_order
+
+from .visibility import visible_order
 
 INSTALL_HINT = (
     "amdsmi is not installed (pip install 'core[amd]', or the amdsmi matching your ROCm, "

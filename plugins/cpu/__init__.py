@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from core.plugin import Accelerator, PowerMeterFactory, hookimpl
-from plugins.cpu.accelerator import CpuAccelerator
-from plugins.cpu.rapl import RaplMeterFactory
+
+from .accelerator import CpuAccelerator
+from .rapl import RaplMeterFactory
 
 
 @hookimpl

@@ -18,6 +18,7 @@ from core.plugin import (
     Precision,
     ProcessContext,
     RunConfig,
+    RunContext,
     Workload,
 )
 
@@ -96,8 +97,8 @@ class CpuAccelerator(Accelerator):
         device.details.update({"replicas": config.replicas, "threads_per_replica": self.threads_per_replica(config)})
         return [device]
 
-    def create_executor(self, workload: Workload, config: RunConfig, process: ProcessContext) -> Executor:
-        options = workload.parse_options(dict(config.workload_options))
+    def executor_for(self, workload: Workload, context: RunContext) -> Executor:
+        config, options = context.config, context.workload_options
         threads = self.threads_per_replica(config)
         if config.framework is Framework.tensorflow:
             return self._keras_executor(workload, options, config, threads)
@@ -110,7 +111,7 @@ class CpuAccelerator(Accelerator):
             return {"threads_per_replica": threads}
 
         placement = TorchPlacement(device="cpu", distributed_backend=self.distributed_backend, configure=set_threads)
-        return TorchExecutor(workload.build_torch(options, config.seed), config, placement, process)
+        return TorchExecutor(workload.build_torch(options, config.seed), config, placement, context.process)
 
     def _keras_executor(self, workload: Workload, options: Any, config: RunConfig, threads: int) -> Executor:
         # The executor module first: it quiets TensorFlow's start-up logging before TF loads.

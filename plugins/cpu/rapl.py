@@ -31,7 +31,7 @@ from core.plugin import (
     EnergySource,
     PowerMeter,
     PowerMeterFactory,
-    RunConfig,
+    RunContext,
     UnavailableMeter,
 )
 
@@ -225,7 +225,7 @@ class RaplMeterFactory(PowerMeterFactory):
                 )
         return Availability.yes()
 
-    def create(self, devices: list[DeviceRecord], config: RunConfig) -> PowerMeter:
+    def meter_for(self, devices: list[DeviceRecord], context: RunContext) -> PowerMeter:
         zones, reason = self._zones()
         if reason:
             return UnavailableMeter(self.name, reason)

@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from core.plugin import Accelerator, PowerMeterFactory, hookimpl
-from plugins.graphcore.accelerator import POPLAR_SDK_INSTRUCTIONS, GraphcoreAccelerator
-from plugins.graphcore.meter import GcipuinfoMeterFactory
+
+from .accelerator import POPLAR_SDK_INSTRUCTIONS, GraphcoreAccelerator
+from .meter import GcipuinfoMeterFactory
 
 __all__ = ["GraphcoreAccelerator", "GcipuinfoMeterFactory", "POPLAR_SDK_INSTRUCTIONS"]
 

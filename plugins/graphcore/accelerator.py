@@ -13,6 +13,7 @@ import glob
 import importlib.metadata
 import importlib.util
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -26,12 +27,15 @@ from core.plugin import (
     ConfigError,
     DeviceRecord,
     Framework,
+    Launcher,
     Precision,
     ProcessContext,
     RunConfig,
+    RunContext,
     Workload,
 )
-from plugins.graphcore.placement import IpuPlacement, PoprunProcess, format_command, plan_placement, poprun_command
+
+from .placement import IpuPlacement, PoprunProcess, format_command, plan_placement, poprun_command
 
 if TYPE_CHECKING:
     from core.plugin import Executor
@@ -89,7 +93,7 @@ def _gcipuinfo_devices() -> list[dict[str, str]] | None:
     """gcipuinfo's device list, or None where gcipuinfo is not installed or cannot list devices."""
     if importlib.util.find_spec("gcipuinfo") is None:
         return None
-    from plugins.graphcore.meter import import_gcipuinfo
+    from .meter import import_gcipuinfo
 
     try:
         return [dict(device) for device in import_gcipuinfo().gcipuinfo().getDevices()]
@@ -174,8 +178,17 @@ class GraphcoreAccelerator(Accelerator):
             framework=config.framework.value,
         )
 
-    def validate(self, config: RunConfig) -> None:
-        options = self._options(config)
+    def launcher_for(self, context: RunContext) -> Launcher | None:
+        """poprun, for several instances asked for outside one (inside, this process is one of them)."""
+        instances, process = resolve_instances(context.accelerator_options_as(GraphcoreOptions))
+        if instances > 1 and process is None:
+            from .launcher import PoprunLauncher
+
+            return PoprunLauncher()
+        return None
+
+    def validate_run(self, context: RunContext) -> None:
+        config, options = context.config, context.accelerator_options_as(GraphcoreOptions)
         if config.framework is Framework.torch and not _has_poptorch():
             raise ConfigError("framework", "torch", POPLAR_SDK_INSTRUCTIONS)
         if config.framework is Framework.tensorflow and not _tensorflow_is_graphcore_build():
@@ -196,21 +209,7 @@ class GraphcoreAccelerator(Accelerator):
                 f"the IPU executors feed synthetic samples only; allowed: {', '.join(SYNTHETIC_SOURCES)}",
             )
         placement = self.placement(config)
-        instances, process = resolve_instances(options)
-        launched = process.instances if process is not None else 1
-        if instances != launched:
-            raise ConfigError(
-                "accelerator_options.instances",
-                instances,
-                f"this process is one of {launched} started together; {instances} instances need one process "
-                "each, started by poprun: " + format_command(poprun_command(placement, _this_command())),
-            )
-        if config.framework is Framework.tensorflow and instances > 1:
-            raise ConfigError(
-                "accelerator_options.instances",
-                instances,
-                "the TensorFlow path runs in one instance; use framework torch under poprun",
-            )
+        _check_instances(config, options, placement)
         if not options.ipu_model:
             ipus = count_ipus()
             if ipus == 0:
@@ -285,19 +284,20 @@ class GraphcoreAccelerator(Accelerator):
                 continue
         return versions
 
-    def create_executor(self, workload: Workload, config: RunConfig, process: ProcessContext) -> Executor:
-        options = self._options(config)
+    def executor_for(self, workload: Workload, context: RunContext) -> Executor:
+        config, options = context.config, context.accelerator_options_as(GraphcoreOptions)
         placement = self.placement(config)
         if config.framework is Framework.tensorflow:
-            from plugins.graphcore.tensorflow import create_keras_executor
+            from .tensorflow import create_keras_executor
 
-            return create_keras_executor(workload, config, placement, options)
+            return create_keras_executor(workload, context.workload_options, config, placement, options)
         _, poprun = resolve_instances(options)
-        return self._poptorch_executor(workload, config, placement, options, poprun)
+        return self._poptorch_executor(workload, context.workload_options, config, placement, options, poprun)
 
     def _poptorch_executor(
         self,
         workload: Workload,
+        workload_options: BaseModel,
         config: RunConfig,
         placement: IpuPlacement,
         options: GraphcoreOptions,
@@ -305,8 +305,8 @@ class GraphcoreAccelerator(Accelerator):
     ) -> Executor:
         import importlib
 
-        from plugins.graphcore.executor import PopTorchExecutor
-        from plugins.graphcore.options import OptionSettings
+        from .executor import PopTorchExecutor
+        from .options import OptionSettings
 
         poptorch = importlib.import_module("poptorch")
         popdist = None
@@ -315,7 +315,6 @@ class GraphcoreAccelerator(Accelerator):
             importlib.import_module("popdist.poptorch")
             if popdist.isPopdistEnvSet():
                 _check_popdist(popdist, placement)
-        workload_options = workload.parse_options(dict(config.workload_options))
         split_points = [s.strip() for s in options.pipeline_splits.split(",") if s.strip()]
         if not split_points and placement.pipelined:
             named = getattr(workload, "pipeline_split_points", None)
@@ -343,6 +342,34 @@ class GraphcoreAccelerator(Accelerator):
             popdist=popdist,
             split_points=split_points,
             details=details,
+        )
+
+
+def _check_instances(config: RunConfig, options: GraphcoreOptions, placement: IpuPlacement) -> None:
+    """Several instances: core starts them with poprun, or this process is one poprun started."""
+    instances, process = resolve_instances(options)
+    if config.framework is Framework.tensorflow and instances > 1:
+        raise ConfigError(
+            "accelerator_options.instances",
+            instances,
+            "the TensorFlow path runs in one instance; use framework torch under poprun",
+        )
+    if process is None:
+        if instances > 1 and shutil.which("poprun") is None:
+            raise ConfigError(
+                "accelerator_options.instances",
+                instances,
+                "several instances are started by poprun, which is not on PATH here (it comes with the Poplar "
+                "SDK: source <sdk>/enable.sh); or start them yourself: "
+                + format_command(poprun_command(placement, _this_command())),
+            )
+        return
+    if instances != process.instances:
+        raise ConfigError(
+            "accelerator_options.instances",
+            instances,
+            f"this process is one of {process.instances} started together; {instances} instances need one process "
+            "each, started by poprun: " + format_command(poprun_command(placement, _this_command())),
         )
 
 

@@ -28,9 +28,10 @@ from typing import Any
 import torch
 
 from core.plugin import Executor, HostStepClock, NonFiniteLossError, RunConfig, StepClock, TorchTrainingSpec
-from plugins.graphcore.options import OptionSettings, build_options, options_summary
-from plugins.graphcore.pipeline import StagePlan, assign_blocks, plan_stages
-from plugins.graphcore.placement import IpuPlacement, host_call_samples
+
+from .options import OptionSettings, build_options, options_summary
+from .pipeline import StagePlan, assign_blocks, plan_stages
+from .placement import IpuPlacement, host_call_samples
 
 
 class ModelWithLoss(torch.nn.Module):

@@ -2,7 +2,7 @@
 
 gcipuinfo has no energy counter, only each IPU's instantaneous power (the ``"ipu power"``
 attribute, a string such as ``"123.45W"`` or ``"N/A"``). So every IPU is an ``EnergySource`` with
-``read_power_watts`` only, and ``core.energy.DeviceEnergyMeter`` samples them at a fixed rate and
+``read_power_watts`` only, and ``core.energy.meters.DeviceEnergyMeter`` samples them at a fixed rate and
 integrates by the trapezoid rule: the result's method is ``"sampled"``, never ``"counter"``.
 
 gcipuinfo reads every attribute once, when created, and keeps returning that data unless told
@@ -33,7 +33,7 @@ from core.plugin import (
     EnergySource,
     PowerMeter,
     PowerMeterFactory,
-    RunConfig,
+    RunContext,
     UnavailableMeter,
 )
 
@@ -151,11 +151,12 @@ class GcipuinfoMeterFactory(PowerMeterFactory):
             return Availability.no(GCIPUINFO_MISSING)
         return Availability.yes()
 
-    def create(self, devices: list[DeviceRecord], config: RunConfig) -> PowerMeter:
-        from plugins.graphcore.placement import PoprunProcess
+    def meter_for(self, devices: list[DeviceRecord], context: RunContext) -> PowerMeter:
+        from .accelerator import GraphcoreOptions
+        from .placement import PoprunProcess
 
-        options = config.accelerator_options
-        if options.get("ipu_model"):
+        config = context.config
+        if context.accelerator_options_as(GraphcoreOptions).ipu_model:
             return UnavailableMeter(
                 self.name, "the IPU Model is a simulator on the host CPU: there is no IPU power to read"
             )

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from plugins.graphcore.placement import IpuPlacement, PoprunProcess
+from .placement import IpuPlacement, PoprunProcess
 
 
 @dataclass(frozen=True)

@@ -36,8 +36,9 @@ from core.plugin import (
     StepClock,
     Workload,
 )
-from plugins.graphcore.pipeline import balance
-from plugins.graphcore.placement import (
+
+from .pipeline import balance
+from .placement import (
     IpuPlacement,
     check_steps_per_execution,
     host_call_samples,
@@ -195,12 +196,13 @@ def _is_sequential(model: Any) -> bool:
     return any(cls.__name__ == "Sequential" for cls in type(model).__mro__)
 
 
-def create_keras_executor(workload: Workload, config: RunConfig, placement: IpuPlacement, options: Any) -> Executor:
+def create_keras_executor(
+    workload: Workload, workload_options: Any, config: RunConfig, placement: IpuPlacement, options: Any
+) -> Executor:
     from core.plugin import quiet_tensorflow_startup
 
     quiet_tensorflow_startup()  # before TensorFlow loads, as core's Keras executor does
 
-    workload_options = workload.parse_options(dict(config.workload_options))
     return KerasIpuExecutor(
         workload.build_keras(workload_options, config.seed),
         config,

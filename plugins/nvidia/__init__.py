@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from core.plugin import Accelerator, PowerMeterFactory, hookimpl
-from plugins.nvidia.accelerator import NvidiaAccelerator
-from plugins.nvidia.meter import NvmlMeterFactory
+
+from .accelerator import NvidiaAccelerator
+from .meter import NvmlMeterFactory
 
 
 @hookimpl

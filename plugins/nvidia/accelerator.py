@@ -1,13 +1,14 @@
-"""NVIDIA GPUs: the shared CUDA-API placement of core.gpu, discovered and described through NVML."""
+"""NVIDIA GPUs: the shared CUDA-API placement of core.contract.gpu, discovered and described through NVML."""
 
 from __future__ import annotations
 
 from typing import Any, ClassVar
 
 from core.plugin import Availability, DeviceRecord, Precision, RunConfig, TorchGpuAccelerator
-from plugins.nvidia import nvml
-from plugins.nvidia.peaks import NVIDIA_PEAKS
-from plugins.probing import SdkProbe
+
+from ..probing import SdkProbe
+from . import nvml
+from .peaks import NVIDIA_PEAKS
 
 PROBE = SdkProbe(
     module="pynvml",

@@ -18,8 +18,10 @@ from core.plugin import (
     PowerMeter,
     PowerMeterFactory,
     RunConfig,
+    RunContext,
 )
-from plugins.nvidia.nvml import energy_counter_joules, nvml_session, power_reader
+
+from .nvml import energy_counter_joules, nvml_session, power_reader
 
 
 class NvmlMeter(DeviceEnergyMeter):
@@ -68,5 +70,5 @@ class NvmlMeterFactory(PowerMeterFactory):
             return Availability.no("nvidia-ml-py is not installed (pip install 'core[nvidia]')")
         return Availability.yes()
 
-    def create(self, devices: list[DeviceRecord], config: RunConfig) -> PowerMeter:
-        return NvmlMeter(devices, config)
+    def meter_for(self, devices: list[DeviceRecord], context: RunContext) -> PowerMeter:
+        return NvmlMeter(devices, context.config)

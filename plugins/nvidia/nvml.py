@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.plugin import SharedLibrarySession
-from plugins.nvidia.visibility import visible_nvml_indices
+
+from .visibility import visible_nvml_indices
 
 
 def import_pynvml() -> Any:

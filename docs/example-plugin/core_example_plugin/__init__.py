@@ -24,8 +24,8 @@ from core.plugin import (
     DeviceRecord,
     Framework,
     Precision,
-    ProcessContext,
     RunConfig,
+    RunContext,
     TorchTrainingSpec,
     Workload,
     hookimpl,
@@ -81,17 +81,18 @@ class ExampleCpuAccelerator(Accelerator):
             )
         ]
 
-    def create_executor(self, workload: Workload, config: RunConfig, process: ProcessContext) -> Executor:
+    def executor_for(self, workload: Workload, context: RunContext) -> Executor:
         # Imported here, not at the top: this module imports torch.
         from core.plugin import TorchExecutor, TorchPlacement
 
-        options = workload.parse_options(dict(config.workload_options))
+        config = context.config
         placement = TorchPlacement(
             device="cpu",
             configure=_use_one_thread,
             details={"plugin": "core-example-plugin"},
         )
-        return TorchExecutor(workload.build_torch(options, config.seed), config, placement, process)
+        model = workload.build_torch(context.workload_options, config.seed)
+        return TorchExecutor(model, config, placement, context.process)
 
 
 # --- the workload ----------------------------------------------------------------------------

@@ -21,9 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from core.power import PowerMeter
-from core.results import EnergyMeasurement
-from core.sampling import DEFAULT_TIMELINE_SPANS, FixedRateSampler
+from core.energy.meter import PowerMeter
+from core.energy.sampling import DEFAULT_TIMELINE_SPANS, FixedRateSampler
+from core.storage.results import EnergyMeasurement
 
 # Counter and sampled integral further apart than this get a warning in the result. Both measure
 # the same window; a gap this size means the window is short against the counter's update period,

@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:
-    from core.accelerator import Accelerator
     from core.config import RunConfig
-    from core.power import PowerMeterFactory
-    from core.results import RunResult
-    from core.workload import Workload
+    from core.contract.accelerator import Accelerator
+    from core.contract.workload import Workload
+    from core.energy.meter import PowerMeterFactory
+    from core.storage.results import RunResult
 
 PROJECT_NAME = "core"
 

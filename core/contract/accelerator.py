@@ -9,13 +9,15 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from pydantic import BaseModel
 
 from core.config import Framework, Precision, RunConfig
-from core.results import DeviceRecord
-from core.workload import NoOptions, parse_plugin_options
+from core.contract.workload import NoOptions, parse_plugin_options
+from core.storage.results import DeviceRecord
 
 if TYPE_CHECKING:
-    from core.distributed import ProcessContext
+    from core.contract.context import RunContext
+    from core.contract.launcher import Launcher
+    from core.contract.workload import Workload
     from core.executors.base import Executor
-    from core.workload import Workload
+    from core.running.distributed import ProcessContext
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,25 @@ class Availability:
     @classmethod
     def no(cls, reason: str) -> Availability:
         return cls(False, reason)
+
+
+def executor_for(accelerator: Accelerator, workload: Workload, context: RunContext) -> Executor:
+    """Ask ``accelerator`` for an executor in whichever form of the method its class overrides last."""
+    from core.contract.context import overrides_old_form
+
+    if overrides_old_form(accelerator, "executor_for", "create_executor"):
+        return accelerator.create_executor(workload, context.config, context.process)
+    return accelerator.executor_for(workload, context)
+
+
+def validate_run(accelerator: Accelerator, context: RunContext) -> None:
+    """Let ``accelerator`` refuse the run, in whichever form of ``validate`` its class overrides last."""
+    from core.contract.context import overrides_old_form
+
+    if overrides_old_form(accelerator, "validate_run", "validate"):
+        accelerator.validate(context.config)
+    else:
+        accelerator.validate_run(context)
 
 
 class Accelerator(ABC):
@@ -75,12 +96,43 @@ class Accelerator(ABC):
     def devices(self) -> list[DeviceRecord]:
         """The devices this host offers, for ``core devices`` and the result."""
 
-    @abstractmethod
+    def executor_for(self, workload: Workload, context: RunContext) -> Executor:
+        """Place the workload on this process's device(s) and return a ready executor.
+
+        ``context`` holds the run's configuration, both plugins' options parsed once, and this
+        process. Plugins written before 0.2 implement :meth:`create_executor` instead, which this
+        default calls.
+        """
+        return self.create_executor(workload, context.config, context.process)
+
     def create_executor(self, workload: Workload, config: RunConfig, process: ProcessContext) -> Executor:
-        """Place the workload on this process's device(s) and return a ready executor."""
+        """The pre-0.2 form of :meth:`executor_for` (options unparsed); implement one of the two."""
+        raise NotImplementedError(f"accelerator {self.name!r} implements neither executor_for nor create_executor")
+
+    def launcher_for(self, context: RunContext) -> Launcher | None:
+        """The launcher that starts this run's processes, or None to run in this process.
+
+        The default follows the ``launcher`` attribute: with "torchrun", a PyTorch run with
+        ``replicas > 1`` runs one process per replica under torchrun. Called in planning, in the
+        process that launches (a started process runs its share of the run, whatever this says).
+        """
+        config = context.config
+        if self.launcher == "torchrun" and config.replicas > 1 and config.framework is Framework.torch:
+            from core.running.launch import TorchrunLauncher
+
+            return TorchrunLauncher()
+        return None
 
     def validate(self, config: RunConfig) -> None:
         """Raise ConfigError for options this accelerator cannot honour. Touches no device."""
+
+    def validate_run(self, context: RunContext) -> None:
+        """:meth:`validate` with the options parsed: the form to implement from 0.2 on.
+
+        Called once, in planning, with the launching process's context; the default calls
+        :meth:`validate`.
+        """
+        self.validate(context.config)
 
     def devices_for(self, config: RunConfig, process: ProcessContext) -> list[DeviceRecord]:
         """The devices a run with ``config`` uses, as recorded in its result."""

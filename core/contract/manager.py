@@ -26,13 +26,13 @@ from typing import Any, Generic, TypeVar
 
 import pluggy
 
-from core import hookspecs
-from core.accelerator import Accelerator, Availability
 from core.config import RunConfig
+from core.contract import hookspecs
+from core.contract.accelerator import Accelerator, Availability
+from core.contract.hookspecs import hookimpl
+from core.contract.workload import Workload
+from core.energy.meter import PowerMeterFactory
 from core.errors import ConfigError, PluginError, RegistrationError
-from core.hookspecs import hookimpl
-from core.power import PowerMeterFactory
-from core.workload import Workload
 
 ENTRY_POINT_GROUP = "core"
 ENV_ALLOW = "CORE_PLUGINS"
@@ -142,6 +142,21 @@ class _DefaultPowerMeterSelection:
             ):
                 return candidate
         return None
+
+
+# Methods of which a plugin's class must implement one: the 0.2 form (with the parsed run context)
+# or the older one. The base classes' defaults call each other's way, so neither is abstract.
+_ONE_OF: dict[type, tuple[str, str]] = {
+    Accelerator: ("executor_for", "create_executor"),
+    PowerMeterFactory: ("meter_for", "create"),
+}
+
+
+def _missing_method(item: object, base: type) -> str | None:
+    names = _ONE_OF.get(base)
+    if names is None or any(getattr(type(item), n) is not getattr(base, n) for n in names):
+        return None
+    return f"implements neither {names[0]} (core 0.2) nor {names[1]}"
 
 
 class PluginManager:
@@ -295,6 +310,9 @@ class PluginManager:
                     )
                 if any(existing.name == name for existing in _items):
                     raise RegistrationError(f"{_type.__name__} {name!r} registered twice")
+                missing = _missing_method(item, _type)
+                if missing:
+                    raise RegistrationError(f"{_type.__name__} {name!r} {missing}")
                 _items.append(item)
 
             for impl in getattr(self._pluggy.hook, hook_name).get_hookimpls():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -29,9 +30,9 @@ class ProcessContext:
         return self.local_rank == 0
 
     @classmethod
-    def from_environment(cls) -> ProcessContext:
+    def from_environment(cls, environ: Mapping[str, str] | None = None) -> ProcessContext:
         """torchrun sets RANK, LOCAL_RANK, WORLD_SIZE and LOCAL_WORLD_SIZE for each worker."""
-        env = os.environ
+        env = os.environ if environ is None else environ
         return cls(
             rank=int(env.get("RANK", 0)),
             local_rank=int(env.get("LOCAL_RANK", 0)),

@@ -1,5 +1,5 @@
-"""One run in its own process: ``python -m core.sweep_worker REQUEST RESULT``. A sweep runs each
-repeat of a cell this way, and ``core.run`` a run with a time limit (core.launch.run_in_child).
+"""One run in its own process: ``python -m core.sweep.worker REQUEST RESULT``. A sweep runs each
+repeat of a cell this way, and ``core.run`` a run with a time limit (core.running.launch.run_in_child).
 
 REQUEST is a JSON file ``{"options": {...RunConfig fields...}, "parent_pid": N}``. The worker
 runs ``core.run`` and writes the result to RESULT atomically when the run is over; after each
@@ -8,7 +8,7 @@ rank 0's phases on), so a run that later crashes or hangs still leaves its earli
 parent, not this process, decides what a missing RESULT means.
 
 A worker must not outlive its parent (the sweep, or the run with a time limit): if the parent dies
-(``kill -9``), the kernel sends this process SIGTERM (core.processes.die_with_parent); a torchrun
+(``kill -9``), the kernel sends this process SIGTERM (core.running.processes.die_with_parent); a torchrun
 launch in progress stops its processes on it, so a resumed sweep never measures next to an orphan.
 """
 
@@ -20,10 +20,10 @@ import signal
 import sys
 from pathlib import Path
 
-from core import processes
 from core.errors import ConfigError, PluginError
-from core.files import write_atomically
-from core.results import RunResult, RunState, Status
+from core.running import processes
+from core.storage.files import write_atomically
+from core.storage.results import RunResult, RunState, Status
 
 PARTIAL_SUFFIX = ".partial"
 

@@ -7,11 +7,14 @@ synchronisation that opens the window and ``stop`` right after the one that clos
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-from core.accelerator import Availability
 from core.config import RunConfig
-from core.results import DeviceRecord, EnergyMeasurement
+from core.contract.accelerator import Availability
+from core.storage.results import DeviceRecord, EnergyMeasurement
+
+if TYPE_CHECKING:
+    from core.contract.context import RunContext
 
 
 class PowerMeter(ABC):
@@ -45,9 +48,25 @@ class PowerMeterFactory(ABC):
     def availability(self) -> Availability:
         """Cheap check; a meter that is unavailable is recorded with this reason."""
 
-    @abstractmethod
+    def meter_for(self, devices: list[DeviceRecord], context: RunContext) -> PowerMeter:
+        """A meter for the devices of one run; ``context`` holds the options, parsed once.
+
+        Meters written before 0.2 implement :meth:`create` instead, which this default calls.
+        """
+        return self.create(devices, context.config)
+
     def create(self, devices: list[DeviceRecord], config: RunConfig) -> PowerMeter:
-        """A meter for the devices of one run."""
+        """The pre-0.2 form of :meth:`meter_for`; implement one of the two."""
+        raise NotImplementedError(f"meter {self.name!r} implements neither meter_for nor create")
+
+
+def meter_for(factory: PowerMeterFactory, devices: list[DeviceRecord], context: RunContext) -> PowerMeter:
+    """Ask ``factory`` for a meter in whichever form of the method its class overrides last."""
+    from core.contract.context import overrides_old_form
+
+    if overrides_old_form(factory, "meter_for", "create"):
+        return factory.create(devices, context.config)
+    return factory.meter_for(devices, context)
 
 
 class UnavailableMeter(PowerMeter):

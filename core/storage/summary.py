@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.results import RunResult, RunState
-from core.store import StoredRun
+from core.storage.results import RunResult, RunState
+from core.storage.store import StoredRun
 
 SPREAD_FLAG_FRACTION = 0.10  # a cell whose throughput spread exceeds 10 % is flagged
 

@@ -14,7 +14,7 @@ the same way:
   :func:`sigterm_exits`) stops the children.
 * :func:`work_directory` is a temporary directory that is always removed; one abandoned by a
   process that was killed is removed by the next one, or by the orphaned child
-  (``python -m core.processes --remove-when-orphaned DIR -m MODULE ...``, see :func:`main`).
+  (``python -m core.running.processes --remove-when-orphaned DIR -m MODULE ...``, see :func:`main`).
 
 :func:`phase_after`, :func:`exit_status` and :func:`timeout_status` turn what is known when a
 child ends without a result into the run's Status, in the same words for a sweep cell and for
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from core.results import RunResult, RunState, Status
+from core.storage.results import RunResult, RunState, Status
 
 PARENT_PID_VARIABLE = "CORE_PARENT_PID"  # the pid of the process that started this one (see start)
 STOP_GRACE_SECONDS = 10.0  # between SIGTERM and SIGKILL when a child's group is stopped
@@ -351,13 +351,16 @@ def supervise(
     return Supervised(returncode=returncode, timed_out=timed_out, seconds=clock() - started)
 
 
-def guarded_command(module_command: Sequence[str], remove_when_orphaned: Path | None = None) -> list[str]:
-    """``python -m MODULE ARGS`` run under :func:`main`: it dies with its parent and, orphaned,
-    removes ``remove_when_orphaned``. ``module_command`` is ``["-m", MODULE, *ARGS]``."""
-    command = [sys.executable, "-m", "core.processes"]
+def guarded_command(command: Sequence[str], remove_when_orphaned: Path | None = None) -> list[str]:
+    """``command`` run under :func:`main`: it dies with its parent and, orphaned, removes
+    ``remove_when_orphaned``. A ``python -m MODULE ARGS`` command (this interpreter) runs MODULE in
+    the guard's own process; any other program runs as the guard's child."""
+    guard = [sys.executable, "-m", "core.running.processes"]
     if remove_when_orphaned is not None:
-        command += ["--remove-when-orphaned", str(remove_when_orphaned)]
-    return command + list(module_command)
+        guard += ["--remove-when-orphaned", str(remove_when_orphaned)]
+    if list(command[:2]) == [sys.executable, "-m"]:
+        return guard + list(command[1:])
+    return guard + ["--", *command]
 
 
 # --- temporary directories ----------------------------------------------------------------------
@@ -428,46 +431,84 @@ def work_directory(prefix: str) -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-# --- python -m core.processes: a module run so that it dies with its parent ----------------------------
+# --- python -m core.running.processes: a module run so that it dies with its parent ----------------------------
+
+
+_USAGE = "usage: python -m core.running.processes [--remove-when-orphaned DIR] (-m MODULE | -- PROGRAM) [ARGS...]"
 
 
 def main(argv: Sequence[str]) -> int:
-    """``python -m core.processes [--remove-when-orphaned DIR] -m MODULE [ARGS...]``
+    """``python -m core.running.processes [--remove-when-orphaned DIR] (-m MODULE | -- PROGRAM) [ARGS...]``
 
-    Runs MODULE as ``__main__`` in this process (torchrun's agent, for one), after arranging to
-    get SIGTERM when the parent dies; SIGTERM before MODULE installs its own handler ends it
-    through ``finally`` too. MODULE's children see this process in ``$CORE_PARENT_PID``. If the
-    parent is gone when MODULE ends, DIR (the parent's work directory) is removed here.
+    Runs MODULE as ``__main__`` in this process (torchrun's agent, for one), or PROGRAM as a child
+    (poprun, srun), after arranging to get SIGTERM when the parent dies; SIGTERM before MODULE
+    installs its own handler ends it through ``finally`` too, and stops PROGRAM. MODULE's and
+    PROGRAM's children see this process in ``$CORE_PARENT_PID``. If the parent is gone when
+    MODULE or PROGRAM ends, DIR (the parent's work directory) is removed here.
     """
-    import runpy
-
     arguments = list(argv)
     orphan_directory: Path | None = None
     if arguments[:1] == ["--remove-when-orphaned"]:
         orphan_directory, arguments = Path(arguments[1]), arguments[2:]
-    if arguments[:1] != ["-m"] or len(arguments) < 2:
-        print("usage: python -m core.processes [--remove-when-orphaned DIR] -m MODULE [ARGS...]", file=sys.stderr)
+    if arguments[:1] not in (["-m"], ["--"]) or len(arguments) < 2:
+        print(_USAGE, file=sys.stderr)
         return 2
-    module, module_arguments = arguments[1], arguments[2:]
     parent = expected_parent() or os.getppid()
     signal.signal(signal.SIGTERM, _raise_terminated)
     os.environ[PARENT_PID_VARIABLE] = str(os.getpid())
     code: int = 0
     try:
         die_with_parent(parent, signal.SIGTERM)
-        sys.argv = [module, *module_arguments]
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
-    except SystemExit as exit_request:
-        code = exit_code(exit_request)
-    except Exception as error:
-        sigval = getattr(error, "sigval", None)  # torchrun's SignalException: it already stopped its workers
-        if type(error).__name__ != "SignalException" or sigval is None:
-            raise
-        code = 128 + int(sigval)
+        if arguments[0] == "-m":
+            code = _run_module(arguments[1], arguments[2:])
+        else:
+            code = _run_program(arguments[1:])
     finally:
         if orphan_directory is not None and os.getppid() != parent:
             shutil.rmtree(orphan_directory, ignore_errors=True)
     return code
+
+
+def _run_module(module: str, module_arguments: list[str]) -> int:
+    import runpy
+
+    try:
+        sys.argv = [module, *module_arguments]
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as exit_request:
+        return exit_code(exit_request)
+    except Exception as error:
+        sigval = getattr(error, "sigval", None)  # torchrun's SignalException: it already stopped its workers
+        if type(error).__name__ != "SignalException" or sigval is None:
+            raise
+        return 128 + int(sigval)
+    return 0
+
+
+def _run_program(command: list[str]) -> int:
+    """PROGRAM as a child in this process's group: the supervisor's group stop reaches it and its
+    children; on SIGTERM here (the parent died, or the supervisor stops us) it gets SIGTERM too."""
+    try:
+        child = subprocess.Popen(command)
+    except OSError as error:
+        print(f"cannot start {command[0]}: {error.strerror or error}", file=sys.stderr)
+        return 127
+    try:
+        return child.wait()
+    except BaseException:
+        _stop_child(child)
+        raise
+
+
+def _stop_child(child: subprocess.Popen[bytes], grace_seconds: float = 5.0) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        child.terminate()
+    try:
+        child.wait(grace_seconds)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            child.kill()
+        child.wait()
 
 
 if __name__ == "__main__":

@@ -10,14 +10,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from core.distributed import ProcessContext
-from core.environment import collect_environment
+from core.contract.accelerator import executor_for
+from core.contract.manager import innermost_location
+from core.energy.meter import PowerMeter, UnavailableMeter, meter_for
 from core.errors import NonFiniteLossError
 from core.executors.base import Executor
-from core.planning import RunPlan
-from core.plugins import innermost_location
-from core.power import PowerMeter, UnavailableMeter
-from core.results import EnergyMeasurement, RunResult, RunState, Status
+from core.running.distributed import ProcessContext
+from core.running.planning import RunPlan
+from core.storage.environment import collect_environment
+from core.storage.results import EnergyMeasurement, RunResult, RunState, Status
 
 JOULES_PER_WATT_HOUR = 3600.0
 # Above this share of the window spent waiting for data, the run measures storage, not the device.
@@ -139,7 +140,7 @@ def execute(plan: RunPlan, process: ProcessContext, on_progress: ProgressCallbac
     phase = "setup"
     try:
         started = time.perf_counter()
-        executor = plan.accelerator.create_executor(plan.workload, config, process)
+        executor = executor_for(plan.accelerator, plan.workload, plan.context(process))
         executor.synchronize()
         executor.barrier()
         result.setup_seconds = executor.gather_max(time.perf_counter() - started)
@@ -165,7 +166,7 @@ def execute(plan: RunPlan, process: ProcessContext, on_progress: ProgressCallbac
         phase = "window"
         if plan.meter_factory is not None and process.reads_node_meter:
             try:
-                meter = plan.meter_factory.create(result.devices, config)
+                meter = meter_for(plan.meter_factory, result.devices, plan.context(process))
             except Exception as exc:  # a meter that cannot open costs the energy figure only
                 meter = UnavailableMeter(plan.meter_factory.name, f"meter failed to open: {type(exc).__name__}: {exc}")
         waited_before_window = executor.data_wait_seconds()

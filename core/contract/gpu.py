@@ -13,11 +13,12 @@ from __future__ import annotations
 from abc import abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from core.accelerator import Accelerator
 from core.config import Framework, Precision, RunConfig
-from core.distributed import ProcessContext
-from core.results import DeviceRecord
-from core.workload import Workload
+from core.contract.accelerator import Accelerator
+from core.contract.context import RunContext
+from core.contract.workload import Workload
+from core.running.distributed import ProcessContext
+from core.storage.results import DeviceRecord
 
 if TYPE_CHECKING:
     from core.executors.base import Executor
@@ -52,8 +53,8 @@ class TorchGpuAccelerator(Accelerator):
     def devices_for(self, config: RunConfig, process: ProcessContext) -> list[DeviceRecord]:
         return self.visible_devices()[: config.replicas]
 
-    def create_executor(self, workload: Workload, config: RunConfig, process: ProcessContext) -> Executor:
-        options = workload.parse_options(dict(config.workload_options))
+    def executor_for(self, workload: Workload, context: RunContext) -> Executor:
+        config, options, process = context.config, context.workload_options, context.process
         if config.framework is Framework.tensorflow:
             return self._keras_executor(workload, options, config)
         import torch

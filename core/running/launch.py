@@ -1,15 +1,16 @@
-"""Replicas as processes: torch.distributed.run (torchrun) starts one worker per replica.
+"""Runs as several processes: one launch for every launcher (torchrun here, poprun in the Graphcore
+plugin), and one run in a child process (a time limit, a sweep's repeat).
 
-The workers write rank 0's result after every phase; the launcher reads it while torchrun runs
-and passes each new phase on (``on_progress``), so a launch that is killed, times out or is
-interrupted later still leaves what was measured. torchrun stops the remaining workers when one
-dies.
+The workers write the main process's result after every phase; the launch reads it while the
+launcher runs and passes each new phase on (``on_progress``), so a launch that is killed, times out
+or is interrupted later still leaves what was measured. The launchers stop the remaining workers
+when one dies.
 
-Supervision (see core.processes): torchrun's agent runs in a session of its own under
-``python -m core.processes``, which ends it when the launcher dies (``kill -9`` included) and
-then removes the launcher's work directory; the workers end with the agent. On every way out of
-:func:`launch_with_torchrun` (a result, an exception, Ctrl-C, SIGTERM, the time limit) the
-agent's group is stopped and the work directory removed.
+Supervision (see core.running.processes): the launcher runs in a session of its own under
+``python -m core.running.processes``, which ends it when core dies (``kill -9`` included) and then
+removes the launch's work directory; the workers end with the launcher. On every way out of
+:func:`launch` (a result, an exception, Ctrl-C, SIGTERM, the time limit) the launcher's group is
+stopped and the work directory removed.
 """
 
 from __future__ import annotations
@@ -18,22 +19,41 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from core import processes
 from core.config import RunConfig
-from core.planning import RunPlan
-from core.results import RunResult, RunState
-from core.runner import new_result, observe_progress
+from core.contract.context import RunContext
+from core.contract.launcher import Launcher, launcher_path
+from core.running import processes
+from core.running.distributed import SINGLE_PROCESS, ProcessContext
+from core.running.planning import RunPlan
+from core.running.runner import new_result, observe_progress
+from core.storage.results import RunResult, RunState
 
-_POLL_SECONDS = 0.2  # how often the launcher looks for torchrun's end and rank 0's progress
-_WORK_DIRECTORY_PREFIX = "core-torchrun-"
+_POLL_SECONDS = 0.2  # how often the launch looks for the launcher's end and the main process's progress
+_WORK_DIRECTORY_PREFIX = "core-launch-"
 
 
-def torchrun_arguments(replicas: int, config_path: Path, result_path: Path, log_dir: Path | None = None) -> list[str]:
-    """``-m torch.distributed.run ... -m core.worker CONFIG RESULT``: torchrun running a worker per replica."""
+class TorchrunLauncher(Launcher):
+    """``torch.distributed.run`` on this node: one worker process per replica."""
+
+    name: ClassVar[str] = "torchrun"
+
+    def command(self, context: RunContext, worker: Sequence[str], work: Path) -> list[str]:
+        return [sys.executable, *torchrun_arguments(context.config.replicas, list(worker[1:]), work / "torchelastic")]
+
+    def process_context(self, environ: Mapping[str, str]) -> ProcessContext:
+        return ProcessContext.from_environment(environ)
+
+    def killed_inside(self, output: str) -> bool:
+        """torchrun exits with code 1 when a worker dies; its report names a SIGKILL."""
+        return "Signal 9" in output or "SIGKILL" in output or "exitcode  : -9" in output
+
+
+def torchrun_arguments(replicas: int, worker_module: Sequence[str], log_dir: Path | None = None) -> list[str]:
+    """``-m torch.distributed.run ... -m MODULE ARGS``: torchrun running ``worker_module`` per replica."""
     # torchrun makes a log directory in /tmp on every launch and never removes it: keep it in ours.
     logs = [f"--log-dir={log_dir}"] if log_dir is not None else []
     return [
@@ -44,20 +64,18 @@ def torchrun_arguments(replicas: int, config_path: Path, result_path: Path, log_
         f"--nproc-per-node={replicas}",
         "--max-restarts=0",
         *logs,
-        "-m",
-        "core.worker",
-        str(config_path),
-        str(result_path),
+        *worker_module,
     ]
 
 
-def _a_worker_was_killed(output: str) -> bool:
-    """torchrun exits with code 1 when a worker dies; its report names a SIGKILL."""
-    return "Signal 9" in output or "SIGKILL" in output or "exitcode  : -9" in output
+def worker_command(config_path: Path, result_path: Path, launcher: Launcher | None = None) -> list[str]:
+    """One worker process: ``python -m core.running.worker CONFIG RESULT [--launcher module:Class]``."""
+    command = [sys.executable, "-m", "core.running.worker", str(config_path), str(result_path)]
+    return command + (["--launcher", launcher_path(launcher)] if launcher is not None else [])
 
 
-class _RankZeroResult:
-    """Rank 0's result file, read again whenever it changes (the worker replaces it whole)."""
+class _MainResult:
+    """The main process's result file, read again whenever it changes (the worker replaces it whole)."""
 
     def __init__(self, path: Path, initial: RunResult) -> None:
         self.path = path
@@ -79,37 +97,46 @@ class _RankZeroResult:
         return True
 
 
-def launch_with_torchrun(
-    plan: RunPlan, on_progress: Callable[[RunResult], None] | None = None, *, timeout_seconds: float | None = None
+def launch(
+    launcher: Launcher,
+    plan: RunPlan,
+    on_progress: Callable[[RunResult], None] | None = None,
+    *,
+    timeout_seconds: float | None = None,
 ) -> RunResult:
-    """Run ``plan`` as ``plan.config.replicas`` torchrun workers; rank 0's result is the run's.
+    """Run ``plan`` as the processes ``launcher`` starts; the main process's (rank 0's) result is the run's.
 
-    :param on_progress: called with rank 0's result after each phase, as the workers write it.
+    :param on_progress: called with the main process's result after each phase, as it writes it.
     :param timeout_seconds: stop the launch after this long; the result then has a ``timeout``
         status and keeps the phases measured before it.
-    :raises KeyboardInterrupt: on Ctrl-C, after torchrun and its workers were stopped.
+    :raises KeyboardInterrupt: on Ctrl-C, after the launcher and its workers were stopped.
     """
     with processes.sigterm_exits(), processes.work_directory(_WORK_DIRECTORY_PREFIX) as work:
-        config_path, result_path, log_path = work / "config.json", work / "result.json", work / "torchrun.log"
+        config_path, result_path, log_path = work / "config.json", work / "result.json", work / "launcher.log"
         config_path.write_text(plan.config.model_dump_json(), encoding="utf-8")
-        rank_zero = _RankZeroResult(result_path, new_result(plan, world_size=plan.config.replicas))
-        command = processes.guarded_command(
-            torchrun_arguments(plan.config.replicas, config_path, result_path, work / "torchelastic"),
-            remove_when_orphaned=work,
+        main = _MainResult(result_path, new_result(plan, world_size=plan.config.replicas))
+        launcher_work = work / "launcher"
+        launcher_work.mkdir()
+        command = launcher.command(
+            plan.context(SINGLE_PROCESS), worker_command(config_path, result_path, launcher), launcher_work
         )
         callback_warnings: list[str] = []
 
         def watch(_elapsed: float) -> None:
-            if rank_zero.refresh() and on_progress is not None:
-                # The warnings are kept apart: the next read of rank 0's file replaces its result.
-                observe_progress(on_progress, rank_zero.result, callback_warnings)
+            if main.refresh() and on_progress is not None:
+                # The warnings are kept apart: the next read of the main result replaces it.
+                observe_progress(on_progress, main.result, callback_warnings)
 
         ended = processes.supervise(
-            command, log_path, timeout_seconds=timeout_seconds, on_wait=watch, poll_seconds=_POLL_SECONDS
+            processes.guarded_command(command, remove_when_orphaned=work),
+            log_path,
+            timeout_seconds=timeout_seconds,
+            on_wait=watch,
+            poll_seconds=_POLL_SECONDS,
         )
-        rank_zero.refresh()
+        main.refresh()
         output = log_path.read_text(encoding="utf-8", errors="replace")
-    result = rank_zero.result
+    result = main.result
     result.warnings.extend(w for w in callback_warnings if w not in result.warnings)
     if ended.timed_out:
         result.status = processes.timeout_status(
@@ -119,11 +146,11 @@ def launch_with_torchrun(
         phase = result.status.phase or processes.phase_after(result)
         failure = processes.exit_status(
             ended.returncode,
-            process="torchrun",
+            process=launcher.name,
             phase=phase,
             output=output,
-            killed_inside=_a_worker_was_killed(output),
-            ended="(a worker process failed)" if rank_zero.seen else "without a result",
+            killed_inside=launcher.killed_inside(output),
+            ended="(a worker process failed)" if main.seen else "without a result",
         )
         # A killed peer shows on rank 0 as a broken connection: name the cause, keep what rank 0 saw.
         if result.status.ok or failure.state is RunState.killed:
@@ -140,8 +167,8 @@ _OUTPUT_TAIL_CHARS = 4000
 
 
 def child_command(request: Path, result_path: Path) -> list[str]:
-    """The command that runs one run in a child process (see core/sweep_worker.py)."""
-    return [sys.executable, "-m", "core.sweep_worker", str(request), str(result_path)]
+    """The command that runs one run in a child process (see core/sweep/worker.py)."""
+    return [sys.executable, "-m", "core.sweep.worker", str(request), str(result_path)]
 
 
 def _tail(path: Path) -> str:
@@ -172,7 +199,7 @@ def run_in_child(
     clock: Callable[[], float] = time.monotonic,
     names: tuple[str, str] = ("the run's process", "the run's time limit"),
 ) -> tuple[RunResult, float]:
-    """Run ``options`` (a validated run, ``config``) in a fresh process under ``core.processes``
+    """Run ``options`` (a validated run, ``config``) in a fresh process under ``core.running.processes``
     supervision; returns its result and the process's seconds.
 
     A sweep runs each repeat this way, and ``core.run`` a single-process run with a time limit.
@@ -187,7 +214,7 @@ def run_in_child(
     for stale in (result_path, partial_path):
         stale.unlink(missing_ok=True)
     request.write_text(json.dumps({"options": options, "parent_pid": os.getpid()}), encoding="utf-8")
-    partial = _RankZeroResult(partial_path, RunResult.of_config(config, world_size=config.replicas))
+    partial = _MainResult(partial_path, RunResult.of_config(config, world_size=config.replicas))
     callback_warnings: list[str] = []
 
     def wait(elapsed: float) -> None:
@@ -197,7 +224,7 @@ def run_in_child(
             on_wait(elapsed)
 
     # A session of its own: the whole run (torchrun included) can be stopped as one group; it
-    # ends with this process if this process is killed (core.processes).
+    # ends with this process if this process is killed (core.running.processes).
     ended = processes.supervise(
         command(request, result_path),
         log_path,

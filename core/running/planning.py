@@ -2,37 +2,43 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
 
-from core.accelerator import Accelerator
 from core.config import Framework, RunConfig, make_config
+from core.contract.accelerator import Accelerator, validate_run
+from core.contract.context import RunContext, overrides_old_form
+from core.contract.launcher import Launcher
+from core.contract.manager import PluginManager
+from core.contract.workload import FRAMEWORK_LIBRARIES, Workload, module_installed
 from core.data import validate_data
+from core.energy.meter import PowerMeterFactory
 from core.errors import ConfigError
-from core.plugins import PluginManager
-from core.power import PowerMeterFactory
-from core.workload import FRAMEWORK_LIBRARIES, Workload, module_installed
+from core.running.distributed import SINGLE_PROCESS, ProcessContext
 
 
 @dataclass(frozen=True)
 class RunPlan:
     config: RunConfig  # micro_batch_size resolved
     workload: Workload
-    workload_options: BaseModel
+    workload_options: BaseModel  # parsed by the workload's options_model, once
     accelerator: Accelerator
+    accelerator_options: BaseModel  # parsed by the accelerator's options_model, once
     meter_factory: PowerMeterFactory | None
     meter_unavailable_reason: str | None
+    launcher: Launcher | None = None  # starts the run's processes; None: it runs in this process
+
+    def context(self, process: ProcessContext) -> RunContext:
+        """What the plugins are handed in ``process``: the configuration and the parsed options."""
+        return RunContext(self.config, self.workload_options, self.accelerator_options, process)
 
     @property
     def launches_processes(self) -> bool:
-        """Replicas that run as one process each under torchrun."""
-        return (
-            self.config.replicas > 1
-            and self.config.framework.value == "torch"
-            and self.accelerator.launcher == "torchrun"
-        )
+        """Whether a launcher starts the run's processes (torchrun: one per replica)."""
+        return self.launcher is not None
 
 
 def _choices(values: Any) -> str:
@@ -78,19 +84,23 @@ def plan_run(
             f"or choose another framework (supported: {_choices(workload_obj.frameworks)})",
         )
     with guard(accelerator_obj, f"{type(accelerator_obj).__name__}.parse_options()"):
-        accelerator_obj.parse_options(dict(config.accelerator_options))
+        accelerator_options = accelerator_obj.parse_options(dict(config.accelerator_options))
     if config.micro_batch_size is None:
         config = config.model_copy(update={"micro_batch_size": workload_obj.default_micro_batch_size})
 
     _check_placement_limits(manager, accelerator_obj, config)
-    with guard(accelerator_obj, f"{type(accelerator_obj).__name__}.validate()"):
-        accelerator_obj.validate(config)
+    plan = RunPlan(config, workload_obj, workload_options, accelerator_obj, accelerator_options, None, None)
+    validating = "validate" if overrides_old_form(accelerator_obj, "validate_run", "validate") else "validate_run"
+    with guard(accelerator_obj, f"{type(accelerator_obj).__name__}.{validating}()"):
+        validate_run(accelerator_obj, plan.context(SINGLE_PROCESS))
 
-    if RunPlan(config, workload_obj, workload_options, accelerator_obj, None, None).launches_processes:
+    with guard(accelerator_obj, f"{type(accelerator_obj).__name__}.launcher_for()"):
+        launcher = accelerator_obj.launcher_for(plan.context(SINGLE_PROCESS))
+    if launcher is not None:
         check_findable_by_workers(manager, workload_obj, accelerator_obj, config)
 
     factory, meter_reason = _choose_meter(manager, accelerator_obj, config)
-    return RunPlan(config, workload_obj, workload_options, accelerator_obj, factory, meter_reason)
+    return dataclasses.replace(plan, meter_factory=factory, meter_unavailable_reason=meter_reason, launcher=launcher)
 
 
 def _check_framework(framework: Framework, workload: Workload, accelerator: Accelerator) -> None:

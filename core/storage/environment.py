@@ -7,7 +7,7 @@ import socket
 import sys
 from importlib import metadata
 
-from core.results import EnvironmentInfo
+from core.storage.results import EnvironmentInfo
 
 # Versions worth recording when the package is present; none is imported to find them.
 _LIBRARIES = (

@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from core.errors import CoreError
-from core.files import describe_os_error
-from core.results import RunResult
+from core.storage.files import describe_os_error
+from core.storage.results import RunResult
 
 DEFAULT_DATABASE = Path("results") / "core.db"
 DATABASE_ENVIRONMENT_VARIABLE = "CORE_DATABASE"

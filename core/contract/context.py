@@ -1,0 +1,58 @@
+"""What a plugin is handed to set up one process's share of a run: the options, parsed once.
+
+Planning validates ``workload_options`` and ``accelerator_options`` with the plugins' own models
+(``Workload.options_model``, ``Accelerator.options_model``) before any device is touched. The
+parsed objects travel with the plan, so an accelerator reads ``context.accelerator_options.x``
+instead of parsing the raw dictionary again in every method that needs it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TypeVar
+
+from pydantic import BaseModel
+
+from core.config import RunConfig
+from core.running.distributed import ProcessContext
+
+OptionsModel = TypeVar("OptionsModel", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """One process's view of a validated run."""
+
+    config: RunConfig  # micro_batch_size resolved
+    workload_options: BaseModel  # an instance of the workload's options_model
+    accelerator_options: BaseModel  # an instance of the accelerator's options_model
+    process: ProcessContext  # this process's rank, local rank and world size
+
+    def accelerator_options_as(self, model: type[OptionsModel]) -> OptionsModel:
+        """The accelerator options as ``model`` (typed for the plugin's own code; checked)."""
+        return _as(self.accelerator_options, model, "accelerator_options")
+
+    def workload_options_as(self, model: type[OptionsModel]) -> OptionsModel:
+        """The workload options as ``model``."""
+        return _as(self.workload_options, model, "workload_options")
+
+
+def _as(options: BaseModel, model: type[OptionsModel], field: str) -> OptionsModel:
+    if not isinstance(options, model):
+        raise TypeError(f"{field} were parsed as {type(options).__name__}, not {model.__name__}")
+    return options
+
+
+def overrides_old_form(plugin: object, new: str, old: str) -> bool:
+    """Whether ``plugin``'s class last overrides the pre-0.2 form ``old`` of a method, not ``new``.
+
+    A plugin class may derive from a base that implements the new form (``executor_for``) and
+    itself override the old one (``create_executor``), as plugins written against 0.1 do when they
+    subclass ``TorchGpuAccelerator``. The override nearest the plugin's class is its intent.
+    """
+    for cls in type(plugin).__mro__:
+        if new in vars(cls):
+            return False
+        if old in vars(cls):
+            return True
+    return False

@@ -1,0 +1,58 @@
+"""One process of a launched run: ``python -m core.running.worker CONFIG RESULT [--launcher PATH]``.
+
+The launcher that started it (``module:Class``; torchrun's environment without one) says where
+this process stands (rank, local rank, world size). Rank 0 rewrites RESULT atomically after every
+phase, so nothing measured is lost if a process dies later; the launch reads it as it changes.
+
+A worker ends with its launcher (under ``python -m core.running.processes``): the kernel kills it
+when the launcher dies, whatever killed it. It ends without interpreter finalization
+(:func:`core.running.processes.exit_now`): gloo's threads may still be releasing the last collective.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import traceback
+from pathlib import Path
+
+from core.config import RunConfig
+from core.contract.launcher import load_launcher
+from core.contract.manager import get_plugin_manager
+from core.running import processes
+from core.running.distributed import ProcessContext
+from core.running.planning import plan_run
+from core.running.runner import execute
+from core.storage.files import write_atomically
+from core.storage.results import RunResult
+
+
+def main(argv: list[str]) -> int:
+    # A worker holds nothing to clean up: SIGKILL, so one stuck in a collective ends too.
+    processes.die_with_parent(sig=signal.SIGKILL)
+    config_path, result_path = Path(argv[0]), Path(argv[1])
+    launcher = load_launcher(argv[3]) if argv[2:3] == ["--launcher"] else None
+    config = RunConfig.model_validate_json(config_path.read_text(encoding="utf-8"))
+    options = config.model_dump(mode="json", exclude={"workload", "accelerator"})
+    plan = plan_run(get_plugin_manager(), config.workload, config.accelerator, options)
+
+    def save(result: RunResult) -> None:
+        write_atomically(result_path, result.model_dump_json(), "the worker's result")
+
+    process = launcher.process_context(os.environ) if launcher else ProcessContext.from_environment()
+    result = execute(plan, process, on_progress=save)
+    return 0 if result.status.ok else 1
+
+
+if __name__ == "__main__":
+    try:
+        code = main(sys.argv[1:])
+    except KeyboardInterrupt:
+        code = 128 + signal.SIGINT
+    except SystemExit as request:
+        code = processes.exit_code(request)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    processes.exit_now(code)

@@ -1,0 +1,186 @@
+"""Plugins get the options parsed once (RunContext), and plugins written for 0.1 keep working.
+
+The 0.2 forms (``executor_for``, ``validate_run``, ``meter_for``) take the run context; the 0.1
+forms (``create_executor``, ``validate``, ``create``) take the raw configuration. core calls
+whichever form a plugin's class overrides last, and refuses a plugin that implements neither.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import pytest
+from pydantic import BaseModel, ConfigDict, field_validator
+
+from core import ConfigError, run
+from core.contract.launcher import Launcher, launcher_path, load_launcher
+from core.contract.manager import PluginState
+from core.plugin import (
+    Accelerator,
+    Availability,
+    DeviceRecord,
+    PowerMeter,
+    PowerMeterFactory,
+    ProcessContext,
+    RunConfig,
+    RunContext,
+    UnavailableMeter,
+    Workload,
+    hookimpl,
+)
+from core.running.launch import TorchrunLauncher
+from core.testing import TINY_FCNN, SimulatedExecutor, registered_plugins
+from core_plugins.cpu.accelerator import CpuAccelerator
+
+PARSES: list[dict[str, Any]] = []
+
+
+class CountedOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    lanes: int = 1
+
+    @field_validator("lanes")
+    @classmethod
+    def _count(cls, lanes: int) -> int:
+        PARSES.append({"lanes": lanes})
+        return lanes
+
+
+class ContextCpu(CpuAccelerator):
+    """The 0.2 form: reads the parsed options from the context."""
+
+    name: ClassVar[str] = "context-cpu"
+    options_model: ClassVar[type[BaseModel]] = CountedOptions
+    seen: ClassVar[list[RunContext]] = []
+
+    def executor_for(self, workload: Workload, context: RunContext) -> Any:
+        ContextCpu.seen.append(context)
+        return SimulatedExecutor(lambda: None)
+
+    def validate_run(self, context: RunContext) -> None:
+        if context.accelerator_options_as(CountedOptions).lanes > 4:
+            raise ConfigError("accelerator_options.lanes", context.accelerator_options_as(CountedOptions).lanes, "<= 4")
+
+
+class OldStyleCpu(CpuAccelerator):
+    """A 0.1 plugin: subclasses a base that implements executor_for, overrides create_executor."""
+
+    name: ClassVar[str] = "old-style-cpu"
+    calls: ClassVar[list[str]] = []
+
+    def create_executor(self, workload: Workload, config: RunConfig, process: ProcessContext) -> Any:
+        OldStyleCpu.calls.append(f"create_executor({config.workload}, rank {process.rank})")
+        return SimulatedExecutor(lambda: None)
+
+    def validate(self, config: RunConfig) -> None:
+        if config.steps > 100:
+            raise ConfigError("steps", config.steps, "at most 100 on the old-style CPU")
+
+
+class OldStyleMeter(PowerMeterFactory):
+    name: ClassVar[str] = "old-style-meter"
+    created: ClassVar[list[int]] = []
+
+    def reads(self, accelerator_name: str) -> bool:
+        return accelerator_name == "old-style-cpu"
+
+    def availability(self) -> Availability:
+        return Availability.yes()
+
+    def create(self, devices: list[DeviceRecord], config: RunConfig) -> PowerMeter:
+        OldStyleMeter.created.append(config.steps)
+        return UnavailableMeter(self.name, "the old-style meter reads nothing")
+
+
+class Plugin:
+    def __init__(self, *accelerators: Accelerator, meters: tuple[PowerMeterFactory, ...] = ()) -> None:
+        self.accelerators, self.meters = accelerators, meters
+
+    @hookimpl
+    def core_register_accelerators(self, register: Callable[[Accelerator], None]) -> None:
+        for accelerator in self.accelerators:
+            register(accelerator)
+
+    @hookimpl
+    def core_register_power_meters(self, register: Callable[[PowerMeterFactory], None]) -> None:
+        for meter in self.meters:
+            register(meter)
+
+
+def test_the_accelerator_options_are_parsed_once_and_handed_over_typed() -> None:
+    PARSES.clear()
+    ContextCpu.seen.clear()
+    with registered_plugins(Plugin(ContextCpu())):
+        result = run(
+            "fcnn", "context-cpu", workload_options=TINY_FCNN, accelerator_options={"lanes": 3}, steps=2, warmup_steps=0
+        )
+    assert result.status.ok, result.status
+    assert PARSES == [{"lanes": 3}]  # planning parsed them; validate_run and executor_for only read them
+    (context,) = ContextCpu.seen
+    assert isinstance(context.accelerator_options, CountedOptions) and context.accelerator_options.lanes == 3
+    assert context.workload_options.hidden_width == TINY_FCNN["hidden_width"]  # type: ignore[attr-defined]
+    assert context.config.micro_batch_size is not None  # resolved before the plugins see it
+    with pytest.raises(TypeError, match="parsed as CountedOptions, not ConfigDictless"):
+        context.accelerator_options_as(type("ConfigDictless", (BaseModel,), {}))
+
+
+def test_validate_run_refuses_before_any_device_is_touched() -> None:
+    ContextCpu.seen.clear()
+    with registered_plugins(Plugin(ContextCpu())), pytest.raises(ConfigError) as refused:
+        run("fcnn", "context-cpu", workload_options=TINY_FCNN, accelerator_options={"lanes": 5})
+    assert refused.value.field == "accelerator_options.lanes"
+    assert ContextCpu.seen == []
+
+
+def test_a_0_1_plugin_keeps_its_own_create_executor_validate_and_meter_create() -> None:
+    OldStyleCpu.calls.clear()
+    OldStyleMeter.created.clear()
+    with registered_plugins(Plugin(OldStyleCpu(), meters=(OldStyleMeter(),))):
+        result = run("fcnn", "old-style-cpu", workload_options=TINY_FCNN, steps=3, warmup_steps=0)
+        with pytest.raises(ConfigError, match="at most 100 on the old-style CPU"):
+            run("fcnn", "old-style-cpu", workload_options=TINY_FCNN, steps=101)
+    assert result.status.ok, result.status
+    assert OldStyleCpu.calls == ["create_executor(fcnn, rank 0)"]  # not CpuAccelerator.executor_for
+    assert OldStyleMeter.created == [3]
+    assert result.energy.unavailable_reason == "the old-style meter reads nothing"
+
+
+class Incomplete(Accelerator):
+    name: ClassVar[str] = "incomplete"
+
+    def availability(self) -> Availability:
+        return Availability.yes()
+
+    def precisions(self, framework: Any) -> tuple[Any, ...]:
+        return ()
+
+    def max_replicas(self, config: RunConfig) -> int:
+        return 1
+
+    def devices(self) -> list[DeviceRecord]:
+        return []
+
+
+def test_an_accelerator_with_neither_executor_method_is_refused_at_registration() -> None:
+    with registered_plugins(entry_points=False) as manager:
+        manager.register_plugin(Plugin(Incomplete()), name="incomplete-plugin")
+        record = manager.plugins["incomplete-plugin"]
+    assert record.state is PluginState.failed
+    assert "implements neither executor_for (core 0.2) nor create_executor" in (record.error or "")
+
+
+def test_a_started_process_rebuilds_its_launcher_from_the_class_path() -> None:
+    path = launcher_path(TorchrunLauncher())
+    assert path == "core.running.launch:TorchrunLauncher"
+    assert isinstance(load_launcher(path), TorchrunLauncher)
+    with pytest.raises(ValueError, match="is not a Launcher class"):
+        load_launcher("core.running.launch:launch")
+    assert issubclass(TorchrunLauncher, Launcher)
+
+
+def test_the_torchrun_launcher_reads_torchrun_s_variables() -> None:
+    process = TorchrunLauncher().process_context(
+        {"RANK": "2", "LOCAL_RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}
+    )
+    assert (process.rank, process.local_rank, process.world_size, process.local_world_size) == (2, 0, 4, 2)
