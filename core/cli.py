@@ -137,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--json", action="store_true", help="print the result as JSON")
     run.add_argument("--output", type=Path, help="also write the result JSON to this file")
+    run.add_argument("--dry-run", action="store_true", help="validate and show the plan; run nothing")
+    run.add_argument("--machine", help=_MACHINE_HELP)
 
     plugins = commands.add_parser(
         "plugins", parents=[debug], help="list plugins, what they register and whether it is available"
@@ -147,6 +149,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     devices = commands.add_parser("devices", parents=[debug], help="list the devices of every available accelerator")
     devices.add_argument("--json", action="store_true")
+    machines = commands.add_parser(
+        "machines", parents=[debug], help="list the machine profiles --dry-run --machine can plan for"
+    )
+    machines.add_argument("--json", action="store_true")
     workloads = commands.add_parser("workloads", parents=[debug], help="list registered workloads")
     workloads.add_argument("--json", action="store_true")
 
@@ -160,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sweep.add_argument("file", metavar="FILE", type=Path, help="grid file (.toml, .yaml, .yml or .json)")
     sweep.add_argument("--dry-run", action="store_true", help="list the cells and validate them; run nothing")
+    sweep.add_argument("--machine", help=_MACHINE_HELP)
     sweep.add_argument("--resume", action="store_true", help="continue a sweep already in the database")
     sweep.add_argument(
         "--retry-failed", action="store_true", help="with --resume, run failed repeats (oom, error, timeout) again"
@@ -269,6 +276,67 @@ def format_result(result: Any) -> str:
     return "\n".join(lines)
 
 
+_MACHINE_HELP = (
+    "with --dry-run: validate for this machine instead of this host: a shipped profile (see `core machines`) "
+    "or a profile file (.toml)"
+)
+
+
+def _load_machine_argument(args: argparse.Namespace) -> Any:
+    """The --machine profile (None without one); ConfigError when it is unknown or used without --dry-run."""
+    if args.machine is None:
+        return None
+    if not args.dry_run:
+        raise ConfigError("--machine", args.machine, "plans for a machine not at hand: use it with --dry-run")
+    from core.machines import load_machine
+
+    return load_machine(args.machine)
+
+
+def _command_run_dry(args: argparse.Namespace, options: dict[str, Any]) -> int:
+    from core.contract.manager import PluginFault, get_plugin_manager
+    from core.running.planning import plan_run
+
+    try:
+        machine = _load_machine_argument(args)
+        plan = plan_run(get_plugin_manager(), args.workload, args.accelerator, options, machine=machine)
+    except ConfigError as error:
+        return _error(_describe_config_error(error))
+    except PluginFault as fault:
+        return _error(str(fault))
+    described = describe_plan(plan)
+    if args.json:
+        print(json.dumps(described, indent=2))
+    else:
+        for key, value in described.items():
+            if key == "warnings":
+                for warning in value:
+                    print(f"  warning         {warning}")
+            elif key != "config":
+                print(f"  {key:<15} {value}")
+    return 0
+
+
+def describe_plan(plan: Any) -> dict[str, Any]:
+    """What a dry run of one run shows: where it was planned for, its placement and what it warns of."""
+    parameters = plan.workload.parameter_count(plan.workload_options)
+    return {
+        "planned for": plan.machine.name if plan.machine is not None else "this host",
+        "workload": plan.config.workload,
+        "accelerator": plan.config.accelerator,
+        "placement": (
+            f"{plan.config.replicas} replica(s) x {plan.config.devices_per_replica} device(s), micro-batch "
+            f"{plan.config.micro_batch_size}, gradient accumulation {plan.config.gradient_accumulation}"
+        ),
+        "precision": plan.config.precision.value,
+        "launcher": plan.launcher.name if plan.launcher is not None else "none (one process)",
+        "parameters": f"{parameters:,}" if parameters else "unknown",
+        "energy": plan.meter_factory.name if plan.meter_factory is not None else plan.meter_unavailable_reason,
+        "warnings": list(plan.warnings),
+        "config": plan.config.model_dump(mode="json"),
+    }
+
+
 def _command_run(args: argparse.Namespace) -> int:
     from core.api import run
     from core.contract.manager import PluginFault
@@ -276,6 +344,8 @@ def _command_run(args: argparse.Namespace) -> int:
     from core.storage.files import OutputError, check_writable, write_atomically
 
     options = _run_options(args)
+    if args.dry_run or args.machine is not None:
+        return _command_run_dry(args, options)
     if args.output is not None:
         # Before the run: a bad path must not cost what the run measures.
         try:
@@ -548,6 +618,8 @@ def _print_plan(plan: Any, repeats: int, finished: dict[tuple[str, int], str]) -
         if beyond and cell.valid:
             state += f", {beyond} more recorded beyond {repeats}"
         print(f"{cell.index + 1:>{width}}  {cell.label}  [{state}]")
+        for warning in cell.warnings:
+            print(f"{'':>{width}}  warning: {warning}")
     valid = len(plan.valid_cells)
     print(
         f"{len(plan.cells)} cells ({valid} valid, {len(plan.invalid_cells)} invalid) x {repeats} repeats "
@@ -574,7 +646,8 @@ def _command_sweep(args: argparse.Namespace) -> int:
         }
         if overrides:
             spec = make_sweep_spec({**spec.model_dump(), **overrides})
-        plan = plan_sweep(spec, source=str(args.file))
+        machine = _load_machine_argument(args)
+        plan = plan_sweep(spec, source=str(args.file), machine=machine)
     except ConfigError as error:
         return _error(f"{args.file}: {_describe_config_error(error)}")
     except SweepError as error:
@@ -588,7 +661,8 @@ def _command_sweep(args: argparse.Namespace) -> int:
                     finished = store.finished(spec.name)
             except StoreError as error:
                 return _error(str(error))
-        print(f"sweep {spec.name} ({args.file}), database {database}")
+        target = f", planned for machine {machine.name!r}" if machine is not None else ""
+        print(f"sweep {spec.name} ({args.file}), database {database}{target}")
         _print_plan(plan, spec.repeats, finished)
         if plan.invalid_cells and not args.skip_invalid:
             return _error(
@@ -780,8 +854,21 @@ def _command_results(args: argparse.Namespace) -> int:
     return 0
 
 
+def _command_machines(args: argparse.Namespace) -> int:
+    from core.machines.catalog import MACHINES
+
+    if args.json:
+        print(json.dumps([profile.model_dump(mode="json") for profile in MACHINES.values()], indent=2))
+        return 0
+    width = max(len(name) for name in MACHINES)
+    for name, profile in sorted(MACHINES.items()):
+        print(f"{name:<{width}}  {profile.accelerator:<9} {profile.description}")
+    return 0
+
+
 _COMMANDS = {
     "run": _command_run,
+    "machines": _command_machines,
     "plugins": _command_plugins,
     "devices": _command_devices,
     "workloads": _command_workloads,

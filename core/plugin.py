@@ -32,6 +32,7 @@ from core.energy.meters import DeviceEnergyMeter, EnergyCounter, EnergySource
 from core.energy.sampling import FixedRateSampler
 from core.errors import ConfigError, NonFiniteLossError, PluginError, RegistrationError
 from core.executors.base import Executor, HostStepClock, StepClock
+from core.machines.profile import MachineProfile
 from core.running.distributed import ProcessContext
 from core.storage.environment import processor_name
 from core.storage.results import DeviceRecord, EnergyMeasurement, RunResult
@@ -75,6 +76,7 @@ __all__ = [
     "RunConfig",
     "ProcessContext",
     "RunContext",
+    "MachineProfile",
     "ConfigError",
     "PluginError",
     "RegistrationError",

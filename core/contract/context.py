@@ -8,12 +8,13 @@ instead of parsing the raw dictionary again in every method that needs it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from pydantic import BaseModel
 
 from core.config import RunConfig
+from core.machines.profile import MachineProfile
 from core.running.distributed import ProcessContext
 
 OptionsModel = TypeVar("OptionsModel", bound=BaseModel)
@@ -27,6 +28,15 @@ class RunContext:
     workload_options: BaseModel  # an instance of the workload's options_model
     accelerator_options: BaseModel  # an instance of the accelerator's options_model
     process: ProcessContext  # this process's rank, local rank and world size
+    #: planning for a machine described by a profile, not this host (``--dry-run --machine``):
+    #: hardware facts come from it, and nothing here is probed
+    machine: MachineProfile | None = None
+    #: what planning wants the user to know without refusing the run (shown by a dry run, kept in the result)
+    warnings: list[str] = field(default_factory=list)
+
+    def warn(self, message: str) -> None:
+        if message not in self.warnings:
+            self.warnings.append(message)
 
     def accelerator_options_as(self, model: type[OptionsModel]) -> OptionsModel:
         """The accelerator options as ``model`` (typed for the plugin's own code; checked)."""

@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from core.config import Framework, RunConfig, make_config
+from core.config import Framework, Precision, RunConfig, make_config
 from core.contract.accelerator import Accelerator, validate_run
 from core.contract.context import RunContext, overrides_old_form
 from core.contract.launcher import Launcher
@@ -17,6 +17,7 @@ from core.contract.workload import FRAMEWORK_LIBRARIES, Workload, module_install
 from core.data import validate_data
 from core.energy.meter import PowerMeterFactory
 from core.errors import ConfigError
+from core.machines.profile import MachineProfile
 from core.running.distributed import SINGLE_PROCESS, ProcessContext
 
 
@@ -30,10 +31,12 @@ class RunPlan:
     meter_factory: PowerMeterFactory | None
     meter_unavailable_reason: str | None
     launcher: Launcher | None = None  # starts the run's processes; None: it runs in this process
+    machine: MachineProfile | None = None  # planned for this machine, not this host (a dry run)
+    warnings: tuple[str, ...] = ()  # planning's warnings (a dry run shows them; a run keeps them)
 
     def context(self, process: ProcessContext) -> RunContext:
         """What the plugins are handed in ``process``: the configuration and the parsed options."""
-        return RunContext(self.config, self.workload_options, self.accelerator_options, process)
+        return RunContext(self.config, self.workload_options, self.accelerator_options, process, machine=self.machine)
 
     @property
     def launches_processes(self) -> bool:
@@ -46,29 +49,31 @@ def _choices(values: Any) -> str:
 
 
 def plan_run(
-    manager: PluginManager, workload: str | Workload, accelerator: str | Accelerator, options: dict[str, Any]
+    manager: PluginManager,
+    workload: str | Workload,
+    accelerator: str | Accelerator,
+    options: dict[str, Any],
+    machine: MachineProfile | None = None,
 ) -> RunPlan:
-    """Validate a run. Raises ConfigError naming the field, the value and what is allowed."""
+    """Validate a run. Raises ConfigError naming the field, the value and what is allowed.
+
+    :param machine: plan for the machine this profile describes instead of this host (a dry run):
+        its devices, precisions and memory stand in for what would be probed here.
+    """
     workload_name = workload.name if isinstance(workload, Workload) else workload
     accelerator_name = accelerator.name if isinstance(accelerator, Accelerator) else accelerator
     config = make_config(workload=workload_name, accelerator=accelerator_name, **options)
     workload_obj = workload if isinstance(workload, Workload) else manager.workload(workload_name)
     accelerator_obj = accelerator if isinstance(accelerator, Accelerator) else manager.accelerator(accelerator_name)
+    warnings: list[str] = []
 
     guard = manager.plugin_code
-    availability = manager.availability(accelerator_obj)
-    if not availability.available:
-        raise ConfigError("accelerator", accelerator_name, f"not available here: {availability.reason}")
+    _check_available(manager, accelerator_obj, machine)
     framework = config.framework
-    _check_framework(framework, workload_obj, accelerator_obj)
+    _check_framework(framework, workload_obj, accelerator_obj, machine, warnings)
     with guard(accelerator_obj, f"{type(accelerator_obj).__name__}.precisions()"):
         precisions = accelerator_obj.precisions(framework)
-    if config.precision not in precisions:
-        raise ConfigError(
-            "precision",
-            config.precision.value,
-            f"accelerator {accelerator_name!r} with {framework.value} supports: {_choices(precisions)}",
-        )
+    _check_precision(config, precisions, machine)
     with guard(workload_obj, f"{type(workload_obj).__name__}.data_formats_for()"):
         readable = workload_obj.data_formats_for(framework)
     validate_data(config.data, config.data_format, framework, readable, workload_name)
@@ -77,33 +82,107 @@ def plan_run(
     with guard(workload_obj, f"{type(workload_obj).__name__}.missing_library()"):
         missing = workload_obj.missing_library(framework)
     if missing:
-        raise ConfigError(
-            "workload",
-            workload_name,
-            f"with {framework.value} it needs {missing}; "
-            f"or choose another framework (supported: {_choices(workload_obj.frameworks)})",
-        )
+        needs = f"with {framework.value} it needs {missing}"
+        if machine is None:
+            raise ConfigError(
+                "workload", workload_name, f"{needs}; or choose another framework ({_choices(workload_obj.frameworks)})"
+            )
+        warnings.append(f"workload {workload_name!r} {needs}: install it on {machine.name}")
     with guard(accelerator_obj, f"{type(accelerator_obj).__name__}.parse_options()"):
         accelerator_options = accelerator_obj.parse_options(dict(config.accelerator_options))
     if config.micro_batch_size is None:
         config = config.model_copy(update={"micro_batch_size": workload_obj.default_micro_batch_size})
 
-    _check_placement_limits(manager, accelerator_obj, config)
+    _check_placement_limits(manager, accelerator_obj, config, machine)
     plan = RunPlan(config, workload_obj, workload_options, accelerator_obj, accelerator_options, None, None)
+    plan = dataclasses.replace(plan, machine=machine)
+    context = plan.context(SINGLE_PROCESS)
+    context.warnings.extend(warnings)
     validating = "validate" if overrides_old_form(accelerator_obj, "validate_run", "validate") else "validate_run"
     with guard(accelerator_obj, f"{type(accelerator_obj).__name__}.{validating}()"):
-        validate_run(accelerator_obj, plan.context(SINGLE_PROCESS))
+        validate_run(accelerator_obj, context)
 
     with guard(accelerator_obj, f"{type(accelerator_obj).__name__}.launcher_for()"):
-        launcher = accelerator_obj.launcher_for(plan.context(SINGLE_PROCESS))
+        launcher = accelerator_obj.launcher_for(context)
     if launcher is not None:
         check_findable_by_workers(manager, workload_obj, accelerator_obj, config)
 
-    factory, meter_reason = _choose_meter(manager, accelerator_obj, config)
-    return dataclasses.replace(plan, meter_factory=factory, meter_unavailable_reason=meter_reason, launcher=launcher)
+    if machine is None:
+        factory, meter_reason = _choose_meter(manager, accelerator_obj, config)
+    else:
+        _check_memory_fit(workload_obj, workload_options, config, machine, context)
+        factory, meter_reason = None, f"planned for machine {machine.name!r}: its power meter is chosen there"
+    return dataclasses.replace(
+        plan,
+        meter_factory=factory,
+        meter_unavailable_reason=meter_reason,
+        launcher=launcher,
+        warnings=tuple(context.warnings),
+    )
 
 
-def _check_framework(framework: Framework, workload: Workload, accelerator: Accelerator) -> None:
+def _check_available(manager: PluginManager, accelerator: Accelerator, machine: MachineProfile | None) -> None:
+    if machine is None:
+        availability = manager.availability(accelerator)
+        if not availability.available:
+            raise ConfigError("accelerator", accelerator.name, f"not available here: {availability.reason}")
+    elif machine.accelerator != accelerator.name:
+        raise ConfigError(
+            "accelerator",
+            accelerator.name,
+            f"machine {machine.name!r} has {machine.device} devices, driven by accelerator {machine.accelerator!r}",
+        )
+
+
+def _check_precision(config: RunConfig, precisions: tuple[Precision, ...], machine: MachineProfile | None) -> None:
+    where = f"accelerator {config.accelerator!r} with {config.framework.value}"
+    if machine is not None:
+        precisions = tuple(p for p in precisions if p in machine.precisions)
+        where += f" on {machine.name!r} ({machine.device})"
+    if config.precision not in precisions:
+        raise ConfigError("precision", config.precision.value, f"{where} supports: {_choices(precisions)}")
+
+
+# Bytes per parameter that training keeps on the device whatever the precision policy: fp32
+# weights and gradients (autocast keeps fp32 master weights), and Adam's two fp32 moments.
+_WEIGHTS_AND_GRADIENTS_BYTES = 8
+_ADAM_STATE_BYTES = 8
+
+
+def _check_memory_fit(
+    workload: Workload, options: Any, config: RunConfig, machine: MachineProfile, context: RunContext
+) -> None:
+    """Refuse a model whose weights and gradients alone exceed a device's memory; warn when Adam's
+    state would. Activations are not counted (they depend on the framework's memory planning)."""
+    memory = machine.memory_bytes_per_device
+    parameters = workload.parameter_count(options)
+    if memory is None or not parameters:
+        return
+    per_device = parameters / config.devices_per_replica
+    needed = per_device * _WEIGHTS_AND_GRADIENTS_BYTES
+    gib = 1024**3
+    if needed > memory:
+        raise ConfigError(
+            "workload",
+            config.workload,
+            f"{parameters:,} parameters need {needed / gib:.1f} GiB per device for fp32 weights and gradients alone; "
+            f"{machine.name!r} has {memory / gib:.1f} GiB per device",
+        )
+    with_adam = per_device * (_WEIGHTS_AND_GRADIENTS_BYTES + _ADAM_STATE_BYTES)
+    if with_adam > memory:
+        context.warn(
+            f"{parameters:,} parameters need {with_adam / gib:.1f} GiB per device with Adam's state, more than the "
+            f"{memory / gib:.1f} GiB of {machine.name!r} (activations not counted)"
+        )
+
+
+def _check_framework(
+    framework: Framework,
+    workload: Workload,
+    accelerator: Accelerator,
+    machine: MachineProfile | None = None,
+    warnings: list[str] | None = None,
+) -> None:
     if framework not in accelerator.frameworks:
         raise ConfigError(
             "framework",
@@ -117,6 +196,9 @@ def _check_framework(framework: Framework, workload: Workload, accelerator: Acce
     # Installed libraries are looked up (find_spec), never imported: planning stays light.
     framework_module, install = FRAMEWORK_LIBRARIES[framework]
     if not module_installed(framework_module):
+        if machine is not None and warnings is not None:
+            warnings.append(f"{framework_module} is not installed here: install it on {machine.name}")
+            return
         raise ConfigError(
             "framework",
             framework.value,
@@ -124,12 +206,19 @@ def _check_framework(framework: Framework, workload: Workload, accelerator: Acce
         )
 
 
-def _check_placement_limits(manager: PluginManager, accelerator: Accelerator, config: RunConfig) -> None:
-    with manager.plugin_code(accelerator, f"{type(accelerator).__name__}.max_replicas()"):
-        max_replicas = accelerator.max_replicas(config)
+def _check_placement_limits(
+    manager: PluginManager, accelerator: Accelerator, config: RunConfig, machine: MachineProfile | None = None
+) -> None:
+    if machine is None:
+        with manager.plugin_code(accelerator, f"{type(accelerator).__name__}.max_replicas()"):
+            max_replicas = accelerator.max_replicas(config)
+        where = "here"
+    else:
+        max_replicas = machine.devices // config.devices_per_replica
+        where = f"on {machine.name!r} ({machine.devices} devices, {config.devices_per_replica} per replica)"
     if config.replicas > max_replicas:
         raise ConfigError(
-            "replicas", config.replicas, f"accelerator {accelerator.name!r} can place at most {max_replicas} here"
+            "replicas", config.replicas, f"accelerator {accelerator.name!r} can place at most {max_replicas} {where}"
         )
     if config.devices_per_replica > accelerator.max_devices_per_replica:
         raise ConfigError(

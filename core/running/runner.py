@@ -92,7 +92,7 @@ def observe_progress(on_progress: ProgressCallback, partial: RunResult, warnings
 
 def new_result(plan: RunPlan, world_size: int) -> RunResult:
     config = plan.config
-    warnings: list[str] = []
+    warnings: list[str] = list(plan.warnings)
     parameters, flops, details = _workload_figures(plan, warnings)
     return RunResult.of_config(
         config,

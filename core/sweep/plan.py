@@ -9,6 +9,7 @@ from typing import Any
 
 from core.config import RunConfig
 from core.errors import ConfigError, PluginError
+from core.machines.profile import MachineProfile
 from core.sweep.spec import SweepSpec, _flatten, _shorten, _too_many, shown
 
 _LABEL_VALUE_CHARS = 60  # of one value in a cell's label
@@ -24,6 +25,7 @@ class Cell:
     options: dict[str, Any]  # RunConfig fields, workload and accelerator included
     config: RunConfig | None = None  # validated, micro-batch resolved; None when refused
     invalid_reason: str | None = None
+    warnings: tuple[str, ...] = ()  # what planning warned of (a dry run for a machine shows them)
 
     @property
     def valid(self) -> bool:
@@ -36,6 +38,7 @@ class Cell:
             "label": self.label,
             "options": self.options,
             "invalid_reason": self.invalid_reason,
+            "warnings": list(self.warnings),
         }
 
 
@@ -113,8 +116,13 @@ def describe_config_error(error: ConfigError) -> str:
     return _shorten("; ".join(f"{e.field} = {shown(e.value)!r}: {_shorten(str(e.allowed), 600)}" for e in errors), 4000)
 
 
-def plan_sweep(spec: SweepSpec, manager: Any = None, source: str | None = None) -> SweepPlan:
-    """Expand the grid and validate every cell against the plugins, touching no device."""
+def plan_sweep(
+    spec: SweepSpec, manager: Any = None, source: str | None = None, machine: MachineProfile | None = None
+) -> SweepPlan:
+    """Expand the grid and validate every cell against the plugins, touching no device.
+
+    :param machine: validate for the machine this profile describes instead of this host.
+    """
     from core.contract.manager import get_plugin_manager
     from core.running.planning import plan_run
 
@@ -124,7 +132,8 @@ def plan_sweep(spec: SweepSpec, manager: Any = None, source: str | None = None) 
         options = dict(cell.options)
         workload, accelerator = options.pop("workload"), options.pop("accelerator")
         try:
-            cell.config = plan_run(manager, workload, accelerator, options).config
+            planned = plan_run(manager, workload, accelerator, options, machine=machine)
+            cell.config, cell.warnings = planned.config, planned.warnings
         except ConfigError as error:
             cell.invalid_reason = describe_config_error(error)
         except PluginError as fault:  # a plugin's own bug makes its cells invalid, not the sweep crash

@@ -26,6 +26,7 @@ from core.plugin import (
     ConfigError,
     DeviceRecord,
     Framework,
+    MachineProfile,
     Precision,
     ProcessContext,
     RunConfig,
@@ -58,6 +59,19 @@ class AmdOptions(BaseModel):
         description="'gcd': each GPU ROCm shows (an MI250 GCD) is a device; 'package': results, peaks and "
         "energy per physical package, replicas covering whole packages",
     )
+
+
+def _check_whole_packages_on(machine: MachineProfile, config: RunConfig) -> None:
+    """A machine's profile lists no GCD pairs: the rule is then that replicas cover whole packages,
+    counted in the profile's GCDs per package (an MI250 has two)."""
+    per_package = int(machine.details.get("gcds_per_package", 1))
+    if config.replicas % per_package:
+        raise ConfigError(
+            "replicas",
+            config.replicas,
+            f"in package mode the replicas (one process per GCD) must cover whole packages: a multiple of "
+            f"{per_package} on {machine.name!r} ({machine.device})",
+        )
 
 
 class AmdAccelerator(TorchGpuAccelerator):
@@ -141,6 +155,9 @@ class AmdAccelerator(TorchGpuAccelerator):
     def validate_run(self, context: RunContext) -> None:
         config = context.config
         if context.accelerator_options_as(AmdOptions).mode != "package":
+            return
+        if context.machine is not None:
+            _check_whole_packages_on(context.machine, config)
             return
         used = self._visible_or_refuse()[: config.replicas]
         node = self.node()

@@ -189,15 +189,8 @@ class GraphcoreAccelerator(Accelerator):
 
     def validate_run(self, context: RunContext) -> None:
         config, options = context.config, context.accelerator_options_as(GraphcoreOptions)
-        if config.framework is Framework.torch and not _has_poptorch():
-            raise ConfigError("framework", "torch", POPLAR_SDK_INSTRUCTIONS)
-        if config.framework is Framework.tensorflow and not _tensorflow_is_graphcore_build():
-            raise ConfigError(
-                "framework",
-                "tensorflow",
-                "needs the IPU build of TensorFlow from the Poplar SDK (its version has '+gc'): "
-                "pip install <sdk>/tensorflow-2.6*+gc*.whl <sdk>/keras-2.6*+gc*.whl",
-            )
+        if context.machine is None:
+            _check_sdk(config)
         if config.compile:
             raise ConfigError("compile", True, "IPU programs are always compiled by Poplar; leave compile=False")
         if config.data not in SYNTHETIC_SOURCES:
@@ -209,22 +202,12 @@ class GraphcoreAccelerator(Accelerator):
                 f"the IPU executors feed synthetic samples only; allowed: {', '.join(SYNTHETIC_SOURCES)}",
             )
         placement = self.placement(config)
+        if context.machine is not None:
+            _check_on_machine(context, placement)
+            return
         _check_instances(config, options, placement)
         if not options.ipu_model:
-            ipus = count_ipus()
-            if ipus == 0:
-                raise ConfigError(
-                    "accelerator_options.ipu_model",
-                    False,
-                    f"{NO_IPU_HINT}; set ipu_model=true to run on the IPU Model simulator",
-                )
-            if ipus is not None and placement.reserved_ipus > ipus:
-                raise ConfigError(
-                    "replicas",
-                    config.replicas,
-                    f"the run reserves {placement.reserved_ipus} IPUs ({placement.total_ipus} used); "
-                    f"this host sees {ipus}",
-                )
+            _check_ipus_here(config, placement)
 
     def devices(self) -> list[DeviceRecord]:
         devices = _gcipuinfo_devices()
@@ -342,6 +325,56 @@ class GraphcoreAccelerator(Accelerator):
             popdist=popdist,
             split_points=split_points,
             details=details,
+        )
+
+
+def _check_sdk(config: RunConfig) -> None:
+    """The framework's IPU build is installed here (a machine's profile is planned without it)."""
+    if config.framework is Framework.torch and not _has_poptorch():
+        raise ConfigError("framework", "torch", POPLAR_SDK_INSTRUCTIONS)
+    if config.framework is Framework.tensorflow and not _tensorflow_is_graphcore_build():
+        raise ConfigError(
+            "framework",
+            "tensorflow",
+            "needs the IPU build of TensorFlow from the Poplar SDK (its version has '+gc'): "
+            "pip install <sdk>/tensorflow-2.6*+gc*.whl <sdk>/keras-2.6*+gc*.whl",
+        )
+
+
+def _check_ipus_here(config: RunConfig, placement: IpuPlacement) -> None:
+    ipus = count_ipus()
+    if ipus == 0:
+        raise ConfigError(
+            "accelerator_options.ipu_model",
+            False,
+            f"{NO_IPU_HINT}; set ipu_model=true to run on the IPU Model simulator",
+        )
+    if ipus is not None and placement.reserved_ipus > ipus:
+        raise ConfigError(
+            "replicas",
+            config.replicas,
+            f"the run reserves {placement.reserved_ipus} IPUs ({placement.total_ipus} used); this host sees {ipus}",
+        )
+
+
+def _check_on_machine(context: RunContext, placement: IpuPlacement) -> None:
+    """The placement rules against a described IPU-POD: its IPUs, and its NUMA nodes for poprun."""
+    machine = context.machine
+    assert machine is not None
+    if placement.reserved_ipus > machine.devices:
+        raise ConfigError(
+            "replicas",
+            context.config.replicas,
+            f"the run reserves {placement.reserved_ipus} IPUs ({placement.total_ipus} used); "
+            f"{machine.name!r} has {machine.devices}",
+        )
+    if machine.numa_nodes is not None and placement.instances > machine.numa_nodes:
+        # ACES (section 3.1, Table 1): 16 instances on a POD16 with 8 NUMA nodes ran slower than 8,
+        # "the processes swap among the nodes, overwhelming the host server".
+        context.warn(
+            f"{placement.instances} poprun instances on {machine.name!r}, which has {machine.numa_nodes} NUMA nodes: "
+            "more instances than NUMA nodes made the ACES paper's IPU-POD16 slower (Table 1); "
+            f"consider accelerator_options.instances={machine.numa_nodes}"
         )
 
 

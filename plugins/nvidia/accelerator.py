@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from core.plugin import Availability, DeviceRecord, Precision, RunConfig, TorchGpuAccelerator
+from core.plugin import Availability, DeviceRecord, Precision, RunConfig, RunContext, TorchGpuAccelerator
 
 from ..probing import SdkProbe
 from . import nvml
@@ -48,19 +48,27 @@ class NvidiaAccelerator(TorchGpuAccelerator):
     def precisions(self, framework: Any) -> tuple[Precision, ...]:
         return (Precision.fp32, Precision.tf32, Precision.bf16, Precision.fp16)
 
-    def validate(self, config: RunConfig) -> None:
+    def validate_run(self, context: RunContext) -> None:
         from core.plugin import ConfigError
 
-        if config.precision in (Precision.tf32, Precision.bf16):
-            # TF32 and bf16 need Ampere (compute capability 8.0) or newer.
-            old = [d for d in self.visible_devices()[: config.replicas] if float(d.details["compute_capability"]) < 8.0]
-            if old:
-                raise ConfigError(
-                    "precision",
-                    config.precision.value,
-                    f"{old[0].name} (compute capability {old[0].details['compute_capability']}) "
-                    "supports fp32 and fp16; tf32 and bf16 need compute capability 8.0 or newer",
-                )
+        config = context.config
+        if config.precision not in (Precision.tf32, Precision.bf16):
+            return
+        # TF32 and bf16 need Ampere (compute capability 8.0) or newer.
+        if context.machine is not None:
+            capabilities = [(context.machine.device, str(context.machine.details.get("compute_capability", "8.0")))]
+        else:
+            capabilities = [
+                (d.name, str(d.details["compute_capability"])) for d in self.visible_devices()[: config.replicas]
+            ]
+        old = [(name, capability) for name, capability in capabilities if float(capability) < 8.0]
+        if old:
+            raise ConfigError(
+                "precision",
+                config.precision.value,
+                f"{old[0][0]} (compute capability {old[0][1]}) supports fp32 and fp16; "
+                "tf32 and bf16 need compute capability 8.0 or newer",
+            )
 
     def configure_torch(self, config: RunConfig) -> dict[str, Any]:
         import torch
