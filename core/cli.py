@@ -166,7 +166,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sweep.add_argument("file", metavar="FILE", type=Path, help="grid file (.toml, .yaml, .yml or .json)")
     sweep.add_argument("--dry-run", action="store_true", help="list the cells and validate them; run nothing")
-    sweep.add_argument("--machine", help=_MACHINE_HELP)
+    sweep.add_argument("--machine", help=_MACHINE_HELP + "; default: the file's `machine`")
+    sweep.add_argument(
+        "--toy",
+        action="store_true",
+        help="the file's cells shrunk to run on this CPU in seconds, stored as NAME-toy (docs/sweeps.md#toy-scale)",
+    )
     sweep.add_argument("--resume", action="store_true", help="continue a sweep already in the database")
     sweep.add_argument(
         "--retry-failed", action="store_true", help="with --resume, run failed repeats (oom, error, timeout) again"
@@ -646,8 +651,13 @@ def _command_sweep(args: argparse.Namespace) -> int:
         }
         if overrides:
             spec = make_sweep_spec({**spec.model_dump(), **overrides})
+        if args.machine is None and args.dry_run and not args.toy and spec.machine is not None:
+            args.machine = spec.machine
+        if args.toy and args.machine is not None:
+            raise ConfigError("--machine", args.machine, "a toy sweep runs on this CPU: leave --machine out")
         machine = _load_machine_argument(args)
-        plan = plan_sweep(spec, source=str(args.file), machine=machine)
+        plan = plan_sweep(spec, source=str(args.file), machine=machine, toy=args.toy)
+        spec = plan.spec
     except ConfigError as error:
         return _error(f"{args.file}: {_describe_config_error(error)}")
     except SweepError as error:

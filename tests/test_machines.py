@@ -72,7 +72,7 @@ def test_more_poprun_instances_than_numa_nodes_warns_as_aces_saw() -> None:
     assert sixteen.launcher is not None and sixteen.launcher.name == "poprun"
     eight = plan("fcnn", "graphcore", "ipu-pod16", replicas=16, precision="fp16", accelerator_options={"instances": 8})
     assert not eight.warnings
-    with pytest.raises(ConfigError, match="at most 1 on 'ipu-pod4' \(4 devices, 4 per replica\)"):
+    with pytest.raises(ConfigError, match=r"at most 1 on 'ipu-pod4' \(4 devices, 4 per replica\)"):
         plan("fcnn", "graphcore", "ipu-pod4", replicas=2, devices_per_replica=4, precision="fp16")
 
 

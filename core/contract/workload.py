@@ -122,6 +122,11 @@ class Workload(ABC):
     def parameter_count(self, options: BaseModel) -> int | None:
         return None
 
+    def toy_options(self, options: dict[str, Any]) -> dict[str, Any]:
+        """``workload_options`` shrunk to a toy that trains in a second on a CPU, architecture kept
+        where it can be (``core sweep --toy``: a sweep file tried before its machine is booked)."""
+        return dict(options)
+
     def figures_for(self, options: BaseModel, framework: Framework) -> tuple[int | None, float | None]:
         """(parameter count, training FLOPs per sample) of the model as ``framework`` builds it.
 

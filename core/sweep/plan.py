@@ -117,17 +117,28 @@ def describe_config_error(error: ConfigError) -> str:
 
 
 def plan_sweep(
-    spec: SweepSpec, manager: Any = None, source: str | None = None, machine: MachineProfile | None = None
+    spec: SweepSpec,
+    manager: Any = None,
+    source: str | None = None,
+    machine: MachineProfile | None = None,
+    toy: bool = False,
 ) -> SweepPlan:
     """Expand the grid and validate every cell against the plugins, touching no device.
 
     :param machine: validate for the machine this profile describes instead of this host.
+    :param toy: shrink the cells to toy scale, to run on this CPU (core.sweep.toy); the sweep's
+        name gets the ``-toy`` suffix so that its results never mix with the file's own.
     """
     from core.contract.manager import get_plugin_manager
     from core.running.planning import plan_run
 
     manager = manager if manager is not None else get_plugin_manager()
     cells = expand_cells(spec)
+    if toy:
+        from core.sweep.toy import TOY_SUFFIX, toy_cells
+
+        cells = toy_cells(cells, manager)
+        spec = spec.model_copy(update={"name": spec.name + TOY_SUFFIX, "repeats": 1, "machine": None})
     for cell in cells:
         options = dict(cell.options)
         workload, accelerator = options.pop("workload"), options.pop("accelerator")

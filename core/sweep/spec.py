@@ -75,6 +75,11 @@ class SweepSpec(BaseModel):
         le=7 * 24 * 3600.0,
         description="wall-clock limit of one repeat, process start to exit",
     )
+    machine: str | None = Field(
+        default=None,
+        description="the machine profile the file was written for (see `core machines`): --dry-run plans for it "
+        "unless --machine names another",
+    )
     grid: dict[str, Any]
     exclude: list[dict[str, Any]] = Field(
         default_factory=list, description="partial cells to leave out; a list matches any of its values"

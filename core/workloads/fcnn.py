@@ -54,6 +54,17 @@ class Fcnn(Workload):
     #: feature vectors of input_width: no image or token file holds them
     data_formats: ClassVar[tuple[str, ...] | None] = ()
 
+    def toy_options(self, options: dict[str, Any]) -> dict[str, Any]:
+        # The paper's grid goes to 128 layers of 8192 nodes; a toy keeps the shape of each cell small.
+        caps = {"layers": 4, "hidden_width": 64, "input_width": 64, "output_width": 16, "synthetic_pool_samples": 64}
+        toy = {
+            key: min(value, caps[key]) if key in caps and isinstance(value, int) else value
+            for key, value in options.items()
+        }
+        for key in ("input_width", "output_width", "synthetic_pool_samples"):
+            toy.setdefault(key, caps[key])
+        return toy
+
     def parameter_count(self, options: BaseModel) -> int:
         assert isinstance(options, FcnnOptions)
         return weight_count(options)

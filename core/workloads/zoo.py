@@ -129,6 +129,19 @@ class ZooWorkload(Workload):
         meta device to count its parameters and FLOPs."""
         raise NotImplementedError(f"workload {self.name!r} has no PyTorch implementation")
 
+    #: options that fix a size; a toy drops them so that the small variant's sizes apply
+    toy_resets: ClassVar[tuple[str, ...]] = (
+        "image_size",
+        "sequence_length",
+        "channels",
+        "residual_blocks",
+        "synthetic_pool_samples",
+    )
+
+    def toy_options(self, options: dict[str, Any]) -> dict[str, Any]:
+        kept = {key: value for key, value in options.items() if key not in self.toy_resets}
+        return {**kept, "variant": "small"}
+
     def missing_library(self, framework: Framework) -> str | None:
         source = self.sources.get(framework)
         return source.missing() if source is not None else None

@@ -1,0 +1,78 @@
+"""Toy scale: a sweep file tried on this CPU in seconds (``core sweep FILE --toy``).
+
+Not a second copy of the file: its own grid, each cell shrunk the same documented way, so a file
+written for four A100s or an IPU-POD is exercised end to end (planning, the runs, the database,
+the report) before its machine is booked, and in CI. What a toy cell keeps and changes:
+
+- the workload and its architecture (the zoo's ``small`` variant: fewer, narrower layers and small
+  inputs; the FCNN's widths capped; see each workload's ``toy_options``), the framework, the
+  precision (TF32 becomes fp32, a GPU mode the CPU does not have);
+- the CPU instead of the file's accelerator, one replica on one device, no vendor options, no
+  compilation, synthetic data, no energy meter;
+- ``micro_batch_size`` at most 4, ``gradient_accumulation`` at most 2, 2 timed steps after 1 warm-up;
+- cells that become equal are run once, and at most ``TOY_MAX_CELLS`` of them, spread over the grid.
+
+The toy sweep is stored under ``<name>-toy``, never beside the file's real results.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from core.contract.manager import PluginManager
+from core.errors import ConfigError
+from core.sweep.plan import Cell, cell_key
+
+TOY_MAX_CELLS = 4
+TOY_MICRO_BATCH = 4
+TOY_GRADIENT_ACCUMULATION = 2
+TOY_SUFFIX = "-toy"
+
+# Fields a toy fixes, whatever the file says.
+_TOY_FIXED: dict[str, Any] = {
+    "accelerator": "cpu",
+    "replicas": 1,
+    "devices_per_replica": 1,
+    "device_iterations": 1,
+    "steps": 2,
+    "warmup_steps": 1,
+    "compile": False,
+    "power_meter": "none",
+    "data": "synthetic",
+}
+# Fields that only mean something on the file's machine.
+_TOY_DROPPED = ("accelerator_options", "threads_per_replica", "data_format", "data_workers", "timeout_seconds")
+
+
+def toy_cell_options(options: dict[str, Any], manager: PluginManager) -> dict[str, Any]:
+    """One cell's options at toy scale (see the module docstring)."""
+    toy = {key: value for key, value in options.items() if key not in _TOY_DROPPED}
+    toy.update(_TOY_FIXED)
+    if toy.get("precision") == "tf32":
+        toy["precision"] = "fp32"
+    for field, cap in (("micro_batch_size", TOY_MICRO_BATCH), ("gradient_accumulation", TOY_GRADIENT_ACCUMULATION)):
+        value = toy.get(field)
+        toy[field] = min(value, cap) if isinstance(value, int) and not isinstance(value, bool) else cap
+    try:
+        workload = manager.workload(toy["workload"])
+    except ConfigError:
+        return toy  # an unknown workload: planning names it
+    toy["workload_options"] = workload.toy_options(dict(toy.get("workload_options") or {}))
+    return toy
+
+
+def toy_cells(cells: list[Cell], manager: PluginManager) -> list[Cell]:
+    """The grid's cells at toy scale: equal ones once, at most TOY_MAX_CELLS spread over the grid."""
+    distinct: dict[str, Cell] = {}
+    for cell in cells:
+        options = toy_cell_options(cell.options, manager)
+        key = cell_key(options)
+        if key not in distinct:
+            distinct[key] = Cell(index=0, key=key, label=f"toy of {cell.label}", options=options)
+    chosen = list(distinct.values())
+    if len(chosen) > TOY_MAX_CELLS:
+        step = (len(chosen) - 1) / (TOY_MAX_CELLS - 1)
+        chosen = [chosen[round(i * step)] for i in range(TOY_MAX_CELLS)]
+    for index, cell in enumerate(chosen):
+        cell.index = index
+    return chosen

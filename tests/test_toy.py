@@ -1,0 +1,84 @@
+"""Toy scale: a sweep file's own grid, shrunk to run on this CPU (core sweep FILE --toy)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from core.cli import main
+from core.contract.manager import get_plugin_manager
+from core.storage.store import ResultStore
+from core.sweep import load_sweep, plan_sweep
+from core.sweep.toy import TOY_MAX_CELLS, toy_cell_options
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_a_cell_keeps_its_workload_and_precision_and_loses_its_machine() -> None:
+    toy = toy_cell_options(
+        {
+            "workload": "resnet50",
+            "accelerator": "graphcore",
+            "precision": "tf32",
+            "replicas": 16,
+            "devices_per_replica": 4,
+            "micro_batch_size": 20,
+            "gradient_accumulation": 24,
+            "accelerator_options": {"instances": 8},
+            "workload_options": {"image_size": 224, "dataset": "imagenet"},
+            "steps": 500,
+        },
+        get_plugin_manager(),
+    )
+    assert toy["workload"] == "resnet50" and toy["accelerator"] == "cpu" and toy["precision"] == "fp32"
+    assert (toy["replicas"], toy["devices_per_replica"], toy["micro_batch_size"], toy["gradient_accumulation"]) == (
+        1,
+        1,
+        4,
+        2,
+    )
+    assert "accelerator_options" not in toy and toy["steps"] == 2
+    assert toy["workload_options"] == {"dataset": "imagenet", "variant": "small"}  # the size is the small variant's
+
+
+def test_the_fcnn_grid_of_19440_cells_becomes_a_few_distinct_toys(tmp_path: Path) -> None:
+    sweep = tmp_path / "grid.toml"
+    sweep.write_text(
+        'name = "grid"\nmachine = "t4"\n[grid]\nworkload = "fcnn"\naccelerator = "nvidia"\n'
+        'precision = ["fp32", "fp16"]\n'
+        "micro_batch_size = [64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]\n"
+        "[grid.workload_options]\nlayers = [4, 8, 16, 32, 64, 128]\n"
+        "hidden_width = [32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]\n"
+        "input_width = [2000, 4000, 6000, 8000]\noutput_width = [200, 400, 600, 800, 1000]\n"
+    )
+    spec = load_sweep(sweep)
+    full = plan_sweep(spec)
+    assert len(full.cells) == 19440
+    toy = plan_sweep(spec, toy=True)
+    assert toy.spec.name == "grid-toy" and toy.spec.repeats == 1 and toy.spec.machine is None
+    assert 1 < len(toy.cells) <= TOY_MAX_CELLS and all(cell.valid for cell in toy.cells)
+    assert len({cell.key for cell in toy.cells}) == len(toy.cells)
+    assert {cell.options["precision"] for cell in toy.cells} == {"fp32", "fp16"}  # spread over the grid
+
+
+def test_a_dry_run_plans_for_the_file_s_machine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sweep = tmp_path / "t4.toml"
+    sweep.write_text(
+        'name = "t4"\nmachine = "t4"\n[grid]\nworkload = "fcnn"\naccelerator = "nvidia"\nprecision = "bf16"\n'
+    )
+    assert main(["sweep", str(sweep), "--dry-run", "--database", str(tmp_path / "r.db")]) == 2
+    out = capsys.readouterr()
+    assert "planned for machine 't4'" in out.out and "Tesla T4" in out.out
+    assert main(["sweep", str(sweep), "--toy", "--machine", "t4", "--database", str(tmp_path / "r.db")]) == 2
+    assert "a toy sweep runs on this CPU" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_example_runs_at_toy_scale_into_its_own_sweep(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    database = tmp_path / "results.db"
+    assert main(["sweep", str(ROOT / "examples" / "fcnn-cpu-sweep.toml"), "--toy", "--database", str(database)]) == 0
+    assert "sweep fcnn-cpu-toy: 2 runs now" in capsys.readouterr().out
+    with ResultStore(database, create=False) as store:
+        assert set(store.finished("fcnn-cpu-toy").values()) == {"ok"}
+        assert not store.finished("fcnn-cpu")
