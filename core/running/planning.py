@@ -87,7 +87,7 @@ def plan_run(
             raise ConfigError(
                 "workload", workload_name, f"{needs}; or choose another framework ({_choices(workload_obj.frameworks)})"
             )
-        warnings.append(f"workload {workload_name!r} {needs}: install it on {machine.name}")
+        warnings.append(f"not checked here, needed on {machine.name!r}: workload {workload_name!r} {needs}")
     with guard(accelerator_obj, f"{type(accelerator_obj).__name__}.parse_options()"):
         accelerator_options = accelerator_obj.parse_options(dict(config.accelerator_options))
     if config.micro_batch_size is None:
@@ -197,7 +197,7 @@ def _check_framework(
     framework_module, install = FRAMEWORK_LIBRARIES[framework]
     if not module_installed(framework_module):
         if machine is not None and warnings is not None:
-            warnings.append(f"{framework_module} is not installed here: install it on {machine.name}")
+            warnings.append(f"not checked here, needed on {machine.name!r}: {framework_module} ({install})")
             return
         raise ConfigError(
             "framework",
