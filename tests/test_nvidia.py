@@ -213,9 +213,11 @@ def test_tf32_and_bf16_need_ampere(fake_pynvml: Any, monkeypatch: pytest.MonkeyP
     three_gpus(fake_pynvml)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2")
     with pytest.raises(ConfigError) as caught:
-        NvidiaAccelerator().validate(make_config(workload="fcnn", accelerator="nvidia", precision="bf16"))
+        NvidiaAccelerator().validate_run(
+            run_context(make_config(workload="fcnn", accelerator="nvidia", precision="bf16"))
+        )
     assert caught.value.field == "precision" and "compute capability 8.0" in caught.value.allowed
-    NvidiaAccelerator().validate(make_config(workload="fcnn", accelerator="nvidia", precision="fp16"))
+    NvidiaAccelerator().validate_run(run_context(make_config(workload="fcnn", accelerator="nvidia", precision="fp16")))
 
 
 def test_meter_is_chosen_for_nvidia_and_needs_pynvml(monkeypatch: pytest.MonkeyPatch) -> None:
