@@ -73,6 +73,20 @@ def _ipu_pod(name: str, ipus: int, numa_nodes: int | None, host_cores: int | Non
     )
 
 
+def _t4(devices: int, source: str, description: str) -> MachineProfile:
+    return MachineProfile(
+        name="t4" if devices == 1 else f"t4-x{devices}",
+        description=description,
+        source=source,
+        accelerator="nvidia",
+        device="NVIDIA Tesla T4",
+        devices=devices,
+        memory_gib_per_device=15110 / 1024,
+        precisions=_TURING,
+        details={"compute_capability": "7.5"},
+    )
+
+
 _PROFILES = [
     _a100_80gb(1),
     _a100_80gb(4),
@@ -139,28 +153,8 @@ _PROFILES = [
     ),
     _ipu_pod("ipu-pod4", 4, numa_nodes=2, host_cores=96, source="CARAML, ACCELERATORS table (IPU-M2000, JURECA)"),
     _ipu_pod("ipu-pod16", 16, numa_nodes=8, host_cores=None, source="ACES, section 2.3 ('with 8 NUMA nodes')"),
-    MachineProfile(
-        name="t4",
-        description="one NVIDIA T4 16GB (AI4NP's Table 1)",
-        source="AI4NP, Table 1 (15110 MB)",
-        accelerator="nvidia",
-        device="NVIDIA Tesla T4",
-        devices=1,
-        memory_gib_per_device=15110 / 1024,
-        precisions=_TURING,
-        details={"compute_capability": "7.5"},
-    ),
-    MachineProfile(
-        name="t4-x2",
-        description="two NVIDIA T4 16GB (AI4NP's Hydra runs, Table 3)",
-        source="AI4NP, Tables 1 and 3",
-        accelerator="nvidia",
-        device="NVIDIA Tesla T4",
-        devices=2,
-        memory_gib_per_device=15110 / 1024,
-        precisions=_TURING,
-        details={"compute_capability": "7.5"},
-    ),
+    _t4(1, "AI4NP, Table 1 (15110 MB)", "one NVIDIA T4 16GB (AI4NP's Table 1)"),
+    _t4(2, "AI4NP, Tables 1 and 3", "two NVIDIA T4 16GB (AI4NP's Hydra runs, Table 3)"),
     MachineProfile(
         name="a100-80gb-pcie-x2",
         description="two NVIDIA A100 80GB PCIe (AI4NP's Tables 1 and 3)",

@@ -162,9 +162,10 @@ class GraphcoreAccelerator(Accelerator):
         # At least 1: a replica too large for the host is refused by validate(), which says why.
         return max(ipus // config.devices_per_replica, 1)
 
-    def placement(self, config: RunConfig) -> IpuPlacement:
-        """The validated placement of ``config`` (ConfigError naming the rule otherwise)."""
-        options = self._options(config)
+    def placement(self, config: RunConfig, options: GraphcoreOptions | None = None) -> IpuPlacement:
+        """The validated placement of ``config`` (ConfigError naming the rule otherwise); ``options``
+        when the caller has them parsed (a RunContext's), else parsed here."""
+        options = options if options is not None else self._options(config)
         instances, _ = resolve_instances(options)
         assert config.micro_batch_size is not None
         return plan_placement(
@@ -201,7 +202,7 @@ class GraphcoreAccelerator(Accelerator):
                 config.data,
                 f"the IPU executors feed synthetic samples only; allowed: {', '.join(SYNTHETIC_SOURCES)}",
             )
-        placement = self.placement(config)
+        placement = self.placement(config, options)
         if context.machine is not None:
             _check_on_machine(context, placement)
             return
@@ -246,14 +247,14 @@ class GraphcoreAccelerator(Accelerator):
     def devices_for(self, config: RunConfig, process: ProcessContext) -> list[DeviceRecord]:
         options = self._options(config)
         if options.ipu_model:
-            placement = self.placement(config)
+            placement = self.placement(config, options)
             return [
                 DeviceRecord(index=i, name="IPU Model", kind=self.name, details={"simulator": True})
                 for i in range(placement.reserved_ipus_per_instance)
             ]
         # Which IPUs Poplar attaches to is known only once it has (in the first step); the meter finds
         # them then, by process id. Here: as many as the run reserves, in gcipuinfo's order.
-        records = self.devices()[: self.placement(config).reserved_ipus_per_instance]
+        records = self.devices()[: self.placement(config, options).reserved_ipus_per_instance]
         for record in records:
             record.details["selection"] = "listed, not necessarily attached: Poplar picks the IPUs when it attaches"
         return records
@@ -269,7 +270,7 @@ class GraphcoreAccelerator(Accelerator):
 
     def executor_for(self, workload: Workload, context: RunContext) -> Executor:
         config, options = context.config, context.accelerator_options_as(GraphcoreOptions)
-        placement = self.placement(config)
+        placement = self.placement(config, options)
         if config.framework is Framework.tensorflow:
             from .tensorflow import create_keras_executor
 
