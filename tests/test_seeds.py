@@ -1,0 +1,57 @@
+"""The papers' studies as sweep files (examples/seeds/): each checked for its machine, and run at
+toy scale on this CPU (docs/seeds.md)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from core.machines import load_machine
+from core.storage.store import ResultStore
+from core.sweep import load_sweep, plan_sweep
+from core.sweep.run import run_sweep
+
+ROOT = Path(__file__).resolve().parent.parent
+SEEDS = sorted((ROOT / "examples" / "seeds").glob("*.toml"))
+# What a paper's own grid may legitimately hold that a machine cannot take: AI4NP's FCNN grid goes
+# past the GPU's memory (the poster's blank cells).
+EXPECTED_REFUSALS = re.compile(r"fp32 weights and gradients alone")
+# What only this machine lacks: torchvision cannot load against the CPU build of PyTorch here.
+NOT_HERE = re.compile(r"torchvision")
+
+
+def test_there_is_a_seed_for_every_row_of_docs_seeds_md() -> None:
+    table = (ROOT / "docs" / "seeds.md").read_text(encoding="utf-8")
+    linked = set(re.findall(r"\(\.\./examples/seeds/([\w.-]+\.toml)\)", table))
+    assert linked == {path.name for path in SEEDS}
+
+
+@pytest.mark.parametrize("path", SEEDS, ids=[p.stem for p in SEEDS])
+def test_a_seed_names_its_paper_and_validates_for_its_machine(path: Path) -> None:
+    text = path.read_text(encoding="utf-8")
+    assert text.startswith("# ") and ("Left out" in text or "Assumed" in text), "say what it reproduces and leaves out"
+    spec = load_sweep(path)
+    assert spec.name == path.stem and spec.machine is not None
+    plan = plan_sweep(spec, machine=load_machine(spec.machine))
+    unexpected = [f"{cell.label}: {cell.invalid_reason}" for cell in plan.invalid_cells]
+    unexpected = [reason for reason in unexpected if not EXPECTED_REFUSALS.search(reason)]
+    assert not unexpected, "\n".join(unexpected)
+    assert plan.valid_cells
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", SEEDS, ids=[p.stem for p in SEEDS])
+def test_a_seed_runs_at_toy_scale_on_this_cpu(path: Path, tmp_path: Path) -> None:
+    plan = plan_sweep(load_sweep(path), toy=True)
+    refused_here = [cell for cell in plan.invalid_cells if NOT_HERE.search(cell.invalid_reason or "")]
+    assert len(refused_here) == len(plan.invalid_cells), [c.invalid_reason for c in plan.invalid_cells]
+    if not plan.valid_cells:
+        pytest.skip(f"every toy cell needs what this machine lacks: {refused_here[0].invalid_reason}")
+    database = tmp_path / "results.db"
+    outcome = run_sweep(plan, database=database, skip_invalid=True)
+    failed = [f"{cell.label}: {cell.status}" for cell in outcome.cells if cell.status not in ("ok", "invalid")]
+    assert not failed, failed
+    with ResultStore(database, create=False) as store:
+        assert set(store.finished(plan.spec.name).values()) == {"ok"}
