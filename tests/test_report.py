@@ -139,6 +139,14 @@ def check_tables_match_database(store: ResultStore, sweep: str, report_directory
                 spread = (max(ok) - min(ok)) / median
                 assert float(row["spread"][1]) == pytest.approx(spread, rel=1e-12)
                 assert ("(flagged)" in row["status"][0]) == (spread > 0.10)
+            # Energy in J and Wh, and per device, each the median over the repeats.
+            joules = [run.result.energy_joules for run in members if run.result.status.ok]
+            devices = len(members[0].result.devices)
+            assert float(row["energy_joules"][1]) == pytest.approx(statistics.median(joules), rel=1e-12)
+            assert float(row["energy_watt_hours"][1]) == pytest.approx(statistics.median(joules) / 3600, rel=1e-12)
+            assert float(row["energy_watt_hours_per_device"][1]) == pytest.approx(
+                statistics.median(joules) / 3600 / devices, rel=1e-12
+            )
         else:
             assert row["throughput_per_second"] == ("n/a", None)
         checked += 1
@@ -153,6 +161,12 @@ def check_tables_match_database(store: ResultStore, sweep: str, report_directory
             "throughput_per_second",
             "spread",
             "samples_per_watt_hour",
+            "energy_joules",
+            "energy_watt_hours",
+            "energy_watt_hours_per_device",
+            "energy_watt_hours_per_epoch",
+            "tokens_per_second",
+            "tokens_per_watt_hour",
             "flops_per_second",
             "model_flops_utilization",
             "note",
