@@ -125,10 +125,11 @@ class RunConfig(BaseModel):
             raise ValueError(
                 f"text is required (a boolean is not an epoch definition); one of {ALLOWED_EPOCH_DEFINITIONS}"
             )
-        if isinstance(value, int):
+        if isinstance(value, (int, float)):
+            count = int(value) if float(value).is_integer() else None
+            hint = f"; for {count} samples write 'samples:{count}'" if count and count > 0 else ""
             raise ValueError(
-                f"text is required (a number is not an epoch definition; for {value} samples write "
-                f"'samples:{value}'); one of {ALLOWED_EPOCH_DEFINITIONS}"
+                f"text is required (a number is not an epoch definition{hint}); one of {ALLOWED_EPOCH_DEFINITIONS}"
             )
         if not isinstance(value, str):
             raise ValueError(f"text is required (got {type(value).__name__}); one of {ALLOWED_EPOCH_DEFINITIONS}")
