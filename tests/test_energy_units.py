@@ -281,3 +281,64 @@ def test_a_sweep_cell_with_a_bad_epoch_definition_is_refused_naming_it() -> None
     reasons = [cell.invalid_reason or "" for cell in plan.invalid_cells]
     assert len(reasons) == 2 and all("epoch_definition" in reason for reason in reasons)
     assert "out of range" in reasons[0] and "a boolean is not an epoch definition" in reasons[1]
+
+
+# --- the report's cells table and core results' summary ----------------------------------------
+
+
+def _cells(tmp_path: Path, results: list[RunResult]) -> list[Any]:
+    from core.storage.summary import summarise
+
+    with ResultStore(tmp_path / "cells.db") as store:
+        for repeat, result in enumerate(results):
+            store.add(result, sweep="s", cell_key="a", cell_label="a", repeat=repeat)
+        return summarise(store.runs(sweep="s"))
+
+
+def test_the_report_table_has_units_in_its_headers_and_token_and_epoch_columns(tmp_path: Path) -> None:
+    from core.report import cells_table
+
+    results = [
+        _result(sample_unit="sequences", tokens_per_sample=1024, energy_joules=joules)
+        for joules in (3600.0, 7200.0, 10800.0)
+    ]
+    table = cells_table(_cells(tmp_path, results), [], "cells-s")
+    headers = dict(table.columns)
+    assert headers["throughput_per_second"] == "throughput (sequences/s, median)"
+    assert headers["samples_per_watt_hour"] == "sequences/Wh (median)"
+    assert headers["energy_joules"] == "energy (J, median)" and headers["energy_watt_hours"] == "energy (Wh, median)"
+    assert headers["energy_watt_hours_per_epoch"] == "energy per epoch (Wh, estimate, median)"
+    row = dict(zip(headers, table.rows[0]))
+    assert row["energy_joules"].number == 7200.0 and row["energy_watt_hours"].number == 2.0
+    assert row["energy_watt_hours_per_device"].number == 0.5
+    assert row["tokens_per_watt_hour"].number == 400.0 * 1024
+    assert row["energy_watt_hours_per_epoch"].number == 2.5
+
+
+def test_a_vision_table_has_no_token_columns(tmp_path: Path) -> None:
+    from core.report import cells_table
+
+    table = cells_table(_cells(tmp_path, [_result(sample_unit="images", energy_joules_per_epoch=None)]), [], "c")
+    headers = dict(table.columns)
+    assert headers["throughput_per_second"] == "throughput (images/s, median)"
+    assert not {"tokens_per_second", "tokens_per_watt_hour", "energy_watt_hours_per_epoch"} & set(headers)
+
+
+def test_core_results_summary_shows_watt_hours(tmp_path: Path) -> None:
+    from core.cli import format_cells
+
+    header, row = format_cells(_cells(tmp_path, [_result(sample_unit="images")])).splitlines()
+    assert header.split() == [
+        "cell",
+        "status",
+        "ok/runs",
+        "images/s",
+        "spread",
+        "images/Wh",
+        "energy",
+        "Wh",
+        "epoch",
+        "Wh",
+        "(estimate)",
+    ]
+    assert row.split()[-3:] == ["400", "2", "2.5"]

@@ -140,13 +140,18 @@ def check_tables_match_database(store: ResultStore, sweep: str, report_directory
                 assert float(row["spread"][1]) == pytest.approx(spread, rel=1e-12)
                 assert ("(flagged)" in row["status"][0]) == (spread > 0.10)
             # Energy in J and Wh, and per device, each the median over the repeats.
-            joules = [run.result.energy_joules for run in members if run.result.status.ok]
+            joules = [
+                r.energy_joules for r in (run.result for run in members) if r.status.ok and r.energy_joules is not None
+            ]
             devices = len(members[0].result.devices)
-            assert float(row["energy_joules"][1]) == pytest.approx(statistics.median(joules), rel=1e-12)
-            assert float(row["energy_watt_hours"][1]) == pytest.approx(statistics.median(joules) / 3600, rel=1e-12)
-            assert float(row["energy_watt_hours_per_device"][1]) == pytest.approx(
-                statistics.median(joules) / 3600 / devices, rel=1e-12
-            )
+            if not joules:
+                assert row["energy_joules"] == ("n/a", None) and row["energy_watt_hours"] == ("n/a", None)
+            else:
+                assert float(row["energy_joules"][1]) == pytest.approx(statistics.median(joules), rel=1e-12)
+                assert float(row["energy_watt_hours"][1]) == pytest.approx(statistics.median(joules) / 3600, rel=1e-12)
+                assert float(row["energy_watt_hours_per_device"][1]) == pytest.approx(
+                    statistics.median(joules) / 3600 / devices, rel=1e-12
+                )
         else:
             assert row["throughput_per_second"] == ("n/a", None)
         checked += 1
