@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import ConfigError
+from core.units import JOULES_PER_WATT_HOUR
 
 # The run command's flags come from RunConfig's fields: --field-name, except these names users
 # already type. The fields below _OWN_SYNTAX are taken another way (positional, -o, -a).
@@ -240,8 +241,64 @@ def _format_seconds(value: float | None, scale: float = 1.0, unit: str = "s") ->
     return "n/a" if value is None else f"{value * scale:.4g} {unit}"
 
 
+def _joules_and_watt_hours(joules: float) -> str:
+    return f"{joules:.4g} J = {joules / JOULES_PER_WATT_HOUR:.4g} Wh"
+
+
+def _per_device(result: Any, joules: float | None) -> str:
+    """', 0.171 Wh per device (2 devices)': the energy spread evenly over the devices used."""
+    devices = len(result.devices)
+    if joules is None or devices < 2:
+        return ""
+    return f", {joules / devices / JOULES_PER_WATT_HOUR:.4g} Wh per device ({devices} devices)"
+
+
+def _energy_lines(result: Any) -> list[str]:
+    """Energy in J and Wh, per device and per component, and per sample (and token) in the
+    workload's own unit."""
+    if result.energy_joules is None:
+        return [f"  energy          unavailable: {result.energy_unavailable_reason}"]
+    unit = result.sample_unit or "samples"
+    method = result.energy.method if result.energy is not None else None
+    lines = [
+        f"  energy          {_joules_and_watt_hours(result.energy_joules)} over the window"
+        + (f" ({method})" if method else "")
+        + _per_device(result, result.energy_joules)
+    ]
+    components = result.energy.components_joules if result.energy is not None else {}
+    if len(components) > 1:
+        lines.append(
+            "  by component    "
+            + ", ".join(f"{name} {joules / JOULES_PER_WATT_HOUR:.4g} Wh" for name, joules in components.items())
+        )
+    if result.samples_per_watt_hour is not None:
+        tokens = result.tokens_per_watt_hour
+        lines.append(
+            f"  efficiency      {result.samples_per_watt_hour:.4g} {unit}/Wh"
+            + (f", {tokens:.4g} tokens/Wh" if tokens is not None else "")
+        )
+    return lines
+
+
+def _epoch_lines(result: Any) -> list[str]:
+    """The epoch estimates, labelled as such, under the run's epoch definition."""
+    if result.samples_per_epoch is None or result.epoch_seconds is None:
+        return []
+    epoch = result.config.epoch
+    figures = f"{result.epoch_seconds:.4g} s"
+    if result.energy_joules_per_epoch is not None:
+        figures += f", {_joules_and_watt_hours(result.energy_joules_per_epoch)}"
+        figures += _per_device(result, result.energy_joules_per_epoch)
+    what = epoch.describe() if epoch.kind != "dataset" else f"dataset ({result.samples_per_epoch:,} samples)"
+    return [
+        f"  epoch           {what}: {figures}",
+        "                  (estimate, extrapolated from the timed window)",
+    ]
+
+
 def format_result(result: Any) -> str:
     c = result.config
+    unit = result.sample_unit or "samples"
     lines = [
         f"{result.workload} on {result.accelerator} ({result.framework}, {c.precision.value}): "
         f"{result.status.state.value}",
@@ -251,9 +308,14 @@ def format_result(result: Any) -> str:
     if result.throughput_per_second is not None:
         calls = "" if result.window_updates == result.window_steps else f" in {result.window_steps} host calls"
         lines.append(
-            f"  throughput      {result.throughput_per_second:.6g} samples/s "
+            f"  throughput      {result.throughput_per_second:.6g} {unit}/s "
             f"(window {result.window_seconds:.4g} s, {result.window_updates} updates{calls})"
         )
+        if result.tokens_per_second is not None:
+            lines.append(
+                f"  tokens          {result.tokens_per_second:.6g} tokens/s "
+                f"({result.tokens_per_sample} tokens per {unit.removesuffix('s') or 'sample'})"
+            )
         lines.append(
             f"  step time       median {_format_seconds(result.step_seconds_median, 1e3, 'ms')}, "
             f"p90 {_format_seconds(result.step_seconds_p90, 1e3, 'ms')}"
@@ -267,13 +329,8 @@ def format_result(result: Any) -> str:
             f"  achieved        {result.flops_per_second / 1e12:.4g} TFLOP/s "
             f"({result.flops_per_sample:.4g} FLOP/sample)"
         )
-    if result.energy_joules is not None:
-        lines.append(
-            f"  energy          {result.energy_joules:.4g} J over the window "
-            f"({result.samples_per_watt_hour:.4g} samples/Wh, {result.energy.method})"
-        )
-    else:
-        lines.append(f"  energy          unavailable: {result.energy_unavailable_reason}")
+    lines += _energy_lines(result)
+    lines += _epoch_lines(result)
     if not result.status.ok:
         lines.append(f"  error           in {result.status.phase}: {result.status.error_type}: {result.status.message}")
         if result.status.location:
@@ -726,6 +783,12 @@ def _command_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def _common_unit(cells: Sequence[Any]) -> str:
+    """The cells' sample unit ('images') where they share one, else 'samples'."""
+    units = {getattr(cell, "sample_unit", "samples") for cell in cells}
+    return units.pop() if len(units) == 1 else "samples"
+
+
 def format_cells(cells: Sequence[Any], sweep_column: bool | None = None) -> str:
     """A plain-text table of cell summaries: median throughput, spread, flag, state.
 
@@ -736,7 +799,17 @@ def format_cells(cells: Sequence[Any], sweep_column: bool | None = None) -> str:
 
     if sweep_column is None:
         sweep_column = len({cell.sweep for cell in cells}) > 1
-    header = ("sweep",) * sweep_column + ("cell", "status", "ok/runs", "samples/s", "spread", "samples/Wh")
+    unit = _common_unit(cells)
+    header = ("sweep",) * sweep_column + (
+        "cell",
+        "status",
+        "ok/runs",
+        f"{unit}/s",
+        "spread",
+        f"{unit}/Wh",
+        "energy Wh",
+        "epoch Wh (estimate)",
+    )
     rows = [header]
     for cell in cells:
         sweep = ("-" if cell.sweep is None else one_line(cell.sweep),) * sweep_column
@@ -749,6 +822,8 @@ def format_cells(cells: Sequence[Any], sweep_column: bool | None = None) -> str:
                 format_number(cell.throughput_per_second),
                 format_percent(cell.spread),
                 format_number(cell.samples_per_watt_hour),
+                format_number(cell.energy_watt_hours),
+                format_number(cell.energy_watt_hours_per_epoch),
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]

@@ -6,8 +6,9 @@ import json
 from enum import Enum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from core.epochs import ALLOWED_EPOCH_DEFINITIONS, DEFAULT_EPOCH_DEFINITION, EpochDefinition
 from core.errors import ConfigError, ConfigErrors
 
 
@@ -102,12 +103,42 @@ class RunConfig(BaseModel):
         default="auto", description="the dataset's format; auto tells it from the path"
     )
     data_workers: int = Field(default=2, ge=0, le=256, description="background loader processes per replica")
+    epoch_definition: str = Field(
+        default=DEFAULT_EPOCH_DEFINITION,
+        min_length=1,
+        description="what one epoch is, for the epoch time and energy estimates: 'dataset' (its training split), "
+        "'samples:N' (e.g. samples:1281167), 'global-batches:N' (N x samples per update) or 'host-calls:N'",
+    )
     workload_options: dict[str, OptionValue] = Field(
         default_factory=dict, description="workload hyper-parameters, validated by the workload"
     )
     accelerator_options: dict[str, OptionValue] = Field(
         default_factory=dict, description="vendor placement options (e.g. MI250 'mode'), validated by the accelerator"
     )
+
+    @field_validator("epoch_definition", mode="before")
+    @classmethod
+    def _epoch_definition(cls, value: Any) -> str:
+        # Before the type check, so that `epoch_definition = 1281167` (or true) is told how to
+        # write a count, and so the stored text is one spelling (samples:1_281_167 -> samples:1281167).
+        if isinstance(value, bool):
+            raise ValueError(
+                f"text is required (a boolean is not an epoch definition); one of {ALLOWED_EPOCH_DEFINITIONS}"
+            )
+        if isinstance(value, (int, float)):
+            count = int(value) if float(value).is_integer() else None
+            hint = f"; for {count} samples write 'samples:{count}'" if count and count > 0 else ""
+            raise ValueError(
+                f"text is required (a number is not an epoch definition{hint}); one of {ALLOWED_EPOCH_DEFINITIONS}"
+            )
+        if not isinstance(value, str):
+            raise ValueError(f"text is required (got {type(value).__name__}); one of {ALLOWED_EPOCH_DEFINITIONS}")
+        return str(EpochDefinition.parse(value))
+
+    @property
+    def epoch(self) -> EpochDefinition:
+        """``epoch_definition``, parsed."""
+        return EpochDefinition.parse(self.epoch_definition)
 
     @property
     def samples_per_host_call(self) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from core.config import make_config
-from core.storage.results import EnergyMeasurement, PowerTimeline, RunResult, RunState, Status
+from core.storage.results import DeviceRecord, EnergyMeasurement, PowerTimeline, RunResult, RunState, Status
 
 FLOPS_PER_SAMPLE = 6.0e6
 
@@ -41,6 +41,7 @@ def synthetic_result(
         samples_per_update=samples_per_update,
         samples_per_host_call=samples_per_update,
         world_size=replicas,
+        devices=[DeviceRecord(index=index, name=f"device {index}", kind=accelerator) for index in range(replicas)],
         setup_seconds=0.5,
         first_step_seconds=0.1,
         warmup_seconds=0.05,

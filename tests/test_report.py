@@ -139,6 +139,19 @@ def check_tables_match_database(store: ResultStore, sweep: str, report_directory
                 spread = (max(ok) - min(ok)) / median
                 assert float(row["spread"][1]) == pytest.approx(spread, rel=1e-12)
                 assert ("(flagged)" in row["status"][0]) == (spread > 0.10)
+            # Energy in J and Wh, and per device, each the median over the repeats.
+            joules = [
+                r.energy_joules for r in (run.result for run in members) if r.status.ok and r.energy_joules is not None
+            ]
+            devices = len(members[0].result.devices)
+            if not joules:
+                assert row["energy_joules"] == ("n/a", None) and row["energy_watt_hours"] == ("n/a", None)
+            else:
+                assert float(row["energy_joules"][1]) == pytest.approx(statistics.median(joules), rel=1e-12)
+                assert float(row["energy_watt_hours"][1]) == pytest.approx(statistics.median(joules) / 3600, rel=1e-12)
+                assert float(row["energy_watt_hours_per_device"][1]) == pytest.approx(
+                    statistics.median(joules) / 3600 / devices, rel=1e-12
+                )
         else:
             assert row["throughput_per_second"] == ("n/a", None)
         checked += 1
@@ -153,6 +166,12 @@ def check_tables_match_database(store: ResultStore, sweep: str, report_directory
             "throughput_per_second",
             "spread",
             "samples_per_watt_hour",
+            "energy_joules",
+            "energy_watt_hours",
+            "energy_watt_hours_per_device",
+            "energy_watt_hours_per_epoch",
+            "tokens_per_second",
+            "tokens_per_watt_hour",
             "flops_per_second",
             "model_flops_utilization",
             "note",

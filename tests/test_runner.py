@@ -275,3 +275,86 @@ def test_replicas_as_processes_need_registered_plugins() -> None:
         with pytest.raises(ConfigError) as caught:
             run("fcnn", CpuAccelerator(), replicas=2)  # a new object, not the registered one
     assert caught.value.field == "replicas" and "registered through a plugin" in caught.value.allowed
+
+
+# --- energy in the papers' units: epochs as the run defines them, tokens -------------------------
+
+
+class ScriptedLanguageWorkload(ScriptedWorkload):
+    """A sample of 128 tokens, from a dataset of 10,000 sequences."""
+
+    name: ClassVar[str] = "scripted-language"
+    sample_unit: ClassVar[str] = "sequences"
+
+    def samples_per_epoch(self, options: Any) -> int:
+        return 10_000
+
+    def tokens_per_sample(self, options: Any) -> int:
+        return 128
+
+
+@pytest.mark.parametrize(
+    "definition,samples",
+    [
+        ("dataset", 10_000),  # the workload's dataset: what core did before definitions existed
+        ("samples:1281167", 1_281_167),  # CARAML's ImageNet epoch
+        ("samples:1000000", 1_000_000),  # CARAML's "1 Epoch: 10^6 images"
+        ("global-batches:4", 4 * 8 * 2),  # CARAML's IPU GPT: 4 x (micro 8 x accumulation 2)
+        ("host-calls:3", 3 * 8 * 2),
+    ],
+)
+def test_the_epoch_is_the_one_the_run_defines(definition: str, samples: int) -> None:
+    accelerator = ScriptedAccelerator()
+    with registered_plugins(MeterPlugin(RecordingMeterFactory(accelerator.log, joules=36.0))):
+        result = run(
+            ScriptedLanguageWorkload(),
+            accelerator,
+            steps=4,
+            warmup_steps=0,
+            micro_batch_size=8,
+            gradient_accumulation=2,
+            epoch_definition=definition,
+        )
+    assert result.status.ok, result.status
+    assert result.config.epoch_definition == definition
+    assert result.samples_per_epoch == samples
+    assert result.epoch_seconds == pytest.approx(samples / result.throughput_per_second)
+    # Extrapolated from the window: 36 J over its samples, times the epoch's samples.
+    assert result.energy_joules_per_epoch == pytest.approx(36.0 / result.window_samples * samples)
+    assert result.energy_watt_hours_per_epoch == pytest.approx(36.0 / result.window_samples * samples / 3600)
+    assert result.energy_watt_hours_per_device_per_epoch == pytest.approx(result.energy_watt_hours_per_epoch)
+
+
+def test_a_language_model_reports_tokens_per_second_and_per_wh() -> None:
+    accelerator = ScriptedAccelerator()
+    with registered_plugins(MeterPlugin(RecordingMeterFactory(accelerator.log, joules=36.0))):
+        result = run(ScriptedLanguageWorkload(), accelerator, steps=5, warmup_steps=0, micro_batch_size=8)
+    assert result.status.ok, result.status
+    assert result.sample_unit == "sequences" and result.tokens_per_sample == 128
+    assert result.tokens_per_second == pytest.approx(128 * result.throughput_per_second)
+    assert result.samples_per_watt_hour == pytest.approx(40 / (36.0 / 3600))
+    assert result.tokens_per_watt_hour == pytest.approx(128 * 40 / (36.0 / 3600))
+    assert result.energy_watt_hours == pytest.approx(0.01)
+    assert result.energy_watt_hours_per_device == pytest.approx(0.01)  # one scripted device
+
+
+def test_a_workload_without_tokens_has_no_token_figures() -> None:
+    with registered_plugins():
+        result = run(ScriptedWorkload(), ScriptedAccelerator(), steps=2, warmup_steps=0)
+    assert result.sample_unit == "samples" and result.tokens_per_sample is None
+    assert result.tokens_per_second is None and result.tokens_per_watt_hour is None
+
+
+class BrokenTokensWorkload(ScriptedWorkload):
+    name: ClassVar[str] = "broken-tokens"
+
+    def tokens_per_sample(self, options: Any) -> int:
+        raise KeyError("sequence_length")
+
+
+def test_a_failing_tokens_per_sample_costs_only_the_token_figures() -> None:
+    with registered_plugins():
+        result = run(BrokenTokensWorkload(), ScriptedAccelerator(), steps=2, warmup_steps=0)
+    assert result.status.ok and result.throughput_per_second is not None
+    assert result.tokens_per_sample is None
+    assert any("tokens_per_sample raised KeyError" in warning for warning in result.warnings)

@@ -139,6 +139,15 @@ class Workload(ABC):
         """Samples in one epoch of the real dataset this workload stands for (ImageNet: 1,281,167)."""
         return None
 
+    def tokens_per_sample(self, options: Any) -> int | None:
+        """Tokens in one sample, for a workload whose sample is a token sequence (language models:
+        the sequence length); None, the default, for any other. The result turns it into tokens/s
+        and tokens/Wh next to sequences/s and sequences/Wh.
+
+        ``options`` is typed ``Any`` (not ``BaseModel``) so that a workload may declare its own
+        options class here, as the built-in language models do."""
+        return None
+
     def flops_per_sample(self, options: BaseModel) -> float | None:
         """Training FLOPs (forward and backward) for one sample, where known analytically."""
         return None

@@ -208,7 +208,7 @@ def _finish_from_zero(figure: Any, axis: Any, xlabel: str, ylabel: str, title: s
     return _png(figure)
 
 
-def plot_pareto(cells: Sequence[CellSummary], series_names: Sequence[str]) -> bytes:
+def plot_pareto(cells: Sequence[CellSummary], series_names: Sequence[str], unit: str = "samples") -> bytes:
     pyplot = _pyplot()
     figure, axis = pyplot.subplots(figsize=(7.0, 4.4))
     usable = _pareto_cells(cells)
@@ -238,8 +238,8 @@ def plot_pareto(cells: Sequence[CellSummary], series_names: Sequence[str]) -> by
             )
     axis.set_xscale("log")
     axis.set_yscale("log")
-    axis.set_xlabel("samples per Wh (median)")
-    axis.set_ylabel("throughput (samples/s, median)")
+    axis.set_xlabel(f"{unit} per Wh (median)")
+    axis.set_ylabel(f"throughput ({unit}/s, median)")
     axis.set_title("Throughput against energy efficiency")
     axis.grid(True, which="both", alpha=0.3)
     _legend(axis, "small")

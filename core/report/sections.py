@@ -68,41 +68,109 @@ def _cell_note(cell: CellSummary) -> str:
     return ""
 
 
-_CELL_COLUMNS = [
-    ("status", "status"),
-    ("repeats_ok", "repeats ok"),
-    ("throughput_per_second", "throughput (samples/s, median)"),
-    ("spread", "spread (max-min)/median"),
-    ("samples_per_watt_hour", "samples/Wh (median)"),
-    ("flops_per_second", "TFLOP/s (median)"),
-    ("model_flops_utilization", "MFU (median)"),
-    ("note", "note"),
-]
+def sample_unit(cells: Sequence[CellSummary]) -> str:
+    """What the cells' samples are ('images', 'sequences') where they agree, else 'samples'."""
+    units = {cell.sample_unit for cell in cells}
+    return units.pop() if len(units) == 1 else "samples"
 
 
-def _option_headers(varying: Sequence[str]) -> list[tuple[str, str]]:
+def _number(value: float | None, scale: float = 1.0) -> Value:
+    scaled = None if value is None else value * scale
+    return Value(format_number(scaled), scaled)
+
+
+@dataclass(frozen=True)
+class _Column:
+    key: str
+    header: str
+    value: Callable[[CellSummary], Value]
+
+
+def _cell_columns(cells: Sequence[CellSummary]) -> list[_Column]:
+    """The figures' columns, units in the headers. Token and epoch columns appear only where some
+    cell has the figure, so a vision sweep's table does not carry empty token columns."""
+    unit = sample_unit(cells)
+    columns = [
+        _Column("status", "status", lambda cell: Value(cell.status + (" (flagged)" if cell.flagged else ""))),
+        _Column(
+            "repeats_ok",
+            "repeats ok",
+            lambda cell: Value(f"{cell.repeats_ok}/{cell.repeats_recorded}", cell.repeats_ok),
+        ),
+        _Column(
+            "throughput_per_second", f"throughput ({unit}/s, median)", lambda cell: _number(cell.throughput_per_second)
+        ),
+        _Column("spread", "spread (max-min)/median", lambda cell: Value(format_percent(cell.spread), cell.spread)),
+        _Column("tokens_per_second", "tokens/s (median)", lambda cell: _number(cell.tokens_per_second)),
+        _Column("energy_joules", "energy (J, median)", lambda cell: _number(cell.energy_joules)),
+        _Column("energy_watt_hours", "energy (Wh, median)", lambda cell: _number(cell.energy_watt_hours)),
+        _Column(
+            "energy_watt_hours_per_device",
+            "energy per device (Wh, median)",
+            lambda cell: _number(cell.energy_watt_hours_per_device),
+        ),
+        _Column("samples_per_watt_hour", f"{unit}/Wh (median)", lambda cell: _number(cell.samples_per_watt_hour)),
+        _Column("tokens_per_watt_hour", "tokens/Wh (median)", lambda cell: _number(cell.tokens_per_watt_hour)),
+        _Column(
+            "energy_watt_hours_per_epoch",
+            "energy per epoch (Wh, estimate, median)",
+            lambda cell: _number(cell.energy_watt_hours_per_epoch),
+        ),
+        _Column("flops_per_second", "TFLOP/s (median)", lambda cell: _number(cell.flops_per_second, 1e-12)),
+        _Column(
+            "model_flops_utilization",
+            "MFU (median)",
+            lambda cell: Value(format_percent(cell.model_flops_utilization), cell.model_flops_utilization),
+        ),
+        _Column("note", "note", lambda cell: Value(_cell_note(cell))),
+    ]
+    optional = {"tokens_per_second", "tokens_per_watt_hour", "energy_watt_hours_per_epoch"}
+    return [
+        column
+        for column in columns
+        if column.key not in optional or any(getattr(cell, column.key) is not None for cell in cells)
+    ]
+
+
+def _option_headers(varying: Sequence[str], figures: Sequence[_Column]) -> list[tuple[str, str]]:
     """Options' short names as headers, or their full names where a short one is taken twice."""
-    shorts = [_short(name) for name in varying] + [header for _, header in _CELL_COLUMNS]
+    shorts = [_short(name) for name in varying] + [column.header for column in figures]
     return [(name, _short(name) if shorts.count(_short(name)) == 1 else name) for name in varying]
 
 
 def cells_table(cells: Sequence[CellSummary], varying: Sequence[str], identifier: str) -> Table:
-    columns = _option_headers(varying) + _CELL_COLUMNS
-    rows = []
-    for cell in cells:
-        flops = cell.flops_per_second
-        row = [Value(_option_text(cell.option(name))) for name in varying] + [
-            Value(cell.status + (" (flagged)" if cell.flagged else "")),
-            Value(f"{cell.repeats_ok}/{cell.repeats_recorded}", cell.repeats_ok),
-            Value(format_number(cell.throughput_per_second), cell.throughput_per_second),
-            Value(format_percent(cell.spread), cell.spread),
-            Value(format_number(cell.samples_per_watt_hour), cell.samples_per_watt_hour),
-            Value(format_number(None if flops is None else flops / 1e12), None if flops is None else flops / 1e12),
-            Value(format_percent(cell.model_flops_utilization), cell.model_flops_utilization),
-            Value(_cell_note(cell)),
-        ]
-        rows.append(row)
+    figures = _cell_columns(cells)
+    columns = _option_headers(varying, figures) + [(column.key, column.header) for column in figures]
+    rows = [
+        [Value(_option_text(cell.option(name))) for name in varying] + [column.value(cell) for column in figures]
+        for cell in cells
+    ]
     return Table(columns=columns, rows=rows, identifier=identifier, row_keys=[cell.cell_key for cell in cells])
+
+
+def _energy_note(cells: Sequence[CellSummary]) -> list[Block]:
+    """How to read the energy columns, naming the epoch definitions the cells used; nothing when no
+    cell has an energy figure."""
+    if all(cell.energy_joules is None for cell in cells):
+        return []
+    definitions = sorted({result.config.epoch.describe() for cell in cells for result in cell.results})
+    note = Paragraph(
+        "Energy is over the timed window, all devices measured, in J and Wh (1 Wh = 3600 J); per device: "
+        "divided evenly over the devices each run used; per epoch: an estimate, extrapolated from the "
+        "window's energy per sample, for an epoch defined as ",
+        *_joined([Code(shorten(one_line(text))) for text in definitions]),
+        ".",
+    )
+    return [note]
+
+
+def _joined(parts: Sequence[Inline]) -> list[Inline]:
+    joined: list[Inline] = []
+    for index, part in enumerate(parts):
+        if index:
+            joined.append(" or " if index == len(parts) - 1 else ", ")
+        joined.append(part)
+    return joined
 
 
 def _batch_sort_key(batch: Any) -> tuple[int, Any]:
@@ -248,10 +316,14 @@ def _summary_blocks(sweep: SweepData, store_path: Path) -> list[Block]:
 
 
 def _table_blocks(sweep: SweepData) -> list[Block]:
-    blocks: list[Block] = [Heading(3, "Cells"), cells_table(sweep.cells, sweep.varying, f"cells-{sweep.slug}")]
+    blocks: list[Block] = [
+        Heading(3, "Cells"),
+        cells_table(sweep.cells, sweep.varying, f"cells-{sweep.slug}"),
+        *_energy_note(sweep.cells),
+    ]
     if sweep.batch_varies:
         blocks += [
-            Heading(3, "Throughput by batch size (samples/s, median)"),
+            Heading(3, f"Throughput by batch size ({sample_unit(sweep.cells)}/s, median)"),
             batch_table(sweep.cells, sweep.series_names, f"batches-{sweep.slug}"),
         ]
     return blocks
@@ -276,7 +348,7 @@ def _throughput_blocks(sweep: SweepData) -> list[Block]:
             if cell.throughput_min is not None and cell.throughput_max is not None
             else None
         ),
-        "throughput (samples/s)",
+        f"throughput ({sample_unit(sweep.cells)}/s)",
         "Throughput against micro-batch size (median, bars: min-max)",
     )
     return [
@@ -304,7 +376,7 @@ def _energy_blocks(sweep: SweepData) -> list[Block]:
         sweep.series_names,
         lambda cell: cell.samples_per_watt_hour,
         None,
-        "samples per Wh",
+        f"{sample_unit(sweep.cells)} per Wh",
         "Energy efficiency against micro-batch size (median)",
     )
     return [
@@ -322,7 +394,7 @@ def _scaling_blocks(sweep: SweepData) -> list[Block]:
         columns=[
             ("series", "series"),
             ("devices", "devices"),
-            ("throughput_per_second", "throughput (samples/s)"),
+            ("throughput_per_second", f"throughput ({sample_unit(sweep.cells)}/s)"),
             ("scaling_efficiency", "scaling efficiency"),
         ],
         rows=[
@@ -403,7 +475,7 @@ def _pareto_blocks(sweep: SweepData) -> list[Block]:
         Heading(3, title),
         sweep.figure(
             "pareto",
-            plot_pareto(sweep.cells, sweep.series_names),
+            plot_pareto(sweep.cells, sweep.series_names, sample_unit(sweep.cells)),
             "Each cell's median throughput against its samples per Wh; the dashed "
             "line joins the cells no other cell beats on both",
         ),

@@ -19,8 +19,8 @@ from core.running.distributed import ProcessContext
 from core.running.planning import RunPlan
 from core.storage.environment import collect_environment
 from core.storage.results import EnergyMeasurement, RunResult, RunState, Status
+from core.units import JOULES_PER_WATT_HOUR
 
-JOULES_PER_WATT_HOUR = 3600.0
 # Above this share of the window spent waiting for data, the run measures storage, not the device.
 DATA_BOUND_FRACTION = 0.10
 
@@ -78,6 +78,25 @@ def _workload_figures(plan: RunPlan, warnings: list[str]) -> tuple[int | None, f
     return parameters, flops, details
 
 
+def _sample_figures(plan: RunPlan, warnings: list[str]) -> tuple[str | None, int | None]:
+    """(what a sample is, tokens in one sample): the units of samples/Wh and of tokens/s and tokens/Wh.
+
+    A plugin's answer that raises or is no whole number costs the token figures, not the run."""
+    unit = getattr(plan.workload, "sample_unit", None)
+    try:
+        tokens = plan.workload.tokens_per_sample(plan.workload_options)
+    except Exception as exc:
+        warnings.append(
+            f"the workload plugin's tokens_per_sample raised {type(exc).__name__}: {exc} "
+            f"(at {innermost_location(exc)}); no token figures"
+        )
+        tokens = None
+    if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
+        warnings.append(f"the workload plugin's tokens_per_sample gave {tokens!r}, not a whole number >= 1; ignored")
+        tokens = None
+    return (unit if isinstance(unit, str) and unit else None), tokens
+
+
 def observe_progress(on_progress: ProgressCallback, partial: RunResult, warnings: list[str]) -> None:
     """Pass a partial result to the caller's callback. One that raises is the caller's problem, not
     a fault of a healthy run: it becomes a warning in ``warnings`` (once per message).
@@ -94,9 +113,12 @@ def new_result(plan: RunPlan, world_size: int) -> RunResult:
     config = plan.config
     warnings: list[str] = list(plan.warnings)
     parameters, flops, details = _workload_figures(plan, warnings)
+    sample_unit, tokens_per_sample = _sample_figures(plan, warnings)
     return RunResult.of_config(
         config,
         world_size,
+        sample_unit=sample_unit,
+        tokens_per_sample=tokens_per_sample,
         parameter_count=parameters,
         flops_per_sample=flops,
         workload_details=details,
@@ -245,8 +267,12 @@ def _timed_window(
 
 
 def _record_epoch(result: RunResult, plan: RunPlan, dataset_samples: int | None) -> None:
-    """Time and energy for one pass over the real dataset, from the steady window's rates."""
-    samples = dataset_samples or plan.workload.samples_per_epoch(plan.workload_options)
+    """Estimates of one epoch's time and energy, as the run's epoch_definition defines an epoch,
+    extrapolated from the steady window's rates (no epoch is run)."""
+    epoch = plan.config.epoch
+    if epoch.kind == "dataset":
+        dataset_samples = dataset_samples or plan.workload.samples_per_epoch(plan.workload_options)
+    samples = epoch.samples(dataset_samples, result.samples_per_update, result.samples_per_host_call)
     if not samples or not result.throughput_per_second:
         return
     result.samples_per_epoch = samples

@@ -6,13 +6,18 @@ from datetime import datetime, timezone
 from enum import Enum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
 from core.config import RunConfig
+from core.units import JOULES_PER_WATT_HOUR, watt_hours
 
 # 1.1: EnergyMeasurement.power_timeline and .warnings (optional, so 1.0 documents still load).
 # 1.2: Status.location and .traceback (optional).
-SCHEMA_VERSION = "1.2"
+# 1.3: RunResult.sample_unit and .tokens_per_sample (optional; a 1.2 document's tokens_per_sample is
+#      read from its workload_details), config.epoch_definition (default "dataset", what 1.2 did), and
+#      derived figures written beside the measured ones (Wh next to J, per device, tokens): computed
+#      on read, never trusted from the document, so older documents get them too.
+SCHEMA_VERSION = "1.3"
 # A traceback kept in a result is cut to its end (where it broke) so a deep recursion stays small.
 _TRACEBACK_CHARS = 20_000
 
@@ -86,10 +91,31 @@ class PowerTimeline(BaseModel):
     watts: dict[str, list[float | None]] = Field(description="per component, one value per span")
 
 
+def _without_derived(model: type[BaseModel], data: Any) -> Any:
+    """``data`` less the figures ``model`` computes: a document carries them for its readers, and
+    reading it back recomputes them from what was measured (they cannot disagree)."""
+    if isinstance(data, dict) and any(name in data for name in model.model_computed_fields):
+        return {name: value for name, value in data.items() if name not in model.model_computed_fields}
+    return data
+
+
+def _divided(value: float | None, by: float | None) -> float | None:
+    return None if value is None or not by else value / by
+
+
+def _times(value: float | None, factor: int) -> float | None:
+    return None if value is None else value * factor
+
+
 class EnergyMeasurement(BaseModel):
     """Energy over exactly the steady window, or why there is none."""
 
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derived_are_recomputed(cls, data: Any) -> Any:
+        return _without_derived(cls, data)
 
     meter: str
     method: str | None = Field(
@@ -109,6 +135,18 @@ class EnergyMeasurement(BaseModel):
         default_factory=list,
         description="what makes this figure less certain; the runner copies them into the result's warnings",
     )
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def energy_watt_hours(self) -> float | None:
+        """``energy_joules`` in Wh."""
+        return watt_hours(self.energy_joules)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def components_watt_hours(self) -> dict[str, float]:
+        """``components_joules`` in Wh: per device (``gpu0``, ``ipu3``) or per zone (``package-0``)."""
+        return {name: joules / JOULES_PER_WATT_HOUR for name, joules in self.components_joules.items()}
 
 
 class EnvironmentInfo(BaseModel):
@@ -142,6 +180,12 @@ class RunResult(BaseModel):
     samples_per_host_call: int = Field(description="samples_per_update x device_iterations")
     world_size: int = Field(description="processes that trained together")
     devices: list[DeviceRecord] = Field(default_factory=list)
+    sample_unit: str | None = Field(
+        default=None, description="what one sample is, as the workload says: 'images', 'sequences', 'samples'"
+    )
+    tokens_per_sample: int | None = Field(
+        default=None, ge=1, description="tokens in one sample (language models: the sequence length); else null"
+    )
 
     setup_seconds: float | None = None
     first_step_seconds: float | None = Field(default=None, description="first update, including compilation")
@@ -159,10 +203,17 @@ class RunResult(BaseModel):
     )
     data_wait_fraction: float | None = Field(default=None, description="data_wait_seconds / window_seconds")
     samples_per_epoch: int | None = Field(
-        default=None, description="of the real dataset (the workload's, or the files')"
+        default=None,
+        description="samples in one epoch as config.epoch_definition defines it ('dataset': the real "
+        "dataset's training split, the workload's or the files')",
     )
-    epoch_seconds: float | None = Field(default=None, description="samples_per_epoch / throughput_per_second")
-    energy_joules_per_epoch: float | None = None
+    epoch_seconds: float | None = Field(
+        default=None, description="estimate, extrapolated from the window: samples_per_epoch / throughput_per_second"
+    )
+    energy_joules_per_epoch: float | None = Field(
+        default=None,
+        description="estimate, extrapolated from the window: energy_joules / window_samples x samples_per_epoch",
+    )
 
     parameter_count: int | None = None
     flops_per_sample: float | None = Field(default=None, description="training FLOPs (forward + backward) per sample")
@@ -186,6 +237,67 @@ class RunResult(BaseModel):
     warnings: list[str] = Field(
         default_factory=list, description="things that make the figures less clean, e.g. a recompilation in the window"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_older_layouts(cls, data: Any) -> Any:
+        data = _without_derived(cls, data)
+        # Before 1.3 a language model's tokens per sample was in its workload_details only.
+        if isinstance(data, dict) and "tokens_per_sample" not in data:
+            details = data.get("workload_details")
+            tokens = details.get("tokens_per_sample") if isinstance(details, dict) else None
+            if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 1:
+                data = {**data, "tokens_per_sample": tokens}
+        return data
+
+    # --- figures derived from the measured ones: written into every document, recomputed on read ---
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def energy_watt_hours(self) -> float | None:
+        """``energy_joules`` (the window's, all devices measured) in Wh."""
+        return watt_hours(self.energy_joules)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def energy_joules_per_device(self) -> float | None:
+        """The window's energy divided evenly over the devices the run used (CARAML's Energy/GPU);
+        the meter's own per-device figures, where it has them, are ``energy.components_joules``."""
+        return _divided(self.energy_joules, len(self.devices))
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def energy_watt_hours_per_device(self) -> float | None:
+        return watt_hours(self.energy_joules_per_device)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def energy_watt_hours_per_epoch(self) -> float | None:
+        """Estimate: ``energy_joules_per_epoch`` in Wh."""
+        return watt_hours(self.energy_joules_per_epoch)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def energy_joules_per_device_per_epoch(self) -> float | None:
+        """Estimate: one epoch's energy divided over the devices (CARAML's Energy/Epoch/IPU)."""
+        return _divided(self.energy_joules_per_epoch, len(self.devices))
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def energy_watt_hours_per_device_per_epoch(self) -> float | None:
+        return watt_hours(self.energy_joules_per_device_per_epoch)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def tokens_per_second(self) -> float | None:
+        """``throughput_per_second`` (sequences/s) x ``tokens_per_sample``; null where a sample holds no tokens."""
+        return None if self.tokens_per_sample is None else _times(self.throughput_per_second, self.tokens_per_sample)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def tokens_per_watt_hour(self) -> float | None:
+        """``samples_per_watt_hour`` x ``tokens_per_sample`` (CARAML's Tokens/Energy)."""
+        return None if self.tokens_per_sample is None else _times(self.samples_per_watt_hour, self.tokens_per_sample)
 
     @classmethod
     def of_config(cls, config: RunConfig, world_size: int, **fields: Any) -> RunResult:

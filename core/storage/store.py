@@ -117,7 +117,23 @@ EXPORT_COLUMNS = (
     "flops_per_second",
     "model_flops_utilization",
     "energy_joules",
+    "energy_watt_hours",
+    "device_count",
+    "energy_joules_per_device",
+    "energy_watt_hours_per_device",
+    "energy_components_watt_hours",
     "samples_per_watt_hour",
+    "sample_unit",
+    "tokens_per_sample",
+    "tokens_per_second",
+    "tokens_per_watt_hour",
+    "epoch_definition",
+    "samples_per_epoch",
+    "epoch_seconds",
+    "energy_joules_per_epoch",
+    "energy_watt_hours_per_epoch",
+    "energy_joules_per_device_per_epoch",
+    "energy_watt_hours_per_device_per_epoch",
     "energy_unavailable_reason",
     "workload_options",
     "accelerator_options",
@@ -879,8 +895,7 @@ def flat_record(run: StoredRun) -> dict[str, Any]:
         "flops_per_sample": result.flops_per_sample,
         "flops_per_second": result.flops_per_second,
         "model_flops_utilization": getattr(result, "model_flops_utilization", None),
-        "energy_joules": result.energy_joules,
-        "samples_per_watt_hour": result.samples_per_watt_hour,
+        **_energy_record(result),
         "energy_unavailable_reason": result.energy_unavailable_reason,
         "workload_options": json.dumps(dict(config.workload_options), sort_keys=True),
         "accelerator_options": json.dumps(dict(config.accelerator_options), sort_keys=True),
@@ -888,6 +903,32 @@ def flat_record(run: StoredRun) -> dict[str, Any]:
         "started_at": result.started_at.isoformat(),
         "process_seconds": run.process_seconds,
         "run_id": run.run_id,
+    }
+
+
+def _energy_record(result: RunResult) -> dict[str, Any]:
+    """The energy, token and epoch columns: J and Wh side by side; epoch figures are estimates
+    under the run's epoch_definition (their values are extrapolated from the timed window)."""
+    components = result.energy.components_watt_hours if result.energy is not None else {}
+    return {
+        "energy_joules": result.energy_joules,
+        "energy_watt_hours": result.energy_watt_hours,
+        "device_count": len(result.devices),
+        "energy_joules_per_device": result.energy_joules_per_device,
+        "energy_watt_hours_per_device": result.energy_watt_hours_per_device,
+        "energy_components_watt_hours": json.dumps(components, sort_keys=True) if components else None,
+        "samples_per_watt_hour": result.samples_per_watt_hour,
+        "sample_unit": result.sample_unit,
+        "tokens_per_sample": result.tokens_per_sample,
+        "tokens_per_second": result.tokens_per_second,
+        "tokens_per_watt_hour": result.tokens_per_watt_hour,
+        "epoch_definition": result.config.epoch_definition,
+        "samples_per_epoch": result.samples_per_epoch,
+        "epoch_seconds": result.epoch_seconds,
+        "energy_joules_per_epoch": result.energy_joules_per_epoch,
+        "energy_watt_hours_per_epoch": result.energy_watt_hours_per_epoch,
+        "energy_joules_per_device_per_epoch": result.energy_joules_per_device_per_epoch,
+        "energy_watt_hours_per_device_per_epoch": result.energy_watt_hours_per_device_per_epoch,
     }
 
 

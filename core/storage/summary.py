@@ -98,6 +98,37 @@ class CellSummary:
         return self.median("samples_per_watt_hour")
 
     @property
+    def energy_joules(self) -> float | None:
+        return self.median("energy_joules")
+
+    @property
+    def energy_watt_hours(self) -> float | None:
+        return self.median("energy_watt_hours")
+
+    @property
+    def energy_watt_hours_per_device(self) -> float | None:
+        return self.median("energy_watt_hours_per_device")
+
+    @property
+    def energy_watt_hours_per_epoch(self) -> float | None:
+        """Estimate (extrapolated from each repeat's window) under the cell's epoch definition."""
+        return self.median("energy_watt_hours_per_epoch")
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        return self.median("tokens_per_second")
+
+    @property
+    def tokens_per_watt_hour(self) -> float | None:
+        return self.median("tokens_per_watt_hour")
+
+    @property
+    def sample_unit(self) -> str:
+        """What the cell's samples are ('images', 'sequences'); 'samples' when its results do not say."""
+        units = {result.sample_unit for result in self.results if result.sample_unit}
+        return units.pop() if len(units) == 1 else "samples"
+
+    @property
     def flops_per_second(self) -> float | None:
         return self.median("flops_per_second")
 
