@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from core.energy.units import JOULES_PER_WATT_HOUR
 from core.errors import ConfigError
-from core.units import JOULES_PER_WATT_HOUR
 
 # The run command's flags come from RunConfig's fields: --field-name, except these names users
 # already type. The fields below _OWN_SYNTAX are taken another way (positional, -o, -a).

@@ -15,8 +15,8 @@ from synthetic import synthetic_result
 
 from core.cli import format_result
 from core.config import make_config
-from core.epochs import EpochDefinition
 from core.errors import ConfigError
+from core.storage.epochs import EpochDefinition
 from core.storage.results import DeviceRecord, EnergyMeasurement, RunResult
 from core.storage.store import EXPORT_COLUMNS, ResultStore
 from core.sweep import make_sweep_spec, plan_sweep

@@ -13,13 +13,13 @@ from collections.abc import Callable
 from core.contract.accelerator import executor_for
 from core.contract.manager import innermost_location
 from core.energy.meter import PowerMeter, UnavailableMeter, meter_for
+from core.energy.units import JOULES_PER_WATT_HOUR
 from core.errors import NonFiniteLossError
 from core.executors.base import Executor
 from core.running.distributed import ProcessContext
 from core.running.planning import RunPlan
 from core.storage.environment import collect_environment
 from core.storage.results import EnergyMeasurement, RunResult, RunState, Status
-from core.units import JOULES_PER_WATT_HOUR
 
 # Above this share of the window spent waiting for data, the run measures storage, not the device.
 DATA_BOUND_FRACTION = 0.10

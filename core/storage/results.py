@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
 from core.config import RunConfig
-from core.units import JOULES_PER_WATT_HOUR, watt_hours
+from core.energy.units import JOULES_PER_WATT_HOUR, watt_hours
 
 # 1.1: EnergyMeasurement.power_timeline and .warnings (optional, so 1.0 documents still load).
 # 1.2: Status.location and .traceback (optional).
