@@ -122,6 +122,10 @@ class Workload(ABC):
     def parameter_count(self, options: BaseModel) -> int | None:
         return None
 
+    def check_for_framework(self, options: BaseModel, framework: Framework) -> None:
+        """Raise ConfigError for options that ``framework``'s implementation cannot build (Keras has
+        only ResNet v1, say). Called in planning, after ``parse_options``."""
+
     def toy_options(self, options: dict[str, Any]) -> dict[str, Any]:
         """``workload_options`` shrunk to a toy that trains in a second on a CPU, architecture kept
         where it can be (``core sweep --toy``: a sweep file tried before its machine is booked)."""

@@ -79,6 +79,8 @@ def plan_run(
     validate_data(config.data, config.data_format, framework, readable, workload_name)
     with guard(workload_obj, f"{type(workload_obj).__name__}.parse_options()"):
         workload_options = workload_obj.parse_options(dict(config.workload_options))
+    with guard(workload_obj, f"{type(workload_obj).__name__}.check_for_framework()"):
+        workload_obj.check_for_framework(workload_options, framework)
     with guard(workload_obj, f"{type(workload_obj).__name__}.missing_library()"):
         missing = workload_obj.missing_library(framework)
     if missing:

@@ -19,6 +19,9 @@ class ImageDataset:
     num_classes: int
     samples_per_epoch: int
     description: str
+    #: fed at the model's own ImageNet input size, not at the dataset's: what the GH200 paper's
+    #: Table I implies for CIFAR-100 and Food-101 (docs/workloads.md, "Dataset shapes")
+    resized_to_model: bool = False
 
 
 @dataclass(frozen=True)
@@ -37,7 +40,16 @@ IMAGE_DATASETS: dict[str, ImageDataset] = {
         ImageDataset(
             "imagenet", 3, 224, 224, 1000, 1_281_167, "ImageNet-1k (ILSVRC 2012) training set at the usual 224x224 crop"
         ),
-        ImageDataset("cifar100", 3, 32, 32, 100, 50_000, "CIFAR-100 training set (50,000 of its 60,000 images)"),
+        ImageDataset(
+            "cifar100",
+            3,
+            32,
+            32,
+            100,
+            50_000,
+            "CIFAR-100 training set (50,000 of its 60,000 images), resized to the model's input",
+            resized_to_model=True,
+        ),
         ImageDataset(
             "food101",
             3,
@@ -45,7 +57,9 @@ IMAGE_DATASETS: dict[str, ImageDataset] = {
             512,
             101,
             75_750,
-            "Food-101 training split (750 of the 1,000 images of each class), at its largest side of 512 px",
+            "Food-101 training split (750 of the 1,000 images of each class; up to 512 px), resized to the "
+            "model's input",
+            resized_to_model=True,
         ),
         ImageDataset("mnist", 1, 28, 28, 10, 60_000, "MNIST training set (60,000 of its 70,000 digits)"),
         ImageDataset(

@@ -28,6 +28,12 @@ BERT_MASK_TOKEN = 103
 MASKED_FRACTION = 0.15
 #: GPT-2's byte-pair vocabulary
 GPT2_VOCABULARY = 50257
+#: GPT-2's vocabulary padded by Megatron-LM to a multiple of 128 (--make-vocab-size-divisible-by)
+MEGATRON_GPT2_VOCABULARY = 50304
+#: GPT-2's vocabulary as Graphcore's GPT-2 configuration pads it (nlp/gpt2/pytorch/config/config.json)
+GRAPHCORE_GPT2_VOCABULARY = 50272
+#: SQuAD's answer: a start and an end position
+SQUAD_POSITIONS = 2
 
 
 class LanguageOptions(ZooOptions):
@@ -191,9 +197,81 @@ class Gpt2Small(Gpt2):
     default_micro_batch_size: ClassVar[int] = 8
 
 
+class Gpt2Caraml117m(Gpt2):
+    """CARAML's IPU GPT: Graphcore's GPT-2 small ("117M", the GPT-2 paper's name; 124,451,328
+    parameters with Graphcore's vocabulary of 50272)."""
+
+    name: ClassVar[str] = "gpt2-117m"
+    description: ClassVar[str] = "GPT-2 117M as CARAML ran it on IPUs (Graphcore's configuration), causal LM"
+    architecture: ClassVar[str] = "GPT-2 small: 12 layers, hidden 768, 12 heads, context 1024, vocabulary 50272"
+    vocabulary: ClassVar[int] = GRAPHCORE_GPT2_VOCABULARY
+    full: ClassVar[tuple[int, int, int, int]] = (768, 12, 12, 3072)
+    sequence_length: ClassVar[int] = 1024
+    default_micro_batch_size: ClassVar[int] = 1
+
+
+class GptCaraml800m(LanguageWorkload):
+    """CARAML's 800M GPT as Megatron-LM builds it (llm_benchmark_nvidia_amd.yaml): 16 layers,
+    hidden 2048, 8 heads, sequence 2048, MLP 4x with GeLU, biases, pre-norm layers, rotary
+    position embeddings over the whole head (no position table), output layer tied to the token
+    embeddings, GPT-2's vocabulary padded to 50304. transformers' GPT-NeoX is that network
+    (with ``rotary_pct=1`` and sequential residuals); attention runs in PyTorch's fused kernel (SDPA)."""
+
+    name: ClassVar[str] = "gpt-800m"
+    description: ClassVar[str] = "CARAML's 800M GPT (Megatron-LM: rotary embeddings, SDPA), causal LM"
+    architecture: ClassVar[str] = (
+        "Megatron GPT 800M: 16 layers, hidden 2048, 8 heads, MLP 8192, rotary, tied output, vocabulary 50304"
+    )
+    task: ClassVar[str] = "language-modeling"
+    vocabulary: ClassVar[int] = MEGATRON_GPT2_VOCABULARY
+    full: ClassVar[tuple[int, int, int, int]] = (2048, 16, 8, 8192)
+    sequence_length: ClassVar[int] = 2048
+    default_micro_batch_size: ClassVar[int] = 4
+    sources: ClassVar[dict[Framework, Source]] = {Framework.torch: transformers_source("GPTNeoXForCausalLM")}
+    frameworks: ClassVar[tuple[Framework, ...]] = tuple(sources)
+
+    def positions(self, o: LanguageOptions) -> int:
+        return 0  # rotary: no position table
+
+    def tally(self, o: Any, framework: Framework) -> Tally:
+        hidden, _, _, _ = self.dimensions(o)
+        tokens = self.tokens_per_sample(o)
+        t = Tally()
+        t.params(self.vocabulary * hidden)  # token embeddings, also the output layer
+        self.encoder_layers(t, o)
+        t.params(2 * hidden)  # final layer norm
+        t.matmul(hidden * self.vocabulary * tokens)  # output layer
+        return t
+
+    def torch_model(self, o: LanguageOptions) -> Any:
+        transformers = self.load(Framework.torch)
+        hidden, layers, heads, intermediate = self.dimensions(o)
+        config = transformers.GPTNeoXConfig(
+            vocab_size=self.vocabulary,
+            hidden_size=hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            intermediate_size=intermediate,
+            hidden_act="gelu",
+            max_position_embeddings=self.tokens_per_sample(o),
+            rotary_pct=1.0,  # Megatron rotates the whole head; transformers' default is a quarter
+            rotary_emb_base=10000,
+            use_parallel_residual=False,  # Megatron's layers are sequential
+            tie_word_embeddings=True,
+            attention_bias=True,
+            attn_implementation="sdpa",
+        )
+        return token_logits_module(transformers.GPTNeoXForCausalLM(config))
+
+    def loss(self) -> Any:
+        return causal_lm_loss
+
+
 class Gpt2Caraml800m(Gpt2):
     name: ClassVar[str] = "gpt2-800m"
-    description: ClassVar[str] = "GPT decoder of CARAML's 800M size, causal language modelling"
+    description: ClassVar[str] = (
+        "GPT-2 style decoder of CARAML's 800M size (learned positions; CARAML's own model is gpt-800m)"
+    )
     architecture: ClassVar[str] = (
         "CARAML's 800M GPT as a GPT-2 style decoder: 16 layers, hidden 2048, 8 heads, "
         "context 2048 (800M without embeddings)"
@@ -318,4 +396,102 @@ def masked_token_logits_module(model: Any) -> Any:
     return MaskedTokenLogits()
 
 
-LANGUAGE_WORKLOADS = (BertBase, Gpt2Small, Gpt2Caraml800m)
+class BertBaseSquad(LanguageWorkload):
+    """BERT-base fine-tuned for SQuAD question answering, as ACES ran it on IPUs (Table 2):
+    transformers' BertForQuestionAnswering (no pooler; a start and an end score per position).
+    A synthetic sample is a sequence of token ids and its answer's start and end positions; the
+    loss is the mean of the start and end cross-entropies, as transformers computes it."""
+
+    name: ClassVar[str] = "bert-base-squad"
+    description: ClassVar[str] = "BERT-base, SQuAD question-answering fine-tuning"
+    architecture: ClassVar[str] = "BERT-base + QA head: 12 layers, hidden 768, 12 heads, sequence 384"
+    task: ClassVar[str] = "question-answering"
+    options_model: ClassVar[type[BaseModel]] = MaskedLanguageOptions
+    #: answers need labels a token file does not have: synthetic data only
+    data_formats: ClassVar[tuple[str, ...] | None] = ()
+    vocabulary: ClassVar[int] = BERT_VOCABULARY
+    full: ClassVar[tuple[int, int, int, int]] = (768, 12, 12, 3072)
+    #: Graphcore's SQuAD base configuration (nlp/bert/pytorch/configs_squad.yml, squad_base_384)
+    sequence_length: ClassVar[int] = 384
+    context: ClassVar[int] = 512
+    default_micro_batch_size: ClassVar[int] = 16
+    sources: ClassVar[dict[Framework, Source]] = {Framework.torch: transformers_source("BertForQuestionAnswering")}
+    frameworks: ClassVar[tuple[Framework, ...]] = tuple(sources)
+
+    def positions(self, o: LanguageOptions) -> int:
+        return max(self.tokens_per_sample(o), self.context)
+
+    def non_embedding_parameters(self, o: LanguageOptions) -> int:
+        hidden, _, _, _ = self.dimensions(o)
+        return self.parameter_count(o) - (self.vocabulary + self.positions(o) + 2) * hidden
+
+    def tally(self, o: Any, framework: Framework) -> Tally:
+        hidden, _, _, _ = self.dimensions(o)
+        t = Tally()
+        t.params((self.vocabulary + self.positions(o) + 2) * hidden + 2 * hidden)  # word, position, type; norm
+        self.encoder_layers(t, o)
+        t.linear(hidden, SQUAD_POSITIONS, tokens=self.tokens_per_sample(o))  # start and end scores
+        return t
+
+    def torch_model(self, o: LanguageOptions) -> Any:
+        transformers = self.load(Framework.torch)
+        hidden, layers, heads, intermediate = self.dimensions(o)
+        config = transformers.BertConfig(
+            vocab_size=self.vocabulary,
+            hidden_size=hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            intermediate_size=intermediate,
+            max_position_embeddings=self.positions(o),
+            num_labels=SQUAD_POSITIONS,
+        )
+        return answer_logits_module(transformers.BertForQuestionAnswering(config))
+
+    def build_torch(self, options: BaseModel, seed: int) -> TorchTrainingSpec:
+        import torch
+
+        assert isinstance(options, LanguageOptions)
+        model = seeded(seed, lambda: self.torch_model(options))
+        model.train()
+        tokens = self.token_pool(options, seed)
+        generator = torch.Generator().manual_seed(seed + 2)
+        starts = torch.randint(0, tokens.shape[1], (tokens.shape[0],), generator=generator)
+        lengths = torch.randint(0, 30, (tokens.shape[0],), generator=generator)  # SQuAD answers are short
+        ends = torch.minimum(starts + lengths, torch.tensor(tokens.shape[1] - 1))
+        return TorchTrainingSpec(
+            model=model,
+            loss_fn=answer_span_loss,
+            make_optimizer=lambda params: torch.optim.AdamW(params, lr=ADAMW_LEARNING_RATE),
+            inputs=tokens,
+            targets=torch.stack([starts, ends], dim=1),
+        )
+
+
+def answer_span_loss(logits: Any, answers: Any) -> Any:
+    """Mean of the start and the end positions' cross-entropy (transformers' QA loss)."""
+    from torch.nn import functional
+
+    start = functional.cross_entropy(logits[..., 0], answers[:, 0])
+    end = functional.cross_entropy(logits[..., 1], answers[:, 1])
+    return (start + end) / 2
+
+
+def answer_logits_module(model: Any) -> Any:
+    import torch
+    from torch import nn
+
+    class AnswerLogits(nn.Module):
+        """``module(token_ids)`` returns [batch, sequence, 2]: each position's start and end scores."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, tokens: Any) -> Any:
+            output = self.model(input_ids=tokens)
+            return torch.stack([output.start_logits, output.end_logits], dim=-1)
+
+    return AnswerLogits()
+
+
+LANGUAGE_WORKLOADS = (BertBase, BertBaseSquad, Gpt2Small, Gpt2Caraml117m, GptCaraml800m, Gpt2Caraml800m)

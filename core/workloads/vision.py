@@ -84,7 +84,7 @@ class VisionWorkload(ZooWorkload):
             side = (o.image_size, o.image_size)
         elif o.variant == "small":
             side = (self.small_image_size, self.small_image_size)
-        elif o.dataset == "imagenet":
+        elif o.dataset == "imagenet" or dataset.resized_to_model:
             side = (self.imagenet_image_size, self.imagenet_image_size)
         else:
             side = (dataset.height, dataset.width)
@@ -201,19 +201,63 @@ def _make_divisible(value: float, divisor: int = 8) -> int:
 # --- ResNet ----------------------------------------------------------------------------------
 
 
+ResNetVersion = Literal["v1.5", "v1", "v2"]
+
+
+class ResNetOptions(VisionOptions):
+    resnet_version: ResNetVersion | None = Field(
+        default=None,
+        description="'v1.5' (TorchVision's: the stride on the 3x3; the GH200 and ACES papers'), 'v1' (He et al., "
+        "keras.applications: the stride on the first 1x1), 'v2' (tf_cnn_benchmarks' pre-activation resnet50_v2, "
+        "CARAML's; 1001 ImageNet classes); None: v1.5 with PyTorch, v1 with TensorFlow",
+    )
+
+
 class ResNet(VisionWorkload):
-    """Bottleneck ResNet, v1: the stride of a down-sampling block sits in its first 1x1 convolution,
-    as in He et al. (2016) and keras.applications (torchvision's v1.5 moves it to the 3x3, +6 % FLOPs);
-    one architecture in both frameworks. Keras adds biases to its convolutions."""
+    """Bottleneck ResNet in three versions (``resnet_version``): v1.5 by default, as TorchVision
+    builds it and the papers ran it; v1 (He et al. 2016, keras.applications); v2, the
+    pre-activation network of tf_cnn_benchmarks that CARAML ran (core/workloads/preactivation.py).
+    Keras has v1 only, and adds biases to its convolutions."""
 
     depths: ClassVar[tuple[int, int, int, int]]
     keras_application: ClassVar[str]
+    options_model: ClassVar[type[BaseModel]] = ResNetOptions
     prefers_channels_last: ClassVar[bool] = True
     widths: ClassVar[tuple[int, ...]] = (256, 512, 1024, 2048)
     # 64 px leaves the last stage 2x2: batch norm over a tiny batch at 1x1 makes gradients explode.
     small_image_size: ClassVar[int] = 64
 
+    def version(self, o: ResNetOptions, framework: Framework) -> ResNetVersion:
+        if o.resnet_version is not None:
+            return o.resnet_version
+        return "v1" if framework is Framework.tensorflow else "v1.5"
+
+    def num_classes(self, o: VisionOptions) -> int:
+        # tf_cnn_benchmarks' ImageNet has a background class: 1001 (datasets.py, ImagenetDataset).
+        if (
+            isinstance(o, ResNetOptions)
+            and o.resnet_version == "v2"
+            and o.num_classes is None
+            and o.dataset == "imagenet"
+        ):
+            return 1001
+        return super().num_classes(o)
+
+    def check_for_framework(self, options: BaseModel, framework: Framework) -> None:
+        assert isinstance(options, ResNetOptions)
+        if framework is Framework.tensorflow and self.version(options, framework) != "v1":
+            raise option_error(
+                "resnet_version",
+                options.resnet_version,
+                f"keras.applications builds {self.name} v1 only; with tensorflow: 'v1' (or leave it out)",
+            )
+
+    def shape_details(self, o: VisionOptions) -> dict[str, Any]:
+        assert isinstance(o, ResNetOptions)
+        return {**super().shape_details(o), "resnet_version": self.version(o, self.reference_framework)}
+
     def tally(self, o: Any, framework: Framework) -> Tally:
+        version = self.version(o, framework)
         conv_bias = framework is Framework.tensorflow
         channels, height, width = self.input_shape(o)
         t = Tally()
@@ -222,22 +266,25 @@ class ResNet(VisionWorkload):
         height, width = conv_output(height, 3, 2, 2), conv_output(width, 3, 2, 2)  # max pool
         in_channels = 64
         for stage, (depth, out_channels) in enumerate(zip(self.depths, self.widths)):
-            middle = out_channels // 4
             for block in range(depth):
                 stride = 2 if (block == 0 and stage > 0) else 1
-                height, width = conv_output(height, 1, stride), conv_output(width, 1, stride)
-                if in_channels != out_channels or stride != 1:
-                    t.conv(in_channels, out_channels, 1, height, width, bias=conv_bias, norm_parameters=2)
-                t.conv(in_channels, middle, 1, height, width, bias=conv_bias, norm_parameters=2)
-                t.conv(middle, middle, 3, height, width, bias=conv_bias, norm_parameters=2)
-                t.conv(middle, out_channels, 1, height, width, bias=conv_bias, norm_parameters=2)
+                tally_block = _preactivation_block if version == "v2" else _bottleneck_block
+                height, width = tally_block(t, in_channels, out_channels, height, width, stride, version, conv_bias)
                 in_channels = out_channels
+        if version == "v2":
+            t.params(in_channels)  # the shift-only batch norm after the last stage
         t.linear(in_channels, self.num_classes(o))
         return t
 
     def torch_model(self, o: VisionOptions) -> Any:
-        transformers = self.load(Framework.torch)
+        assert isinstance(o, ResNetOptions)
         channels, _, _ = self.input_shape(o)
+        version = self.version(o, Framework.torch)
+        if version == "v2":
+            from core.workloads.preactivation import PreActivationResNet
+
+            return PreActivationResNet(self.depths, self.num_classes(o), channels)
+        transformers = self.load(Framework.torch)
         config = transformers.ResNetConfig(
             num_channels=channels,
             embedding_size=64,
@@ -246,7 +293,8 @@ class ResNet(VisionWorkload):
             layer_type="bottleneck",
             hidden_act="relu",
             downsample_in_first_stage=False,
-            downsample_in_bottleneck=True,
+            # transformers: True puts the stride in the first 1x1 (v1), False in the 3x3 (v1.5).
+            downsample_in_bottleneck=version == "v1",
             num_labels=self.num_classes(o),
         )
         return _logits_module(transformers.ResNetForImageClassification(config), "pixel_values")
@@ -265,10 +313,42 @@ class ResNet(VisionWorkload):
         )
 
 
+def _bottleneck_block(
+    t: Tally, in_channels: int, out_channels: int, height: int, width: int, stride: int, version: str, bias: bool
+) -> tuple[int, int]:
+    """A v1 or v1.5 block; returns its output size. v1 strides in the first 1x1, v1.5 in the 3x3
+    (so its first 1x1 runs at the input's resolution: +6 % FLOPs for ResNet-50)."""
+    middle = out_channels // 4
+    out_height, out_width = conv_output(height, 1, stride), conv_output(width, 1, stride)
+    if in_channels != out_channels or stride != 1:
+        t.conv(in_channels, out_channels, 1, out_height, out_width, bias=bias, norm_parameters=2)
+    reduce_at = (out_height, out_width) if version == "v1" else (height, width)
+    t.conv(in_channels, middle, 1, *reduce_at, bias=bias, norm_parameters=2)
+    t.conv(middle, middle, 3, out_height, out_width, bias=bias, norm_parameters=2)
+    t.conv(middle, out_channels, 1, out_height, out_width, bias=bias, norm_parameters=2)
+    return out_height, out_width
+
+
+def _preactivation_block(
+    t: Tally, in_channels: int, out_channels: int, height: int, width: int, stride: int, version: str, bias: bool
+) -> tuple[int, int]:
+    """tf_cnn_benchmarks' v2 block: a shift-only pre-activation norm, a projection without norm, the
+    stride in the first 1x1, and no norm after the last 1x1."""
+    middle = out_channels // 4
+    out_height, out_width = conv_output(height, 1, stride), conv_output(width, 1, stride)
+    t.params(in_channels)  # the pre-activation norm's shift
+    if in_channels != out_channels:
+        t.conv(in_channels, out_channels, 1, out_height, out_width)
+    t.conv(in_channels, middle, 1, out_height, out_width, norm_parameters=2)
+    t.conv(middle, middle, 3, out_height, out_width, norm_parameters=2)
+    t.conv(middle, out_channels, 1, out_height, out_width)
+    return out_height, out_width
+
+
 class ResNet50(ResNet):
     name: ClassVar[str] = "resnet50"
     description: ClassVar[str] = "ResNet-50 (He et al. 2016), image classification"
-    architecture: ClassVar[str] = "ResNet-50 v1, bottleneck blocks [3, 4, 6, 3]"
+    architecture: ClassVar[str] = "ResNet-50 v1.5 (v1, v2 by resnet_version), bottleneck blocks [3, 4, 6, 3]"
     depths: ClassVar[tuple[int, int, int, int]] = (3, 4, 6, 3)
     keras_application: ClassVar[str] = "ResNet50"
     sources: ClassVar[dict[Framework, Source]] = {
@@ -282,7 +362,7 @@ class ResNet50(ResNet):
 class ResNet152(ResNet):
     name: ClassVar[str] = "resnet152"
     description: ClassVar[str] = "ResNet-152 (He et al. 2016), image classification"
-    architecture: ClassVar[str] = "ResNet-152 v1, bottleneck blocks [3, 8, 36, 3]"
+    architecture: ClassVar[str] = "ResNet-152 v1.5 (v1, v2 by resnet_version), bottleneck blocks [3, 8, 36, 3]"
     depths: ClassVar[tuple[int, int, int, int]] = (3, 8, 36, 3)
     keras_application: ClassVar[str] = "ResNet152"
     sources: ClassVar[dict[Framework, Source]] = {
@@ -347,9 +427,20 @@ class VisionTransformer(VisionWorkload):
         return _logits_module(transformers.ViTForImageClassification(config), "pixel_values")
 
 
+class VitLarge32(VisionTransformer):
+    """The GH200 paper's ViT-L: its 306.5 M parameters are ViT-L/32's (torchvision vit_l_32: 306,535,400)."""
+
+    name: ClassVar[str] = "vit-l32"
+    description: ClassVar[str] = "ViT-L/32 vision transformer, image classification (the GH200 paper's ViT-L)"
+    architecture: ClassVar[str] = "ViT-L/32: 24 layers, hidden 1024, 16 heads, MLP 4096, 32x32 patches"
+    full: ClassVar[tuple[int, int, int, int]] = (1024, 24, 16, 4096)
+    patch_size: ClassVar[int] = 32
+    default_micro_batch_size: ClassVar[int] = 64
+
+
 class VitLarge16(VisionTransformer):
     name: ClassVar[str] = "vit-l16"
-    description: ClassVar[str] = "ViT-L/16 vision transformer, image classification"
+    description: ClassVar[str] = "ViT-L/16 vision transformer, image classification (4x ViT-L/32's FLOPs)"
     architecture: ClassVar[str] = "ViT-L/16: 24 layers, hidden 1024, 16 heads, MLP 4096, 16x16 patches"
     full: ClassVar[tuple[int, int, int, int]] = (1024, 24, 16, 4096)
     patch_size: ClassVar[int] = 16
@@ -357,9 +448,13 @@ class VitLarge16(VisionTransformer):
 
 
 class VitHuge14(VisionTransformer):
+    """ViT-H/14 at 518 px: the GH200 paper's 633.5 M parameters are torchvision's SWAG end-to-end
+    vit_h_14 (633,470,440), whose position table is for 518 px (37 x 37 patches)."""
+
     name: ClassVar[str] = "vit-h14"
-    description: ClassVar[str] = "ViT-H/14 vision transformer, image classification"
-    architecture: ClassVar[str] = "ViT-H/14: 32 layers, hidden 1280, 16 heads, MLP 5120, 14x14 patches"
+    description: ClassVar[str] = "ViT-H/14 vision transformer at 518 px, image classification"
+    architecture: ClassVar[str] = "ViT-H/14: 32 layers, hidden 1280, 16 heads, MLP 5120, 14x14 patches, 518 px"
+    imagenet_image_size: ClassVar[int] = 518
     full: ClassVar[tuple[int, int, int, int]] = (1280, 32, 16, 5120)
     patch_size: ClassVar[int] = 14
     small_image_size: ClassVar[int] = 28
@@ -466,6 +561,20 @@ class SwinTiny(SwinTransformer):
     description: ClassVar[str] = "Swin-T shifted-window transformer, image classification"
     architecture: ClassVar[str] = "Swin-T: embed 96, depths [2, 2, 6, 2], heads [3, 6, 12, 24], window 7, patch 4"
     full: ClassVar[tuple[int, tuple[int, ...], tuple[int, ...], int, int]] = (96, (2, 2, 6, 2), (3, 6, 12, 24), 7, 4)
+
+
+class SwinLarge(SwinTransformer):
+    name: ClassVar[str] = "swin-l"
+    description: ClassVar[str] = "Swin-L shifted-window transformer, image classification (DINO's backbone)"
+    architecture: ClassVar[str] = "Swin-L: embed 192, depths [2, 2, 18, 2], heads [6, 12, 24, 48], window 7, patch 4"
+    full: ClassVar[tuple[int, tuple[int, ...], tuple[int, ...], int, int]] = (
+        192,
+        (2, 2, 18, 2),
+        (6, 12, 24, 48),
+        7,
+        4,
+    )
+    default_micro_batch_size: ClassVar[int] = 16
 
 
 class SwinBase(SwinTransformer):
@@ -831,10 +940,12 @@ class InceptionV3(VisionWorkload):
 VISION_WORKLOADS = (
     ResNet50,
     ResNet152,
+    VitLarge32,
     VitLarge16,
     VitHuge14,
     SwinTiny,
     SwinBase,
+    SwinLarge,
     EfficientNetB0,
     EfficientNetB4,
     MobileNetV3Small,
