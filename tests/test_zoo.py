@@ -240,9 +240,8 @@ EXACT = {
 @pytest.mark.parametrize("name", sorted(EXACT))
 def test_the_papers_models_have_their_sources_exact_parameter_counts(name: str) -> None:
     w = workload(name)
-    assert w.parameter_count(w.parse_options({"dataset": "imagenet"} if isinstance(w, VisionWorkload) else {})) == (
-        EXACT[name]
-    )
+    options = w.parse_options({"dataset": "imagenet"} if isinstance(w, VisionWorkload) else {})
+    assert w.parameter_count(options) == EXACT[name]
 
 
 @pytest.mark.parametrize(
