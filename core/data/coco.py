@@ -22,7 +22,7 @@ from core.errors import ConfigError
 
 ANNOTATIONS = Path("annotations") / "instances_train2017.json"
 IMAGES = "train2017"
-#: rows per target: COCO train2017's most crowded image has fewer annotated objects
+#: rows per target; objects beyond it are dropped (COCO images rarely have more annotations)
 MAX_OBJECTS = 100
 _MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
 _STD = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
