@@ -99,7 +99,7 @@ class RunConfig(BaseModel):
         description="'synthetic' (made on the device), 'synthetic-host' (copied from the host every micro-step) "
         "or the path of a dataset",
     )
-    data_format: Literal["auto", "image-folder", "webdataset", "tokens", "tfrecord"] = Field(
+    data_format: Literal["auto", "image-folder", "webdataset", "tokens", "tfrecord", "coco", "cityscapes"] = Field(
         default="auto", description="the dataset's format; auto tells it from the path"
     )
     data_workers: int = Field(default=2, ge=0, le=256, description="background loader processes per replica")

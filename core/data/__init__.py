@@ -28,6 +28,8 @@ FORMAT_FRAMEWORKS: dict[str, tuple[Framework, ...]] = {
     "webdataset": (Framework.torch,),
     "tokens": (Framework.torch,),
     "tfrecord": (Framework.tensorflow,),
+    "coco": (Framework.torch,),
+    "cityscapes": (Framework.torch,),
 }
 
 
@@ -41,6 +43,10 @@ def detect_format(path: Path) -> str:
         if path.suffix == ".tar":
             return "webdataset"
     elif path.is_dir():
+        if (path / "annotations" / "instances_train2017.json").is_file():
+            return "coco"
+        if (path / "leftImg8bit" / "train").is_dir():
+            return "cityscapes"
         entries = sorted(path.iterdir())
         if any(e.suffix == ".tar" for e in entries):
             return "webdataset"
@@ -51,7 +57,7 @@ def detect_format(path: Path) -> str:
     raise ConfigError(
         "data",
         str(path),
-        "not a dataset: expected a folder of class folders of images, "
+        "not a dataset: expected a folder of class folders of images, a COCO or Cityscapes folder, "
         ".tar shards (WebDataset), .tfrecord files, or a .bin/.npy token file",
     )
 
@@ -116,4 +122,6 @@ def _a(data_format: str) -> str:
         "webdataset": "a webdataset (.tar shards)",
         "tokens": "a token-file",
         "tfrecord": "a TFRecord",
+        "coco": "a COCO (annotations/instances_train2017.json)",
+        "cityscapes": "a Cityscapes (leftImg8bit/, gtFine/)",
     }.get(data_format, f"a {data_format}")

@@ -148,5 +148,13 @@ def make_dataset(path: Path, data_format: str, pool_inputs: torch.Tensor, rank: 
         )
     if data_format == "image-folder":
         return ImageFolder(path, sample_shape)
+    if data_format == "coco":
+        from core.data.coco import CocoDetection
+
+        return CocoDetection(path, sample_shape)
+    if data_format == "cityscapes":
+        from core.data.cityscapes import CityscapesSegmentation
+
+        return CityscapesSegmentation(path, sample_shape)
     shards = [path] if path.is_file() else sorted(path.glob("*.tar"))
     return WebDatasetShards(shards, sample_shape, rank, world_size)

@@ -7,8 +7,10 @@ from collections.abc import Callable
 from core.contract.hookspecs import hookimpl
 from core.contract.workload import Workload
 from core.workloads.autoencoder import AcesAutoencoder
+from core.workloads.detection import DETECTION_WORKLOADS
 from core.workloads.fcnn import Fcnn
 from core.workloads.language import LANGUAGE_WORKLOADS
+from core.workloads.segmentation import SEGMENTATION_WORKLOADS
 from core.workloads.vision import VISION_WORKLOADS
 
 
@@ -17,3 +19,5 @@ def core_register_workloads(register: Callable[[Workload], None]) -> None:
     register(Fcnn())
     for workload in (*VISION_WORKLOADS, *LANGUAGE_WORKLOADS, AcesAutoencoder):
         register(workload())
+    for dense in (*SEGMENTATION_WORKLOADS, *DETECTION_WORKLOADS):
+        register(dense())
