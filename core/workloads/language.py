@@ -308,23 +308,13 @@ def masked_lm_loss(logits: Any, tokens: Any) -> Any:
     return total / mask.sum().clamp(min=1)
 
 
-class BertBase(LanguageWorkload):
-    """BERT-base (Devlin et al. 2019) with its masked-language-model head (transformers' BertForMaskedLM).
-    15 % of positions are replaced by [MASK] inside the model and predicted; the head, as in
-    transformers, scores every position."""
+class BertFamily(LanguageWorkload):
+    """BERT-base's encoder (Devlin et al. 2019): what the pre-training and the SQuAD workloads share."""
 
-    name: ClassVar[str] = "bert-base"
-    description: ClassVar[str] = "BERT-base, masked language modelling"
-    architecture: ClassVar[str] = "BERT-base: 12 layers, hidden 768, 12 heads, MLP 3072, WordPiece 30522"
-    task: ClassVar[str] = "masked-language-modeling"
     options_model: ClassVar[type[BaseModel]] = MaskedLanguageOptions
     vocabulary: ClassVar[int] = BERT_VOCABULARY
     full: ClassVar[tuple[int, int, int, int]] = (768, 12, 12, 3072)
-    sequence_length: ClassVar[int] = 128
     context: ClassVar[int] = 512
-    default_micro_batch_size: ClassVar[int] = 32
-    sources: ClassVar[dict[Framework, Source]] = {Framework.torch: transformers_source("BertForMaskedLM")}
-    frameworks: ClassVar[tuple[Framework, ...]] = tuple(sources)
 
     def positions(self, o: LanguageOptions) -> int:
         return max(self.tokens_per_sample(o), self.context)
@@ -333,12 +323,46 @@ class BertBase(LanguageWorkload):
         hidden, _, _, _ = self.dimensions(o)
         return self.parameter_count(o) - (self.vocabulary + self.positions(o) + 2) * hidden
 
+    def encoder_tally(self, o: LanguageOptions) -> Tally:
+        """Embeddings (word, position, two token types, their norm) and the encoder layers."""
+        hidden, _, _, _ = self.dimensions(o)
+        t = Tally()
+        t.params((self.vocabulary + self.positions(o) + 2) * hidden + 2 * hidden)
+        self.encoder_layers(t, o)
+        return t
+
+    def bert_config(self, o: LanguageOptions, **head: Any) -> Any:
+        transformers = self.load(Framework.torch)
+        hidden, layers, heads, intermediate = self.dimensions(o)
+        return transformers, transformers.BertConfig(
+            vocab_size=self.vocabulary,
+            hidden_size=hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            intermediate_size=intermediate,
+            max_position_embeddings=self.positions(o),
+            **head,
+        )
+
+
+class BertBase(BertFamily):
+    """BERT-base (Devlin et al. 2019) with its masked-language-model head (transformers' BertForMaskedLM).
+    15 % of positions are replaced by [MASK] inside the model and predicted; the head, as in
+    transformers, scores every position."""
+
+    name: ClassVar[str] = "bert-base"
+    description: ClassVar[str] = "BERT-base, masked language modelling"
+    architecture: ClassVar[str] = "BERT-base: 12 layers, hidden 768, 12 heads, MLP 3072, WordPiece 30522"
+    task: ClassVar[str] = "masked-language-modeling"
+    sequence_length: ClassVar[int] = 128
+    default_micro_batch_size: ClassVar[int] = 32
+    sources: ClassVar[dict[Framework, Source]] = {Framework.torch: transformers_source("BertForMaskedLM")}
+    frameworks: ClassVar[tuple[Framework, ...]] = tuple(sources)
+
     def tally(self, o: Any, framework: Framework) -> Tally:
         hidden, _, _, _ = self.dimensions(o)
         tokens = self.tokens_per_sample(o)
-        t = Tally()
-        t.params((self.vocabulary + self.positions(o) + 2) * hidden + 2 * hidden)  # word, position, type; norm
-        self.encoder_layers(t, o)
+        t = self.encoder_tally(o)
         t.linear(hidden, hidden, tokens=tokens)  # prediction head transform
         t.params(2 * hidden)  # and its layer norm
         t.matmul(hidden * self.vocabulary * tokens)  # decoder, tied to the word embeddings
@@ -346,16 +370,7 @@ class BertBase(LanguageWorkload):
         return t
 
     def torch_model(self, o: LanguageOptions) -> Any:
-        transformers = self.load(Framework.torch)
-        hidden, layers, heads, intermediate = self.dimensions(o)
-        config = transformers.BertConfig(
-            vocab_size=self.vocabulary,
-            hidden_size=hidden,
-            num_hidden_layers=layers,
-            num_attention_heads=heads,
-            intermediate_size=intermediate,
-            max_position_embeddings=self.positions(o),
-        )
+        transformers, config = self.bert_config(o)
         return masked_token_logits_module(transformers.BertForMaskedLM(config))
 
     def loss(self) -> Any:
@@ -396,7 +411,7 @@ def masked_token_logits_module(model: Any) -> Any:
     return MaskedTokenLogits()
 
 
-class BertBaseSquad(LanguageWorkload):
+class BertBaseSquad(BertFamily):
     """BERT-base fine-tuned for SQuAD question answering, as ACES ran it on IPUs (Table 2):
     transformers' BertForQuestionAnswering (no pooler; a start and an end score per position).
     A synthetic sample is a sequence of token ids and its answer's start and end positions; the
@@ -406,45 +421,22 @@ class BertBaseSquad(LanguageWorkload):
     description: ClassVar[str] = "BERT-base, SQuAD question-answering fine-tuning"
     architecture: ClassVar[str] = "BERT-base + QA head: 12 layers, hidden 768, 12 heads, sequence 384"
     task: ClassVar[str] = "question-answering"
-    options_model: ClassVar[type[BaseModel]] = MaskedLanguageOptions
     #: answers need labels a token file does not have: synthetic data only
     data_formats: ClassVar[tuple[str, ...] | None] = ()
-    vocabulary: ClassVar[int] = BERT_VOCABULARY
-    full: ClassVar[tuple[int, int, int, int]] = (768, 12, 12, 3072)
     #: Graphcore's SQuAD base configuration (nlp/bert/pytorch/configs_squad.yml, squad_base_384)
     sequence_length: ClassVar[int] = 384
-    context: ClassVar[int] = 512
     default_micro_batch_size: ClassVar[int] = 16
     sources: ClassVar[dict[Framework, Source]] = {Framework.torch: transformers_source("BertForQuestionAnswering")}
     frameworks: ClassVar[tuple[Framework, ...]] = tuple(sources)
 
-    def positions(self, o: LanguageOptions) -> int:
-        return max(self.tokens_per_sample(o), self.context)
-
-    def non_embedding_parameters(self, o: LanguageOptions) -> int:
-        hidden, _, _, _ = self.dimensions(o)
-        return self.parameter_count(o) - (self.vocabulary + self.positions(o) + 2) * hidden
-
     def tally(self, o: Any, framework: Framework) -> Tally:
         hidden, _, _, _ = self.dimensions(o)
-        t = Tally()
-        t.params((self.vocabulary + self.positions(o) + 2) * hidden + 2 * hidden)  # word, position, type; norm
-        self.encoder_layers(t, o)
+        t = self.encoder_tally(o)
         t.linear(hidden, SQUAD_POSITIONS, tokens=self.tokens_per_sample(o))  # start and end scores
         return t
 
     def torch_model(self, o: LanguageOptions) -> Any:
-        transformers = self.load(Framework.torch)
-        hidden, layers, heads, intermediate = self.dimensions(o)
-        config = transformers.BertConfig(
-            vocab_size=self.vocabulary,
-            hidden_size=hidden,
-            num_hidden_layers=layers,
-            num_attention_heads=heads,
-            intermediate_size=intermediate,
-            max_position_embeddings=self.positions(o),
-            num_labels=SQUAD_POSITIONS,
-        )
+        transformers, config = self.bert_config(o, num_labels=SQUAD_POSITIONS)
         return answer_logits_module(transformers.BertForQuestionAnswering(config))
 
     def build_torch(self, options: BaseModel, seed: int) -> TorchTrainingSpec:
