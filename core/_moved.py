@@ -3,8 +3,9 @@
 core's modules were siblings until 0.2; they now live in subpackages by concern (docs/layout.md),
 and the built-in plugins install as ``core_plugins`` instead of a bare top-level ``plugins``. Code
 written against an old path (a third-party plugin importing ``core.results``, a script importing
-``plugins.nvidia``) still runs: importing the old name warns (DeprecationWarning) and yields the
-very module object at the new path, so attributes set through either name are seen through both.
+``plugins.nvidia`` after ``import core``, which installs this finder) still runs: importing the old
+name warns (DeprecationWarning) and yields the very module object at the new path, so attributes
+set through either name are seen through both.
 
 The finder answers only for moved names, and never shadows another distribution's own top-level
 ``plugins`` package: it aliases ``plugins`` only when no path entry provides one.
