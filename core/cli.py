@@ -13,6 +13,8 @@ from typing import Any
 from core.energy.units import JOULES_PER_WATT_HOUR
 from core.errors import ConfigError
 
+_GIB = 1024**3
+
 # The run command's flags come from RunConfig's fields: --field-name, except these names users
 # already type. The fields below _OWN_SYNTAX are taken another way (positional, -o, -a).
 _FLAG_NAMES = {
@@ -344,15 +346,19 @@ _MACHINE_HELP = (
 )
 
 
-def _load_machine_argument(args: argparse.Namespace) -> Any:
-    """The --machine profile (None without one); ConfigError when it is unknown or used without --dry-run."""
+def _load_machine_argument(args: argparse.Namespace, relative_to: Path | None = None) -> Any:
+    """The --machine profile (None without one); ConfigError when it is unknown or used without --dry-run.
+
+    :param relative_to: where a relative profile path is read from (a sweep file's folder, for the
+        file's own ``machine`` key); None: the working directory, as for any path on the command line.
+    """
     if args.machine is None:
         return None
     if not args.dry_run:
         raise ConfigError("--machine", args.machine, "plans for a machine not at hand: use it with --dry-run")
     from core.machines import load_machine
 
-    return load_machine(args.machine)
+    return load_machine(args.machine, relative_to=relative_to)
 
 
 def _command_run_dry(args: argparse.Namespace, options: dict[str, Any]) -> int:
@@ -366,37 +372,100 @@ def _command_run_dry(args: argparse.Namespace, options: dict[str, Any]) -> int:
         return _error(_describe_config_error(error))
     except PluginFault as fault:
         return _error(str(fault))
-    described = describe_plan(plan)
+    from core.running.distributed import SINGLE_PROCESS
+
+    manager = get_plugin_manager()
+    context = plan.context(SINGLE_PROCESS)
+    try:
+        with manager.plugin_code(plan.accelerator, f"{type(plan.accelerator).__name__}.placement_summary()"):
+            extra_placement = plan.accelerator.placement_summary(context)
+    except PluginFault as fault:
+        return _error(str(fault))
+    described = describe_plan(plan, extra_placement)
     if args.json:
         print(json.dumps(described, indent=2))
     else:
-        for key, value in described.items():
-            if key == "warnings":
-                for warning in value:
-                    print(f"  warning         {warning}")
-            elif key != "config":
-                print(f"  {key:<15} {value}")
+        for label, text in _plan_lines(described):
+            print(f"  {label:<15} {text}")
     return 0
 
 
-def describe_plan(plan: Any) -> dict[str, Any]:
-    """What a dry run of one run shows: where it was planned for, its placement and what it warns of."""
-    parameters = plan.workload.parameter_count(plan.workload_options)
+def describe_plan(plan: Any, extra_placement: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What a dry run of one run shows, as data (``--json``): where it was planned for, its
+    placement, a memory estimate where the model's size is known, and what it warns of."""
+    from core.running.planning import memory_estimate
+
+    config = plan.config
+    machine = plan.machine
+    estimate = memory_estimate(plan.workload, plan.workload_options, config)
+    memory: dict[str, Any] | None = None
+    if estimate is not None:
+        memory = {
+            "weights_and_gradients_gib": round(estimate["weights_and_gradients_bytes"] / _GIB, 3),
+            "optimizer_state_gib": round(estimate["optimizer_state_bytes"] / _GIB, 3),
+            "optimizer_state_assumed": estimate["optimizer_state_assumed"],
+            "activations": "not counted",
+            "device_memory_gib": machine.memory_gib_per_device if machine is not None else None,
+        }
     return {
-        "planned for": plan.machine.name if plan.machine is not None else "this host",
-        "workload": plan.config.workload,
-        "accelerator": plan.config.accelerator,
-        "placement": (
-            f"{plan.config.replicas} replica(s) x {plan.config.devices_per_replica} device(s), micro-batch "
-            f"{plan.config.micro_batch_size}, gradient accumulation {plan.config.gradient_accumulation}"
-        ),
-        "precision": plan.config.precision.value,
-        "launcher": plan.launcher.name if plan.launcher is not None else "none (one process)",
-        "parameters": f"{parameters:,}" if parameters else "unknown",
-        "energy": plan.meter_factory.name if plan.meter_factory is not None else plan.meter_unavailable_reason,
+        "planned_for": machine.name if machine is not None else None,
+        "workload": config.workload,
+        "accelerator": config.accelerator,
+        "framework": config.framework.value,
+        "placement": {
+            "replicas": config.replicas,
+            "devices_per_replica": config.devices_per_replica,
+            "micro_batch_size": config.micro_batch_size,
+            "gradient_accumulation": config.gradient_accumulation,
+            **(extra_placement or {}),
+        },
+        "precision": config.precision.value,
+        "launcher": plan.launcher.name if plan.launcher is not None else None,
+        "parameters": estimate["parameters"] if estimate is not None else None,
+        "memory_per_device": memory,
+        "power_meter": plan.meter_factory.name if plan.meter_factory is not None else None,
+        "energy_unavailable_reason": None if plan.meter_factory is not None else plan.meter_unavailable_reason,
         "warnings": list(plan.warnings),
-        "config": plan.config.model_dump(mode="json"),
+        "config": config.model_dump(mode="json"),
     }
+
+
+def _plan_lines(described: dict[str, Any]) -> list[tuple[str, str]]:
+    """The text view of ``describe_plan``: one labelled line per item, warnings last."""
+    placement = dict(described["placement"])
+    replicas, per_replica = placement.pop("replicas"), placement.pop("devices_per_replica")
+    text = (
+        f"{_count(replicas, 'replica')} x {_count(per_replica, 'device')}, micro-batch "
+        f"{placement.pop('micro_batch_size')}, gradient accumulation {placement.pop('gradient_accumulation')}"
+    )
+    notes = placement.pop("placement_notes", None) or []
+    if placement:
+        text += "; " + ", ".join(f"{key.replace('_', ' ')} {value}" for key, value in placement.items())
+    parameters = described["parameters"]
+    lines = [
+        ("planned for", described["planned_for"] or "this host"),
+        ("workload", described["workload"]),
+        ("accelerator", f"{described['accelerator']} ({described['framework']})"),
+        ("placement", text),
+        *[("", note) for note in notes],
+        ("precision", described["precision"]),
+        ("launcher", described["launcher"] or "none (one process)"),
+        ("parameters", f"{parameters:,}" if parameters else "unknown"),
+    ]
+    memory = described["memory_per_device"]
+    if memory is not None:
+        state = "an optimizer state like Adam's, assumed" if memory["optimizer_state_assumed"] else "optimizer state"
+        of = f" of {memory['device_memory_gib']:.1f} GiB" if memory["device_memory_gib"] is not None else ""
+        lines.append(
+            (
+                "memory",
+                f"{memory['weights_and_gradients_gib']:.2f} GiB fp32 weights and gradients + "
+                f"{memory['optimizer_state_gib']:.2f} GiB {state} per device{of} (activations not counted)",
+            )
+        )
+    lines.append(("energy", described["power_meter"] or described["energy_unavailable_reason"]))
+    lines.extend(("warning", warning) for warning in described["warnings"])
+    return lines
 
 
 def _command_run(args: argparse.Namespace) -> int:
@@ -635,10 +704,10 @@ class _SweepDisplay:
         self._cells = len(plan.valid_cells)
         beyond = max(0, (runs_recorded or 0) - runs_finished)
         if runs_finished or beyond:
-            text = f"resuming sweep {plan.spec.name}: {runs_finished} of {runs_total} runs already recorded"
+            text = f"resuming sweep {plan.spec.name}: {runs_finished} of {_count(runs_total, 'run')} already recorded"
             if beyond:
                 text += (
-                    f"; {beyond} more, beyond the {plan.spec.repeats} repeat(s) per cell asked now, stay in "
+                    f"; {beyond} more, beyond the {_count(plan.spec.repeats, 'repeat')} per cell asked now, stay in "
                     "the database and count in its summaries"
                 )
             self.line.print(text)
@@ -660,7 +729,7 @@ class _SweepDisplay:
 
     def run_finished(self, cell: Any, repeat: int, result: Any, process_seconds: float) -> None:
         if result.status.ok:
-            what = f"ok, {result.throughput_per_second:.6g} samples/s"
+            what = f"ok, {result.throughput_per_second:.6g} {result.sample_unit or 'samples'}/s"
         else:
             first_line = ((result.status.message or "").strip().splitlines() or [""])[0]
             what = f"{result.status.state.value} in {result.status.phase}: {first_line[:200]}"
@@ -684,8 +753,9 @@ def _print_plan(plan: Any, repeats: int, finished: dict[tuple[str, int], str]) -
             print(f"{'':>{width}}  warning: {warning}")
     valid = len(plan.valid_cells)
     print(
-        f"{len(plan.cells)} cells ({valid} valid, {len(plan.invalid_cells)} invalid) x {repeats} repeats "
-        f"= {valid * repeats} runs; timeout {plan.spec.timeout_seconds:g} s per run"
+        f"{_count(len(plan.cells), 'cell')} ({valid} valid, {len(plan.invalid_cells)} invalid) x "
+        f"{_count(repeats, 'repeat')} = {_count(valid * repeats, 'run')}; "
+        f"timeout {plan.spec.timeout_seconds:g} s per run"
     )
 
 
@@ -708,11 +778,12 @@ def _command_sweep(args: argparse.Namespace) -> int:
         }
         if overrides:
             spec = make_sweep_spec({**spec.model_dump(), **overrides})
-        if args.machine is None and args.dry_run and not args.toy and spec.machine is not None:
+        machine_from_file = args.machine is None and args.dry_run and not args.toy and spec.machine is not None
+        if machine_from_file:
             args.machine = spec.machine
         if args.toy and args.machine is not None:
             raise ConfigError("--machine", args.machine, "a toy sweep runs on this CPU: leave --machine out")
-        machine = _load_machine_argument(args)
+        machine = _load_machine_argument(args, relative_to=Path(args.file).parent if machine_from_file else None)
         plan = plan_sweep(spec, source=str(args.file), machine=machine, toy=args.toy)
         spec = plan.spec
     except ConfigError as error:
@@ -733,7 +804,7 @@ def _command_sweep(args: argparse.Namespace) -> int:
         _print_plan(plan, spec.repeats, finished)
         if plan.invalid_cells and not args.skip_invalid:
             return _error(
-                f"{len(plan.invalid_cells)} invalid cells: fix the grid, exclude them, or pass --skip-invalid"
+                f"{_count(len(plan.invalid_cells), 'invalid cell')}: fix the grid, exclude them, or pass --skip-invalid"
             )
         return 0
 
@@ -776,11 +847,16 @@ def _command_sweep(args: argparse.Namespace) -> int:
     print(format_cells(outcome.cells))
     failed = sum(1 for cell in outcome.cells if cell.status != "ok")
     print(
-        f"sweep {outcome.name}: {outcome.runs_done} runs now, {outcome.runs_already_finished} before; "
-        f"{len(outcome.cells)} cells, {failed} failed, {sum(c.flagged for c in outcome.cells)} flagged; "
+        f"sweep {outcome.name}: {_count(outcome.runs_done, 'run')} now, {outcome.runs_already_finished} before; "
+        f"{_count(len(outcome.cells), 'cell')}, {failed} failed, {sum(c.flagged for c in outcome.cells)} flagged; "
         f"results in {outcome.database}"
     )
     return 0
+
+
+def _count(number: int, noun: str) -> str:
+    """``1 run``, ``2 runs``: a count with its noun in the right number."""
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
 
 
 def _common_unit(cells: Sequence[Any]) -> str:

@@ -231,12 +231,19 @@ def config_errors(
     errors = []
     for error in exc.errors():
         where = ".".join(str(part) for part in error.get("loc", ())) or nameless
+        value = error.get("input")
         if error.get("type") == "extra_forbidden":
             allowed = f"{unknown}: {', '.join(model.model_fields) or 'none'}"
+        elif error.get("type") == "missing":
+            # pydantic's input here is the whole document the field is missing from: not worth quoting.
+            value = None
+            field_info = model.model_fields.get(str(error.get("loc", ("",))[-1]))
+            described = f" ({field_info.description})" if field_info is not None and field_info.description else ""
+            allowed = f"required, and missing{described}"
         else:
             allowed = describe_type_error(error, model) or str(error.get("msg", "invalid"))
             allowed = allowed.removeprefix("Value error, ")
-        errors.append(ConfigError(f"{prefix}.{where}" if prefix else where, error.get("input"), allowed))
+        errors.append(ConfigError(f"{prefix}.{where}" if prefix else where, value, allowed))
     return errors
 
 

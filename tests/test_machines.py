@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
+from pydantic import BaseModel
 
 from core import ConfigError
 from core.cli import main
 from core.config import Precision
 from core.contract.manager import get_plugin_manager
+from core.contract.workload import Workload
 from core.machines import MachineProfile, load_machine, machine_names
 from core.machines.catalog import MACHINES
 from core.running.planning import plan_run
@@ -82,13 +85,53 @@ def test_amd_package_mode_needs_whole_mi250s() -> None:
         plan("fcnn", "amd", "mi250-x4", replicas=3, accelerator_options={"mode": "package"}, workload_options=TINY_FCNN)
 
 
-def test_memory_fit_refuses_weights_that_cannot_fit_and_warns_for_adam() -> None:
+def test_memory_fit_refuses_weights_that_cannot_fit_and_warns_for_the_optimizer_state() -> None:
     wide = {"layers": 4, "hidden_width": 65536, "input_width": 16, "output_width": 8}
     with pytest.raises(ConfigError, match="fp32 weights and gradients alone") as refused:
         plan("fcnn", "nvidia", "a100-80gb-x1", workload_options=wide)
-    assert refused.value.field == "workload"
-    adam = plan("fcnn", "nvidia", "t4", workload_options={**wide, "hidden_width": 20000})
-    assert any("with Adam's state" in w and "activations not counted" in w for w in adam.warnings)
+    assert refused.value.field == "workload_options"  # the options that made the model that large
+    assert refused.value.value == wide
+    # ~1.59e9 parameters: 11.8 GiB of weights and gradients fit a T4's 14.8 GiB; with the FCNN's
+    # SGD momentum (one fp32 value per parameter) 17.7 GiB do not. Adam's two would be assumed for
+    # a workload that declares nothing, and it would warn from a smaller model.
+    sgd = plan("fcnn", "nvidia", "t4", workload_options={**wide, "hidden_width": 23000})
+    assert any("(1 value(s) per parameter)" in w and "activations not counted" in w for w in sgd.warnings), sgd.warnings
+    fits_with_momentum = plan("fcnn", "nvidia", "t4", workload_options={**wide, "hidden_width": 20000})
+    assert not fits_with_momentum.warnings  # 13.4 GiB: would not fit with Adam's 17.9 GiB
+
+    class Undeclared(Workload):
+        """A third party's workload that declares its size but not its optimizer."""
+
+        name: ClassVar[str] = "undeclared"
+        parameters: ClassVar[int] = 1_000_000_000
+
+        def parameter_count(self, options: BaseModel) -> int:
+            return self.parameters
+
+    t4 = load_machine("t4")
+    assumed = plan_run(get_plugin_manager(), Undeclared(), "nvidia", {}, machine=t4)
+    assert any("like Adam's (the workload does not declare its own)" in w for w in assumed.warnings)
+    Undeclared.parameters = 3_000_000_000
+    with pytest.raises(ConfigError, match="fp32 weights and gradients alone") as too_large:
+        plan_run(get_plugin_manager(), Undeclared(), "nvidia", {}, machine=t4)
+    assert too_large.value.field == "workload"  # no options sized it: the workload itself is too large
+
+
+def test_a_dry_run_shows_the_memory_estimate_and_the_ipus_reserved(capsys: pytest.CaptureFixture[str]) -> None:
+    dry = ["--dry-run", "--json"]
+    assert main(["run", "vit-l32", "--accelerator", "nvidia", "--machine", "a100-80gb-x1", *dry]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    memory = shown["memory_per_device"]
+    assert shown["parameters"] == 306_535_400 and memory["device_memory_gib"] == 80.0
+    assert memory["optimizer_state_gib"] == pytest.approx(306_535_400 * 8 / 1024**3, abs=1e-3)  # AdamW
+    assert memory["optimizer_state_assumed"] is False and shown["placement"]["replicas"] == 1
+    pod = ["run", "fcnn", "--accelerator", "graphcore", "--machine", "ipu-pod16", "--precision", "fp16"]
+    assert main([*pod, "--replicas", "3", *dry]) == 0
+    placement = json.loads(capsys.readouterr().out)["placement"]
+    assert placement["total_ipus"] == 3 and placement["reserved_ipus"] == 4  # PopTorch books a power of two
+    assert main([*pod, "--replicas", "3", "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    assert "reserved ipus 4" in text and "3 replicas x 1 device," in text
 
 
 def test_a_profile_file_and_bad_profiles(tmp_path: Path) -> None:
@@ -114,6 +157,78 @@ def test_a_profile_file_and_bad_profiles(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="a shipped profile") as unknown:
         load_machine("a100-x9")
     assert unknown.value.field == "machine" and "ipu-pod16" in unknown.value.allowed
+    with pytest.raises(ConfigError, match=r"a profile file \(.toml\): nothing at") as absent:
+        load_machine(str(tmp_path / "nodes" / "ours.toml"))
+    assert absent.value.field == "machine"
+    with pytest.raises(ConfigError, match="a folder at"):
+        load_machine(str(tmp_path))
+    profile.write_text(profile.read_text().replace('device = "NVIDIA H100"\n', "").replace("= true", "= 2"))
+    with pytest.raises(ConfigError) as missing:
+        load_machine(str(profile))
+    assert missing.value.field == "machine.device" and missing.value.value is None
+    assert (
+        str(missing.value)
+        == "invalid machine.device = None: required, and missing (the device model, e.g. 'NVIDIA A100-SXM4-80GB')"
+    )
+
+
+def _profile(tmp_path: Path, accelerator: str = "nvidia", details: str = "") -> MachineProfile:
+    path = tmp_path / "node.toml"
+    path.write_text(
+        f'name = "node"\ndescription = "d"\nsource = "s"\naccelerator = "{accelerator}"\ndevice = "GPU"\n'
+        f'devices = 2\nprecisions = ["fp32", "bf16"]\n{details}'
+    )
+    return load_machine(str(path))
+
+
+def test_a_profile_is_checked_against_the_accelerator_that_drives_it(tmp_path: Path) -> None:
+    def dry_run(profile: MachineProfile, accelerator: str = "nvidia") -> object:
+        return plan_run(get_plugin_manager(), "fcnn", accelerator, {"workload_options": TINY_FCNN}, machine=profile)
+
+    with pytest.raises(ConfigError) as typo:
+        dry_run(_profile(tmp_path, accelerator="nvdia"))
+    assert typo.value.field == "machine.accelerator" and "nvidia" in typo.value.allowed
+    with pytest.raises(ConfigError) as unread:
+        dry_run(_profile(tmp_path, details='[details]\ncompute_capabilty = "8.0"\n'))
+    assert unread.value.field == "machine.details.compute_capabilty"
+    assert "compute_capability (str)" in unread.value.allowed
+    with pytest.raises(ConfigError, match="a string is required, got a number; a TOML string is quoted") as unquoted:
+        dry_run(_profile(tmp_path, details="[details]\ncompute_capability = 8.0\n"))
+    assert unquoted.value.field == "machine.details.compute_capability" and unquoted.value.value == 8.0
+    with pytest.raises(ConfigError, match="an integer is required, got a string"):
+        dry_run(_profile(tmp_path, accelerator="amd", details='[details]\ngcds_per_package = "2"\n'), "amd")
+    # Where the profile leaves the capability out, bf16 is not checked, and the dry run says so.
+    unknown = plan_run(
+        get_plugin_manager(),
+        "fcnn",
+        "nvidia",
+        {"precision": "bf16", "workload_options": TINY_FCNN},
+        machine=_profile(tmp_path),
+    )
+    assert any("gives no compute_capability" in w for w in unknown.warnings)
+    with pytest.raises(ConfigError, match="compute capability 7.5"):
+        plan_run(
+            get_plugin_manager(),
+            "fcnn",
+            "nvidia",
+            {"precision": "bf16", "workload_options": TINY_FCNN},
+            machine=_profile(tmp_path, details='[details]\ncompute_capability = "7.5"\n'),
+        )
+
+
+def test_a_sweep_file_reads_its_profile_next_to_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "study"
+    folder.mkdir()
+    (folder / "node.toml").write_text((_profile(tmp_path) and (tmp_path / "node.toml")).read_text())
+    (folder / "sweep.toml").write_text(
+        'name = "here"\nmachine = "node.toml"\n[grid]\nworkload = "fcnn"\naccelerator = "nvidia"\n'
+        "[grid.workload_options]\nlayers = 1\nhidden_width = 8\n"
+    )
+    monkeypatch.chdir(tmp_path)  # not the sweep file's folder
+    assert main(["sweep", str(folder / "sweep.toml"), "--dry-run", "--database", str(tmp_path / "r.db")]) == 0
+    assert "planned for machine 'node'" in capsys.readouterr().out
 
 
 def test_the_cli_dry_runs_a_run_for_a_machine(capsys: pytest.CaptureFixture[str]) -> None:
@@ -135,7 +250,7 @@ def test_the_cli_dry_runs_a_run_for_a_machine(capsys: pytest.CaptureFixture[str]
         == 0
     )
     shown = json.loads(capsys.readouterr().out)
-    assert shown["planned for"] == "a100-80gb-x4" and shown["launcher"] == "torchrun"
+    assert shown["planned_for"] == "a100-80gb-x4" and shown["launcher"] == "torchrun"
     assert main(["run", "fcnn", "--accelerator", "nvidia", "--machine", "t4"]) == 2
     assert "use it with --dry-run" in capsys.readouterr().err
     assert main(["machines", "--json"]) == 0

@@ -14,6 +14,7 @@ import pytest
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from core import ConfigError, run
+from core.contract import context as context_module
 from core.contract.launcher import Launcher, launcher_path, load_launcher
 from core.contract.manager import PluginState
 from core.plugin import (
@@ -136,14 +137,20 @@ def test_validate_run_refuses_before_any_device_is_touched() -> None:
 def test_a_0_1_plugin_keeps_its_own_create_executor_validate_and_meter_create() -> None:
     OldStyleCpu.calls.clear()
     OldStyleMeter.created.clear()
+    context_module._warned.clear()  # once per class and method: this test must see the first time
     with registered_plugins(Plugin(OldStyleCpu(), meters=(OldStyleMeter(),))):
-        result = run("fcnn", "old-style-cpu", workload_options=TINY_FCNN, steps=3, warmup_steps=0)
+        with pytest.warns(DeprecationWarning) as deprecations:
+            result = run("fcnn", "old-style-cpu", workload_options=TINY_FCNN, steps=3, warmup_steps=0)
         with pytest.raises(ConfigError, match="at most 100 on the old-style CPU"):
             run("fcnn", "old-style-cpu", workload_options=TINY_FCNN, steps=101)
     assert result.status.ok, result.status
     assert OldStyleCpu.calls == ["create_executor(fcnn, rank 0)"]  # not CpuAccelerator.executor_for
     assert OldStyleMeter.created == [3]
     assert result.energy.unavailable_reason == "the old-style meter reads nothing"
+    # The plugin's author is told, through Python's warnings, and its user, in the result.
+    warned = sorted(str(w.message).split("()")[0].rsplit(".", 1)[-1] for w in deprecations.list)
+    assert warned == ["create", "create_executor", "validate"]
+    assert sum("core 0.1's form" in warning and "removed in 0.3" in warning for warning in result.warnings) == 3
 
 
 class Incomplete(Accelerator):
@@ -184,3 +191,16 @@ def test_the_torchrun_launcher_reads_torchrun_s_variables() -> None:
         {"RANK": "2", "LOCAL_RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}
     )
     assert (process.rank, process.local_rank, process.world_size, process.local_world_size) == (2, 0, 4, 2)
+
+
+def test_no_built_in_plugin_uses_a_0_1_form() -> None:
+    from core.contract.context import ACCELERATOR_OLD_FORMS, METER_OLD_FORMS, old_form_warnings
+    from core.contract.manager import get_plugin_manager
+
+    manager = get_plugin_manager()
+    accelerators = [registration.item for registration in manager.accelerators.values()]
+    meters = [registration.item for registration in manager.power_meters.values()]
+    assert {"cpu", "nvidia", "amd", "graphcore"} <= {a.name for a in accelerators}
+    used = [m for a in accelerators for m in old_form_warnings(a, ACCELERATOR_OLD_FORMS)]
+    used += [m for meter in meters for m in old_form_warnings(meter, METER_OLD_FORMS)]
+    assert not used, used

@@ -352,7 +352,7 @@ def test_a_missing_workload_library_is_refused_with_what_to_install(monkeypatch:
         plan("resnet50", workload_options={"variant": "small"})
     assert caught.value.field == "workload" and caught.value.value == "resnet50"
     assert "transformers" in caught.value.allowed and "pip install 'core[zoo]'" in caught.value.allowed
-    assert "with torch" in caught.value.allowed
+    assert "its torch implementation needs transformers" in caught.value.allowed
     # Bad options are still reported as such first.
     with pytest.raises(ConfigError) as caught:
         plan("resnet50", workload_options={"variant": "tiny"})

@@ -173,7 +173,7 @@ def test_dry_run_lists_cells_and_refuses_invalid_ones(tmp_path: Path, capsys: py
     assert lines[1] == "1  micro_batch_size=8 precision=fp32  [to run]"
     assert "micro_batch_size=8 precision=tf32  [invalid: precision = 'tf32': accelerator 'cpu'" in lines[2]
     assert "micro_batch_size=0 precision=fp32  [invalid: micro_batch_size = 0: Input should be greater" in lines[3]
-    assert lines[-1].startswith("4 cells (1 valid, 3 invalid) x 1 repeats = 1 runs")
+    assert lines[-1].startswith("4 cells (1 valid, 3 invalid) x 1 repeat = 1 run")
     assert "3 invalid cells" in captured.err
     assert main(["sweep", str(grid), "--dry-run", "--skip-invalid", "--database", str(database)]) == 0
     capsys.readouterr()

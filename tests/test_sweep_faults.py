@@ -715,7 +715,7 @@ def test_lowering_repeats_on_resume_counts_every_run_and_keeps_the_recorded_spec
     assert main(["sweep", str(sweep_file), "--database", str(database), "--resume", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
     assert (
-        "resuming sweep s: 2 of 2 runs already recorded; 4 more, beyond the 1 repeat(s) per cell asked now, "
+        "resuming sweep s: 2 of 2 runs already recorded; 4 more, beyond the 1 repeat per cell asked now, "
         "stay in the database and count in its summaries"
     ) in out, out
     assert "sweep s: 0 runs now, 2 before" in out
@@ -767,7 +767,7 @@ def test_a_sweep_with_a_unicode_name_runs_and_is_recorded(
 ) -> None:
     database = tmp_path / "r.db"
     assert main(["sweep", str(grid(tmp_path / "扫描.toml", batches=[8])), "--database", str(database)]) == 0
-    assert "sweep 扫描: 1 runs now" in capsys.readouterr().out
+    assert "sweep 扫描: 1 run now" in capsys.readouterr().out
     assert [row[1] for row in rows(database)] == ["扫描"]
 
 

@@ -82,3 +82,6 @@ def test_the_example_runs_at_toy_scale_into_its_own_sweep(tmp_path: Path, capsys
     with ResultStore(database, create=False) as store:
         assert set(store.finished("fcnn-cpu-toy").values()) == {"ok"}
         assert not store.finished("fcnn-cpu")
+        for result in store.results(sweep="fcnn-cpu-toy"):
+            assert "core sweep --toy" in (result.energy_unavailable_reason or "")
+            assert result.warnings[0].startswith("a toy run (core sweep --toy)")

@@ -75,6 +75,9 @@ class Accelerator(ABC):
     supports_device_iterations: ClassVar[bool] = False
     #: pydantic model (extra="forbid") of this accelerator's ``accelerator_options``
     options_model: ClassVar[type[BaseModel]] = NoOptions
+    #: the keys of a machine profile's ``[details]`` this accelerator's rules read, with their
+    #: types (NVIDIA: ``{"compute_capability": str}``); planning refuses any other key or type
+    machine_details: ClassVar[dict[str, type]] = {}
 
     def parse_options(self, options: dict[str, Any]) -> BaseModel:
         """Validate accelerator_options; errors name ``accelerator_options.<key>``."""
@@ -137,6 +140,11 @@ class Accelerator(ABC):
     def devices_for(self, config: RunConfig, process: ProcessContext) -> list[DeviceRecord]:
         """The devices a run with ``config`` uses, as recorded in its result."""
         return self.devices()[: config.replicas * config.devices_per_replica]
+
+    def placement_summary(self, context: RunContext) -> dict[str, Any]:
+        """What a dry run shows of this run's placement beyond replicas and devices per replica
+        (Graphcore: instances, IPUs used and reserved). Called after ``validate_run``; probes nothing."""
+        return {}
 
     def driver_versions(self) -> dict[str, str]:
         return {}

@@ -8,6 +8,7 @@ instead of parsing the raw dictionary again in every method that needs it.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -60,9 +61,54 @@ def overrides_old_form(plugin: object, new: str, old: str) -> bool:
     itself override the old one (``create_executor``), as plugins written against 0.1 do when they
     subclass ``TorchGpuAccelerator``. The override nearest the plugin's class is its intent.
     """
+    cls = old_form_class(plugin, new, old)
+    if cls is None:
+        return False
+    _warn_old_form(cls, new, old)
+    return True
+
+
+def old_form_class(plugin: object, new: str, old: str) -> type | None:
+    """The class whose override of the old form ``old`` is nearest ``plugin``'s, or None where
+    ``new`` is overridden nearer (or neither is)."""
     for cls in type(plugin).__mro__:
         if new in vars(cls):
-            return False
+            return None
         if old in vars(cls):
-            return True
-    return False
+            return cls
+    return None
+
+
+#: (new, old) forms of the Accelerator methods that changed in 0.2
+ACCELERATOR_OLD_FORMS = (("validate_run", "validate"), ("executor_for", "create_executor"))
+#: ... and of PowerMeterFactory's
+METER_OLD_FORMS = (("meter_for", "create"),)
+
+
+def old_form_warnings(plugin: object, forms: tuple[tuple[str, str], ...]) -> list[str]:
+    """A deprecation message for each old form ``plugin`` still implements (a run keeps them)."""
+    messages = []
+    for new, old in forms:
+        cls = old_form_class(plugin, new, old)
+        if cls is not None:
+            messages.append(old_form_message(cls, new, old))
+    return messages
+
+
+def old_form_message(cls: type, new: str, old: str) -> str:
+    return (
+        f"{cls.__module__}.{cls.__qualname__}.{old}() is core 0.1's form, still called in 0.2 and to be removed "
+        f"in 0.3: implement {new}() instead (docs/writing-a-plugin.md)"
+    )
+
+
+_warned: set[tuple[type, str]] = set()
+
+
+def _warn_old_form(cls: type, new: str, old: str) -> None:
+    """A DeprecationWarning, once per class and method, pointing at the plugin's own class: its
+    author is the one who can act on it."""
+    if (cls, old) in _warned:
+        return
+    _warned.add((cls, old))
+    warnings.warn(old_form_message(cls, new, old), DeprecationWarning, stacklevel=3)

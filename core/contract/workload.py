@@ -122,6 +122,12 @@ class Workload(ABC):
     def parameter_count(self, options: BaseModel) -> int | None:
         return None
 
+    def optimizer_state_per_parameter(self, options: BaseModel) -> int | None:
+        """fp32 values the optimizer keeps per parameter: 0 for plain SGD, 1 for SGD with momentum,
+        2 for Adam and AdamW. Planning's memory fit counts it; None (not declared) makes planning
+        assume Adam's 2 and say so."""
+        return None
+
     def check_for_framework(self, options: BaseModel, framework: Framework) -> None:
         """Raise ConfigError for options that ``framework``'s implementation cannot build (Keras has
         only ResNet v1, say). Called in planning, after ``parse_options``."""

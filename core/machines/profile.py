@@ -52,19 +52,30 @@ def machine_names() -> list[str]:
     return sorted(MACHINES)
 
 
-def load_machine(name_or_path: str | Path) -> MachineProfile:
-    """A shipped profile by name, or one read from a TOML file; ConfigError on the field ``machine``."""
+def load_machine(name_or_path: str | Path, relative_to: Path | None = None) -> MachineProfile:
+    """A shipped profile by name, or one read from a TOML file; ConfigError on the field ``machine``.
+
+    :param relative_to: the folder a relative profile path is read from (a sweep file's own folder,
+        so the file works from any working directory); None: the working directory.
+    """
     from core.machines.catalog import MACHINES
 
     if isinstance(name_or_path, str) and name_or_path in MACHINES:
         return MACHINES[name_or_path]
     path = Path(name_or_path)
-    if path.suffix != ".toml" or not path.is_file():
+    if relative_to is not None and not path.is_absolute():
+        path = relative_to / path
+    if path.suffix != ".toml" and not path.exists():
         raise ConfigError(
             "machine",
             str(name_or_path),
             f"a shipped profile ({', '.join(machine_names())}) or a profile file (.toml)",
         )
+    if not path.is_file():
+        found = "a folder" if path.is_dir() else "nothing"
+        raise ConfigError("machine", str(name_or_path), f"a profile file (.toml): {found} at {path}")
+    if path.suffix != ".toml":
+        raise ConfigError("machine", str(name_or_path), "a profile file whose name ends in .toml")
     try:
         document: dict[str, Any] = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:

@@ -10,7 +10,13 @@ from pydantic import BaseModel
 
 from core.config import Framework, Precision, RunConfig, make_config
 from core.contract.accelerator import Accelerator, validate_run
-from core.contract.context import RunContext, overrides_old_form
+from core.contract.context import (
+    ACCELERATOR_OLD_FORMS,
+    METER_OLD_FORMS,
+    RunContext,
+    old_form_warnings,
+    overrides_old_form,
+)
 from core.contract.launcher import Launcher
 from core.contract.manager import PluginManager
 from core.contract.workload import FRAMEWORK_LIBRARIES, Workload, module_installed
@@ -68,6 +74,8 @@ def plan_run(
     warnings: list[str] = []
 
     guard = manager.plugin_code
+    if machine is not None:
+        check_machine(manager, machine)
     _check_available(manager, accelerator_obj, machine)
     framework = config.framework
     _check_framework(framework, workload_obj, accelerator_obj, machine, warnings)
@@ -84,12 +92,12 @@ def plan_run(
     with guard(workload_obj, f"{type(workload_obj).__name__}.missing_library()"):
         missing = workload_obj.missing_library(framework)
     if missing:
-        needs = f"with {framework.value} it needs {missing}"
+        needs = f"its {framework.value} implementation needs {missing}"
         if machine is None:
-            raise ConfigError(
-                "workload", workload_name, f"{needs}; or choose another framework ({_choices(workload_obj.frameworks)})"
-            )
-        warnings.append(f"not checked here, needed on {machine.name!r}: workload {workload_name!r} {needs}")
+            others = [f for f in workload_obj.frameworks if f is not framework]
+            instead = f"; or choose another framework ({_choices(others)})" if others else ""
+            raise ConfigError("workload", workload_name, needs + instead)
+        warnings.append(f"not checked here, needed on {machine.name!r}: workload {workload_name!r}: {needs}")
     with guard(accelerator_obj, f"{type(accelerator_obj).__name__}.parse_options()"):
         accelerator_options = accelerator_obj.parse_options(dict(config.accelerator_options))
     if config.micro_batch_size is None:
@@ -100,6 +108,8 @@ def plan_run(
     plan = dataclasses.replace(plan, machine=machine)
     context = plan.context(SINGLE_PROCESS)
     context.warnings.extend(warnings)
+    for message in old_form_warnings(accelerator_obj, ACCELERATOR_OLD_FORMS):
+        context.warn(message)
     validating = "validate" if overrides_old_form(accelerator_obj, "validate_run", "validate") else "validate_run"
     with guard(accelerator_obj, f"{type(accelerator_obj).__name__}.{validating}()"):
         validate_run(accelerator_obj, context)
@@ -111,6 +121,8 @@ def plan_run(
 
     if machine is None:
         factory, meter_reason = _choose_meter(manager, accelerator_obj, config)
+        for message in old_form_warnings(factory, METER_OLD_FORMS) if factory is not None else ():
+            context.warn(message)
     else:
         _check_memory_fit(workload_obj, workload_options, config, machine, context)
         factory, meter_reason = None, f"planned for machine {machine.name!r}: its power meter is chosen there"
@@ -121,6 +133,32 @@ def plan_run(
         launcher=launcher,
         warnings=tuple(context.warnings),
     )
+
+
+_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean"}
+
+
+def check_machine(manager: PluginManager, machine: MachineProfile) -> None:
+    """A profile's accelerator is a registered one, and its ``[details]`` are the keys and types
+    that accelerator's rules read: a typo there would otherwise pass every check unread."""
+    if machine.accelerator not in manager.accelerators:
+        raise ConfigError(
+            "machine.accelerator",
+            machine.accelerator,
+            f"a registered accelerator ({', '.join(sorted(manager.accelerators)) or 'none'})",
+        )
+    expected = manager.accelerator(machine.accelerator).machine_details
+    for key, value in machine.details.items():
+        if key not in expected:
+            allowed = ", ".join(f"{k} ({t.__name__})" for k, t in expected.items()) or "none"
+            raise ConfigError(
+                f"machine.details.{key}", value, f"a key accelerator {machine.accelerator!r} reads: {allowed}"
+            )
+        kind = expected[key]
+        if type(value) is not kind:  # exact: a boolean is not an int, an int is not a str
+            required, got = (_TYPE_NAMES.get(t, t.__name__) for t in (kind, type(value)))
+            quoting = "; a TOML string is quoted" if kind is str else ""
+            raise ConfigError(f"machine.details.{key}", value, f"{required} is required, got {got}{quoting}")
 
 
 def _check_available(manager: PluginManager, accelerator: Accelerator, machine: MachineProfile | None) -> None:
@@ -146,34 +184,67 @@ def _check_precision(config: RunConfig, precisions: tuple[Precision, ...], machi
 
 
 # Bytes per parameter that training keeps on the device whatever the precision policy: fp32
-# weights and gradients (autocast keeps fp32 master weights), and Adam's two fp32 moments.
+# weights and gradients (autocast keeps fp32 master weights); the optimizer adds 4 bytes per fp32
+# value it keeps (SGD's momentum: one, Adam's moments: two).
 _WEIGHTS_AND_GRADIENTS_BYTES = 8
-_ADAM_STATE_BYTES = 8
+_OPTIMIZER_VALUE_BYTES = 4
+_ADAM_STATE_VALUES = 2
+
+
+def memory_estimate(workload: Workload, options: Any, config: RunConfig) -> dict[str, Any] | None:
+    """What training keeps per device for the model alone (activations not counted), or None where
+    the workload does not know its parameter count."""
+    parameters = workload.parameter_count(options)
+    if not parameters:
+        return None
+    declared = workload.optimizer_state_per_parameter(options)
+    state_values = _ADAM_STATE_VALUES if declared is None else declared
+    per_device = parameters / config.devices_per_replica
+    return {
+        "parameters": parameters,
+        "weights_and_gradients_bytes": int(per_device * _WEIGHTS_AND_GRADIENTS_BYTES),
+        "optimizer_state_bytes": int(per_device * state_values * _OPTIMIZER_VALUE_BYTES),
+        "optimizer_state_values_per_parameter": state_values,
+        "optimizer_state_assumed": declared is None,
+    }
+
+
+def _size_field(config: RunConfig) -> tuple[str, Any]:
+    """The option a memory refusal names: the workload options that sized the model where given."""
+    if config.workload_options:
+        return "workload_options", dict(config.workload_options)
+    return "workload", config.workload
 
 
 def _check_memory_fit(
     workload: Workload, options: Any, config: RunConfig, machine: MachineProfile, context: RunContext
 ) -> None:
-    """Refuse a model whose weights and gradients alone exceed a device's memory; warn when Adam's
-    state would. Activations are not counted (they depend on the framework's memory planning)."""
+    """Refuse a model whose weights and gradients alone exceed a device's memory; warn when the
+    optimizer's state would. Activations are not counted (they depend on the framework's memory planning)."""
     memory = machine.memory_bytes_per_device
-    parameters = workload.parameter_count(options)
-    if memory is None or not parameters:
+    estimate = memory_estimate(workload, options, config)
+    if memory is None or estimate is None:
         return
-    per_device = parameters / config.devices_per_replica
-    needed = per_device * _WEIGHTS_AND_GRADIENTS_BYTES
     gib = 1024**3
+    parameters = estimate["parameters"]
+    needed = estimate["weights_and_gradients_bytes"]
     if needed > memory:
+        field, value = _size_field(config)
         raise ConfigError(
-            "workload",
-            config.workload,
-            f"{parameters:,} parameters need {needed / gib:.1f} GiB per device for fp32 weights and gradients alone; "
-            f"{machine.name!r} has {memory / gib:.1f} GiB per device",
+            field,
+            value,
+            f"a model that fits {machine.name!r}: these {parameters:,} parameters need {needed / gib:.1f} GiB per "
+            f"device for fp32 weights and gradients alone, and it has {memory / gib:.1f} GiB per device",
         )
-    with_adam = per_device * (_WEIGHTS_AND_GRADIENTS_BYTES + _ADAM_STATE_BYTES)
-    if with_adam > memory:
+    with_state = needed + estimate["optimizer_state_bytes"]
+    if with_state > memory:
+        optimizer = (
+            "an optimizer state like Adam's (the workload does not declare its own)"
+            if estimate["optimizer_state_assumed"]
+            else f"the optimizer's state ({estimate['optimizer_state_values_per_parameter']} value(s) per parameter)"
+        )
         context.warn(
-            f"{parameters:,} parameters need {with_adam / gib:.1f} GiB per device with Adam's state, more than the "
+            f"{parameters:,} parameters need {with_state / gib:.1f} GiB per device with {optimizer}, more than the "
             f"{memory / gib:.1f} GiB of {machine.name!r} (activations not counted)"
         )
 

@@ -26,6 +26,7 @@ class Cell:
     config: RunConfig | None = None  # validated, micro-batch resolved; None when refused
     invalid_reason: str | None = None
     warnings: tuple[str, ...] = ()  # what planning warned of (a dry run for a machine shows them)
+    toy: bool = False  # shrunk by ``core sweep --toy`` (core.sweep.toy)
 
     @property
     def valid(self) -> bool:

@@ -15,6 +15,7 @@ from core.storage.summary import CellSummary, summarise
 from core.sweep.plan import Cell, SweepPlan, plan_sweep
 from core.sweep.repeat import run_in_process
 from core.sweep.spec import SweepError, SweepSpec, UnsavedResultError, _shorten, load_sweep, make_sweep_spec
+from core.sweep.toy import mark_toy_result
 
 
 @dataclass
@@ -301,6 +302,8 @@ def _run_cells(
                 work_dir=Path(scratch) / f"cell-{cell.index}-repeat-{repeat}",
                 on_wait=waiting,
             )
+            if cell.toy:
+                mark_toy_result(result)
             try:
                 store.add(
                     result,

@@ -21,6 +21,7 @@ from typing import Any
 
 from core.contract.manager import PluginManager
 from core.errors import ConfigError
+from core.storage.results import RunResult
 from core.sweep.plan import Cell, cell_key
 
 TOY_MAX_CELLS = 4
@@ -61,6 +62,19 @@ def toy_cell_options(options: dict[str, Any], manager: PluginManager) -> dict[st
     return toy
 
 
+TOY_ENERGY_REASON = "a toy run (core sweep --toy) measures no energy: it sets power_meter='none'"
+TOY_WARNING = "a toy run (core sweep --toy): the file's grid at toy scale on this CPU, not its machine's figures"
+
+
+def mark_toy_result(result: RunResult) -> None:
+    """Say in a toy cell's result why it has no energy and what its figures are (the run itself only
+    saw power_meter='none' and a small model)."""
+    if result.energy_unavailable_reason is not None:
+        result.energy_unavailable_reason = TOY_ENERGY_REASON
+    if TOY_WARNING not in result.warnings:
+        result.warnings.insert(0, TOY_WARNING)
+
+
 def toy_cells(cells: list[Cell], manager: PluginManager) -> list[Cell]:
     """The grid's cells at toy scale: equal ones once, at most TOY_MAX_CELLS spread over the grid."""
     distinct: dict[str, Cell] = {}
@@ -68,7 +82,7 @@ def toy_cells(cells: list[Cell], manager: PluginManager) -> list[Cell]:
         options = toy_cell_options(cell.options, manager)
         key = cell_key(options)
         if key not in distinct:
-            distinct[key] = Cell(index=0, key=key, label=f"toy of {cell.label}", options=options)
+            distinct[key] = Cell(index=0, key=key, label=f"toy of {cell.label}", options=options, toy=True)
     chosen = list(distinct.values())
     if len(chosen) > TOY_MAX_CELLS:
         step = (len(chosen) - 1) / (TOY_MAX_CELLS - 1)

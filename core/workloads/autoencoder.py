@@ -53,6 +53,7 @@ class AcesOptions(ZooOptions):
 
 
 class AcesAutoencoder(ZooWorkload):
+    optimizer_state_floats: ClassVar[int | None] = 2  # Adam
     name: ClassVar[str] = "aces-autoencoder"
     description: ClassVar[str] = "ACES image-compression autoencoder (residual blocks, one bottleneck), MNIST"
     architecture: ClassVar[str] = "convolutional autoencoder: residual trunk at 1/2 and 1/4 resolution, 1x1 bottleneck"

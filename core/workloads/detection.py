@@ -145,6 +145,7 @@ class DeformableShape:
 
 
 class DinoSwinL(DetectionWorkload):
+    optimizer_state_floats: ClassVar[int | None] = 2  # AdamW
     name: ClassVar[str] = "dino-swin-l"
     description: ClassVar[str] = (
         "DINO-like: Deformable-DETR two-stage + box refinement with a Swin-L backbone; "
@@ -357,6 +358,7 @@ TORCHVISION_COCO_CLASSES = 91  # torchvision's COCO head: 90 category ids (with 
 
 
 class FasterRcnnR50Fpn(DetectionWorkload):
+    optimizer_state_floats: ClassVar[int | None] = 1  # SGD with momentum
     name: ClassVar[str] = "faster-rcnn-r50-fpn"
     description: ClassVar[str] = (
         "Faster R-CNN with a ResNet-50 FPN backbone, COCO detection; needs torchvision (refused without it)"

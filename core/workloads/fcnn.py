@@ -69,6 +69,9 @@ class Fcnn(Workload):
         assert isinstance(options, FcnnOptions)
         return weight_count(options)
 
+    def optimizer_state_per_parameter(self, options: BaseModel) -> int:
+        return 1  # SGD with momentum: one buffer per parameter
+
     def flops_per_sample(self, options: BaseModel) -> float:
         assert isinstance(options, FcnnOptions)
         return 6.0 * weight_count(options)

@@ -53,6 +53,7 @@ class MaskedLanguageOptions(LanguageOptions):
 
 
 class LanguageWorkload(ZooWorkload):
+    optimizer_state_floats: ClassVar[int | None] = 2  # AdamW
     sample_unit: ClassVar[str] = "sequences"
     options_model: ClassVar[type[BaseModel]] = LanguageOptions
     #: a token file, cut into windows of the sequence length

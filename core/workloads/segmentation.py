@@ -134,6 +134,7 @@ class SegformerShape:
 
 
 class SegformerB4(SegmentationWorkload):
+    optimizer_state_floats: ClassVar[int | None] = 2  # AdamW
     name: ClassVar[str] = "segformer-b4"
     description: ClassVar[str] = "SegFormer-B4 (MiT-B4, MMSegmentation's 256-wide head), Cityscapes segmentation"
     architecture: ClassVar[str] = (
@@ -254,6 +255,7 @@ class DeeplabShape:
 
 
 class DeeplabV3PlusR101(SegmentationWorkload):
+    optimizer_state_floats: ClassVar[int | None] = 1  # SGD with momentum
     name: ClassVar[str] = "deeplabv3plus-r101"
     description: ClassVar[str] = "DeepLabV3+ with a dilated ResNet-101-V1c (output stride 8), Cityscapes segmentation"
     architecture: ClassVar[str] = (

@@ -75,6 +75,9 @@ class VisionWorkload(ZooWorkload):
     rgb_only: ClassVar[bool] = False
     optimizer: ClassVar[Literal["sgd", "adamw"]] = "sgd"
 
+    def optimizer_state_per_parameter(self, options: BaseModel) -> int:
+        return 2 if self.optimizer == "adamw" else 1  # AdamW's two moments; SGD's momentum buffer
+
     # --- shapes ----------------------------------------------------------------------------
 
     def input_shape(self, o: VisionOptions) -> tuple[int, int, int]:

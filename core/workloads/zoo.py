@@ -118,6 +118,8 @@ class ZooWorkload(Workload):
     architecture: ClassVar[str] = ""
     #: what "parameter_count" counts, for the result
     parameter_count_counts: ClassVar[str] = "trainable parameters"
+    #: fp32 values its optimizer keeps per parameter (SGD with momentum 1, Adam/AdamW 2)
+    optimizer_state_floats: ClassVar[int | None] = None
 
     @abstractmethod
     def tally(self, options: Any, framework: Framework) -> Tally:
@@ -159,6 +161,9 @@ class ZooWorkload(Workload):
 
     def flops_per_sample(self, options: BaseModel) -> float:
         return float(self.tally(options, self.reference_framework).training_flops)
+
+    def optimizer_state_per_parameter(self, options: BaseModel) -> int | None:
+        return self.optimizer_state_floats
 
     def figures_for(self, options: BaseModel, framework: Framework) -> tuple[int | None, float | None]:
         tally = self.tally(options, framework if framework in self.sources else self.reference_framework)

@@ -82,6 +82,8 @@ class AmdAccelerator(TorchGpuAccelerator):
     )
     torch_build_attribute: ClassVar[str] = "hip"
     options_model: ClassVar[type[BaseModel]] = AmdOptions
+    #: GCDs per physical package (an MI250 has 2): package mode places whole packages
+    machine_details: ClassVar[dict[str, type]] = {"gcds_per_package": int}
 
     def __init__(
         self,

@@ -60,9 +60,12 @@ class CpuAccelerator(Accelerator):
     def max_replicas(self, config: RunConfig) -> int:
         return usable_cores()
 
-    def validate(self, config: RunConfig) -> None:
-        cores = usable_cores()
-        if config.threads_per_replica is not None and config.threads_per_replica * config.replicas > cores:
+    def validate_run(self, context: RunContext) -> None:
+        config = context.config
+        # Planning for a profile counts its cores; this host's otherwise.
+        cores = context.machine.host_cores if context.machine is not None else usable_cores()
+        threads = config.threads_per_replica
+        if cores is not None and threads is not None and threads * config.replicas > cores:
             raise ConfigError(
                 "threads_per_replica",
                 config.threads_per_replica,

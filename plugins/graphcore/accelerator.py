@@ -48,6 +48,18 @@ POPLAR_SDK_INSTRUCTIONS = (
 )
 NO_IPU_HINT = "no IPU found here (gcipuinfo lists none, no /dev/ipu* device nodes, no IPU-over-Fabric configuration)"
 
+#: what ``core run --dry-run`` shows of an IPU placement: PopTorch reserves a power of two per
+#: instance, so the IPUs a run books can exceed the ones it uses
+_DRY_RUN_PLACEMENT = (
+    "instances",
+    "replicas_per_instance",
+    "ipus_per_replica",
+    "device_iterations",
+    "total_ipus",
+    "reserved_ipus",
+    "samples_per_host_call",
+    "placement_notes",
+)
 _PRECISIONS = {Framework.torch: (Precision.fp32, Precision.fp16), Framework.tensorflow: (Precision.fp32,)}
 
 
@@ -187,6 +199,10 @@ class GraphcoreAccelerator(Accelerator):
 
             return PoprunLauncher()
         return None
+
+    def placement_summary(self, context: RunContext) -> dict[str, Any]:
+        summary = self.placement(context.config, context.accelerator_options_as(GraphcoreOptions)).summary()
+        return {key: summary[key] for key in _DRY_RUN_PLACEMENT}
 
     def validate_run(self, context: RunContext) -> None:
         config, options = context.config, context.accelerator_options_as(GraphcoreOptions)

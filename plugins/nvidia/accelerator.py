@@ -22,6 +22,8 @@ class NvidiaAccelerator(TorchGpuAccelerator):
     name: ClassVar[str] = "nvidia"
     description: ClassVar[str] = "NVIDIA GPUs through CUDA (PyTorch DDP/NCCL, TensorFlow MirroredStrategy), NVML energy"
     torch_build_attribute: ClassVar[str] = "cuda"
+    #: "8.0" as NVML reports it (major.minor); tf32 and bf16 need 8.0 or newer
+    machine_details: ClassVar[dict[str, type]] = {"compute_capability": str}
 
     def availability(self) -> Availability:
         missing = PROBE.missing()
@@ -56,7 +58,14 @@ class NvidiaAccelerator(TorchGpuAccelerator):
             return
         # TF32 and bf16 need Ampere (compute capability 8.0) or newer.
         if context.machine is not None:
-            capabilities = [(context.machine.device, str(context.machine.details.get("compute_capability", "8.0")))]
+            capability = context.machine.details.get("compute_capability")
+            if capability is None:
+                context.warn(
+                    f"machine {context.machine.name!r} gives no compute_capability: "
+                    f"{config.precision.value} support (compute capability 8.0 or newer) not checked"
+                )
+                return
+            capabilities = [(context.machine.device, str(capability))]
         else:
             capabilities = [
                 (d.name, str(d.details["compute_capability"])) for d in self.visible_devices()[: config.replicas]
