@@ -392,3 +392,33 @@ def test_top1_of_a_trained_and_saved_model_matches_evaluating_it_by_hand(labelle
     assert result.accuracy_samples == len(images) == 18
     assert result.top1_accuracy == correct / 18
     assert result.config.weights == str(weights) and result.executor_details["weights_tensors"] == 9
+
+
+# --- Keras ----------------------------------------------------------------------------------------------
+
+
+def test_keras_inference_runs_forward_passes_only() -> None:
+    pytest.importorskip("tensorflow")
+    from core.executors.keras import KerasInferenceExecutor
+
+    executor = placed(
+        get_plugin_manager().workload("fcnn"),
+        framework="tensorflow",
+        mode="inference",
+        micro_batch_size=4,
+        workload_options=TINY_FCNN,
+    )
+    try:
+        assert isinstance(executor, KerasInferenceExecutor)
+        weights = [w.numpy().copy() for w in executor.model.weights]
+        executor.step()
+        executor.step()
+        executor.synchronize()
+        executor.check_finite()
+        assert all((w.numpy() == before).all() for w, before in zip(executor.model.weights, weights))
+        assert executor.optimizer is None and executor.details()["mode"] == "inference"
+    finally:
+        executor.close()
+    result = run("fcnn", "cpu", framework="tensorflow", mode="inference", workload_options=TINY_FCNN, **QUICK)
+    assert result.status.ok, result.status
+    assert result.mode == "inference" and result.step_seconds_p99 is not None
