@@ -219,9 +219,9 @@ def execute(plan: RunPlan, process: ProcessContext, on_progress: ProgressCallbac
         if energy is not None:
             _record_energy(result, energy)
         _record_epoch(result, plan, executor.dataset_samples())
-        report(result)
 
         if config.accuracy:
+            report(result)  # the window's figures, before the accuracy pass
             phase = "accuracy"
             _record_accuracy(result, executor)
     except BaseException as exc:
