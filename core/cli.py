@@ -275,9 +275,11 @@ def _energy_lines(result: Any) -> list[str]:
         )
     if result.samples_per_watt_hour is not None:
         tokens = result.tokens_per_watt_hour
+        per_sample = result.energy_joules_per_sample
         lines.append(
             f"  efficiency      {result.samples_per_watt_hour:.4g} {unit}/Wh"
             + (f", {tokens:.4g} tokens/Wh" if tokens is not None else "")
+            + (f", {per_sample:.4g} J per {unit.removesuffix('s') or 'sample'}" if per_sample is not None else "")
         )
     return lines
 
@@ -301,17 +303,22 @@ def _epoch_lines(result: Any) -> list[str]:
 def format_result(result: Any) -> str:
     c = result.config
     unit = result.sample_unit or "samples"
+    inference = c.mode == "inference"
     lines = [
-        f"{result.workload} on {result.accelerator} ({result.framework}, {c.precision.value}): "
-        f"{result.status.state.value}",
-        f"  samples/update  {result.samples_per_update} (micro {c.micro_batch_size} x accumulation "
+        f"{result.workload} on {result.accelerator} ({result.framework}, {c.precision.value}"
+        + (", inference" if inference else "")
+        + f"): {result.status.state.value}",
+        f"  samples/step    {result.samples_per_update} (micro {c.micro_batch_size} x replicas {c.replicas})"
+        if inference
+        else f"  samples/update  {result.samples_per_update} (micro {c.micro_batch_size} x accumulation "
         f"{c.gradient_accumulation} x replicas {c.replicas})",
     ]
     if result.throughput_per_second is not None:
         calls = "" if result.window_updates == result.window_steps else f" in {result.window_steps} host calls"
+        passes = "batches" if inference else "updates"
         lines.append(
             f"  throughput      {result.throughput_per_second:.6g} {unit}/s "
-            f"(window {result.window_seconds:.4g} s, {result.window_updates} updates{calls})"
+            f"(window {result.window_seconds:.4g} s, {result.window_updates} {passes}{calls})"
         )
         if result.tokens_per_second is not None:
             lines.append(
@@ -319,8 +326,10 @@ def format_result(result: Any) -> str:
                 f"({result.tokens_per_sample} tokens per {unit.removesuffix('s') or 'sample'})"
             )
         lines.append(
-            f"  step time       median {_format_seconds(result.step_seconds_median, 1e3, 'ms')}, "
-            f"p90 {_format_seconds(result.step_seconds_p90, 1e3, 'ms')}"
+            f"  {'batch latency' if inference else 'step time':<15} "
+            f"median {_format_seconds(result.step_seconds_median, 1e3, 'ms')}, "
+            f"p90 {_format_seconds(result.step_seconds_p90, 1e3, 'ms')}, "
+            f"p99 {_format_seconds(result.step_seconds_p99, 1e3, 'ms')}"
         )
     lines.append(
         f"  phases          setup {_format_seconds(result.setup_seconds)}, first step "
@@ -331,6 +340,8 @@ def format_result(result: Any) -> str:
             f"  achieved        {result.flops_per_second / 1e12:.4g} TFLOP/s "
             f"({result.flops_per_sample:.4g} FLOP/sample)"
         )
+    if result.top1_accuracy is not None:
+        lines.append(f"  top-1 accuracy  {result.top1_accuracy:.4%} of {result.accuracy_samples} labelled {unit}")
     lines += _energy_lines(result)
     lines += _epoch_lines(result)
     if not result.status.ok:
@@ -412,6 +423,7 @@ def describe_plan(plan: Any, extra_placement: dict[str, Any] | None = None) -> d
         "workload": config.workload,
         "accelerator": config.accelerator,
         "framework": config.framework.value,
+        "mode": config.mode,
         "placement": {
             "replicas": config.replicas,
             "devices_per_replica": config.devices_per_replica,

@@ -32,6 +32,10 @@ class Precision(str, Enum):
 
 OptionValue = bool | int | float | str
 
+#: what a run does with the model: "train" (forward, backward, optimizer step per update) or
+#: "inference" (one forward pass per micro-batch, no gradients, no optimizer)
+RunMode = Literal["train", "inference"]
+
 
 class RunConfig(BaseModel):
     """One run. Field names are what the CLI flags, the sweep files and the result use."""
@@ -41,6 +45,11 @@ class RunConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_enum_values=False, strict=True)
 
     workload: str = Field(min_length=1, description="registered workload name, e.g. 'fcnn'")
+    mode: RunMode = Field(
+        default="train",
+        description="'train' (forward, backward and optimizer step per update) or 'inference' (one forward pass "
+        "per micro-batch, no gradients)",
+    )
     accelerator: str = Field(min_length=1, description="registered accelerator name, e.g. 'cpu'")
     framework: Framework = Field(default=Framework.torch, strict=False, description="the training framework")
     micro_batch_size: int | None = Field(
@@ -108,6 +117,17 @@ class RunConfig(BaseModel):
         min_length=1,
         description="what one epoch is, for the epoch time and energy estimates: 'dataset' (its training split), "
         "'samples:N' (e.g. samples:1281167), 'global-batches:N' (N x samples per update) or 'host-calls:N'",
+    )
+    weights: str | None = Field(
+        default=None,
+        min_length=1,
+        description="a safetensors file or a PyTorch state dict (torch.save) whose tensors replace the model's "
+        "seeded weights; read from disk, never downloaded",
+    )
+    accuracy: bool = Field(
+        default=False,
+        description="with mode 'inference' and labelled image data (--data FOLDER): top-1 accuracy over the "
+        "whole folder, measured after the timed window",
     )
     workload_options: dict[str, OptionValue] = Field(
         default_factory=dict, description="workload hyper-parameters, validated by the workload"
@@ -250,7 +270,31 @@ def config_errors(
 def make_config(**options: Any) -> RunConfig:
     """Build a RunConfig, turning pydantic's errors into ConfigError (field, value, allowed)."""
     try:
-        return RunConfig(**options)
+        config = RunConfig(**options)
     except ValidationError as exc:
         errors = config_errors(exc, RunConfig, unknown="unknown option; allowed options are")
         raise (errors[0] if len(errors) == 1 else ConfigErrors(errors)) from None
+    check_mode_options(config)
+    return config
+
+
+def check_mode_options(config: RunConfig) -> None:
+    """Refuse options that mean nothing in the run's mode, naming the option (not the mode): the
+    mode is what the user meant, the other option is what does not fit it."""
+    if config.mode == "inference" and config.gradient_accumulation != 1:
+        raise ConfigError(
+            "gradient_accumulation",
+            config.gradient_accumulation,
+            "inference runs one forward pass per micro-batch and accumulates no gradients; allowed with mode "
+            "'inference': 1 (for more samples per step raise micro_batch_size)",
+        )
+    if config.accuracy and config.mode != "inference":
+        raise ConfigError(
+            "accuracy", True, "top-1 accuracy is measured by inference runs; set mode 'inference', or accuracy false"
+        )
+    if config.accuracy and config.data in ("synthetic", "synthetic-host"):
+        raise ConfigError(
+            "accuracy",
+            True,
+            f"needs labelled images (--data FOLDER of class folders); {config.data!r} data has random labels",
+        )

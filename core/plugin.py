@@ -38,14 +38,22 @@ from core.storage.environment import processor_name
 from core.storage.results import DeviceRecord, EnergyMeasurement, RunResult
 
 if TYPE_CHECKING:
-    from core.executors.keras import KerasExecutor, KerasPlacement, quiet_tensorflow_startup, split_host_cpu
-    from core.executors.pytorch import TorchExecutor, TorchPlacement
+    from core.executors.keras import (
+        KerasExecutor,
+        KerasPlacement,
+        keras_executor,
+        quiet_tensorflow_startup,
+        split_host_cpu,
+    )
+    from core.executors.pytorch import TorchExecutor, TorchPlacement, torch_executor
     from core.running.launch import TorchrunLauncher
 
 # Names whose modules import a framework (or change its start-up): loaded when first used.
 _LAZY = {
     "TorchExecutor": "core.executors.pytorch",
     "TorchPlacement": "core.executors.pytorch",
+    "torch_executor": "core.executors.pytorch",
+    "keras_executor": "core.executors.keras",
     "KerasExecutor": "core.executors.keras",
     "KerasPlacement": "core.executors.keras",
     "split_host_cpu": "core.executors.keras",
@@ -96,7 +104,9 @@ __all__ = [
     "HostStepClock",
     "TorchExecutor",
     "TorchPlacement",
+    "torch_executor",
     "KerasExecutor",
+    "keras_executor",
     "KerasPlacement",
     "split_host_cpu",
     "quiet_tensorflow_startup",

@@ -119,3 +119,15 @@ def test_overhead_benchmark_runs() -> None:
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert "core/plain" in completed.stdout
+
+
+@pytest.mark.slow
+def test_inference_overhead_benchmark_runs() -> None:
+    completed = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "inference_overhead.py"), "--steps", "10", "--warmup", "2", "--repeats", "2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "core/plain" in completed.stdout

@@ -17,7 +17,7 @@ from core.cli import format_result
 from core.config import make_config
 from core.errors import ConfigError
 from core.storage.epochs import EpochDefinition
-from core.storage.results import DeviceRecord, EnergyMeasurement, RunResult
+from core.storage.results import SCHEMA_VERSION, DeviceRecord, EnergyMeasurement, RunResult
 from core.storage.store import EXPORT_COLUMNS, ResultStore
 from core.sweep import make_sweep_spec, plan_sweep
 
@@ -130,7 +130,7 @@ def test_without_a_measurement_no_derived_figure_is_made_up() -> None:
 def test_the_document_carries_the_derived_figures_and_reading_it_recomputes_them() -> None:
     result = _result(sample_unit="sequences", tokens_per_sample=1024)
     document = json.loads(result.to_json())
-    assert document["schema_version"] == "1.3"
+    assert document["schema_version"] == SCHEMA_VERSION  # "1.3" brought these figures
     assert document["energy_joules"] == 7200.0 and document["energy_watt_hours"] == 2.0
     assert document["energy_watt_hours_per_device"] == 0.5 and document["energy_watt_hours_per_epoch"] == 2.5
     assert document["tokens_per_watt_hour"] == 400.0 * 1024

@@ -498,3 +498,53 @@ def test_the_poprun_launcher_reads_open_mpi_s_variables() -> None:
     assert not process.is_main and not process.reads_node_meter
     with pytest.raises(RuntimeError, match="OMPI_COMM_WORLD"):
         PoprunLauncher().process_context({})
+
+
+def test_inference_runs_an_inference_model_of_every_iteration_and_replica(fake_sdk: Any) -> None:
+    from core_plugins.graphcore.executor import PopTorchInferenceExecutor
+
+    executor, plan = build(mode="inference", micro_batch_size=2, replicas=2, device_iterations=3)
+    assert isinstance(executor, PopTorchInferenceExecutor)
+    assert executor.inference_model._training is False and executor.options.Training.gradient_accumulation == 1
+    assert not executor._user_model.training  # eval() before wrapping: the wrapped copy is in eval mode too
+    executor.step()
+    outputs = executor._last_outputs
+    # OutputMode.All: every device iteration's outputs of every replica, one per input sample.
+    assert outputs is not None and outputs.shape == (3 * 2 * 2, FCNN["output_width"])
+    with torch.no_grad():
+        assert torch.allclose(outputs, executor._user_model(executor._inputs))
+    executor.check_finite()
+    executor.close()
+    assert fake_sdk.poptorch.fake_hardware.attached == []
+
+
+def test_an_inference_run_on_ipus_counts_every_device_iteration(fake_sdk: Any) -> None:
+    result = run(
+        "fcnn",
+        "graphcore",
+        mode="inference",
+        micro_batch_size=4,
+        replicas=2,
+        devices_per_replica=2,
+        device_iterations=2,
+        steps=2,
+        warmup_steps=1,
+        power_meter="none",
+        workload_options=FCNN,
+    )
+    assert result.status.ok, result.status
+    assert result.mode == "inference" and result.window_updates == 4 and result.window_samples == 4 * 4 * 2
+    assert result.executor_details["pipeline_stages"] == 2  # forward stages only: no backward in inference
+    with pytest.raises(ConfigError) as caught:
+        run("fcnn", "graphcore", mode="inference", devices_per_replica=2, power_meter="none", workload_options=FCNN)
+    assert caught.value.field == "device_iterations"  # a 2-stage pipeline needs 2 device iterations
+
+
+def test_the_fake_inference_model_wraps_a_shallow_copy(fake_sdk: Any) -> None:
+    """As poptorch's inferenceModel: an eval() on the original after wrapping misses the copy."""
+    poptorch = fake_sdk.poptorch
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    wrapped = poptorch.inferenceModel(model)
+    model.eval()
+    assert wrapped.model is not model and wrapped.model.training
+    assert wrapped.model[0] is model[0]  # parameters and submodules are shared

@@ -174,6 +174,31 @@ def test_torch_model_has_the_counted_parameters_and_flops(
     assert counted / 2 == tally.training_flops  # exact, in fact
 
 
+@pytest.mark.parametrize(
+    "name,options", TORCH_SHAPES, ids=[f"{n}-{'-'.join(f'{v}' for v in o.values())}" for n, o in TORCH_SHAPES]
+)
+def test_torch_model_has_the_counted_forward_flops(
+    name: str, options: dict[str, Any], no_packed_sequence_check: None
+) -> None:
+    """What an inference run's MFU counts: FlopCounterMode over a forward pass alone."""
+    import torch
+    from torch.utils import flop_counter
+
+    w = workload(name)
+    require(w, Framework.torch)
+    parsed = w.parse_options(options)
+    with torch.device("meta"):
+        model = w.torch_model(parsed)
+        counter = flop_counter.FlopCounterMode(display=False)
+        with counter, torch.no_grad():
+            model(sample_inputs(w, parsed, batch=2))
+    assert counter.get_total_flops() / 2 == w.inference_flops_per_sample(parsed)
+    assert w.inference_figures_for(parsed, Framework.torch) == (
+        w.tally(parsed, Framework.torch).parameters,
+        counter.get_total_flops() / 2,
+    )
+
+
 @pytest.mark.parametrize("name", ["resnet50", "aces-autoencoder"])
 def test_meta_device_counts_what_the_cpu_runs(name: str) -> None:
     """The same count from a real forward and backward pass on the CPU as on the meta device."""

@@ -73,6 +73,10 @@ class Accelerator(ABC):
     # placement features only some accelerators have (Graphcore IPUs); the rest refuse them.
     max_devices_per_replica: ClassVar[int] = 1
     supports_device_iterations: ClassVar[bool] = False
+    #: whether ``executor_for`` places ``mode="inference"`` runs (core's executors do: build them with
+    #: ``core.executors.pytorch.torch_executor`` / ``core.executors.keras.keras_executor``); planning
+    #: refuses inference on an accelerator that does not say so, rather than let it train instead
+    supports_inference: ClassVar[bool] = False
     #: pydantic model (extra="forbid") of this accelerator's ``accelerator_options``
     options_model: ClassVar[type[BaseModel]] = NoOptions
     #: the keys of a machine profile's ``[details]`` this accelerator's rules read, with their

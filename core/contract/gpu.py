@@ -30,6 +30,8 @@ class TorchGpuAccelerator(Accelerator):
     frameworks: ClassVar[tuple[Framework, ...]] = (Framework.torch, Framework.tensorflow)
     launcher: ClassVar[str | None] = "torchrun"
     distributed_backend: ClassVar[str | None] = "nccl"
+    # Inference replicas are independent processes (one per GPU, no DDP), like training's.
+    supports_inference: ClassVar[bool] = True
     #: the torch.version attribute a matching PyTorch build sets ("cuda" or "hip")
     torch_build_attribute: ClassVar[str] = "cuda"
 
@@ -59,7 +61,7 @@ class TorchGpuAccelerator(Accelerator):
             return self._keras_executor(workload, options, config)
         import torch
 
-        from core.executors.pytorch import TorchExecutor, TorchPlacement
+        from core.executors.pytorch import TorchPlacement, torch_executor
 
         build = getattr(torch.version, self.torch_build_attribute, None)
         if not build or not torch.cuda.is_available():
@@ -80,12 +82,12 @@ class TorchGpuAccelerator(Accelerator):
             channels_last=workload.prefers_channels_last,
             configure=configure,
         )
-        return TorchExecutor(workload.build_torch(options, config.seed), config, placement, process)
+        return torch_executor(workload.build_torch(options, config.seed), config, placement, process)
 
     def _keras_executor(self, workload: Workload, options: Any, config: RunConfig) -> Executor:
         import tensorflow as tf
 
-        from core.executors.keras import KerasExecutor, KerasPlacement
+        from core.executors.keras import KerasPlacement, keras_executor
 
         gpus = [device.name for device in tf.config.list_logical_devices("GPU")][: config.replicas]
         if len(gpus) < config.replicas:
@@ -102,4 +104,4 @@ class TorchGpuAccelerator(Accelerator):
             device_label=",".join(gpus),
             jit_compile=config.compile,
         )
-        return KerasExecutor(workload.build_keras(options, config.seed), config, placement)
+        return keras_executor(workload.build_keras(options, config.seed), config, placement)

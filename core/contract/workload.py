@@ -162,6 +162,39 @@ class Workload(ABC):
         """Training FLOPs (forward and backward) for one sample, where known analytically."""
         return None
 
+    def inference_flops_per_sample(self, options: BaseModel) -> float | None:
+        """Forward-only FLOPs for one sample (what an inference run's MFU counts).
+
+        Defaults to a third of the training FLOPs where those are known: the backward pass costs
+        about twice the forward (the gradients of the inputs and of the weights). A workload that
+        knows its forward figure exactly (the zoo's do, from the same tally) returns that.
+        """
+        training = self.flops_per_sample(options)
+        return None if training is None else training / 3
+
+    def inference_figures_for(self, options: BaseModel, framework: Framework) -> tuple[int | None, float | None]:
+        """(parameter count, forward FLOPs per sample) of the model as ``framework`` builds it: the
+        inference counterpart of :meth:`figures_for`."""
+        parameters, _ = self.figures_for(options, framework)
+        return parameters, self.inference_flops_per_sample(options)
+
+    def torch_state_shapes(self, options: BaseModel) -> dict[str, tuple[int, ...]]:
+        """Name -> shape of every tensor in the PyTorch model's ``state_dict()``, as a weights file
+        must hold them; planning compares a ``weights`` file against it before any device is touched.
+
+        The default builds the training spec on PyTorch's meta device (shapes, no memory, no
+        arithmetic); a workload whose builder cannot run there (it draws its synthetic data with a
+        host generator, say) falls back to the host. A workload may override this with a cheaper form.
+        """
+        import torch
+
+        try:
+            with torch.device("meta"):
+                model = self.build_torch(options, 0).model
+        except (RuntimeError, NotImplementedError, TypeError):
+            model = self.build_torch(options, 0).model
+        return {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+
     def details(self, options: BaseModel) -> dict[str, Any]:
         """What the result records about the model: source, version, hyper-parameters."""
         return {"options": options.model_dump()}

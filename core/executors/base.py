@@ -19,14 +19,16 @@ class StepClock(ABC):
 
 
 class Executor(ABC):
-    """A workload placed on this process's devices, ready to train."""
+    """A workload placed on this process's devices, ready to train (or, in an inference run, to
+    run forward passes: ``RunConfig.mode``)."""
 
     #: weight updates one ``step()`` performs: device_iterations where the device loops on its own
     updates_per_step: int = 1
 
     @abstractmethod
     def step(self) -> None:
-        """One weight update: every micro-step of gradient accumulation, then the optimizer step.
+        """One weight update: every micro-step of gradient accumulation, then the optimizer step; in
+        an inference run, one forward pass over a micro-batch.
 
         Must not wait for the device: the runner synchronises at window boundaries only.
         """
@@ -52,6 +54,12 @@ class Executor(ABC):
         skips (fp16 overflow) are the scaler's business, not a fault. Every process of a run
         reaches the same verdict.
         """
+
+    def top1_counts(self) -> tuple[int, int] | None:
+        """(correct, samples) of top-1 predictions over the run's labelled dataset, every process's
+        summed (``accuracy=true`` inference runs; called after the window, outside it); None where
+        this executor does not measure accuracy."""
+        return None
 
     def data_wait_seconds(self) -> float:
         """Seconds, since setup, that step() spent blocked waiting for input data."""

@@ -408,3 +408,62 @@ class KerasExecutor(Executor):
             "optimizer",
         ):
             self.__dict__.pop(name, None)
+
+
+class KerasInferenceExecutor(KerasExecutor):
+    """Inference under the same strategy, precision policy and data layout: one ``step()`` is one
+    forward pass (``training=False``) of each replica's micro-batch, in a ``tf.function`` (XLA with
+    ``jit_compile``); no optimizer, no gradients. Replicas in one process each run their own batch.
+    """
+
+    def _build_model(self, spec: KerasTrainingSpec, precision: Precision) -> Any:
+        tf = self._tf
+        with self._strategy.scope():
+            self.model = spec.make_model()
+            self.optimizer = None
+            self._loss_scaling = False
+            self._variables = []
+            # Forward passes since the last check whose outputs held a NaN/inf, one count per
+            # replica; every step writes it, so reading it is also the synchronise.
+            self._loss_sum = _replica_sum(tf)
+            self._non_finite_gradients = _replica_sum(tf)  # unused in inference: stays 0
+        return None
+
+    def _make_train_step(self, loss_fn: Any, jit_compile: bool) -> Callable[[Any, Any], None]:
+        tf, strategy, micro = self._tf, self._strategy, self._micro
+
+        def forward(xs: Any) -> Any:
+            if self._files is not None:  # [micro, ...] -> [1, micro, ...], the synthetic layout
+                xs = tf.reshape(xs, tf.concat([[1, micro], tf.shape(xs)[1:]], 0))
+            outputs = self.model(xs[0], training=False)
+            return _any_non_finite(tf, tf.nest.flatten(outputs))
+
+        compute = tf.function(forward, jit_compile=True) if jit_compile else forward
+
+        def replica_forward(xs: Any, ys: Any) -> None:
+            self._loss_sum.assign_add(compute(xs))
+
+        @tf.function
+        def inference_step(xs: Any, ys: Any) -> None:
+            strategy.run(replica_forward, args=(xs, ys))
+
+        return inference_step
+
+    def check_finite(self) -> None:
+        with self._strategy.scope():
+            non_finite = float(self._loss_sum.read_value().numpy())
+            self._loss_sum.assign(0.0)
+        if non_finite:
+            raise NonFiniteLossError(
+                f"a model output was NaN/inf in {non_finite:g} replica forward pass(es) since the last check"
+            )
+
+    def details(self) -> dict[str, Any]:
+        return {**super().details(), "mode": "inference", "optimizer": None, "loss_scaling": None}
+
+
+def keras_executor(spec: KerasTrainingSpec, config: RunConfig, placement: KerasPlacement) -> KerasExecutor:
+    """The Keras executor for ``config.mode``: training or inference, on the same placement."""
+    if config.mode == "inference":
+        return KerasInferenceExecutor(spec, config, placement)
+    return KerasExecutor(spec, config, placement)

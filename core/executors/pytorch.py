@@ -153,9 +153,22 @@ def micro_batch_indices(rank: int, micro_batch: int, accumulation: int, pool: in
     return [(torch.arange(micro_batch) + first + step * micro_batch) % pool for step in range(accumulation)]
 
 
-class TorchExecutor(Executor):
+class TorchModelExecutor(Executor):
+    """What training and inference share: the precision policy, the process group, the model on the
+    device (weights loaded, channels_last), the data (synthetic on the device or the host, or files),
+    autocast, and the runner's synchronisation, clocks and collectives.
+
+    ``micro_steps`` is the micro-batches one step takes (gradient accumulation when training, 1 for
+    inference). Subclasses wrap the model (DDP, torch.compile) and define ``step``.
+    """
+
     def __init__(
-        self, spec: TorchTrainingSpec, config: RunConfig, placement: TorchPlacement, process: ProcessContext
+        self,
+        spec: TorchTrainingSpec,
+        config: RunConfig,
+        placement: TorchPlacement,
+        process: ProcessContext,
+        micro_steps: int,
     ) -> None:
         assert config.micro_batch_size is not None
         self._config = config
@@ -172,10 +185,16 @@ class TorchExecutor(Executor):
                 raise RuntimeError("a multi-process run needs a distributed backend in the placement")
             torch.distributed.init_process_group(backend=placement.distributed_backend, timeout=DISTRIBUTED_TIMEOUT)
 
+        if config.weights is not None:
+            from core.executors.weights import load_weights
+
+            # On the host, before placing: the file's tensors replace the seeded ones.
+            self._details.update(load_weights(spec.model, config.weights))
         memory_format = torch.channels_last if placement.channels_last else torch.contiguous_format
         model = spec.model.to(self.device)
         if placement.channels_last:
             model = model.to(memory_format=memory_format)
+        self._placed_model: torch.nn.Module = model
         self._memory_format = memory_format if placement.channels_last else None
         self._files: FileBatches | None = None
         # Synthetic micro-batches stay on the device ("synthetic") or on the host, where every
@@ -184,9 +203,7 @@ class TorchExecutor(Executor):
         pin = on_host and self.device.type != "cpu"
         self._micro_batches = []
         if config.data in SYNTHETIC_SOURCES:
-            for indices in micro_batch_indices(
-                process.rank, config.micro_batch_size, config.gradient_accumulation, len(spec.inputs)
-            ):
+            for indices in micro_batch_indices(process.rank, config.micro_batch_size, micro_steps, len(spec.inputs)):
                 batch = (spec.inputs.index_select(0, indices), spec.targets.index_select(0, indices))
                 if on_host:
                     self._micro_batches.append(tuple(t.pin_memory() if pin else t for t in batch))
@@ -200,39 +217,18 @@ class TorchExecutor(Executor):
         self._copy_each_step = on_host or self._files is not None
         self._details["data"] = config.data if config.data in SYNTHETIC_SOURCES else "files"
 
-        self._ddp: torch.nn.parallel.DistributedDataParallel | None = None
-        if process.is_distributed:
-            device_ids = [self.device.index] if self.device.type != "cpu" and self.device.index is not None else None
-            self._ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
-            model = self._ddp
-        self._model = torch.compile(model) if config.compile else model
-        self._optimizer = spec.make_optimizer(model.parameters())
-        self._loss_fn = spec.loss_fn
-
         dtype = _AUTOCAST_DTYPES.get(config.precision)
         self._autocast: Callable[[], AbstractContextManager[Any]] = (
             (lambda: torch.autocast(device_type=self.device.type, dtype=dtype))
             if dtype is not None
             else contextlib.nullcontext
         )
-        self._scaler = _grad_scaler(self.device) if config.precision is Precision.fp16 else None
-        # Every update raises this flag on the device if any micro-step's loss, or (without a
-        # GradScaler) any gradient the optimizer step uses, is NaN/inf. Checking only the last
-        # loss is not enough: a kernel may map a NaN to a finite value on the way to the loss
-        # (TensorFlow's fused oneDNN ReLU does), so a NaN can first show in the gradients, and
-        # one entering in the window's last update would show in no later loss.
         self._non_finite = NonFiniteFlag(self.device)
-        # The gradients the optimizer steps with are those of its parameter groups.
-        self._trained_parameters = [p for group in self._optimizer.param_groups for p in group["params"]]
-        # Only torch's sparse embeddings produce sparse gradients; the check takes their values.
-        self._sparse_gradients = any(getattr(m, "sparse", False) is True for m in spec.model.modules())
-        # Kept for the error message only (a reference: no device op per step).
-        self._last_loss: torch.Tensor | None = None
         self._details.update(
             {
                 "framework": "torch",
+                "mode": config.mode,
                 "device": str(self.device),
-                "ddp": self._ddp is not None,
                 "distributed_backend": placement.distributed_backend if process.is_distributed else None,
                 "compile": config.compile,
                 "channels_last": placement.channels_last,
@@ -244,10 +240,13 @@ class TorchExecutor(Executor):
     def _to_device(
         self, inputs: torch.Tensor, targets: torch.Tensor, non_blocking: bool
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._inputs_to_device(inputs, non_blocking), targets.to(self.device, non_blocking=non_blocking)
+
+    def _inputs_to_device(self, inputs: torch.Tensor, non_blocking: bool) -> torch.Tensor:
         inputs = inputs.to(self.device, non_blocking=non_blocking)
         if self._memory_format is not None and inputs.dim() == 4:
             inputs = inputs.contiguous(memory_format=self._memory_format)
-        return inputs, targets.to(self.device, non_blocking=non_blocking)
+        return inputs
 
     def _micro_batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self._files is not None:
@@ -258,6 +257,120 @@ class TorchExecutor(Executor):
 
     def data_wait_seconds(self) -> float:
         return self._files.wait_seconds if self._files is not None else 0.0
+
+    def begin_window(self) -> None:
+        self._graphs_before_window = _compiled_graph_count() if self._config.compile else None
+
+    def window_warnings(self) -> list[str]:
+        before = getattr(self, "_graphs_before_window", None)
+        if before is None:
+            return []
+        added = _compiled_graph_count() - before
+        if added > 0:
+            return [
+                (
+                    f"torch.compile compiled {added} new graph(s) inside the timed window (a recompilation): "
+                    "its compile time is in window_seconds"
+                )
+            ]
+        return []
+
+    def synchronize(self) -> None:
+        if self.device.type != "cpu":
+            getattr(torch, self.device.type).synchronize(self.device)
+
+    def step_clock(self) -> StepClock:
+        if self._placement.device_timing_events:
+            return DeviceEventStepClock(self.device)
+        return HostStepClock()
+
+    def _any_rank_raised(self) -> bool:
+        """Read and clear the non-finite flag; True when it was raised on any rank."""
+        found = self._non_finite.take()
+        if self._process.is_distributed:
+            # A NaN on one rank only must fail every rank alike, or the others would go on
+            # to wait at the next barrier for a rank that has stopped.
+            found = (found != 0).to(device=self._collective_device(), dtype=torch.float32)
+            torch.distributed.all_reduce(found, op=torch.distributed.ReduceOp.MAX)
+        return bool(found.item() != 0)
+
+    def _collective_device(self) -> torch.device:
+        return self.device if self._placement.distributed_backend == "nccl" else torch.device("cpu")
+
+    def barrier(self) -> None:
+        if not self._process.is_distributed:
+            return
+        if self._placement.distributed_backend == "nccl" and self.device.index is not None:
+            # NCCL's barrier is a collective on a device: name ours rather than let torch guess.
+            torch.distributed.barrier(device_ids=[self.device.index])
+        else:
+            torch.distributed.barrier()
+
+    def gather_max(self, value: float) -> float:
+        if not self._process.is_distributed:
+            return value
+        tensor = torch.tensor([value], dtype=torch.float64, device=self._collective_device())
+        torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX)
+        return float(tensor.item())
+
+    def host_threads(self) -> dict[str, int]:
+        # torch's own settings, and what the placement's configure() set (its keys ending in _threads).
+        return {k: v for k, v in self._details.items() if k.endswith("_threads") and type(v) is int}
+
+    def dataset_samples(self) -> int | None:
+        return self._files.samples if self._files is not None else None
+
+    def details(self) -> dict[str, Any]:
+        return dict(self._details)
+
+    def framework_version(self) -> str:
+        return torch.__version__
+
+    def model_state(self) -> dict[str, torch.Tensor]:
+        """The model's weights on the host (tests compare them across placements)."""
+        return {name: tensor.detach().cpu().clone() for name, tensor in self._placed_model.state_dict().items()}
+
+    def close(self) -> None:
+        if self._process.is_distributed and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+            # gloo's worker thread may still hold the Context a gradient all-reduce captured in
+            # backward(); released during interpreter exit, it aborts the process. Wait for it.
+            from core.running.distributed import release_finished_collectives
+
+            release_finished_collectives()
+
+
+class TorchExecutor(TorchModelExecutor):
+    """Training: one ``step()`` is one weight update (gradient accumulation, DDP across replicas)."""
+
+    def __init__(
+        self, spec: TorchTrainingSpec, config: RunConfig, placement: TorchPlacement, process: ProcessContext
+    ) -> None:
+        if config.mode != "train":
+            raise ValueError(f"TorchExecutor trains; a {config.mode!r} run takes torch_executor() instead")
+        super().__init__(spec, config, placement, process, micro_steps=config.gradient_accumulation)
+        model = self._placed_model
+        self._ddp: torch.nn.parallel.DistributedDataParallel | None = None
+        if process.is_distributed:
+            device_ids = [self.device.index] if self.device.type != "cpu" and self.device.index is not None else None
+            self._ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+            model = self._ddp
+        self._model = torch.compile(model) if config.compile else model
+        self._optimizer = spec.make_optimizer(model.parameters())
+        self._loss_fn = spec.loss_fn
+        self._scaler = _grad_scaler(self.device) if config.precision is Precision.fp16 else None
+        # Every update raises the non-finite flag on the device if any micro-step's loss, or
+        # (without a GradScaler) any gradient the optimizer step uses, is NaN/inf. Checking only
+        # the last loss is not enough: a kernel may map a NaN to a finite value on the way to the
+        # loss (TensorFlow's fused oneDNN ReLU does), so a NaN can first show in the gradients,
+        # and one entering in the window's last update would show in no later loss.
+        # The gradients the optimizer steps with are those of its parameter groups.
+        self._trained_parameters = [p for group in self._optimizer.param_groups for p in group["params"]]
+        # Only torch's sparse embeddings produce sparse gradients; the check takes their values.
+        self._sparse_gradients = any(getattr(m, "sparse", False) is True for m in spec.model.modules())
+        # Kept for the error message only (a reference: no device op per step).
+        self._last_loss: torch.Tensor | None = None
+        self._details["ddp"] = self._ddp is not None
 
     def step(self) -> None:
         accumulation = self._config.gradient_accumulation
@@ -296,75 +409,12 @@ class TorchExecutor(Executor):
         # For the error message only; a reference costs no device op.
         self._last_loss = loss
 
-    def begin_window(self) -> None:
-        self._graphs_before_window = _compiled_graph_count() if self._config.compile else None
-
-    def window_warnings(self) -> list[str]:
-        before = getattr(self, "_graphs_before_window", None)
-        if before is None:
-            return []
-        added = _compiled_graph_count() - before
-        if added > 0:
-            return [
-                (
-                    f"torch.compile compiled {added} new graph(s) inside the timed window (a recompilation): "
-                    "its compile time is in window_seconds"
-                )
-            ]
-        return []
-
-    def synchronize(self) -> None:
-        if self.device.type != "cpu":
-            getattr(torch, self.device.type).synchronize(self.device)
-
-    def step_clock(self) -> StepClock:
-        if self._placement.device_timing_events:
-            return DeviceEventStepClock(self.device)
-        return HostStepClock()
-
     def check_finite(self) -> None:
-        found = self._non_finite.take()
-        if self._process.is_distributed:
-            # A NaN loss on one rank only must fail every rank alike, or the others would go on
-            # to wait at the next barrier for a rank that has stopped.
-            device = self.device if self._placement.distributed_backend == "nccl" else torch.device("cpu")
-            found = (found != 0).to(device=device, dtype=torch.float32)
-            torch.distributed.all_reduce(found, op=torch.distributed.ReduceOp.MAX)
-        if bool(found.item() != 0):
+        if self._any_rank_raised():
             last = self._last_loss.item() if self._last_loss is not None else None
             raise NonFiniteLossError(
                 f"a loss or gradient was NaN/inf in an update since the last check (last loss on this rank: {last})"
             )
-
-    def barrier(self) -> None:
-        if not self._process.is_distributed:
-            return
-        if self._placement.distributed_backend == "nccl" and self.device.index is not None:
-            # NCCL's barrier is a collective on a device: name ours rather than let torch guess.
-            torch.distributed.barrier(device_ids=[self.device.index])
-        else:
-            torch.distributed.barrier()
-
-    def gather_max(self, value: float) -> float:
-        if not self._process.is_distributed:
-            return value
-        device = self.device if self._placement.distributed_backend == "nccl" else torch.device("cpu")
-        tensor = torch.tensor([value], dtype=torch.float64, device=device)
-        torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX)
-        return float(tensor.item())
-
-    def host_threads(self) -> dict[str, int]:
-        # torch's own settings, and what the placement's configure() set (its keys ending in _threads).
-        return {k: v for k, v in self._details.items() if k.endswith("_threads") and type(v) is int}
-
-    def dataset_samples(self) -> int | None:
-        return self._files.samples if self._files is not None else None
-
-    def details(self) -> dict[str, Any]:
-        return dict(self._details)
-
-    def framework_version(self) -> str:
-        return torch.__version__
 
     def model_state(self) -> dict[str, torch.Tensor]:
         """The trained weights on the host (tests compare them across placements)."""
@@ -373,11 +423,14 @@ class TorchExecutor(Executor):
         module = cast(torch.nn.Module, getattr(wrapped, "_orig_mod", wrapped))
         return {name: tensor.detach().cpu().clone() for name, tensor in module.state_dict().items()}
 
-    def close(self) -> None:
-        if self._process.is_distributed and torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
-            # gloo's worker thread may still hold the Context a gradient all-reduce captured in
-            # backward(); released during interpreter exit, it aborts the process. Wait for it.
-            from core.running.distributed import release_finished_collectives
 
-            release_finished_collectives()
+def torch_executor(
+    spec: TorchTrainingSpec, config: RunConfig, placement: TorchPlacement, process: ProcessContext
+) -> TorchModelExecutor:
+    """The executor for ``config.mode``: training (:class:`TorchExecutor`) or inference
+    (``core.executors.pytorch_inference.TorchInferenceExecutor``), on the same placement."""
+    if config.mode == "inference":
+        from core.executors.pytorch_inference import TorchInferenceExecutor
+
+        return TorchInferenceExecutor(spec, config, placement, process)
+    return TorchExecutor(spec, config, placement, process)

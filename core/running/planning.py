@@ -100,6 +100,9 @@ def plan_run(
         warnings.append(f"not checked here, needed on {machine.name!r}: workload {workload_name!r}: {needs}")
     with guard(accelerator_obj, f"{type(accelerator_obj).__name__}.parse_options()"):
         accelerator_options = accelerator_obj.parse_options(dict(config.accelerator_options))
+    _check_mode(config, accelerator_obj)
+    if config.weights is not None:
+        _check_weights(manager, config, workload_obj, workload_options)
     if config.micro_batch_size is None:
         config = config.model_copy(update={"micro_batch_size": workload_obj.default_micro_batch_size})
 
@@ -159,6 +162,39 @@ def check_machine(manager: PluginManager, machine: MachineProfile) -> None:
             required, got = (_TYPE_NAMES.get(t, t.__name__) for t in (kind, type(value)))
             quoting = "; a TOML string is quoted" if kind is str else ""
             raise ConfigError(f"machine.details.{key}", value, f"{required} is required, got {got}{quoting}")
+
+
+def _check_mode(config: RunConfig, accelerator: Accelerator) -> None:
+    if config.mode == "inference" and not accelerator.supports_inference:
+        raise ConfigError(
+            "mode",
+            config.mode,
+            f"accelerator {accelerator.name!r} places training runs only (its plugin does not declare "
+            "supports_inference); allowed: train",
+        )
+    if config.accuracy and config.framework is not Framework.torch:
+        raise ConfigError(
+            "accuracy",
+            True,
+            f"top-1 accuracy is measured by the PyTorch inference executor; framework {Framework.torch.value}",
+        )
+
+
+def _check_weights(manager: PluginManager, config: RunConfig, workload: Workload, options: BaseModel) -> None:
+    """The weights file fits the model: names and shapes from its header against the model built on
+    the meta device. Nothing is loaded and no device is touched."""
+    from core.executors.weights import check_weights_file
+
+    assert config.weights is not None
+    if config.framework is not Framework.torch:
+        raise ConfigError(
+            "weights",
+            config.weights,
+            f"a weights file is read by the PyTorch executors only; framework {Framework.torch.value}",
+        )
+    with manager.plugin_code(workload, f"{type(workload).__name__}.torch_state_shapes()"):
+        shapes = workload.torch_state_shapes(options)
+    check_weights_file(config.weights, shapes)
 
 
 def _check_available(manager: PluginManager, accelerator: Accelerator, machine: MachineProfile | None) -> None:

@@ -61,11 +61,14 @@ def _workload_figures(plan: RunPlan, warnings: list[str]) -> tuple[int | None, f
     parameters: int | None = None
     flops: float | None = None
     details: dict[str, object] = {}
+    # An inference run counts forward FLOPs only: its MFU is against the work it does.
+    inference = plan.config.mode == "inference"
+    figures_for = plan.workload.inference_figures_for if inference else plan.workload.figures_for
     try:
-        parameters, flops = plan.workload.figures_for(plan.workload_options, plan.config.framework)
+        parameters, flops = figures_for(plan.workload_options, plan.config.framework)
     except Exception as exc:
         warnings.append(
-            f"the workload plugin's figures_for raised {type(exc).__name__}: {exc} "
+            f"the workload plugin's {figures_for.__name__} raised {type(exc).__name__}: {exc} "
             f"(at {innermost_location(exc)}); no parameter count or FLOP figures"
         )
     try:
@@ -209,12 +212,18 @@ def execute(plan: RunPlan, process: ProcessContext, on_progress: ProgressCallbac
         if step_seconds:
             result.step_seconds_median = percentile(step_seconds, 0.5)
             result.step_seconds_p90 = percentile(step_seconds, 0.9)
+            result.step_seconds_p99 = percentile(step_seconds, 0.99)
         if result.flops_per_sample is not None:
             result.flops_per_second = result.flops_per_sample * result.throughput_per_second
             _record_utilization(result, plan)
         if energy is not None:
             _record_energy(result, energy)
         _record_epoch(result, plan, executor.dataset_samples())
+
+        if config.accuracy:
+            report(result)  # the window's figures, before the accuracy pass
+            phase = "accuracy"
+            _record_accuracy(result, executor)
     except BaseException as exc:
         if not isinstance(exc, Exception):
             # Ctrl-C (KeyboardInterrupt) or an exit request (SystemExit, SIGTERM under a launcher)
@@ -264,6 +273,18 @@ def _timed_window(
     executor.check_finite()
     step_seconds = clock.intervals_seconds()
     return executor.gather_max(elapsed), step_seconds, energy
+
+
+def _record_accuracy(result: RunResult, executor: Executor) -> None:
+    """Top-1 over the labelled dataset, after the window (outside it): a figure apart from the timing."""
+    counts = executor.top1_counts()
+    if counts is None:
+        result.warnings.append("accuracy: this executor does not measure top-1 accuracy; none recorded")
+        return
+    correct, samples = counts
+    if samples:
+        result.accuracy_samples = samples
+        result.top1_accuracy = correct / samples
 
 
 def _record_epoch(result: RunResult, plan: RunPlan, dataset_samples: int | None) -> None:

@@ -17,7 +17,10 @@ from core.energy.units import JOULES_PER_WATT_HOUR, watt_hours
 #      read from its workload_details), config.epoch_definition (default "dataset", what 1.2 did), and
 #      derived figures written beside the measured ones (Wh next to J, per device, tokens): computed
 #      on read, never trusted from the document, so older documents get them too.
-SCHEMA_VERSION = "1.3"
+# 1.4: inference runs: config.mode (default "train", what every older document is), config.weights and
+#      .accuracy (defaults None and false); RunResult.step_seconds_p99, .top1_accuracy and
+#      .accuracy_samples (optional); the derived mode and energy_joules_per_sample (computed on read).
+SCHEMA_VERSION = "1.4"
 # A traceback kept in a result is cut to its end (where it broke) so a deep recursion stays small.
 _TRACEBACK_CHARS = 20_000
 
@@ -195,8 +198,11 @@ class RunResult(BaseModel):
     window_updates: int | None = Field(default=None, description="weight updates in the window")
     window_samples: int | None = None
     throughput_per_second: float | None = Field(default=None, description="window samples / window seconds")
-    step_seconds_median: float | None = None
+    step_seconds_median: float | None = Field(
+        default=None, description="median (p50) of the window's step times; an inference run's batch latency"
+    )
     step_seconds_p90: float | None = None
+    step_seconds_p99: float | None = None
 
     data_wait_seconds: float | None = Field(
         default=None, description="window time the loop spent waiting for input data"
@@ -216,7 +222,10 @@ class RunResult(BaseModel):
     )
 
     parameter_count: int | None = None
-    flops_per_sample: float | None = Field(default=None, description="training FLOPs (forward + backward) per sample")
+    flops_per_sample: float | None = Field(
+        default=None,
+        description="FLOPs per sample of what the run does: training (forward + backward), or forward only (inference)",
+    )
     flops_per_second: float | None = Field(default=None, description="achieved: flops_per_sample x throughput")
     peak_flops_per_second: float | None = Field(
         default=None, description="sum of the datasheet peaks of the devices used, at the run's precision"
@@ -228,6 +237,11 @@ class RunResult(BaseModel):
     energy_unavailable_reason: str | None = None
     samples_per_watt_hour: float | None = None
     energy: EnergyMeasurement | None = None
+
+    top1_accuracy: float | None = Field(
+        default=None, description="inference with accuracy=true: share of the labelled samples predicted right"
+    )
+    accuracy_samples: int | None = Field(default=None, description="labelled samples top1_accuracy counts")
 
     environment: EnvironmentInfo | None = None
     workload_details: dict[str, Any] = Field(default_factory=dict, description="model source, hyper-parameters")
@@ -251,6 +265,18 @@ class RunResult(BaseModel):
         return data
 
     # --- figures derived from the measured ones: written into every document, recomputed on read ---
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def mode(self) -> str:
+        """``config.mode``: 'train' or 'inference' (every document before 1.4 trained)."""
+        return self.config.mode
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def energy_joules_per_sample(self) -> float | None:
+        """The window's energy over its samples (an inference run: joules per image, per sequence)."""
+        return _divided(self.energy_joules, self.window_samples)
 
     @computed_field  # type: ignore[prop-decorator]
     @property

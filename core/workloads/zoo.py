@@ -169,6 +169,23 @@ class ZooWorkload(Workload):
         tally = self.tally(options, framework if framework in self.sources else self.reference_framework)
         return tally.parameters, float(tally.training_flops)
 
+    def inference_flops_per_sample(self, options: BaseModel) -> float:
+        # The tally's own forward count, not a third of training: layers that read the raw input
+        # skip their input gradient, so training is less than three forwards.
+        return float(self.tally(options, self.reference_framework).forward_flops)
+
+    def inference_figures_for(self, options: BaseModel, framework: Framework) -> tuple[int | None, float | None]:
+        tally = self.tally(options, framework if framework in self.sources else self.reference_framework)
+        return tally.parameters, float(tally.forward_flops)
+
+    def torch_state_shapes(self, options: BaseModel) -> dict[str, tuple[int, ...]]:
+        # The bare module on the meta device: no synthetic pool, no memory for the weights.
+        import torch
+
+        with torch.device("meta"):
+            model = self.torch_model(options)
+        return {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+
     def shape_details(self, options: Any) -> dict[str, Any]:
         """Input shape, labels, dataset: what the synthetic data looks like."""
         return {}

@@ -49,6 +49,7 @@ class CpuAccelerator(Accelerator):
     frameworks: ClassVar[tuple[Framework, ...]] = (Framework.torch, Framework.tensorflow)
     launcher: ClassVar[str | None] = "torchrun"
     distributed_backend: ClassVar[str | None] = "gloo"
+    supports_inference: ClassVar[bool] = True
 
     def availability(self) -> Availability:
         return Availability.yes()
@@ -105,7 +106,7 @@ class CpuAccelerator(Accelerator):
         threads = self.threads_per_replica(config)
         if config.framework is Framework.tensorflow:
             return self._keras_executor(workload, options, config, threads)
-        from core.plugin import TorchExecutor, TorchPlacement
+        from core.plugin import TorchPlacement, torch_executor
 
         def set_threads(_config: RunConfig) -> dict[str, Any]:
             import torch
@@ -114,13 +115,13 @@ class CpuAccelerator(Accelerator):
             return {"threads_per_replica": threads}
 
         placement = TorchPlacement(device="cpu", distributed_backend=self.distributed_backend, configure=set_threads)
-        return TorchExecutor(workload.build_torch(options, config.seed), config, placement, context.process)
+        return torch_executor(workload.build_torch(options, config.seed), config, placement, context.process)
 
     def _keras_executor(self, workload: Workload, options: Any, config: RunConfig, threads: int) -> Executor:
         # The executor module first: it quiets TensorFlow's start-up logging before TF loads.
         import tensorflow as tf
 
-        from core.plugin import KerasExecutor, KerasPlacement, split_host_cpu
+        from core.plugin import KerasPlacement, keras_executor, split_host_cpu
 
         # Both must be set before TensorFlow starts its runtime; the executor records them.
         tf.config.threading.set_intra_op_parallelism_threads(threads * config.replicas)
@@ -140,4 +141,4 @@ class CpuAccelerator(Accelerator):
         placement = KerasPlacement(
             make_strategy=make_strategy, replicas=config.replicas, device_label="/cpu:0", jit_compile=config.compile
         )
-        return KerasExecutor(workload.build_keras(options, config.seed), config, placement)
+        return keras_executor(workload.build_keras(options, config.seed), config, placement)

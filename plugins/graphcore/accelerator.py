@@ -148,6 +148,7 @@ class GraphcoreAccelerator(Accelerator):
     frameworks: ClassVar[tuple[Framework, ...]] = (Framework.torch, Framework.tensorflow)
     max_devices_per_replica: ClassVar[int] = 64
     supports_device_iterations: ClassVar[bool] = True
+    supports_inference: ClassVar[bool] = True
     options_model: ClassVar[type[BaseModel]] = GraphcoreOptions
 
     def availability(self) -> Availability:
@@ -187,6 +188,7 @@ class GraphcoreAccelerator(Accelerator):
             ipus_per_replica=config.devices_per_replica,
             device_iterations=config.device_iterations,
             instances=instances,
+            training=config.mode == "train",
             auto_round_num_ipus=options.auto_round_num_ipus,
             framework=config.framework.value,
         )
@@ -210,6 +212,10 @@ class GraphcoreAccelerator(Accelerator):
             _check_sdk(config)
         if config.compile:
             raise ConfigError("compile", True, "IPU programs are always compiled by Poplar; leave compile=False")
+        if config.mode == "inference" and config.framework is Framework.tensorflow:
+            raise ConfigError(
+                "mode", config.mode, "IPU inference runs with PopTorch (framework torch); with tensorflow: train"
+            )
         if config.data not in SYNTHETIC_SOURCES:
             # Both IPU executors stream the synthetic pool from the host; a dataset path would be
             # silently ignored, and the figures would be for data the user did not ask for.
@@ -305,7 +311,7 @@ class GraphcoreAccelerator(Accelerator):
     ) -> Executor:
         import importlib
 
-        from .executor import PopTorchExecutor
+        from .executor import PopTorchExecutor, PopTorchInferenceExecutor
         from .options import OptionSettings
 
         poptorch = importlib.import_module("poptorch")
@@ -333,7 +339,8 @@ class GraphcoreAccelerator(Accelerator):
         }
         if placement.instances > 1:
             details["poprun_command"] = format_command(poprun_command(placement, ["<command>"]))
-        return PopTorchExecutor(
+        executor = PopTorchInferenceExecutor if config.mode == "inference" else PopTorchExecutor
+        return executor(
             workload.build_torch(workload_options, config.seed),
             config,
             placement,

@@ -68,6 +68,42 @@ class _PoolSamples(torch.utils.data.Dataset):
         return self._inputs[i], self._targets[i]
 
 
+def host_call_batch(
+    poptorch: Any, options: Any, spec: TorchTrainingSpec, placement: IpuPlacement, settings: OptionSettings
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One host call's (inputs, targets) for this process, built once: the call's samples for every
+    instance, of which the ``poptorch.DataLoader`` hands this process its share."""
+    every_instance = torch.cat([host_call_indices(placement, i, len(spec.inputs)) for i in range(placement.instances)])
+    loader = poptorch.DataLoader(
+        options,
+        _PoolSamples(spec.inputs, spec.targets, every_instance),
+        batch_size=placement.micro_batch_size,
+        shuffle=False,
+        drop_last=True,
+    )
+    inputs, targets = next(iter(loader))
+    if settings.half_precision and inputs.is_floating_point():
+        inputs = inputs.half()
+    return inputs, targets
+
+
+def _pipelined_and_halved(
+    poptorch: Any,
+    model: torch.nn.Module,
+    placement: IpuPlacement,
+    settings: OptionSettings,
+    split_points: Sequence[str],
+) -> StagePlan | None:
+    """Blocks per pipeline stage where a replica spans several IPUs, and fp16 weights where asked."""
+    stage_plan = None
+    if placement.pipelined:
+        stage_plan = plan_stages(model, placement.ipus_per_replica, split_points)
+        assign_blocks(poptorch, model, stage_plan)
+    if settings.half_precision:
+        model.half()
+    return stage_plan
+
+
 class PopTorchExecutor(Executor):
     def __init__(
         self,
@@ -92,13 +128,9 @@ class PopTorchExecutor(Executor):
         }
 
         model = spec.model
-        self.stage_plan: StagePlan | None = None
-        if placement.pipelined:
-            self.stage_plan = plan_stages(model, placement.ipus_per_replica, split_points)
-            assign_blocks(poptorch, model, self.stage_plan)
+        self.stage_plan = _pipelined_and_halved(poptorch, model, placement, settings, split_points)
+        if self.stage_plan is not None:
             self._details.update(self.stage_plan.summary())
-        if settings.half_precision:
-            model.half()
         self._user_model = model
         wrapped = ModelWithLoss(model, spec.loss_fn, poptorch.identity_loss)
         wrapped.train()
@@ -107,22 +139,8 @@ class PopTorchExecutor(Executor):
         self.options = build_options(poptorch, placement, settings, popdist)
         self._details["poptorch_options"] = options_summary(self.options)
 
-        # One host call's samples for every instance; the DataLoader hands this process its share.
-        every_instance = torch.cat(
-            [host_call_indices(placement, i, len(spec.inputs)) for i in range(placement.instances)]
-        )
-        loader = poptorch.DataLoader(
-            self.options,
-            _PoolSamples(spec.inputs, spec.targets, every_instance),
-            batch_size=placement.micro_batch_size,
-            shuffle=False,
-            drop_last=True,
-        )
-        inputs, targets = next(iter(loader))
-        if settings.half_precision and inputs.is_floating_point():
-            inputs = inputs.half()
-        self._inputs, self._targets = inputs, targets
-        self._details["host_call_samples"] = int(inputs.shape[0])
+        self._inputs, self._targets = host_call_batch(poptorch, self.options, spec, placement, settings)
+        self._details["host_call_samples"] = int(self._inputs.shape[0])
 
         self.training_model = poptorch.trainingModel(wrapped, self.options, optimizer=optimizer)
         self._compiled = False
@@ -167,3 +185,79 @@ class PopTorchExecutor(Executor):
     def close(self) -> None:
         # Releases the IPUs and the executable (and copies the weights back to the host).
         self.training_model.destroy()
+
+
+class PopTorchInferenceExecutor(Executor):
+    """Inference on IPUs: ``poptorch.inferenceModel`` over the same placement (replicas, device
+    iterations, pipelining; gradient accumulation is 1). One ``step()`` is one host call: each
+    replica runs ``device_iterations`` forward passes, and every output comes back to the host
+    (``OutputMode.All``, inference's default). The first call compiles, in the first-step phase.
+    """
+
+    def __init__(
+        self,
+        spec: TorchTrainingSpec,
+        config: RunConfig,
+        placement: IpuPlacement,
+        settings: OptionSettings,
+        *,
+        poptorch: Any,
+        popdist: Any = None,
+        split_points: Sequence[str] = (),
+        details: dict[str, Any] | None = None,
+    ) -> None:
+        self._poptorch = poptorch
+        self.updates_per_step = placement.device_iterations
+        self._details: dict[str, Any] = {
+            "framework": "torch",
+            "runtime": "poptorch",
+            "mode": "inference",
+            **(details or {}),
+            **placement.summary(),
+        }
+        model = spec.model
+        self.stage_plan = _pipelined_and_halved(poptorch, model, placement, settings, split_points)
+        if self.stage_plan is not None:
+            self._details.update(self.stage_plan.summary())
+        # Before wrapping: inferenceModel wraps a shallow copy, whose own training flag a later
+        # eval() would not reach (graphcore/poptorch python/__init__.py, inferenceModel's note).
+        model.eval()
+        self._user_model = model
+        self.options = build_options(poptorch, placement, settings, popdist)
+        self._details["poptorch_options"] = options_summary(self.options)
+        self._inputs, _ = host_call_batch(poptorch, self.options, spec, placement, settings)
+        self._details["host_call_samples"] = int(self._inputs.shape[0])
+        self.inference_model = poptorch.inferenceModel(model, self.options)
+        self._compiled = False
+        self._last_outputs: torch.Tensor | None = None
+
+    def step(self) -> None:
+        if not self._compiled:
+            started = time.perf_counter()
+            self.inference_model.compile(self._inputs)
+            self._details["compile_seconds"] = time.perf_counter() - started
+            self._compiled = True
+        # Returns once the IPUs have run and every output is on the host.
+        self._last_outputs = self.inference_model(self._inputs)
+
+    def synchronize(self) -> None:
+        # A PopTorch call returns after the device finished and its outputs reached the host.
+        pass
+
+    def step_clock(self) -> StepClock:
+        return HostStepClock()
+
+    def check_finite(self) -> None:
+        # The outputs are on the host already: checking the last call's costs no device sync.
+        outputs = self._last_outputs
+        if outputs is not None and outputs.is_floating_point() and not bool(torch.isfinite(outputs).all()):
+            raise NonFiniteLossError("a model output was NaN/inf in the last host call")
+
+    def details(self) -> dict[str, Any]:
+        return dict(self._details)
+
+    def framework_version(self) -> str:
+        return f"{torch.__version__} (poptorch {getattr(self._poptorch, '__version__', 'unknown')})"
+
+    def close(self) -> None:
+        self.inference_model.destroy()

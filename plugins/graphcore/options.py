@@ -52,7 +52,7 @@ def build_options(poptorch: Any, placement: IpuPlacement, settings: OptionSettin
         opts.enableExecutableCaching(settings.executable_cache_dir)
     if settings.ipu_model:
         opts.useIpuModel(True)
-    if settings.half_precision:
+    if settings.half_precision and placement.training:
         # fp16 weights and activations need loss scaling; PopTorch's automatic loss scaling sets it.
         opts.Training.setAutomaticLossScaling(True)
     opts.randomSeed(settings.seed)

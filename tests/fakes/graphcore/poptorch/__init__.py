@@ -691,6 +691,8 @@ class PoplarExecutor:
             return tensor.reshape(iterations, accumulation, replicas, micro, *tensor.shape[1:])
 
         batches = [split(a) for a in args]
+        if not self._training:
+            return self._infer(batches, iterations, replicas)
         outputs: Any = None
         for d in range(iterations):
             if self._training:
@@ -718,6 +720,23 @@ class PoplarExecutor:
             outputs = last[0] if len(last) == 1 else torch.stack(last)
         self.execute_count += 1
         return outputs
+
+    def _infer(self, batches: list[torch.Tensor], iterations: int, replicas: int) -> Any:
+        """An inference call: every device iteration's forward pass on every replica. The outputs
+        come back as the real PoplarExecutor returns them: with ``OutputMode.All`` (inference's
+        default) every iteration's, in the input's combined-batch order ``[iterations, replicas,
+        micro]`` flattened to one batch dimension; with ``OutputMode.Final`` the last iteration's
+        (``python/_poplar_executor.py``, and the batching semantics of ``docs/user_guide/batching.rst``)."""
+        per_iteration = []
+        for d in range(iterations):
+            with torch.no_grad():
+                per_iteration.append(
+                    torch.cat([self._user_model(*[b[d, 0, r] for b in batches]) for r in range(replicas)])
+                )
+        self.execute_count += 1
+        if self._options.output_mode == OutputMode.Final:
+            return per_iteration[-1]
+        return torch.cat(per_iteration)
 
     def copyWeightsToHost(self) -> None:
         if not self.isCompiled():
@@ -754,7 +773,10 @@ def trainingModel(
 def inferenceModel(model: torch.nn.Module, options: Options | None = None) -> PoplarExecutor:
     if isinstance(model, PoplarExecutor):
         model = model._user_model
-    return PoplarExecutor(model, options, training=False)
+    # python/__init__.py wraps a shallow copy (``PoplarExecutor(model=copy.copy(model), training=False)``):
+    # parameters and submodules are shared, but the copy's own ``training`` flag is not, so a
+    # ``model.eval()`` after wrapping does not reach it; PopTorch's docs say to call it before.
+    return PoplarExecutor(copy.copy(model), options, training=False)
 
 
 def ipuHardwareIsAvailable(num_ipus: int = 1) -> bool:
