@@ -278,6 +278,19 @@ def test_a_failing_window_callback_is_raised(tmp_path: Path, quiet_cwd: Path) ->
 
 
 @needs_loadgen
+def test_loadgen_runs_one_test_at_a_time(tmp_path: Path, quiet_cwd: Path) -> None:
+    settings = make_loadgen_settings(scenario="offline", offline_expected_samples_per_second=4000.0, **SHORT)
+
+    class Reentrant(SleepingSource):
+        def infer(self, indices: Sequence[int]) -> None:
+            run_scenario(SleepingSource(), settings, tmp_path / "inner")
+
+    with pytest.raises(LoadGenError, match="already running"):
+        run_scenario(Reentrant(), settings, tmp_path / "outer")
+    assert not (tmp_path / "inner").exists()
+
+
+@needs_loadgen
 @pytest.mark.parametrize("audit_in", ["cwd", "log_dir"])
 def test_only_an_audit_config_in_the_log_dir_applies(tmp_path: Path, quiet_cwd: Path, audit_in: str) -> None:
     log_dir = tmp_path / "logs"

@@ -5,6 +5,7 @@ LoadGen is imported here, lazily, so that core imports without it (the ``inferen
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from types import ModuleType
@@ -18,6 +19,8 @@ INSTALL_HINT = "pip install 'core[inference]' (the mlcommons-loadgen package)"
 # Read from the log directory, never the working directory: LoadGen applies an audit.config it
 # finds there over the settings given (MLPerf's compliance tests use that on purpose).
 AUDIT_CONFIG_FILE = "audit.config"
+# LoadGen keeps its logger and issue controller in process-wide singletons: one test at a time.
+_LOADGEN_IN_USE = threading.Lock()
 
 
 def import_loadgen() -> ModuleType:
@@ -106,16 +109,32 @@ def run_scenario(
     :returns: LoadGen's figures and verdict, the host's timing of the window, the summary verbatim.
     :raises: whatever ``source`` or a window callback raised (the first of them), once LoadGen has
         ended; ``ConfigError`` for a source whose sample counts LoadGen cannot take;
-        ``LoadGenError`` if LoadGen is not installed or left no result.
+        ``LoadGenError`` if LoadGen is not installed, is already running a test in this process,
+        or left no result.
     """
     check_source_counts(source.total_samples, source.performance_samples)
     lg = import_loadgen()
-    log_dir = Path(log_dir).resolve()
-    log_dir.mkdir(parents=True, exist_ok=True)
-    for name in LOG_FILES:
-        # A stale summary must not pass for this run's if LoadGen cannot write its own.
-        (log_dir / name).unlink(missing_ok=True)
+    if not _LOADGEN_IN_USE.acquire(blocking=False):
+        raise LoadGenError("a LoadGen test is already running in this process; LoadGen runs one at a time")
+    try:
+        log_dir = Path(log_dir).resolve()
+        log_dir.mkdir(parents=True, exist_ok=True)
+        for name in LOG_FILES:
+            # A stale summary must not pass for this run's if LoadGen cannot write its own.
+            (log_dir / name).unlink(missing_ok=True)
+        return _run_locked(source, settings, log_dir, lg, on_window_open, on_window_close)
+    finally:
+        _LOADGEN_IN_USE.release()
 
+
+def _run_locked(
+    source: QuerySource,
+    settings: LoadGenSettings,
+    log_dir: Path,
+    lg: Any,
+    on_window_open: WindowCallback | None,
+    on_window_close: WindowCallback | None,
+) -> LoadGenOutcome:
     answerer = QueryAnswerer(
         source,
         lg,
