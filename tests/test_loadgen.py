@@ -1,0 +1,469 @@
+"""The LoadGen layer drives the real mlperf_loadgen over a fake QuerySource that sleeps a known time
+per batch, and reads back what LoadGen measured: throughput, latencies, validity, the logs."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from core.errors import ConfigError
+from core.running.loadgen import (
+    LoadGenError,
+    LoadGenOutcome,
+    QuerySource,
+    make_loadgen_settings,
+    run_scenario,
+)
+from core.running.loadgen.outcome import DETAIL_FILE, LOG_FILES, SUMMARY_FILE, read_detail_log, read_outcome
+
+needs_loadgen = pytest.mark.skipif(
+    importlib.util.find_spec("mlperf_loadgen") is None,
+    reason="mlperf_loadgen is not installed (pip install 'core[inference]')",
+)
+
+SLEEP_SECONDS = 0.002
+# Short runs: LoadGen takes durations to the millisecond and counts as small as 1.
+SHORT = {"min_duration_seconds": 0.2, "min_query_count": 16}
+
+
+class SleepingSource:
+    """A QuerySource whose model takes SLEEP_SECONDS per batch, whatever its size, and that records
+    every call (and on which thread), checking that LoadGen asks only for loaded samples."""
+
+    def __init__(self, total: int = 64, performance: int = 32, *, fail_on_call: int | None = None) -> None:
+        self.total, self.performance = total, performance
+        self.fail_on_call = fail_on_call
+        self.loaded: list[list[int]] = []
+        self.unloaded: list[list[int]] = []
+        self.batches: list[list[int]] = []
+        self.infer_threads: set[str] = set()
+        self.infer_times: list[tuple[float, float]] = []
+        self.calls_after_failure = 0
+        self._failed = False
+        self._resident: set[int] = set()
+
+    @property
+    def total_samples(self) -> int:
+        return self.total
+
+    @property
+    def performance_samples(self) -> int:
+        return self.performance
+
+    def load(self, indices: Sequence[int]) -> None:
+        self.loaded.append(list(indices))
+        self._resident.update(indices)
+
+    def unload(self, indices: Sequence[int]) -> None:
+        self.unloaded.append(list(indices))
+        self._resident.difference_update(indices)
+
+    def infer(self, indices: Sequence[int]) -> None:
+        if self._failed:
+            self.calls_after_failure += 1
+        if self.fail_on_call is not None and len(self.batches) + 1 == self.fail_on_call:
+            self._failed = True
+            raise RuntimeError("the device fell over")
+        assert set(indices) <= self._resident, "LoadGen asked for a sample that is not loaded"
+        started = time.perf_counter()
+        time.sleep(SLEEP_SECONDS)
+        self.infer_times.append((started, time.perf_counter()))
+        self.batches.append(list(indices))
+        self.infer_threads.add(threading.current_thread().name)
+
+    @property
+    def samples_inferred(self) -> int:
+        return sum(len(batch) for batch in self.batches)
+
+
+@pytest.fixture
+def quiet_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A working directory that must stay empty: LoadGen writes only to the log directory."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    threads_before = set(threading.enumerate())
+    yield cwd
+    assert set(threading.enumerate()) <= threads_before, "a thread outlived run_scenario"
+
+
+def _detail_values(outcome: LoadGenOutcome) -> dict[str, Any]:
+    return read_detail_log(outcome.log_dir / DETAIL_FILE).values
+
+
+def _check_logs_and_balance(outcome: LoadGenOutcome, source: SleepingSource, log_dir: Path, cwd: Path) -> None:
+    assert outcome.log_dir == log_dir.resolve()
+    assert sorted(path.name for path in log_dir.iterdir()) == sorted(LOG_FILES)
+    assert list(cwd.iterdir()) == []
+    assert outcome.summary_text == (log_dir / SUMMARY_FILE).read_text()
+    assert "MLPerf Results Summary" in outcome.summary_text
+    assert outcome.loadgen_version and outcome.loadgen_version.startswith("6.")
+    assert outcome.loadgen_errors == []
+    # One performance set, loaded once and unloaded once.
+    assert len(source.loaded) == 1 and source.unloaded == source.loaded
+    assert len(source.loaded[0]) == source.performance
+    assert outcome.samples_answered == source.samples_inferred
+    # The host's window holds every inference and sits inside the StartTest call.
+    assert outcome.window_start_perf_counter is not None and outcome.window_end_perf_counter is not None
+    assert outcome.window_seconds is not None and 0 < outcome.window_seconds <= outcome.start_test_seconds
+    assert outcome.window_start_perf_counter <= source.infer_times[0][0]
+    assert source.infer_times[-1][1] <= outcome.window_end_perf_counter
+    # LoadGen's own first-issue-to-last-answer span (to the millisecond) lies within it.
+    assert outcome.loadgen_window_seconds is not None
+    assert outcome.loadgen_window_seconds <= outcome.window_seconds + 0.002
+
+
+# --- the scenarios --------------------------------------------------------------------------------
+
+
+@needs_loadgen
+def test_offline_throughput_is_the_batch_over_the_sleep(tmp_path: Path, quiet_cwd: Path) -> None:
+    batch = 8
+    ideal = batch / SLEEP_SECONDS
+    settings = make_loadgen_settings(
+        scenario="offline", max_batch_size=batch, offline_expected_samples_per_second=ideal, **SHORT
+    )
+    source = SleepingSource()
+    outcome = run_scenario(source, settings, tmp_path / "logs")
+
+    assert outcome.scenario == "offline"
+    assert outcome.valid and outcome.invalid_reason is None
+    assert outcome.min_duration_met and outcome.min_queries_met
+    # A sleep lasts at least its time, so the throughput cannot beat the ideal; a busy host may lose some.
+    assert outcome.samples_per_second is not None
+    assert 0.6 * ideal <= outcome.samples_per_second <= 1.02 * ideal
+    # LoadGen's one query, split into full batches (the last may be short), every sample answered.
+    issued = _detail_values(outcome)["effective_samples_per_query"]
+    assert outcome.query_count == 1
+    assert source.samples_inferred == issued == outcome.samples_answered
+    assert all(len(b) == batch for b in source.batches[:-1]) and 1 <= len(source.batches[-1]) <= batch
+    # Answered inline on the caller's thread (its CUDA stream, its inference_mode).
+    assert source.infer_threads == {threading.current_thread().name}
+    assert outcome.window_seconds is not None and outcome.window_seconds >= settings.min_duration_seconds
+    _check_logs_and_balance(outcome, source, tmp_path / "logs", quiet_cwd)
+
+
+@needs_loadgen
+def test_single_stream_latency_is_the_sleep(tmp_path: Path, quiet_cwd: Path) -> None:
+    settings = make_loadgen_settings(
+        scenario="single-stream", max_batch_size=8, single_stream_expected_latency_seconds=SLEEP_SECONDS, **SHORT
+    )
+    source = SleepingSource()
+    outcome = run_scenario(source, settings, tmp_path / "logs")
+
+    assert outcome.valid, outcome.invalid_reason
+    assert outcome.latency_p50_seconds is not None
+    assert SLEEP_SECONDS <= outcome.latency_p50_seconds <= SLEEP_SECONDS + 0.0015
+    figures = [
+        outcome.latency_min_seconds,
+        outcome.latency_p50_seconds,
+        outcome.latency_p90_seconds,
+        outcome.latency_p95_seconds,
+        outcome.latency_p99_seconds,
+        outcome.latency_max_seconds,
+    ]
+    assert all(figure is not None for figure in figures)
+    assert figures == sorted(figures)  # type: ignore[type-var]
+    assert outcome.latency_mean_seconds is not None and outcome.latency_mean_seconds >= SLEEP_SECONDS
+    assert outcome.early_stopping_latency_seconds is not None
+    assert outcome.early_stopping_latency_seconds >= SLEEP_SECONDS
+    # One sample per query whatever max_batch_size says; every query answered by the model.
+    assert {len(b) for b in source.batches} == {1}
+    assert outcome.query_count == outcome.samples_answered == source.samples_inferred >= SHORT["min_query_count"]
+    assert outcome.samples_per_second is not None and outcome.samples_per_second <= 1 / SLEEP_SECONDS
+    _check_logs_and_balance(outcome, source, tmp_path / "logs", quiet_cwd)
+
+
+@needs_loadgen
+def test_server_batches_what_arrived_on_a_worker_thread(tmp_path: Path, quiet_cwd: Path) -> None:
+    # Twice as many arrivals per second as one-sample batches could serve: the worker must batch.
+    rate = 1.0 / SLEEP_SECONDS * 2
+    settings = make_loadgen_settings(
+        scenario="server",
+        max_batch_size=4,
+        server_target_samples_per_second=rate,
+        server_target_latency_seconds=0.05,
+        min_duration_seconds=0.3,
+        min_query_count=16,
+    )
+    source = SleepingSource()
+    outcome = run_scenario(source, settings, tmp_path / "logs")
+
+    assert max(len(b) for b in source.batches) > 1
+    assert all(1 <= len(b) <= 4 for b in source.batches)
+    assert source.infer_threads == {"loadgen-server-worker"}
+    assert outcome.query_count == outcome.samples_answered == source.samples_inferred
+    assert outcome.latency_constraint_met is True  # 4 x 2 ms per batch stays far below 50 ms
+    assert outcome.latency_p99_seconds is not None and outcome.latency_p99_seconds < 0.05
+    assert outcome.latency_p50_seconds is not None and outcome.latency_p50_seconds >= SLEEP_SECONDS
+    assert outcome.scheduled_samples_per_second is not None and outcome.samples_per_second is not None
+    assert 0.5 * rate <= outcome.scheduled_samples_per_second <= 1.5 * rate
+    # A short run cannot satisfy early stopping at p99; the reason says so rather than nothing.
+    if not outcome.valid:
+        assert outcome.invalid_reason
+    _check_logs_and_balance(outcome, source, tmp_path / "logs", quiet_cwd)
+
+
+@needs_loadgen
+def test_window_callbacks_bracket_every_inference(tmp_path: Path, quiet_cwd: Path) -> None:
+    marks: list[tuple[str, float, str]] = []
+
+    def opened() -> None:
+        marks.append(("open", time.perf_counter(), threading.current_thread().name))
+
+    def closed() -> None:
+        marks.append(("close", time.perf_counter(), threading.current_thread().name))
+
+    settings = make_loadgen_settings(
+        scenario="offline", max_batch_size=16, offline_expected_samples_per_second=8000.0, **SHORT
+    )
+    source = SleepingSource()
+    outcome = run_scenario(source, settings, tmp_path / "logs", on_window_open=opened, on_window_close=closed)
+
+    assert [mark[0] for mark in marks] == ["open", "close"]
+    assert {mark[2] for mark in marks} == {threading.current_thread().name}
+    (_, opened_at, _), (_, closed_at, _) = marks
+    assert opened_at <= source.infer_times[0][0] and source.infer_times[-1][1] <= closed_at
+    assert outcome.window_start_perf_counter is not None and outcome.window_end_perf_counter is not None
+    assert outcome.window_start_perf_counter <= opened_at and closed_at - outcome.window_end_perf_counter < 0.01
+
+
+# --- faults ---------------------------------------------------------------------------------------
+
+
+@needs_loadgen
+@pytest.mark.parametrize(
+    "scenario, rates",
+    [
+        ("offline", {"offline_expected_samples_per_second": 4000.0, "max_batch_size": 8}),
+        ("single-stream", {"single_stream_expected_latency_seconds": SLEEP_SECONDS}),
+        ("server", {"server_target_samples_per_second": 500.0, "max_batch_size": 4}),
+    ],
+)
+def test_a_failing_infer_is_raised_once_loadgen_has_ended(
+    tmp_path: Path, quiet_cwd: Path, scenario: str, rates: dict[str, Any]
+) -> None:
+    settings = make_loadgen_settings(scenario=scenario, **rates, **SHORT)
+    source = SleepingSource(fail_on_call=3)
+    started = time.perf_counter()
+    with pytest.raises(RuntimeError, match="the device fell over"):
+        run_scenario(source, settings, tmp_path / "logs")
+    # LoadGen was answered without the model after the failure, so it ended at once (server: when
+    # its schedule of arrivals ran out, about min_duration_seconds).
+    assert time.perf_counter() - started < 5.0
+    assert source.calls_after_failure == 0 and len(source.batches) == 2
+    assert source.unloaded == source.loaded  # the samples were still released
+    assert (tmp_path / "logs" / SUMMARY_FILE).is_file()  # LoadGen's own account of the broken run
+
+
+@needs_loadgen
+def test_a_failing_window_callback_is_raised(tmp_path: Path, quiet_cwd: Path) -> None:
+    def meter_fails() -> None:
+        raise OSError("no power meter")
+
+    settings = make_loadgen_settings(scenario="offline", offline_expected_samples_per_second=4000.0, **SHORT)
+    source = SleepingSource()
+    with pytest.raises(OSError, match="no power meter"):
+        run_scenario(source, settings, tmp_path / "logs", on_window_open=meter_fails)
+    assert source.batches == []  # the model never ran without its meter
+    assert source.unloaded == source.loaded
+
+
+@needs_loadgen
+def test_loadgen_runs_one_test_at_a_time(tmp_path: Path, quiet_cwd: Path) -> None:
+    settings = make_loadgen_settings(scenario="offline", offline_expected_samples_per_second=4000.0, **SHORT)
+
+    class Reentrant(SleepingSource):
+        def infer(self, indices: Sequence[int]) -> None:
+            run_scenario(SleepingSource(), settings, tmp_path / "inner")
+
+    with pytest.raises(LoadGenError, match="already running"):
+        run_scenario(Reentrant(), settings, tmp_path / "outer")
+    assert not (tmp_path / "inner").exists()
+
+
+@needs_loadgen
+@pytest.mark.parametrize("audit_in", ["cwd", "log_dir"])
+def test_only_an_audit_config_in_the_log_dir_applies(tmp_path: Path, quiet_cwd: Path, audit_in: str) -> None:
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
+    folder = quiet_cwd if audit_in == "cwd" else log_dir
+    # LoadGen config files give percentiles in percent.
+    (folder / "audit.config").write_text("*.SingleStream.target_latency_percentile = 50\n")
+    settings = make_loadgen_settings(
+        scenario="single-stream", single_stream_expected_latency_seconds=SLEEP_SECONDS, **SHORT
+    )
+    outcome = run_scenario(SleepingSource(), settings, log_dir)
+    percentile = _detail_values(outcome)["effective_target_latency_percentile"]
+    assert percentile == (0.9 if audit_in == "cwd" else 0.5)
+    (folder / "audit.config").unlink()  # quiet_cwd checks nothing else is left behind
+
+
+@needs_loadgen
+def test_stale_logs_do_not_pass_for_a_new_run(tmp_path: Path, quiet_cwd: Path) -> None:
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
+    (log_dir / SUMMARY_FILE).write_text("Result is : VALID\n")
+    settings = make_loadgen_settings(
+        scenario="single-stream", single_stream_expected_latency_seconds=SLEEP_SECONDS, **SHORT
+    )
+    outcome = run_scenario(SleepingSource(), settings, log_dir)
+    assert outcome.summary_text.startswith("====")
+
+
+def test_source_counts_are_checked_before_loadgen(tmp_path: Path) -> None:
+    settings = make_loadgen_settings(scenario="offline", offline_expected_samples_per_second=10.0)
+    with pytest.raises(ConfigError) as caught:
+        run_scenario(SleepingSource(total=8, performance=16), settings, tmp_path / "logs")
+    assert caught.value.field == "source.performance_samples"
+    assert not (tmp_path / "logs").exists()
+
+
+def test_without_loadgen_the_error_says_how_to_install_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "mlperf_loadgen", None)  # import now raises ImportError
+    settings = make_loadgen_settings(scenario="offline", offline_expected_samples_per_second=10.0)
+    with pytest.raises(LoadGenError, match=r"core\[inference\]"):
+        run_scenario(SleepingSource(), settings, tmp_path / "logs")
+
+
+def test_core_imports_without_loading_loadgen() -> None:
+    code = "import sys, core, core.running.loadgen; assert 'mlperf_loadgen' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_fake_is_a_query_source() -> None:
+    assert isinstance(SleepingSource(), QuerySource)
+
+
+# --- settings ---------------------------------------------------------------------------------------
+
+
+OFFLINE = {"scenario": "offline", "offline_expected_samples_per_second": 1.0}
+
+
+@pytest.mark.parametrize(
+    "options, field",
+    [
+        ({"scenario": "multi-stream"}, "scenario"),
+        ({**OFFLINE, "max_batch_size": 0}, "max_batch_size"),
+        ({**OFFLINE, "max_batch_size": 8.0}, "max_batch_size"),
+        ({**OFFLINE, "min_duration_seconds": 0}, "min_duration_seconds"),
+        ({**OFFLINE, "min_duration_seconds": "10"}, "min_duration_seconds"),
+        ({**OFFLINE, "offline_expected_samples_per_second": True}, "offline_expected_samples_per_second"),
+        ({"scenario": "offline"}, "offline_expected_samples_per_second"),
+        ({"scenario": "server"}, "server_target_samples_per_second"),
+        ({"scenario": "server", "server_target_samples_per_second": -5.0}, "server_target_samples_per_second"),
+        ({**OFFLINE, "single_stream_target_latency_percentile": 1.0}, "single_stream_target_latency_percentile"),
+        ({**OFFLINE, "min_duration_seconds": 5.0, "max_duration_seconds": 1.0}, "max_duration_seconds"),
+        ({**OFFLINE, "min_query_count": 100, "max_query_count": 10}, "max_query_count"),
+        ({**OFFLINE, "seed": -1}, "seed"),
+        ({**OFFLINE, "target_qps": 10.0}, "target_qps"),
+    ],
+)
+def test_bad_settings_name_the_field(options: dict[str, Any], field: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        make_loadgen_settings(**options)
+    assert caught.value.field == field
+    assert field in str(caught.value)
+
+
+def test_settings_are_frozen_and_the_defaults_are_loadgen_s() -> None:
+    settings = make_loadgen_settings(scenario="single-stream")
+    assert settings.min_duration_seconds == 10.0 and settings.min_query_count == 100
+    assert settings.single_stream_target_latency_percentile == 0.90
+    with pytest.raises(Exception, match="frozen"):
+        settings.seed = 3  # type: ignore[misc]
+
+
+# --- reading LoadGen's logs ---------------------------------------------------------------------------
+
+_SUMMARY_ONLY = """\
+================================================
+MLPerf Results Summary
+================================================
+SUT name : PySUT
+Scenario : SingleStream
+Mode     : PerformanceOnly
+90.0th percentile latency (ns) : 2368597
+Result is : INVALID
+  Min duration satisfied : NO
+  Min queries satisfied : Yes
+  Early stopping satisfied: Yes
+
+================================================
+Additional Stats
+================================================
+QPS w/ loadgen overhead         : 456.43
+QPS w/o loadgen overhead        : 457.33
+
+Min latency (ns)                : 2072787
+Max latency (ns)                : 3882822
+Mean latency (ns)               : 2186600
+50.00 percentile latency (ns)   : 2082221
+90.00 percentile latency (ns)   : 2368597
+95.00 percentile latency (ns)   : 2730617
+97.00 percentile latency (ns)   : 3415236
+99.00 percentile latency (ns)   : 3882822
+99.90 percentile latency (ns)   : 3882822
+"""
+
+
+def _read(log_dir: Path) -> LoadGenOutcome:
+    return read_outcome(
+        log_dir,
+        "single-stream",
+        samples_answered=93,
+        start_test_seconds=0.3,
+        window_start_perf_counter=None,
+        window_end_perf_counter=None,
+    )
+
+
+def test_a_summary_without_its_detail_log_still_gives_the_figures(tmp_path: Path) -> None:
+    (tmp_path / SUMMARY_FILE).write_text(_SUMMARY_ONLY)
+    outcome = _read(tmp_path)
+    assert not outcome.valid and not outcome.min_duration_met and outcome.min_queries_met
+    assert outcome.samples_per_second == pytest.approx(456.43)
+    assert outcome.latency_p50_seconds == pytest.approx(0.002082221)
+    assert outcome.latency_p99_seconds == pytest.approx(0.003882822)
+    assert outcome.latency_mean_seconds == pytest.approx(0.0021866)
+    assert outcome.summary_text == _SUMMARY_ONLY and outcome.window_seconds is None
+
+
+def test_the_detail_log_wins_over_the_summary_and_its_flags_are_collected(tmp_path: Path) -> None:
+    (tmp_path / SUMMARY_FILE).write_text(_SUMMARY_ONLY)
+    lines = [
+        '{"key": "result_validity", "value": "INVALID", "metadata": {"is_error": false, "is_warning": false}}',
+        '{"key": "result_invalid_reason", "value": "Reduce target QPS to improve latency. ", "metadata": {}}',
+        '{"key": "result_50.00_percentile_latency_ns", "value": 1000000, "metadata": {}}',
+        '{"key": "error_runtime", "value": "Ending early: Ran out of generated queries", '
+        '"metadata": {"is_error": true, "is_warning": false}}',
+        '{"key": "warning_generic_message", "value": "clocks differ", '
+        '"metadata": {"is_error": false, "is_warning": true}}',
+        '{"key": "power_begin", "value": "11-25-2026 12:32:50.237", "metadata": {}}',
+        '{"key": "power_end", "value": "11-25-2026 12:32:50.441", "metadata": {}}',
+    ]
+    text = "".join(f":::MLLOG {line}\n" for line in lines) + ":::MLLOG {cut short\nnot a log line\n"
+    (tmp_path / DETAIL_FILE).write_text(text)
+    outcome = _read(tmp_path)
+    assert outcome.latency_p50_seconds == pytest.approx(0.001)  # the detail log's, not the summary's
+    assert outcome.invalid_reason == "Reduce target QPS to improve latency."
+    assert outcome.loadgen_errors == ["error_runtime: Ending early: Ran out of generated queries"]
+    assert outcome.loadgen_warnings == ["warning_generic_message: clocks differ"]
+    assert outcome.loadgen_window_seconds == pytest.approx(0.204)
+
+
+def test_logs_without_a_result_are_a_loadgen_error(tmp_path: Path) -> None:
+    with pytest.raises(LoadGenError, match="no mlperf_log_summary.txt"):
+        _read(tmp_path)
+    (tmp_path / SUMMARY_FILE).write_text("LoadGen gave up\n")
+    with pytest.raises(LoadGenError, match="no result"):
+        _read(tmp_path)
