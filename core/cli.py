@@ -27,6 +27,7 @@ _OWN_SYNTAX = {
     "accelerator": "--accelerator",
     "workload_options": "-o",
     "accelerator_options": "-a",
+    "loadgen": "-l",
 }
 
 
@@ -132,6 +133,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="vendor placement option, e.g. -a mode=package (AMD), -a ipu_model=true (Graphcore)",
     )
     run.add_argument(
+        "-l",
+        "--loadgen",
+        dest="loadgen",
+        action="append",
+        type=_option_pair,
+        default=[],
+        metavar="KEY=VALUE",
+        help="LoadGen setting with --scenario offline/single-stream/server, e.g. -l min_duration_seconds=60",
+    )
+    run.add_argument(
         "--timeout-seconds",
         type=float,
         metavar="TIMEOUT_SECONDS",
@@ -224,6 +235,8 @@ def _run_options(args: argparse.Namespace) -> dict[str, Any]:
         options["workload_options"] = dict(args.workload_options)
     if args.accelerator_options:
         options["accelerator_options"] = dict(args.accelerator_options)
+    if args.loadgen:
+        options["loadgen"] = dict(args.loadgen)
     return options
 
 
@@ -232,7 +245,7 @@ def _describe_config_error(error: ConfigError) -> str:
     lines = []
     for e in errors:
         flag = run_flags().get(e.field)
-        for prefix, short in (("workload_options.", "-o "), ("accelerator_options.", "-a ")):
+        for prefix, short in (("workload_options.", "-o "), ("accelerator_options.", "-a "), ("loadgen.", "-l ")):
             if e.field.startswith(prefix):
                 flag = short + e.field[len(prefix) :]
         lines.append(f"invalid {e.field}{f' ({flag})' if flag else ''} = {e.value!r}: {e.allowed}")
@@ -300,6 +313,22 @@ def _epoch_lines(result: Any) -> list[str]:
     ]
 
 
+def _loadgen_lines(figures: Any, unit: str) -> list[str]:
+    """LoadGen's verdict and its own figures, under core's (which count samples over the same window)."""
+    if figures is None:
+        return []
+    verdict = "VALID" if figures.valid else f"INVALID: {figures.invalid_reason or 'see its summary'}"
+    own = [f"{figures.query_count:,} queries"] if figures.query_count is not None else []
+    if figures.samples_per_second is not None:
+        own.append(f"{figures.samples_per_second:.6g} {unit}/s by its count")
+    if figures.early_stopping_latency_seconds is not None:
+        share = figures.settings.get("single_stream_target_latency_percentile", 0.9)
+        own.append(
+            f"early-stopping p{share * 100:g} {_format_seconds(figures.early_stopping_latency_seconds, 1e3, 'ms')}"
+        )
+    return [f"  loadgen         {figures.scenario}, {verdict}" + (f" ({', '.join(own)})" if own else "")]
+
+
 def format_result(result: Any) -> str:
     c = result.config
     unit = result.sample_unit or "samples"
@@ -308,7 +337,9 @@ def format_result(result: Any) -> str:
         f"{result.workload} on {result.accelerator} ({result.framework}, {c.precision.value}"
         + (", inference" if inference else "")
         + f"): {result.status.state.value}",
-        f"  samples/step    {result.samples_per_update} (micro {c.micro_batch_size} x replicas {c.replicas})"
+        f"  samples/query   1; warm-up batches of {c.micro_batch_size}"
+        if c.scenario in ("single-stream", "server")
+        else f"  samples/step    {result.samples_per_update} (micro {c.micro_batch_size} x replicas {c.replicas})"
         if inference
         else f"  samples/update  {result.samples_per_update} (micro {c.micro_batch_size} x accumulation "
         f"{c.gradient_accumulation} x replicas {c.replicas})",
@@ -325,12 +356,15 @@ def format_result(result: Any) -> str:
                 f"  tokens          {result.tokens_per_second:.6g} tokens/s "
                 f"({result.tokens_per_sample} tokens per {unit.removesuffix('s') or 'sample'})"
             )
-        lines.append(
-            f"  {'batch latency' if inference else 'step time':<15} "
-            f"median {_format_seconds(result.step_seconds_median, 1e3, 'ms')}, "
-            f"p90 {_format_seconds(result.step_seconds_p90, 1e3, 'ms')}, "
-            f"p99 {_format_seconds(result.step_seconds_p99, 1e3, 'ms')}"
-        )
+        if result.loadgen is None or result.loadgen.scenario != "offline":  # offline: one query, no latency
+            label = "step time" if not inference else "batch latency" if result.loadgen is None else "query latency"
+            lines.append(
+                f"  {label:<15} "
+                f"median {_format_seconds(result.step_seconds_median, 1e3, 'ms')}, "
+                f"p90 {_format_seconds(result.step_seconds_p90, 1e3, 'ms')}, "
+                f"p99 {_format_seconds(result.step_seconds_p99, 1e3, 'ms')}"
+            )
+        lines += _loadgen_lines(result.loadgen, unit)
     lines.append(
         f"  phases          setup {_format_seconds(result.setup_seconds)}, first step "
         f"{_format_seconds(result.first_step_seconds)}, warm-up {_format_seconds(result.warmup_seconds)}"

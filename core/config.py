@@ -36,6 +36,11 @@ OptionValue = bool | int | float | str
 #: "inference" (one forward pass per micro-batch, no gradients, no optimizer)
 RunMode = Literal["train", "inference"]
 
+#: how an inference run's queries arrive: "loop" is core's own steady window (micro-batches back to
+#: back, any accelerator); the others are MLPerf LoadGen's scenarios (core.running.loadgen)
+InferenceScenario = Literal["loop", "offline", "single-stream", "server"]
+LOADGEN_SCENARIOS = ("offline", "single-stream", "server")
+
 
 class RunConfig(BaseModel):
     """One run. Field names are what the CLI flags, the sweep files and the result use."""
@@ -123,6 +128,17 @@ class RunConfig(BaseModel):
         min_length=1,
         description="a safetensors file or a PyTorch state dict (torch.save) whose tensors replace the model's "
         "seeded weights; read from disk, never downloaded",
+    )
+    scenario: InferenceScenario = Field(
+        default="loop",
+        description="inference only: 'loop' (core's steady window of back-to-back micro-batches) or an MLPerf "
+        "LoadGen scenario: 'offline' (throughput), 'single-stream' (per-sample latency), 'server' (latency under "
+        "Poisson arrivals)",
+    )
+    loadgen: dict[str, OptionValue] = Field(
+        default_factory=dict,
+        description="LoadGen settings for a LoadGen scenario (min_duration_seconds, min_query_count, "
+        "server_target_samples_per_second, ...; docs/inference.md)",
     )
     accuracy: bool = Field(
         default=False,
@@ -287,6 +303,16 @@ def check_mode_options(config: RunConfig) -> None:
             config.gradient_accumulation,
             "inference runs one forward pass per micro-batch and accumulates no gradients; allowed with mode "
             "'inference': 1 (for more samples per step raise micro_batch_size)",
+        )
+    if config.scenario != "loop" and config.mode != "inference":
+        raise ConfigError(
+            "scenario", config.scenario, "a LoadGen scenario drives inference runs; set mode 'inference', or 'loop'"
+        )
+    if config.loadgen and config.scenario == "loop":
+        raise ConfigError(
+            "loadgen",
+            dict(config.loadgen),
+            f"LoadGen settings need a LoadGen scenario ({', '.join(LOADGEN_SCENARIOS)}); scenario is 'loop'",
         )
     if config.accuracy and config.mode != "inference":
         raise ConfigError(

@@ -18,8 +18,9 @@ from core.contract.manager import get_plugin_manager
 from core.contract.workload import TorchTrainingSpec
 from core.data.torch_datasets import ImageFolder
 from core.executors.pytorch import TorchExecutor, TorchPlacement, torch_executor
-from core.executors.pytorch_inference import QuerySource, TorchInferenceExecutor
+from core.executors.pytorch_inference import TorchInferenceExecutor
 from core.running.distributed import SINGLE_PROCESS
+from core.running.loadgen import QuerySource
 from core.running.planning import plan_run
 from core.storage.results import RunResult
 from core.storage.store import ResultStore

@@ -14,7 +14,7 @@ LoadGen's model): ``load``/``unload`` place samples on the device ahead of the t
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import torch
 
@@ -27,23 +27,6 @@ from core.running.distributed import ProcessContext
 #: samples a load generator may hold on the device at once, at most (MLPerf's "performance sample
 #: count": ResNet-50's is 1024); a smaller pool or dataset gives its own size
 PERFORMANCE_SAMPLES = 1024
-
-
-@runtime_checkable
-class QuerySource(Protocol):
-    """What a load generator drives: samples by index, loaded ahead, inferred on demand."""
-
-    @property
-    def total_samples(self) -> int: ...
-
-    @property
-    def performance_samples(self) -> int: ...
-
-    def load(self, indices: Sequence[int]) -> None: ...
-
-    def unload(self, indices: Sequence[int]) -> None: ...
-
-    def infer(self, indices: Sequence[int]) -> None: ...
 
 
 def floating_tensors(outputs: Any) -> list[torch.Tensor]:

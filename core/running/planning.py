@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from core.config import Framework, Precision, RunConfig, make_config
+from core.config import LOADGEN_SCENARIOS, Framework, Precision, RunConfig, make_config
 from core.contract.accelerator import Accelerator, validate_run
 from core.contract.context import (
     ACCELERATOR_OLD_FORMS,
@@ -105,6 +105,8 @@ def plan_run(
         _check_weights(manager, config, workload_obj, workload_options)
     if config.micro_batch_size is None:
         config = config.model_copy(update={"micro_batch_size": workload_obj.default_micro_batch_size})
+    if config.scenario in LOADGEN_SCENARIOS:
+        _check_loadgen(config, machine, warnings)
 
     _check_placement_limits(manager, accelerator_obj, config, machine)
     plan = RunPlan(config, workload_obj, workload_options, accelerator_obj, accelerator_options, None, None)
@@ -162,6 +164,31 @@ def check_machine(manager: PluginManager, machine: MachineProfile) -> None:
             required, got = (_TYPE_NAMES.get(t, t.__name__) for t in (kind, type(value)))
             quoting = "; a TOML string is quoted" if kind is str else ""
             raise ConfigError(f"machine.details.{key}", value, f"{required} is required, got {got}{quoting}")
+
+
+def _check_loadgen(config: RunConfig, machine: MachineProfile | None, warnings: list[str]) -> None:
+    """A LoadGen scenario drives one process's PyTorch inference executor, with settings LoadGen
+    accepts, and needs LoadGen installed (looked up, not imported)."""
+    from core.running.loadgen.run import INSTALL_HINT
+    from core.running.loadgen.settings import settings_for_run
+
+    if config.framework is not Framework.torch:
+        raise ConfigError(
+            "scenario",
+            config.scenario,
+            f"LoadGen drives the PyTorch inference executors; with {config.framework.value}: loop",
+        )
+    if config.replicas != 1:
+        raise ConfigError(
+            "replicas",
+            config.replicas,
+            f"LoadGen drives one process's model; with scenario {config.scenario!r}: 1 (replicas run with 'loop')",
+        )
+    settings_for_run(config)
+    if not module_installed("mlperf_loadgen"):
+        if machine is None:
+            raise ConfigError("scenario", config.scenario, f"needs MLPerf LoadGen, not installed here: {INSTALL_HINT}")
+        warnings.append(f"not checked here, needed on {machine.name!r}: MLPerf LoadGen ({INSTALL_HINT})")
 
 
 def _check_mode(config: RunConfig, accelerator: Accelerator) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from core.config import LOADGEN_SCENARIOS, RunConfig
 from core.contract.accelerator import executor_for
 from core.contract.manager import innermost_location
 from core.energy.meter import PowerMeter, UnavailableMeter, meter_for
@@ -194,26 +195,11 @@ def execute(plan: RunPlan, process: ProcessContext, on_progress: ProgressCallbac
                 meter = meter_for(plan.meter_factory, result.devices, plan.context(process))
             except Exception as exc:  # a meter that cannot open costs the energy figure only
                 meter = UnavailableMeter(plan.meter_factory.name, f"meter failed to open: {type(exc).__name__}: {exc}")
-        waited_before_window = executor.data_wait_seconds()
-        window_seconds, step_seconds, energy = _timed_window(executor, meter, config.steps)
-        result.warnings.extend(executor.window_warnings())
-        result.data_wait_seconds = executor.data_wait_seconds() - waited_before_window
-        result.data_wait_fraction = result.data_wait_seconds / window_seconds
-        if result.data_wait_fraction > DATA_BOUND_FRACTION:
-            result.warnings.append(
-                f"data-bound: the loop waited for input data {result.data_wait_fraction:.0%} of the window; "
-                "add data_workers or use faster storage to measure the accelerator"
-            )
-        result.window_seconds = window_seconds
-        result.window_steps = config.steps
-        result.window_updates = config.steps * executor.updates_per_step
-        result.window_samples = result.window_updates * config.samples_per_update
-        result.throughput_per_second = result.window_samples / window_seconds
-        if step_seconds:
-            result.step_seconds_median = percentile(step_seconds, 0.5)
-            result.step_seconds_p90 = percentile(step_seconds, 0.9)
-            result.step_seconds_p99 = percentile(step_seconds, 0.99)
-        if result.flops_per_sample is not None:
+        if config.scenario in LOADGEN_SCENARIOS:
+            energy = _loadgen_window(result, executor, meter, config)
+        else:
+            energy = _loop_window(result, executor, meter, config)
+        if result.flops_per_sample is not None and result.throughput_per_second is not None:
             result.flops_per_second = result.flops_per_sample * result.throughput_per_second
             _record_utilization(result, plan)
         if energy is not None:
@@ -240,6 +226,56 @@ def execute(plan: RunPlan, process: ProcessContext, on_progress: ProgressCallbac
             _close_quietly(executor.close)
     report(result)
     return result
+
+
+def _loop_window(
+    result: RunResult, executor: Executor, meter: PowerMeter | None, config: RunConfig
+) -> EnergyMeasurement | None:
+    """core's own steady window: ``config.steps`` steps back to back, timed at its two ends."""
+    waited_before_window = executor.data_wait_seconds()
+    window_seconds, step_seconds, energy = _timed_window(executor, meter, config.steps)
+    result.warnings.extend(executor.window_warnings())
+    result.data_wait_seconds = executor.data_wait_seconds() - waited_before_window
+    result.data_wait_fraction = result.data_wait_seconds / window_seconds
+    if result.data_wait_fraction > DATA_BOUND_FRACTION:
+        result.warnings.append(
+            f"data-bound: the loop waited for input data {result.data_wait_fraction:.0%} of the window; "
+            "add data_workers or use faster storage to measure the accelerator"
+        )
+    result.window_seconds = window_seconds
+    result.window_steps = config.steps
+    result.window_updates = config.steps * executor.updates_per_step
+    result.window_samples = result.window_updates * config.samples_per_update
+    result.throughput_per_second = result.window_samples / window_seconds
+    if step_seconds:
+        result.step_seconds_median = percentile(step_seconds, 0.5)
+        result.step_seconds_p90 = percentile(step_seconds, 0.9)
+        result.step_seconds_p99 = percentile(step_seconds, 0.99)
+    return energy
+
+
+def _loadgen_window(
+    result: RunResult, executor: Executor, meter: PowerMeter | None, config: RunConfig
+) -> EnergyMeasurement | None:
+    """The window under a LoadGen scenario: as long as LoadGen's settings make it, not ``steps``."""
+    from core.running.loadgen.window import loadgen_window
+
+    window = loadgen_window(executor, meter, config)
+    executor.check_finite()
+    result.loadgen = window.figures
+    result.window_seconds = window.window_seconds
+    result.window_steps = result.window_updates = window.infer_calls
+    result.window_samples = window.samples
+    result.throughput_per_second = window.samples / window.window_seconds
+    if config.scenario != "offline":
+        # A query's latency, issue to answer, as LoadGen measured it; offline has one query only.
+        figures = window.figures
+        result.step_seconds_median = figures.latency_p50_seconds
+        result.step_seconds_p90 = figures.latency_p90_seconds
+        result.step_seconds_p99 = figures.latency_p99_seconds
+    if not window.figures.valid:
+        result.warnings.append(f"LoadGen: the result is INVALID ({window.figures.invalid_reason or 'no reason given'})")
+    return window.energy
 
 
 def _timed_window(

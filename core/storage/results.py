@@ -19,7 +19,8 @@ from core.energy.units import JOULES_PER_WATT_HOUR, watt_hours
 #      on read, never trusted from the document, so older documents get them too.
 # 1.4: inference runs: config.mode (default "train", what every older document is), config.weights and
 #      .accuracy (defaults None and false); RunResult.step_seconds_p99, .top1_accuracy and
-#      .accuracy_samples (optional); the derived mode and energy_joules_per_sample (computed on read).
+#      .accuracy_samples (optional); the derived mode and energy_joules_per_sample (computed on read);
+#      config.scenario and .loadgen (defaults "loop" and {}), RunResult.loadgen (optional).
 SCHEMA_VERSION = "1.4"
 # A traceback kept in a result is cut to its end (where it broke) so a deep recursion stays small.
 _TRACEBACK_CHARS = 20_000
@@ -166,6 +167,34 @@ class EnvironmentInfo(BaseModel):
     host_threads: dict[str, int] = Field(default_factory=dict, description="thread settings in force, e.g. intra_op")
 
 
+class LoadGenFigures(BaseModel):
+    """What MLPerf LoadGen said of an inference run under one of its scenarios, from its own logs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    scenario: str
+    valid: bool = Field(description="LoadGen's verdict ('Result is : VALID')")
+    invalid_reason: str | None = None
+    samples_per_second: float | None = Field(
+        default=None,
+        description="LoadGen's throughput: offline 'samples per second', server 'completed samples per second', "
+        "single-stream 'QPS with loadgen overhead'",
+    )
+    query_count: int | None = None
+    latency_p50_seconds: float | None = None
+    latency_p90_seconds: float | None = None
+    latency_p95_seconds: float | None = None
+    latency_p99_seconds: float | None = None
+    latency_mean_seconds: float | None = None
+    early_stopping_latency_seconds: float | None = Field(
+        default=None, description="single-stream: LoadGen's early-stopping estimate of the target percentile"
+    )
+    settings: dict[str, Any] = Field(default_factory=dict, description="the LoadGen settings the run used")
+    loadgen_version: str | None = None
+    errors: list[str] = Field(default_factory=list, description="errors LoadGen logged")
+    summary_text: str = Field(default="", description="mlperf_log_summary.txt, verbatim")
+
+
 class RunResult(BaseModel):
     """Everything a run measured. Fields that a fault prevented from being measured stay null."""
 
@@ -242,6 +271,9 @@ class RunResult(BaseModel):
         default=None, description="inference with accuracy=true: share of the labelled samples predicted right"
     )
     accuracy_samples: int | None = Field(default=None, description="labelled samples top1_accuracy counts")
+    loadgen: LoadGenFigures | None = Field(
+        default=None, description="an inference run under a LoadGen scenario: LoadGen's verdict and figures"
+    )
 
     environment: EnvironmentInfo | None = None
     workload_details: dict[str, Any] = Field(default_factory=dict, description="model source, hyper-parameters")

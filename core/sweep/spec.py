@@ -17,7 +17,7 @@ from core.errors import ConfigError, ConfigErrors, CoreError
 
 DEFAULT_REPEATS = 3
 DEFAULT_TIMEOUT_SECONDS = 3600.0  # per repeat; an IPU's first compilation alone can take tens of minutes
-_DICT_FIELDS = ("workload_options", "accelerator_options")
+_DICT_FIELDS = ("workload_options", "accelerator_options", "loadgen")
 _NAME_PUNCTUATION = "._-"
 _NAME_RULE = (
     "a sweep name is letters and digits of any script, '.', '_' and '-', starting with a letter or "

@@ -10,6 +10,7 @@ the report) before its machine is booked, and in CI. What a toy cell keeps and c
 - the CPU instead of the file's accelerator, one replica on one device, no vendor options, no
   compilation, synthetic data, no energy meter;
 - ``micro_batch_size`` at most 4, ``gradient_accumulation`` at most 2, 2 timed steps after 1 warm-up;
+  an inference cell under a LoadGen scenario runs LoadGen for 0.3 s and at least 20 queries;
 - cells that become equal are run once, and at most ``TOY_MAX_CELLS`` of them, spread over the grid.
 
 The toy sweep is stored under ``<name>-toy``, never beside the file's real results.
@@ -28,6 +29,8 @@ TOY_MAX_CELLS = 4
 TOY_MICRO_BATCH = 4
 TOY_GRADIENT_ACCUMULATION = 2
 TOY_SUFFIX = "-toy"
+TOY_LOADGEN_SECONDS = 0.3
+TOY_LOADGEN_QUERIES = 20
 
 # Fields a toy fixes, whatever the file says.
 _TOY_FIXED: dict[str, Any] = {
@@ -59,7 +62,19 @@ def toy_cell_options(options: dict[str, Any], manager: PluginManager) -> dict[st
     except ConfigError:
         return toy  # an unknown workload: planning names it
     toy["workload_options"] = workload.toy_options(dict(toy.get("workload_options") or {}))
+    if toy.get("loadgen"):
+        toy["loadgen"] = _toy_loadgen(dict(toy["loadgen"]))
     return toy
+
+
+def _toy_loadgen(settings: dict[str, Any]) -> dict[str, Any]:
+    """LoadGen's stopping rules shrunk to a fraction of a second (MLPerf's are 600 s)."""
+    for key, cap in (("min_duration_seconds", TOY_LOADGEN_SECONDS), ("min_query_count", TOY_LOADGEN_QUERIES)):
+        value = settings.get(key)
+        settings[key] = min(value, cap) if isinstance(value, (int, float)) and not isinstance(value, bool) else cap
+    for key in ("max_duration_seconds", "max_query_count"):
+        settings.pop(key, None)  # would fall below the shrunk minimums
+    return settings
 
 
 TOY_ENERGY_REASON = "a toy run (core sweep --toy) measures no energy: it sets power_meter='none'"

@@ -212,6 +212,15 @@ class GraphcoreAccelerator(Accelerator):
             _check_sdk(config)
         if config.compile:
             raise ConfigError("compile", True, "IPU programs are always compiled by Poplar; leave compile=False")
+        if config.scenario != "loop":
+            # PopTorch compiles one executable for one host-call shape (device_iterations x replicas x
+            # micro-batch); LoadGen's queries come in any size, and each new size would recompile.
+            raise ConfigError(
+                "scenario",
+                config.scenario,
+                "an IPU answers fixed-size host calls of one compiled shape, not LoadGen's variable queries; "
+                "on graphcore: loop",
+            )
         if config.mode == "inference" and config.framework is Framework.tensorflow:
             raise ConfigError(
                 "mode", config.mode, "IPU inference runs with PopTorch (framework torch); with tensorflow: train"

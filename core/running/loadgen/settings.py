@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from core.config import config_errors
+from core.config import RunConfig, config_errors
 from core.errors import ConfigError, ConfigErrors
 
 Scenario = Literal["offline", "single-stream", "server"]
@@ -170,3 +170,56 @@ def check_source_counts(total_samples: object, performance_samples: object) -> N
             performance_samples,
             f"an integer from 1 to source.total_samples ({total_samples}) is required",
         )
+
+
+#: LoadGen settings a run fills in itself, and the run option each comes from
+RUN_DECIDES = {"scenario": "scenario", "max_batch_size": "micro_batch_size", "seed": "seed"}
+#: offline's expected rate where a run's options give none, to validate the rest in planning; the
+#: run itself measures the rate in its warm-up (see ``settings_for_run``)
+_PLANNING_RATE = 1.0
+_SINGLE_STREAM_MARGIN = 0.25
+_MOST_GENERATED_QUERIES = 2_000_000
+
+
+def settings_for_run(config: RunConfig, measured_samples_per_second: float | None = None) -> LoadGenSettings:
+    """The LoadGen settings of an inference run: its ``loadgen`` options, with the scenario, the
+    largest batch (the micro-batch) and the seed taken from the run. Errors name ``loadgen.<key>``.
+
+    :param measured_samples_per_second: the model's rate measured just before LoadGen starts (at
+        the micro-batch for offline, one sample per call otherwise). Where ``loadgen`` gives none,
+        it is offline's expected rate (LoadGen sizes its one query from it), and a quarter of its
+        inverse is single-stream's expected latency (LoadGen generates min_duration / latency
+        queries, and runs out of them early if told too high a latency). Measuring beats asking
+        the user to guess, whose guess too high ends the test INVALID. None in planning.
+    """
+    for key, option in RUN_DECIDES.items():
+        if key in config.loadgen:
+            raise ConfigError(f"loadgen.{key}", config.loadgen[key], f"set by the run's {option} option")
+    if config.scenario == "loop":
+        raise ValueError("scenario 'loop' runs without LoadGen: it has no LoadGen settings")
+    options: dict[str, Any] = dict(config.loadgen)
+    if config.scenario == "offline" and "offline_expected_samples_per_second" not in options:
+        options["offline_expected_samples_per_second"] = measured_samples_per_second or _PLANNING_RATE
+    if (
+        config.scenario == "single-stream"
+        and "single_stream_expected_latency_seconds" not in options
+        and measured_samples_per_second
+    ):
+        # A margin of 4 on the measured latency: the queries LoadGen runs out of end it INVALID.
+        # The floor keeps its pre-generated queries (min_duration / latency) at 2 million at most.
+        duration = float(
+            options.get("min_duration_seconds", LoadGenSettings.model_fields["min_duration_seconds"].default)
+        )
+        options["single_stream_expected_latency_seconds"] = max(
+            _SINGLE_STREAM_MARGIN / measured_samples_per_second, duration / _MOST_GENERATED_QUERIES
+        )
+    try:
+        return LoadGenSettings(
+            scenario=config.scenario,  # narrowed above: a LoadGen scenario
+            max_batch_size=config.micro_batch_size or 1,
+            seed=config.seed,
+            **options,
+        )
+    except ValidationError as exc:
+        errors = config_errors(exc, LoadGenSettings, unknown="unknown LoadGen setting; allowed", prefix="loadgen")
+        raise (errors[0] if len(errors) == 1 else ConfigErrors(errors)) from None

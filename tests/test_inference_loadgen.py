@@ -1,0 +1,175 @@
+"""Inference runs under MLPerf LoadGen's scenarios, end to end through core.run and the CLI, on the
+real mlperf_loadgen (docs/inference.md). The runner's phases stay; LoadGen replaces the window."""
+
+from __future__ import annotations
+
+import csv
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from core import ConfigError, run
+from core.cli import main
+from core.plugin import Availability, EnergyMeasurement, PowerMeter, PowerMeterFactory, hookimpl
+from core.testing import TINY_FCNN, registered_plugins
+
+pytest.importorskip("mlperf_loadgen", reason="MLPerf LoadGen is not installed (pip install 'core[inference]')")
+
+# Short tests: LoadGen's own defaults are 10 s and 100 queries (MLPerf submissions use 600 s).
+SHORT = {"min_duration_seconds": 0.3, "min_query_count": 20}
+
+
+def infer(scenario: str, **options: Any) -> Any:
+    return run(
+        "fcnn",
+        "cpu",
+        mode="inference",
+        scenario=scenario,
+        micro_batch_size=8,
+        workload_options=TINY_FCNN,
+        **{"loadgen": SHORT, "power_meter": "none", **options},
+    )
+
+
+def test_single_stream_reports_loadgen_latencies_as_the_runs_own() -> None:
+    result = infer("single-stream")
+    assert result.status.ok, result.status
+    figures = result.loadgen
+    assert figures is not None and figures.scenario == "single-stream"
+    assert figures.valid, figures.invalid_reason  # the expected latency came from the warm-up
+    assert "Scenario : SingleStream" in figures.summary_text and "Result is : VALID" in figures.summary_text
+    # One sample per query: the window's samples are the queries answered, one model call each.
+    assert result.window_samples == figures.query_count == result.window_steps
+    assert result.throughput_per_second == pytest.approx(result.window_samples / result.window_seconds)
+    assert result.window_seconds >= SHORT["min_duration_seconds"]
+    assert result.step_seconds_median == figures.latency_p50_seconds
+    assert 0 < figures.latency_p50_seconds <= figures.latency_p90_seconds <= figures.latency_p99_seconds
+    assert figures.settings["max_batch_size"] == 8 and figures.settings["seed"] == 0
+    assert result.first_step_seconds is not None and result.warmup_seconds is not None  # phases kept apart
+
+
+def test_offline_batches_by_the_micro_batch_and_agrees_with_loadgen() -> None:
+    result = infer("offline")
+    assert result.status.ok, result.status
+    figures = result.loadgen
+    assert figures is not None and figures.valid, figures.invalid_reason
+    assert result.window_steps == -(-result.window_samples // 8)  # batches of the micro-batch, the last partial
+    # core's samples / host window and LoadGen's own first-issue-to-last-answer count the same work.
+    assert figures.samples_per_second == pytest.approx(result.throughput_per_second, rel=0.25)
+    assert result.step_seconds_median is None  # one query: no latency distribution
+
+
+def test_server_batches_what_arrived_and_keeps_its_verdict() -> None:
+    result = infer("server", loadgen={**SHORT, "server_target_samples_per_second": 400.0})
+    assert result.status.ok, result.status
+    figures = result.loadgen
+    assert figures is not None and figures.latency_p99_seconds is not None
+    assert result.window_steps <= result.window_samples  # several arrivals may share one model call
+    if not figures.valid:  # a short run may fail LoadGen's early stopping: said, not hidden
+        assert any("LoadGen: the result is INVALID" in warning for warning in result.warnings)
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"mode": "train", "scenario": "offline"}, "scenario"),
+        ({"mode": "inference", "loadgen": {"min_query_count": 5}}, "loadgen"),
+        ({"mode": "inference", "scenario": "offline", "loadgen": {"scenario": "server"}}, "loadgen.scenario"),
+        ({"mode": "inference", "scenario": "offline", "loadgen": {"max_batch_size": 4}}, "loadgen.max_batch_size"),
+        (
+            {"mode": "inference", "scenario": "offline", "loadgen": {"min_duraton_seconds": 1.0}},
+            "loadgen.min_duraton_seconds",
+        ),
+        (
+            {"mode": "inference", "scenario": "offline", "loadgen": {"min_duration_seconds": True}},
+            "loadgen.min_duration_seconds",
+        ),
+        ({"mode": "inference", "scenario": "server"}, "loadgen.server_target_samples_per_second"),
+        ({"mode": "inference", "scenario": "offline", "replicas": 2}, "replicas"),
+        ({"mode": "inference", "scenario": "offline", "framework": "tensorflow"}, "scenario"),
+        ({"mode": "inference", "scenario": "closed-loop"}, "scenario"),
+    ],
+)
+def test_bad_loadgen_options_are_refused_naming_the_field(options: dict[str, Any], field: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        run("fcnn", "cpu", workload_options=TINY_FCNN, **options)
+    assert refused.value.field == field, refused.value
+
+
+def test_graphcore_says_why_it_keeps_to_the_loop(capsys: pytest.CaptureFixture[str]) -> None:
+    dry = ["run", "fcnn", "--accelerator", "graphcore", "--machine", "ipu-pod4", "--dry-run", "--precision", "fp16"]
+    assert main([*dry, "--mode", "inference", "--scenario", "offline"]) == 2
+    assert "fixed-size host calls of one compiled shape" in capsys.readouterr().err
+
+
+class _ClockMeter(PowerMeter):
+    """Reports 100 W over exactly the span between its start and stop calls."""
+
+    name = "clock"
+    spans: ClassVar[list[tuple[float, float]]] = []
+
+    def start(self) -> None:
+        self._started = time.perf_counter()
+
+    def stop(self) -> EnergyMeasurement:
+        stopped = time.perf_counter()
+        _ClockMeter.spans.append((self._started, stopped))
+        return EnergyMeasurement(meter=self.name, energy_joules=100.0 * (stopped - self._started))
+
+
+class _ClockMeterFactory(PowerMeterFactory):
+    name: ClassVar[str] = "clock"
+
+    def reads(self, accelerator_name: str) -> bool:
+        return accelerator_name == "cpu"
+
+    def availability(self) -> Availability:
+        return Availability.yes()
+
+    def meter_for(self, devices: Any, context: Any) -> PowerMeter:
+        return _ClockMeter()
+
+
+class _MeterPlugin:
+    @hookimpl
+    def core_register_power_meters(self, register: Callable[[PowerMeterFactory], None]) -> None:
+        register(_ClockMeterFactory())
+
+
+def test_energy_covers_exactly_the_loadgen_window() -> None:
+    _ClockMeter.spans.clear()
+    with registered_plugins(_MeterPlugin()):
+        result = infer("single-stream", power_meter="clock")
+    assert result.status.ok, result.status
+    (span,) = _ClockMeter.spans
+    # The meter ran over LoadGen's window (samples loaded to last answer), not the warm-up's.
+    assert span[1] - span[0] == pytest.approx(result.window_seconds, rel=0.02, abs=0.002)
+    assert result.energy_joules_per_sample == pytest.approx(result.energy_joules / result.window_samples)
+
+
+@pytest.mark.slow  # a sweep: each run in its own process
+def test_the_cli_prints_loadgen_and_the_export_keeps_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    command = ["run", "fcnn", "--mode", "inference", "--scenario", "single-stream", "--batch-size", "4"]
+    loadgen = ["-l", "min_duration_seconds=0.2", "-l", "min_query_count=10"]
+    assert main([*command, *loadgen, "-o", "layers=1", "-o", "hidden_width=8", "--power-meter", "none"]) == 0
+    out = capsys.readouterr().out
+    assert "loadgen         single-stream, VALID" in out and "query latency" in out
+    assert main([*command, "-l", "scenario=offline"]) == 2
+    assert "invalid loadgen.scenario (-l scenario)" in capsys.readouterr().err
+    sweep = tmp_path / "s.toml"
+    sweep.write_text(
+        'name = "lg"\nrepeats = 1\n[grid]\nworkload = "fcnn"\nmode = "inference"\n'
+        'scenario = ["offline", "single-stream"]\n'
+        'micro_batch_size = 4\npower_meter = "none"\n'
+        "[grid.workload_options]\nlayers = 1\nhidden_width = 8\n"
+        "[grid.loadgen]\nmin_duration_seconds = 0.2\nmin_query_count = [10, 20]\n"
+    )
+    database, exported = tmp_path / "r.db", tmp_path / "r.csv"
+    assert main(["sweep", str(sweep), "--database", str(database)]) == 0
+    assert main(["results", "--database", str(database), "--format", "csv", "--output", str(exported)]) == 0
+    rows = list(csv.DictReader(exported.open()))
+    assert sorted(row["scenario"] for row in rows) == ["offline", "offline", "single-stream", "single-stream"]
+    assert all(row["loadgen_valid"] in ("True", "False") and float(row["throughput_per_second"]) > 0 for row in rows)
