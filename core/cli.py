@@ -446,7 +446,8 @@ def describe_plan(plan: Any, extra_placement: dict[str, Any] | None = None) -> d
     memory: dict[str, Any] | None = None
     if estimate is not None:
         memory = {
-            "weights_and_gradients_gib": round(estimate["weights_and_gradients_bytes"] / _GIB, 3),
+            "kept": estimate["kept"],
+            "model_state_gib": round(estimate["weights_and_gradients_bytes"] / _GIB, 3),
             "optimizer_state_gib": round(estimate["optimizer_state_bytes"] / _GIB, 3),
             "optimizer_state_assumed": estimate["optimizer_state_assumed"],
             "activations": "not counted",
@@ -502,13 +503,10 @@ def _plan_lines(described: dict[str, Any]) -> list[tuple[str, str]]:
     if memory is not None:
         state = "an optimizer state like Adam's, assumed" if memory["optimizer_state_assumed"] else "optimizer state"
         of = f" of {memory['device_memory_gib']:.1f} GiB" if memory["device_memory_gib"] is not None else ""
-        lines.append(
-            (
-                "memory",
-                f"{memory['weights_and_gradients_gib']:.2f} GiB fp32 weights and gradients + "
-                f"{memory['optimizer_state_gib']:.2f} GiB {state} per device{of} (activations not counted)",
-            )
-        )
+        kept = f"{memory['model_state_gib']:.2f} GiB {memory['kept']}"
+        if memory["optimizer_state_gib"]:
+            kept += f" + {memory['optimizer_state_gib']:.2f} GiB {state}"
+        lines.append(("memory", f"{kept} per device{of} (activations not counted)"))
     lines.append(("energy", described["power_meter"] or described["energy_unavailable_reason"]))
     lines.extend(("warning", warning) for warning in described["warnings"])
     return lines

@@ -124,7 +124,18 @@ def test_overhead_benchmark_runs() -> None:
 @pytest.mark.slow
 def test_inference_overhead_benchmark_runs() -> None:
     completed = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "inference_overhead.py"), "--steps", "10", "--warmup", "2", "--repeats", "2"],
+        [
+            sys.executable,
+            str(BENCHMARKS / "inference_overhead.py"),
+            "--steps",
+            "10",
+            "--warmup",
+            "2",
+            "--repeats",
+            "2",
+            "--loadgen-seconds",
+            "0.2",
+        ],
         capture_output=True,
         text=True,
         timeout=300,

@@ -250,21 +250,32 @@ def _check_precision(config: RunConfig, precisions: tuple[Precision, ...], machi
 # weights and gradients (autocast keeps fp32 master weights); the optimizer adds 4 bytes per fp32
 # value it keeps (SGD's momentum: one, Adam's moments: two).
 _WEIGHTS_AND_GRADIENTS_BYTES = 8
+_WEIGHT_BYTES = 4
 _OPTIMIZER_VALUE_BYTES = 4
 _ADAM_STATE_VALUES = 2
 
 
 def memory_estimate(workload: Workload, options: Any, config: RunConfig) -> dict[str, Any] | None:
-    """What training keeps per device for the model alone (activations not counted), or None where
-    the workload does not know its parameter count."""
+    """What a run keeps per device for the model alone (activations not counted), or None where
+    the workload does not know its parameter count. Inference keeps the fp32 weights only."""
     parameters = workload.parameter_count(options)
     if not parameters:
         return None
+    per_device = parameters / config.devices_per_replica
+    if config.mode == "inference":
+        return {
+            "parameters": parameters,
+            "kept": "fp32 weights",
+            "weights_and_gradients_bytes": int(per_device * _WEIGHT_BYTES),
+            "optimizer_state_bytes": 0,
+            "optimizer_state_values_per_parameter": 0,
+            "optimizer_state_assumed": False,
+        }
     declared = workload.optimizer_state_per_parameter(options)
     state_values = _ADAM_STATE_VALUES if declared is None else declared
-    per_device = parameters / config.devices_per_replica
     return {
         "parameters": parameters,
+        "kept": "fp32 weights and gradients",
         "weights_and_gradients_bytes": int(per_device * _WEIGHTS_AND_GRADIENTS_BYTES),
         "optimizer_state_bytes": int(per_device * state_values * _OPTIMIZER_VALUE_BYTES),
         "optimizer_state_values_per_parameter": state_values,
@@ -297,7 +308,7 @@ def _check_memory_fit(
             field,
             value,
             f"a model that fits {machine.name!r}: these {parameters:,} parameters need {needed / gib:.1f} GiB per "
-            f"device for fp32 weights and gradients alone, and it has {memory / gib:.1f} GiB per device",
+            f"device for {estimate['kept']} alone, and it has {memory / gib:.1f} GiB per device",
         )
     with_state = needed + estimate["optimizer_state_bytes"]
     if with_state > memory:

@@ -178,6 +178,7 @@ RUN_DECIDES = {"scenario": "scenario", "max_batch_size": "micro_batch_size", "se
 #: run itself measures the rate in its warm-up (see ``settings_for_run``)
 _PLANNING_RATE = 1.0
 _SINGLE_STREAM_MARGIN = 0.25
+_OFFLINE_MARGIN = 2.0
 _MOST_GENERATED_QUERIES = 2_000_000
 
 
@@ -187,7 +188,7 @@ def settings_for_run(config: RunConfig, measured_samples_per_second: float | Non
 
     :param measured_samples_per_second: the model's rate measured just before LoadGen starts (at
         the micro-batch for offline, one sample per call otherwise). Where ``loadgen`` gives none,
-        it is offline's expected rate (LoadGen sizes its one query from it), and a quarter of its
+        twice it is offline's expected rate (LoadGen sizes its one query from it), and a quarter of its
         inverse is single-stream's expected latency (LoadGen generates min_duration / latency
         queries, and runs out of them early if told too high a latency). Measuring beats asking
         the user to guess, whose guess too high ends the test INVALID. None in planning.
@@ -199,7 +200,10 @@ def settings_for_run(config: RunConfig, measured_samples_per_second: float | Non
         raise ValueError("scenario 'loop' runs without LoadGen: it has no LoadGen settings")
     options: dict[str, Any] = dict(config.loadgen)
     if config.scenario == "offline" and "offline_expected_samples_per_second" not in options:
-        options["offline_expected_samples_per_second"] = measured_samples_per_second or _PLANNING_RATE
+        # Twice the measured rate: an overestimate only lengthens the test (LoadGen sizes its one
+        # query for 1.1 x min_duration at this rate), an underestimate ends it early and INVALID.
+        measured = measured_samples_per_second and _OFFLINE_MARGIN * measured_samples_per_second
+        options["offline_expected_samples_per_second"] = measured or _PLANNING_RATE
     if (
         config.scenario == "single-stream"
         and "single_stream_expected_latency_seconds" not in options
