@@ -421,3 +421,23 @@ def test_keras_inference_runs_forward_passes_only() -> None:
         assert executor.optimizer is None and executor.details()["mode"] == "inference"
     finally:
         executor.close()
+
+
+@pytest.mark.slow  # torchrun: one process per replica
+def test_inference_replicas_are_independent_processes_without_ddp() -> None:
+    result = run("fcnn", "cpu", mode="inference", replicas=2, micro_batch_size=8, workload_options=TINY_FCNN, steps=5)
+    assert result.status.ok, result.status
+    assert result.world_size == 2 and result.samples_per_update == 16
+    assert result.executor_details["ddp"] is False
+    assert result.window_samples == 5 * 16 and result.step_seconds_p99 is not None
+
+
+@pytest.mark.parametrize("workload", ["segformer-b4", "deeplabv3plus-r101", "dino-swin-l", "bert-base-squad"])
+def test_the_dense_and_language_models_run_inference(workload: str) -> None:
+    pytest.importorskip("transformers")
+    small = {"variant": "small"} if workload != "bert-base-squad" else {"variant": "small"}
+    result = run(workload, "cpu", mode="inference", micro_batch_size=1, steps=2, warmup_steps=1, workload_options=small)
+    assert result.status.ok, result.status
+    training = get_plugin_manager().workload(workload)
+    options = training.parse_options(small)
+    assert result.flops_per_sample == pytest.approx(training.inference_flops_per_sample(options))
