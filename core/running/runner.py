@@ -258,9 +258,12 @@ def _loadgen_window(
     result: RunResult, executor: Executor, meter: PowerMeter | None, config: RunConfig
 ) -> EnergyMeasurement | None:
     """The window under a LoadGen scenario: as long as LoadGen's settings make it, not ``steps``."""
-    from core.running.loadgen.window import loadgen_window
+    from core.running.loadgen.window import calibrate, loadgen_window
 
-    window = loadgen_window(executor, meter, config)
+    rate = calibrate(executor, config)
+    executor.begin_window()  # after the calibration: a recompilation it caused is not the window's
+    window = loadgen_window(executor, meter, config, rate)
+    result.warnings.extend(executor.window_warnings())
     executor.check_finite()
     result.loadgen = window.figures
     result.window_seconds = window.window_seconds

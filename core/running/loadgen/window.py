@@ -116,17 +116,35 @@ def calibrated_samples_per_second(source: QuerySource, batch: int) -> float:
     return len(indices) / max(statistics.median(seconds), 1e-9)
 
 
-def loadgen_window(executor: Executor, meter: PowerMeter | None, config: RunConfig) -> LoadGenWindow:
-    """Run ``config.scenario`` under LoadGen over ``executor``; LoadGen's logs are read, kept in the
-    figures (the summary verbatim) and removed with their temporary folder."""
+def query_source(executor: Executor) -> QuerySource:
+    """``executor`` as LoadGen's query source, or NotAQuerySourceError saying what to do instead."""
     if not isinstance(executor, QuerySource):
         raise NotAQuerySourceError(
             f"{type(executor).__name__} answers no queries by sample index, so LoadGen cannot drive it; "
             "use scenario 'loop' on this accelerator"
         )
+    return executor
+
+
+def calibrate(executor: Executor, config: RunConfig) -> float:
+    """The rate LoadGen is told to expect (see ``settings_for_run``), measured at the batch its
+    scenario sends: the micro-batch for offline, one sample otherwise. Call it before the window
+    opens: a first call at a new batch size may compile."""
     batch = (config.micro_batch_size or 1) if config.scenario == "offline" else 1
-    settings = settings_for_run(config, calibrated_samples_per_second(executor, batch))
-    source = _CountingSource(executor)
+    return calibrated_samples_per_second(query_source(executor), batch)
+
+
+def loadgen_window(
+    executor: Executor, meter: PowerMeter | None, config: RunConfig, calibrated_rate: float | None
+) -> LoadGenWindow:
+    """Run ``config.scenario`` under LoadGen over ``executor``; LoadGen's logs are read, kept in the
+    figures (the summary verbatim) and removed with their temporary folder.
+
+    :param calibrated_rate: what ``calibrate`` measured, for the settings ``loadgen`` leaves open.
+    """
+    source_executor = query_source(executor)
+    settings = settings_for_run(config, calibrated_rate)
+    source = _CountingSource(source_executor)
     window_meter = _WindowMeter(meter)
     with tempfile.TemporaryDirectory(prefix="core-loadgen-") as log_dir:
         outcome = run_scenario(
