@@ -377,6 +377,13 @@ def format_result(result: Any) -> str:
     if result.top1_accuracy is not None:
         lines.append(f"  top-1 accuracy  {result.top1_accuracy:.4%} of {result.accuracy_samples} labelled {unit}")
     lines += _energy_lines(result)
+    if result.nodes:
+        each = ", ".join(
+            f"node {node.node_rank} ({node.hostname}) "
+            + (f"{node.energy_joules:.4g} J" if node.energy_joules is not None else "no energy")
+            for node in result.nodes
+        )
+        lines.append(f"  nodes           {len(result.nodes)}: {each}")
     lines += _epoch_lines(result)
     if not result.status.ok:
         lines.append(f"  error           in {result.status.phase}: {result.status.error_type}: {result.status.message}")

@@ -66,7 +66,22 @@ class RunConfig(BaseModel):
     gradient_accumulation: int = Field(
         default=1, ge=1, le=1 << 16, description="micro-steps whose gradients are summed into one weight update"
     )
-    replicas: int = Field(default=1, ge=1, le=1 << 16, description="data-parallel copies of the model")
+    replicas: int = Field(
+        default=1, ge=1, le=1 << 16, description="data-parallel copies of the model, over every node of the run"
+    )
+    nodes: int = Field(
+        default=1,
+        ge=1,
+        le=1 << 12,
+        description="machines the replicas are spread over, replicas / nodes on each (torchrun agents with c10d "
+        "rendezvous; under Slurm, srun starts one per node of the allocation)",
+    )
+    rendezvous: str | None = Field(
+        default=None,
+        min_length=3,
+        description="HOST:PORT of the rendezvous of a multi-node run, the same on every node (outside Slurm, "
+        "where each node's `core run` joins it); under Slurm the first node of the allocation, port 29500",
+    )
     devices_per_replica: int = Field(
         default=1, ge=1, le=1 << 10, description="devices one copy of the model spans (pipelined over them)"
     )
@@ -182,6 +197,10 @@ class RunConfig(BaseModel):
         return self.samples_per_update * self.device_iterations
 
     @property
+    def replicas_per_node(self) -> int:
+        return self.replicas // self.nodes
+
+    @property
     def samples_per_update(self) -> int:
         """Global samples per weight update: micro-batch x accumulation x replicas."""
         if self.micro_batch_size is None:
@@ -291,7 +310,24 @@ def make_config(**options: Any) -> RunConfig:
         errors = config_errors(exc, RunConfig, unknown="unknown option; allowed options are")
         raise (errors[0] if len(errors) == 1 else ConfigErrors(errors)) from None
     check_mode_options(config)
+    check_nodes(config)
     return config
+
+
+def check_nodes(config: RunConfig) -> None:
+    """The replicas fill whole nodes alike, and a rendezvous is an endpoint a node can reach."""
+    if config.replicas % config.nodes:
+        raise ConfigError(
+            "replicas",
+            config.replicas,
+            f"the same number on every node: a multiple of nodes ({config.nodes})",
+        )
+    if config.rendezvous is not None:
+        host, _, port = config.rendezvous.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError("rendezvous", config.rendezvous, "HOST:PORT, with a port from 1 to 65535")
+        if config.nodes == 1:
+            raise ConfigError("rendezvous", config.rendezvous, "a rendezvous joins several nodes; with nodes 1: none")
 
 
 def check_mode_options(config: RunConfig) -> None:

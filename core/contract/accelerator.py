@@ -124,7 +124,8 @@ class Accelerator(ABC):
         process that launches (a started process runs its share of the run, whatever this says).
         """
         config = context.config
-        if self.launcher == "torchrun" and config.replicas > 1 and config.framework is Framework.torch:
+        several = config.replicas > 1 or config.nodes > 1
+        if self.launcher == "torchrun" and several and config.framework is Framework.torch:
             from core.running.launch import TorchrunLauncher
 
             return TorchrunLauncher()

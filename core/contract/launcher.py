@@ -44,6 +44,11 @@ class Launcher(ABC):
     def process_context(self, environ: Mapping[str, str]) -> ProcessContext:
         """In a started process: its rank, local rank and world size, from what the launcher set."""
 
+    def work_parent(self, context: RunContext) -> Path | None:
+        """Where the launch's work directory goes (its config, the main result): None for the
+        system's temporary directory; a shared folder where processes on other hosts read it."""
+        return None
+
     def killed_inside(self, output: str) -> bool:
         """Whether the launcher's output says one of its processes was killed by SIGKILL."""
         return "Signal 9" in output or "SIGKILL" in output

@@ -79,6 +79,11 @@ class Executor(ABC):
         """The maximum of ``value`` over every process (itself in a single process)."""
         return value
 
+    def gather_objects(self, value: object) -> list[object]:
+        """``value`` from every process, in rank order (a JSON-able object; ``[value]`` in a single
+        process). Every process must call it, outside any timed span."""
+        return [value]
+
     def details(self) -> dict[str, Any]:
         """Effective settings recorded in the result: precision flags, threads, strategy."""
         return {}

@@ -313,6 +313,13 @@ class TorchModelExecutor(Executor):
         torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX)
         return float(tensor.item())
 
+    def gather_objects(self, value: object) -> list[object]:
+        if not self._process.is_distributed:
+            return [value]
+        gathered: list[object] = [None] * self._process.world_size
+        torch.distributed.all_gather_object(gathered, value)
+        return gathered
+
     def host_threads(self) -> dict[str, int]:
         # torch's own settings, and what the placement's configure() set (its keys ending in _threads).
         return {k: v for k, v in self._details.items() if k.endswith("_threads") and type(v) is int}

@@ -15,6 +15,7 @@ class ProcessContext:
     local_rank: int = 0
     world_size: int = 1
     local_world_size: int = 1
+    node_rank: int = 0  # torchrun's GROUP_RANK: which node (agent) of a multi-node run
 
     @property
     def is_distributed(self) -> bool:
@@ -31,13 +32,14 @@ class ProcessContext:
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] | None = None) -> ProcessContext:
-        """torchrun sets RANK, LOCAL_RANK, WORLD_SIZE and LOCAL_WORLD_SIZE for each worker."""
+        """torchrun sets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE and GROUP_RANK for each worker."""
         env = os.environ if environ is None else environ
         return cls(
             rank=int(env.get("RANK", 0)),
             local_rank=int(env.get("LOCAL_RANK", 0)),
             world_size=int(env.get("WORLD_SIZE", 1)),
             local_world_size=int(env.get("LOCAL_WORLD_SIZE", 1)),
+            node_rank=int(env.get("GROUP_RANK", 0)),
         )
 
 

@@ -30,6 +30,7 @@ from core.running import processes
 from core.running.distributed import SINGLE_PROCESS, ProcessContext
 from core.running.planning import RunPlan
 from core.running.runner import new_result, observe_progress
+from core.running.slurm import SlurmAllocation
 from core.storage.results import RunResult, RunState
 
 _POLL_SECONDS = 0.2  # how often the launch looks for the launcher's end and the main process's progress
@@ -37,12 +38,54 @@ _WORK_DIRECTORY_PREFIX = "core-launch-"
 
 
 class TorchrunLauncher(Launcher):
-    """``torch.distributed.run`` on this node: one worker process per replica."""
+    """``torch.distributed.run``: one worker process per replica on this node, or, for several nodes,
+    one torchrun agent per node meeting at a c10d rendezvous.
+
+    Inside a Slurm allocation ``srun`` starts the agents, one per node, and the first node is the
+    rendezvous (unless the run names one); the launch's files must then be on a filesystem every
+    node sees (the working directory, see :meth:`work_parent`). Outside Slurm this node's agent joins
+    the run's ``rendezvous``, where the other nodes' ``core run`` join too; each node's local rank 0
+    writes that node's result, the complete one being global rank 0's.
+    """
 
     name: ClassVar[str] = "torchrun"
 
     def command(self, context: RunContext, worker: Sequence[str], work: Path) -> list[str]:
-        return [sys.executable, *torchrun_arguments(context.config.replicas, list(worker[1:]), work / "torchelastic")]
+        config = context.config
+        if config.nodes == 1:
+            return [sys.executable, *torchrun_arguments(config.replicas, list(worker[1:]), work / "torchelastic")]
+        allocation = SlurmAllocation.from_environment()
+        rendezvous = config.rendezvous or (allocation.rendezvous() if allocation is not None else None)
+        if rendezvous is None:
+            raise ValueError("a multi-node run outside Slurm needs its rendezvous (planning checks this)")
+        agent = [
+            sys.executable,
+            *multinode_torchrun_arguments(
+                config.nodes,
+                config.replicas_per_node,
+                rendezvous,
+                run_id=f"core-{allocation.job_id}" if allocation is not None else f"core-{rendezvous}",
+                worker_module=list(worker[1:]),
+                log_dir=work / "torchelastic",
+            ),
+        ]
+        if allocation is None:
+            return ["env", f"{NODE_RESULTS_VARIABLE}=1", *agent]
+        srun = [
+            "srun",
+            f"--nodes={config.nodes}",
+            f"--ntasks={config.nodes}",
+            "--ntasks-per-node=1",
+            "--kill-on-bad-exit=1",  # one agent failing ends the others: no node waits forever
+            "--export=ALL",
+        ]
+        return [*srun, *agent]
+
+    def work_parent(self, context: RunContext) -> Path | None:
+        """Under Slurm, several nodes read the launch's files: the working directory, shared on a cluster."""
+        if context.config.nodes > 1 and SlurmAllocation.from_environment() is not None:
+            return Path.cwd()
+        return None
 
     def process_context(self, environ: Mapping[str, str]) -> ProcessContext:
         return ProcessContext.from_environment(environ)
@@ -62,6 +105,35 @@ def torchrun_arguments(replicas: int, worker_module: Sequence[str], log_dir: Pat
         "--standalone",
         "--nnodes=1",
         f"--nproc-per-node={replicas}",
+        "--max-restarts=0",
+        *logs,
+        *worker_module,
+    ]
+
+
+#: set for each node's workers when each node's core writes its own result (outside Slurm)
+NODE_RESULTS_VARIABLE = "CORE_NODE_RESULTS"
+
+
+def multinode_torchrun_arguments(
+    nodes: int,
+    replicas_per_node: int,
+    rendezvous: str,
+    *,
+    run_id: str,
+    worker_module: Sequence[str],
+    log_dir: Path | None = None,
+) -> list[str]:
+    """``-m torch.distributed.run`` as one node's agent of ``nodes``, meeting at ``rendezvous`` (c10d)."""
+    logs = [f"--log-dir={log_dir}"] if log_dir is not None else []
+    return [
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={nodes}",
+        f"--nproc-per-node={replicas_per_node}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={rendezvous}",
+        f"--rdzv-id={run_id}",
         "--max-restarts=0",
         *logs,
         *worker_module,
@@ -111,7 +183,8 @@ def launch(
         status and keeps the phases measured before it.
     :raises KeyboardInterrupt: on Ctrl-C, after the launcher and its workers were stopped.
     """
-    with processes.sigterm_exits(), processes.work_directory(_WORK_DIRECTORY_PREFIX) as work:
+    parent = launcher.work_parent(plan.context(SINGLE_PROCESS))
+    with processes.sigterm_exits(), processes.work_directory(_WORK_DIRECTORY_PREFIX, parent=parent) as work:
         config_path, result_path, log_path = work / "config.json", work / "result.json", work / "launcher.log"
         config_path.write_text(plan.config.model_dump_json(), encoding="utf-8")
         main = _MainResult(result_path, new_result(plan, world_size=plan.config.replicas))

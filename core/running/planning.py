@@ -109,6 +109,8 @@ def plan_run(
         _check_loadgen(config, machine, warnings)
 
     _check_placement_limits(manager, accelerator_obj, config, machine)
+    if config.nodes > 1:
+        _check_nodes(accelerator_obj, config, machine)
     plan = RunPlan(config, workload_obj, workload_options, accelerator_obj, accelerator_options, None, None)
     plan = dataclasses.replace(plan, machine=machine)
     context = plan.context(SINGLE_PROCESS)
@@ -164,6 +166,37 @@ def check_machine(manager: PluginManager, machine: MachineProfile) -> None:
             required, got = (_TYPE_NAMES.get(t, t.__name__) for t in (kind, type(value)))
             quoting = "; a TOML string is quoted" if kind is str else ""
             raise ConfigError(f"machine.details.{key}", value, f"{required} is required, got {got}{quoting}")
+
+
+def _check_nodes(accelerator: Accelerator, config: RunConfig, machine: MachineProfile | None) -> None:
+    """A multi-node run starts torchrun agents, one per node, that meet at a rendezvous: inside a
+    Slurm allocation of enough nodes, or at the endpoint the run names."""
+    from core.running.slurm import SlurmAllocation
+
+    if accelerator.launcher != "torchrun" or config.framework is not Framework.torch:
+        raise ConfigError(
+            "nodes",
+            config.nodes,
+            f"several nodes run as torchrun agents with PyTorch; accelerator {accelerator.name!r} with "
+            f"{config.framework.value}: 1",
+        )
+    if machine is not None:
+        return  # planned for a machine: the allocation is the one it will run in
+    allocation = SlurmAllocation.from_environment()
+    if allocation is None:
+        if config.rendezvous is None:
+            raise ConfigError(
+                "rendezvous",
+                None,
+                "HOST:PORT is required for several nodes outside a Slurm allocation: the first node's address, "
+                "the same on every node, where each node runs the same `core run`",
+            )
+    elif allocation.node_count < config.nodes:
+        raise ConfigError(
+            "nodes",
+            config.nodes,
+            f"at most the {allocation.node_count} node(s) of Slurm job {allocation.job_id} ({allocation.nodelist})",
+        )
 
 
 def _check_loadgen(config: RunConfig, machine: MachineProfile | None, warnings: list[str]) -> None:
@@ -363,9 +396,14 @@ def _check_placement_limits(
     else:
         max_replicas = machine.devices // config.devices_per_replica
         where = f"on {machine.name!r} ({machine.devices} devices, {config.devices_per_replica} per replica)"
-    if config.replicas > max_replicas:
+    if config.replicas_per_node > max_replicas:
+        per_node = (
+            f" per node ({config.replicas_per_node} of them on each of {config.nodes})" if config.nodes > 1 else ""
+        )
         raise ConfigError(
-            "replicas", config.replicas, f"accelerator {accelerator.name!r} can place at most {max_replicas} {where}"
+            "replicas",
+            config.replicas,
+            f"accelerator {accelerator.name!r} can place at most {max_replicas} {where}{per_node}",
         )
     if config.devices_per_replica > accelerator.max_devices_per_replica:
         raise ConfigError(

@@ -414,14 +414,17 @@ def remove_abandoned(prefix: str, parent: Path | None = None) -> list[Path]:
 
 
 @contextlib.contextmanager
-def work_directory(prefix: str) -> Iterator[Path]:
+def work_directory(prefix: str, parent: Path | None = None) -> Iterator[Path]:
     """A temporary directory that is removed on every way out of the block.
 
     It records its owner (host, pid, start time); directories of owners that died without
     removing theirs (``kill -9``) are removed here first.
+
+    :param parent: where to make it; None: the system's temporary directory.
     """
-    remove_abandoned(prefix)
-    path = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-"))
+    if parent is None:
+        remove_abandoned(prefix)
+    path = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=parent))
     try:
         (path / _OWNER_FILE).write_text(
             f"{socket.gethostname()}\n{os.getpid()}\n{_start_time(os.getpid()) or ''}\n", encoding="utf-8"

@@ -7,6 +7,7 @@ warm-up, steady window. The host waits for the device only at phase boundaries.
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable
 
@@ -20,7 +21,7 @@ from core.executors.base import Executor
 from core.running.distributed import ProcessContext
 from core.running.planning import RunPlan
 from core.storage.environment import collect_environment
-from core.storage.results import EnergyMeasurement, RunResult, RunState, Status
+from core.storage.results import EnergyMeasurement, NodeEnergy, RunResult, RunState, Status
 
 # Above this share of the window spent waiting for data, the run measures storage, not the device.
 DATA_BOUND_FRACTION = 0.10
@@ -199,6 +200,8 @@ def execute(plan: RunPlan, process: ProcessContext, on_progress: ProgressCallbac
             energy = _loadgen_window(result, executor, meter, config)
         else:
             energy = _loop_window(result, executor, meter, config)
+        if config.nodes > 1:  # every rank takes part: a collective
+            energy = _energy_over_nodes(result, executor, process, energy)
         if result.flops_per_sample is not None and result.throughput_per_second is not None:
             result.flops_per_second = result.flops_per_sample * result.throughput_per_second
             _record_utilization(result, plan)
@@ -226,6 +229,49 @@ def execute(plan: RunPlan, process: ProcessContext, on_progress: ProgressCallbac
             _close_quietly(executor.close)
     report(result)
     return result
+
+
+def _energy_over_nodes(
+    result: RunResult, executor: Executor, process: ProcessContext, energy: EnergyMeasurement | None
+) -> EnergyMeasurement | None:
+    """Each node's window energy (read by its local rank 0) gathered to every rank: the run's is their
+    sum, each node's is kept in ``result.nodes``, and a node whose meter read nothing is named."""
+    own = None
+    if process.reads_node_meter:
+        own = NodeEnergy(
+            node_rank=process.node_rank,
+            hostname=socket.gethostname(),
+            energy_joules=energy.energy_joules if energy is not None else None,
+            unavailable_reason=(energy.unavailable_reason if energy is not None else result.energy_unavailable_reason),
+            meter=energy.meter if energy is not None else None,
+        ).model_dump()
+    gathered = executor.gather_objects(own)
+    nodes = sorted((NodeEnergy.model_validate(node) for node in gathered if node is not None), key=_by_node)
+    result.nodes = nodes
+    if not nodes or all(node.meter is None for node in nodes):
+        return energy  # no node had a meter: the run's reason stands
+    missing = [node for node in nodes if node.energy_joules is None]
+    meters = sorted({node.meter for node in nodes if node.meter is not None})
+    combined = EnergyMeasurement(
+        meter=", ".join(meters),
+        method=energy.method if energy is not None else None,
+        components_joules={
+            f"node{node.node_rank}": node.energy_joules for node in nodes if node.energy_joules is not None
+        },
+        warnings=list(energy.warnings) if energy is not None else [],
+    )
+    if missing:
+        combined.unavailable_reason = "; ".join(
+            f"node {node.node_rank} ({node.hostname}): {node.unavailable_reason or 'its meter read nothing'}"
+            for node in missing
+        )
+    else:
+        combined.energy_joules = sum(node.energy_joules or 0.0 for node in nodes)
+    return combined
+
+
+def _by_node(node: NodeEnergy) -> int:
+    return node.node_rank
 
 
 def _loop_window(

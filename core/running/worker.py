@@ -22,6 +22,7 @@ from core.contract.launcher import load_launcher
 from core.contract.manager import get_plugin_manager
 from core.running import processes
 from core.running.distributed import ProcessContext
+from core.running.launch import NODE_RESULTS_VARIABLE
 from core.running.planning import plan_run
 from core.running.runner import execute
 from core.storage.files import write_atomically
@@ -42,6 +43,14 @@ def main(argv: list[str]) -> int:
 
     process = launcher.process_context(os.environ) if launcher else ProcessContext.from_environment()
     result = execute(plan, process, on_progress=save)
+    if not process.is_main and process.local_rank == 0 and os.environ.get(NODE_RESULTS_VARIABLE) == "1":
+        # Outside Slurm each node's core reads its own node's files: it gets this node's copy of
+        # the run's figures (throughput and energy are gathered over every node already).
+        result.warnings.append(
+            f"node {process.node_rank} of {config.nodes}: global rank 0 ran on another node, whose result is the "
+            "run's; the figures here are the same, the devices this node's"
+        )
+        save(result)
     return 0 if result.status.ok else 1
 
 

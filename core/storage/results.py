@@ -20,7 +20,8 @@ from core.energy.units import JOULES_PER_WATT_HOUR, watt_hours
 # 1.4: inference runs: config.mode (default "train", what every older document is), config.weights and
 #      .accuracy (defaults None and false); RunResult.step_seconds_p99, .top1_accuracy and
 #      .accuracy_samples (optional); the derived mode and energy_joules_per_sample (computed on read);
-#      config.scenario and .loadgen (defaults "loop" and {}), RunResult.loadgen (optional).
+#      config.scenario and .loadgen (defaults "loop" and {}), RunResult.loadgen (optional);
+#      config.nodes and .rendezvous (defaults 1 and None), RunResult.nodes (empty for one node).
 SCHEMA_VERSION = "1.4"
 # A traceback kept in a result is cut to its end (where it broke) so a deep recursion stays small.
 _TRACEBACK_CHARS = 20_000
@@ -167,6 +168,18 @@ class EnvironmentInfo(BaseModel):
     host_threads: dict[str, int] = Field(default_factory=dict, description="thread settings in force, e.g. intra_op")
 
 
+class NodeEnergy(BaseModel):
+    """One node of a multi-node run (or one poprun instance): its host and what its meter read."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    node_rank: int
+    hostname: str
+    energy_joules: float | None = None
+    unavailable_reason: str | None = None
+    meter: str | None = None
+
+
 class LoadGenFigures(BaseModel):
     """What MLPerf LoadGen said of an inference run under one of its scenarios, from its own logs."""
 
@@ -271,6 +284,11 @@ class RunResult(BaseModel):
         default=None, description="inference with accuracy=true: share of the labelled samples predicted right"
     )
     accuracy_samples: int | None = Field(default=None, description="labelled samples top1_accuracy counts")
+    nodes: list[NodeEnergy] = Field(
+        default_factory=list,
+        description="a run over several nodes: each node's host and window energy (energy_joules is their sum, "
+        "None if any node's meter failed)",
+    )
     loadgen: LoadGenFigures | None = Field(
         default=None, description="an inference run under a LoadGen scenario: LoadGen's verdict and figures"
     )
