@@ -42,6 +42,20 @@ def test_a_cell_keeps_its_workload_and_precision_and_loses_its_machine() -> None
     assert toy["workload_options"] == {"dataset": "imagenet", "variant": "small"}  # the size is the small variant's
 
 
+def test_an_inference_cell_keeps_one_micro_step_and_a_short_loadgen_run() -> None:
+    """Inference refuses gradient accumulation, and LoadGen's own minimum (10 s) is no toy: both hold
+    where the file says nothing of them (an offline cell beside loop cells cannot give loadgen)."""
+    manager = get_plugin_manager()
+    for scenario in ("loop", "offline"):
+        toy = toy_cell_options({"workload": "fcnn", "mode": "inference", "scenario": scenario}, manager)
+        assert toy["gradient_accumulation"] == 1
+        assert toy.get("loadgen") == (
+            None if scenario == "loop" else {"min_duration_seconds": 0.3, "min_query_count": 20}
+        )
+    training = toy_cell_options({"workload": "fcnn"}, manager)
+    assert training["gradient_accumulation"] == 2 and "loadgen" not in training
+
+
 def test_the_fcnn_grid_of_19440_cells_becomes_a_few_distinct_toys(tmp_path: Path) -> None:
     sweep = tmp_path / "grid.toml"
     sweep.write_text(

@@ -10,6 +10,11 @@ other option that varies), samples per Wh against batch size, scaling efficiency
 count, MFU (or achieved FLOP/s where no peak is known) against batch size, and throughput against
 samples per Wh with its Pareto front. A plot without data is not drawn; the report says why.
 
+Inference cells (``mode = "inference"``) are kept apart from training cells, whose samples are
+different work: their own table (samples/s, latency p50/p90/p99, energy per sample, samples per
+Wh, the epoch-time estimate, LoadGen's verdict where a LoadGen scenario ran) and two plots,
+throughput and p90 latency against batch size, one line per series with the scenario in its label.
+
 The plots are PNG files under ``plots/``, which report.md links; report.html embeds the same
 bytes as data: URIs, so the page is one file that can be mailed or attached to a CI run.
 matplotlib is imported here only (``pip install 'core[report]'``).
@@ -33,6 +38,7 @@ from pathlib import Path
 
 from core.report.analysis import (
     group_series,
+    is_inference,
     option_names,
     pareto_front,
     power_traces,
@@ -69,7 +75,8 @@ from core.report.document import (
     sweep_slugs,
 )
 from core.report.plots import _pyplot, count_label, plot_against_batch, plot_pareto, plot_power_traces, plot_scaling
-from core.report.sections import batch_table, cells_table, environment_table, sweep_section
+from core.report.sections import environment_table, sweep_section
+from core.report.tables import batch_table, cells_table, inference_table, loadgen_verdict
 from core.storage.files import OutputError, check_writable, describe_os_error, write_atomically
 from core.storage.store import ResultStore, StoreError
 from core.storage.summary import summarise
@@ -78,6 +85,7 @@ from core.storage.summary import summarise
 #   document  blocks, escaping, Markdown and HTML rendering, safe file names
 #   analysis  what varies in a sweep, its series
 #   plots     the PNG plots (matplotlib is imported there only) and the data they draw
+#   tables    the cells tables (training; inference) and throughput by batch size
 #   sections  one sweep's section: tables, plots or why not, failures
 __all__ = [
     "PLOTS_DIRECTORY",
@@ -104,7 +112,10 @@ __all__ = [
     "format_number",
     "format_percent",
     "group_series",
+    "inference_table",
+    "is_inference",
     "list_names",
+    "loadgen_verdict",
     "markdown_block",
     "markdown_code",
     "markdown_text",

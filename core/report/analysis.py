@@ -13,6 +13,23 @@ from core.storage.summary import CellSummary
 
 _BATCH = "micro_batch_size"
 _DEVICE_OPTIONS = ("replicas", "devices_per_replica")
+_SCENARIO = "scenario"
+_LOOP = "loop"  # core's own steady window; the other scenarios are LoadGen's
+
+# --- what a cell ran ----------------------------------------------------------------------------
+
+
+def is_inference(cell: CellSummary) -> bool:
+    """Whether the cell ran inference (``mode = "inference"``). A training sample (forward, backward
+    and update) and an inference sample (a forward pass) are not the same work, so the report never
+    puts the two in one table, series or plot."""
+    return cell.option("mode") == "inference"
+
+
+def ran_loadgen(cell: CellSummary) -> bool:
+    """Whether MLPerf LoadGen drove the cell (a scenario other than core's own loop)."""
+    return is_inference(cell) and cell.option(_SCENARIO) != _LOOP
+
 
 # --- what varies in a sweep --------------------------------------------------------------------
 

@@ -135,6 +135,7 @@ def plot_against_batch(
     ylabel: str,
     title: str,
     log_y: bool = True,
+    xlabel: str = "micro-batch size (samples per device per micro-step)",
 ) -> bytes:
     pyplot = _pyplot()
     figure, axis = pyplot.subplots(figsize=(7.0, 4.4))
@@ -162,7 +163,7 @@ def plot_against_batch(
         axis.set_yscale("log")
     else:
         axis.set_ylim(bottom=0)
-    axis.set_xlabel("micro-batch size (samples per device per micro-step)")
+    axis.set_xlabel(xlabel)
     axis.set_ylabel(ylabel)
     axis.set_title(title)
     axis.grid(True, which="both", alpha=0.3)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,9 +11,9 @@ from typing import Any
 from core.report.analysis import (
     _BATCH,
     _MAX_POWER_TRACES,
+    _SCENARIO,
     _pareto_cells,
-    _short,
-    group_series,
+    is_inference,
     power_traces,
     scaling_points,
     varying_options,
@@ -43,109 +44,20 @@ from core.report.plots import (
     plot_power_traces,
     plot_scaling,
 )
+from core.report.tables import (
+    _option_text,
+    batch_table,
+    cells_table,
+    inference_table,
+    latency_milliseconds,
+    sample_unit,
+)
 from core.storage.store import SweepRecord
 from core.storage.summary import SPREAD_FLAG_FRACTION, CellSummary
 
 _MESSAGE_CHARS = 1200  # of a failure's message shown in the report (the database has all of it)
 
 # --- one sweep's section ------------------------------------------------------------------------
-
-
-def _first_line(text: str | None, limit: int = 160) -> str:
-    line = (text or "").strip().splitlines()[0] if (text or "").strip() else ""
-    return line if len(line) <= limit else line[: limit - 3] + "..."
-
-
-def _option_text(value: Any) -> str:
-    return shorten(one_line(value))
-
-
-def _cell_note(cell: CellSummary) -> str:
-    if cell.failure is not None:
-        return f"{cell.failure.status.phase or ''}: {_first_line(cell.failure.status.message)}".strip(": ")
-    if cell.flagged:
-        return f"spread above {SPREAD_FLAG_FRACTION:.0%}"
-    return ""
-
-
-def sample_unit(cells: Sequence[CellSummary]) -> str:
-    """What the cells' samples are ('images', 'sequences') where they agree, else 'samples'."""
-    units = {cell.sample_unit for cell in cells}
-    return units.pop() if len(units) == 1 else "samples"
-
-
-def _number(value: float | None, scale: float = 1.0) -> Value:
-    scaled = None if value is None else value * scale
-    return Value(format_number(scaled), scaled)
-
-
-@dataclass(frozen=True)
-class _Column:
-    key: str
-    header: str
-    value: Callable[[CellSummary], Value]
-
-
-def _cell_columns(cells: Sequence[CellSummary]) -> list[_Column]:
-    """The figures' columns, units in the headers. Token and epoch columns appear only where some
-    cell has the figure, so a vision sweep's table does not carry empty token columns."""
-    unit = sample_unit(cells)
-    columns = [
-        _Column("status", "status", lambda cell: Value(cell.status + (" (flagged)" if cell.flagged else ""))),
-        _Column(
-            "repeats_ok",
-            "repeats ok",
-            lambda cell: Value(f"{cell.repeats_ok}/{cell.repeats_recorded}", cell.repeats_ok),
-        ),
-        _Column(
-            "throughput_per_second", f"throughput ({unit}/s, median)", lambda cell: _number(cell.throughput_per_second)
-        ),
-        _Column("spread", "spread (max-min)/median", lambda cell: Value(format_percent(cell.spread), cell.spread)),
-        _Column("tokens_per_second", "tokens/s (median)", lambda cell: _number(cell.tokens_per_second)),
-        _Column("energy_joules", "energy (J, median)", lambda cell: _number(cell.energy_joules)),
-        _Column("energy_watt_hours", "energy (Wh, median)", lambda cell: _number(cell.energy_watt_hours)),
-        _Column(
-            "energy_watt_hours_per_device",
-            "energy per device (Wh, median)",
-            lambda cell: _number(cell.energy_watt_hours_per_device),
-        ),
-        _Column("samples_per_watt_hour", f"{unit}/Wh (median)", lambda cell: _number(cell.samples_per_watt_hour)),
-        _Column("tokens_per_watt_hour", "tokens/Wh (median)", lambda cell: _number(cell.tokens_per_watt_hour)),
-        _Column(
-            "energy_watt_hours_per_epoch",
-            "energy per epoch (Wh, estimate, median)",
-            lambda cell: _number(cell.energy_watt_hours_per_epoch),
-        ),
-        _Column("flops_per_second", "TFLOP/s (median)", lambda cell: _number(cell.flops_per_second, 1e-12)),
-        _Column(
-            "model_flops_utilization",
-            "MFU (median)",
-            lambda cell: Value(format_percent(cell.model_flops_utilization), cell.model_flops_utilization),
-        ),
-        _Column("note", "note", lambda cell: Value(_cell_note(cell))),
-    ]
-    optional = {"tokens_per_second", "tokens_per_watt_hour", "energy_watt_hours_per_epoch"}
-    return [
-        column
-        for column in columns
-        if column.key not in optional or any(getattr(cell, column.key) is not None for cell in cells)
-    ]
-
-
-def _option_headers(varying: Sequence[str], figures: Sequence[_Column]) -> list[tuple[str, str]]:
-    """Options' short names as headers, or their full names where a short one is taken twice."""
-    shorts = [_short(name) for name in varying] + [column.header for column in figures]
-    return [(name, _short(name) if shorts.count(_short(name)) == 1 else name) for name in varying]
-
-
-def cells_table(cells: Sequence[CellSummary], varying: Sequence[str], identifier: str) -> Table:
-    figures = _cell_columns(cells)
-    columns = _option_headers(varying, figures) + [(column.key, column.header) for column in figures]
-    rows = [
-        [Value(_option_text(cell.option(name))) for name in varying] + [column.value(cell) for column in figures]
-        for cell in cells
-    ]
-    return Table(columns=columns, rows=rows, identifier=identifier, row_keys=[cell.cell_key for cell in cells])
 
 
 def _energy_note(cells: Sequence[CellSummary]) -> list[Block]:
@@ -171,36 +83,6 @@ def _joined(parts: Sequence[Inline]) -> list[Inline]:
             joined.append(" or " if index == len(parts) - 1 else ", ")
         joined.append(part)
     return joined
-
-
-def _batch_sort_key(batch: Any) -> tuple[int, Any]:
-    """Batch sizes in order; anything not a number (a missing one) after them."""
-    if isinstance(batch, (int, float)) and not isinstance(batch, bool):
-        return (0, batch)
-    return (1, repr(batch))
-
-
-def batch_table(cells: Sequence[CellSummary], series_names: Sequence[str], identifier: str) -> Table:
-    """Median throughput by series (rows) and batch size (columns); failed cells show their state."""
-    batches = sorted({cell.option(_BATCH) for cell in cells}, key=_batch_sort_key)
-    series = group_series(cells, series_names)
-    columns = [("series", "series")] + [
-        (f"{_BATCH}={batch}", "unknown" if batch is None else str(batch)) for batch in batches
-    ]
-    rows = []
-    for label, members in series.items():
-        by_batch = {cell.option(_BATCH): cell for cell in members}
-        row = [Value(_option_text(label))]
-        for batch in batches:
-            cell = by_batch.get(batch)
-            if cell is None:
-                row.append(Value("-"))
-            elif cell.throughput_per_second is None:
-                row.append(Value(cell.status))
-            else:
-                row.append(Value(format_number(cell.throughput_per_second), cell.throughput_per_second))
-        rows.append(row)
-    return Table(columns=columns, rows=rows, identifier=identifier)
 
 
 def _energy_reason(cells: Sequence[CellSummary]) -> str:
@@ -233,12 +115,19 @@ class SweepData:
     spec: dict[str, Any]  # the sweep's settings; {} where the database has none (or none readable)
     planned: list[dict[str, Any]]  # every cell the sweep asked for, refused ones included
     source: str | None
+    # None: the sweep's cells as stored; "train" or "inference": that mode's cells only, whose
+    # options that vary, series and titles are their own (see of_mode).
+    mode: str | None = None
+    other_mode_too: bool = False  # the sweep also has cells of the other mode: titles name this one
     varying: list[str] = field(init=False)
     series_names: list[str] = field(init=False)
 
     def __post_init__(self) -> None:
         self.varying = varying_options(self.cells) if self.cells else []
         self.series_names = [option for option in self.varying if option != _BATCH]
+        if self.mode == "inference":
+            # A loop's batch latency and a LoadGen query's are different figures: every label says which.
+            self.series_names = [_SCENARIO, *(option for option in self.series_names if option != _SCENARIO)]
 
     @classmethod
     def of(cls, name: str, slug: str, cells: list[CellSummary], record: SweepRecord | None) -> SweepData:
@@ -263,8 +152,28 @@ class SweepData:
     def batch_varies(self) -> bool:
         return _BATCH in self.varying
 
+    def of_mode(self, mode: str) -> SweepData:
+        """The same sweep with only its training ("train") or its inference cells."""
+        cells = [cell for cell in self.cells if is_inference(cell) == (mode == "inference")]
+        return dataclasses.replace(self, cells=cells, mode=mode, other_mode_too=len(cells) < len(self.cells))
+
+    def titled(self, title: str) -> str:
+        """A heading of this sweep's part: naming the mode where the sweep has both (always for
+        inference, whose parts follow training's and could be taken for more of them)."""
+        if self.mode == "inference":
+            return f"{title} (inference)"
+        return f"{title} (training)" if self.other_mode_too else title
+
     def figure(self, kind: str, png: bytes, caption: str) -> Figure:
-        return Figure(f"{self.slug}-{kind}.png", png, caption)
+        prefix = "inference-" if self.mode == "inference" else ""
+        return Figure(f"{self.slug}-{prefix}{kind}.png", png, caption)
+
+    @property
+    def batch_label(self) -> str:
+        """The x axis of a plot against batch size."""
+        if self.mode == "inference":
+            return "micro-batch size (samples per forward pass; under LoadGen, the most per batch)"
+        return "micro-batch size (samples per device per micro-step)"
 
 
 def _no_figure_reason(cells: Sequence[CellSummary], figure: str, what: str, why: str = "") -> str:
@@ -317,20 +226,20 @@ def _summary_blocks(sweep: SweepData, store_path: Path) -> list[Block]:
 
 def _table_blocks(sweep: SweepData) -> list[Block]:
     blocks: list[Block] = [
-        Heading(3, "Cells"),
+        Heading(3, sweep.titled("Cells")),
         cells_table(sweep.cells, sweep.varying, f"cells-{sweep.slug}"),
         *_energy_note(sweep.cells),
     ]
     if sweep.batch_varies:
         blocks += [
-            Heading(3, f"Throughput by batch size ({sample_unit(sweep.cells)}/s, median)"),
+            Heading(3, sweep.titled(f"Throughput by batch size ({sample_unit(sweep.cells)}/s, median)")),
             batch_table(sweep.cells, sweep.series_names, f"batches-{sweep.slug}"),
         ]
     return blocks
 
 
 def _throughput_blocks(sweep: SweepData) -> list[Block]:
-    title = "Throughput against batch size"
+    title = sweep.titled("Throughput against batch size")
     drawable = drawable_against_batch(sweep.cells, lambda cell: cell.throughput_per_second)
     if not (sweep.batch_varies and drawable):
         return _not_drawn(
@@ -350,6 +259,7 @@ def _throughput_blocks(sweep: SweepData) -> list[Block]:
         ),
         f"throughput ({sample_unit(sweep.cells)}/s)",
         "Throughput against micro-batch size (median, bars: min-max)",
+        xlabel=sweep.batch_label,
     )
     return [
         Heading(3, title),
@@ -362,7 +272,7 @@ def _throughput_blocks(sweep: SweepData) -> list[Block]:
 
 
 def _energy_blocks(sweep: SweepData) -> list[Block]:
-    title = "Samples per Wh against batch size"
+    title = sweep.titled("Samples per Wh against batch size")
     drawable = drawable_against_batch(sweep.cells, lambda cell: cell.samples_per_watt_hour)
     if not (sweep.batch_varies and drawable):
         return _not_drawn(
@@ -386,7 +296,7 @@ def _energy_blocks(sweep: SweepData) -> list[Block]:
 
 
 def _scaling_blocks(sweep: SweepData) -> list[Block]:
-    title = "Scaling efficiency against device count"
+    title = sweep.titled("Scaling efficiency against device count")
     scaling = scaling_points(sweep.cells, sweep.varying)
     if not scaling:
         return _not_drawn(title, "no series of cells differs only in device count (replicas x devices per replica)")
@@ -429,7 +339,7 @@ def _teraflops(cell: CellSummary) -> float | None:
 
 
 def _mfu_blocks(sweep: SweepData) -> list[Block]:
-    title = "MFU against batch size"
+    title = sweep.titled("MFU against batch size")
     if sweep.batch_varies and drawable_against_batch(sweep.cells, _mfu_percent, log_y=False):
         png = plot_against_batch(
             sweep.cells,
@@ -468,7 +378,7 @@ def _mfu_blocks(sweep: SweepData) -> list[Block]:
 
 
 def _pareto_blocks(sweep: SweepData) -> list[Block]:
-    title = "Throughput against samples per Wh (Pareto view)"
+    title = sweep.titled("Throughput against samples per Wh (Pareto view)")
     if not _pareto_cells(sweep.cells):
         return _not_drawn(title, f"no energy figures ({_energy_reason(sweep.cells)})")
     return [
@@ -483,7 +393,7 @@ def _pareto_blocks(sweep: SweepData) -> list[Block]:
 
 
 def _power_blocks(sweep: SweepData) -> list[Block]:
-    title = "Power over the timed window"
+    title = sweep.titled("Power over the timed window")
     traces = power_traces(sweep.cells)
     if not traces:
         return _not_drawn(
@@ -546,6 +456,77 @@ def _refused_blocks(sweep: SweepData) -> list[Block]:
     ]
 
 
+# --- inference cells ---------------------------------------------------------------------------
+
+
+def _modes_note(training: SweepData, inference: SweepData) -> Paragraph:
+    return Paragraph(
+        f"This sweep has {len(training.cells)} training and {len(inference.cells)} inference cells. A training "
+        "sample (forward pass, backward pass and update) and an inference sample (a forward pass) are different "
+        "work, so the two are never put in one table or plot: the training cells are under the headings marked "
+        "(training), the inference cells under those marked (inference), by scenario."
+    )
+
+
+def _inference_reading(cells: Sequence[CellSummary]) -> Paragraph:
+    """How to read the inference table: what a latency is in each scenario, and the estimates."""
+    definitions = sorted({result.config.epoch.describe() for cell in cells for result in cell.results})
+    return Paragraph(
+        "Throughput is the window's samples over its seconds. Latency, in the loop (core's steady window "
+        "of back-to-back micro-batches), is one micro-batch's time as the host timed it; under LoadGen's "
+        "single-stream and server scenarios, one query's, issue to answer, as LoadGen measured it; "
+        "offline sends every sample in a single query, so it has none (n/a). Energy per sample is the "
+        "window's energy over its samples. The time per epoch (where shown) is an estimate, the epoch's "
+        "samples over the throughput, for an epoch defined as ",
+        *_joined([Code(shorten(one_line(text))) for text in definitions]),
+        ". LoadGen (where shown) is its verdict on the cell's repeats; - where LoadGen did not run.",
+    )
+
+
+def _inference_table_blocks(sweep: SweepData) -> list[Block]:
+    # The scenario always has a column: it says what the latencies are, even where it does not vary.
+    options = [_SCENARIO, *(option for option in sweep.varying if option != _SCENARIO)]
+    return [
+        Heading(3, sweep.titled("Cells")),
+        inference_table(sweep.cells, options, f"inference-{sweep.slug}"),
+        _inference_reading(sweep.cells),
+    ]
+
+
+def _p90_milliseconds(cell: CellSummary) -> float | None:
+    return latency_milliseconds(cell, "step_seconds_p90")
+
+
+def _latency_blocks(sweep: SweepData) -> list[Block]:
+    title = sweep.titled("p90 latency against batch size")
+    drawable = drawable_against_batch(sweep.cells, _p90_milliseconds)
+    if not (sweep.batch_varies and drawable):
+        return _not_drawn(
+            title,
+            "no cell has a p90 latency that can be drawn (offline has none: LoadGen sends it a single query)"
+            if not drawable
+            else "the sweep does not vary the micro-batch size",
+        )
+    png = plot_against_batch(
+        sweep.cells,
+        sweep.series_names,
+        _p90_milliseconds,
+        None,
+        "p90 latency (ms)",
+        "p90 latency against micro-batch size (median of the repeats)",
+        xlabel=sweep.batch_label,
+    )
+    return [
+        Heading(3, title),
+        sweep.figure(
+            "p90-latency-vs-batch-size",
+            png,
+            "p90 latency against micro-batch size, log-log: in the loop a micro-batch's, under LoadGen's "
+            "single-stream and server a query's; crosses mark cells without a figure",
+        ),
+    ]
+
+
 # Each part of a section with plots, in order. A part that raises is replaced by a note: one
 # odd result must not cost the rest of the report.
 _PLOT_PARTS: tuple[tuple[str, Callable[[SweepData], list[Block]]], ...] = (
@@ -556,6 +537,10 @@ _PLOT_PARTS: tuple[tuple[str, Callable[[SweepData], list[Block]]], ...] = (
     ("Throughput against samples per Wh (Pareto view)", _pareto_blocks),
     ("Power over the timed window", _power_blocks),
 )
+_INFERENCE_PARTS: tuple[tuple[str, Callable[[SweepData], list[Block]]], ...] = (
+    ("Throughput against batch size", _throughput_blocks),
+    ("p90 latency against batch size", _latency_blocks),
+)
 
 
 def _guarded(title: str, part: Callable[[SweepData], list[Block]], sweep: SweepData) -> list[Block]:
@@ -565,20 +550,31 @@ def _guarded(title: str, part: Callable[[SweepData], list[Block]], sweep: SweepD
         raise
     except Exception as error:  # noqa: BLE001 - a plot that cannot be drawn is reported, not fatal
         _pyplot().close("all")
-        return _not_drawn(title, f"drawing it failed ({type(error).__name__}: {shorten(one_line(error))})")
+        return _not_drawn(
+            sweep.titled(title), f"drawing it failed ({type(error).__name__}: {shorten(one_line(error))})"
+        )
 
 
 def sweep_section(
     name: str, runs_cells: list[CellSummary], record: SweepRecord | None, store_path: Path, slug: str | None = None
 ) -> list[Block]:
-    """One sweep's part of the report: summary, tables, plots, failures, refused cells, environment."""
+    """One sweep's part of the report: summary, tables, plots, failures, refused cells, environment;
+    the training cells' tables and plots apart from the inference cells'."""
     sweep = SweepData.of(name, slug if slug is not None else sweep_slugs([name])[name], runs_cells, record)
     blocks: list[Block] = [Heading(2, f"Sweep {shorten(one_line(name))}"), *_summary_blocks(sweep, store_path)]
     if not sweep.cells:
         return blocks + [Paragraph("No results recorded for this sweep yet.")] + _refused_blocks(sweep)
-    blocks += _table_blocks(sweep)
-    for title, part in _PLOT_PARTS:
-        blocks += _guarded(title, part, sweep)
+    training, inference = sweep.of_mode("train"), sweep.of_mode("inference")
+    if training.cells and inference.cells:
+        blocks.append(_modes_note(training, inference))
+    if training.cells:
+        blocks += _table_blocks(training)
+        for title, part in _PLOT_PARTS:
+            blocks += _guarded(title, part, training)
+    if inference.cells:
+        blocks += _inference_table_blocks(inference)
+        for title, part in _INFERENCE_PARTS:
+            blocks += _guarded(title, part, inference)
     blocks += _failure_blocks(sweep) + _refused_blocks(sweep)
     return blocks + [Heading(3, "Environment"), environment_table(sweep.cells)]
 

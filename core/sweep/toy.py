@@ -9,8 +9,9 @@ the report) before its machine is booked, and in CI. What a toy cell keeps and c
   precision (TF32 becomes fp32, a GPU mode the CPU does not have);
 - the CPU instead of the file's accelerator, one replica on one device, no vendor options, no
   compilation, synthetic data, no energy meter;
-- ``micro_batch_size`` at most 4, ``gradient_accumulation`` at most 2, 2 timed steps after 1 warm-up;
-  an inference cell under a LoadGen scenario runs LoadGen for 0.3 s and at least 20 queries;
+- ``micro_batch_size`` at most 4, ``gradient_accumulation`` at most 2 (an inference cell's stays 1),
+  2 timed steps after 1 warm-up; an inference cell under a LoadGen scenario runs LoadGen for 0.3 s
+  and at least 20 queries, whether or not the file gives ``loadgen`` settings;
 - cells that become equal are run once, and at most ``TOY_MAX_CELLS`` of them, spread over the grid.
 
 The toy sweep is stored under ``<name>-toy``, never beside the file's real results.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from core.config import LOADGEN_SCENARIOS
 from core.contract.manager import PluginManager
 from core.errors import ConfigError
 from core.storage.results import RunResult
@@ -54,7 +56,9 @@ def toy_cell_options(options: dict[str, Any], manager: PluginManager) -> dict[st
     toy.update(_TOY_FIXED)
     if toy.get("precision") == "tf32":
         toy["precision"] = "fp32"
-    for field, cap in (("micro_batch_size", TOY_MICRO_BATCH), ("gradient_accumulation", TOY_GRADIENT_ACCUMULATION)):
+    # Inference accumulates no gradients: anything but 1 is refused there, so a toy must not add it.
+    accumulation_cap = 1 if toy.get("mode") == "inference" else TOY_GRADIENT_ACCUMULATION
+    for field, cap in (("micro_batch_size", TOY_MICRO_BATCH), ("gradient_accumulation", accumulation_cap)):
         value = toy.get(field)
         toy[field] = min(value, cap) if isinstance(value, int) and not isinstance(value, bool) else cap
     try:
@@ -62,8 +66,9 @@ def toy_cell_options(options: dict[str, Any], manager: PluginManager) -> dict[st
     except ConfigError:
         return toy  # an unknown workload: planning names it
     toy["workload_options"] = workload.toy_options(dict(toy.get("workload_options") or {}))
-    if toy.get("loadgen"):
-        toy["loadgen"] = _toy_loadgen(dict(toy["loadgen"]))
+    if toy.get("scenario") in LOADGEN_SCENARIOS:
+        # Also without the file's settings: LoadGen's own minimum is 10 s.
+        toy["loadgen"] = _toy_loadgen(dict(toy.get("loadgen") or {}))
     return toy
 
 
