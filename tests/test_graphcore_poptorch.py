@@ -16,7 +16,7 @@ from core import ConfigError, run
 from core.contract.manager import get_plugin_manager
 from core.running.distributed import SINGLE_PROCESS
 from core.running.planning import plan_run
-from core.testing import TINY_FCNN, run_context
+from core.testing import TINY_FCNN, registered_plugins, run_context
 from core_plugins.graphcore.executor import host_call_indices
 from core_plugins.graphcore.launcher import PoprunLauncher
 from core_plugins.graphcore.placement import plan_placement
@@ -450,6 +450,61 @@ def test_core_starts_the_instances_with_poprun(fake_sdk: Any, monkeypatch: pytes
     assert result.samples_per_update == 2 * 4  # the global batch: every instance's replicas
 
 
+# A meter as a third party would write it: each poprun instance reads 10 J x (its index + 1).
+INSTANCE_METER = """
+import os
+from core import Availability, PowerMeterFactory, hookimpl
+from core.plugin import EnergyMeasurement, PowerMeter
+
+class InstanceMeter(PowerMeter):
+    name = "instance-meter"
+    def start(self):
+        pass
+    def stop(self):
+        index = int(os.environ.get("OMPI_COMM_WORLD_RANK", 0))
+        return EnergyMeasurement(meter=self.name, energy_joules=10.0 * (index + 1))
+
+class InstanceMeterFactory(PowerMeterFactory):
+    name = "instance-meter"
+    def reads(self, accelerator_name):
+        return accelerator_name == "graphcore"
+    def availability(self):
+        return Availability.yes()
+    def meter_for(self, devices, context):
+        return InstanceMeter()
+
+@hookimpl
+def core_register_power_meters(register):
+    register(InstanceMeterFactory())
+"""
+
+
+@pytest.mark.slow
+def test_samples_and_energy_count_every_instances_ipus(
+    fake_sdk: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The window's samples are every instance's; so must its energy be (each instance's meter reads
+    its own IPUs). Before, instance 0's energy alone stood for the run: samples/Wh twice too high."""
+    _poprun_on_path(monkeypatch)
+    (tmp_path / "instance_meter.py").write_text(INSTANCE_METER)
+    info = tmp_path / "instance_meter-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: instance_meter\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[core]\ninstance_meter = instance_meter\n")
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ['PYTHONPATH']}")  # the instances'
+    monkeypatch.syspath_prepend(str(tmp_path))  # this process's: planning chooses the meter here
+    options = {"micro_batch_size": 2, "replicas": 4, "accelerator_options": {"instances": 2, "ipu_model": True}}
+    with registered_plugins():
+        result = run(
+            "fcnn", "graphcore", workload_options=FCNN, steps=3, warmup_steps=1, power_meter="instance-meter", **options
+        )
+    assert result.status.ok, result.status
+    assert result.energy_joules == 30.0  # 10 J from instance 0's IPUs, 20 J from instance 1's
+    assert result.energy is not None and result.energy.components_joules == {"instance0": 10.0, "instance1": 20.0}
+    assert [node.node_rank for node in result.nodes] == [0, 1]
+    assert result.samples_per_watt_hour == pytest.approx(result.window_samples / (30.0 / 3600.0))
+
+
 @pytest.mark.slow
 def test_an_instance_that_dies_fails_the_launch_naming_poprun(
     fake_sdk: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
@@ -495,7 +550,8 @@ def test_the_poprun_launcher_reads_open_mpi_s_variables() -> None:
     }
     process = PoprunLauncher().process_context(environ)
     assert (process.rank, process.local_rank, process.world_size, process.local_world_size) == (3, 1, 4, 2)
-    assert not process.is_main and not process.reads_node_meter
+    # Each instance reads the IPUs it attached: every one reads a meter, and the run sums them.
+    assert not process.is_main and process.reads_node_meter and process.meter_per_process
     with pytest.raises(RuntimeError, match="OMPI_COMM_WORLD"):
         PoprunLauncher().process_context({})
 

@@ -16,6 +16,11 @@ class ProcessContext:
     world_size: int = 1
     local_world_size: int = 1
     node_rank: int = 0  # torchrun's GROUP_RANK: which node (agent) of a multi-node run
+    #: every process reads a meter of its own devices (poprun's instances: each its IPUs), rather
+    #: than one process per node reading the node's
+    meter_per_process: bool = False
+    #: a folder every process of the run can write, for gathering without a process group
+    exchange_dir: str | None = None
 
     @property
     def is_distributed(self) -> bool:
@@ -27,8 +32,14 @@ class ProcessContext:
 
     @property
     def reads_node_meter(self) -> bool:
-        """One rank per node reads the node's meters, so energy is never counted twice."""
-        return self.local_rank == 0
+        """One rank per node reads the node's meters, so energy is never counted twice; or every
+        process its own devices' meter, where the launcher says so."""
+        return self.meter_per_process or self.local_rank == 0
+
+    @property
+    def meter_readers_gathered(self) -> bool:
+        """Whether the run's energy is several processes' readings, to be gathered and summed."""
+        return self.is_distributed and (self.meter_per_process or self.world_size > self.local_world_size)
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] | None = None) -> ProcessContext:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from core.config import LOADGEN_SCENARIOS, RunConfig
 from core.contract.accelerator import executor_for
@@ -19,6 +20,7 @@ from core.energy.units import JOULES_PER_WATT_HOUR
 from core.errors import NonFiniteLossError
 from core.executors.base import Executor
 from core.running.distributed import ProcessContext
+from core.running.exchange import gather_through_files
 from core.running.planning import RunPlan
 from core.storage.environment import collect_environment
 from core.storage.results import EnergyMeasurement, NodeEnergy, RunResult, RunState, Status
@@ -200,7 +202,7 @@ def execute(plan: RunPlan, process: ProcessContext, on_progress: ProgressCallbac
             energy = _loadgen_window(result, executor, meter, config)
         else:
             energy = _loop_window(result, executor, meter, config)
-        if config.nodes > 1:  # every rank takes part: a collective
+        if process.meter_readers_gathered:  # every rank takes part: a collective
             energy = _energy_over_nodes(result, executor, process, energy)
         if result.flops_per_sample is not None and result.throughput_per_second is not None:
             result.flops_per_second = result.flops_per_sample * result.throughput_per_second
@@ -245,24 +247,29 @@ def _energy_over_nodes(
             unavailable_reason=(energy.unavailable_reason if energy is not None else result.energy_unavailable_reason),
             meter=energy.meter if energy is not None else None,
         ).model_dump()
-    gathered = executor.gather_objects(own)
+    if process.meter_per_process and process.exchange_dir is not None:
+        # No host-side process group (poprun's instances): through the launch's folder.
+        gathered = gather_through_files(Path(process.exchange_dir), "energy", process.rank, process.world_size, own)
+    else:
+        gathered = executor.gather_objects(own)
     nodes = sorted((NodeEnergy.model_validate(node) for node in gathered if node is not None), key=_by_node)
     result.nodes = nodes
     if not nodes or all(node.meter is None for node in nodes):
         return energy  # no node had a meter: the run's reason stands
     missing = [node for node in nodes if node.energy_joules is None]
     meters = sorted({node.meter for node in nodes if node.meter is not None})
+    unit = "instance" if process.meter_per_process else "node"
     combined = EnergyMeasurement(
         meter=", ".join(meters),
         method=energy.method if energy is not None else None,
         components_joules={
-            f"node{node.node_rank}": node.energy_joules for node in nodes if node.energy_joules is not None
+            f"{unit}{node.node_rank}": node.energy_joules for node in nodes if node.energy_joules is not None
         },
         warnings=list(energy.warnings) if energy is not None else [],
     )
     if missing:
         combined.unavailable_reason = "; ".join(
-            f"node {node.node_rank} ({node.hostname}): {node.unavailable_reason or 'its meter read nothing'}"
+            f"{unit} {node.node_rank} ({node.hostname}): {node.unavailable_reason or 'its meter read nothing'}"
             for node in missing
         )
     else:

@@ -11,6 +11,7 @@ when the launcher dies, whatever killed it. It ends without interpreter finaliza
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sys
@@ -42,6 +43,8 @@ def main(argv: list[str]) -> int:
         write_atomically(result_path, result.model_dump_json(), "the worker's result")
 
     process = launcher.process_context(os.environ) if launcher else ProcessContext.from_environment()
+    # The launch's work directory, seen by every process the launch started (one host, or shared).
+    process = dataclasses.replace(process, exchange_dir=str(result_path.parent))
     result = execute(plan, process, on_progress=save)
     if not process.is_main and process.local_rank == 0 and os.environ.get(NODE_RESULTS_VARIABLE) == "1":
         # Outside Slurm each node's core reads its own node's files: it gets this node's copy of

@@ -34,11 +34,15 @@ class PoprunLauncher(Launcher):
         process = PoprunProcess.from_environment(environ)
         if process is None:
             raise RuntimeError("started as a poprun instance, but Open MPI's OMPI_COMM_WORLD_* variables are not set")
+        # Each instance's meter reads the IPUs it attached (plugins/graphcore/meter.py), so every
+        # instance reads one, and the run's energy is their sum over the same IPUs as its samples.
         return ProcessContext(
             rank=process.instance_index,
             local_rank=process.local_index,
             world_size=process.instances,
             local_world_size=int(environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", process.instances)),
+            node_rank=process.instance_index,
+            meter_per_process=True,
         )
 
     def killed_inside(self, output: str) -> bool:
