@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -208,3 +209,39 @@ def test_inside_slurm_srun_starts_one_agent_per_node_meeting_on_the_first(
     assert "--rdzv-endpoint=gpu07:29500" in command and "--nproc-per-node=2" in command and "--nnodes=2" in command
     assert "--rdzv-id=core-4242" in command
     assert launcher.work_parent(context) == Path.cwd()  # every node reads the launch's files
+
+
+def _slurm_reachable() -> str | None:
+    """Why a real Slurm cannot be used here, or None when ``sinfo`` reaches its controller."""
+    if shutil.which("srun") is None or shutil.which("sinfo") is None:
+        return "Slurm's commands are not installed (Debian: slurm-wlm; scripts/local-slurm.sh starts one)"
+    probe = subprocess.run(["sinfo", "--noheader"], capture_output=True, text=True, timeout=30, check=False)
+    if probe.returncode != 0 or not probe.stdout.strip():
+        return f"no Slurm controller answers sinfo: {(probe.stderr or probe.stdout).strip()[:300]}"
+    return None
+
+
+@pytest.mark.slow
+def test_a_real_slurm_allocation_is_read_and_its_node_count_kept() -> None:
+    why = _slurm_reachable()
+    if why is not None:
+        pytest.skip(f"SLURM TESTS SKIPPED: {why}")
+    probe = (
+        "from core.running.slurm import SlurmAllocation as A; a = A.from_environment(); "
+        "print(a.node_count, a.rendezvous())"
+    )
+    inside = subprocess.run(
+        ["srun", "-N1", sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=ROOT, check=False
+    )
+    assert inside.returncode == 0, inside.stderr
+    count, rendezvous = inside.stdout.split()
+    assert count == "1" and rendezvous.endswith(":29500")
+    refused = subprocess.run(
+        ["srun", "-N1", sys.executable, "-m", "core.cli", "run", "fcnn", "--nodes", "2", "--replicas", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        check=False,
+    )
+    assert "invalid nodes (--nodes) = 2: at most the 1 node(s) of Slurm job" in refused.stderr
