@@ -1,6 +1,7 @@
 """The Graphcore plugin's TensorFlow path against a fake ``tensorflow.python.ipu`` loaded beside the
 real TensorFlow: IPUConfig and IPUStrategy, Keras gradient accumulation and pipelining options,
-steps_per_execution, the IPU Model flag."""
+steps_per_execution and the steps IPU Keras divides among replicas, the IPU Model flag, and
+inference through ``model.predict``."""
 
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ def test_ipu_config_strategy_and_gradient_accumulation(fake_tf_ipu: Any) -> None
         assert executor.model.steps_per_execution == 12
         assert ("set_gradient_accumulation_options", 6, "mean") in fake_tf_ipu._keras.calls
         executor.step()
-        assert ("fit", 12, 12) in fake_tf_ipu._keras.calls
+        # IPU Keras divides steps_per_epoch among the 2 replicas: 24 gives each its 12 micro-batches.
+        assert ("fit", 12, 24) in fake_tf_ipu._keras.calls
         executor.check_finite()
         assert executor.updates_per_step == 2
     finally:
@@ -95,6 +97,9 @@ def test_the_fake_refuses_what_ipu_keras_refuses(fake_tf_ipu: Any) -> None:
     import keras
     import numpy as np
 
+    cfg = fake_tf_ipu.config.IPUConfig()
+    cfg.auto_select_ipus = 1
+    cfg.configure_ipu_system()
     fake_tf_ipu.ipu_strategy.IPUStrategy()
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2), keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse", steps_per_execution=3)
@@ -104,10 +109,19 @@ def test_the_fake_refuses_what_ipu_keras_refuses(fake_tf_ipu: Any) -> None:
     ):
         model.fit(np.zeros((6, 2)), np.zeros((6, 1)), batch_size=1, epochs=1, steps_per_epoch=3, verbose=0)
     model.set_pipeline_stage_assignment([0, 1])
+    with pytest.raises(ValueError, match="has 1 IPUs attached, however the current model requires a multiple of 2"):
+        model.fit(np.zeros((6, 2)), np.zeros((6, 1)), batch_size=1, epochs=1, steps_per_epoch=3, verbose=0)
+    cfg.auto_select_ipus = 2
+    cfg.configure_ipu_system()
     with pytest.raises(ValueError, match="pipelined, however `gradient_accumulation_steps_per_replica` has not been"):
         model.fit(np.zeros((6, 2)), np.zeros((6, 1)), batch_size=1, epochs=1, steps_per_epoch=3, verbose=0)
     with pytest.raises(ValueError, match="does not match the number of layers"):
         model.set_pipeline_stage_assignment([0])
+    # Two replicas divide the steps asked for: 3 per epoch leave each 1, and steps_per_execution is cut
+    # to 1 (graphcore/keras data_adapter.py), which the accumulation of 2 does not divide.
+    model.set_pipeline_stage_assignment([0, 0])
+    with pytest.raises(RuntimeError, match=r"\(set to 1\) is not divisible"):
+        model.fit(np.zeros((6, 2)), np.zeros((6, 1)), batch_size=1, epochs=1, steps_per_epoch=3, verbose=0)
 
 
 def test_tensorflow_refuses_non_power_of_two_and_instances(fake_tf_ipu: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -133,3 +147,129 @@ def test_fcnn_builds_its_keras_model_on_the_sdks_tensorflow_2_6(monkeypatch: pyt
     weights = spec.make_model().get_weights()
     assert len(weights) == len(expected) and all(w.shape == e.shape for w, e in zip(weights, expected))
     assert all((w == v).all() for w, v in zip(weights, spec.make_model().get_weights()))  # seeded: repeatable
+
+
+# --- inference -------------------------------------------------------------------------------------
+
+
+def test_inference_predicts_device_iterations_on_every_replica(fake_tf_ipu: Any) -> None:
+    from core_plugins.graphcore.tensorflow import KerasIpuInferenceExecutor
+
+    executor = build(mode="inference", micro_batch_size=2, replicas=2, device_iterations=3)
+    try:
+        assert isinstance(executor, KerasIpuInferenceExecutor)
+        assert fake_tf_ipu.config.configured[0].auto_select_ipus == [2]
+        assert executor.model.steps_per_execution == 3  # device iterations per replica; no accumulation
+        executor.step()
+        # steps counts over both replicas (IPU Keras divides it by the replication factor).
+        assert ("predict", 3, 6) in fake_tf_ipu._keras.calls
+        assert not [c for c in fake_tf_ipu._keras.calls if c[0] in ("fit", "set_gradient_accumulation_options")]
+        # Every output of a host call comes back: micro-batch x replicas x device iterations.
+        assert executor._last_outputs.shape == (2 * 2 * 3, TINY_FCNN["output_width"])
+        executor.check_finite()
+        details = executor.details()
+        assert details["mode"] == "inference" and details["samples_per_host_call"] == 12
+        assert details["steps_per_host_call"] == 6 and details["auto_select_ipus"] == [2]
+    finally:
+        executor.close()
+
+
+def test_a_tensorflow_inference_run_on_the_fake(fake_tf_ipu: Any) -> None:
+    result = run(
+        "fcnn",
+        "graphcore",
+        framework="tensorflow",
+        mode="inference",
+        workload_options=TINY_FCNN,
+        micro_batch_size=4,
+        replicas=2,
+        devices_per_replica=2,
+        device_iterations=2,
+        steps=2,
+        warmup_steps=1,
+        power_meter="none",
+    )
+    assert result.status.ok, result.status
+    assert result.mode == "inference" and result.executor_details["runtime"] == "tensorflow-ipu"
+    # micro 4 x replicas 2 x device iterations 2 per host call; 2 host calls in the window.
+    assert result.samples_per_host_call == 16 and result.window_updates == 4 and result.window_samples == 32
+    assert result.throughput_per_second == pytest.approx(32 / result.window_seconds)
+    details = result.executor_details
+    assert details["pipeline_stages"] == 2 and details["auto_select_ipus"] == [4]
+    assert sorted(set(details["pipeline_stage_assignment"])) == [0, 1]
+    # Pipelined predict is one pipeline steps_per_execution deep: no gradient accumulation is set.
+    assert not [c for c in fake_tf_ipu._keras.calls if c[0] == "set_pipelining_options"]
+    assert ("predict", 2, 4) in fake_tf_ipu._keras.calls
+
+
+def test_pipelined_tensorflow_inference_needs_device_iterations_a_multiple_of_the_stages(fake_tf_ipu: Any) -> None:
+    from core import ConfigError
+    from core_plugins.graphcore.placement import plan_placement
+
+    for device_iterations, rule in ((1, ">= 2"), (3, "multiple of the 2 pipeline stages")):
+        with pytest.raises(ConfigError, match=rule) as caught:
+            build(mode="inference", devices_per_replica=2, device_iterations=device_iterations)
+        assert caught.value.field == "device_iterations"
+    # PopTorch's own rule is only ``>=``: 3 device iterations over 2 stages are fine there.
+    shape = {"micro_batch_size": 1, "gradient_accumulation": 1, "replicas": 1, "ipus_per_replica": 2}
+    assert plan_placement(**shape, device_iterations=3, training=False, framework="torch").device_iterations == 3
+
+
+def test_the_fake_refuses_the_pipeline_depth_poplar_refuses(fake_tf_ipu: Any) -> None:
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    cfg = fake_tf_ipu.config.IPUConfig()
+    cfg.auto_select_ipus = 2
+    cfg.configure_ipu_system()
+    fake_tf_ipu.ipu_strategy.IPUStrategy()
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2), keras.layers.Dense(1)])
+    model.compile(steps_per_execution=3)
+    model.set_pipeline_stage_assignment([0, 1])
+    data = tf.data.Dataset.from_tensor_slices(np.zeros((6, 2), np.float32)).batch(1).repeat()
+    with pytest.raises(tf.errors.FailedPreconditionError, match="must be a multiple of 2, but it is 3"):
+        model.predict(data, steps=3, verbose=0)
+    model.compile(steps_per_execution=4)
+    assert model.predict(data, steps=4, verbose=0).shape == (4, 1)  # 2 IPUs, 2 stages: one replica
+    model.set_pipeline_stage_assignment([0, 0])  # no longer pipelined: 2 replicas share the steps
+    model.compile(steps_per_execution=2)
+    with pytest.raises(ValueError, match=r"\(2\) must be a divisor of the number of batches \(3\)"):
+        model.predict(data, steps=6, verbose=0)
+
+
+def test_a_nan_output_fails_a_tensorflow_inference_run(fake_tf_ipu: Any) -> None:
+    import tensorflow as tf
+
+    from core import RunState
+    from core.workloads.fcnn import Fcnn
+
+    class NanOutputFcnn(Fcnn):
+        name = "fcnn-nan-output"
+
+        def build_keras(self, options: Any, seed: int) -> Any:
+            spec = Fcnn.build_keras(self, options, seed)
+            make_model = spec.make_model
+
+            def nan_model() -> Any:
+                model = make_model()
+                bias = [layer.bias for layer in model.layers if getattr(layer, "bias", None) is not None][-1]
+                bias.assign(tf.fill(bias.shape, float("nan")))
+                return model
+
+            spec.make_model = nan_model
+            return spec
+
+    result = run(
+        NanOutputFcnn(),
+        "graphcore",
+        framework="tensorflow",
+        mode="inference",
+        workload_options=TINY_FCNN,
+        micro_batch_size=2,
+        steps=2,
+        warmup_steps=0,
+        power_meter="none",
+    )
+    assert result.status.state is RunState.non_finite_loss
+    assert "NaN/inf" in str(result.status)

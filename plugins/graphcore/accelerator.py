@@ -221,10 +221,6 @@ class GraphcoreAccelerator(Accelerator):
                 "an IPU answers fixed-size host calls of one compiled shape, not LoadGen's variable queries; "
                 "on graphcore: loop",
             )
-        if config.mode == "inference" and config.framework is Framework.tensorflow:
-            raise ConfigError(
-                "mode", config.mode, "IPU inference runs with PopTorch (framework torch); with tensorflow: train"
-            )
         if config.data not in SYNTHETIC_SOURCES:
             # Both IPU executors stream the synthetic pool from the host; a dataset path would be
             # silently ignored, and the figures would be for data the user did not ask for.

@@ -18,6 +18,12 @@ the SDK's own sources:
   shards))`` (graphcore/keras ``keras/ipu/extensions/extensions_base.py``), so its IPU count must be
   a power of two with nothing to round; and ``steps_per_execution`` (per replica since SDK 2.5)
   must be a multiple of the gradient accumulation.
+- Pipelined IPU Keras inference: ``predict`` runs one pipeline of depth ``steps_per_execution``
+  (``_make_pipeline_ipu_predict_function``), and Poplar's pipeline lowering needs that depth to be a
+  multiple of, and at least, the schedule's overlap: the forward stages under the default Grouped
+  schedule (graphcore/tensorflow ``compiler/plugin/poplar/driver/visitors/pipeline_visitor.cc``,
+  "The pipeline depth of the pipeline must be a multiple of %d"). So device iterations must be a
+  multiple of the stages.
 """
 
 from __future__ import annotations
@@ -222,6 +228,13 @@ def plan_placement(
                 device_iterations,
                 f"pipelined inference over {stages} stages needs device_iterations >= {stages}",
             )
+        if framework == "tensorflow" and placement.pipelined and device_iterations % stages:
+            raise ConfigError(
+                "device_iterations",
+                device_iterations,
+                f"IPU Keras runs a pipelined predict as one pipeline {device_iterations} deep, and Poplar needs "
+                f"the depth to be a multiple of the {stages} pipeline stages: choose a multiple of {stages}",
+            )
     return placement
 
 
@@ -267,6 +280,18 @@ def tensorflow_ipus_per_instance(placement: IpuPlacement) -> int:
 def keras_steps_per_execution(placement: IpuPlacement) -> int:
     """Keras ``steps_per_execution`` (micro-batches per replica per host call, SDK >= 2.5)."""
     return placement.gradient_accumulation * placement.device_iterations
+
+
+def keras_steps_per_host_call(placement: IpuPlacement) -> int:
+    """The ``steps_per_epoch`` (``fit``) or ``steps`` (``predict``) that make one host call run
+    ``steps_per_execution`` micro-batches on every replica of this instance.
+
+    IPU Keras reads those counts over all replicas together and divides them by the replication
+    factor (graphcore/keras ``keras/ipu/extensions/data_adapter.py``, ``IPUDataHandler._infer_steps``),
+    then truncates ``steps_per_execution`` to the quotient: asking for ``steps_per_execution`` alone
+    would run only ``1 / replicas`` of an execution per replica.
+    """
+    return keras_steps_per_execution(placement) * placement.replicas_per_instance
 
 
 def check_steps_per_execution(

@@ -8,12 +8,17 @@ for a replica pipelined over several IPUs, ``set_pipeline_stage_assignment`` and
 ``set_pipelining_options``. The replication factor is not an option: IPU Keras derives it from the
 IPUs selected (graphcore/keras ``keras/ipu/extensions/extensions_base.py``).
 
-One ``step()`` is one ``model.fit`` execution of ``steps_per_execution = gradient_accumulation x
-device_iterations`` micro-batches per replica, that is ``device_iterations`` weight updates; since
+Training: one ``step()`` is one ``model.fit`` execution of ``steps_per_execution = gradient_accumulation
+x device_iterations`` micro-batches per replica, that is ``device_iterations`` weight updates; since
 SDK 2.5 ``steps_per_execution`` counts per replica and must be a multiple of the gradient
 accumulation. Gradients are averaged over the accumulated micro-batches
-(``gradient_accumulation_reduction_method="mean"``), as the other placements in core do. The first
-``fit`` compiles; the runner times it as the first step.
+(``gradient_accumulation_reduction_method="mean"``), as the other placements in core do.
+
+Inference: one ``step()`` is one ``model.predict`` execution of ``steps_per_execution =
+device_iterations`` forward passes per replica; every output comes back to the host through the
+outfeed. Pipelined, ``predict`` runs one pipeline ``steps_per_execution`` deep: gradient
+accumulation has no effect there (``set_pipelining_options``'s own documentation), so only the stage
+assignment is set. Either way the first call compiles; the runner times it as the first step.
 
 The IPU Model and the executable cache are ``TF_POPLAR_FLAGS`` (``--use_ipu_model``,
 ``--executable_cache_path=...``), read when the IPU system is configured; they are restored when
@@ -43,6 +48,7 @@ from .placement import (
     check_steps_per_execution,
     host_call_samples,
     keras_steps_per_execution,
+    keras_steps_per_host_call,
     tensorflow_ipus_per_instance,
 )
 
@@ -73,7 +79,96 @@ def stage_assignment(model: Any, stages: int) -> list[int]:
     return [stage_of[name] for name, _ in layers]
 
 
-class KerasIpuExecutor(Executor):
+class IpuKerasSystem:
+    """What every IPU Keras executor sets up before its model: ``TF_POPLAR_FLAGS`` for the run, the
+    IPU system configured for the placement's IPUs, and the ``IPUStrategy`` to build the model in.
+    ``close()`` restores the flags (they are read when the system is configured)."""
+
+    def __init__(self, ipu: Any, placement: IpuPlacement, *, ipu_model: bool, executable_cache_dir: str | None) -> None:
+        self._previous_flags = os.environ.get(POPLAR_FLAGS)
+        os.environ[POPLAR_FLAGS] = poplar_flags(self._previous_flags or "", ipu_model, executable_cache_dir)
+        self._closed = False
+        try:
+            self.config = ipu.config.IPUConfig()
+            self.config.auto_select_ipus = tensorflow_ipus_per_instance(placement)
+            self.config.configure_ipu_system()
+            self.strategy = ipu.ipu_strategy.IPUStrategy()
+        except BaseException:
+            self.close()
+            raise
+        self._details: dict[str, Any] = {
+            "auto_select_ipus": self.config.auto_select_ipus,
+            "ipu_model": ipu_model,
+            "executable_cache_dir": executable_cache_dir,
+            POPLAR_FLAGS: os.environ[POPLAR_FLAGS],
+        }
+
+    def details(self) -> dict[str, Any]:
+        return dict(self._details)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._previous_flags is None:
+            os.environ.pop(POPLAR_FLAGS, None)
+        else:
+            os.environ[POPLAR_FLAGS] = self._previous_flags
+
+
+def assign_pipeline_stages(model: Any, placement: IpuPlacement) -> list[int]:
+    """Give every layer of a pipelined replica's ``keras.Sequential`` its stage (one per IPU)."""
+    if not hasattr(model, "set_pipeline_stage_assignment") or not _is_sequential(model):
+        raise ConfigError(
+            "devices_per_replica",
+            placement.ipus_per_replica,
+            "pipelining a TensorFlow workload needs its model to be a keras.Sequential",
+        )
+    assignment = stage_assignment(model, placement.ipus_per_replica)
+    model.set_pipeline_stage_assignment(list(assignment))
+    return assignment
+
+
+def host_call_dataset(spec: KerasTrainingSpec, placement: IpuPlacement, *, with_targets: bool) -> Any:
+    """The synthetic pool as one host call reads it, in micro-batches, repeated without end."""
+    import numpy as np
+    import tensorflow as tf
+
+    indices = np.asarray(host_call_samples(placement), dtype=np.int64) % len(spec.inputs)
+    inputs = np.take(np.asarray(spec.inputs), indices, axis=0)
+    if with_targets:
+        slices: Any = (inputs, np.take(np.asarray(spec.targets), indices, axis=0))
+    else:
+        slices = inputs
+    return tf.data.Dataset.from_tensor_slices(slices).batch(placement.micro_batch_size, drop_remainder=True).repeat()
+
+
+class _KerasIpuExecutorBase(Executor):
+    """The host side both IPU Keras executors share: a host call returns once the IPUs finished and
+    their outfeed reached the host, so host timestamps time it."""
+
+    _tf: Any
+    _system: IpuKerasSystem
+    _details: dict[str, Any]
+
+    def synchronize(self) -> None:
+        # fit() and predict() return after the execution finished and its outfeed reached the host.
+        pass
+
+    def step_clock(self) -> StepClock:
+        return HostStepClock()
+
+    def details(self) -> dict[str, Any]:
+        return {**self._details, **self._system.details()}
+
+    def framework_version(self) -> str:
+        return str(self._tf.__version__)
+
+    def close(self) -> None:
+        self._system.close()
+
+
+class KerasIpuExecutor(_KerasIpuExecutorBase):
     def __init__(
         self,
         spec: KerasTrainingSpec,
@@ -84,24 +179,18 @@ class KerasIpuExecutor(Executor):
         ipu_model: bool = False,
         executable_cache_dir: str | None = None,
     ) -> None:
-        import numpy as np
         import tensorflow as tf
 
         self._tf = tf
         self._placement = placement
         self.updates_per_step = placement.device_iterations
         self.steps_per_execution = keras_steps_per_execution(placement)
+        self.steps_per_host_call = keras_steps_per_host_call(placement)
         check_steps_per_execution(self.steps_per_execution, placement.gradient_accumulation, placement.replicas)
 
-        self._previous_flags = os.environ.get(POPLAR_FLAGS)
-        os.environ[POPLAR_FLAGS] = poplar_flags(self._previous_flags or "", ipu_model, executable_cache_dir)
-        self._closed = False
+        self._system = IpuKerasSystem(ipu, placement, ipu_model=ipu_model, executable_cache_dir=executable_cache_dir)
         try:
-            cfg = ipu.config.IPUConfig()
-            cfg.auto_select_ipus = tensorflow_ipus_per_instance(placement)
-            cfg.configure_ipu_system()
-            self._strategy = ipu.ipu_strategy.IPUStrategy()
-            with self._strategy.scope():
+            with self._system.strategy.scope():
                 self.model = spec.make_model()
                 per_sample = spec.make_loss()
 
@@ -113,14 +202,7 @@ class KerasIpuExecutor(Executor):
                 )
                 assignment = None
                 if placement.pipelined:
-                    if not hasattr(self.model, "set_pipeline_stage_assignment") or not _is_sequential(self.model):
-                        raise ConfigError(
-                            "devices_per_replica",
-                            placement.ipus_per_replica,
-                            "pipelining a TensorFlow workload needs its model to be a keras.Sequential",
-                        )
-                    assignment = stage_assignment(self.model, placement.ipus_per_replica)
-                    self.model.set_pipeline_stage_assignment(list(assignment))
+                    assignment = assign_pipeline_stages(self.model, placement)
                     self.model.set_pipelining_options(
                         gradient_accumulation_steps_per_replica=placement.gradient_accumulation,
                         gradient_accumulation_reduction_method="mean",
@@ -131,27 +213,17 @@ class KerasIpuExecutor(Executor):
                         gradient_accumulation_reduction_method="mean",
                     )
 
-            indices = np.asarray(host_call_samples(placement), dtype=np.int64) % len(spec.inputs)
-            inputs = np.take(np.asarray(spec.inputs), indices, axis=0)
-            targets = np.take(np.asarray(spec.targets), indices, axis=0)
-            self._dataset = (
-                tf.data.Dataset.from_tensor_slices((inputs, targets))
-                .batch(placement.micro_batch_size, drop_remainder=True)
-                .repeat()
-            )
+            self._dataset = host_call_dataset(spec, placement, with_targets=True)
             self._last_loss: float | None = None
             self._details: dict[str, Any] = {
                 "framework": "tensorflow",
                 "runtime": "tensorflow-ipu",
                 "tensorflow_version": tf.__version__,
                 **placement.summary(),
-                "auto_select_ipus": cfg.auto_select_ipus,
                 "steps_per_execution": self.steps_per_execution,
+                "steps_per_host_call": self.steps_per_host_call,
                 "gradient_accumulation_reduction_method": "mean",
                 "pipeline_stage_assignment": assignment,
-                "ipu_model": ipu_model,
-                "executable_cache_dir": executable_cache_dir,
-                POPLAR_FLAGS: os.environ[POPLAR_FLAGS],
             }
         except BaseException:
             self.close()
@@ -159,37 +231,79 @@ class KerasIpuExecutor(Executor):
 
     def step(self) -> None:
         # One execution: steps_per_execution micro-batches per replica, device_iterations updates.
-        with self._strategy.scope():
+        with self._system.strategy.scope():
             history = self.model.fit(
-                self._dataset, epochs=1, steps_per_epoch=self.steps_per_execution, shuffle=False, verbose=0
+                self._dataset, epochs=1, steps_per_epoch=self.steps_per_host_call, shuffle=False, verbose=0
             )
         self._last_loss = float(history.history["loss"][-1])
-
-    def synchronize(self) -> None:
-        # fit() returns after the execution finished and its loss reached the host.
-        pass
-
-    def step_clock(self) -> StepClock:
-        return HostStepClock()
 
     def check_finite(self) -> None:
         if self._last_loss is not None and not math.isfinite(self._last_loss):
             raise NonFiniteLossError(f"loss is {self._last_loss} (not finite)")
 
-    def details(self) -> dict[str, Any]:
-        return dict(self._details)
 
-    def framework_version(self) -> str:
-        return str(self._tf.__version__)
+class KerasIpuInferenceExecutor(_KerasIpuExecutorBase):
+    """Forward passes on IPUs: ``model.predict`` over the same IPU system, strategy and pipeline
+    stages as training. No optimizer, loss or gradient accumulation; every output of every replica
+    comes back to the host, and the last host call's are checked for NaN/inf at phase boundaries
+    (as the PopTorch inference executor checks its last call's)."""
 
-    def close(self) -> None:
-        if self._closed:
+    def __init__(
+        self,
+        spec: KerasTrainingSpec,
+        config: RunConfig,
+        placement: IpuPlacement,
+        *,
+        ipu: Any,
+        ipu_model: bool = False,
+        executable_cache_dir: str | None = None,
+    ) -> None:
+        import tensorflow as tf
+
+        self._tf = tf
+        self._placement = placement
+        self.updates_per_step = placement.device_iterations
+        self.steps_per_execution = keras_steps_per_execution(placement)  # device_iterations: GA is 1
+        self.steps_per_host_call = keras_steps_per_host_call(placement)
+
+        self._system = IpuKerasSystem(ipu, placement, ipu_model=ipu_model, executable_cache_dir=executable_cache_dir)
+        try:
+            with self._system.strategy.scope():
+                self.model = spec.make_model()
+                # predict() needs neither loss nor optimizer; compile() carries steps_per_execution.
+                self.model.compile(steps_per_execution=self.steps_per_execution)
+                assignment = assign_pipeline_stages(self.model, placement) if placement.pipelined else None
+            self._dataset = host_call_dataset(spec, placement, with_targets=False)
+            self._last_outputs: Any = None
+            self._details: dict[str, Any] = {
+                "framework": "tensorflow",
+                "runtime": "tensorflow-ipu",
+                "mode": "inference",
+                "tensorflow_version": tf.__version__,
+                **placement.summary(),
+                "steps_per_execution": self.steps_per_execution,
+                "steps_per_host_call": self.steps_per_host_call,
+                "pipeline_stage_assignment": assignment,
+            }
+        except BaseException:
+            self.close()
+            raise
+
+    def step(self) -> None:
+        # One execution: device_iterations forward passes per replica, all outputs to the host.
+        with self._system.strategy.scope():
+            self._last_outputs = self.model.predict(self._dataset, steps=self.steps_per_host_call, verbose=0)
+
+    def check_finite(self) -> None:
+        import numpy as np
+
+        # The outputs are on the host already: checking the last call's costs no device sync.
+        if self._last_outputs is None:
             return
-        self._closed = True
-        if self._previous_flags is None:
-            os.environ.pop(POPLAR_FLAGS, None)
-        else:
-            os.environ[POPLAR_FLAGS] = self._previous_flags
+        for output in self._tf.nest.flatten(self._last_outputs):
+            values = np.asarray(output)
+            if np.issubdtype(values.dtype, np.floating) and not bool(np.isfinite(values).all()):
+                raise NonFiniteLossError("a model output was NaN/inf in the last host call")
 
 
 def _is_sequential(model: Any) -> bool:
@@ -203,7 +317,8 @@ def create_keras_executor(
 
     quiet_tensorflow_startup()  # before TensorFlow loads, as core's Keras executor does
 
-    return KerasIpuExecutor(
+    executor = KerasIpuInferenceExecutor if config.mode == "inference" else KerasIpuExecutor
+    return executor(
         workload.build_keras(workload_options, config.seed),
         config,
         placement,

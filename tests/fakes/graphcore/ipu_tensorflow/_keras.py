@@ -1,16 +1,21 @@
 """The fake IPU Keras extensions (graphcore/keras ``keras/ipu/extensions``), patched onto
 ``keras.Model`` while an IPUStrategy exists: the option setters with the real argument checks and
-messages, and ``fit`` refusing what IPU Keras refuses before it compiles (a pipelined model without
-gradient accumulation; ``steps_per_execution`` not a multiple of the gradient accumulation).
-Every call is appended to ``calls``. The fake trains with Keras on the CPU, one weight update per
-micro-batch: it checks configurations, it does not emulate accumulation."""
+messages; ``fit`` refusing what IPU Keras refuses before it compiles (a pipelined model without
+gradient accumulation; ``steps_per_execution`` not a multiple of the gradient accumulation); and
+``fit`` and ``predict`` reading their step counts as IPU Keras does, over all replicas together.
+Every call is appended to ``calls``. The fake runs Keras on the CPU, one weight update per
+micro-batch and every replica's micro-batches one after the other: it checks configurations and
+counts, it does not emulate accumulation."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import keras
+import tensorflow as tf
 
+from . import config
 from .gradient_accumulation import GradientAccumulationReductionMethod
 
 calls: list[tuple] = []
@@ -95,15 +100,63 @@ def set_pipeline_stage_assignment(self: Any, pipeline_stage_assignment: Any) -> 
     _state(self)["assignment"] = list(pipeline_stage_assignment)
 
 
+def _compiled_steps_per_execution(model: Any) -> int:
+    value = model.steps_per_execution
+    return int(value.numpy()) if hasattr(value, "numpy") else int(value)
+
+
+def _pipeline_stages(model: Any) -> int:
+    """``_get_shard_count`` (extensions_base.py): the highest stage assigned + 1, else 1."""
+    assignment = _state(model)["assignment"]
+    return max(assignment) + 1 if assignment is not None and len(set(assignment)) > 1 else 1
+
+
+def _replication_factor(model: Any) -> int:
+    """``_get_replication_factor`` (extensions_base.py): the IPUs of the configured device divided by
+    the shard count rounded up to a power of two."""
+    if not config.configured or not config.configured[-1].auto_select_ipus:
+        raise ValueError(f"{type(model).__name__} can only be used on an IPU device.")
+    num_ipus = int(config.configured[-1].auto_select_ipus[0])
+    shards = _pipeline_stages(model)
+    rounded = 2 ** math.ceil(math.log2(shards))
+    if shards > num_ipus:
+        raise ValueError(
+            f"Current device has {num_ipus} IPUs attached, however the current model requires a multiple of "
+            f"{rounded} IPUs."
+        )
+    return num_ipus // rounded
+
+
+def _steps_per_replica(model: Any, steps: Any) -> tuple[int, int]:
+    """(steps per replica, steps per execution) as ``IPUDataHandler`` infers and validates them
+    (graphcore/keras ``keras/ipu/extensions/data_adapter.py``: ``_infer_steps`` divides the steps asked
+    for by the replication factor; ``_truncate_execution_to_epoch`` caps ``steps_per_execution`` at
+    that; ``_validate_data_handler`` refuses 0 steps and a per-replica count it does not divide)."""
+    if steps is None:
+        raise ValueError("Could not infer the size of the data. You must specify the number of steps to run.")
+    replicas = _replication_factor(model)
+    per_replica = int(steps) // replicas
+    compiled = _compiled_steps_per_execution(model)
+    to_replica = " to this replica" if replicas > 1 else ""
+    if per_replica == 0:
+        raise ValueError(
+            f"The provided dataset contains {steps} items, but all {replicas} replicas are requested to run 1 "
+            f"steps each. Make sure the dataset contains at least {replicas} items."
+        )
+    execution = min(compiled, per_replica)
+    if per_replica % execution:
+        raise ValueError(
+            f"`steps_per_execution` ({execution}) must be a divisor of the number of batches ({per_replica}) in "
+            f"the dataset provided{to_replica}."
+        )
+    return per_replica, execution
+
+
 def fit(self: Any, *args: Any, **kwargs: Any) -> Any:
     state = _state(self)
-    steps = (
-        int(self.steps_per_execution)
-        if not hasattr(self.steps_per_execution, "numpy")
-        else int(self.steps_per_execution.numpy())
-    )
-    pipelined = state["assignment"] is not None and len(set(state["assignment"])) > 1
-    calls.append(("fit", steps, kwargs.get("steps_per_epoch")))
+    pipelined = _pipeline_stages(self) > 1
+    calls.append(("fit", _compiled_steps_per_execution(self), kwargs.get("steps_per_epoch")))
+    _, steps = _steps_per_replica(self, kwargs.get("steps_per_epoch"))
     mode = ""
     if pipelined:
         mode = "pipelined "
@@ -127,6 +180,30 @@ def fit(self: Any, *args: Any, **kwargs: Any) -> Any:
     return _ORIGINAL_FIT["fit"](self, *args, **kwargs)
 
 
+def predict(self: Any, x: Any, batch_size: Any = None, verbose: Any = 0, steps: Any = None, **kwargs: Any) -> Any:
+    """``_predict_delegate`` (extensions_base.py): the same step arithmetic as ``fit``; a pipelined
+    model runs one pipeline ``steps_per_execution`` deep (``_make_pipeline_ipu_predict_function``) with
+    no gradient accumulation (``set_pipelining_options``: "no effect when using evaluate() or
+    predict()"), and Poplar refuses a depth that is not a multiple of, or less than, the forward stages
+    (graphcore/tensorflow ``compiler/plugin/poplar/driver/visitors/pipeline_visitor.cc``, the Grouped
+    schedule's overlap). The real call raises that when it compiles; so does the fake, before running.
+    Returns every replica's outputs of every step, concatenated, as the real one does."""
+    calls.append(("predict", _compiled_steps_per_execution(self), steps))
+    per_replica, execution = _steps_per_replica(self, steps)
+    stages = _pipeline_stages(self)
+    if stages > 1:
+        if execution % stages:
+            raise tf.errors.FailedPreconditionError(
+                None, None, f"The pipeline depth of the pipeline must be a multiple of {stages}, but it is {execution}."
+            )
+        if execution < stages:
+            raise tf.errors.FailedPreconditionError(
+                None, None, f"The pipeline depth of the pipeline must be at least {stages}, but it is {execution}."
+            )
+    total = per_replica * _replication_factor(self)
+    return _ORIGINAL_FIT["predict"](self, x, batch_size=batch_size, verbose=verbose, steps=total, **kwargs)
+
+
 _EXTENSIONS = {
     "set_gradient_accumulation_options": set_gradient_accumulation_options,
     "set_pipelining_options": set_pipelining_options,
@@ -138,7 +215,9 @@ def install() -> None:
     if "fit" in _ORIGINAL_FIT:
         return
     _ORIGINAL_FIT["fit"] = keras.Model.fit
+    _ORIGINAL_FIT["predict"] = keras.Model.predict
     keras.Model.fit = fit
+    keras.Model.predict = predict
     for name, method in _EXTENSIONS.items():
         setattr(keras.Model, name, method)
 
@@ -147,6 +226,7 @@ def remove() -> None:
     if "fit" not in _ORIGINAL_FIT:
         return
     keras.Model.fit = _ORIGINAL_FIT.pop("fit")
+    keras.Model.predict = _ORIGINAL_FIT.pop("predict")
     for name in _EXTENSIONS:
         if name in keras.Model.__dict__:
             delattr(keras.Model, name)
