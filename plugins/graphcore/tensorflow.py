@@ -147,9 +147,18 @@ class _KerasIpuExecutorBase(Executor):
     """The host side both IPU Keras executors share: a host call returns once the IPUs finished and
     their outfeed reached the host, so host timestamps time it."""
 
-    _tf: Any
-    _system: IpuKerasSystem
     _details: dict[str, Any]
+
+    def __init__(self, placement: IpuPlacement, *, ipu: Any, ipu_model: bool, executable_cache_dir: str | None) -> None:
+        """The IPU system and the host-call shape; the subclass builds its model in the strategy."""
+        import tensorflow as tf
+
+        self._tf = tf
+        self._placement = placement
+        self.updates_per_step = placement.device_iterations
+        self.steps_per_execution = keras_steps_per_execution(placement)  # inference: device_iterations (GA 1)
+        self.steps_per_host_call = keras_steps_per_host_call(placement)
+        self._system = IpuKerasSystem(ipu, placement, ipu_model=ipu_model, executable_cache_dir=executable_cache_dir)
 
     def synchronize(self) -> None:
         # fit() and predict() return after the execution finished and its outfeed reached the host.
@@ -179,16 +188,11 @@ class KerasIpuExecutor(_KerasIpuExecutorBase):
         ipu_model: bool = False,
         executable_cache_dir: str | None = None,
     ) -> None:
-        import tensorflow as tf
-
-        self._tf = tf
-        self._placement = placement
-        self.updates_per_step = placement.device_iterations
-        self.steps_per_execution = keras_steps_per_execution(placement)
-        self.steps_per_host_call = keras_steps_per_host_call(placement)
-        check_steps_per_execution(self.steps_per_execution, placement.gradient_accumulation, placement.replicas)
-
-        self._system = IpuKerasSystem(ipu, placement, ipu_model=ipu_model, executable_cache_dir=executable_cache_dir)
+        check_steps_per_execution(
+            keras_steps_per_execution(placement), placement.gradient_accumulation, placement.replicas
+        )
+        super().__init__(placement, ipu=ipu, ipu_model=ipu_model, executable_cache_dir=executable_cache_dir)
+        tf = self._tf
         try:
             with self._system.strategy.scope():
                 self.model = spec.make_model()
@@ -258,15 +262,8 @@ class KerasIpuInferenceExecutor(_KerasIpuExecutorBase):
         ipu_model: bool = False,
         executable_cache_dir: str | None = None,
     ) -> None:
-        import tensorflow as tf
-
-        self._tf = tf
-        self._placement = placement
-        self.updates_per_step = placement.device_iterations
-        self.steps_per_execution = keras_steps_per_execution(placement)  # device_iterations: GA is 1
-        self.steps_per_host_call = keras_steps_per_host_call(placement)
-
-        self._system = IpuKerasSystem(ipu, placement, ipu_model=ipu_model, executable_cache_dir=executable_cache_dir)
+        super().__init__(placement, ipu=ipu, ipu_model=ipu_model, executable_cache_dir=executable_cache_dir)
+        tf = self._tf
         try:
             with self._system.strategy.scope():
                 self.model = spec.make_model()
