@@ -151,6 +151,9 @@ def test_core_run_on_two_nodes_adds_up_each_nodes_energy(tmp_path: Path) -> None
             "node1": 20.0,
         }
         assert result["world_size"] == 2 and result["samples_per_update"] == 16
+        # Both nodes' devices count: energy per device divides by all of them.
+        assert [device["details"]["node_rank"] for device in result["devices"]] == [0, 1]
+        assert result["energy_joules_per_device"] == 15.0
     warned = [any("global rank 0 ran on another node" in w for w in result["warnings"]) for result in results]
     assert sorted(warned) == [False, True]  # one node held rank 0
     assert all("nodes           2: node 0 (" in node.stdout and "node 1 (" in node.stdout for node in nodes)

@@ -144,7 +144,7 @@ class Accelerator(ABC):
 
     def devices_for(self, config: RunConfig, process: ProcessContext) -> list[DeviceRecord]:
         """The devices a run with ``config`` uses, as recorded in its result."""
-        return self.devices()[: config.replicas * config.devices_per_replica]
+        return self.devices()[: config.replicas_per_node * config.devices_per_replica]
 
     def placement_summary(self, context: RunContext) -> dict[str, Any]:
         """What a dry run shows of this run's placement beyond replicas and devices per replica

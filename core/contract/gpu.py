@@ -53,7 +53,7 @@ class TorchGpuAccelerator(Accelerator):
         return self.visible_devices()
 
     def devices_for(self, config: RunConfig, process: ProcessContext) -> list[DeviceRecord]:
-        return self.visible_devices()[: config.replicas]
+        return self.visible_devices()[: config.replicas_per_node]
 
     def executor_for(self, workload: Workload, context: RunContext) -> Executor:
         config, options, process = context.config, context.workload_options, context.process

@@ -23,7 +23,7 @@ from core.running.distributed import ProcessContext
 from core.running.exchange import gather_through_files
 from core.running.planning import RunPlan
 from core.storage.environment import collect_environment
-from core.storage.results import EnergyMeasurement, NodeEnergy, RunResult, RunState, Status
+from core.storage.results import DeviceRecord, EnergyMeasurement, NodeEnergy, RunResult, RunState, Status
 
 # Above this share of the window spent waiting for data, the run measures storage, not the device.
 DATA_BOUND_FRACTION = 0.10
@@ -238,22 +238,35 @@ def _energy_over_nodes(
 ) -> EnergyMeasurement | None:
     """Each node's window energy (read by its local rank 0) gathered to every rank: the run's is their
     sum, each node's is kept in ``result.nodes``, and a node whose meter read nothing is named."""
-    own = None
+    own: dict[str, object] | None = None
     if process.reads_node_meter:
-        own = NodeEnergy(
+        record = NodeEnergy(
             node_rank=process.node_rank,
             hostname=socket.gethostname(),
             energy_joules=energy.energy_joules if energy is not None else None,
             unavailable_reason=(energy.unavailable_reason if energy is not None else result.energy_unavailable_reason),
             meter=energy.meter if energy is not None else None,
-        ).model_dump()
+            devices=len(result.devices),
+        )
+        own = {"node": record.model_dump(), "devices": [device.model_dump(mode="json") for device in result.devices]}
     if process.meter_per_process and process.exchange_dir is not None:
         # No host-side process group (poprun's instances): through the launch's folder.
         gathered = gather_through_files(Path(process.exchange_dir), "energy", process.rank, process.world_size, own)
     else:
         gathered = executor.gather_objects(own)
-    nodes = sorted((NodeEnergy.model_validate(node) for node in gathered if node is not None), key=_by_node)
+    shares = [share for share in gathered if isinstance(share, dict)]
+    pairs = sorted(
+        ((NodeEnergy.model_validate(share["node"]), share) for share in shares), key=lambda pair: pair[0].node_rank
+    )
+    nodes = [node for node, _ in pairs]
     result.nodes = nodes
+    # Every node's devices: energy per device divides the run's energy by all of them.
+    devices = []
+    for node, share in pairs:
+        for device in share["devices"]:
+            details = {**device.get("details", {}), "node_rank": node.node_rank}
+            devices.append(DeviceRecord.model_validate({**device, "details": details}))
+    result.devices = devices
     if not nodes or all(node.meter is None for node in nodes):
         return energy  # no node had a meter: the run's reason stands
     missing = [node for node in nodes if node.energy_joules is None]
@@ -275,10 +288,6 @@ def _energy_over_nodes(
     else:
         combined.energy_joules = sum(node.energy_joules or 0.0 for node in nodes)
     return combined
-
-
-def _by_node(node: NodeEnergy) -> int:
-    return node.node_rank
 
 
 def _loop_window(

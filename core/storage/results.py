@@ -178,6 +178,7 @@ class NodeEnergy(BaseModel):
     energy_joules: float | None = None
     unavailable_reason: str | None = None
     meter: str | None = None
+    devices: int = Field(default=0, description="devices of the run on this node (or instance)")
 
 
 class LoadGenFigures(BaseModel):
