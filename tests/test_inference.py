@@ -441,3 +441,15 @@ def test_the_dense_and_language_models_run_inference(workload: str) -> None:
     training = get_plugin_manager().workload(workload)
     options = training.parse_options(small)
     assert result.flops_per_sample == pytest.approx(training.inference_flops_per_sample(options))
+
+
+def test_an_inference_runs_dataset_epoch_is_the_evaluation_split() -> None:
+    options = {"variant": "small"}
+    inference = run(
+        "resnet50", "cpu", mode="inference", micro_batch_size=2, steps=2, warmup_steps=0, workload_options=options
+    )
+    assert inference.status.ok, inference.status
+    assert inference.samples_per_epoch == 50_000  # ImageNet's validation set, as the GH200 paper's Fig. 2
+    assert inference.epoch_seconds == pytest.approx(50_000 / inference.throughput_per_second)
+    fcnn = run("fcnn", "cpu", mode="inference", micro_batch_size=2, steps=2, warmup_steps=0, workload_options=TINY_FCNN)
+    assert fcnn.samples_per_epoch is None  # no evaluation split known: no estimate rather than a wrong one

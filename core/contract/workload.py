@@ -149,6 +149,11 @@ class Workload(ABC):
         """Samples in one epoch of the real dataset this workload stands for (ImageNet: 1,281,167)."""
         return None
 
+    def evaluation_samples(self, options: BaseModel) -> int | None:
+        """Samples in the real dataset's validation (or test) split: an inference run's epoch under
+        ``epoch_definition = "dataset"`` (ImageNet: 50,000). None where unknown: no estimate then."""
+        return None
+
     def tokens_per_sample(self, options: Any) -> int | None:
         """Tokens in one sample, for a workload whose sample is a token sequence (language models:
         the sequence length); None, the default, for any other. The result turns it into tokens/s

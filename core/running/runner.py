@@ -392,7 +392,10 @@ def _record_epoch(result: RunResult, plan: RunPlan, dataset_samples: int | None)
     """Estimates of one epoch's time and energy, as the run's epoch_definition defines an epoch,
     extrapolated from the steady window's rates (no epoch is run)."""
     epoch = plan.config.epoch
-    if epoch.kind == "dataset":
+    if epoch.kind == "dataset" and plan.config.mode == "inference":
+        # Inference goes over the evaluation split (the folder read, or the workload's), not training's.
+        dataset_samples = dataset_samples or plan.workload.evaluation_samples(plan.workload_options)
+    elif epoch.kind == "dataset":
         dataset_samples = dataset_samples or plan.workload.samples_per_epoch(plan.workload_options)
     samples = epoch.samples(dataset_samples, result.samples_per_update, result.samples_per_host_call)
     if not samples or not result.throughput_per_second:

@@ -22,6 +22,8 @@ class ImageDataset:
     #: fed at the model's own ImageNet input size, not at the dataset's: what the GH200 paper's
     #: Table I implies for CIFAR-100 and Food-101 (docs/workloads.md, "Dataset shapes")
     resized_to_model: bool = False
+    #: its validation (or test) split, what an inference run's "dataset" epoch counts; None: unknown
+    evaluation_samples: int | None = None
 
 
 @dataclass(frozen=True)
@@ -38,7 +40,14 @@ IMAGE_DATASETS: dict[str, ImageDataset] = {
     d.name: d
     for d in (
         ImageDataset(
-            "imagenet", 3, 224, 224, 1000, 1_281_167, "ImageNet-1k (ILSVRC 2012) training set at the usual 224x224 crop"
+            "imagenet",
+            3,
+            224,
+            224,
+            1000,
+            1_281_167,
+            "ImageNet-1k (ILSVRC 2012) training set at the usual 224x224 crop",
+            evaluation_samples=50_000,  # the validation set the GH200 paper's Fig. 2 infers over
         ),
         ImageDataset(
             "cifar100",
@@ -49,6 +58,7 @@ IMAGE_DATASETS: dict[str, ImageDataset] = {
             50_000,
             "CIFAR-100 training set (50,000 of its 60,000 images), resized to the model's input",
             resized_to_model=True,
+            evaluation_samples=10_000,
         ),
         ImageDataset(
             "food101",
@@ -60,8 +70,18 @@ IMAGE_DATASETS: dict[str, ImageDataset] = {
             "Food-101 training split (750 of the 1,000 images of each class; up to 512 px), resized to the "
             "model's input",
             resized_to_model=True,
+            evaluation_samples=25_250,  # 250 test images of each class
         ),
-        ImageDataset("mnist", 1, 28, 28, 10, 60_000, "MNIST training set (60,000 of its 70,000 digits)"),
+        ImageDataset(
+            "mnist",
+            1,
+            28,
+            28,
+            10,
+            60_000,
+            "MNIST training set (60,000 of its 70,000 digits)",
+            evaluation_samples=10_000,
+        ),
         ImageDataset(
             "hydra",
             3,

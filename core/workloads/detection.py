@@ -32,6 +32,7 @@ from core.workloads.zoo import Source, ZooOptions, ZooWorkload, seeded, torchvis
 COCO_CLASSES = 80  # the object categories of COCO's detection task
 #: COCO train2017, the standard split size
 COCO_TRAIN_IMAGES = 118_287
+COCO_VAL_IMAGES = 5_000  # val2017
 #: COCO train2017 has 860,001 object annotations over 118,287 images: 7.3 per image
 COCO_OBJECTS_PER_IMAGE = 7
 PADDING_LABEL = -1
@@ -74,6 +75,9 @@ class DetectionWorkload(ZooWorkload):
 
     def samples_per_epoch(self, options: BaseModel) -> int:
         return COCO_TRAIN_IMAGES
+
+    def evaluation_samples(self, options: BaseModel) -> int:
+        return COCO_VAL_IMAGES
 
     def shape_details(self, o: DetectionOptions) -> dict[str, Any]:
         return {

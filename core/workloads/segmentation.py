@@ -28,6 +28,7 @@ CITYSCAPES_CLASSES = 19  # the train ids of Cityscapes' evaluation classes
 IGNORE_INDEX = 255  # Cityscapes' train id for unlabelled pixels, skipped by the loss
 #: Cityscapes' fine-annotated training split (gtFine train), the standard split size
 CITYSCAPES_TRAIN_IMAGES = 2_975
+CITYSCAPES_VAL_IMAGES = 500
 #: share of synthetic pixels labelled 255: Cityscapes leaves roughly this much of a frame unlabelled
 SYNTHETIC_IGNORED_SHARE = 0.1
 ADAMW_LEARNING_RATE = 6e-5  # MMSegmentation's SegFormer schedule
@@ -71,6 +72,9 @@ class SegmentationWorkload(ZooWorkload):
 
     def samples_per_epoch(self, options: BaseModel) -> int:
         return CITYSCAPES_TRAIN_IMAGES
+
+    def evaluation_samples(self, options: BaseModel) -> int:
+        return CITYSCAPES_VAL_IMAGES
 
     def shape_details(self, o: SegmentationOptions) -> dict[str, Any]:
         return {

@@ -100,6 +100,10 @@ class VisionWorkload(ZooWorkload):
         assert isinstance(options, VisionOptions)
         return IMAGE_DATASETS[options.dataset].samples_per_epoch
 
+    def evaluation_samples(self, options: BaseModel) -> int | None:
+        assert isinstance(options, VisionOptions)
+        return IMAGE_DATASETS[options.dataset].evaluation_samples
+
     def check_options(self, o: VisionOptions) -> None:
         channels, height, width = self.input_shape(o)
         if min(height, width) < self.min_image_size:
