@@ -11,6 +11,7 @@ here as ``None``: its files say how it ended.
 
 from __future__ import annotations
 
+import functools
 import shutil
 import subprocess
 from collections.abc import Sequence
@@ -36,6 +37,7 @@ ACTIVE_STATES = frozenset(
     }
 )
 _COMMAND_TIMEOUT_SECONDS = 60.0  # a busy slurmctld answers slowly; a dead one not at all
+_PROBE_TIMEOUT_SECONDS = 15.0  # whether Slurm answers at all
 _IDS_PER_QUERY = 200  # keeps each command line short on a large grid
 
 
@@ -43,19 +45,27 @@ class SlurmError(CoreError):
     """A Slurm command failed: the message quotes what it printed."""
 
 
+@functools.cache
 def unavailable_reason() -> str | None:
-    """None where this machine can submit Slurm jobs; else why not (no ``sinfo``, no controller)."""
+    """None where this machine can submit Slurm jobs; else why not (no ``sinfo``, no controller).
+
+    Asked once per process: sinfo retries an unreachable controller for up to a minute, so it is
+    given :data:`_PROBE_TIMEOUT_SECONDS`.
+    """
     sinfo = shutil.which("sinfo")
     if sinfo is None:
         return "Slurm's commands are not on PATH (no sinfo)"
     try:
         answered = subprocess.run(
-            [sinfo, "--noheader", "--format=%P"], capture_output=True, text=True, timeout=_COMMAND_TIMEOUT_SECONDS
+            [sinfo, "--noheader", "--format=%P"], capture_output=True, text=True, timeout=_PROBE_TIMEOUT_SECONDS
         )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"sinfo did not answer: {exc}"
+    except OSError as exc:
+        return f"sinfo cannot run: {exc}"
+    except subprocess.TimeoutExpired:
+        return f"sinfo gave no answer in {_PROBE_TIMEOUT_SECONDS:g} s (is slurmctld running? SLURM_CONF?)"
     if answered.returncode != 0:
-        return f"sinfo cannot reach slurmctld: {answered.stderr.strip() or f'exit code {answered.returncode}'}"
+        said = " ".join(answered.stderr.split()) or f"exit code {answered.returncode}"
+        return f"sinfo cannot reach slurmctld: {said}"
     if not answered.stdout.strip():
         return "sinfo lists no partition"
     return None
