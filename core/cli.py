@@ -6,7 +6,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -195,6 +195,23 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--timeout-seconds", type=float, help="time limit of one repeat (overrides the file)")
     sweep.add_argument("--skip-invalid", action="store_true", help="run the valid cells when some are invalid")
     sweep.add_argument("--name", help="the sweep's name in the database (overrides the file)")
+    sweep.add_argument(
+        "--executor",
+        choices=("local", "slurm"),
+        default="local",
+        help="local: one repeat after another on this machine (default); slurm: each repeat a Slurm job "
+        "(docs/cluster.md#sweeps-on-a-cluster)",
+    )
+    slurm = sweep.add_argument_group("Slurm jobs (override the sweep file's [slurm] table)")
+    for flag, kind, what in _SLURM_FLAGS:
+        slurm.add_argument(f"--slurm-{flag.replace('_', '-')}", dest=f"slurm_{flag}", type=kind, help=what)
+    slurm.add_argument(
+        "--slurm-option",
+        dest="slurm_extra_options",
+        action="append",
+        metavar="OPTION",
+        help="a further sbatch option such as --slurm-option=--qos=high (repeatable)",
+    )
 
     report = commands.add_parser(
         "report", parents=[debug], help="write a Markdown and HTML report with plots from the database"
@@ -810,6 +827,33 @@ def _print_plan(plan: Any, repeats: int, finished: dict[tuple[str, int], str]) -
     )
 
 
+#: (field of the [slurm] table, type, help) for each ``--slurm-*`` flag
+_SLURM_FLAGS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
+    ("partition", str, "sbatch --partition"),
+    ("account", str, "sbatch --account"),
+    ("time_limit_minutes", int, "sbatch --time of each job (default: the repeat's time limit, in minutes)"),
+    ("gpus_per_node", int, "sbatch --gpus-per-node"),
+    ("cpus_per_task", int, "sbatch --cpus-per-task"),
+    ("memory_megabytes", int, "sbatch --mem, in megabytes"),
+    ("poll_seconds", float, "how often the sweep asks Slurm about its jobs (default 10)"),
+    ("jobs_directory", str, "the jobs' folders, on a filesystem the nodes share (default: <database>.jobs)"),
+)
+
+
+def _sweep_overrides(args: argparse.Namespace, spec: Any) -> dict[str, Any]:
+    """What the flags change in the sweep file: ``--repeats``, ``--name``..., ``--slurm-*`` as [slurm] fields."""
+    overrides: dict[str, Any] = {
+        key: value
+        for key, value in (("repeats", args.repeats), ("timeout_seconds", args.timeout_seconds), ("name", args.name))
+        if value is not None
+    }
+    fields = [flag for flag, _, _ in _SLURM_FLAGS] + ["extra_options"]
+    slurm = {name: getattr(args, f"slurm_{name}") for name in fields if getattr(args, f"slurm_{name}") is not None}
+    if slurm:
+        overrides["slurm"] = {**(spec.slurm.model_dump() if spec.slurm is not None else {}), **slurm}
+    return overrides
+
+
 def _command_sweep(args: argparse.Namespace) -> int:
     import signal
 
@@ -818,15 +862,7 @@ def _command_sweep(args: argparse.Namespace) -> int:
 
     try:
         spec = load_sweep(args.file)
-        overrides = {
-            key: value
-            for key, value in (
-                ("repeats", args.repeats),
-                ("timeout_seconds", args.timeout_seconds),
-                ("name", args.name),
-            )
-            if value is not None
-        }
+        overrides = _sweep_overrides(args, spec)
         if overrides:
             spec = make_sweep_spec({**spec.model_dump(), **overrides})
         machine_from_file = args.machine is None and args.dry_run and not args.toy and spec.machine is not None
@@ -870,6 +906,7 @@ def _command_sweep(args: argparse.Namespace) -> int:
             retry_failed=args.retry_failed,
             skip_invalid=args.skip_invalid,
             observer=display,
+            executor=args.executor,
         )
     except UnsavedResultError as error:  # mid-sweep, the database refused a result: keep what was measured
         display.line.clear()
@@ -882,7 +919,7 @@ def _command_sweep(args: argparse.Namespace) -> int:
         display.line.clear()
         print(
             f"core: sweep {spec.name} interrupted; finished runs are in {database}. "
-            f"Continue with: core sweep {args.file} --resume",
+            f"Continue with: core sweep {args.file}{' --executor slurm' if args.executor == 'slurm' else ''} --resume",
             file=sys.stderr,
         )
         return 130

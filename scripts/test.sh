@@ -21,6 +21,12 @@ fi
 ./scripts/lint.sh
 lint_status=$?
 
+# The cluster-sweep tests submit to a real Slurm: reach one, or start a single-host one as root
+# (scripts/local-slurm.sh). Best effort: where none can run, those tests skip and say why.
+if slurm_environment="$(./scripts/local-slurm.sh)"; then
+    eval "$slurm_environment"
+fi
+
 .venv/bin/python -m pytest "$@"
 status=$?
 # pytest exits 5 when it collected no test (e.g. a -k filter that matches nothing): not a failure.

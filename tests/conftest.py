@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -66,3 +67,16 @@ def fake_amdsmi(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[obj
 
     yield amdsmi
     _forget_amdsmi()
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """Say at the top of every run whether the cluster-sweep tests can reach Slurm, and why not."""
+    from core.sweep.slurm_jobs import unavailable_reason
+
+    why = unavailable_reason()
+    if why is None:
+        return f"slurm: available (SLURM_CONF={os.environ.get('SLURM_CONF', 'the default')})"
+    return (
+        f"slurm: UNAVAILABLE, tests/test_slurm_sweep.py's job tests will SKIP: {why} "
+        "(scripts/local-slurm.sh starts a single-host Slurm as root; scripts/test.sh runs it)"
+    )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from core.running import processes
 from core.storage.results import RunResult, RunState
@@ -71,6 +71,7 @@ def run_sweep(
     timeout_seconds: float | None = None,
     skip_invalid: bool = False,
     observer: SweepObserver | None = None,
+    executor: Literal["local", "slurm"] = "local",
 ) -> SweepOutcome:
     """Run every cell of a sweep ``repeats`` times, each repeat in its own process, storing each result.
 
@@ -81,6 +82,8 @@ def run_sweep(
     :param repeats: override the file's repeats per cell.
     :param timeout_seconds: override the file's per-repeat time limit.
     :param skip_invalid: run the valid cells even if validation refused some (otherwise refuse to start).
+    :param executor: ``local``: one repeat after another in a child process here; ``slurm``: each
+        pending repeat a Slurm job with the spec's ``[slurm]`` settings (core.sweep.cluster).
     :raises SweepError: before anything runs, when cells are invalid or the database disagrees.
     :returns: what ran, and a summary of every cell.
     """
@@ -105,6 +108,12 @@ def run_sweep(
             + "\n".join(f"  {cell.label}: {cell.invalid_reason}" for cell in plan.invalid_cells)
         )
     observer = observer or _Unobserved()
+    if executor == "slurm":
+        from core.sweep.slurm_jobs import unavailable_reason
+
+        why = unavailable_reason()
+        if why is not None:
+            raise SweepError(f"--executor slurm: this machine cannot submit Slurm jobs: {why}")
     database = Path(database) if database is not None else default_database()
     store = ResultStore(database)  # StoreError, before anything runs: a directory, no database, a full disk
     try:
@@ -119,7 +128,14 @@ def run_sweep(
                 plan.source,
             )
             recovered = _record_unsaved(store, plan, finished) if resume else 0
-            outcome = _run_cells(store, plan, spec, finished, retry_failed, observer, database)
+            if executor == "slurm":
+                from core.sweep.cluster import run_cells_on_slurm
+                from core.sweep.slurm_settings import SlurmSettings
+
+                settings = spec.slurm or SlurmSettings()
+                outcome = run_cells_on_slurm(store, plan, spec, finished, retry_failed, observer, database, settings)
+            else:
+                outcome = _run_cells(store, plan, spec, finished, retry_failed, observer, database)
             outcome.runs_recovered = recovered
             return outcome
     finally:

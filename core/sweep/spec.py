@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from core.config import RunConfig
 from core.errors import ConfigError, ConfigErrors, CoreError
+from core.sweep.slurm_settings import SlurmSettings
 
 DEFAULT_REPEATS = 3
 DEFAULT_TIMEOUT_SECONDS = 3600.0  # per repeat; an IPU's first compilation alone can take tens of minutes
@@ -83,6 +84,9 @@ class SweepSpec(BaseModel):
     grid: dict[str, Any]
     exclude: list[dict[str, Any]] = Field(
         default_factory=list, description="partial cells to leave out; a list matches any of its values"
+    )
+    slurm: SlurmSettings | None = Field(
+        default=None, description="the Slurm jobs of `core sweep --executor slurm` (docs/cluster.md)"
     )
 
     @field_validator("name")

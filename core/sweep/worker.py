@@ -1,7 +1,8 @@
 """One run in its own process: ``python -m core.sweep.worker REQUEST RESULT``. A sweep runs each
 repeat of a cell this way, and ``core.run`` a run with a time limit (core.running.launch.run_in_child).
 
-REQUEST is a JSON file ``{"options": {...RunConfig fields...}, "parent_pid": N}``. The worker
+REQUEST is a JSON file ``{"options": {...RunConfig fields...}, "parent_pid": N}`` (``null`` in a
+Slurm job, which has no parent to outlive). The worker
 runs ``core.run`` and writes the result to RESULT atomically when the run is over; after each
 phase it writes what it has to RESULT.partial (for replicas as processes too: the launcher passes
 rank 0's phases on), so a run that later crashes or hangs still leaves its earlier figures. The
@@ -31,10 +32,13 @@ PARTIAL_SUFFIX = ".partial"
 def main(argv: list[str]) -> int:
     request_path, result_path = Path(argv[0]), Path(argv[1])
     request = json.loads(request_path.read_text(encoding="utf-8"))
-    parent_pid = int(request["parent_pid"])
-    if os.getppid() != parent_pid:
-        return 3  # the sweep died before this process started
-    processes.die_with_parent(parent_pid, signal.SIGTERM)
+    # A Slurm job's request names no parent (core.sweep.cluster): the sweep that submitted it may
+    # be killed and resumed while the job runs on, and Slurm, not a parent, ends it (its time limit, scancel).
+    parent_pid = request.get("parent_pid")
+    if parent_pid is not None:
+        if os.getppid() != int(parent_pid):
+            return 3  # the sweep died before this process started
+        processes.die_with_parent(int(parent_pid), signal.SIGTERM)
 
     from core.api import run
 
