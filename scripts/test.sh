@@ -22,7 +22,15 @@ fi
 lint_status=$?
 
 # The cluster-sweep tests submit to a real Slurm: reach one, or start a single-host one as root
-# (scripts/local-slurm.sh). Best effort: where none can run, those tests skip and say why.
+# (scripts/local-slurm.sh), installing Debian's slurm-wlm and munge where this script can (root,
+# apt). Best effort: where none can run, those tests skip and say why.
+if ! command -v sinfo >/dev/null 2>&1 && [ -x /usr/bin/apt-get ] && [ "$(id -u)" -eq 0 ]; then
+    echo "installing Debian's slurm-wlm and munge for the cluster tests (apt-get, quietly)" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    if ! { apt-get update -qq >/dev/null && apt-get install -y -qq slurm-wlm munge >/dev/null; }; then
+        echo "warning: could not install slurm-wlm; the Slurm tests will skip" >&2
+    fi
+fi
 if slurm_environment="$(./scripts/local-slurm.sh)"; then
     eval "$slurm_environment"
 fi
