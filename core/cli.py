@@ -194,6 +194,13 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--repeats", type=int, help="runs per cell (overrides the file; default 3)")
     sweep.add_argument("--timeout-seconds", type=float, help="time limit of one repeat (overrides the file)")
     sweep.add_argument("--skip-invalid", action="store_true", help="run the valid cells when some are invalid")
+    sweep.add_argument(
+        "--workers",
+        choices=("warm", "fresh"),
+        default="warm",
+        help="warm: fork each run from a parent that imported PyTorch once, where that is safe (default); "
+        "fresh: a new interpreter per run (docs/sweeps.md#warm-workers)",
+    )
     sweep.add_argument("--name", help="the sweep's name in the database (overrides the file)")
     sweep.add_argument(
         "--executor",
@@ -907,6 +914,7 @@ def _command_sweep(args: argparse.Namespace) -> int:
             skip_invalid=args.skip_invalid,
             observer=display,
             executor=args.executor,
+            workers=args.workers,
         )
     except UnsavedResultError as error:  # mid-sweep, the database refused a result: keep what was measured
         display.line.clear()

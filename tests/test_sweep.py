@@ -429,7 +429,10 @@ def fcnn_sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and sweep.poll() is None:
-            workers = _children(sweep.pid, "core.sweep.worker")
+            # A fresh interpreter per run, or runs forked from the sweep's fork server (warm workers).
+            servers = _children(sweep.pid, "core.running.forkserver")
+            forked = [run for server in servers for run in _children(server, "core.running.forkserver")]
+            workers = _children(sweep.pid, "core.sweep.worker") + forked + (servers if forked else [])
             if len(_rows(database)) >= 3 and workers:
                 break
             time.sleep(0.05)

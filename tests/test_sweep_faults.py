@@ -64,7 +64,7 @@ class FakeRuns:
         self.calls: list[tuple[str, int]] = []
 
     def __call__(
-        self, cell: Any, *, timeout_seconds: float, work_dir: Path, on_wait: Any = None
+        self, cell: Any, *, timeout_seconds: float, work_dir: Path, on_wait: Any = None, workers: Any = None
     ) -> tuple[RunResult, float]:
         config = cell.config
         self.calls.append((cell.label, len(self.calls)))

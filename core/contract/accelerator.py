@@ -77,6 +77,10 @@ class Accelerator(ABC):
     #: ``core.executors.pytorch.torch_executor`` / ``core.executors.keras.keras_executor``); planning
     #: refuses inference on an accelerator that does not say so, rather than let it train instead
     supports_inference: ClassVar[bool] = False
+    #: whether a sweep may fork this accelerator's single-process PyTorch runs from a warm parent
+    #: that imported torch but touched no device (core.running.forkserver); say so only where a
+    #: process that starts using the device after such a fork is as good as a fresh interpreter
+    forks_from_warm_parent: ClassVar[bool] = False
     #: pydantic model (extra="forbid") of this accelerator's ``accelerator_options``
     options_model: ClassVar[type[BaseModel]] = NoOptions
     #: the keys of a machine profile's ``[details]`` this accelerator's rules read, with their

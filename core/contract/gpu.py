@@ -32,6 +32,8 @@ class TorchGpuAccelerator(Accelerator):
     distributed_backend: ClassVar[str | None] = "nccl"
     # Inference replicas are independent processes (one per GPU, no DDP), like training's.
     supports_inference: ClassVar[bool] = True
+    # CUDA and HIP are initialised lazily, in the run's own process: the fork server never does.
+    forks_from_warm_parent: ClassVar[bool] = True
     #: the torch.version attribute a matching PyTorch build sets ("cuda" or "hip")
     torch_build_attribute: ClassVar[str] = "cuda"
 

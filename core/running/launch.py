@@ -271,6 +271,7 @@ def run_in_child(
     grace_seconds: float = processes.STOP_GRACE_SECONDS,
     clock: Callable[[], float] = time.monotonic,
     names: tuple[str, str] = ("the run's process", "the run's time limit"),
+    starter: processes.ChildStarter | None = None,
 ) -> tuple[RunResult, float]:
     """Run ``options`` (a validated run, ``config``) in a fresh process under ``core.running.processes``
     supervision; returns its result and the process's seconds.
@@ -280,6 +281,9 @@ def run_in_child(
     the result's status, keeping the phases measured before it (the child writes them to
     RESULT.partial after each phase, and ``on_progress`` gets them as they come). KeyboardInterrupt
     stops the process and propagates.
+
+    :param starter: starts the process some other way than as a fresh interpreter (a sweep's fork
+        server, core.running.forkserver); supervision, the time limit and the result are the same.
     """
     work_dir.mkdir(parents=True, exist_ok=True)
     request, result_path, log_path = (work_dir / "request.json", work_dir / "result.json", work_dir / "output.log")
@@ -306,6 +310,7 @@ def run_in_child(
         poll_seconds=_CHILD_POLL_SECONDS,
         grace_seconds=grace_seconds,
         clock=clock,
+        starter=starter,
     )
     result = None if ended.timed_out else _read_result(result_path)
     if result is None:

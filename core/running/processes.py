@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from core.storage.results import RunResult, RunState, Status
 
@@ -253,23 +253,60 @@ def sigterm_exits() -> Iterator[None]:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+class ChildProcess(Protocol):
+    """What supervision needs of a child: a ``subprocess.Popen``, or a run forked by a fork server
+    (core.running.forkserver), which is not this process's child and so cannot be a Popen."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> int | Any: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+class ChildStarter(Protocol):
+    """Starts a supervised child otherwise than as a fresh interpreter (a fork server)."""
+
+    def start(self, command: Sequence[str], output: IO[bytes]) -> ChildProcess:
+        """Start ``command`` as :func:`start` would (a session of its own, its parent's pid in
+        ``$CORE_PARENT_PID``), both its output streams in ``output``."""
+        ...
+
+
 def start(
     command: Sequence[str],
     *,
     stdout: IO[Any] | int | None = None,
     stderr: IO[Any] | int | None = None,
     env: dict[str, str] | None = None,
+    pass_fds: Sequence[int] = (),
 ) -> subprocess.Popen[bytes]:
     """Start ``command`` in a session of its own, its parent pid in ``$CORE_PARENT_PID``.
 
     The caller must stop it with :func:`stop_process_group` on every path (a ``finally``).
     """
+    return subprocess.Popen(
+        list(command),
+        stdin=subprocess.DEVNULL,
+        stdout=stdout,
+        stderr=stderr,
+        env=child_environment(env),
+        start_new_session=True,
+        pass_fds=tuple(pass_fds),
+    )
+
+
+def child_environment(env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment :func:`start` gives a child: ``env`` (default: this process's), with this
+    process's pid in ``$CORE_PARENT_PID`` and unbuffered Python output."""
     environment = dict(os.environ if env is None else env)
     environment[PARENT_PID_VARIABLE] = str(os.getpid())
     environment.setdefault("PYTHONUNBUFFERED", "1")
-    return subprocess.Popen(
-        list(command), stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, env=environment, start_new_session=True
-    )
+    return environment
 
 
 def _signal_group(pgid: int, sig: int) -> None:
@@ -279,7 +316,7 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
-def stop_process_group(process: subprocess.Popen[Any], grace_seconds: float = STOP_GRACE_SECONDS) -> None:
+def stop_process_group(process: ChildProcess, grace_seconds: float = STOP_GRACE_SECONDS) -> None:
     """SIGTERM the group ``process`` leads, SIGKILL what remains after ``grace_seconds``.
 
     Harmless on a process that already ended (what it left in its group is killed). A second
@@ -320,17 +357,23 @@ def supervise(
     poll_seconds: float = 0.5,
     grace_seconds: float = STOP_GRACE_SECONDS,
     clock: Callable[[], float] = time.monotonic,
+    starter: ChildStarter | None = None,
 ) -> Supervised:
     """Run ``command`` (:func:`start`) with its output in ``log_path`` and wait for it to end.
 
     Every ``poll_seconds`` it calls ``on_wait(elapsed)``, and past ``timeout_seconds`` it stops
     waiting. On every way out (the end, the time limit, an exception such as Ctrl-C, an
     ``on_wait`` that raises) the child's whole process group is stopped.
+
+    :param starter: starts the child instead of :func:`start` (a fork server); the time limit,
+        the grace period and the group stop are the same either way.
     """
     started = clock()
     timed_out = False
     with open(log_path, "wb") as log:
-        process = start(command, stdout=log, stderr=subprocess.STDOUT)
+        process: ChildProcess = (
+            start(command, stdout=log, stderr=subprocess.STDOUT) if starter is None else starter.start(command, log)
+        )
         try:
             while True:
                 try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 from enum import Enum
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
@@ -22,7 +22,9 @@ from core.energy.units import JOULES_PER_WATT_HOUR, watt_hours
 #      .accuracy_samples (optional); the derived mode and energy_joules_per_sample (computed on read);
 #      config.scenario and .loadgen (defaults "loop" and {}), RunResult.loadgen (optional);
 #      config.nodes and .rendezvous (defaults 1 and None), RunResult.nodes (empty for one node).
-SCHEMA_VERSION = "1.4"
+# 1.5: RunResult.process_start (optional): a sweep's run forked from a warm parent or started as a
+#      fresh interpreter, and why it was not forked.
+SCHEMA_VERSION = "1.5"
 # A traceback kept in a result is cut to its end (where it broke) so a deep recursion stays small.
 _TRACEBACK_CHARS = 20_000
 
@@ -209,6 +211,16 @@ class LoadGenFigures(BaseModel):
     summary_text: str = Field(default="", description="mlperf_log_summary.txt, verbatim")
 
 
+class ProcessStart(BaseModel):
+    """How a sweep started a run's process (core.sweep.repeat): forked from a warm parent that had
+    imported core and the framework already, or a fresh interpreter, with the reason it was not forked."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    method: Literal["forked", "fresh"]
+    reason: str | None = Field(default=None, description="why a fresh interpreter, when the sweep asked for warm")
+
+
 class RunResult(BaseModel):
     """Everything a run measured. Fields that a fault prevented from being measured stay null."""
 
@@ -295,6 +307,9 @@ class RunResult(BaseModel):
     )
 
     environment: EnvironmentInfo | None = None
+    process_start: ProcessStart | None = Field(
+        default=None, description="a sweep's run: forked from a warm parent or a fresh interpreter (and why)"
+    )
     workload_details: dict[str, Any] = Field(default_factory=dict, description="model source, hyper-parameters")
     executor_details: dict[str, Any] = Field(
         default_factory=dict, description="effective precision flags, threads, strategy"

@@ -1,34 +1,185 @@
 """One repeat of one cell, in its own process (``core.sweep.worker``) with a time limit: a crash,
-an out-of-memory error or a hang becomes a recorded result."""
+an out-of-memory error or a hang becomes a recorded result.
+
+The process is forked from the sweep's warm parent (core.running.forkserver: core and PyTorch
+already imported, no device touched) where that is safe, else a fresh interpreter; either way it
+is supervised the same, and the result's ``process_start`` says which it was and why.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import IO, Literal
 
+from core.config import Framework
+from core.running import processes
+from core.running.forkserver import ForkServer, ForkServerError, forkable_command, start_fork_server
 from core.running.launch import child_command, run_in_child
-from core.storage.results import RunResult
+from core.storage.results import ProcessStart, RunResult
 from core.sweep.plan import Cell
 
 STOP_GRACE_SECONDS = 10.0  # between SIGTERM and SIGKILL when a cell is stopped
 
+WorkerStart = Literal["warm", "fresh"]
+WORKER_STARTS: tuple[WorkerStart, ...] = ("warm", "fresh")
+DEFAULT_WORKER_START: WorkerStart = "warm"
+
+# What the fork server imports ("module", or "module:function" to call too) before it forks: what
+# every forked run would import first. Nothing here may initialise a device or start a thread pool
+# (see core.running.forkserver, which refuses to serve if CUDA was initialised).
+WARM_IMPORTS = (
+    "torch",
+    "torch.nn",
+    "torch.optim",
+    "torch._dynamo",  # torch.optim.Optimizer imports it on first use: a second of every run
+    "core.api",
+    "core.sweep.worker",
+    "core.running.runner",
+    "core.executors.pytorch",
+    "core.workloads",
+    # The plugins, loaded as the run would load them (their vendor SDKs stay unimported until used).
+    "core.contract.manager:get_plugin_manager",
+)
+
+_log = logging.getLogger(__name__)
 
 # The command that runs one repeat (see core/sweep/worker.py); a name of its own, so tests can swap it.
 worker_command = child_command
 
 
+class WarmWorkers:
+    """A sweep's choice between forked and fresh processes, and its fork server, started when the
+    first run that may be forked needs it and closed with the sweep (:func:`warm_workers`)."""
+
+    def __init__(self, requested: WorkerStart, scratch: Path) -> None:
+        self.requested = requested
+        self._scratch = scratch
+        self._server: ForkServer | None = None
+        self._server_failure: str | None = None
+
+    def refusal(self, cell: Cell) -> str | None:
+        """Why ``cell``'s run must start as a fresh interpreter; None when it may be forked."""
+        config = cell.config
+        assert config is not None, "only validated cells run"
+        if self.requested == "fresh":
+            return "fresh interpreters were asked for (--workers fresh)"
+        if not sys.platform.startswith("linux"):
+            return f"forked runs need Linux (the parent-death signal, a safe fork); this is {sys.platform}"
+        if config.framework is not Framework.torch:
+            return f"{config.framework.value} is not forked: TensorFlow starts threads when imported"
+        if config.replicas > 1 or config.nodes > 1:
+            return "replicas > 1 run under a launcher (torchrun, poprun) that starts processes of its own"
+        accelerator_refusal = _accelerator_refusal(config.accelerator)
+        if accelerator_refusal is not None:
+            return accelerator_refusal
+        return self.server_failure
+
+    @property
+    def server_failure(self) -> str | None:
+        """Why the fork server cannot be used (it failed to start, or died); None while it can."""
+        if self._server_failure is None and self._server is not None and self._server.failure is not None:
+            self._server_failure = f"the fork server died: {self._server.failure}"
+            _log.warning("core: warning: %s; the next runs start as fresh interpreters", self._server_failure)
+        return self._server_failure
+
+    def start_for(self, cell: Cell) -> CellStart:
+        """How ``cell``'s next run starts: its :class:`CellStart` records what happened."""
+        return CellStart(self, self.refusal(cell))
+
+    def server(self) -> ForkServer:
+        """The fork server, started on first use.
+
+        :raises ForkServerError: it could not be started (then never tried again in this sweep).
+        """
+        if self._server_failure is not None:
+            raise ForkServerError(self._server_failure)
+        if self._server is None:
+            try:
+                self._server = start_fork_server(WARM_IMPORTS, self._scratch / "fork-server.log")
+            except ForkServerError as error:
+                self._server_failure = f"the fork server could not start: {error}"
+                _log.warning("core: warning: %s; runs start as fresh interpreters", self._server_failure)
+                raise ForkServerError(self._server_failure) from None
+        return self._server
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+
+
+class CellStart:
+    """Starts one run (a :class:`core.running.processes.ChildStarter`): forked when nothing refused
+    it and the command is this interpreter's, else a fresh interpreter; ``process_start`` says which."""
+
+    def __init__(self, workers: WarmWorkers, refusal: str | None) -> None:
+        self._workers = workers
+        self.process_start = ProcessStart(method="fresh", reason=refusal)
+
+    def start(self, command: Sequence[str], output: IO[bytes]) -> processes.ChildProcess:
+        why = self.process_start.reason
+        if why is None and not forkable_command(command):
+            why = "the worker command is not this interpreter's -m or -c"
+        if why is None:
+            try:
+                child = self._workers.server().start(command, output)
+                self.process_start = ProcessStart(method="forked")
+                return child
+            except ForkServerError as error:
+                why = self._workers.server_failure or str(error)
+        self.process_start = ProcessStart(method="fresh", reason=why)
+        return processes.start(command, stdout=output, stderr=subprocess.STDOUT)
+
+
+def _accelerator_refusal(name: str) -> str | None:
+    from core.contract.manager import get_plugin_manager
+    from core.errors import ConfigError
+
+    try:
+        accelerator = get_plugin_manager().accelerator(name)
+    except ConfigError:
+        return f"accelerator {name!r} is not registered in this process"
+    if not accelerator.forks_from_warm_parent:
+        return f"accelerator {name!r} does not say its runs may be forked (forks_from_warm_parent)"
+    return None
+
+
+@contextlib.contextmanager
+def warm_workers(requested: WorkerStart, scratch: Path) -> Iterator[WarmWorkers]:
+    """The sweep's :class:`WarmWorkers`; the fork server, if one started, ends with the block."""
+    workers = WarmWorkers(requested, scratch)
+    try:
+        yield workers
+    finally:
+        workers.close()
+
+
 def run_in_process(
-    cell: Cell, *, timeout_seconds: float, work_dir: Path, on_wait: Callable[[float], None] | None = None
+    cell: Cell,
+    *,
+    timeout_seconds: float,
+    work_dir: Path,
+    on_wait: Callable[[float], None] | None = None,
+    workers: WarmWorkers | None = None,
 ) -> tuple[RunResult, float]:
-    """Run one repeat of ``cell`` in a fresh process; returns its result and the process's seconds.
+    """Run one repeat of ``cell`` in a process of its own; returns its result and the process's seconds.
 
     Never raises for what happens inside the process: a crash, a kill or a timeout comes back as
     the result's status, keeping the phases measured before it. KeyboardInterrupt (and SIGTERM,
     which the CLI turns into one) stops the process and propagates.
+
+    :param workers: the sweep's warm workers: the run is forked from its fork server where safe.
+        None: a fresh interpreter.
     """
     assert cell.config is not None, "only validated cells run"
-    return run_in_child(
+    starter = workers.start_for(cell) if workers is not None else None
+    result, seconds = run_in_child(
         cell.options,
         cell.config,
         timeout_seconds=timeout_seconds,
@@ -38,4 +189,9 @@ def run_in_process(
         grace_seconds=STOP_GRACE_SECONDS,
         clock=time.monotonic,
         names=("the cell's process", "the per-repeat time limit"),
+        starter=starter,
     )
+    result.process_start = (
+        starter.process_start if starter is not None else ProcessStart(method="fresh", reason="no warm workers")
+    )
+    return result, seconds

@@ -13,7 +13,7 @@ from core.storage.results import RunResult, RunState
 from core.storage.store import ResultStore, StoreError, default_database, unsaved_directory
 from core.storage.summary import CellSummary, summarise
 from core.sweep.plan import Cell, SweepPlan, plan_sweep
-from core.sweep.repeat import run_in_process
+from core.sweep.repeat import DEFAULT_WORKER_START, WORKER_STARTS, WorkerStart, run_in_process, warm_workers
 from core.sweep.spec import SweepError, SweepSpec, UnsavedResultError, _shorten, load_sweep, make_sweep_spec
 from core.sweep.toy import mark_toy_result
 
@@ -72,6 +72,7 @@ def run_sweep(
     skip_invalid: bool = False,
     observer: SweepObserver | None = None,
     executor: Literal["local", "slurm"] = "local",
+    workers: WorkerStart = DEFAULT_WORKER_START,
 ) -> SweepOutcome:
     """Run every cell of a sweep ``repeats`` times, each repeat in its own process, storing each result.
 
@@ -84,9 +85,14 @@ def run_sweep(
     :param skip_invalid: run the valid cells even if validation refused some (otherwise refuse to start).
     :param executor: ``local``: one repeat after another in a child process here; ``slurm``: each
         pending repeat a Slurm job with the spec's ``[slurm]`` settings (core.sweep.cluster).
+    :param workers: "warm" (default): fork each run from a parent that imported core and PyTorch once
+        (core.running.forkserver) where that is safe, else a fresh interpreter; "fresh": always a fresh
+        interpreter. Each result's ``process_start`` says which it got, and why.
     :raises SweepError: before anything runs, when cells are invalid or the database disagrees.
     :returns: what ran, and a summary of every cell.
     """
+    if workers not in WORKER_STARTS:
+        raise SweepError(f"invalid workers {workers!r}; allowed: {', '.join(WORKER_STARTS)}")
     plan = (
         sweep
         if isinstance(sweep, SweepPlan)
@@ -135,7 +141,7 @@ def run_sweep(
                 settings = spec.slurm or SlurmSettings()
                 outcome = run_cells_on_slurm(store, plan, spec, finished, retry_failed, observer, database, settings)
             else:
-                outcome = _run_cells(store, plan, spec, finished, retry_failed, observer, database)
+                outcome = _run_cells(store, plan, spec, finished, retry_failed, observer, database, workers)
             outcome.runs_recovered = recovered
             return outcome
     finally:
@@ -277,6 +283,7 @@ def _run_cells(
     retry_failed: bool,
     observer: SweepObserver,
     database: Path,
+    workers: WorkerStart,
 ) -> SweepOutcome:
     cells = plan.valid_cells
     ok = RunState.ok.value
@@ -300,7 +307,9 @@ def _run_cells(
     runs_done = 0
     observer.started(plan, runs_total=len(pending()) + already, runs_finished=already, runs_recorded=in_database)
     # Removed on every way out; one left by a sweep that was killed (-9) goes at the next sweep's start.
-    with processes.work_directory("core-sweep-") as scratch:
+    # The fork server (if a run may be forked) starts with the first such run and ends with the sweep;
+    # the runs it forked are killed with it.
+    with processes.work_directory("core-sweep-") as scratch, warm_workers(workers, Path(scratch)) as warm:
         while True:
             queue = pending()
             if not queue:
@@ -317,6 +326,7 @@ def _run_cells(
                 timeout_seconds=spec.timeout_seconds,
                 work_dir=Path(scratch) / f"cell-{cell.index}-repeat-{repeat}",
                 on_wait=waiting,
+                workers=warm,
             )
             if cell.toy:
                 mark_toy_result(result)

@@ -1,8 +1,10 @@
 """One run in its own process: ``python -m core.sweep.worker REQUEST RESULT``. A sweep runs each
 repeat of a cell this way, and ``core.run`` a run with a time limit (core.running.launch.run_in_child).
 
-REQUEST is a JSON file ``{"options": {...RunConfig fields...}, "parent_pid": N}`` (``null`` in a
-Slurm job, which has no parent to outlive). The worker
+REQUEST is a JSON file ``{"options": {...RunConfig fields...}, "parent_pid": N}``: N is the
+process that wrote it, this process's parent unless a fork server (core.running.forkserver) forked
+it, which ``$CORE_PARENT_PID`` then names; ``null`` in a Slurm job, which has no parent to outlive.
+The worker
 runs ``core.run`` and writes the result to RESULT atomically when the run is over; after each
 phase it writes what it has to RESULT.partial (for replicas as processes too: the launcher passes
 rank 0's phases on), so a run that later crashes or hangs still leaves its earlier figures. The
@@ -34,11 +36,14 @@ def main(argv: list[str]) -> int:
     request = json.loads(request_path.read_text(encoding="utf-8"))
     # A Slurm job's request names no parent (core.sweep.cluster): the sweep that submitted it may
     # be killed and resumed while the job runs on, and Slurm, not a parent, ends it (its time limit, scancel).
-    parent_pid = request.get("parent_pid")
-    if parent_pid is not None:
-        if os.getppid() != int(parent_pid):
+    # Otherwise the parent is the sweep (or the run with a time limit) that wrote the request, or the
+    # fork server it forks runs from, which $CORE_PARENT_PID then names.
+    requested_parent = request.get("parent_pid")
+    if requested_parent is not None:
+        parent_pid = os.getppid()
+        if parent_pid not in (int(requested_parent), processes.expected_parent()):
             return 3  # the sweep died before this process started
-        processes.die_with_parent(int(parent_pid), signal.SIGTERM)
+        processes.die_with_parent(parent_pid, signal.SIGTERM)
 
     from core.api import run
 

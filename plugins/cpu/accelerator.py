@@ -50,6 +50,7 @@ class CpuAccelerator(Accelerator):
     launcher: ClassVar[str | None] = "torchrun"
     distributed_backend: ClassVar[str | None] = "gloo"
     supports_inference: ClassVar[bool] = True
+    forks_from_warm_parent: ClassVar[bool] = True
 
     def availability(self) -> Availability:
         return Availability.yes()

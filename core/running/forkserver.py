@@ -1,0 +1,503 @@
+"""A warm parent for runs: one process that imports core and PyTorch once and forks every run from
+itself (a fork server, or "zygote"), so a small run does not pay for a new interpreter and its
+imports (``import torch`` alone takes seconds).
+
+Each run is still a process of its own, and behaves as one that :func:`core.running.processes.start`
+started: a session of its own (its process group is stopped as a whole on a time limit or Ctrl-C),
+``$CORE_PARENT_PID`` set to its parent, dying with its parent (the server, which dies with the
+sweep: ``kill -9`` of the sweep reaches both), standard input from ``/dev/null`` and both output
+streams in the log the supervisor opened, and an exit code read as ``Popen.returncode`` reads it
+(negative: the signal that ended it).
+
+Fork safety. The server never initialises a device or runs a framework operation: only imports.
+``fork()`` copies the calling thread alone, so anything that keeps threads or device state must not
+exist yet when the server forks:
+
+* CUDA cannot be used in a child forked after the parent initialised it (torch marks the child
+  "in bad fork" and refuses: torch/cuda/__init__.py ``_lazy_init``); importing torch does not
+  initialise it, and :func:`status` reports ``torch.cuda.is_initialized()`` so tests can check.
+* PyTorch's intra-op pool (GNU OpenMP, libgomp, in the Linux wheels) is created at the first
+  parallel region; a child forked after that finds a pool whose threads it does not have. Autograd's
+  device threads are likewise lost on fork (torch/csrc/autograd/engine.cpp: ``in_bad_autograd_fork``).
+  The server runs no torch operation, and :func:`status` reports its threads: only those the
+  imports start (OpenBLAS's, through numpy, which OpenBLAS stops before a fork and restarts after:
+  ``pthread_atfork`` in its driver/others/memory.c).
+* TensorFlow starts threads when imported (its allocator's, jemalloc_bg_thd) and its runtime is
+  not fork-safe: TensorFlow runs are never forked (see core.sweep.repeat).
+
+The channel is a Unix socket pair: newline-delimited JSON, the run's log passed as a file
+descriptor (SCM_RIGHTS). Requests: ``{"run": [argv], "env": {...}, "cwd": "..."}`` (answered
+``{"started": pid}``) and ``{"status": true}``; the server adds ``{"exited": pid, "returncode": N}``
+when a run ends. The server ends when the channel closes, killing the runs still going.
+
+``python -m core.running.forkserver FD [MODULE[:FUNCTION] ...]``: serve on the inherited socket FD
+after importing each MODULE (and calling its FUNCTION).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from core.running import processes
+
+READY_TIMEOUT_SECONDS = 300.0  # imports on a loaded machine; past it the sweep starts runs fresh
+_MAX_MESSAGE_BYTES = 1 << 20  # a request carries an environment: small, but not tiny
+_SERVER_EXIT_GRACE_SECONDS = 5.0
+# Not ``-m core.running.forkserver``: core's package imports this module first, and runpy would
+# run a second copy of it as __main__.
+_SERVER_MAIN = "import sys; from core.running.forkserver import main; sys.exit(main(sys.argv[1:]))"
+
+
+class ForkServerError(RuntimeError):
+    """The fork server could not start, or died: runs are started as fresh interpreters instead."""
+
+
+def forkable_command(command: Sequence[str]) -> bool:
+    """Whether a fork server can run ``command``: this interpreter with ``-m MODULE`` or ``-c CODE``."""
+    return len(command) >= 3 and command[0] == sys.executable and command[1] in ("-m", "-c")
+
+
+# --- the sweep's side ------------------------------------------------------------------------------
+
+
+class _Channel:
+    """Newline-delimited JSON over a socket, file descriptors beside a message."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._buffer = b""
+        self._fds: list[int] = []
+
+    def send(self, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
+        data = (json.dumps(message) + "\n").encode()
+        if fds:
+            socket.send_fds(self.sock, [data], list(fds))
+        else:
+            self.sock.sendall(data)
+
+    def receive(self, timeout: float | None) -> tuple[dict[str, Any], list[int]] | None:
+        """The next message and the descriptors that came with it; None when none came in ``timeout``.
+
+        :raises EOFError: the other side closed the channel (or died).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            readable, _, _ = select.select([self.sock], [], [], left)
+            if not readable:
+                return None
+            data, fds, _, _ = socket.recv_fds(self.sock, _MAX_MESSAGE_BYTES, 4)
+            self._fds.extend(fds)
+            if not data:
+                raise EOFError("the channel closed")
+            self._buffer += data
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        # One request at a time carries descriptors (the client waits for each answer), so every
+        # descriptor received so far belongs to the first message.
+        fds, self._fds = self._fds, []
+        return json.loads(line), fds
+
+
+class ForkedProcess:
+    """A run the fork server forked, seen from the sweep: the fork server's child, not this
+    process's, so it is waited for through the server; it leads a process group of its own."""
+
+    def __init__(self, server: ForkServer, pid: int) -> None:
+        self._server = server
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self._server.exit_code(self.pid, timeout=0.0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self.returncode = self._server.exit_code(self.pid, timeout=timeout)
+        if self.returncode is None:
+            raise subprocess.TimeoutExpired(f"forked run {self.pid}", timeout or 0.0)
+        return self.returncode
+
+
+class ForkServer:
+    """The sweep's handle on its fork server: start it, fork runs from it, close it.
+
+    A :class:`core.running.processes.ChildStarter`: ``processes.supervise(..., starter=server)``.
+    """
+
+    def __init__(self, process: subprocess.Popen[bytes], channel: _Channel, log_path: Path, ready: dict[str, Any]):
+        self.process = process
+        self._channel = channel
+        self.log_path = log_path
+        self.ready = ready  # what the server said when ready: its pid, imports, threads
+        self._exits: dict[int, int] = {}
+        self.failure: str | None = None  # why it can no longer be used
+
+    # --- ChildStarter ---
+
+    def start(self, command: Sequence[str], output: IO[bytes]) -> ForkedProcess:
+        """Fork ``command`` (see :func:`forkable_command`) with both output streams in ``output``.
+
+        :raises ForkServerError: the server is gone (the caller starts the run fresh instead).
+        """
+        if self.failure is not None:
+            raise ForkServerError(self.failure)
+        request = {"run": list(command), "env": processes.child_environment(), "cwd": os.getcwd()}
+        try:
+            self._channel.send(request, [output.fileno()])
+            answer = self._answer("started")
+        except (EOFError, OSError) as error:
+            self._fail(f"the fork server died ({error})")
+            raise ForkServerError(self.failure or "the fork server died") from None
+        return ForkedProcess(self, int(answer["started"]))
+
+    def status(self) -> dict[str, Any]:
+        """The server's state now: pid, threads, imported frameworks, whether CUDA is initialised."""
+        self._channel.send({"status": True})
+        status: dict[str, Any] = self._answer("status")["status"]
+        return status
+
+    def exit_code(self, pid: int, timeout: float | None) -> int | None:
+        """``pid``'s exit code (negative: the signal), once the server reports it; None if not in ``timeout``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while pid not in self._exits:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                if self._receive(left) is None:
+                    return None
+            except (EOFError, OSError):
+                # The server died, and the kernel sent the run SIGTERM (die_with_parent); its own
+                # exit status went to whoever adopted it, so SIGTERM is what is reported.
+                self._fail("the fork server died while a run was going")
+                if not _exists(pid):
+                    return -signal.SIGTERM
+                if left is not None and left <= 0.0:
+                    return None
+                time.sleep(0.05 if left is None else min(0.05, left))
+        return self._exits.pop(pid)
+
+    def close(self) -> None:
+        """End the server (its runs still going are killed) and wait for it."""
+        with contextlib.suppress(OSError):
+            self._channel.sock.close()
+        try:
+            self.process.wait(timeout=_SERVER_EXIT_GRACE_SECONDS)
+        except subprocess.TimeoutExpired:
+            pass
+        processes.stop_process_group(self.process, grace_seconds=_SERVER_EXIT_GRACE_SECONDS)
+
+    # --- internals ---
+
+    def _fail(self, why: str) -> None:
+        if self.failure is None:
+            tail = self.log_path.read_text(encoding="utf-8", errors="replace")[-2000:].strip()
+            self.failure = why + (f"; its output: {tail}" if tail else "")
+
+    def _receive(self, timeout: float | None) -> dict[str, Any] | None:
+        received = self._channel.receive(timeout)
+        if received is None:
+            return None
+        message, fds = received
+        for fd in fds:
+            os.close(fd)
+        if "exited" in message:
+            self._exits[int(message["exited"])] = int(message["returncode"])
+        return message
+
+    def _answer(self, key: str) -> dict[str, Any]:
+        while True:
+            message = self._receive(None)
+            if message is not None and key in message:
+                return message
+            if message is not None and "error" in message:
+                raise OSError(message["error"])
+
+
+def start_fork_server(
+    preload: Sequence[str], log_path: Path, ready_timeout: float = READY_TIMEOUT_SECONDS
+) -> ForkServer:
+    """Start a fork server that imports ``preload`` (module names), and wait until it is ready.
+
+    :param log_path: where the server's own output goes (an import's warnings, a crash).
+    :raises ForkServerError: it exited, or was not ready in ``ready_timeout`` seconds (it is stopped).
+    """
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        with open(log_path, "wb") as log:
+            process = processes.start(
+                [sys.executable, "-c", _SERVER_MAIN, str(theirs.fileno()), *preload],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                pass_fds=[theirs.fileno()],
+            )
+    finally:
+        theirs.close()
+    channel = _Channel(ours)
+    try:
+        received = channel.receive(ready_timeout)
+    except (EOFError, OSError, ValueError):
+        received = None
+    if received is None or "ready" not in received[0]:
+        processes.stop_process_group(process, grace_seconds=_SERVER_EXIT_GRACE_SECONDS)
+        ours.close()
+        if received is not None:
+            ended = "answered nonsense"
+        elif process.returncode is not None and process.returncode != -signal.SIGTERM:
+            ended = f"exited with code {process.returncode}"
+        else:
+            ended = f"was not ready in {ready_timeout:g} s"
+        tail = log_path.read_text(encoding="utf-8", errors="replace")[-2000:].strip()
+        raise ForkServerError(f"the fork server {ended}" + (f": {tail}" if tail else ""))
+    return ForkServer(process, channel, log_path, received[0])
+
+
+def _exists(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not ended (a zombie has ended)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False  # gone (a fork server runs on Linux only: core.sweep.repeat)
+    return state not in ("Z", "X")
+
+
+# --- the server's side -----------------------------------------------------------------------------
+
+
+def _thread_count() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return -1
+
+
+def _status() -> dict[str, Any]:
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None) if torch is not None else None
+    return {
+        "pid": os.getpid(),
+        "threads": _thread_count(),
+        "torch_imported": torch is not None,
+        "tensorflow_imported": "tensorflow" in sys.modules,
+        "cuda_initialized": bool(cuda.is_initialized()) if cuda is not None else False,
+    }
+
+
+def serve(sock: socket.socket, preload: Sequence[str]) -> int:
+    """Import ``preload`` ("module" or "module:function", called with no arguments), say so, then
+    fork a run per request until the channel closes."""
+    for name in preload:
+        module, _, function = name.partition(":")
+        imported = importlib.import_module(module)
+        if function:
+            getattr(imported, function)()
+    channel = _Channel(sock)
+    if _status()["cuda_initialized"]:
+        # Something imported above initialised CUDA: a forked child could not use it. Say so and
+        # stop; the sweep starts its runs as fresh interpreters.
+        print(f"core: a preload initialised CUDA ({', '.join(preload)}): runs cannot be forked", file=sys.stderr)
+        return 1
+    # SIGCHLD wakes the loop through this pipe (a Python handler must exist for the wakeup fd).
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+    os.set_blocking(wake_read, False)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    signal.set_wakeup_fd(wake_write)
+    runs: set[int] = set()
+    channel.send({"ready": True, **_status(), "preloaded": list(preload)})
+    try:
+        while True:
+            try:
+                readable, _, _ = select.select([sock.fileno(), wake_read], [], [])
+            except InterruptedError:
+                continue
+            if wake_read in readable:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(wake_read, 512)
+                _reap(runs, channel)
+            if sock.fileno() in readable:
+                # Every request that has arrived, whole, before sleeping again.
+                while (received := channel.receive(0.0)) is not None:
+                    _handle(received, channel, runs, sock, (wake_read, wake_write))
+    except EOFError:
+        pass  # the sweep closed the channel, or died
+    finally:
+        for pid in runs:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+    return 0
+
+
+def _handle(
+    received: tuple[dict[str, Any], list[int]],
+    channel: _Channel,
+    runs: set[int],
+    sock: socket.socket,
+    wake: tuple[int, int],
+) -> None:
+    message, fds = received
+    if "status" in message:
+        channel.send({"status": {**_status(), "runs": sorted(runs)}})
+    elif "run" in message and len(fds) == 1:
+        runs.add(_fork_run(message, fds[0], sock, wake))  # it sends {"started": pid}
+    else:
+        for fd in fds:
+            os.close(fd)
+        channel.send({"error": f"not a request: {str(message)[:200]}"})
+
+
+def _reap(runs: set[int], channel: _Channel) -> None:
+    while runs:
+        try:
+            pid, wait_status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        runs.discard(pid)
+        channel.send({"exited": pid, "returncode": os.waitstatus_to_exitcode(wait_status)})
+
+
+def _fork_run(message: dict[str, Any], log_fd: int, sock: socket.socket, wake: tuple[int, int]) -> int:
+    """Fork one run. The child leads a session of its own (so its group can be signalled) before its
+    pid is sent, and runs only once the pid was sent: a server that dies in between leaves no run
+    the sweep does not know of (it then starts the run fresh)."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()  # nothing buffered here may be written twice
+    session_read, session_write = os.pipe()
+    go_read, go_write = os.pipe()
+    server_pid = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        code = 70  # EX_SOFTWARE: should the lines below fail
+        try:
+            os.close(session_read)
+            os.close(go_write)
+            os.setsid()
+            os.write(session_write, b"1")
+            os.close(session_write)
+            if os.read(go_read, 1) == b"1":
+                os.close(go_read)
+                code = _become_run(message, log_fd, sock, wake, server_pid)
+        finally:
+            os._exit(code)
+    os.close(session_write)
+    os.close(go_read)
+    os.close(log_fd)
+    os.read(session_read, 1)  # b"" if the child died first: its exit is reaped as any other
+    os.close(session_read)
+    try:
+        channel = _Channel(sock)
+        channel.send({"started": pid})
+        os.write(go_write, b"1")
+    finally:
+        os.close(go_write)
+    return pid
+
+
+def _become_run(message: dict[str, Any], log_fd: int, sock: socket.socket, wake: tuple[int, int], server: int) -> int:
+    """In the forked child: become the process ``python ARGV`` would be, run it, and exit."""
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    sock.close()
+    for fd in wake:
+        os.close(fd)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
+    os.environ.clear()
+    os.environ.update(message["env"])
+    os.environ[processes.PARENT_PID_VARIABLE] = str(server)
+    os.chdir(message["cwd"])
+    processes.die_with_parent(server, signal.SIGTERM)
+    _reseed()
+    code = _run_python(list(message["run"])[1:])
+    _finish_interpreter()
+    return code
+
+
+def _reseed() -> None:
+    """A fresh interpreter seeds numpy's global generator from the OS; every fork would otherwise share
+    the server's state. (Python's ``random`` reseeds itself after a fork; torch's default generator
+    has a fixed seed in every interpreter, and the server never used it.)"""
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
+        numpy_random.seed()
+
+
+def _run_python(arguments: list[str]) -> int:
+    """``python -m MODULE ARGS`` or ``python -c CODE ARGS`` in this process, with the exit code that
+    interpreter would have (an uncaught exception: 1 and its traceback; Ctrl-C: killed by SIGINT)."""
+    import runpy
+    import types
+
+    option, target, rest = arguments[0], arguments[1], arguments[2:]
+    try:
+        if option == "-m":
+            sys.argv = [target, *rest]
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = ["-c", *rest]
+            main = types.ModuleType("__main__")
+            sys.modules["__main__"] = main
+            exec(compile(target, "<string>", "exec"), main.__dict__)  # noqa: S102 - what python -c does
+    except SystemExit as request:
+        return processes.exit_code(request)
+    except KeyboardInterrupt as interrupt:
+        _print_traceback(interrupt)
+        _finish_interpreter()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)  # as CPython ends on an uncaught KeyboardInterrupt
+        return 128 + signal.SIGINT
+    except BaseException as error:
+        _print_traceback(error)
+        return 1
+    return 0
+
+
+def _print_traceback(error: BaseException) -> None:
+    """The traceback as the interpreter prints it, without this module's frame."""
+    import traceback
+
+    traceback.print_exception(type(error), error, error.__traceback__.tb_next if error.__traceback__ else None)
+
+
+def _finish_interpreter() -> None:
+    """What an interpreter does at exit that matters to a run: atexit handlers, flushed streams.
+    (The child then leaves with ``os._exit``: the server's own state is not the run's to finalise.)"""
+    import atexit
+
+    with contextlib.suppress(Exception):
+        atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            stream.flush()
+
+
+def main(argv: Sequence[str]) -> int:
+    if not argv or not argv[0].isdigit():
+        print("usage: python -m core.running.forkserver FD [MODULE[:FUNCTION] ...]", file=sys.stderr)
+        return 2
+    processes.die_with_parent(None, signal.SIGTERM)
+    sock = socket.socket(fileno=int(argv[0]))
+    return serve(sock, list(argv[1:]))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,417 @@
+"""Warm workers (issue 15): a sweep forks each run from a fork server that imported core and PyTorch
+once (core.running.forkserver), and falls back to a fresh interpreter where forking is unsafe.
+
+A forked run must behave as a fresh one: the same figures, a crash, a kill, a hang or an exception
+recorded the same way, nothing left running after the sweep (however it ends), and the server
+must never start a thread pool or initialise CUDA. Most tests here give the server a light
+preload, so they do not wait for PyTorch's imports; the ones that need torch are marked slow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import core.sweep.repeat
+from core.running import forkserver, processes
+from core.sweep import make_sweep_spec, plan_sweep, run_sweep
+from core.sweep.repeat import WarmWorkers
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="warm workers fork on Linux only")
+
+LIGHT_PRELOAD = ("core.sweep.worker",)
+
+TINY_FCNN = {
+    "workload": "fcnn",
+    "accelerator": "cpu",
+    "steps": 2,
+    "warmup_steps": 1,
+    "threads_per_replica": 1,
+    "power_meter": "none",
+    "workload_options": {"layers": 1, "hidden_width": 8},
+}
+
+FAKE_OK = """
+import json, os, sys
+from core.config import make_config
+from core.storage.results import RunResult
+request = json.load(open(sys.argv[1]))
+config = make_config(**request["options"])
+open(os.path.join(os.environ["CORE_TEST_PIDS"], str(os.getpid())), "w").close()  # for the orphan checks
+result = RunResult(workload=config.workload, accelerator=config.accelerator, framework="torch", config=config,
+                   samples_per_update=config.samples_per_update, samples_per_host_call=config.samples_per_update,
+                   world_size=1, window_seconds=1.0, throughput_per_second=100.0 * config.micro_batch_size)
+open(sys.argv[2], "w").write(result.model_dump_json())
+"""
+FAKE_CRASH = "import sys; print('segmentation fault, pretend'); sys.exit(3)"
+FAKE_KILLED = "import os, signal; print('about to be killed', flush=True); os.kill(os.getpid(), signal.SIGKILL)"
+FAKE_EXCEPTION = "raise ValueError('the run broke')"
+FAKE_EXIT_NOW = "import os; print('leaving', flush=True); os._exit(7)"
+FAKE_HANG_AFTER_SETUP = (
+    FAKE_OK.replace(
+        "window_seconds=1.0, throughput_per_second=100.0 * config.micro_batch_size", "setup_seconds=0.25"
+    ).replace('open(sys.argv[2], "w")', "open(sys.argv[2] + '.partial', \"w\")")
+    + "\nimport time\ntime.sleep(600)\n"
+)
+
+
+def fake_workers(monkeypatch: pytest.MonkeyPatch, by_batch: dict[int, str]) -> None:
+    """The worker replaced by ``python -c PROGRAM``: forkable, so warm sweeps fork it."""
+
+    def command(request: Path, result: Path) -> list[str]:
+        batch = json.loads(request.read_text())["options"]["micro_batch_size"]
+        return [sys.executable, "-c", by_batch[batch], str(request), str(result)]
+
+    monkeypatch.setattr(core.sweep.repeat, "worker_command", command)
+
+
+@pytest.fixture(autouse=True)
+def pid_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the fake runs write their pids (the environment reaches forked and fresh runs alike)."""
+    (tmp_path / "pids").mkdir()
+    monkeypatch.setenv("CORE_TEST_PIDS", str(tmp_path / "pids"))
+
+
+def run_pids(tmp_path: Path) -> list[int]:
+    return [int(path.name) for path in (tmp_path / "pids").iterdir()]
+
+
+class ServerWatch:
+    """Records every fork server a sweep starts."""
+
+    def __init__(self) -> None:
+        self.servers: list[forkserver.ForkServer] = []
+
+
+@pytest.fixture
+def servers(monkeypatch: pytest.MonkeyPatch) -> ServerWatch:
+    """Fork servers with a light preload (no torch), recorded as they start."""
+    watch = ServerWatch()
+    real = forkserver.start_fork_server
+
+    def start(preload: Any, log_path: Path, ready_timeout: float = 60.0) -> forkserver.ForkServer:
+        server = real(LIGHT_PRELOAD, log_path, ready_timeout)
+        watch.servers.append(server)
+        return server
+
+    monkeypatch.setattr(core.sweep.repeat, "start_fork_server", start)
+    return watch
+
+
+def spec(name: str, batches: list[int], timeout: float = 60, repeats: int = 1) -> Any:
+    return make_sweep_spec(
+        {
+            "name": name,
+            "repeats": repeats,
+            "timeout_seconds": timeout,
+            "grid": {**TINY_FCNN, "micro_batch_size": batches},
+        }
+    )
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid and alive(int(entry.name)):
+                    found.append(int(entry.name))
+            except (OSError, IndexError, ValueError):
+                continue
+    return found
+
+
+def wait_until_gone(pids: list[int], seconds: float = 15.0) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [pid for pid in pids if alive(pid)]
+
+
+# --- which runs are forked --------------------------------------------------------------------------
+
+
+def test_runs_that_cannot_be_forked_safely_start_fresh_and_say_why(tmp_path: Path) -> None:
+    plan = plan_sweep(
+        make_sweep_spec(
+            {
+                "name": "choices",
+                "grid": {
+                    "workload": "fcnn",
+                    "accelerator": "cpu",
+                    "framework": ["torch", "tensorflow"],
+                    "replicas": [1, 2],
+                    "micro_batch_size": 8,
+                },
+            }
+        )
+    )
+    by_label = {cell.label: cell for cell in plan.valid_cells}
+    warm = WarmWorkers("warm", tmp_path)
+    assert warm.refusal(by_label["framework=torch replicas=1"]) is None
+    assert "TensorFlow" in (warm.refusal(by_label["framework=tensorflow replicas=1"]) or "")
+    assert "launcher" in (warm.refusal(by_label["framework=torch replicas=2"]) or "")
+    fresh = WarmWorkers("fresh", tmp_path)
+    assert "--workers fresh" in (fresh.refusal(by_label["framework=torch replicas=1"]) or "")
+
+
+def test_an_accelerator_must_say_its_runs_may_be_forked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from core.contract.manager import get_plugin_manager
+
+    cell = plan_sweep(spec("s", [8])).valid_cells[0]
+    monkeypatch.setattr(type(get_plugin_manager().accelerator("cpu")), "forks_from_warm_parent", False)
+    assert "forks_from_warm_parent" in (WarmWorkers("warm", tmp_path).refusal(cell) or "")
+
+
+def test_a_sweep_with_fresh_workers_starts_no_fork_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, servers: ServerWatch
+) -> None:
+    fake_workers(monkeypatch, {8: FAKE_OK})
+    outcome = run_sweep(spec("fresh", [8]), database=tmp_path / "r.db", workers="fresh")
+    assert servers.servers == []
+    start = outcome.cells[0].runs[0].result.process_start
+    assert start is not None and start.method == "fresh" and "--workers fresh" in (start.reason or "")
+
+
+def test_a_fork_server_that_cannot_start_leaves_runs_fresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = forkserver.start_fork_server
+    monkeypatch.setattr(
+        core.sweep.repeat,
+        "start_fork_server",
+        lambda preload, log_path: real(["core.no_such_module_here"], log_path, 60.0),
+    )
+    fake_workers(monkeypatch, {8: FAKE_OK, 16: FAKE_OK})
+    outcome = run_sweep(spec("broken-server", [8, 16]), database=tmp_path / "r.db")
+    starts = [run.result.process_start for cell in outcome.cells for run in cell.runs]
+    assert all(cell.status == "ok" for cell in outcome.cells)
+    assert all(s is not None and s.method == "fresh" for s in starts)
+    assert all("could not start" in (s.reason or "") and "no_such_module_here" in (s.reason or "") for s in starts if s)
+
+
+def test_a_fork_server_that_dies_between_runs_leaves_the_next_runs_fresh(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, servers: ServerWatch
+) -> None:
+    # Kills its parent, the fork server; never the test's process, should the run not be forked.
+    killer = FAKE_OK + (
+        "\nimport os, signal\n"
+        f"if os.getppid() != {os.getpid()}: os.kill(os.getppid(), signal.SIGKILL)\n"
+    )
+    fake_workers(monkeypatch, {8: killer, 16: FAKE_OK, 32: FAKE_OK})
+    outcome = run_sweep(spec("dying-server", [8, 16, 32]), database=tmp_path / "r.db")
+    runs = {cell.label: cell.runs[0].result for cell in outcome.cells}
+    assert all(result.status.ok for result in runs.values()), [r.status for r in runs.values()]
+    first, *rest = (runs[f"micro_batch_size={b}"].process_start for b in (8, 16, 32))
+    assert first is not None and first.method == "forked", first
+    assert all(s is not None and s.method == "fresh" and "died" in (s.reason or "") for s in rest)
+
+
+# --- faults become results, as for fresh interpreters ------------------------------------------------
+
+
+@pytest.mark.parametrize("workers", ["warm", "fresh"])
+def test_crashes_kills_and_exceptions_are_recorded_alike(
+    workers: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, servers: ServerWatch
+) -> None:
+    fake_workers(monkeypatch, {8: FAKE_CRASH, 16: FAKE_KILLED, 32: FAKE_EXCEPTION, 64: FAKE_EXIT_NOW, 128: FAKE_OK})
+    outcome = run_sweep(spec(f"faults-{workers}", [8, 16, 32, 64, 128]), database=tmp_path / "r.db", workers=workers)  # type: ignore[arg-type]
+    cells = {cell.label: cell for cell in outcome.cells}
+    crash, killed, exception, exit_now, ok = (cells[f"micro_batch_size={b}"] for b in (8, 16, 32, 64, 128))
+    assert crash.status == "error" and "exited with code 3 without a result" in crash.failure.status.message
+    assert "segmentation fault, pretend" in crash.failure.status.message
+    assert killed.status == "killed" and "SIGKILL" in killed.failure.status.message
+    assert "about to be killed" in killed.failure.status.message
+    assert exception.status == "error" and "exited with code 1" in exception.failure.status.message
+    assert "ValueError: the run broke" in exception.failure.status.message
+    assert "forkserver" not in exception.failure.status.message  # the traceback is the run's own
+    assert exit_now.status == "error" and "exited with code 7" in exit_now.failure.status.message
+    assert "leaving" in exit_now.failure.status.message
+    assert ok.status == "ok" and ok.throughput_per_second == 12800.0
+    method = "forked" if workers == "warm" else "fresh"
+    assert {
+        run.result.process_start.method for cell in outcome.cells for run in cell.runs if run.result.process_start
+    } == {method}
+    assert len(servers.servers) == (1 if workers == "warm" else 0)
+    for server in servers.servers:
+        assert not alive(server.process.pid), "the fork server outlived its sweep"
+    assert run_pids(tmp_path) and wait_until_gone(run_pids(tmp_path), 2.0) == [], "a run outlived its sweep"
+    assert children_of(os.getpid()) == [], "a process of the sweep outlived it"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", ["warm", "fresh"])
+def test_a_hang_past_the_time_limit_is_stopped_and_keeps_its_phases(
+    workers: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, servers: ServerWatch
+) -> None:
+    monkeypatch.setattr(core.sweep.repeat, "STOP_GRACE_SECONDS", 2.0)
+    fake_workers(monkeypatch, {32: FAKE_HANG_AFTER_SETUP})
+    started = time.monotonic()
+    outcome = run_sweep(spec(f"hang-{workers}", [32], timeout=3), database=tmp_path / "r.db", workers=workers)  # type: ignore[arg-type]
+    assert time.monotonic() - started < 30
+    hang = outcome.cells[0]
+    assert hang.status == "timeout" and "no result after 3 s" in hang.failure.status.message
+    assert hang.failure.setup_seconds == 0.25 and hang.failure.status.phase == "first_step"
+    assert wait_until_gone(run_pids(tmp_path)) == [] and children_of(os.getpid()) == []
+
+
+# --- nothing outlives a sweep ---------------------------------------------------------------------
+
+SWEEP_SCRIPT = """
+import json, signal, sys
+from pathlib import Path
+import core.sweep.repeat
+from core.running import forkserver
+from core.sweep import make_sweep_spec, run_sweep
+
+directory = Path(sys.argv[1])
+real = forkserver.start_fork_server
+def start(preload, log_path):
+    server = real({light!r}, log_path, 60.0)
+    (directory / "server.pid").write_text(str(server.process.pid))
+    return server
+core.sweep.repeat.start_fork_server = start
+hang = "import os, sys, time; open(sys.argv[2] + '.pid', 'w').write(str(os.getpid())); time.sleep(600)"
+core.sweep.repeat.worker_command = lambda request, result: [sys.executable, "-c", hang, str(request), str(result)]
+signal.signal(signal.SIGTERM, signal.default_int_handler)  # as the CLI does
+spec = make_sweep_spec({{"name": "s", "timeout_seconds": 600, "grid": {grid!r}}})
+try:
+    run_sweep(spec, database=directory / "r.db")
+except KeyboardInterrupt:
+    sys.exit(130)
+"""
+
+
+@pytest.fixture
+def sweep_in_a_process(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], int, int]]:
+    """A sweep whose one run hangs: the sweep, its fork server's pid and its forked run's pid."""
+    script = SWEEP_SCRIPT.format(light=LIGHT_PRELOAD, grid={**TINY_FCNN, "micro_batch_size": 8})
+    sweep = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], text=True, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        pid_files: list[Path] = []
+        while time.monotonic() < deadline and sweep.poll() is None:
+            pid_files = list(Path("/tmp").glob(f"core-sweep-{sweep.pid}-*/cell-0-repeat-0/result.json.pid"))
+            if pid_files and (tmp_path / "server.pid").exists() and pid_files[0].read_text():
+                break
+            time.sleep(0.05)
+        assert pid_files, f"the run never started: {sweep.stderr.read() if sweep.stderr else ''}"
+        yield sweep, int((tmp_path / "server.pid").read_text()), int(pid_files[0].read_text())
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+        sweep.wait()
+
+
+def test_a_sweep_stopped_with_sigterm_leaves_no_forked_run(
+    sweep_in_a_process: tuple[subprocess.Popen[str], int, int],
+) -> None:
+    sweep, server, run = sweep_in_a_process
+    assert alive(server) and alive(run)
+    assert os.getsid(run) == run and os.getpgid(run) == run, "a forked run leads a session of its own"
+    sweep.send_signal(signal.SIGTERM)
+    assert sweep.wait(timeout=60) == 130
+    assert wait_until_gone([server, run]) == []
+
+
+def test_a_sweep_killed_with_sigkill_leaves_no_forked_run(
+    sweep_in_a_process: tuple[subprocess.Popen[str], int, int],
+) -> None:
+    sweep, server, run = sweep_in_a_process
+    sweep.kill()
+    sweep.wait(timeout=30)
+    # The server dies with the sweep (parent-death signal), and the run with the server.
+    assert wait_until_gone([server, run]) == []
+
+
+# --- the server stays clean; forked runs match fresh ones ------------------------------------------
+
+TORCH_IN_CHILD = """
+import sys, torch
+torch.set_num_threads(2)
+a = torch.randn(256, 256, requires_grad=True)
+(a @ a).sum().backward()
+assert not torch.cuda._is_in_bad_fork()
+print("threads", torch.get_num_threads())
+"""
+
+
+@pytest.mark.slow
+def test_the_fork_server_never_starts_a_thread_pool_or_cuda(tmp_path: Path) -> None:
+    server = forkserver.start_fork_server(core.sweep.repeat.WARM_IMPORTS, tmp_path / "server.log")
+    try:
+        ready = server.ready
+        assert ready["torch_imported"] and not ready["cuda_initialized"] and not ready["tensorflow_imported"]
+        for attempt in range(2):  # a second fork works as the first: the server's state did not change
+            ended = processes.supervise(
+                [sys.executable, "-c", TORCH_IN_CHILD], tmp_path / f"run{attempt}.log", starter=server
+            )
+            assert ended.returncode == 0, (tmp_path / f"run{attempt}.log").read_text()
+            assert "threads 2" in (tmp_path / f"run{attempt}.log").read_text()
+        status = server.status()
+        # After a fork the server has one thread: OpenBLAS (started by numpy's import) stops its pool
+        # before a fork, but torch's OpenMP pool, once used, stays (it would show here as more).
+        assert status["threads"] == 1, status
+        assert not status["cuda_initialized"] and status["runs"] == []
+    finally:
+        server.close()
+    assert not alive(server.process.pid)
+
+
+@pytest.mark.slow
+def test_forked_runs_measure_what_fresh_runs_measure(tmp_path: Path) -> None:
+    figures = {}
+    for workers in ("warm", "fresh"):
+        outcome = run_sweep(spec(workers, [8, 16]), database=tmp_path / f"{workers}.db", workers=workers)  # type: ignore[arg-type]
+        results = [run.result for cell in outcome.cells for run in cell.runs]
+        assert all(result.status.ok for result in results), [r.status for r in results]
+        assert {r.process_start.method for r in results if r.process_start} == {
+            "forked" if workers == "warm" else "fresh"
+        }
+        figures[workers] = [
+            {key for key, value in r.model_dump(exclude={"process_start"}).items() if value is not None}
+            for r in results
+        ]
+    assert figures["warm"] == figures["fresh"]
+    assert children_of(os.getpid()) == []
+
+
+def test_the_cli_offers_the_choice(capsys: pytest.CaptureFixture[str]) -> None:
+    from core.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["sweep", "--help"])
+    assert "--workers {warm,fresh}" in capsys.readouterr().out
+
+
+def test_a_forked_child_runs_python_as_the_interpreter_would(tmp_path: Path) -> None:
+    server = forkserver.start_fork_server(LIGHT_PRELOAD, tmp_path / "server.log")
+    try:
+        program = textwrap.dedent(
+            """
+            import os, sys
+            print(sys.argv[1:], __name__, os.environ["CORE_PARENT_PID"] == str(os.getppid()), sys.stdin.read() == "")
+            print("to stderr", file=sys.stderr)
+            """
+        )
+        ended = processes.supervise([sys.executable, "-c", program, "a", "b"], tmp_path / "out.log", starter=server)
+        assert ended.returncode == 0
+        assert (tmp_path / "out.log").read_text().splitlines() == ["['a', 'b'] __main__ True True", "to stderr"]
+    finally:
+        server.close()
