@@ -142,3 +142,11 @@ def test_inference_overhead_benchmark_runs() -> None:
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert "core/plain" in completed.stdout
+
+
+@pytest.mark.slow
+def test_sweep_startup_benchmark_times_a_warm_sweep(tmp_path: Path) -> None:
+    bench = load_script("sweep_startup")
+    figures = bench.one_sweep("warm", tmp_path, 0, steps=1)
+    assert figures["process_start"] == ["forked"]
+    assert 0 < figures["steady_seconds_per_run"] <= figures["first_run_seconds"] + 1.0
