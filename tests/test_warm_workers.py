@@ -211,8 +211,7 @@ def test_a_fork_server_that_dies_between_runs_leaves_the_next_runs_fresh(
 ) -> None:
     # Kills its parent, the fork server; never the test's process, should the run not be forked.
     killer = FAKE_OK + (
-        "\nimport os, signal\n"
-        f"if os.getppid() != {os.getpid()}: os.kill(os.getppid(), signal.SIGKILL)\n"
+        f"\nimport os, signal\nif os.getppid() != {os.getpid()}: os.kill(os.getppid(), signal.SIGKILL)\n"
     )
     fake_workers(monkeypatch, {8: killer, 16: FAKE_OK, 32: FAKE_OK})
     outcome = run_sweep(spec("dying-server", [8, 16, 32]), database=tmp_path / "r.db")

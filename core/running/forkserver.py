@@ -55,6 +55,7 @@ from core.running import processes
 READY_TIMEOUT_SECONDS = 300.0  # imports on a loaded machine; past it the sweep starts runs fresh
 _MAX_MESSAGE_BYTES = 1 << 20  # a request carries an environment: small, but not tiny
 _SERVER_EXIT_GRACE_SECONDS = 5.0
+_ANSWER_TIMEOUT_SECONDS = 60.0  # a fork takes milliseconds; a server this slow to answer is stuck
 # Not ``-m core.running.forkserver``: core's package imports this module first, and runpy would
 # run a second copy of it as __main__.
 _SERVER_MAIN = "import sys; from core.running.forkserver import main; sys.exit(main(sys.argv[1:]))"
@@ -158,9 +159,10 @@ class ForkServer:
         request = {"run": list(command), "env": processes.child_environment(), "cwd": os.getcwd()}
         try:
             self._channel.send(request, [output.fileno()])
-            answer = self._answer("started")
-        except (EOFError, OSError) as error:
-            self._fail(f"the fork server died ({error})")
+            answer = self._answer("started", timeout=_ANSWER_TIMEOUT_SECONDS)
+        except (EOFError, OSError, TimeoutError) as error:
+            self._fail(f"the fork server died ({error or type(error).__name__})")
+            self.close()  # a server that stopped answering may still hold a child waiting to run
             raise ForkServerError(self.failure or "the fork server died") from None
         return ForkedProcess(self, int(answer["started"]))
 
@@ -217,9 +219,17 @@ class ForkServer:
             self._exits[int(message["exited"])] = int(message["returncode"])
         return message
 
-    def _answer(self, key: str) -> dict[str, Any]:
+    def _answer(self, key: str, timeout: float | None = None) -> dict[str, Any]:
+        """The next message with ``key`` (exits reported meanwhile are kept).
+
+        :raises TimeoutError: none came in ``timeout`` seconds.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            message = self._receive(None)
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError(f"no answer in {timeout:g} s")
+            message = self._receive(left)
             if message is not None and key in message:
                 return message
             if message is not None and "error" in message:
