@@ -202,7 +202,7 @@ def execute(plan: RunPlan, process: ProcessContext, on_progress: ProgressCallbac
             energy = _loadgen_window(result, executor, meter, config)
         else:
             energy = _loop_window(result, executor, meter, config)
-        if process.meter_readers_gathered:  # every rank takes part: a collective
+        if process.meter_readers_gathered and plan.meter_factory is not None:  # every rank takes part
             energy = _energy_over_nodes(result, executor, process, energy)
         if result.flops_per_sample is not None and result.throughput_per_second is not None:
             result.flops_per_second = result.flops_per_sample * result.throughput_per_second
