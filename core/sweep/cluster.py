@@ -29,12 +29,10 @@ from typing import TYPE_CHECKING, Any
 from core.running import processes
 from core.storage.files import write_atomically
 from core.storage.results import RunResult, RunState, Status
-from core.storage.store import StoreError
 from core.storage.summary import summarise
 from core.sweep.slurm_jobs import ACTIVE_STATES, JobStates, SlurmError, cancel, submit
 from core.sweep.slurm_settings import SlurmSettings
 from core.sweep.spec import SweepError
-from core.sweep.toy import mark_toy_result
 
 if TYPE_CHECKING:
     from core.storage.store import ResultStore
@@ -218,7 +216,7 @@ def run_cells_on_slurm(
     A cell stops at its first failed repeat, as in a local sweep: its other jobs are cancelled.
     KeyboardInterrupt leaves the jobs running (the ledger lists them for ``--resume``) and propagates.
     """
-    from core.sweep.run import SweepOutcome, _unsaved
+    from core.sweep.run import SweepOutcome, record_repeat
 
     cells = {cell.key: cell for cell in plan.valid_cells}
     ok = RunState.ok.value
@@ -266,21 +264,17 @@ def run_cells_on_slurm(
                     continue
                 cell = cells[entry.cell_key]
                 result, seconds = job_result(folder, entry.job_id, state, cell.config, time_limit)
-                if cell.toy:
-                    mark_toy_result(result)
-                try:
-                    store.add(
-                        result,
-                        sweep=spec.name,
-                        cell_key=cell.key,
-                        cell_label=cell.label,
-                        repeat=entry.repeat,
-                        process_seconds=seconds,
-                        replace=key in finished,
-                    )
-                except StoreError as error:
-                    observer.run_finished(cell, entry.repeat, result, seconds or 0.0)
-                    raise _unsaved(database, spec.name, cell, entry.repeat, result, seconds or 0.0, error) from None
+                record_repeat(
+                    store,
+                    database,
+                    spec.name,
+                    cell,
+                    entry.repeat,
+                    result,
+                    seconds,
+                    replace=key in finished,
+                    observer=observer,
+                )
                 del ledger.entries[key]
                 ledger.save()
                 shutil.rmtree(folder, ignore_errors=True)

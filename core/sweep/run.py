@@ -328,21 +328,17 @@ def _run_cells(
                 on_wait=waiting,
                 workers=warm,
             )
-            if cell.toy:
-                mark_toy_result(result)
-            try:
-                store.add(
-                    result,
-                    sweep=spec.name,
-                    cell_key=cell.key,
-                    cell_label=cell.label,
-                    repeat=repeat,
-                    process_seconds=seconds,
-                    replace=(cell.key, repeat) in finished,
-                )
-            except StoreError as error:
-                observer.run_finished(cell, repeat, result, seconds)
-                raise _unsaved(database, spec.name, cell, repeat, result, seconds, error) from None
+            record_repeat(
+                store,
+                database,
+                spec.name,
+                cell,
+                repeat,
+                result,
+                seconds,
+                replace=(cell.key, repeat) in finished,
+                observer=observer,
+            )
             recorded[(cell.key, repeat)] = result.status.state.value
             if not result.status.ok:
                 stopped.add(cell.key)
@@ -357,6 +353,37 @@ def _run_cells(
         skipped_invalid=plan.invalid_cells,
         cells=summarise(store.runs(sweep=spec.name)),
     )
+
+
+def record_repeat(
+    store: ResultStore,
+    database: Path,
+    sweep: str,
+    cell: Cell,
+    repeat: int,
+    result: RunResult,
+    seconds: float | None,
+    *,
+    replace: bool,
+    observer: SweepObserver,
+) -> None:
+    """Store one repeat's result, wherever it ran (a toy cell's marked as one). A database that
+    refuses it stops the sweep with UnsavedResultError, the result saved beside the database."""
+    if cell.toy:
+        mark_toy_result(result)
+    try:
+        store.add(
+            result,
+            sweep=sweep,
+            cell_key=cell.key,
+            cell_label=cell.label,
+            repeat=repeat,
+            process_seconds=seconds,
+            replace=replace,
+        )
+    except StoreError as error:
+        observer.run_finished(cell, repeat, result, seconds or 0.0)
+        raise _unsaved(database, sweep, cell, repeat, result, seconds or 0.0, error) from None
 
 
 def _unsaved(
