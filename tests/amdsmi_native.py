@@ -1,0 +1,286 @@
+"""A simulated libamd_smi.so under the *real* amdsmi Python package (its ``amdsmi_interface.py`` and
+``amdsmi_wrapper.py``, from the wheels unpacked by scripts/fetch-amdsmi.sh).
+
+``amdsmi_wrapper`` loads the library with ``ctypes.CDLL`` and takes every C function from it as an
+attribute, setting ``restype``/``argtypes`` (amdsmi_wrapper.py, ``_libraries['libamd_smi.so']``).
+Here ``ctypes.CDLL`` hands it a :class:`NativeLibrary` whose attributes are Python callables: the
+interface calls them with the same ctypes objects it would pass to C (``ctypes.byref`` out-pointers,
+arrays, ``amdsmi_processor_handle``) and they fill those out-structures as amd_smi.cc would, then
+return an ``amdsmi_status_t``. Only the C library is simulated; every key, unit, conversion and
+"N/A" rule is the real package's.
+
+Behaviour simulated, with its source in ROCm/amdsmi (``src/amd_smi/amd_smi.cc``,
+``include/amd_smi/amdsmi.h``) and the kernel:
+
+- size queries: ``amdsmi_get_socket_handles``/``amdsmi_get_processor_handles`` with a NULL array
+  set only the count (amdsmi.h: "If @p socket_handles is NULL, then the socket count is written").
+- status codes: ``AMDSMI_STATUS_SUCCESS`` 0, ``AMDSMI_STATUS_NOT_SUPPORTED`` 2 (amdsmi.h).
+- energy: ``amdsmi_get_energy_count(h, &accumulator, &resolution_float, &timestamp_ns)``; on
+  MI250/MI250X the package's energy accumulates on one GCD and its sibling reads 0 and never moves.
+- power: ``amdsmi_power_info_t``; a field the part lacks is set to the width's maximum by newer
+  libraries (``std::numeric_limits<uint32_t>::max()`` in amd_smi.cc's ``amdsmi_get_power_info``),
+  0xFFFF by the 6.x ones: :attr:`SimNode.not_available` picks which.
+- topology: ``amdsmi_get_minmax_bandwidth_between_processors`` returns the KFD io-link
+  bandwidth; the kernel leaves it 0 where it does not know the link count (kfd_crat.c,
+  ``kfd_fill_gpu_xgmi_link_to_gpu``), and the call still succeeds with 0.
+  ``amdsmi_topo_get_link_weight`` returns the io-link weight, ``KFD_CRAT_XGMI_WEIGHT`` (15) x the
+  XGMI hop count from the PSP topology (same function).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+VERSIONS_DIR = Path(__file__).resolve().parent.parent / ".amdsmi-versions"
+VERSIONS = ("6.0.2", "6.2.4", "6.3.0", "7.0.2")
+SUCCESS, NOT_SUPPORTED = 0, 2
+UINT32_MAX, UINT64_MAX = 0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF
+RESOLUTION_UJ = 15.3
+XGMI_WEIGHT = 15  # KFD_CRAT_XGMI_WEIGHT, kfd_crat.h
+
+
+@dataclass
+class SimGcd:
+    bdf: str  # "0000:c1:00.0"
+    serial: int
+    kfd_node: int
+    draw_watts: float = 0.0
+    primary: bool = True  # the die that reports its package's energy and power
+    device_id: int = 0x740C
+    compute_units: int = 110
+    market_name: str = "AMD Instinct MI250X / MI250"
+    accumulator: int = 0
+
+
+@dataclass
+class SimNode:
+    gcds: list[SimGcd]
+    packages: list[tuple[int, int]]  # indices into gcds
+    bandwidth_mbs: Callable[[int, int], int]
+    hops: Callable[[int, int], int]
+    not_available: int = UINT32_MAX
+    now_ns: int = 1_700_000_000_000_000_000
+    calls: list[str] = field(default_factory=list)
+    initialized: int = 0
+
+    def package_of(self, index: int) -> tuple[int, int]:
+        return next(p for p in self.packages if index in p)
+
+    def advance(self, seconds: float) -> None:
+        self.now_ns += int(seconds * 1e9)
+        for package in self.packages:
+            watts = sum(self.gcds[i].draw_watts for i in package)
+            primary = next(self.gcds[i] for i in package if self.gcds[i].primary)
+            primary.accumulator += round(watts * seconds * 1e6 / RESOLUTION_UJ)
+
+    def package_watts(self, index: int) -> int:
+        gcd = self.gcds[index]
+        return round(sum(self.gcds[i].draw_watts for i in self.package_of(index))) if gcd.primary else 0
+
+
+def mi250x_node(**kwargs: Any) -> SimNode:
+    """Two MI250X packages, four GCDs, in PCI order A0 A1 B0 B1; KFD (HIP) order interleaves them
+    (A0 B0 A1 B1). A1 and B1 are the silent siblings. Every XGMI bandwidth reads 0 by default."""
+    bdfs = ["0000:c1:00.0", "0000:c6:00.0", "0000:c9:00.0", "0000:ce:00.0"]
+    nodes = [2, 4, 3, 5]
+    gcds = [
+        SimGcd(bdf, 0x5A1F00000000AA01 + i, nodes[i], draw_watts=w, primary=i in (0, 2))
+        for i, (bdf, w) in enumerate(zip(bdfs, (250.0, 200.0, 300.0, 150.0)))
+    ]
+    packages = [(0, 1), (2, 3)]
+
+    def hops(a: int, b: int) -> int:  # one hop inside a package, two across (the weights 15 / 30)
+        return 1 if (a // 2) == (b // 2) else 2
+
+    kwargs.setdefault("bandwidth_mbs", lambda a, b: 0)
+    kwargs.setdefault("hops", hops)
+    return SimNode(gcds, packages, **kwargs)
+
+
+def _out(pointer: Any) -> Any:
+    """The object behind a ``ctypes.byref`` argument."""
+    return pointer._obj
+
+
+def _set(struct: Any, **values: Any) -> None:
+    for name, value in values.items():
+        if any(f[0] == name for f in type(struct)._fields_):
+            setattr(struct, name, value)
+
+
+class NativeFunction:
+    """One C symbol: ``restype``/``argtypes`` are accepted and ignored, as a ctypes function's would be."""
+
+    def __init__(self, name: str, call: Callable[..., int]) -> None:
+        self.__name__ = name
+        self.call = call
+        self.restype: Any = None
+        self.argtypes: Any = None
+
+    def __call__(self, *args: Any) -> int:
+        return self.call(*args)
+
+
+class NativeLibrary:
+    """The simulated libamd_smi.so: a symbol it does not implement answers NOT_SUPPORTED."""
+
+    def __init__(self, node: SimNode) -> None:
+        self.node = node
+
+    def __getattr__(self, name: str) -> NativeFunction:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        implementation = getattr(type(self), f"_c_{name}", None)
+
+        def call(*args: Any) -> int:
+            self.node.calls.append(name)
+            return implementation(self, *args) if implementation is not None else NOT_SUPPORTED
+
+        function = NativeFunction(name, call)
+        self.__dict__[name] = function
+        return function
+
+    def _gcd(self, handle: Any) -> int:
+        return int(handle.value if hasattr(handle, "value") else handle) - 0x1000
+
+    # --- the functions the plugin reaches -------------------------------------------------------
+    def _c_amdsmi_init(self, flags: Any) -> int:
+        self.node.initialized += 1
+        return SUCCESS
+
+    def _c_amdsmi_shut_down(self) -> int:
+        self.node.initialized = 0  # 6.x: not reference counted
+        return SUCCESS
+
+    def _c_amdsmi_get_socket_handles(self, count: Any, handles: Any) -> int:
+        _out(count).value = 1
+        if isinstance(handles, ctypes.Array):
+            handles[0] = 0x100
+        return SUCCESS
+
+    def _c_amdsmi_get_processor_handles(self, socket: Any, count: Any, handles: Any) -> int:
+        _out(count).value = len(self.node.gcds)
+        if isinstance(handles, ctypes.Array):
+            for i in range(len(self.node.gcds)):
+                handles[i] = 0x1000 + i
+        return SUCCESS
+
+    def _c_amdsmi_get_gpu_device_bdf(self, handle: Any, out: Any) -> int:
+        domain, bus, rest = self.node.gcds[self._gcd(handle)].bdf.split(":")
+        device, function = rest.split(".")
+        target = _out(out)
+        # amdsmi.h: amdsmi_bdf_t is a union of the bit fields (function 3, device 5, bus 8, domain 48)
+        # and ``as_uint``; its member's name differs between versions, ``as_uint`` does not.
+        target.as_uint = int(function, 16) | int(device, 16) << 3 | int(bus, 16) << 8 | int(domain, 16) << 16
+        return SUCCESS
+
+    def _c_amdsmi_get_gpu_asic_info(self, handle: Any, out: Any) -> int:
+        gcd = self.node.gcds[self._gcd(handle)]
+        _set(
+            _out(out),
+            market_name=gcd.market_name.encode(),
+            vendor_id=0x1002,
+            vendor_name=b"Advanced Micro Devices Inc. [AMD/ATI]",
+            device_id=gcd.device_id,
+            rev_id=1,
+            asic_serial=f"{gcd.serial:016X}".encode(),
+            oam_id=self.node.not_available,
+            num_of_compute_units=gcd.compute_units,
+            target_graphics_version=0x90A,
+        )
+        return SUCCESS
+
+    def _c_amdsmi_get_gpu_kfd_info(self, handle: Any, out: Any) -> int:
+        gcd = self.node.gcds[self._gcd(handle)]
+        _set(_out(out), kfd_id=gcd.kfd_node * 100, node_id=gcd.kfd_node, current_partition_id=0)
+        return SUCCESS
+
+    def _c_amdsmi_get_gpu_enumeration_info(self, handle: Any, out: Any) -> int:
+        gcd = self.node.gcds[self._gcd(handle)]
+        smallest = min(g.kfd_node for g in self.node.gcds)
+        _set(
+            _out(out),
+            drm_card=gcd.kfd_node - 1,
+            drm_render=128 + gcd.kfd_node - 1,
+            hsa_id=gcd.kfd_node,
+            hip_id=gcd.kfd_node - smallest,
+            hip_uuid=f"GPU-{gcd.serial:016x}".encode(),
+        )
+        return SUCCESS
+
+    def _c_amdsmi_get_gpu_memory_total(self, handle: Any, memory_type: Any, out: Any) -> int:
+        _out(out).value = 68_702_699_520
+        return SUCCESS
+
+    def _c_amdsmi_get_energy_count(self, handle: Any, accumulator: Any, resolution: Any, timestamp: Any) -> int:
+        _out(accumulator).value = self.node.gcds[self._gcd(handle)].accumulator
+        _out(resolution).value = RESOLUTION_UJ
+        _out(timestamp).value = self.node.now_ns
+        return SUCCESS
+
+    def _c_amdsmi_get_power_info(self, handle: Any, out: Any, *_: Any) -> int:
+        # MI200 reports the average only; the current field is "not available".
+        _set(
+            _out(out),
+            socket_power=self.node.package_watts(self._gcd(handle)),
+            current_socket_power=self.node.not_available,
+            average_socket_power=self.node.package_watts(self._gcd(handle)),
+            gfx_voltage=self.node.not_available,
+            soc_voltage=self.node.not_available,
+            mem_voltage=self.node.not_available,
+            power_limit=500,
+        )
+        return SUCCESS
+
+    def _c_amdsmi_get_minmax_bandwidth_between_processors(self, a: Any, b: Any, low: Any, high: Any) -> int:
+        bandwidth = self.node.bandwidth_mbs(self._gcd(a), self._gcd(b))
+        _out(low).value, _out(high).value = bandwidth, bandwidth
+        return SUCCESS
+
+    def _c_amdsmi_topo_get_link_weight(self, a: Any, b: Any, weight: Any) -> int:
+        _out(weight).value = XGMI_WEIGHT * self.node.hops(self._gcd(a), self._gcd(b))
+        return SUCCESS
+
+    def _c_amdsmi_get_gpu_driver_info(self, handle: Any, out: Any) -> int:
+        _set(_out(out), driver_name=b"amdgpu", driver_version=b"6.8.5", driver_date=b"2015/01/01 00:00")
+        return SUCCESS
+
+
+def forget_amdsmi() -> None:
+    for name in [name for name in sys.modules if name == "amdsmi" or name.startswith("amdsmi.")]:
+        del sys.modules[name]
+
+
+@contextmanager
+def real_amdsmi(version: str, node: SimNode, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Any]:
+    """The real amdsmi ``version`` imported as ``amdsmi``, over ``node``'s simulated library."""
+    package = VERSIONS_DIR / version
+    if not (package / "amdsmi" / "amdsmi_interface.py").is_file():
+        pytest.skip(f"amdsmi {version} is not unpacked under {VERSIONS_DIR} (run scripts/fetch-amdsmi.sh)")
+    library = NativeLibrary(node)
+    real_cdll = ctypes.CDLL
+
+    def cdll(name: Any, *args: Any, **kwargs: Any) -> Any:
+        return library if str(name).endswith("libamd_smi.so") else real_cdll(name, *args, **kwargs)
+
+    (tmp_path / "rocm" / "lib").mkdir(parents=True, exist_ok=True)
+    monkeypatch.setenv("ROCM_PATH", str(tmp_path / "rocm"))  # 6.0-6.3 read os.environ["ROCM_PATH"]
+    monkeypatch.delenv("ROCM_HOME", raising=False)
+    monkeypatch.setattr(ctypes, "CDLL", cdll)
+    monkeypatch.syspath_prepend(str(package))
+    forget_amdsmi()
+    try:
+        amdsmi = importlib.import_module("amdsmi")
+        assert Path(amdsmi.__file__).parent == package / "amdsmi"
+        yield amdsmi
+    finally:
+        forget_amdsmi()
