@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from amdsmi_native import VERSIONS, SimNode, mi250x_node, real_amdsmi
+from amdsmi_native import UINT32_MAX, VERSIONS, SimNode, mi250x_node, real_amdsmi
 
 from core import RunConfig, make_config
 from core.testing import run_context
@@ -115,3 +115,45 @@ def test_package_energy_through_the_real_binding(
     package = measurement.details["packages"]["package-0"]
     assert package["reporting_gcds"] == [A0] and package["silent_gcds"] == [A1]
     assert package["gcds"][A0]["power_field"] == "average_socket_power"
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_field_at_its_own_maximum_is_no_reading(
+    version: str, probe: SdkProbe, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Newer libamd_smi marks a missing uint32 field 0xFFFFFFFF; amdsmi maps only 0xFFFF to "N/A",
+    so current_socket_power arrives as 4294967295 W and must not be read as power."""
+    node = mi250x_node(bandwidth_mbs=linked, not_available=UINT32_MAX)
+    with real_amdsmi(version, node, monkeypatch, tmp_path) as amdsmi:
+        measurement = measure_one_second(amdsmi, node, probe, kfd_topology(tmp_path, node))
+    assert measurement.method == "counter" and "counters_not_used" not in measurement.details
+    assert measurement.energy_joules == pytest.approx(900.0, rel=1e-4)
+    package = measurement.details["packages"]["package-0"]
+    assert package["gcds"][A0]["power_field"] == "average_socket_power"
+    assert package["counter"].startswith("validated") and package["reporting_gcds"] == [A0]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_siblings_found_by_link_weight_when_every_xgmi_bandwidth_reads_zero(
+    version: str, probe: SdkProbe, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    node = mi250x_node()  # bandwidth 0 for every pair; weights 15 inside a package, 30 across
+    with real_amdsmi(version, node, monkeypatch, tmp_path) as amdsmi:
+        topology = kfd_topology(tmp_path, node)
+        devices = AmdAccelerator(probe=probe, environment={}, kfd_topology=topology).visible_devices()
+        measurement = measure_one_second(amdsmi, node, probe, topology)
+    assert [d.details["package"] for d in devices] == ["package-0", "package-1", "package-0", "package-1"]
+    assert measurement.components_joules["package-0"] == pytest.approx(450.0, rel=1e-4)
+    assert measurement.components_joules["package-1"] == pytest.approx(450.0, rel=1e-4)
+    assert "amdsmi_topo_get_link_weight" in measurement.details["packages"]["package-0"]["rule"]
+
+
+@pytest.mark.parametrize("version", ["6.0.2", "7.0.2"])
+def test_no_package_when_neither_bandwidth_nor_weight_tells(
+    version: str, probe: SdkProbe, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    node = mi250x_node(hops=lambda a, b: 1)
+    with real_amdsmi(version, node, monkeypatch, tmp_path):
+        amd = AmdAccelerator(probe=probe, environment={}, kfd_topology=kfd_topology(tmp_path, node))
+        error = amd.node().package_error
+    assert error is not None and "amdsmi_topo_get_link_weight" in error

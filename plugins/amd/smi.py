@@ -16,7 +16,8 @@ named below:
   accumulator's key is ``power`` up to ROCm 6.2, both keys in 6.3, ``energy_accumulator`` from 6.4.
   The firmware field is 64 bits wide on MI200/MI300 and 32 bits on MI100 (kernel arcturus_ppt.c).
 - Power: ``amdsmi_get_power_info(h)``: ``current_socket_power`` / ``average_socket_power`` in whole
-  watts; "N/A" where unsupported (the raw 0xFFFF in 6.0).
+  watts; "N/A" where unsupported (the raw 0xFFFF in 6.0), and 0xFFFFFFFF (the field's maximum, which
+  the Python layer does not map) from newer native libraries.
 - MI250/MI250X (PCI device 0x740c): each OAM package holds two GCDs, each its own PCIe device
   with its own bus address (ROCm docs, MI250 architecture), so PCI addresses say nothing about
   packages. The two GCDs of a package are joined by four XGMI links, GCDs of different packages
@@ -55,7 +56,12 @@ DUAL_GCD_DEVICE_IDS = frozenset({0x740C})
 _MI250_BY_COMPUTE_UNITS = {110: "AMD Instinct MI250X", 104: "AMD Instinct MI250"}
 # MI100 (Arcturus): the SMU's EnergyAccumulator is a uint32 (kernel arcturus_ppt.c).
 _COUNTER_BITS_BY_DEVICE_ID = {0x738C: 32, 0x738E: 32}
-_NOT_AVAILABLE = 0xFFFF  # what amdsmi 6.0 returned raw where later versions say "N/A"
+# "Not available" as the native library marks it: 0xFFFF in 6.x (amdsmi 6.0 returned it raw, later
+# Python layers say "N/A"), the field's own maximum in newer ones (amd_smi.cc fills a missing uint32
+# with std::numeric_limits<uint32_t>::max(), which amdsmi_interface.py passes through as a number).
+_NOT_AVAILABLE = frozenset({0xFFFF, 0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF})
+# No package draws this much (MI355X: 1.4 kW); a larger "reading" is a marker, not power.
+MAX_PLAUSIBLE_WATTS = 5000.0
 
 
 class AmdsmiUnavailable(RuntimeError):
@@ -138,7 +144,9 @@ def power_watts(amdsmi: Any, handle: Any, key: str) -> float | None:
     """One power field of amdsmi_get_power_info in watts, or None where it reads "N/A"."""
     with call_lock:
         value = amdsmi.amdsmi_get_power_info(handle).get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value == _NOT_AVAILABLE:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value in _NOT_AVAILABLE:
+        return None
+    if not 0 <= value <= MAX_PLAUSIBLE_WATTS:
         return None
     return float(value)
 
@@ -278,10 +286,10 @@ def _product(market_name: str, device_id: int | None, compute_units: int | None)
     return market_name
 
 
-def pair_siblings(bdfs: list[str], links: Callable[[str, str], int]) -> tuple[list[tuple[str, str]], list[str]]:
+def pair_siblings(bdfs: list[str], links: Callable[[str, str], float]) -> tuple[list[tuple[str, str]], list[str]]:
     """Pairs of GCDs that share a package: each is the other's unique strongest XGMI peer.
 
-    :param links: XGMI strength between two GCDs (max bandwidth; 0 where not directly linked).
+    :param links: XGMI strength between two GCDs (max bandwidth, or 1 / link weight; 0 where unknown).
     :returns: the pairs, and the GCDs left without a sibling.
     """
     strength = {(a, b): links(a, b) for a in bdfs for b in bdfs if a != b}
@@ -309,21 +317,38 @@ def _packages(amdsmi: Any, gcds: list[Gcd]) -> tuple[list[Package], str | None]:
         )
         return int(result.get("max_bandwidth", 0)) if result else 0
 
-    pairs, unpaired = pair_siblings(dual, links) if dual else ([], [])
+    def closeness(a: str, b: str) -> float:
+        result = _optional(lambda: amdsmi.amdsmi_topo_get_link_weight(by_bdf[a].handle, by_bdf[b].handle), amdsmi)
+        weight = result if isinstance(result, int) and not isinstance(result, bool) else 0
+        return 1.0 / weight if weight > 0 else 0.0
+
+    by_bandwidth, unpaired = pair_siblings(dual, links) if dual else ([], [])
+    # Kernels or firmware that leave the link count unset give 0 bandwidth for every pair
+    # (kfd_crat.c, kfd_fill_gpu_xgmi_link_to_gpu); the same io-link's weight is
+    # KFD_CRAT_XGMI_WEIGHT x the XGMI hop count from the PSP topology, which amdsmi also returns.
+    by_weight, unpaired = pair_siblings(unpaired, closeness) if len(unpaired) > 1 else ([], unpaired)
     groups: list[tuple[tuple[str, ...], str]] = [((g.bdf,), "one GPU per package") for g in gcds if not g.dual]
-    rule = (
-        "MI250 sibling: the GCD it shares four XGMI links with (the most to any GCD, mutually), "
-        "from amdsmi_get_minmax_bandwidth_between_processors"
-    )
-    for a, b in pairs:
-        groups.append((tuple(sorted((a, b), key=lambda bdf: by_bdf[bdf].hip_index)), rule))
+    rules = {
+        "bandwidth": (
+            "MI250 sibling: the GCD it shares four XGMI links with (the most to any GCD, mutually), "
+            "from amdsmi_get_minmax_bandwidth_between_processors"
+        ),
+        "weight": (
+            "MI250 sibling: every XGMI bandwidth read 0, so the GCD with the lowest KFD io-link weight "
+            "(fewest XGMI hops, mutually), from amdsmi_topo_get_link_weight"
+        ),
+    }
+    for how, found in (("bandwidth", by_bandwidth), ("weight", by_weight)):
+        for a, b in found:
+            groups.append((tuple(sorted((a, b), key=lambda bdf: by_bdf[bdf].hip_index)), rules[how]))
     groups.sort(key=lambda group: min(by_bdf[bdf].hip_index for bdf in group[0]))
     packages = [Package(f"package-{n}", bdfs, how) for n, (bdfs, how) in enumerate(groups)]
     error = None
     if unpaired:
         error = (
             f"cannot tell which MI250 GCDs share a package: {', '.join(unpaired)} "
-            "have no unique strongest XGMI peer (amdsmi_get_minmax_bandwidth_between_processors)"
+            "have no unique strongest XGMI peer (amdsmi_get_minmax_bandwidth_between_processors) "
+            "and no unique lowest link weight (amdsmi_topo_get_link_weight)"
         )
     return packages, error
 

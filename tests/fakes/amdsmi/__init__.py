@@ -32,4 +32,5 @@ from .amdsmi_interface import (
     amdsmi_get_processor_handles,
     amdsmi_init,
     amdsmi_shut_down,
+    amdsmi_topo_get_link_weight,
 )

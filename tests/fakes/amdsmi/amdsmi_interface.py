@@ -214,6 +214,13 @@ def amdsmi_get_minmax_bandwidth_between_processors(
     return {"min_bandwidth": LINK_MBPS, "max_bandwidth": links * LINK_MBPS}
 
 
+def amdsmi_topo_get_link_weight(processor_handle_src: Any, processor_handle_dst: Any) -> int:
+    """KFD io-link weight: KFD_CRAT_XGMI_WEIGHT (15) x XGMI hops (kfd_crat.c); one hop per direct link."""
+    src = _gcd(processor_handle_src, "amdsmi_topo_get_link_weight")
+    dst = _gcd(processor_handle_dst, "amdsmi_topo_get_link_weight")
+    return 15 if _node().links_between(src, dst) else 30
+
+
 def amdsmi_get_gpu_driver_info(processor_handle: Any) -> dict[str, Any]:
     _gcd(processor_handle, "amdsmi_get_gpu_driver_info")
     return {"driver_name": "amdgpu", "driver_version": _node().driver_version, "driver_date": "2015/01/01 00:00"}
