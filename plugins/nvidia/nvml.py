@@ -50,10 +50,22 @@ class NvmlGpu:
 
 
 def _optional(call: Callable[[], Any], pynvml: Any) -> Any:
+    """The answer, or None where this device or driver has none.
+
+    A query newer than the driver raises NVMLError_FunctionNotFound, not NotSupported (pynvml's
+    _nvmlGetFunctionPointer: the symbol is missing from libnvidia-ml.so.1); nvmlDeviceGetArchitecture
+    came with R460. Virtualised GPUs answer NoPermission for some queries (power limits).
+    """
     try:
         return call()
-    except pynvml.NVMLError_NotSupported:
+    except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound, pynvml.NVMLError_NoPermission):
         return None
+
+
+def _volta_or_newer(pynvml: Any, architecture: int | None, major: int) -> bool:
+    if architecture is not None and architecture != pynvml.NVML_DEVICE_ARCH_UNKNOWN:
+        return bool(architecture >= pynvml.NVML_DEVICE_ARCH_VOLTA)
+    return major >= 7  # Volta is compute capability 7.0: the answer where the driver cannot name the architecture
 
 
 def describe(pynvml: Any, index: int) -> NvmlGpu:
@@ -70,9 +82,8 @@ def describe(pynvml: Any, index: int) -> NvmlGpu:
         architecture=architecture,
         power_limit_watts=limit_mw / 1000.0 if limit_mw is not None else None,
         # The total-energy counter exists from Volta on (nvmlDeviceGetTotalEnergyConsumption docs).
-        has_energy_counter=architecture is not None
-        and architecture >= pynvml.NVML_DEVICE_ARCH_VOLTA
-        and architecture != pynvml.NVML_DEVICE_ARCH_UNKNOWN,
+        # Where it still fails (some virtualised GPUs), the meter falls back to sampled power.
+        has_energy_counter=_volta_or_newer(pynvml, architecture, major),
     )
 
 
