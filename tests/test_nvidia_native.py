@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from simnvml import INSTANT_ABSENT, INSTANT_FAILS_LATER, SimMig, SimNode, a100, h200, v100
+from simnvml import INSTANT_ABSENT, INSTANT_DOUBLE, INSTANT_FAILS_LATER, SimMig, SimNode, a100, h200, v100
 
 from core import make_config
 from core.testing import run_context
@@ -119,6 +119,19 @@ def test_counter_energy_and_instant_power_through_the_real_binding(sim_nvml: Cal
     for key, watts in (("gpu0", 400.0), ("gpu1", 250.0), ("gpu2", 200.0), ("gpu3", 150.0)):
         assert measurement.components_joules[key] == pytest.approx(watts * 0.4, rel=0.05)
         assert measurement.details["counter_over_sampled"][key] == pytest.approx(1.0, abs=0.03)
+
+
+def test_instant_power_is_read_as_the_value_type_the_driver_names(sim_nvml: Callable[..., Any]) -> None:
+    """The field value is a union: a driver that answers with a double must not be read as uiVal."""
+    simulated = node()
+    simulated.gpus[3].instant = INSTANT_DOUBLE
+    simulated.gpus[3].architecture = 4  # a counterless part, so the sampled power is the energy
+    sim_nvml(simulated)
+    devices = NvidiaAccelerator().visible_devices()[3:]
+    measurement = measure(devices, 0.3)
+    assert measurement.details["power_reading"] == {"gpu3": nvml.INSTANT_POWER}
+    assert measurement.details["methods"] == {"gpu3": "sampled"}
+    assert measurement.components_joules["gpu3"] == pytest.approx(150.0 * 0.3, rel=0.1)
 
 
 def test_a_driver_without_the_instant_field_falls_back_to_the_averaged_reading(sim_nvml: Callable[..., Any]) -> None:

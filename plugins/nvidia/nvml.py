@@ -109,20 +109,37 @@ def energy_counter_joules(pynvml: Any, handle: Any) -> float:
 
 
 INSTANT_POWER = "NVML_FI_DEV_POWER_INSTANT"
-AVERAGED_POWER = "nvmlDeviceGetPowerUsage (about 1 s running average on A100/H100-class parts)"
+# NVML's nvmlDeviceGetPowerUsage documentation: "On Ampere (except GA100) or newer GPUs, the API
+# returns power averaged over a 1 sec interval. On GA100 and older architectures, instantaneous power
+# is returned." So an A100 is instantaneous here; H100/H200 and Ampere consumer parts are averaged.
+AVERAGED_POWER = "nvmlDeviceGetPowerUsage (a 1 s average on Ampere except GA100, and newer)"
+
+# The member of the c_nvmlValue_t union that each NVML_VALUE_TYPE_* names (nvml.h, nvmlValueType_t).
+_VALUE_MEMBERS = {
+    "NVML_VALUE_TYPE_DOUBLE": "dVal",
+    "NVML_VALUE_TYPE_UNSIGNED_INT": "uiVal",
+    "NVML_VALUE_TYPE_UNSIGNED_LONG": "ulVal",
+    "NVML_VALUE_TYPE_UNSIGNED_LONG_LONG": "ullVal",
+    "NVML_VALUE_TYPE_SIGNED_LONG_LONG": "sllVal",
+    "NVML_VALUE_TYPE_SIGNED_INT": "siVal",
+    "NVML_VALUE_TYPE_UNSIGNED_SHORT": "usVal",
+}
 
 
 def power_reader(pynvml: Any, handle: Any) -> tuple[Callable[[], float | None], str]:
     """The best power reading this device and this nvidia-ml-py offer, and its name for the result.
 
     Chosen once per device, not per sample: an integral that mixed instantaneous and averaged
-    readings would be neither. nvmlDeviceGetPowerUsage lags the truth (it averages over about a
-    second on recent parts), so the instantaneous field is preferred where the driver has it.
+    readings would be neither. nvmlDeviceGetPowerUsage lags the truth where it is a 1 s average, so
+    the instantaneous field is preferred where the driver has it.
     """
-    field = getattr(pynvml, INSTANT_POWER, None)  # absent from nvidia-ml-py before 12.535
+    # NVML_FI_DEV_POWER_INSTANT (186) is in every nvidia-ml-py this project supports (11.525.150
+    # has it); the getattr keeps an older or trimmed binding working on the averaged reading.
+    field = getattr(pynvml, INSTANT_POWER, None)
     if field is not None:
         try:
-            supported = pynvml.nvmlDeviceGetFieldValues(handle, [field])[0].nvmlReturn == pynvml.NVML_SUCCESS
+            _field_watts(pynvml, handle, field, probe=True)
+            supported = True
         except pynvml.NVMLError:
             supported = False
         if supported:
@@ -130,8 +147,19 @@ def power_reader(pynvml: Any, handle: Any) -> tuple[Callable[[], float | None], 
     return (lambda: pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0), AVERAGED_POWER
 
 
-def _field_watts(pynvml: Any, handle: Any, field: int) -> float | None:
+def _field_watts(pynvml: Any, handle: Any, field: int, probe: bool = False) -> float | None:
     value = pynvml.nvmlDeviceGetFieldValues(handle, [field])[0]
     if value.nvmlReturn != pynvml.NVML_SUCCESS:
+        if probe:
+            raise pynvml.NVMLError(value.nvmlReturn)
         return None  # no reading this time: a hole in the integral, which the sampler reports as such
-    return value.value.uiVal / 1000.0  # milliwatts
+    # The value is a union: read the member valueType names (a double read as uiVal is garbage).
+    member = next(
+        (m for name, m in _VALUE_MEMBERS.items() if getattr(pynvml, name, None) == value.valueType),
+        None,
+    )
+    if member is None:
+        if probe:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
+        return None
+    return float(getattr(value.value, member)) / 1000.0  # milliwatts
