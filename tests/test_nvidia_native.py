@@ -151,3 +151,48 @@ def test_an_instant_field_that_fails_per_read_leaves_holes_not_numbers(sim_nvml:
     measurement = measure(NvidiaAccelerator().visible_devices()[3:], 0.3)
     assert measurement.energy_joules is None
     assert "gpu3" in (measurement.unavailable_reason or "")
+
+
+@pytest.mark.parametrize("variable", [MIG_A, f"MIG-{A100}/1/0"])
+def test_a_mig_device_in_cuda_visible_devices_is_placed_on_and_measured_by_its_parent(
+    sim_nvml: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, variable: str
+) -> None:
+    sim_nvml(with_migs())
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", variable)
+    [device] = NvidiaAccelerator().visible_devices()
+    # Placement: the MIG device itself (what torch reports as cuda:0 in this process).
+    assert device.details["uuid"] == MIG_A and device.details["mig_parent_uuid"] == A100
+    assert device.name == "NVIDIA A100-SXM4-80GB MIG 1g.10gb" and device.memory_bytes == 10_737_418_240
+    assert device.details["compute_capability"] == "8.0" and device.details["energy_counter"] is True
+    # The A100 datasheet peak is the whole GPU's, not a 1g.10gb slice's.
+    from core import Precision
+
+    assert NvidiaAccelerator().peak_flops_per_second(device, Precision.bf16) is None
+    # Energy: the parent A100's counter (200 W), said to be shared by the MIG instances on it.
+    measurement = measure([device], 0.3)
+    assert measurement.details["methods"] == {"gpu0": "counter"}
+    assert measurement.components_joules["gpu0"] == pytest.approx(200.0 * 0.3, rel=0.05)
+    assert measurement.details["mig_parent_gpu"] == {"gpu0": A100}
+    [warning] = measurement.warnings
+    assert warning.startswith(f"gpu0: MIG device {MIG_A} has no energy reading of its own") and A100 in warning
+
+
+def test_two_mig_devices_on_one_gpu_count_its_energy_once(
+    sim_nvml: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sim_nvml(with_migs())
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"{MIG_B},MIG-{A100}/1/0,0")
+    devices = NvidiaAccelerator().visible_devices()
+    assert [d.details["uuid"] for d in devices] == [MIG_B, MIG_A, H200_A]
+    measurement = measure(devices, 0.3)
+    assert set(measurement.components_joules) == {"gpu0", "gpu2"}
+    assert measurement.energy_joules == pytest.approx((200.0 + 400.0) * 0.3, rel=0.05)
+    assert any(w.startswith("gpu1: MIG device") and "already measured as gpu0" in w for w in measurement.warnings)
+
+
+def test_an_unknown_mig_device_ends_the_list_as_cuda_does(
+    sim_nvml: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sim_nvml(with_migs())
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"1,MIG-{A100}/9/0,0")
+    assert [d.details["uuid"] for d in NvidiaAccelerator().visible_devices()] == [H200_B]

@@ -9,11 +9,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from core.plugin import SharedLibrarySession
 
-from .visibility import visible_nvml_indices
+from .visibility import MigDevice, names_mig_devices, visible_placements
 
 
 def import_pynvml() -> Any:
@@ -47,6 +48,9 @@ class NvmlGpu:
     architecture: int | None
     power_limit_watts: float | None
     has_energy_counter: bool
+    #: For a MIG device: ``uuid``, ``name`` and ``memory_bytes`` are the MIG device's (what CUDA places
+    #: work on); energy and power exist only for the whole GPU, whose UUID this is.
+    mig_parent_uuid: str | None = None
 
 
 def _optional(call: Callable[[], Any], pynvml: Any) -> Any:
@@ -68,32 +72,60 @@ def _volta_or_newer(pynvml: Any, architecture: int | None, major: int) -> bool:
     return major >= 7  # Volta is compute capability 7.0: the answer where the driver cannot name the architecture
 
 
-def describe(pynvml: Any, index: int) -> NvmlGpu:
+def describe(pynvml: Any, index: int, mig: MigDevice | None = None) -> NvmlGpu:
     handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+    placed = handle if mig is None else pynvml.nvmlDeviceGetHandleByUUID(mig.uuid)
     major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
     architecture = _optional(lambda: pynvml.nvmlDeviceGetArchitecture(handle), pynvml)
     limit_mw = _optional(lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(handle), pynvml)
     return NvmlGpu(
         nvml_index=index,
-        uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
-        name=_text(pynvml.nvmlDeviceGetName(handle)),
-        memory_bytes=int(pynvml.nvmlDeviceGetMemoryInfo(handle).total),
+        uuid=_text(pynvml.nvmlDeviceGetUUID(placed)),
+        name=_text(pynvml.nvmlDeviceGetName(placed)),
+        memory_bytes=int(pynvml.nvmlDeviceGetMemoryInfo(placed).total),
         compute_capability=f"{major}.{minor}",
         architecture=architecture,
         power_limit_watts=limit_mw / 1000.0 if limit_mw is not None else None,
         # The total-energy counter exists from Volta on (nvmlDeviceGetTotalEnergyConsumption docs).
         # Where it still fails (some virtualised GPUs), the meter falls back to sampled power.
         has_energy_counter=_volta_or_newer(pynvml, architecture, major),
+        mig_parent_uuid=None if mig is None else _text(pynvml.nvmlDeviceGetUUID(handle)),
     )
+
+
+def mig_devices(pynvml: Any, count: int) -> list[MigDevice]:
+    """Every MIG device of the node (NVML: nvmlDeviceGetMigMode, GetMaxMigDeviceCount,
+    GetMigDeviceHandleByIndex, which answers NotFound for an empty slot)."""
+    found: list[MigDevice] = []
+    for index in range(count):
+        gpu = pynvml.nvmlDeviceGetHandleByIndex(index)
+        mode = _optional(partial(pynvml.nvmlDeviceGetMigMode, gpu), pynvml)
+        if not mode or mode[0] != pynvml.NVML_DEVICE_MIG_ENABLE:
+            continue
+        for slot in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(gpu)):
+            try:
+                device = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, slot)
+            except pynvml.NVMLError_NotFound:
+                continue
+            found.append(
+                MigDevice(
+                    uuid=_text(pynvml.nvmlDeviceGetUUID(device)),
+                    parent_index=index,
+                    gpu_instance=pynvml.nvmlDeviceGetGpuInstanceId(device),
+                    compute_instance=pynvml.nvmlDeviceGetComputeInstanceId(device),
+                )
+            )
+    return found
 
 
 def visible_gpus() -> list[NvmlGpu]:
     """The GPUs this process sees, in CUDA's order, honouring CUDA_VISIBLE_DEVICES."""
+    variable = os.environ.get("CUDA_VISIBLE_DEVICES")
     with nvml_session() as pynvml:
         count = pynvml.nvmlDeviceGetCount()
         uuids = [_text(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))) for i in range(count)]
-        order = visible_nvml_indices(os.environ.get("CUDA_VISIBLE_DEVICES"), uuids)
-        return [describe(pynvml, index) for index in order]
+        migs = mig_devices(pynvml, count) if names_mig_devices(variable) else []
+        return [describe(pynvml, p.nvml_index, p.mig) for p in visible_placements(variable, uuids, migs)]
 
 
 def driver_versions() -> dict[str, str]:
