@@ -100,8 +100,8 @@ def compiler() -> str | None:
 
 @pytest.fixture(scope="session")
 def simnvml_libraries(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The simulated libnvidia-ml.so.1, compiled once per session: a current driver and one older
-    than R460 (no nvmlDeviceGetArchitecture)."""
+    """The simulated libnvidia-ml.so.1, compiled once per session: a current driver and one
+    old enough to lack nvmlDeviceGetArchitecture)."""
     cc = compiler()
     if cc is None:
         pytest.skip("no C compiler (cc, gcc or clang) to build the simulated libnvidia-ml.so.1")

@@ -92,7 +92,7 @@ def test_discovery_and_versions_through_the_real_binding(
 
 
 def test_an_older_driver_without_get_architecture_still_lists_the_gpus(sim_nvml: Callable[..., Any]) -> None:
-    """Before R460 nvmlDeviceGetArchitecture does not exist: pynvml raises NVMLError_FunctionNotFound,
+    """An older driver lacks nvmlDeviceGetArchitecture: pynvml raises NVMLError_FunctionNotFound,
     not NVMLError_NotSupported. The counter is then judged by compute capability (Volta = 7.0)."""
     pynvml = sim_nvml(node(driver="450.80.02", cuda_version=11000), driver="no-architecture")
     pynvml.nvmlInit()

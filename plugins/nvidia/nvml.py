@@ -57,8 +57,8 @@ def _optional(call: Callable[[], Any], pynvml: Any) -> Any:
     """The answer, or None where this device or driver has none.
 
     A query newer than the driver raises NVMLError_FunctionNotFound, not NotSupported (pynvml's
-    _nvmlGetFunctionPointer: the symbol is missing from libnvidia-ml.so.1); nvmlDeviceGetArchitecture
-    came with R460. Virtualised GPUs answer NoPermission for some queries (power limits).
+    _nvmlGetFunctionPointer: the symbol is missing from libnvidia-ml.so.1), as nvmlDeviceGetArchitecture
+    is from older drivers. Virtualised GPUs answer NoPermission for some queries (power limits).
     """
     try:
         return call()

@@ -13,8 +13,8 @@
  * Energy grows at the GPU's power from nvmlInit on (CLOCK_MONOTONIC); a MIG device has no power or
  * energy of its own (NOT_SUPPORTED), as on real A100/H100 MIG handles.
  *
- * Compiled with -DSIM_NO_ARCHITECTURE, nvmlDeviceGetArchitecture is not exported: a driver older
- * than R460, where pynvml raises NVMLError_FunctionNotFound.
+ * Compiled with -DSIM_NO_ARCHITECTURE, nvmlDeviceGetArchitecture is not exported: a driver
+ * old enough to lack it, where pynvml raises NVMLError_FunctionNotFound.
  */
 #include <stdint.h>
 #include <stdio.h>
