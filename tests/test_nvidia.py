@@ -138,7 +138,7 @@ def test_missing_instant_power_falls_back_to_the_average(fake_pynvml: Any) -> No
     assert measurement.details["power_reading"]["gpu0"].startswith("nvmlDeviceGetPowerUsage")
 
 
-def test_instant_power_is_preferred_and_an_old_nvidia_ml_py_falls_back(
+def test_instant_power_is_preferred_and_a_binding_without_the_field_falls_back(
     fake_pynvml: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     three_gpus(fake_pynvml)
@@ -149,7 +149,7 @@ def test_instant_power_is_preferred_and_an_old_nvidia_ml_py_falls_back(
         "gpu1": nvml.AVERAGED_POWER,
         "gpu2": "NVML_FI_DEV_POWER_INSTANT",
     }
-    monkeypatch.delattr(fake_pynvml, "NVML_FI_DEV_POWER_INSTANT")  # nvidia-ml-py before 12.535
+    monkeypatch.delattr(fake_pynvml, "NVML_FI_DEV_POWER_INSTANT")  # a binding without the field
     measurement = run_meter(fake_pynvml, 0.1)
     assert set(measurement.details["power_reading"].values()) == {nvml.AVERAGED_POWER}
     assert measurement.components_joules["gpu2"] == pytest.approx(150.0 * 0.1, rel=0.2)

@@ -42,6 +42,7 @@ class NvidiaAccelerator(TorchGpuAccelerator):
                     "compute_capability": gpu.compute_capability,
                     "power_limit_watts": gpu.power_limit_watts,
                     "energy_counter": gpu.has_energy_counter,
+                    **({"mig_parent_uuid": gpu.mig_parent_uuid} if gpu.mig_parent_uuid else {}),
                 },
             )
             for position, gpu in enumerate(nvml.visible_gpus())
@@ -93,6 +94,8 @@ class NvidiaAccelerator(TorchGpuAccelerator):
             return {"nvidia_driver": f"unknown ({type(exc).__name__}: {exc})"}
 
     def peak_flops_per_second(self, device: DeviceRecord, precision: Precision) -> tuple[float, str] | None:
+        if device.details.get("mig_parent_uuid"):
+            return None  # a MIG device has a fraction of the GPU's SMs; the datasheet peak is the whole GPU's
         entry = NVIDIA_PEAKS.entry_for(device.name)
         flops = NVIDIA_PEAKS.flops_per_second(device.name, precision)
         return (flops, entry.source) if entry is not None and flops is not None else None

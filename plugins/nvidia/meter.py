@@ -3,6 +3,9 @@
 One meter per node (the runner gives it to local rank 0 only) reads every GPU the run uses, found
 by UUID (NVML ignores CUDA_VISIBLE_DEVICES). Devices older than Volta have no counter; their
 energy is the integral of sampled power, and the result says so per device.
+
+A MIG device has no energy or power of its own: it is read as its whole parent GPU, once however
+many of the run's MIG devices share that GPU, and the result's warnings say so.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from core.plugin import (
     Availability,
     DeviceEnergyMeter,
     DeviceRecord,
+    EnergyMeasurement,
     EnergySource,
     PowerMeter,
     PowerMeterFactory,
@@ -30,13 +34,38 @@ class NvmlMeter(DeviceEnergyMeter):
         pynvml = self._session.__enter__()
         try:
             readings: dict[str, str] = {}
-            sources = [self._source(pynvml, device, readings) for device in devices]
+            sources: list[EnergySource] = []
+            source_of_gpu: dict[str, str] = {}  # parent GPU UUID -> the key its energy is under
+            self._mig_warnings: list[str] = []
+            mig_parents: dict[str, str] = {}
+            for device in devices:
+                key = f"gpu{device.index}"
+                parent = device.details.get("mig_parent_uuid")
+                gpu_uuid = parent or device.details["uuid"]
+                if parent:
+                    mig_parents[key] = parent
+                if gpu_uuid in source_of_gpu:
+                    self._mig_warnings.append(
+                        f"{key}: MIG device {device.details['uuid']} is on GPU {gpu_uuid}, already measured "
+                        f"as {source_of_gpu[gpu_uuid]}: its energy is counted there, once"
+                    )
+                    continue
+                source_of_gpu[gpu_uuid] = key
+                sources.append(self._source(pynvml, key, gpu_uuid, device.details.get("energy_counter"), readings))
+                if parent:
+                    self._mig_warnings.append(
+                        f"{key}: MIG device {device.details['uuid']} has no energy reading of its own; this is "
+                        f"the whole GPU {parent}, shared by every MIG instance on it (other jobs' work included)"
+                    )
+            details: dict[str, object] = {"power_reading": readings}
+            if mig_parents:
+                details["mig_parent_gpu"] = mig_parents
             super().__init__(
                 "nvml",
                 sources,
                 config.power_sample_interval_seconds,
                 sample_power=True,
-                details={"power_reading": readings},
+                details=details,
                 timeline_points=config.power_timeline_points,
             )
         except BaseException:
@@ -44,12 +73,17 @@ class NvmlMeter(DeviceEnergyMeter):
             raise
 
     @staticmethod
-    def _source(pynvml: Any, device: DeviceRecord, readings: dict[str, str]) -> EnergySource:
-        key = f"gpu{device.index}"
-        handle = pynvml.nvmlDeviceGetHandleByUUID(device.details["uuid"])
-        counter = (lambda: energy_counter_joules(pynvml, handle)) if device.details.get("energy_counter") else None
+    def _source(pynvml: Any, key: str, gpu_uuid: str, has_counter: Any, readings: dict[str, str]) -> EnergySource:
+        handle = pynvml.nvmlDeviceGetHandleByUUID(gpu_uuid)
+        counter = (lambda: energy_counter_joules(pynvml, handle)) if has_counter else None
         read_power, readings[key] = power_reader(pynvml, handle)
         return EnergySource(key=key, read_counter_joules=counter, read_power_watts=read_power)
+
+    def stop(self) -> EnergyMeasurement:
+        measurement = super().stop()
+        if self._mig_warnings:
+            measurement = measurement.model_copy(update={"warnings": [*measurement.warnings, *self._mig_warnings]})
+        return measurement
 
     def close(self) -> None:
         try:

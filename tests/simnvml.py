@@ -1,0 +1,151 @@
+"""The real pynvml (nvidia-ml-py) over a simulated native NVML: tests/native/simnvml.c.
+
+The C library is compiled here at test time (`cc -shared -fPIC`) and handed to pynvml as its
+`nvmlLib`. pynvml's `_LoadNvmlLibrary` loads the driver's library only while `nvmlLib` is None
+(`if (nvmlLib == None): ... nvmlLib = CDLL("libnvidia-ml.so.1")` on Linux, nvidia-ml-py 11.525 to
+13.615), and every call then goes through `_nvmlGetFunctionPointer(name)`, i.e.
+`getattr(nvmlLib, name)`, raising NVMLError_FunctionNotFound for a symbol the library lacks. So
+everything from the Python layer down to the C call is NVIDIA's; only the C library is ours.
+tests/test_nvidia_native.py also loads it the unpatched way, by LD_LIBRARY_PATH in a subprocess.
+
+The node is written to a file the library reads at nvmlInit ($SIM_NVML_NODE).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SOURCE = Path(__file__).parent / "native" / "simnvml.c"
+
+# NVML_DEVICE_ARCH_* values (nvml.h)
+PASCAL, VOLTA, AMPERE, HOPPER = 4, 5, 7, 9
+
+# how the simulated driver answers NVML_FI_DEV_POWER_INSTANT
+INSTANT_ABSENT, INSTANT_UINT, INSTANT_DOUBLE, INSTANT_FAILS_LATER = 0, 1, 2, 3
+
+
+@dataclass
+class SimMig:
+    uuid: str  # "MIG-<uuid>" as NVML R470+ reports it
+    gpu_instance: int
+    compute_instance: int
+    memory_bytes: int
+    name: str
+
+
+@dataclass
+class SimGpu:
+    uuid: str
+    name: str
+    compute_capability: tuple[int, int]
+    architecture: int
+    memory_bytes: int
+    power_watts: float
+    power_limit_watts: float
+    bus_id: str
+    energy_at_init_joules: float = 123_456.0
+    instant: int = INSTANT_UINT
+    migs: list[SimMig] = field(default_factory=list)
+
+
+def h200(uuid: str, power_watts: float, bus: int) -> SimGpu:
+    return SimGpu(uuid, "NVIDIA H200", (9, 0), HOPPER, 150_754_820_096, power_watts, 700.0, f"00000000:{bus:02X}:00.0")
+
+
+def a100(uuid: str, power_watts: float, bus: int) -> SimGpu:
+    return SimGpu(
+        uuid, "NVIDIA A100-SXM4-80GB", (8, 0), AMPERE, 85_899_345_920, power_watts, 400.0, f"00000000:{bus:02X}:00.0"
+    )
+
+
+def v100(uuid: str, power_watts: float, bus: int) -> SimGpu:
+    return SimGpu(
+        uuid, "Tesla V100-SXM2-16GB", (7, 0), VOLTA, 17_179_869_184, power_watts, 300.0, f"00000000:{bus:02X}:00.0"
+    )
+
+
+@dataclass
+class SimNode:
+    gpus: list[SimGpu]
+    driver: str = "535.104.05"
+    cuda_version: int = 12020
+
+    def text(self) -> str:
+        lines = [f"driver {self.driver} {self.cuda_version}"]
+        for g in self.gpus:
+            lines.append(
+                f"gpu {g.uuid} {g.compute_capability[0]} {g.compute_capability[1]} {g.architecture} "
+                f"{g.memory_bytes} {round(g.power_watts * 1000)} {round(g.power_limit_watts * 1000)} "
+                f"{round(g.energy_at_init_joules * 1000)} {g.instant} {g.bus_id} {g.name}"
+            )
+        for index, g in enumerate(self.gpus):
+            lines += [
+                f"mig {index} {m.uuid} {m.gpu_instance} {m.compute_instance} {m.memory_bytes} {m.name}" for m in g.migs
+            ]
+        return "\n".join(lines) + "\n"
+
+
+def compiler() -> str | None:
+    return shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+
+
+@pytest.fixture(scope="session")
+def simnvml_libraries(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The simulated libnvidia-ml.so.1, compiled once per session: a current driver and one
+    old enough to lack nvmlDeviceGetArchitecture)."""
+    cc = compiler()
+    if cc is None:
+        pytest.skip("no C compiler (cc, gcc or clang) to build the simulated libnvidia-ml.so.1")
+    pytest.importorskip("pynvml", reason="nvidia-ml-py is not installed (pip install -e '.[dev]')")
+    built: dict[str, Path] = {}
+    for variant, flags in (("current", []), ("no-architecture", ["-DSIM_NO_ARCHITECTURE"])):
+        folder = tmp_path_factory.mktemp(f"simnvml-{variant}")
+        library = folder / "libnvidia-ml.so.1"
+        subprocess.run([cc, "-shared", "-fPIC", "-O1", *flags, "-o", str(library), str(SOURCE)], check=True)
+        built[variant] = library
+    return built
+
+
+def _reset(pynvml: Any, library: Any) -> None:
+    pynvml.nvmlLib = library
+    pynvml._nvmlGetFunctionPointer_cache.clear()
+    pynvml._nvmlLib_refcount = 0
+
+
+@pytest.fixture
+def sim_nvml(
+    simnvml_libraries: dict[str, Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> Iterator[Callable[..., Any]]:
+    """``install(node, driver="current"|"no-architecture")`` -> the real pynvml module over that node.
+
+    The fake pynvml of tests/fakes is removed from sys.modules first, so `import pynvml` anywhere
+    (the plugin's import_pynvml) gets nvidia-ml-py's.
+    """
+    for name in [n for n in sys.modules if n == "pynvml"]:
+        monkeypatch.delitem(sys.modules, name)
+    import pynvml
+
+    if "fakes" in str(getattr(pynvml, "__file__", "")):
+        pytest.fail("the fake pynvml shadows nvidia-ml-py's")
+
+    def install(node: SimNode, driver: str = "current") -> Any:
+        node_file = tmp_path / "node.txt"
+        node_file.write_text(node.text())
+        monkeypatch.setenv("SIM_NVML_NODE", str(node_file))
+        # Two builds share one process; ctypes keeps each loaded under its own path.
+        library = ctypes.CDLL(str(simnvml_libraries[driver]))
+        library.simnvml_reset()
+        _reset(pynvml, library)
+        return pynvml
+
+    yield install
+    _reset(pynvml, None)
