@@ -104,7 +104,60 @@ def _pipelined_and_halved(
     return stage_plan
 
 
-class PopTorchExecutor(Executor):
+class _PopTorchExecutorBase(Executor):
+    """What the PopTorch training and inference executors share: the placement's options and
+    pipeline, the host call's batch, one compilation timed inside the first step, and host-side
+    timing (a PopTorch call returns once the IPUs finished and the outputs reached the host)."""
+
+    def __init__(
+        self,
+        spec: TorchTrainingSpec,
+        placement: IpuPlacement,
+        settings: OptionSettings,
+        *,
+        poptorch: Any,
+        popdist: Any,
+        split_points: Sequence[str],
+        details: dict[str, Any],
+    ) -> None:
+        self._poptorch = poptorch
+        self._placement = placement
+        self.updates_per_step = placement.device_iterations
+        self._details: dict[str, Any] = {"framework": "torch", "runtime": "poptorch", **details, **placement.summary()}
+        self._user_model = spec.model
+        self.stage_plan = _pipelined_and_halved(poptorch, spec.model, placement, settings, split_points)
+        if self.stage_plan is not None:
+            self._details.update(self.stage_plan.summary())
+        self.options = build_options(poptorch, placement, settings, popdist)
+        self._details["poptorch_options"] = options_summary(self.options)
+        self._inputs, self._targets = host_call_batch(poptorch, self.options, spec, placement, settings)
+        self._details["host_call_samples"] = int(self._inputs.shape[0])
+        self._compiled = False
+
+    def _compile_once(self, compile_model: Any) -> None:
+        """The first call compiles (Poplar): timed apart, inside the run's first step."""
+        if self._compiled:
+            return
+        started = time.perf_counter()
+        compile_model()
+        self._details["compile_seconds"] = time.perf_counter() - started
+        self._compiled = True
+
+    def synchronize(self) -> None:
+        # A PopTorch call returns after the device finished and its outputs reached the host.
+        pass
+
+    def step_clock(self) -> StepClock:
+        return HostStepClock()
+
+    def details(self) -> dict[str, Any]:
+        return dict(self._details)
+
+    def framework_version(self) -> str:
+        return f"{torch.__version__} (poptorch {getattr(self._poptorch, '__version__', 'unknown')})"
+
+
+class PopTorchExecutor(_PopTorchExecutorBase):
     def __init__(
         self,
         spec: TorchTrainingSpec,
@@ -117,50 +170,25 @@ class PopTorchExecutor(Executor):
         split_points: Sequence[str] = (),
         details: dict[str, Any] | None = None,
     ) -> None:
-        self._poptorch = poptorch
-        self._placement = placement
-        self.updates_per_step = placement.device_iterations
-        self._details: dict[str, Any] = {
-            "framework": "torch",
-            "runtime": "poptorch",
-            **(details or {}),
-            **placement.summary(),
-        }
-
-        model = spec.model
-        self.stage_plan = _pipelined_and_halved(poptorch, model, placement, settings, split_points)
-        if self.stage_plan is not None:
-            self._details.update(self.stage_plan.summary())
-        self._user_model = model
-        wrapped = ModelWithLoss(model, spec.loss_fn, poptorch.identity_loss)
+        super().__init__(
+            spec,
+            placement,
+            settings,
+            poptorch=poptorch,
+            popdist=popdist,
+            split_points=split_points,
+            details=details or {},
+        )
+        wrapped = ModelWithLoss(self._user_model, spec.loss_fn, poptorch.identity_loss)
         wrapped.train()
-        optimizer = spec.make_optimizer(model.parameters())
-
-        self.options = build_options(poptorch, placement, settings, popdist)
-        self._details["poptorch_options"] = options_summary(self.options)
-
-        self._inputs, self._targets = host_call_batch(poptorch, self.options, spec, placement, settings)
-        self._details["host_call_samples"] = int(self._inputs.shape[0])
-
+        optimizer = spec.make_optimizer(self._user_model.parameters())
         self.training_model = poptorch.trainingModel(wrapped, self.options, optimizer=optimizer)
-        self._compiled = False
         self._last_loss: torch.Tensor | None = None
 
     def step(self) -> None:
-        if not self._compiled:
-            started = time.perf_counter()
-            self.training_model.compile(self._inputs, self._targets)
-            self._details["compile_seconds"] = time.perf_counter() - started
-            self._compiled = True
+        self._compile_once(lambda: self.training_model.compile(self._inputs, self._targets))
         # Returns once the IPUs have run device_iterations updates and the final loss is on the host.
         self._last_loss = self.training_model(self._inputs, self._targets)
-
-    def synchronize(self) -> None:
-        # A PopTorch call returns after the device finished and its outputs reached the host.
-        pass
-
-    def step_clock(self) -> StepClock:
-        return HostStepClock()
 
     def check_finite(self) -> None:
         loss = self._last_loss
@@ -169,12 +197,6 @@ class PopTorchExecutor(Executor):
         values = [float(v) for v in torch.as_tensor(loss).float().reshape(-1)]
         if not all(math.isfinite(v) for v in values):
             raise NonFiniteLossError(f"loss is {values} (not finite)")
-
-    def details(self) -> dict[str, Any]:
-        return dict(self._details)
-
-    def framework_version(self) -> str:
-        return f"{torch.__version__} (poptorch {getattr(self._poptorch, '__version__', 'unknown')})"
 
     def model_state(self) -> dict[str, torch.Tensor]:
         """The trained weights on the host (tests compare them across placements)."""
@@ -187,7 +209,7 @@ class PopTorchExecutor(Executor):
         self.training_model.destroy()
 
 
-class PopTorchInferenceExecutor(Executor):
+class PopTorchInferenceExecutor(_PopTorchExecutorBase):
     """Inference on IPUs: ``poptorch.inferenceModel`` over the same placement (replicas, device
     iterations, pipelining; gradient accumulation is 1). One ``step()`` is one host call: each
     replica runs ``device_iterations`` forward passes, and every output comes back to the host
@@ -206,58 +228,31 @@ class PopTorchInferenceExecutor(Executor):
         split_points: Sequence[str] = (),
         details: dict[str, Any] | None = None,
     ) -> None:
-        self._poptorch = poptorch
-        self.updates_per_step = placement.device_iterations
-        self._details: dict[str, Any] = {
-            "framework": "torch",
-            "runtime": "poptorch",
-            "mode": "inference",
-            **(details or {}),
-            **placement.summary(),
-        }
-        model = spec.model
-        self.stage_plan = _pipelined_and_halved(poptorch, model, placement, settings, split_points)
-        if self.stage_plan is not None:
-            self._details.update(self.stage_plan.summary())
+        super().__init__(
+            spec,
+            placement,
+            settings,
+            poptorch=poptorch,
+            popdist=popdist,
+            split_points=split_points,
+            details={"mode": "inference", **(details or {})},
+        )
         # Before wrapping: inferenceModel wraps a shallow copy, whose own training flag a later
         # eval() would not reach (graphcore/poptorch python/__init__.py, inferenceModel's note).
-        model.eval()
-        self._user_model = model
-        self.options = build_options(poptorch, placement, settings, popdist)
-        self._details["poptorch_options"] = options_summary(self.options)
-        self._inputs, _ = host_call_batch(poptorch, self.options, spec, placement, settings)
-        self._details["host_call_samples"] = int(self._inputs.shape[0])
-        self.inference_model = poptorch.inferenceModel(model, self.options)
-        self._compiled = False
+        self._user_model.eval()
+        self.inference_model = poptorch.inferenceModel(self._user_model, self.options)
         self._last_outputs: torch.Tensor | None = None
 
     def step(self) -> None:
-        if not self._compiled:
-            started = time.perf_counter()
-            self.inference_model.compile(self._inputs)
-            self._details["compile_seconds"] = time.perf_counter() - started
-            self._compiled = True
+        self._compile_once(lambda: self.inference_model.compile(self._inputs))
         # Returns once the IPUs have run and every output is on the host.
         self._last_outputs = self.inference_model(self._inputs)
-
-    def synchronize(self) -> None:
-        # A PopTorch call returns after the device finished and its outputs reached the host.
-        pass
-
-    def step_clock(self) -> StepClock:
-        return HostStepClock()
 
     def check_finite(self) -> None:
         # The outputs are on the host already: checking the last call's costs no device sync.
         outputs = self._last_outputs
         if outputs is not None and outputs.is_floating_point() and not bool(torch.isfinite(outputs).all()):
             raise NonFiniteLossError("a model output was NaN/inf in the last host call")
-
-    def details(self) -> dict[str, Any]:
-        return dict(self._details)
-
-    def framework_version(self) -> str:
-        return f"{torch.__version__} (poptorch {getattr(self._poptorch, '__version__', 'unknown')})"
 
     def close(self) -> None:
         self.inference_model.destroy()
