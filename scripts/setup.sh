@@ -37,7 +37,7 @@ pip_install setuptools wheel
 extras=""
 if [ "$#" -gt 0 ]; then extras="[$(IFS=,; echo "$*")]"; fi
 pip_install --no-build-isolation -e ".${extras}"
-# The amdsmi Python layers the AMD tests run on (pure Python, unpacked, not installed); best effort:
-# without them those tests skip, saying so.
-case ",$*," in *,dev,*) PYTHON="$(cd "$VENV" && pwd)/bin/python" scripts/fetch-amdsmi.sh \
-    || echo "setup: amdsmi wheels not fetched; tests/test_amdsmi_binding.py will skip" >&2 ;; esac
+# The releases of amdsmi and nvidia-ml-py the binding tests run on (pure Python, unpacked, not
+# installed); best effort: without them those tests skip, saying so.
+case ",$*," in *,dev,*) PYTHON="$(cd "$VENV" && pwd)/bin/python" scripts/fetch-bindings.sh \
+    || echo "setup: binding releases not fetched; their tests will skip" >&2 ;; esac

@@ -1,5 +1,5 @@
 """A simulated libamd_smi.so under the *real* amdsmi Python package (its ``amdsmi_interface.py`` and
-``amdsmi_wrapper.py``, from the wheels unpacked by scripts/fetch-amdsmi.sh).
+``amdsmi_wrapper.py``, from the wheels unpacked by scripts/fetch-bindings.sh).
 
 ``amdsmi_wrapper`` loads the library with ``ctypes.CDLL`` and takes every C function from it as an
 attribute, setting ``restype``/``argtypes`` (amdsmi_wrapper.py, ``_libraries['libamd_smi.so']``).
@@ -40,9 +40,10 @@ from typing import Any
 
 import pytest
 
-VERSIONS_DIR = Path(__file__).resolve().parent.parent / ".amdsmi-versions"
+VERSIONS_DIR = Path(__file__).resolve().parent.parent / ".bindings" / "amdsmi"
 VERSIONS = ("6.0.2", "6.2.4", "6.3.0", "7.0.2")
 SUCCESS, NOT_SUPPORTED = 0, 2
+DRIVER_NOT_LOADED = 34  # AMDSMI_STATUS_DRIVER_NOT_LOADED (amdsmi.h; amdsmi_wrapper.py 6.0.2 to 7.0.2)
 UINT32_MAX, UINT64_MAX = 0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF
 RESOLUTION_UJ = 15.3
 XGMI_WEIGHT = 15  # KFD_CRAT_XGMI_WEIGHT, kfd_crat.h
@@ -59,6 +60,17 @@ class SimGcd:
     compute_units: int = 110
     market_name: str = "AMD Instinct MI250X / MI250"
     accumulator: int = 0
+    # The SMU's EnergyAccumulator: 64 bits on MI200/MI300, 32 on MI100 (kernel arcturus_ppt.c,
+    # aldebaran_ppt.c); it wraps at its width.
+    counter_bits: int = 64
+    # A broken counter accumulates this multiple of the true energy: 0 is the frozen counter of
+    # ROCm/amdsmi issue #38.
+    counter_scale: float = 1.0
+    # MI300 fills current_socket_power; MI200 leaves it "not available" (amd_smi.cc's
+    # amdsmi_get_power_info reads it only where the SMU metrics table has it).
+    current_power: bool = False
+    # C function name -> the amdsmi_status_t it returns for this GCD.
+    failing: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -71,6 +83,7 @@ class SimNode:
     now_ns: int = 1_700_000_000_000_000_000
     calls: list[str] = field(default_factory=list)
     initialized: int = 0
+    init_status: int = 0  # what amdsmi_init returns, e.g. DRIVER_NOT_LOADED
 
     def package_of(self, index: int) -> tuple[int, int]:
         return next(p for p in self.packages if index in p)
@@ -80,7 +93,8 @@ class SimNode:
         for package in self.packages:
             watts = sum(self.gcds[i].draw_watts for i in package)
             primary = next(self.gcds[i] for i in package if self.gcds[i].primary)
-            primary.accumulator += round(watts * seconds * 1e6 / RESOLUTION_UJ)
+            ticks = round(watts * seconds * 1e6 / RESOLUTION_UJ * primary.counter_scale)
+            primary.accumulator = (primary.accumulator + ticks) % (1 << primary.counter_bits)
 
     def package_watts(self, index: int) -> int:
         gcd = self.gcds[index]
@@ -104,6 +118,37 @@ def mi250x_node(**kwargs: Any) -> SimNode:
     kwargs.setdefault("bandwidth_mbs", lambda a, b: 0)
     kwargs.setdefault("hops", hops)
     return SimNode(gcds, packages, **kwargs)
+
+
+def mi100_node(accumulator: int = 0, draw_watts: float = 290.0) -> SimNode:
+    """One MI100 (Arcturus): its own package, a 32-bit energy counter."""
+    gcd = SimGcd(
+        "0000:03:00.0",
+        0x100,
+        kfd_node=1,
+        draw_watts=draw_watts,
+        device_id=0x738C,
+        compute_units=120,
+        market_name="AMD Instinct MI100",
+        accumulator=accumulator,
+        counter_bits=32,
+    )
+    return SimNode([gcd], [(0,)], bandwidth_mbs=lambda a, b: 0, hops=lambda a, b: 0)
+
+
+def mi300x_node(draw_watts: float = 700.0) -> SimNode:
+    """One MI300X in SPX mode: one processor, its own package, current_socket_power filled."""
+    gcd = SimGcd(
+        "0000:05:00.0",
+        0x300,
+        kfd_node=2,
+        draw_watts=draw_watts,
+        device_id=0x74A1,
+        compute_units=304,
+        market_name="MI300X-O",
+        current_power=True,
+    )
+    return SimNode([gcd], [(0,)], bandwidth_mbs=lambda a, b: 0, hops=lambda a, b: 0)
 
 
 def _out(pointer: Any) -> Any:
@@ -153,7 +198,12 @@ class NativeLibrary:
         return int(handle.value if hasattr(handle, "value") else handle) - 0x1000
 
     # --- the functions the plugin reaches -------------------------------------------------------
+    def _failing(self, handle: Any, name: str) -> int:
+        return self.node.gcds[self._gcd(handle)].failing.get(name, SUCCESS)
+
     def _c_amdsmi_init(self, flags: Any) -> int:
+        if self.node.init_status != SUCCESS:
+            return self.node.init_status
         self.node.initialized += 1
         return SUCCESS
 
@@ -222,17 +272,22 @@ class NativeLibrary:
         return SUCCESS
 
     def _c_amdsmi_get_energy_count(self, handle: Any, accumulator: Any, resolution: Any, timestamp: Any) -> int:
+        if status := self._failing(handle, "amdsmi_get_energy_count"):
+            return status
         _out(accumulator).value = self.node.gcds[self._gcd(handle)].accumulator
         _out(resolution).value = RESOLUTION_UJ
         _out(timestamp).value = self.node.now_ns
         return SUCCESS
 
     def _c_amdsmi_get_power_info(self, handle: Any, out: Any, *_: Any) -> int:
-        # MI200 reports the average only; the current field is "not available".
+        # MI200 reports the average only; the current field is "not available". MI300 has both.
+        if status := self._failing(handle, "amdsmi_get_power_info"):
+            return status
+        watts = self.node.package_watts(self._gcd(handle))
         _set(
             _out(out),
-            socket_power=self.node.package_watts(self._gcd(handle)),
-            current_socket_power=self.node.not_available,
+            socket_power=watts,
+            current_socket_power=watts if self.node.gcds[self._gcd(handle)].current_power else self.node.not_available,
             average_socket_power=self.node.package_watts(self._gcd(handle)),
             gfx_voltage=self.node.not_available,
             soc_voltage=self.node.not_available,
@@ -260,12 +315,18 @@ def forget_amdsmi() -> None:
         del sys.modules[name]
 
 
+def unpacked(version: str) -> Path:
+    """The folder holding amdsmi ``version``'s Python package; skips the test where it is not there."""
+    package = VERSIONS_DIR / version
+    if not (package / "amdsmi" / "amdsmi_interface.py").is_file():
+        pytest.skip(f"amdsmi {version} is not unpacked under {VERSIONS_DIR} (run scripts/fetch-bindings.sh)")
+    return package
+
+
 @contextmanager
 def real_amdsmi(version: str, node: SimNode, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Any]:
     """The real amdsmi ``version`` imported as ``amdsmi``, over ``node``'s simulated library."""
-    package = VERSIONS_DIR / version
-    if not (package / "amdsmi" / "amdsmi_interface.py").is_file():
-        pytest.skip(f"amdsmi {version} is not unpacked under {VERSIONS_DIR} (run scripts/fetch-amdsmi.sh)")
+    package = unpacked(version)
     library = NativeLibrary(node)
     real_cdll = ctypes.CDLL
 

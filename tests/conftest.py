@@ -13,7 +13,7 @@ import pytest
 from graphcore_support import fake_sdk, fake_tf_ipu  # noqa: F401 - fixtures registered here
 
 # The real pynvml over a simulated libnvidia-ml.so.1, built from C at test time.
-from simnvml import sim_nvml, simnvml_libraries  # noqa: F401 - fixtures registered here
+from simnvml import pynvml_folder, sim_nvml, simnvml_libraries  # noqa: F401 - fixtures registered here
 
 FAKES = Path(__file__).parent / "fakes"
 

@@ -9,11 +9,17 @@ everything from the Python layer down to the C call is NVIDIA's; only the C libr
 tests/test_nvidia_native.py also loads it the unpatched way, by LD_LIBRARY_PATH in a subprocess.
 
 The node is written to a file the library reads at nvmlInit ($SIM_NVML_NODE).
+
+Every test runs on each nvidia-ml-py release at hand: the one installed (the dev extra's pin, the
+newest) and those scripts/fetch-bindings.sh unpacked under .bindings/nvidia-ml-py/<version>/ (the
+oldest release the `nvidia` extra allows, and one from the 12 series); a release that is not
+unpacked is skipped, saying so.
 """
 
 from __future__ import annotations
 
 import ctypes
+import importlib.metadata
 import shutil
 import subprocess
 import sys
@@ -25,6 +31,9 @@ from typing import Any
 import pytest
 
 SOURCE = Path(__file__).parent / "native" / "simnvml.c"
+UNPACKED = Path(__file__).resolve().parent.parent / ".bindings" / "nvidia-ml-py"
+# The releases scripts/fetch-bindings.sh unpacks; "installed" is the one pip installed.
+RELEASES = ("installed", "11.525.150", "12.535.77")
 
 # NVML_DEVICE_ARCH_* values (nvml.h)
 PASCAL, VOLTA, AMPERE, HOPPER = 4, 5, 7, 9
@@ -121,21 +130,42 @@ def _reset(pynvml: Any, library: Any) -> None:
     pynvml._nvmlLib_refcount = 0
 
 
+@pytest.fixture(params=RELEASES)
+def pynvml_folder(request: pytest.FixtureRequest) -> Path | None:
+    """The folder holding the nvidia-ml-py release under test, or None for the installed one."""
+    release = str(request.param)
+    if release == "installed":
+        return None
+    folder = UNPACKED / release
+    if not (folder / ".complete").is_file():
+        pytest.skip(f"nvidia-ml-py {release} is not unpacked under {UNPACKED} (run scripts/fetch-bindings.sh)")
+    return folder
+
+
+def installed_pynvml_file() -> Path:
+    return Path(str(importlib.metadata.distribution("nvidia-ml-py").locate_file("pynvml.py")))
+
+
 @pytest.fixture
 def sim_nvml(
-    simnvml_libraries: dict[str, Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    simnvml_libraries: dict[str, Path],
+    pynvml_folder: Path | None,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
 ) -> Iterator[Callable[..., Any]]:
     """``install(node, driver="current"|"no-architecture")`` -> the real pynvml module over that node.
 
-    The fake pynvml of tests/fakes is removed from sys.modules first, so `import pynvml` anywhere
-    (the plugin's import_pynvml) gets nvidia-ml-py's.
+    The fake pynvml of tests/fakes (or another release) is removed from sys.modules first, so
+    `import pynvml` anywhere (the plugin's import_pynvml) gets the release under test.
     """
-    for name in [n for n in sys.modules if n == "pynvml"]:
-        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.delitem(sys.modules, "pynvml", raising=False)
+    if pynvml_folder is not None:
+        monkeypatch.syspath_prepend(str(pynvml_folder))
     import pynvml
 
-    if "fakes" in str(getattr(pynvml, "__file__", "")):
-        pytest.fail("the fake pynvml shadows nvidia-ml-py's")
+    expected = pynvml_folder / "pynvml.py" if pynvml_folder else installed_pynvml_file()
+    if Path(pynvml.__file__ or "").resolve() != expected.resolve():
+        pytest.fail(f"pynvml came from {pynvml.__file__}, not from the release under test ({expected})")
 
     def install(node: SimNode, driver: str = "current") -> Any:
         node_file = tmp_path / "node.txt"
@@ -149,3 +179,5 @@ def sim_nvml(
 
     yield install
     _reset(pynvml, None)
+    # The next test may want another release under the same name.
+    sys.modules.pop("pynvml", None)

@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,6 @@ import pytest
 
 import core.workloads
 from core import ConfigError, DeviceRecord, Framework, Precision, ProcessContext, RunConfig, hookimpl, make_config, run
-from core.energy.meter import UnavailableMeter
 from core.executors.base import Executor
 from core.running.planning import plan_run
 from core.testing import SimulatedExecutor, registered_plugins, run_context
@@ -180,35 +178,6 @@ def test_sibling_pairs_need_a_unique_mutual_strongest_link(fake_amdsmi: Any, pro
     assert refused.value.field == "accelerator_options.mode" and "XGMI" in str(refused.value)
 
 
-@pytest.mark.parametrize(
-    "version,source",
-    [
-        ((7, 0, 2), "amdsmi_get_gpu_enumeration_info hip_id"),
-        ((6, 4, 0), "amdsmi_get_gpu_enumeration_info hip_id"),
-        ((6, 3, 0), "amdsmi_get_gpu_kfd_info node_id"),
-        ((6, 2, 4), "KFD topology"),
-    ],
-)
-def test_hip_order_on_every_amdsmi_version(
-    fake_amdsmi: Any, probe: SdkProbe, tmp_path: Path, version: tuple[int, int, int], source: str
-) -> None:
-    node = node_with_draw(fake_amdsmi, version=version)
-    topology = tmp_path / "nodes"
-    for number, bdf in [(0, None), (2, BDF_A0), (3, BDF_B0), (4, BDF_A1), (5, BDF_B1)]:
-        (topology / str(number)).mkdir(parents=True)
-        if bdf is None:  # the CPU node: no SIMDs
-            (topology / str(number) / "properties").write_text("cpu_cores_count 64\nsimd_count 0\n")
-            continue
-        bus, device = int(bdf[5:7], 16), int(bdf[8:10], 16)
-        (topology / str(number) / "properties").write_text(
-            f"cpu_cores_count 0\nsimd_count 440\nlocation_id {(bus << 8) | (device << 3)}\ndomain 0\n"
-        )
-    amd = AmdAccelerator(probe=probe, environment={}, kfd_topology=topology)
-    assert [d.details["bdf"] for d in amd.visible_devices()] == [BDF_A0, BDF_B0, BDF_A1, BDF_B1]
-    assert amd.node().hip_order.startswith(source)
-    assert fake_amdsmi.__version__ == ".".join(map(str, version)) and node.version == version
-
-
 def test_without_any_hip_order_source_the_guess_is_labelled(fake_amdsmi: Any, probe: SdkProbe, tmp_path: Path) -> None:
     node_with_draw(fake_amdsmi, version=(6, 2, 4))
     amd = AmdAccelerator(probe=probe, environment={}, kfd_topology=tmp_path / "absent")
@@ -355,219 +324,7 @@ def test_both_gcds_of_a_package_are_counted_once(fake_amdsmi: Any, probe: SdkPro
     assert measurement.details["shared_packages"] == {}
 
 
-@pytest.mark.parametrize("version", [(6, 2, 4), (6, 3, 0), (7, 0, 2)])
-def test_accumulator_key_of_every_version(fake_amdsmi: Any, probe: SdkProbe, version: tuple[int, int, int]) -> None:
-    node = node_with_draw(fake_amdsmi, version=version)  # 'power' until 6.2, both in 6.3, then 'energy_accumulator'
-    keys = _reading_keys(fake_amdsmi)
-    assert ("power" in keys) == (version < (6, 4, 0)) and ("energy_accumulator" in keys) == (version >= (6, 3, 0))
-    meter = open_meter(fake_amdsmi, probe, accelerator(probe).visible_devices()[:1])
-    try:
-        meter.start()
-        gcd(node, BDF_A0).accumulator += 65_359
-        measurement = meter.stop()
-    finally:
-        meter.close()
-    assert measurement.components_joules["package-0"] == pytest.approx(65_359 * RES / 1e6)
-
-
-def _reading_keys(amdsmi: Any) -> set[str]:
-    amdsmi.amdsmi_init()
-    try:
-        return set(amdsmi.amdsmi_get_energy_count(amdsmi.amdsmi_get_processor_handles()[0]))
-    finally:
-        amdsmi.amdsmi_shut_down()
-
-
-def test_a_64_bit_counter_wrap_is_undone(fake_amdsmi: Any, probe: SdkProbe) -> None:
-    node = node_with_draw(fake_amdsmi)
-    primary = gcd(node, BDF_A0)
-    primary.accumulator = (1 << 64) - 10_000_000
-    meter = open_meter(fake_amdsmi, probe, accelerator(probe).visible_devices()[:1])
-    try:
-        meter.start()
-        start = primary.accumulator
-        primary.accumulator = 500  # passed 2**64 and restarted
-        measurement = meter.stop()
-    finally:
-        meter.close()
-    expected = ((1 << 64) - start + 500) * RES / 1e6
-    assert measurement.components_joules["package-0"] == pytest.approx(expected, rel=1e-9)
-    assert measurement.details["counter_wraps"] == {"package-0": 1}
-
-
-def mi100_node(amdsmi: Any, accumulator: int) -> Any:
-    node = amdsmi.fake.FakeNode(
-        gcds=[
-            amdsmi.fake.FakeGcd(
-                "0000:03:00.0",
-                kfd_node=1,
-                unique_id=0x100,
-                market_name="AMD Instinct MI100",
-                device_id=0x738C,
-                compute_units=120,
-                gfx="gfx908",
-                counter_bits=32,
-                accumulator=accumulator,
-                draw_watts=290.0,
-            )
-        ]
-    )
-    return amdsmi.fake.install(node)
-
-
-def test_a_32_bit_counter_is_polled_so_no_wrap_is_missed(fake_amdsmi: Any, probe: SdkProbe) -> None:
-    node = mi100_node(fake_amdsmi, 0)
-    counter = node.gcds[0]
-    meter = open_meter(fake_amdsmi, probe, accelerator(probe).visible_devices())
-    try:
-        counter.accumulator = (1 << 32) - 2_000
-        meter.start()
-        assert meter.poll_seconds == 10.0  # MI100's SMU counter is 32 bits wide: polled in the window
-        for value in (1_000_000_000, 3_000_000_000, 4_000_000_000, 500):  # wraps at the first and the last
-            counter.accumulator = value
-            meter.poll()
-        measurement = meter.stop()
-    finally:
-        meter.close()
-    assert measurement.details["counter_wraps"] == {"package-0": 2}
-    assert measurement.energy_joules == pytest.approx((2_000 + (1 << 32) + 500) * RES / 1e6, rel=1e-9)
-    assert measurement.energy_joules > 65_000  # more than the counter's whole range: reads at start and stop alone
-    # would have seen one wrap and 2500 ticks
-
-
-def test_a_counter_stepping_back_is_an_error_not_a_wrap(fake_amdsmi: Any, probe: SdkProbe) -> None:
-    node = node_with_draw(fake_amdsmi)
-    gcd(node, BDF_A0).accumulator = 4_750_896_266
-    meter = open_meter(fake_amdsmi, probe, accelerator(probe).visible_devices()[:1])
-    try:
-        meter.start()
-        gcd(node, BDF_A0).accumulator -= 13_952_475  # as in amdsmi issue #115: ~213 J back
-        measurement = meter.stop()
-    finally:
-        meter.close()
-    # The counter's figure is refused; the window's sampled power stands in, and the result says why.
-    assert measurement.method == "sampled" and measurement.details["methods"] == {"package-0": "sampled"}
-    assert "not a wrap" in measurement.details["counter_errors"]["package-0"]
-
-
-def test_counter_off_by_more_than_10x_is_replaced_by_sampling(fake_amdsmi: Any, probe: SdkProbe) -> None:
-    node = node_with_draw(fake_amdsmi)
-    gcd(node, BDF_A0).counter_scale = 40.0  # package A's counter runs 40x fast
-    meter = open_meter(fake_amdsmi, probe, accelerator(probe).visible_devices())
-    try:
-        meter.start()
-        time.sleep(0.05)
-        gcd(node, BDF_B0).accumulator += 1_000_000
-        measurement = meter.stop()
-    finally:
-        meter.close()
-    assert measurement.unavailable_reason is None and measurement.method == "mixed"
-    assert measurement.details["methods"] == {"package-0": "sampled", "package-1": "counter"}
-    assert "rejected" in measurement.details["counters_not_used"]["package-0"]
-    assert measurement.details["packages"]["package-0"]["ratio"] == pytest.approx(40.0, rel=1e-3)
-    window = measurement.details["sampled_joules"]["package-0"] / 450.0  # A draws 250 + 200 W
-    assert 0.04 < window < 1.0
-    assert measurement.components_joules["package-1"] == pytest.approx(1_000_000 * RES / 1e6)
-
-
-def test_frozen_or_unreadable_counters_fall_back_to_sampling(fake_amdsmi: Any, probe: SdkProbe) -> None:
-    node = node_with_draw(fake_amdsmi)
-    gcd(node, BDF_A0).counter_scale = 0.0  # frozen (amdsmi issue #38)
-    gcd(node, BDF_B0).failing["amdsmi_get_energy_count"] = fake_amdsmi.amdsmi_wrapper.AMDSMI_STATUS_NOT_SUPPORTED
-    meter = open_meter(fake_amdsmi, probe, accelerator(probe).visible_devices())
-    try:
-        meter.start()
-        measurement = meter.stop()
-    finally:
-        meter.close()
-    off = measurement.details["counters_not_used"]
-    assert "ratio 0" in off["package-0"]
-    assert "AMDSMI_STATUS_NOT_SUPPORTED" in off["package-1"]
-    assert measurement.method == "sampled" and measurement.energy_joules is not None
-
-
-def test_power_reading_na_is_no_reading(fake_amdsmi: Any, probe: SdkProbe) -> None:
-    node = node_with_draw(fake_amdsmi)
-    fake_amdsmi.amdsmi_init()
-    try:
-        handles = fake_amdsmi.amdsmi_get_processor_handles()
-        assert fake_amdsmi.amdsmi_get_power_info(handles[0])["current_socket_power"] == "N/A"
-        assert smi.power_watts(fake_amdsmi, handles[0], "current_socket_power") is None
-        assert smi.power_watts(fake_amdsmi, handles[0], "average_socket_power") == 450.0  # the package
-        assert smi.power_watts(fake_amdsmi, handles[1], "average_socket_power") == 0.0  # its secondary
-        node.version = (6, 0, 2)  # 6.0 returned the raw 0xFFFF
-        assert fake_amdsmi.amdsmi_get_power_info(handles[0])["current_socket_power"] == 0xFFFF
-        assert smi.power_watts(fake_amdsmi, handles[0], "current_socket_power") is None
-    finally:
-        fake_amdsmi.amdsmi_shut_down()
-    node.version = (7, 0, 2)
-    gcd(node, BDF_A0).counter_scale = 0.0  # frozen: rejected at validation, so power is sampled...
-    meter = open_meter(fake_amdsmi, probe, accelerator(probe).visible_devices()[:1])
-    gcd(node, BDF_A0).power_na = True  # ...and then reads "N/A"
-    try:
-        meter.start()
-        measurement = meter.stop()
-    finally:
-        meter.close()
-    assert measurement.energy_joules is None and "no complete power trace" in (measurement.unavailable_reason or "")
-    assert "package-0" in measurement.details["counters_not_used"]
-
-
-def test_mi300x_reports_current_power_and_is_its_own_package(fake_amdsmi: Any, probe: SdkProbe) -> None:
-    node = fake_amdsmi.fake.install(
-        fake_amdsmi.fake.FakeNode(
-            gcds=[
-                fake_amdsmi.fake.FakeGcd(
-                    "0000:05:00.0",
-                    kfd_node=2,
-                    unique_id=0x300,
-                    market_name="MI300X-O",
-                    device_id=0x74A1,
-                    compute_units=304,
-                    gfx="gfx942",
-                    vram_bytes=205_822_885_888,
-                    current_power_supported=True,
-                    draw_watts=700.0,
-                )
-            ]
-        )
-    )
-    device = accelerator(probe).visible_devices()[0]
-    assert device.details["package"] == "package-0" and device.name == "MI300X-O"
-    meter = open_meter(fake_amdsmi, probe, [device])
-    try:
-        meter.start()
-        node.gcds[0].accumulator += 100
-        measurement = meter.stop()
-    finally:
-        meter.close()
-    assert measurement.details["packages"]["package-0"]["gcds"]["0000:05:00.0"]["power_field"] == "current_socket_power"
-    assert peak_flops(device.name, Precision.bf16) == pytest.approx(1307.4e12)
-
-
 # --- unavailable ---------------------------------------------------------------------------------
-
-
-def test_missing_libamd_smi_gives_a_clear_reason(
-    fake_amdsmi: Any,
-    probe: SdkProbe,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    for name in [n for n in sys.modules if n == "amdsmi" or n.startswith("amdsmi.")]:
-        monkeypatch.delitem(sys.modules, name)
-    monkeypatch.setenv("ROCM_PATH", str(tmp_path / "no-rocm"))
-    assert AmdsmiMeterFactory(probe).availability().available  # cheap: it imports nothing
-    meter = AmdsmiMeterFactory(probe).meter_for([], run_context(config()))
-    assert isinstance(meter, UnavailableMeter)
-    assert "cannot load ROCm's libamd_smi.so" in meter.reason and "ROCM_PATH" in meter.reason
-    assert "Unable to find libamd_smi.so" in meter.reason  # what the module printed, kept as the reason
-    with pytest.raises(ConfigError) as refused:
-        accelerator(probe).max_replicas(config())
-    assert "libamd_smi.so" in refused.value.allowed
-    assert capsys.readouterr().out == ""  # nothing leaks onto stdout (it may carry --json output)
-    assert "amdsmi" not in sys.modules
 
 
 def test_amdsmi_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -575,14 +332,6 @@ def test_amdsmi_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(smi.AmdsmiUnavailable) as missing:
         smi.import_amdsmi()
     assert "pip install 'core[amd]'" in str(missing.value)
-
-
-def test_driver_not_loaded(fake_amdsmi: Any, probe: SdkProbe) -> None:
-    node = node_with_draw(fake_amdsmi)
-    node.init_status = fake_amdsmi.amdsmi_wrapper.AMDSMI_STATUS_DRIVER_NOT_LOADED
-    meter = AmdsmiMeterFactory(probe).meter_for([], run_context(config()))
-    assert isinstance(meter, UnavailableMeter)
-    assert "amdsmi_init failed" in meter.reason and "AMDSMI_STATUS_DRIVER_NOT_LOADED" in meter.reason
 
 
 def test_core_plugins_lists_amd_unavailable_with_the_reason() -> None:

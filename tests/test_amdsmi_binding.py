@@ -3,13 +3,30 @@ libamd_smi.so simulated at the ctypes layer (tests/amdsmi_native.py)."""
 
 from __future__ import annotations
 
+import ctypes
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from amdsmi_native import UINT32_MAX, VERSIONS, SimNode, mi250x_node, real_amdsmi
+from amdsmi_native import (
+    DRIVER_NOT_LOADED,
+    NOT_SUPPORTED,
+    RESOLUTION_UJ,
+    UINT32_MAX,
+    VERSIONS,
+    SimNode,
+    forget_amdsmi,
+    mi100_node,
+    mi250x_node,
+    mi300x_node,
+    real_amdsmi,
+    unpacked,
+)
 
-from core import RunConfig, make_config
+from core import ConfigError, RunConfig, make_config
+from core.energy.meter import UnavailableMeter
 from core.testing import run_context
 from core_plugins.amd import smi
 from core_plugins.amd.accelerator import AmdAccelerator
@@ -88,6 +105,15 @@ def linked(a: int, b: int) -> int:
     return 4 * 50_000 if a // 2 == b // 2 else 50_000
 
 
+# Where each release's HIP order comes from: the newest call it has, else the KFD topology files.
+HIP_ORDER_SOURCE = {
+    "6.0.2": "KFD topology",
+    "6.2.4": "KFD topology",
+    "6.3.0": "amdsmi_get_gpu_kfd_info node_id",
+    "7.0.2": "amdsmi_get_gpu_enumeration_info hip_id",
+}
+
+
 @pytest.mark.parametrize("version", VERSIONS)
 def test_discovery_through_the_real_binding(
     version: str, probe: SdkProbe, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
@@ -96,7 +122,9 @@ def test_discovery_through_the_real_binding(
     with real_amdsmi(version, node, monkeypatch, tmp_path):
         amd = AmdAccelerator(probe=probe, environment={}, kfd_topology=kfd_topology(tmp_path, node))
         devices = amd.visible_devices()
+        hip_order = amd.node().hip_order
     assert [d.details["bdf"] for d in devices] == [A0, B0, A1, B1]  # HIP (KFD) order
+    assert hip_order.startswith(HIP_ORDER_SOURCE[version])
     assert [d.details["package"] for d in devices] == ["package-0", "package-1", "package-0", "package-1"]
     assert {d.name for d in devices} == {"AMD Instinct MI250X"} or version in ("6.0.2", "6.2.4")
     assert node.initialized == 0
@@ -157,3 +185,190 @@ def test_no_package_when_neither_bandwidth_nor_weight_tells(
         amd = AmdAccelerator(probe=probe, environment={}, kfd_topology=kfd_topology(tmp_path, node))
         error = amd.node().package_error
     assert error is not None and "amdsmi_topo_get_link_weight" in error
+
+
+# --- the counter's faults, through the real binding ----------------------------------------------
+
+RES = ctypes.c_float(RESOLUTION_UJ).value  # the C float amdsmi hands back for 15.3 uJ
+
+
+def open_meter(node: SimNode, probe: SdkProbe, topology: Path, first: int | None = None) -> AmdsmiMeter:
+    """A meter over the node's GCDs in HIP order (the first ``first`` of them), validated in simulated time."""
+    clock = Clock(node)
+    devices = AmdAccelerator(probe=probe, environment={}, kfd_topology=topology).visible_devices()[:first]
+    meter = AmdsmiMeterFactory(probe, clock=clock, sleep=clock.sleep, kfd_topology=topology).meter_for(
+        devices, run_context(config())
+    )
+    assert isinstance(meter, AmdsmiMeter), getattr(meter, "reason", meter)
+    return meter
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_64_bit_counter_wrap_is_undone(
+    version: str, probe: SdkProbe, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    node = mi250x_node(bandwidth_mbs=linked)
+    node.gcds[0].accumulator = (1 << 64) - 10_000_000  # 153 J below the top: the window's 450 J pass it
+    with real_amdsmi(version, node, monkeypatch, tmp_path):
+        meter = open_meter(node, probe, kfd_topology(tmp_path, node), first=1)
+        try:
+            meter.start()
+            start = node.gcds[0].accumulator
+            node.advance(1.0)
+            assert node.gcds[0].accumulator < start  # it did pass 2**64
+            measurement = meter.stop()
+        finally:
+            meter.close()
+    assert measurement.details["counter_wraps"] == {"package-0": 1}
+    assert measurement.components_joules["package-0"] == pytest.approx(450.0, rel=1e-6)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_32_bit_counter_is_polled_so_no_wrap_is_missed(
+    version: str, probe: SdkProbe, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    node = mi100_node()  # MI100: 2**32 ticks are 65.7 kJ, 227 s at 290 W
+    with real_amdsmi(version, node, monkeypatch, tmp_path):
+        meter = open_meter(node, probe, kfd_topology(tmp_path, node))
+        try:
+            node.gcds[0].accumulator = (1 << 32) - 2_000  # the window starts just below the top
+            meter.start()
+            assert meter.poll_seconds == 10.0
+            for _ in range(4):  # 400 s, 116 kJ: more than the counter's range, read every 100 s
+                node.advance(100.0)
+                meter.poll()
+            measurement = meter.stop()
+        finally:
+            meter.close()
+    assert measurement.details["counter_wraps"] == {"package-0": 2}
+    # Start and stop alone would have seen 2**32 ticks fewer: one wrap, ~50 kJ.
+    assert measurement.energy_joules == pytest.approx(290.0 * 400.0, rel=1e-6)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_counter_stepping_back_is_an_error_not_a_wrap(
+    version: str, probe: SdkProbe, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    node = mi250x_node(bandwidth_mbs=linked)
+    node.gcds[0].accumulator = 4_750_896_266
+    with real_amdsmi(version, node, monkeypatch, tmp_path):
+        meter = open_meter(node, probe, kfd_topology(tmp_path, node), first=1)
+        try:
+            meter.start()
+            node.gcds[0].accumulator -= 13_952_475  # as in ROCm/amdsmi issue #115: ~213 J back
+            measurement = meter.stop()
+        finally:
+            meter.close()
+    # The counter's figure is refused; the window's sampled power stands in, and the result says why.
+    assert measurement.method == "sampled" and measurement.details["methods"] == {"package-0": "sampled"}
+    assert "not a wrap" in measurement.details["counter_errors"]["package-0"]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_counter_off_by_more_than_10x_is_replaced_by_sampling(
+    version: str, probe: SdkProbe, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    node = mi250x_node(bandwidth_mbs=linked)
+    node.gcds[0].counter_scale = 40.0  # package A's counter runs 40x fast
+    with real_amdsmi(version, node, monkeypatch, tmp_path):
+        meter = open_meter(node, probe, kfd_topology(tmp_path, node))
+        try:
+            meter.start()
+            time.sleep(0.05)
+            node.advance(1.0)
+            measurement = meter.stop()
+        finally:
+            meter.close()
+    assert measurement.unavailable_reason is None and measurement.method == "mixed"
+    assert measurement.details["methods"] == {"package-0": "sampled", "package-1": "counter"}
+    assert "rejected" in measurement.details["counters_not_used"]["package-0"]
+    assert measurement.details["packages"]["package-0"]["ratio"] == pytest.approx(40.0, rel=1e-3)
+    window = measurement.details["sampled_joules"]["package-0"] / 450.0  # A draws 250 + 200 W
+    assert 0.04 < window < 5.0
+    assert measurement.components_joules["package-1"] == pytest.approx(450.0, rel=1e-6)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_frozen_or_unreadable_counters_fall_back_to_sampling(
+    version: str, probe: SdkProbe, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    node = mi250x_node(bandwidth_mbs=linked)
+    node.gcds[0].counter_scale = 0.0  # frozen (ROCm/amdsmi issue #38)
+    node.gcds[2].failing["amdsmi_get_energy_count"] = NOT_SUPPORTED
+    with real_amdsmi(version, node, monkeypatch, tmp_path):
+        meter = open_meter(node, probe, kfd_topology(tmp_path, node))
+        try:
+            meter.start()
+            measurement = meter.stop()
+        finally:
+            meter.close()
+    off = measurement.details["counters_not_used"]
+    assert "ratio 0" in off["package-0"]
+    assert "AMDSMI_STATUS_NOT_SUPPORTED" in off["package-1"]  # the real exception's text
+    assert measurement.method == "sampled" and measurement.energy_joules is not None
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_power_that_is_not_available_either_leaves_no_energy(
+    version: str, probe: SdkProbe, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    node = mi250x_node(bandwidth_mbs=linked)
+    node.gcds[0].counter_scale = 0.0  # frozen: rejected at validation, so power is sampled...
+    with real_amdsmi(version, node, monkeypatch, tmp_path):
+        meter = open_meter(node, probe, kfd_topology(tmp_path, node), first=1)
+        node.gcds[0].failing["amdsmi_get_power_info"] = NOT_SUPPORTED  # ...and then cannot be read
+        try:
+            meter.start()
+            measurement = meter.stop()
+        finally:
+            meter.close()
+    assert measurement.energy_joules is None and "no complete power trace" in (measurement.unavailable_reason or "")
+    assert "package-0" in measurement.details["counters_not_used"]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_mi300x_reports_current_power_and_is_its_own_package(
+    version: str, probe: SdkProbe, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    node = mi300x_node()
+    with real_amdsmi(version, node, monkeypatch, tmp_path) as amdsmi:
+        topology = kfd_topology(tmp_path, node)
+        (device,) = AmdAccelerator(probe=probe, environment={}, kfd_topology=topology).visible_devices()
+        measurement = measure_one_second(amdsmi, node, probe, topology)
+    assert device.details["package"] == "package-0"
+    assert measurement.components_joules["package-0"] == pytest.approx(700.0, rel=1e-6)
+    assert measurement.details["packages"]["package-0"]["gcds"]["0000:05:00.0"]["power_field"] == "current_socket_power"
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_driver_not_loaded(version: str, probe: SdkProbe, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    node = mi250x_node(init_status=DRIVER_NOT_LOADED)
+    with real_amdsmi(version, node, monkeypatch, tmp_path):
+        meter = AmdsmiMeterFactory(probe).meter_for([], run_context(config()))
+    assert isinstance(meter, UnavailableMeter)
+    assert "amdsmi_init failed" in meter.reason and "AMDSMI_STATUS_DRIVER_NOT_LOADED" in meter.reason
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_missing_libamd_smi_gives_a_clear_reason(
+    version: str,
+    probe: SdkProbe,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The real package without ROCm: it prints the loader's error and raises KeyError at import."""
+    package = unpacked(version)
+    monkeypatch.setenv("ROCM_PATH", str(tmp_path / "no-rocm"))
+    monkeypatch.syspath_prepend(str(package))
+    forget_amdsmi()
+    assert AmdsmiMeterFactory(probe).availability().available  # cheap: it imports nothing
+    meter = AmdsmiMeterFactory(probe).meter_for([], run_context(config()))
+    assert isinstance(meter, UnavailableMeter)
+    assert "cannot load ROCm's libamd_smi.so" in meter.reason and "ROCM_PATH" in meter.reason
+    assert "Unable to find" in meter.reason  # what the module printed, kept as the reason
+    with pytest.raises(ConfigError) as refused:
+        AmdAccelerator(probe=probe, environment={}).max_replicas(config())
+    assert "libamd_smi.so" in refused.value.allowed
+    assert capsys.readouterr().out == ""  # nothing leaks onto stdout (it may carry --json output)
+    assert "amdsmi" not in sys.modules

@@ -15,7 +15,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from simnvml import INSTANT_ABSENT, INSTANT_DOUBLE, INSTANT_FAILS_LATER, SimMig, SimNode, a100, h200, v100
+from simnvml import (
+    INSTANT_ABSENT,
+    INSTANT_DOUBLE,
+    INSTANT_FAILS_LATER,
+    SimMig,
+    SimNode,
+    a100,
+    h200,
+    installed_pynvml_file,
+    v100,
+)
 
 from core import make_config
 from core.testing import run_context
@@ -58,13 +68,13 @@ def measure(devices: list[Any], window_seconds: float) -> Any:
 
 
 def test_pynvml_loads_the_simulated_library_by_its_own_loader(
-    simnvml_libraries: dict[str, Path], tmp_path: Path
+    simnvml_libraries: dict[str, Path], pynvml_folder: Path | None, tmp_path: Path
 ) -> None:
     """No patching: pynvml's _LoadNvmlLibrary does CDLL("libnvidia-ml.so.1"), found on LD_LIBRARY_PATH."""
     node_file = tmp_path / "node.txt"
     node_file.write_text(node().text())
     script = (
-        "import pynvml; pynvml.nvmlInit(); h = pynvml.nvmlDeviceGetHandleByIndex(3);"
+        "import pynvml; print(pynvml.__file__); pynvml.nvmlInit(); h = pynvml.nvmlDeviceGetHandleByIndex(3);"
         "print(pynvml.nvmlDeviceGetCount(), pynvml.nvmlDeviceGetName(h), pynvml.nvmlDeviceGetPciInfo(h).busId,"
         "pynvml.nvmlSystemGetDriverVersion()); pynvml.nvmlShutdown()"
     )
@@ -73,10 +83,17 @@ def test_pynvml_loads_the_simulated_library_by_its_own_loader(
         "LD_LIBRARY_PATH": str(simnvml_libraries["current"].parent),
         "SIM_NVML_NODE": str(node_file),
     }
+    if pynvml_folder is not None:
+        environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pynvml_folder), os.environ.get("PYTHONPATH")]))
     done = subprocess.run(
         [sys.executable, "-c", script], env=environment, capture_output=True, text=True, check=True, timeout=60
     )
-    assert done.stdout.split() == ["4", "Tesla", "V100-SXM2-16GB", "00000000:5D:00.0", "535.104.05"]
+    module_file, *printed = done.stdout.split()
+    assert (
+        Path(module_file).resolve()
+        == (pynvml_folder / "pynvml.py" if pynvml_folder else installed_pynvml_file()).resolve()
+    )
+    assert printed == ["4", "Tesla", "V100-SXM2-16GB", "00000000:5D:00.0", "535.104.05"]
 
 
 def test_discovery_and_versions_through_the_real_binding(

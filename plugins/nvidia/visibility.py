@@ -3,6 +3,13 @@
 NVML lists every GPU of the node and ignores CUDA_VISIBLE_DEVICES, so the mapping is done here,
 following the CUDA runtime's rules: entries are indices, (prefixes of) UUIDs or MIG identifiers,
 and the list ends at the first entry that matches no device.
+
+Sources for the forms: the CUDA C++ Programming Guide, "CUDA Environment Variables"
+(CUDA_VISIBLE_DEVICES: indices, UUIDs as nvidia-smi prints them, abbreviated prefixes, the list
+cut at the first invalid entry, and "MIG support: MIG-<GPU-UUID>/<GPU instance ID>/<compute
+instance ID>"); NVIDIA's MIG User Guide, "CUDA Device Enumeration" (a MIG device is named by the
+UUID nvidia-smi -L prints); and NVIDIA/gpu-operator's MIG docs, whose R450-era `nvidia-smi -L`
+prints "MIG-GPU-<uuid>/7/0" where R470 and newer drivers print "MIG-<uuid>".
 """
 
 from __future__ import annotations
