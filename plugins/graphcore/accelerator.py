@@ -16,7 +16,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -85,8 +85,44 @@ class GraphcoreOptions(BaseModel):
     )
     pipeline_splits: str = Field(
         default="",
-        description="comma-separated layer names where pipeline stages 2.. begin; "
-        "default: the workload's split points, else balanced by parameter count",
+        description="comma-separated module paths where pipeline stages 2.. begin (for PopTorch, names of "
+        "model.named_modules(); for TensorFlow, layer names); default: the workload's split points, else "
+        "balanced by parameter count",
+    )
+    layers_per_ipu: str = Field(
+        default="",
+        description="for workloads of repeated layers (BERT, GPT): how many of them each IPU of a replica holds, "
+        "comma-separated as Graphcore's examples spell it, e.g. 0,4,4,4 (the embeddings go with IPU 0)",
+    )
+    # --- memory and numerics, as Graphcore's examples expose them ---------------------------------
+    available_memory_proportion: float | None = Field(
+        default=None,
+        gt=0.0,
+        le=1.0,
+        description="fraction of each IPU's tile memory matmuls and convolutions may use for temporaries "
+        "(poptorch Options.setAvailableMemoryProportion; TF availableMemoryProportion); None: Poplar's default",
+    )
+    partials_type: Literal["float", "half"] | None = Field(
+        default=None,
+        description="type of matmul/convolution partial sums; None: float for fp32, float for fp16 "
+        "(Graphcore's 16.32 mixed precision); half trades accuracy for memory and speed",
+    )
+    recomputation: bool = Field(
+        default=False,
+        description="recompute activations in the backward pass instead of keeping them (pipelined: from "
+        "each stage's start; saves memory, costs compute)",
+    )
+    loss_scaling: float | None = Field(
+        default=None,
+        gt=0.0,
+        description="static loss scale for fp16 training; None: automatic loss scaling",
+    )
+    batch_norm_span: int = Field(
+        default=1,
+        ge=1,
+        le=1 << 12,
+        description="replicas over which batch-norm statistics are gathered (the ACES paper's BN_span); "
+        "1: each replica its own",
     )
 
 
