@@ -24,6 +24,7 @@ from core.contract.gpu import ALL_PRECISIONS, TorchGpuAccelerator
 from core.contract.hookspecs import hookimpl
 from core.contract.launcher import Launcher
 from core.contract.peaks import TERA, PeakEntry, PeakTable
+from core.contract.pipeline import PipelineLayout, RecommendedSplit
 from core.contract.sdk import SharedLibrarySession
 from core.contract.workload import KerasTrainingSpec, TorchTrainingSpec, Workload, parse_plugin_options
 from core.data import SYNTHETIC_SOURCES
@@ -115,6 +116,8 @@ __all__ = [
     "TorchrunLauncher",
     # workloads
     "Workload",
+    "PipelineLayout",
+    "RecommendedSplit",
     "TorchTrainingSpec",
     "KerasTrainingSpec",
     # observing runs (core_run_started, core_result_ready)

@@ -318,7 +318,7 @@ def test_bad_split_points_are_refused_in_setup_before_compiling(fake_sdk: Any) -
         accelerator_options={"pipeline_splits": "nope"},
     )
     assert result.status.phase == "setup" and result.status.error_type == "ConfigError"
-    assert "not a layer of the model" in (result.status.message or "")
+    assert "not a module of the model" in (result.status.message or "")
 
 
 # --- the rules match the (fake) compiler's ------------------------------------------------------------

@@ -15,6 +15,7 @@ from typing import TypeVar
 from pydantic import BaseModel
 
 from core.config import RunConfig
+from core.contract.pipeline import PipelineLayout
 from core.machines.profile import MachineProfile
 from core.running.distributed import ProcessContext
 
@@ -34,6 +35,9 @@ class RunContext:
     machine: MachineProfile | None = None
     #: what planning wants the user to know without refusing the run (shown by a dry run, kept in the result)
     warnings: list[str] = field(default_factory=list)
+    #: where the workload's model may be cut into pipeline stages; planning asks the workload only
+    #: for a replica over several devices (``devices_per_replica > 1``), else None
+    pipeline_layout: PipelineLayout | None = None
 
     def warn(self, message: str) -> None:
         if message not in self.warnings:

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from core.config import Framework, config_errors
+from core.contract.pipeline import PipelineLayout
 
 
 class NoOptions(BaseModel):
@@ -199,6 +200,12 @@ class Workload(ABC):
         except (RuntimeError, NotImplementedError, TypeError):
             model = self.build_torch(options, 0).model
         return {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+
+    def pipeline_layout(self, options: BaseModel) -> PipelineLayout | None:
+        """Where the PyTorch model may be cut into pipeline stages (a replica over several
+        devices): its repeated blocks by module path, and split points known to balance. None, the
+        default: the accelerator falls back to its own rule (Graphcore: the outermost layers)."""
+        return None
 
     def details(self, options: BaseModel) -> dict[str, Any]:
         """What the result records about the model: source, version, hyper-parameters."""

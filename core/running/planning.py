@@ -19,6 +19,7 @@ from core.contract.context import (
 )
 from core.contract.launcher import Launcher
 from core.contract.manager import PluginManager
+from core.contract.pipeline import PipelineLayout
 from core.contract.workload import FRAMEWORK_LIBRARIES, Workload, module_installed
 from core.data import validate_data
 from core.energy.meter import PowerMeterFactory
@@ -39,10 +40,19 @@ class RunPlan:
     launcher: Launcher | None = None  # starts the run's processes; None: it runs in this process
     machine: MachineProfile | None = None  # planned for this machine, not this host (a dry run)
     warnings: tuple[str, ...] = ()  # planning's warnings (a dry run shows them; a run keeps them)
+    #: the workload's pipeline blocks, asked for when a replica spans several devices
+    pipeline_layout: PipelineLayout | None = None
 
     def context(self, process: ProcessContext) -> RunContext:
         """What the plugins are handed in ``process``: the configuration and the parsed options."""
-        return RunContext(self.config, self.workload_options, self.accelerator_options, process, machine=self.machine)
+        return RunContext(
+            self.config,
+            self.workload_options,
+            self.accelerator_options,
+            process,
+            machine=self.machine,
+            pipeline_layout=self.pipeline_layout,
+        )
 
     @property
     def launches_processes(self) -> bool:
@@ -111,8 +121,12 @@ def plan_run(
     _check_placement_limits(manager, accelerator_obj, config, machine)
     if config.nodes > 1:
         _check_nodes(accelerator_obj, config, machine)
+    layout = None
+    if config.devices_per_replica > 1 and framework is Framework.torch:
+        with guard(workload_obj, f"{type(workload_obj).__name__}.pipeline_layout()"):
+            layout = workload_obj.pipeline_layout(workload_options)
     plan = RunPlan(config, workload_obj, workload_options, accelerator_obj, accelerator_options, None, None)
-    plan = dataclasses.replace(plan, machine=machine)
+    plan = dataclasses.replace(plan, machine=machine, pipeline_layout=layout)
     context = plan.context(SINGLE_PROCESS)
     context.warnings.extend(warnings)
     for message in old_form_warnings(accelerator_obj, ACCELERATOR_OLD_FORMS):

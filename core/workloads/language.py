@@ -13,10 +13,18 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, Field
 
 from core.config import Framework
+from core.contract.pipeline import RecommendedSplit
 from core.contract.workload import TorchTrainingSpec
 from core.workloads.counting import Tally
 from core.workloads.datasets import TOKEN_DATASETS, TokenDatasetName
-from core.workloads.zoo import Source, ZooOptions, ZooWorkload, seeded, transformers_source
+from core.workloads.zoo import (
+    Source,
+    ZooOptions,
+    ZooWorkload,
+    layers_per_stage_recommendation,
+    seeded,
+    transformers_source,
+)
 
 ADAMW_LEARNING_RATE = 1e-4
 IGNORE_INDEX = -100
@@ -161,6 +169,18 @@ class Gpt2(LanguageWorkload):
     vocabulary: ClassVar[int] = GPT2_VOCABULARY
     sources: ClassVar[dict[Framework, Source]] = {Framework.torch: transformers_source("GPT2LMHeadModel")}
     frameworks: ClassVar[tuple[Framework, ...]] = tuple(sources)
+    pipeline_blocks: ClassVar[str | None] = r"\.transformer\.h\.\d+$"
+    pipeline_unit: ClassVar[str] = "decoder layer"
+    pipeline_repeated_layers: ClassVar[bool] = True
+
+    def recommended_pipeline_splits(self, options: Any, blocks: tuple[str, ...]) -> dict[int, RecommendedSplit]:
+        # Graphcore's GPT-2 small on four IPUs (the vendor benchmark CARAML's 117M GPT runs): the
+        # embeddings alone on the first IPU, four layers on each of the others.
+        return layers_per_stage_recommendation(
+            blocks,
+            (0, 4, 4, 4),
+            "graphcore/examples nlp/gpt2/pytorch/run/pretraining_small.sh (--layers-per-ipu 0 4 4 4)",
+        )
 
     def tally(self, o: Any, framework: Framework) -> Tally:
         hidden, _, _, _ = self.dimensions(o)
@@ -230,6 +250,9 @@ class GptCaraml800m(LanguageWorkload):
     default_micro_batch_size: ClassVar[int] = 4
     sources: ClassVar[dict[Framework, Source]] = {Framework.torch: transformers_source("GPTNeoXForCausalLM")}
     frameworks: ClassVar[tuple[Framework, ...]] = tuple(sources)
+    pipeline_blocks: ClassVar[str | None] = r"\.gpt_neox\.layers\.\d+$"
+    pipeline_unit: ClassVar[str] = "decoder layer"
+    pipeline_repeated_layers: ClassVar[bool] = True
 
     def positions(self, o: LanguageOptions) -> int:
         return 0  # rotary: no position table
@@ -316,6 +339,9 @@ class BertFamily(LanguageWorkload):
     vocabulary: ClassVar[int] = BERT_VOCABULARY
     full: ClassVar[tuple[int, int, int, int]] = (768, 12, 12, 3072)
     context: ClassVar[int] = 512
+    pipeline_blocks: ClassVar[str | None] = r"\.bert\.encoder\.layer\.\d+$"
+    pipeline_unit: ClassVar[str] = "encoder layer"
+    pipeline_repeated_layers: ClassVar[bool] = True
 
     def positions(self, o: LanguageOptions) -> int:
         return max(self.tokens_per_sample(o), self.context)
@@ -429,6 +455,14 @@ class BertBaseSquad(BertFamily):
     default_micro_batch_size: ClassVar[int] = 16
     sources: ClassVar[dict[Framework, Source]] = {Framework.torch: transformers_source("BertForQuestionAnswering")}
     frameworks: ClassVar[tuple[Framework, ...]] = tuple(sources)
+
+    def recommended_pipeline_splits(self, options: Any, blocks: tuple[str, ...]) -> dict[int, RecommendedSplit]:
+        # Graphcore's SQuAD fine-tuning of BERT-base on four IPUs per replica (ACES Table 2's run).
+        return layers_per_stage_recommendation(
+            blocks,
+            (0, 4, 4, 4),
+            "graphcore/examples nlp/bert/pytorch/configs_squad.yml (squad_base_384: layers_per_ipu 0,4,4,4)",
+        )
 
     def tally(self, o: Any, framework: Framework) -> Tally:
         hidden, _, _, _ = self.dimensions(o)

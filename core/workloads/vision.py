@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, Field
 
 from core.config import Framework
+from core.contract.pipeline import RecommendedSplit
 from core.contract.workload import KerasTrainingSpec, TorchTrainingSpec
 from core.workloads.counting import Tally, conv_output
 from core.workloads.datasets import IMAGE_DATASETS, ImageDatasetName
@@ -231,6 +232,9 @@ class ResNet(VisionWorkload):
     options_model: ClassVar[type[BaseModel]] = ResNetOptions
     prefers_channels_last: ClassVar[bool] = True
     widths: ClassVar[tuple[int, ...]] = (256, 512, 1024, 2048)
+    pipeline_unit: ClassVar[str] = "bottleneck block"
+    # transformers' ResNet (v1, v1.5) and core's pre-activation network (v2)
+    pipeline_blocks: ClassVar[str | None] = r"(\.encoder\.stages\.\d+\.layers\.\d+|^blocks\.\d+)$"
     # 64 px leaves the last stage 2x2: batch norm over a tiny batch at 1x1 makes gradients explode.
     small_image_size: ClassVar[int] = 64
 
@@ -614,6 +618,28 @@ class EfficientNet(VisionWorkload):
     dropout_rate: ClassVar[float]
     keras_application: ClassVar[str]
     prefers_channels_last: ClassVar[bool] = True
+    pipeline_blocks: ClassVar[str | None] = r"\.encoder\.blocks\.\d+$"
+    pipeline_unit: ClassVar[str] = "MBConv block"
+    #: Graphcore's pipeline splits, as (stage, block within the stage) in timm's numbering of the
+    #: seven stages (graphcore/examples vision/cnns/pytorch/train/configs.yml), by stage count
+    graphcore_splits: ClassVar[dict[int, tuple[tuple[int, int], ...]]] = {}
+
+    def recommended_pipeline_splits(self, options: Any, blocks: tuple[str, ...]) -> dict[int, RecommendedSplit]:
+        # transformers numbers the blocks flat; timm per stage: stage s begins after the blocks of
+        # the stages before it, each of ceil(depth x repeats) blocks (the same rounding in both).
+        repeats = [math.ceil(self.depth_coefficient * r) for _, r, _, _, _, _ in _EFFICIENTNET_BLOCKS]
+        if sum(repeats) != len(blocks):
+            return {}
+        starts = [sum(repeats[:stage]) for stage in range(len(repeats))]
+        return {
+            len(splits) + 1: RecommendedSplit(
+                tuple(blocks[starts[stage] + block] for stage, block in splits),
+                "graphcore/examples vision/cnns/pytorch/train/configs.yml (pipeline_splits "
+                + ", ".join(f"blocks/{stage}/{block}" for stage, block in splits)
+                + ")",
+            )
+            for splits in self.graphcore_splits.values()
+        }
 
     def round_filters(self, channels: int) -> int:
         return _make_divisible(channels * self.width_coefficient)
@@ -697,6 +723,7 @@ class EfficientNetB0(EfficientNet):
     depth_coefficient: ClassVar[float] = 1.0
     dropout_rate: ClassVar[float] = 0.2
     keras_application: ClassVar[str] = "EfficientNetB0"
+    graphcore_splits: ClassVar[dict[int, tuple[tuple[int, int], ...]]] = {2: ((3, 0),)}  # efficientnet-b0-g16-gn-pod16
     sources: ClassVar[dict[Framework, Source]] = {
         Framework.torch: transformers_source("EfficientNetForImageClassification"),
         Framework.tensorflow: keras_source("EfficientNetB0"),
@@ -714,6 +741,8 @@ class EfficientNetB4(EfficientNet):
     dropout_rate: ClassVar[float] = 0.4
     imagenet_image_size: ClassVar[int] = 380
     keras_application: ClassVar[str] = "EfficientNetB4"
+    # efficientnet-b4-g16-gn-pod16, ACES Table 2's 4 IPUs per replica
+    graphcore_splits: ClassVar[dict[int, tuple[tuple[int, int], ...]]] = {4: ((1, 1), (3, 0), (4, 5))}
     sources: ClassVar[dict[Framework, Source]] = {
         Framework.torch: transformers_source("EfficientNetForImageClassification"),
         Framework.tensorflow: keras_source("EfficientNetB4"),

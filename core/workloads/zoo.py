@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import re
 from abc import abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from core.config import Framework
+from core.contract.pipeline import PipelineLayout, RecommendedSplit
 from core.contract.workload import Workload, module_installed
 from core.errors import ConfigError, CoreError
 from core.workloads.counting import Tally
@@ -131,6 +133,36 @@ class ZooWorkload(Workload):
         meta device to count its parameters and FLOPs."""
         raise NotImplementedError(f"workload {self.name!r} has no PyTorch implementation")
 
+    #: the blocks a pipeline stage may begin at: a regular expression matched (``re.search``) against
+    #: the module paths of ``torch_model``'s ``named_modules()``; None: no pipeline layout
+    pipeline_blocks: ClassVar[str | None] = None
+    #: what one of those blocks is, for messages
+    pipeline_unit: ClassVar[str] = "block"
+    #: the blocks are identical layers (transformers): a split may be given as layers per stage
+    pipeline_repeated_layers: ClassVar[bool] = False
+
+    def pipeline_layout(self, options: BaseModel) -> PipelineLayout | None:
+        """The blocks matching ``pipeline_blocks``, read off the model built on PyTorch's meta device
+        (no memory, no arithmetic), so that every path is one the built model really has."""
+        if self.pipeline_blocks is None or Framework.torch not in self.sources:
+            return None
+        import torch
+
+        with torch.device("meta"):
+            model = self.torch_model(options)
+        pattern = re.compile(self.pipeline_blocks)
+        blocks = tuple(name for name, _ in model.named_modules() if name and pattern.search(name))
+        return PipelineLayout(
+            blocks=blocks,
+            unit=self.pipeline_unit,
+            repeated_layers=self.pipeline_repeated_layers,
+            recommended=self.recommended_pipeline_splits(options, blocks),
+        )
+
+    def recommended_pipeline_splits(self, options: Any, blocks: tuple[str, ...]) -> dict[int, RecommendedSplit]:
+        """Stage count -> split points known to balance this model (a published configuration)."""
+        return {}
+
     #: options that fix a size; a toy drops them so that the small variant's sizes apply
     toy_resets: ClassVar[tuple[str, ...]] = (
         "image_size",
@@ -234,3 +266,14 @@ def float32_logits(model: Any) -> Any:
 
     outputs = keras.layers.Activation("linear", dtype="float32", name="logits_float32")(model.output)
     return keras.Model(model.input, outputs, name=model.name)
+
+
+def layers_per_stage_recommendation(
+    blocks: tuple[str, ...], layers_per_stage: tuple[int, ...], source: str
+) -> dict[int, RecommendedSplit]:
+    """A published layers-per-stage split as split points, where the model has that many layers (the
+    small variants have fewer, and get none)."""
+    if sum(layers_per_stage) != len(blocks):
+        return {}
+    starts = [sum(layers_per_stage[:k]) for k in range(1, len(layers_per_stage))]
+    return {len(layers_per_stage): RecommendedSplit(tuple(blocks[start] for start in starts), source)}

@@ -15,6 +15,7 @@ import importlib.util
 import os
 import shutil
 import sys
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -35,6 +36,7 @@ from core.plugin import (
     Workload,
 )
 
+from .pipeline import DEFAULT_SPLIT, SplitChoice, choose_split_points
 from .placement import IpuPlacement, PoprunProcess, format_command, plan_placement, poprun_command
 
 if TYPE_CHECKING:
@@ -265,7 +267,10 @@ class GraphcoreAccelerator(Accelerator):
                 config.data,
                 f"the IPU executors feed synthetic samples only; allowed: {', '.join(SYNTHETIC_SOURCES)}",
             )
+        _check_numerics(config, options)
         placement = self.placement(config, options)
+        if placement.pipelined and config.framework is Framework.torch:
+            pipeline_split(context, placement)  # an impossible split is refused here, before any build
         if context.machine is not None:
             _check_on_machine(context, placement)
             return
@@ -339,17 +344,17 @@ class GraphcoreAccelerator(Accelerator):
 
             return create_keras_executor(workload, context.workload_options, config, placement, options)
         _, poprun = resolve_instances(options)
-        return self._poptorch_executor(workload, context.workload_options, config, placement, options, poprun)
+        return self._poptorch_executor(workload, context, placement, options, poprun)
 
     def _poptorch_executor(
         self,
         workload: Workload,
-        workload_options: BaseModel,
-        config: RunConfig,
+        context: RunContext,
         placement: IpuPlacement,
         options: GraphcoreOptions,
         poprun: PoprunProcess | None,
     ) -> Executor:
+        config, workload_options = context.config, context.workload_options
         import importlib
 
         from .executor import PopTorchExecutor, PopTorchInferenceExecutor
@@ -362,16 +367,17 @@ class GraphcoreAccelerator(Accelerator):
             importlib.import_module("popdist.poptorch")
             if popdist.isPopdistEnvSet():
                 _check_popdist(popdist, placement)
-        split_points = [s.strip() for s in options.pipeline_splits.split(",") if s.strip()]
-        if not split_points and placement.pipelined:
-            named = getattr(workload, "pipeline_split_points", None)
-            split_points = list(named(workload_options, placement.ipus_per_replica) or ()) if callable(named) else []
+        split = pipeline_split(context, placement, workload) if placement.pipelined else DEFAULT_SPLIT
         settings = OptionSettings(
             seed=config.seed,
             ipu_model=options.ipu_model,
             executable_cache_dir=options.executable_cache_dir or None,
             half_precision=config.precision is Precision.fp16,
             process=poprun,
+            available_memory_proportion=options.available_memory_proportion,
+            partials_type=options.partials_type,
+            recomputation=options.recomputation,
+            loss_scaling=options.loss_scaling,
         )
         details: dict[str, Any] = {
             "ipu_model": options.ipu_model,
@@ -388,7 +394,8 @@ class GraphcoreAccelerator(Accelerator):
             settings,
             poptorch=poptorch,
             popdist=popdist,
-            split_points=split_points,
+            split=split,
+            layout=context.pipeline_layout,
             details=details,
         )
 
@@ -489,3 +496,43 @@ def _check_popdist(popdist: Any, placement: IpuPlacement) -> None:
     for field, launched, asked, flag in checks:
         if launched != asked:
             raise ConfigError(field, asked, f"poprun was started with {flag} {launched}; run with the same value")
+
+
+def pipeline_split(context: RunContext, placement: IpuPlacement, workload: Workload | None = None) -> SplitChoice:
+    """Where a replica's pipeline stages begin: the options, else the workload's published split,
+    else balanced; checked against the workload's blocks (ConfigError naming the valid ones).
+
+    A workload written against core 0.2 may name split points with ``pipeline_split_points(options,
+    stages)`` instead of ``pipeline_layout``; that still works, with a DeprecationWarning."""
+    options = context.accelerator_options_as(GraphcoreOptions)
+    stages = placement.ipus_per_replica
+    choice = choose_split_points(context.pipeline_layout, stages, options.pipeline_splits, options.layers_per_ipu)
+    named = getattr(workload, "pipeline_split_points", None)
+    if choice.split_points is None and context.pipeline_layout is None and callable(named):
+        warnings.warn(
+            f"{type(workload).__name__}.pipeline_split_points() is deprecated and will be removed in core 0.4; "
+            "declare Workload.pipeline_layout() instead (core.plugin.PipelineLayout)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        points = tuple(named(context.workload_options, stages) or ())
+        if points:
+            choice = SplitChoice(points, f"{type(workload).__name__}.pipeline_split_points()")
+    return choice
+
+
+def _check_numerics(config: RunConfig, options: GraphcoreOptions) -> None:
+    """Options that mean nothing for this run are refused rather than silently ignored."""
+    if options.loss_scaling is not None and not (config.precision is Precision.fp16 and config.mode == "train"):
+        raise ConfigError(
+            "accelerator_options.loss_scaling",
+            options.loss_scaling,
+            f"fp16 training only (loss scaling keeps fp16 gradients from underflowing); this run is "
+            f"{config.precision.value} {config.mode}: leave it unset",
+        )
+    if options.recomputation and config.mode != "train":
+        raise ConfigError(
+            "accelerator_options.recomputation",
+            True,
+            "training only: it recomputes activations for the backward pass, which inference does not run",
+        )

@@ -22,15 +22,23 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from core.plugin import Executor, HostStepClock, NonFiniteLossError, RunConfig, StepClock, TorchTrainingSpec
+from core.plugin import (
+    ConfigError,
+    Executor,
+    HostStepClock,
+    NonFiniteLossError,
+    PipelineLayout,
+    RunConfig,
+    StepClock,
+    TorchTrainingSpec,
+)
 
-from .options import OptionSettings, build_options, options_summary
-from .pipeline import StagePlan, assign_blocks, plan_stages
+from .options import OptionSettings, build_options, numerics_summary, options_summary
+from .pipeline import DEFAULT_SPLIT, SplitChoice, StagePlan, assign_blocks, plan_stages
 from .placement import IpuPlacement, host_call_samples
 
 
@@ -87,17 +95,56 @@ def host_call_batch(
     return inputs, targets
 
 
+# PopTorch's optimizers: the torch hyper-parameters their constructors take, and the keyword arguments
+# naming their accumulator types (graphcore/poptorch python/optim.py, SDK 3.3).
+_POPTORCH_OPTIMIZERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "SGD": (("lr", "momentum", "dampening", "weight_decay", "nesterov"), ("accum_type", "velocity_accum_type")),
+    "Adam": (
+        ("lr", "betas", "eps", "weight_decay", "amsgrad"),
+        ("accum_type", "first_order_momentum_accum_type", "second_order_momentum_accum_type"),
+    ),
+    "AdamW": (
+        ("lr", "betas", "eps", "weight_decay", "amsgrad"),
+        ("accum_type", "first_order_momentum_accum_type", "second_order_momentum_accum_type"),
+    ),
+    "RMSprop": (
+        ("lr", "alpha", "eps", "weight_decay", "momentum", "centered"),
+        ("accum_type", "first_order_momentum_accum_type", "second_order_momentum_accum_type"),
+    ),
+}
+
+
+def poptorch_optimizer(poptorch: Any, optimizer: torch.optim.Optimizer, settings: OptionSettings) -> Any:
+    """The workload's optimizer as PopTorch's own where a static loss scale must travel with it
+    (``loss_scaling`` is an argument of poptorch.optim's constructors), its state kept in float32;
+    otherwise the torch optimizer itself, whose state PopTorch keeps in float32 already."""
+    if settings.loss_scaling is None or not settings.half_precision:
+        return optimizer
+    kind = type(optimizer).__name__
+    if kind not in _POPTORCH_OPTIMIZERS:
+        raise ConfigError(
+            "accelerator_options.loss_scaling",
+            settings.loss_scaling,
+            f"a workload whose optimizer PopTorch has ({', '.join(_POPTORCH_OPTIMIZERS)}); this one uses {kind}",
+        )
+    hyper_parameters, accumulators = _POPTORCH_OPTIMIZERS[kind]
+    hyper = {key: optimizer.defaults[key] for key in hyper_parameters if key in optimizer.defaults}
+    types = dict.fromkeys(accumulators, torch.float32)
+    return getattr(poptorch.optim, kind)(optimizer.param_groups, loss_scaling=settings.loss_scaling, **types, **hyper)
+
+
 def _pipelined_and_halved(
     poptorch: Any,
     model: torch.nn.Module,
     placement: IpuPlacement,
     settings: OptionSettings,
-    split_points: Sequence[str],
+    split: SplitChoice,
+    layout: PipelineLayout | None,
 ) -> StagePlan | None:
     """Blocks per pipeline stage where a replica spans several IPUs, and fp16 weights where asked."""
     stage_plan = None
     if placement.pipelined:
-        stage_plan = plan_stages(model, placement.ipus_per_replica, split_points)
+        stage_plan = plan_stages(model, placement.ipus_per_replica, split.split_points or (), layout, split.rule)
         assign_blocks(poptorch, model, stage_plan)
     if settings.half_precision:
         model.half()
@@ -117,7 +164,8 @@ class _PopTorchExecutorBase(Executor):
         *,
         poptorch: Any,
         popdist: Any,
-        split_points: Sequence[str],
+        split: SplitChoice,
+        layout: PipelineLayout | None,
         details: dict[str, Any],
     ) -> None:
         self._poptorch = poptorch
@@ -125,11 +173,12 @@ class _PopTorchExecutorBase(Executor):
         self.updates_per_step = placement.device_iterations
         self._details: dict[str, Any] = {"framework": "torch", "runtime": "poptorch", **details, **placement.summary()}
         self._user_model = spec.model
-        self.stage_plan = _pipelined_and_halved(poptorch, spec.model, placement, settings, split_points)
+        self.stage_plan = _pipelined_and_halved(poptorch, spec.model, placement, settings, split, layout)
         if self.stage_plan is not None:
             self._details.update(self.stage_plan.summary())
         self.options = build_options(poptorch, placement, settings, popdist)
         self._details["poptorch_options"] = options_summary(self.options)
+        self._details["numerics"] = numerics_summary(settings, placement.training)
         self._inputs, self._targets = host_call_batch(poptorch, self.options, spec, placement, settings)
         self._details["host_call_samples"] = int(self._inputs.shape[0])
         self._compiled = False
@@ -167,7 +216,8 @@ class PopTorchExecutor(_PopTorchExecutorBase):
         *,
         poptorch: Any,
         popdist: Any = None,
-        split_points: Sequence[str] = (),
+        split: SplitChoice = DEFAULT_SPLIT,
+        layout: PipelineLayout | None = None,
         details: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(
@@ -176,12 +226,13 @@ class PopTorchExecutor(_PopTorchExecutorBase):
             settings,
             poptorch=poptorch,
             popdist=popdist,
-            split_points=split_points,
+            split=split,
+            layout=layout,
             details=details or {},
         )
         wrapped = ModelWithLoss(self._user_model, spec.loss_fn, poptorch.identity_loss)
         wrapped.train()
-        optimizer = spec.make_optimizer(self._user_model.parameters())
+        optimizer = poptorch_optimizer(poptorch, spec.make_optimizer(self._user_model.parameters()), settings)
         self.training_model = poptorch.trainingModel(wrapped, self.options, optimizer=optimizer)
         self._last_loss: torch.Tensor | None = None
 
@@ -225,7 +276,8 @@ class PopTorchInferenceExecutor(_PopTorchExecutorBase):
         *,
         poptorch: Any,
         popdist: Any = None,
-        split_points: Sequence[str] = (),
+        split: SplitChoice = DEFAULT_SPLIT,
+        layout: PipelineLayout | None = None,
         details: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(
@@ -234,7 +286,8 @@ class PopTorchInferenceExecutor(_PopTorchExecutorBase):
             settings,
             poptorch=poptorch,
             popdist=popdist,
-            split_points=split_points,
+            split=split,
+            layout=layout,
             details={"mode": "inference", **(details or {})},
         )
         # Before wrapping: inferenceModel wraps a shallow copy, whose own training flag a later

@@ -25,6 +25,16 @@ class OptionSettings:
     executable_cache_dir: str | None = None
     half_precision: bool = False
     process: PoprunProcess | None = None  # this process among poprun's instances
+    available_memory_proportion: float | None = None  # per IPU of a replica; None: Poplar's default
+    partials_type: str | None = None  # "float" or "half"; None: PopTorch's default (float)
+    recomputation: bool = False
+    loss_scaling: float | None = None  # static; None: automatic loss scaling for fp16 training
+
+
+# PopART's RecomputationType (popart/sessionoptions.hpp: None 0, Standard 1, NormOnly 2, Pipeline 3):
+# graphcore/examples sets Standard for a model on one IPU (vision/cnns/pytorch/utils/ipu_settings.py)
+# and Pipeline recomputes each stage's forward pass from the activations stashed at its start.
+RECOMPUTE_STANDARD, RECOMPUTE_PIPELINE = 1, 3
 
 
 def build_options(poptorch: Any, placement: IpuPlacement, settings: OptionSettings, popdist: Any = None) -> Any:
@@ -53,10 +63,50 @@ def build_options(poptorch: Any, placement: IpuPlacement, settings: OptionSettin
     if settings.ipu_model:
         opts.useIpuModel(True)
     if settings.half_precision and placement.training:
-        # fp16 weights and activations need loss scaling; PopTorch's automatic loss scaling sets it.
-        opts.Training.setAutomaticLossScaling(True)
+        # fp16 weights and activations need loss scaling: a static scale travels with the optimizer
+        # (poptorch.optim's loss_scaling); without one, PopTorch's automatic loss scaling sets it.
+        if settings.loss_scaling is None:
+            opts.Training.setAutomaticLossScaling(True)
+        # No fp32 master copy of the weights in PopTorch: stochastic rounding keeps small fp16 weight
+        # updates unbiased, as Graphcore's fp16 configurations enable it (vision/cnns/pytorch/train/
+        # configs.yml, resnet50: enable_stochastic_rounding) and PopTorch recommends for training.
+        opts.Precision.enableStochasticRounding(True)
+    if settings.partials_type is not None:
+        import torch
+
+        opts.Precision.setPartialsType(torch.half if settings.partials_type == "half" else torch.float)
+    if settings.available_memory_proportion is not None:
+        opts.setAvailableMemoryProportion(
+            {f"IPU{ipu}": settings.available_memory_proportion for ipu in range(placement.ipus_per_replica)}
+        )
+    if settings.recomputation and placement.training:
+        opts._Popart.set("autoRecomputation", RECOMPUTE_PIPELINE if placement.pipelined else RECOMPUTE_STANDARD)
     opts.randomSeed(settings.seed)
     return opts
+
+
+def numerics_summary(settings: OptionSettings, training: bool) -> dict[str, Any]:
+    """The precision policy and memory settings a run used, for the result."""
+    half = settings.half_precision
+    summary: dict[str, Any] = {
+        # PopTorch keeps one copy of the weights, in the model's type (HalfUpcastToFloat casting only).
+        "weights": "float16" if half else "float32",
+        "activations": "float16" if half else "float32",
+        "partials": settings.partials_type or "float",
+        "available_memory_proportion": settings.available_memory_proportion,
+    }
+    if training:
+        summary.update(
+            # poptorch.optim's accumulator and momentum types, float32 by default and set so here
+            # (python/_optimizer_attributes.py reads float32 where a torch.optim optimizer has none).
+            optimizer_state="float32",
+            loss_scaling=(settings.loss_scaling if settings.loss_scaling is not None else "automatic")
+            if half
+            else None,
+            stochastic_rounding=half,
+            recomputation=settings.recomputation,
+        )
+    return summary
 
 
 def options_summary(opts: Any) -> dict[str, Any]:

@@ -1,17 +1,20 @@
-"""Split a model's layers into pipeline stages, one per IPU of a replica.
+"""Split a model into pipeline stages, one per IPU of a replica.
 
-A stage is a contiguous run of the model's layers. Stage ``k`` starts at its first layer, which
-``poptorch.BeginBlock(layer, user_id=..., ipu_id=k)`` marks: PopTorch places that layer and every
-later one on IPU ``k`` until the next block begins (graphcore/poptorch ``python/ops.py``), and
-``PipelinedExecution(AutoStage.SameAsIpu)`` makes the IPU index the stage index. graphcore/examples
-split its CNNs the same way, at named layers (``vision/cnns/pytorch/models/models.py``).
+A stage begins at a module: ``poptorch.BeginBlock(module, user_id=..., ipu_id=k)`` places that
+module and everything executed after it on IPU ``k`` until the next block begins (graphcore/poptorch
+``python/ops.py``), and ``PipelinedExecution(AutoStage.SameAsIpu)`` makes the IPU index the stage
+index. graphcore/examples splits its models the same way: its CNNs at named layers
+(``vision/cnns/pytorch/models/models.py``, ``pipeline_splits``), BERT and GPT-2 by layers per IPU
+(``layers_per_ipu``, the embeddings with the first IPU).
 
-Without named split points, the stages are balanced by parameter count: the split minimises the
-largest stage's parameters (a stage's weights live in that IPU's memory). Layers without
-parameters (activations) stay with the layer before them.
+Where the split points come from, in order (:func:`choose_split_points`, run while planning, before
+the model is built): ``accelerator_options.pipeline_splits``; ``accelerator_options.layers_per_ipu``
+for a workload of identical layers; the split the workload recommends for that many stages (a
+published configuration); else the workload's blocks balanced by parameter count, the largest
+stage's weights as small as can be (a stage's weights live in its IPU's memory). A workload that
+declares no blocks (no ``pipeline_layout``) is split among its outermost layers.
 
-Torch is imported lazily; the planning functions work on (name, parameter count) lists and are
-testable without a model.
+Torch is imported lazily; the planning functions work on names and parameter counts.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from core.plugin import ConfigError
+from core.plugin import ConfigError, PipelineLayout
 
 if TYPE_CHECKING:
     import torch
@@ -29,18 +32,20 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Stage:
     index: int  # the stage, and the IPU of the replica it runs on
-    layers: tuple[str, ...]  # layer names, as in model.named_modules()
+    layers: tuple[str, ...]  # the layers (or the workload's blocks) it holds, as model.named_modules() names them
     parameters: int
+    #: the module its BeginBlock marks, where it is not its first layer ("": the whole model)
+    begins_at: str | None = None
 
     @property
     def first_layer(self) -> str:
-        return self.layers[0]
+        return self.layers[0] if self.begins_at is None else self.begins_at
 
 
 @dataclass(frozen=True)
 class StagePlan:
     stages: tuple[Stage, ...]
-    balanced_by: str  # "parameter count" or "split points"
+    balanced_by: str  # how the split points were chosen
 
     @property
     def layer_to_stage(self) -> dict[str, int]:
@@ -54,6 +59,96 @@ class StagePlan:
                 for s in self.stages
             ],
         }
+
+
+@dataclass(frozen=True)
+class SplitChoice:
+    """What planning decided: the split points, or None to balance the blocks by parameter count
+    once the model is built; and the rule that chose them (recorded in the result)."""
+
+    split_points: tuple[str, ...] | None
+    rule: str
+
+
+#: no split points: balance by parameter count (over the outermost layers where the workload names no blocks)
+DEFAULT_SPLIT = SplitChoice(None, "parameter count")
+
+
+def _listing(layout: PipelineLayout) -> str:
+    return f"{len(layout.blocks)} {layout.unit}s: {', '.join(layout.blocks)}"
+
+
+def _parse_counts(value: str) -> list[int]:
+    try:
+        return [int(part) for part in value.split(",")]
+    except ValueError:
+        raise ConfigError(
+            "accelerator_options.layers_per_ipu", value, "comma-separated whole numbers, one per IPU, e.g. 0,4,4,4"
+        ) from None
+
+
+def choose_split_points(
+    layout: PipelineLayout | None, stages: int, pipeline_splits: str, layers_per_ipu: str
+) -> SplitChoice:
+    """The split points of a replica over ``stages`` IPUs, checked against the workload's blocks.
+
+    Raises ConfigError naming the option, the value and the valid points; nothing is built.
+    """
+    splits = tuple(point.strip() for point in pipeline_splits.split(",") if point.strip())
+    if splits and layers_per_ipu.strip():
+        raise ConfigError(
+            "accelerator_options.layers_per_ipu",
+            layers_per_ipu,
+            "either pipeline_splits or layers_per_ipu, not both: they say the same thing two ways",
+        )
+    if splits:
+        if len(splits) != stages - 1:
+            raise ConfigError(
+                "accelerator_options.pipeline_splits",
+                pipeline_splits,
+                f"{stages} stages (devices_per_replica) need {stages - 1} split point(s), one per stage after the "
+                "first" + (f"; the model's {_listing(layout)}" if layout else ""),
+            )
+        if layout is not None:
+            try:
+                layout.check_split_points(splits)
+            except ValueError as exc:
+                raise ConfigError(
+                    "accelerator_options.pipeline_splits", pipeline_splits, f"{exc}; the model's {_listing(layout)}"
+                ) from None
+        return SplitChoice(splits, "pipeline_splits")
+    if layers_per_ipu.strip():
+        counts = _parse_counts(layers_per_ipu)
+        if len(counts) != stages:
+            raise ConfigError(
+                "accelerator_options.layers_per_ipu",
+                layers_per_ipu,
+                f"one count per IPU of a replica: {stages} (devices_per_replica)",
+            )
+        if layout is None or not layout.repeated_layers:
+            raise ConfigError(
+                "accelerator_options.layers_per_ipu",
+                layers_per_ipu,
+                "a workload of identical layers (BERT, GPT); "
+                + (f"this one has {_listing(layout)}: use pipeline_splits" if layout else "this workload names none"),
+            )
+        try:
+            return SplitChoice(layout.split_points_for_layers(counts), f"layers_per_ipu {layers_per_ipu}")
+        except ValueError as exc:
+            raise ConfigError("accelerator_options.layers_per_ipu", layers_per_ipu, str(exc)) from None
+    if layout is None:
+        return SplitChoice(None, "parameter count (outermost layers)")
+    if stages > layout.max_stages:
+        raise ConfigError(
+            "devices_per_replica",
+            stages,
+            f"at most {layout.max_stages} pipeline stages: the model has {len(layout.blocks)} {layout.unit}s to "
+            "begin a stage at (the first stage also holds what precedes them)",
+        )
+    recommended = layout.recommended.get(stages)
+    if recommended is not None:
+        return SplitChoice(recommended.split_points, f"recommended: {recommended.source}")
+    return SplitChoice(None, f"parameter count ({layout.unit}s)")
 
 
 def pipeline_layers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
@@ -165,14 +260,101 @@ def split_at(layers: Sequence[tuple[str, int]], split_points: Sequence[str], sta
     )
 
 
-def plan_stages(model: torch.nn.Module, stages: int, split_points: Sequence[str] = ()) -> StagePlan:
-    """The stage plan of ``model`` over ``stages`` IPUs."""
+def _parameters_by_stage(model: torch.nn.Module, split_points: Sequence[str], stages: int) -> list[int]:
+    """Parameters of each stage when stages begin at ``split_points``: every module belongs to the
+    stage of the last split point before it in ``named_modules()`` order (the registration order,
+    which is the execution order of the zoo's models); a weight shared by two modules (GPT-2's
+    tied embeddings) counts once, where it first appears."""
+    counts = [0] * stages
+    seen: set[int] = set()
+    stage = 0
+    starts = {point: index + 1 for index, point in enumerate(split_points)}
+    for name, module in model.named_modules():
+        stage = starts.get(name, stage)
+        for parameter in module.parameters(recurse=False):
+            if id(parameter) not in seen:
+                seen.add(id(parameter))
+                counts[stage] += parameter.numel()
+    return counts
+
+
+def plan_from_split_points(
+    model: torch.nn.Module, layout: PipelineLayout | None, split_points: Sequence[str], rule: str
+) -> StagePlan:
+    """Stages beginning at ``split_points`` (module paths anywhere in the model, in execution order);
+    the first stage begins with the model itself."""
+    modules = dict(model.named_modules())
+    order = {name: position for position, name in enumerate(modules)}
+    missing = [point for point in split_points if point not in modules or not point]
+    if missing:
+        raise ConfigError(
+            "accelerator_options.pipeline_splits",
+            ",".join(split_points),
+            f"{', '.join(missing) or repr('')}: not a module of the model; "
+            f"modules: {', '.join(n for n in modules if n)}",
+        )
+    positions = [order[point] for point in split_points]
+    if positions != sorted(set(positions)):
+        raise ConfigError(
+            "accelerator_options.pipeline_splits",
+            ",".join(split_points),
+            "split points must be distinct modules in the model's order (that of model.named_modules())",
+        )
+    stages = len(split_points) + 1
+    parameters = _parameters_by_stage(model, split_points, stages)
+    if layout is not None:
+        counts = layout.layers_per_stage(split_points)
+        bounds = [sum(counts[:k]) for k in range(stages + 1)]
+        held = [layout.blocks[bounds[k] : bounds[k + 1]] for k in range(stages)]
+    else:
+        held = [(point,) for point in ("", *split_points)]
+    # The first stage is marked too, explicitly on IPU 0, at the model's first outermost layer
+    # (graphcore/examples marks its embeddings the same way); a block spans its module and every
+    # sub-module until one of those begins another block (BeginBlock, python/ops.py).
+    first = pipeline_layers(model)[0][0]
+    begins = (first if first and order.get(first, len(order)) < positions[0] else "", *split_points)
+    return StagePlan(tuple(Stage(k, tuple(held[k]), parameters[k], begins_at=begins[k]) for k in range(stages)), rule)
+
+
+def balance_blocks(model: torch.nn.Module, layout: PipelineLayout, stages: int) -> StagePlan:
+    """The layout's blocks grouped into contiguous stages minimising the largest stage's parameters;
+    what precedes the first block weighs on the first stage, what follows the last on the last."""
+    rule = f"parameter count ({layout.unit}s)"
+    if stages == layout.max_stages:  # one stage per block, and the first holds only what precedes them
+        return plan_from_split_points(model, layout, layout.blocks, rule)
+    # counts[0]: before the first block; counts[i]: block i-1 and what follows it up to the next block.
+    counts = _parameters_by_stage(model, layout.blocks, layout.max_stages)
+    weights = [counts[0] + counts[1], *counts[2:]]
+    plan = balance(list(zip(layout.blocks, weights)), stages)
+    return plan_from_split_points(model, layout, [stage.layers[0] for stage in plan.stages[1:]], rule)
+
+
+def plan_stages(
+    model: torch.nn.Module,
+    stages: int,
+    split_points: Sequence[str] = (),
+    layout: PipelineLayout | None = None,
+    rule: str = "split points",
+) -> StagePlan:
+    """The stage plan of ``model`` over ``stages`` IPUs: at ``split_points`` where given, else
+    balanced over the layout's blocks, else over the model's outermost layers."""
+    if split_points:
+        if len(split_points) != stages - 1:
+            raise ConfigError(
+                "accelerator_options.pipeline_splits",
+                ",".join(split_points),
+                f"{stages} stages (devices_per_replica) need {stages - 1} split point(s), "
+                "one per stage after the first",
+            )
+        return plan_from_split_points(model, layout, split_points, rule)
+    if layout is not None:
+        return balance_blocks(model, layout, stages)
     layers = [(name, sum(p.numel() for p in module.parameters())) for name, module in pipeline_layers(model)]
-    return split_at(layers, split_points, stages) if split_points else balance(layers, stages)
+    return balance(layers, stages)
 
 
 def assign_blocks(poptorch: Any, model: torch.nn.Module, plan: StagePlan) -> None:
-    """Mark each stage's first layer with ``poptorch.BeginBlock`` on the stage's IPU."""
+    """Mark each stage's first module with ``poptorch.BeginBlock`` on the stage's IPU."""
     modules = dict(model.named_modules())
     for stage in plan.stages:
         poptorch.BeginBlock(modules[stage.first_layer], user_id=f"stage{stage.index}", ipu_id=stage.index)

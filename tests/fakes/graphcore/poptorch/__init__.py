@@ -37,7 +37,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from . import poptorch_core
+from . import optim, poptorch_core
 from .poptorch_core import Error, RecoverableError, UnrecoverableError
 
 __version__ = "3.3.0"
@@ -204,6 +204,12 @@ class _PrecisionOptions(_OptionsDict):
         super().__init__()
         object.__setattr__(self, "_popart_options", popart)
         object.__setattr__(self, "_record", record)
+
+    def enableStochasticRounding(self, enabled: bool) -> _PrecisionOptions:
+        # python/options.py: PopART's enableStochasticRounding.
+        self._record("Precision.enableStochasticRounding", enabled)
+        self._popart_options.set("enableStochasticRounding", enabled)
+        return self
 
     def setPartialsType(self, dtype: torch.dtype) -> _PrecisionOptions:
         self._record("Precision.setPartialsType", dtype)
@@ -373,6 +379,20 @@ class Options(_OptionsDict):
             self._Popart.set("enableEngineCaching", True)
         return self
 
+    def setAvailableMemoryProportion(self, available_memory_proportion: dict[str, float]) -> Options:
+        # python/options.py: keys must read "IPU<n>"; stored as {n: proportion} under
+        # available_memory_proportion.
+        self._record("setAvailableMemoryProportion", dict(available_memory_proportion))
+        actual = {}
+        for key, proportion in available_memory_proportion.items():
+            assert key.startswith("IPU"), (
+                'Available memory proportions are expected to be in a dictionary of {"IPU0": 0.5} where the 0 in '
+                f"IPU is the index of the IPU. Invalid key: {key}"
+            )
+            actual[int(key[3:])] = proportion
+        self.createOrSet(available_memory_proportion=actual)
+        return self
+
     def useIpuModel(self, use_model: bool) -> Options:
         self._record("useIpuModel", use_model)
         self.createOrSet(use_model=use_model)
@@ -416,14 +436,21 @@ class Options(_OptionsDict):
 
 
 class _StageTracker:
-    """Set while the fake compiler traces the model: records the blocks entered, in order."""
+    """Set while the fake compiler traces the model: records the blocks entered, in order, and the
+    IPU every module ran on. As ``_BlockHook``'s docstring in python/ops.py has it, "all layers
+    called after the hook has run will be run on the specified IPU", until the next block begins;
+    before any block, on IPU 0."""
 
     def __init__(self) -> None:
         self.blocks: list[tuple] = []
         self._auto_id = 0
+        self.current_ipu = 0
+        self.module_ipus: dict[str, int] = {}  # module path -> the IPU it ran on (the last call's)
 
     def beginStage(self, user_id: str | None, ipu_id: int | None) -> None:
         self.blocks.append((user_id, ipu_id))
+        if ipu_id is not None:
+            self.current_ipu = ipu_id
 
     def nextAutoId(self) -> str:
         self._auto_id += 1
@@ -609,11 +636,20 @@ class PoplarExecutor:
         narrowed = [self._narrow(a) for a in args]
         tracker = _StageTracker()
         Block._stages_manager = tracker
+        # After the block hooks (registered earlier), note where each module runs.
+        placements = [
+            module.register_forward_pre_hook(
+                lambda module, inputs, name=name: tracker.module_ipus.__setitem__(name, tracker.current_ipu)
+            )
+            for name, module in self._user_model.named_modules()
+        ]
         try:
             with torch.no_grad():
                 self._user_model(*narrowed)
         finally:
             Block._stages_manager = None
+            for handle in placements:
+                handle.remove()
         ipu_ids = [ipu for _, ipu in tracker.blocks if ipu is not None]
         ipus_per_replica = (max(ipu_ids) + 1) if ipu_ids else 1
         strategy = o._execution_strategy
@@ -668,6 +704,7 @@ class PoplarExecutor:
             "ipus_per_replica": ipus_per_replica,
             "stages": stages,
             "blocks": list(tracker.blocks),
+            "module_ipus": dict(tracker.module_ipus),
             "use_model": use_model,
         }
         self._is_attached = True

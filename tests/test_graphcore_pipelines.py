@@ -1,0 +1,268 @@
+"""Pipelining the papers' models over several IPUs per replica: the workloads' own blocks, split points
+as options, Graphcore's "layers per IPU", the published splits, refusal while planning (before any
+model is built), and the stages the fake PopTorch compiler places each layer on."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytest
+
+from core import ConfigError, run
+from core.contract.manager import get_plugin_manager
+from core.contract.pipeline import PipelineLayout, RecommendedSplit
+from core.running.distributed import SINGLE_PROCESS
+from core.running.planning import plan_run
+from core.workloads.fcnn import Fcnn
+from core_plugins.graphcore.pipeline import choose_split_points
+
+pytestmark = pytest.mark.usefixtures("fake_sdk")
+
+LAYERS = tuple(f"model.encoder.layer.{i}" for i in range(12))
+BERT_LIKE = PipelineLayout(
+    LAYERS, "encoder layer", repeated_layers=True, recommended={4: RecommendedSplit(LAYERS[0:12:4], "a paper")}
+)
+CNN_LIKE = PipelineLayout(tuple(f"blocks.{i}" for i in range(8)), "block")
+
+
+# --- choosing split points (no model) -------------------------------------------------------------
+
+
+def test_layers_per_ipu_as_graphcore_spells_it() -> None:
+    choice = choose_split_points(BERT_LIKE, 4, "", "0,4,4,4")
+    assert choice.split_points == (LAYERS[0], LAYERS[4], LAYERS[8]) and choice.rule == "layers_per_ipu 0,4,4,4"
+    assert BERT_LIKE.layers_per_stage(choice.split_points) == (0, 4, 4, 4)
+    assert choose_split_points(BERT_LIKE, 4, "", "3,3,3,3").split_points == (LAYERS[3], LAYERS[6], LAYERS[9])
+
+
+@pytest.mark.parametrize(
+    "layers_per_ipu,says",
+    [
+        ("0,4,4,5", "add up to 13; the model has 12 encoder layers"),
+        ("4,0,4,4", "every stage after the first needs at least one encoder layer"),
+        ("0,6,6", "one count per IPU of a replica: 4"),
+        ("0,4,four,4", "comma-separated whole numbers"),
+        ("-1,5,4,4", "cannot be negative"),
+    ],
+)
+def test_impossible_layers_per_ipu_are_refused_saying_why(layers_per_ipu: str, says: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        choose_split_points(BERT_LIKE, 4, "", layers_per_ipu)
+    assert refused.value.field == "accelerator_options.layers_per_ipu" and says in str(refused.value)
+
+
+def test_split_points_must_be_the_workloads_blocks_in_order() -> None:
+    assert choose_split_points(CNN_LIKE, 3, "blocks.2, blocks.5", "").split_points == ("blocks.2", "blocks.5")
+    for bad, says in [
+        ("blocks.5,blocks.2", "execution order"),
+        ("blocks.2,blocks.2", "distinct"),
+        ("blocks.2,stem", "stem: not a block of the model"),
+        ("blocks.2", "3 stages (devices_per_replica) need 2 split point(s)"),
+    ]:
+        with pytest.raises(ConfigError) as refused:
+            choose_split_points(CNN_LIKE, 3, bad, "")
+        assert refused.value.field == "accelerator_options.pipeline_splits" and says in str(refused.value)
+        assert "blocks.0, blocks.1" in str(refused.value)  # the valid points are named
+
+
+def test_layers_per_ipu_needs_identical_layers_and_not_both_forms() -> None:
+    with pytest.raises(ConfigError, match="use pipeline_splits"):
+        choose_split_points(CNN_LIKE, 2, "", "4,4")
+    with pytest.raises(ConfigError, match="not both"):
+        choose_split_points(BERT_LIKE, 4, "model.encoder.layer.4", "0,4,4,4")
+
+
+def test_the_published_split_is_the_default_else_balanced_and_too_many_stages_refused() -> None:
+    assert choose_split_points(BERT_LIKE, 4, "", "").rule == "recommended: a paper"
+    assert choose_split_points(BERT_LIKE, 3, "", "").split_points is None  # balanced once built
+    with pytest.raises(ConfigError) as refused:
+        choose_split_points(CNN_LIKE, 10, "", "")
+    assert refused.value.field == "devices_per_replica" and "at most 9 pipeline stages" in str(refused.value)
+
+
+# --- the zoo's layouts ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "workload,blocks,recommended",
+    [
+        ("bert-base-squad", 12, {4: (0, 4, 4, 4)}),
+        ("gpt2-117m", 12, {4: (0, 4, 4, 4)}),
+        ("gpt2-124m", 12, {4: (0, 4, 4, 4)}),
+        ("bert-base", 12, {}),
+        ("gpt-800m", 16, {}),
+        # Graphcore's blocks/1/1, blocks/3/0, blocks/4/5 in timm's per-stage numbering (B4's stages
+        # hold 2, 4, 4, 6, 6, 8, 2 blocks) are blocks 3, 10 and 21 of transformers' flat list.
+        ("efficientnet-b4", 32, {4: (3, 7, 11, 11)}),
+        ("efficientnet-b0", 16, {2: (5, 11)}),
+        ("resnet50", 16, {}),
+    ],
+)
+def test_zoo_layouts_are_paths_the_built_model_has(workload: str, blocks: int, recommended: dict) -> None:
+    import torch
+
+    zoo = get_plugin_manager().workload(workload)
+    options = zoo.parse_options({})
+    layout = zoo.pipeline_layout(options)
+    assert layout is not None and len(layout.blocks) == blocks
+    with torch.device("meta"):
+        modules = dict(zoo.build_torch(options, 0).model.named_modules())
+    assert all(block in modules for block in layout.blocks)
+    assert {
+        stages: layout.layers_per_stage(split.split_points) for stages, split in layout.recommended.items()
+    } == recommended
+    assert all("graphcore/examples" in split.source for split in layout.recommended.values())
+
+
+# --- refused while planning, before the model is built ---------------------------------------------
+
+
+def test_an_impossible_split_is_refused_while_planning_without_building(monkeypatch: pytest.MonkeyPatch) -> None:
+    zoo = get_plugin_manager().workload("bert-base-squad")
+    monkeypatch.setattr(type(zoo), "build_torch", lambda *a: pytest.fail("built the model"))
+    with pytest.raises(ConfigError) as refused:
+        plan_run(
+            get_plugin_manager(),
+            "bert-base-squad",
+            "graphcore",
+            {
+                "devices_per_replica": 4,
+                "gradient_accumulation": 8,
+                "micro_batch_size": 1,
+                "accelerator_options": {"layers_per_ipu": "0,4,4,5", "ipu_model": True},
+            },
+        )
+    assert refused.value.field == "accelerator_options.layers_per_ipu"
+
+
+# --- compiled on the fake PopTorch: the stages hold the layers asked for -----------------------------
+
+
+def compile_pipelined(workload: str, workload_options: dict[str, Any], **settings: Any) -> tuple[Any, dict]:
+    """The training executor built as the run's setup would, compiled; (executor, module -> IPU)."""
+    settings = {"power_meter": "none", "workload_options": workload_options, **settings}
+    plan = plan_run(get_plugin_manager(), workload, "graphcore", settings)
+    executor = plan.accelerator.executor_for(plan.workload, plan.context(SINGLE_PROCESS))
+    executor.training_model.compile(executor._inputs, executor._targets)
+    return executor, executor.training_model._executable
+
+
+def ipu_of(executable: dict, path: str) -> int:
+    """The IPU the fake compiler ran ``path`` (of the workload's model) on."""
+    return int(executable["module_ipus"][f"model.{path}"])
+
+
+@pytest.mark.slow
+def test_bert_base_squad_on_four_ipus_holds_zero_four_four_four_layers() -> None:
+    # ACES Table 2: BERT-base SQuAD fine-tuning on 4 IPUs per replica; Graphcore's squad_base_384
+    # (micro-batch 1, device iterations 2, gradient accumulation 8, layers_per_ipu 0,4,4,4).
+    executor, executable = compile_pipelined(
+        "bert-base-squad",
+        {"sequence_length": 32, "synthetic_pool_samples": 16},
+        devices_per_replica=4,
+        micro_batch_size=1,
+        gradient_accumulation=8,
+        device_iterations=2,
+    )
+    try:
+        assert executable["stages"] == 4 and executable["ipus_per_replica"] == 4
+        layers = [ipu_of(executable, f"model.bert.encoder.layer.{i}") for i in range(12)]
+        assert layers == [1] * 4 + [2] * 4 + [3] * 4
+        assert ipu_of(executable, "model.bert.embeddings") == 0
+        assert ipu_of(executable, "model.qa_outputs") == 3  # the head follows the last layer
+        plan = executor.details()
+        assert plan["pipeline_balanced_by"].startswith("recommended: graphcore/examples nlp/bert/pytorch")
+        assert [stage["layers"] for stage in plan["pipeline_stage_plan"]] == [0, 4, 4, 4]
+        embeddings = plan["pipeline_stage_plan"][0]["parameters"]
+        assert embeddings == sum(p.numel() for p in executor._user_model.model.bert.embeddings.parameters())
+    finally:
+        executor.close()
+
+
+@pytest.mark.slow
+def test_gpt2_117m_over_four_ipus_as_caraml_ran_it() -> None:
+    executor, executable = compile_pipelined(
+        "gpt2-117m",
+        {"sequence_length": 32, "synthetic_pool_samples": 16},
+        devices_per_replica=4,
+        micro_batch_size=1,
+        gradient_accumulation=8,
+        accelerator_options={"layers_per_ipu": "0,4,4,4"},
+    )
+    try:
+        layers = [ipu_of(executable, f"model.transformer.h.{i}") for i in range(12)]
+        assert layers == [1] * 4 + [2] * 4 + [3] * 4
+        assert ipu_of(executable, "model.transformer.wte") == 0
+        assert executor.details()["pipeline_balanced_by"] == "layers_per_ipu 0,4,4,4"
+    finally:
+        executor.close()
+
+
+@pytest.mark.slow
+def test_efficientnet_b4_on_four_ipus_at_graphcores_splits() -> None:
+    executor, executable = compile_pipelined(
+        "efficientnet-b4",
+        {"image_size": 64, "synthetic_pool_samples": 16},
+        devices_per_replica=4,
+        micro_batch_size=2,
+        gradient_accumulation=8,
+    )
+    try:
+        blocks = [ipu_of(executable, f"model.efficientnet.encoder.blocks.{i}") for i in range(32)]
+        assert blocks == [0] * 3 + [1] * 7 + [2] * 11 + [3] * 11
+        assert ipu_of(executable, "model.classifier") == 3
+        assert [stage["layers"] for stage in executor.details()["pipeline_stage_plan"]] == [3, 7, 11, 11]
+    finally:
+        executor.close()
+
+
+def test_a_balanced_split_of_resnet_blocks_compiles_on_two_ipus() -> None:
+    executor, executable = compile_pipelined(
+        "resnet50",
+        {"variant": "small", "synthetic_pool_samples": 8},
+        devices_per_replica=2,
+        micro_batch_size=2,
+        gradient_accumulation=3,
+    )
+    try:
+        stages = executor.details()["pipeline_stage_plan"]
+        assert executor.details()["pipeline_balanced_by"] == "parameter count (bottleneck blocks)"
+        paths = [f"model.resnet.encoder.stages.{s}.layers.{b}" for s, n in enumerate((3, 4, 6, 3)) for b in range(n)]
+        # By hand: the second IPU holds blocks k.. and the classifier; the best k minimises the larger half.
+        model = executor._user_model
+        modules = dict(model.named_modules())
+        size = [sum(p.numel() for p in modules[path].parameters()) for path in paths]
+        head = sum(p.numel() for p in model.model.classifier.parameters())
+        total = sum(p.numel() for p in model.parameters())
+        best = min(range(1, 16), key=lambda k: max(total - sum(size[k:]) - head, sum(size[k:]) + head))
+        assert [stage["layers"] for stage in stages] == [best, 16 - best]
+        assert (
+            stages[1]["parameters"] == sum(size[best:]) + head
+            and stages[0]["parameters"] == total - stages[1]["parameters"]
+        )
+        assert [ipu_of(executable, path) for path in paths] == [0] * best + [1] * (16 - best)
+    finally:
+        executor.close()
+
+
+def test_a_workload_still_naming_split_points_the_old_way_works_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(Fcnn, "pipeline_split_points", lambda self, options, stages: ["2"], raising=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = run(
+            "fcnn",
+            "graphcore",
+            workload_options={"layers": 4, "hidden_width": 16, "input_width": 8, "output_width": 4},
+            micro_batch_size=4,
+            devices_per_replica=2,
+            gradient_accumulation=3,
+            steps=1,
+            warmup_steps=0,
+            power_meter="none",
+        )
+    assert result.status.ok, result.status
+    assert any(issubclass(w.category, DeprecationWarning) and "pipeline_layout" in str(w.message) for w in caught)
+    assert result.executor_details["pipeline_stage_plan"][1]["first_layer"] == "2"
