@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Puts several releases of the vendors' Python bindings side by side, unpacked and not installed,
 # for the tests that run the real binding over a simulated native library:
-#   .bindings/amdsmi/<version>/amdsmi           tests/test_amdsmi_binding.py
+#   .bindings/amdsmi/<version>/amdsmi           tests/test_amdsmi_binding.py, tests/test_amd.py
 #   .bindings/nvidia-ml-py/<version>/pynvml.py  tests/test_nvidia_native.py (beside the pinned one)
 # Both wheels are pure Python; the native libraries they load are simulated by the tests.
 # AMDSMI_VERSIONS / NVML_VERSIONS override the lists (space separated).

@@ -22,9 +22,21 @@ Behaviour simulated, with its source in ROCm/amdsmi (``src/amd_smi/amd_smi.cc``,
   0xFFFF by the 6.x ones: :attr:`SimNode.not_available` picks which.
 - topology: ``amdsmi_get_minmax_bandwidth_between_processors`` returns the KFD io-link
   bandwidth; the kernel leaves it 0 where it does not know the link count (kfd_crat.c,
-  ``kfd_fill_gpu_xgmi_link_to_gpu``), and the call still succeeds with 0.
+  ``kfd_fill_gpu_xgmi_link_to_gpu``), and the call still succeeds with 0. Where it knows it, an
+  Aldebaran link is 16 lanes x 25 GT/s, 50000 MB/s, and the maximum is links x that
+  (``amdgpu_amdkfd_get_xgmi_bandwidth_mbytes``): :func:`xgmi_bandwidth`.
   ``amdsmi_topo_get_link_weight`` returns the io-link weight, ``KFD_CRAT_XGMI_WEIGHT`` (15) x the
   XGMI hop count from the PSP topology (same function).
+- ``target_graphics_version`` of ``amdsmi_asic_info_t`` differs by library release: the 6.3
+  library joins the KFD ``gfx_target_version`` (90010 for gfx90a) into the decimal 9010
+  (rocm_smi_utils.cc ``rsmi_get_gfx_target_version`` and rocm_smi.cc
+  ``rsmi_dev_target_graphics_version_get`` parsing it with ``std::stoull(version)``), which
+  amdsmi 6.3's Python layer turns back into "gfx90a" for MI200 only; the 7.0 library writes the
+  stepping in hex ("gfx90a") and parses it base 16 (``std::stoull(version, nullptr, 16)``), 0x90a,
+  which 7.0's Python layer prints with ``hex()``. 6.0 and 6.2 do not read the field.
+- ``asic_serial``/``hip_uuid``: the GCD's sysfs ``unique_id`` (amd_smi.cc
+  ``amdsmi_get_gpu_asic_info``; ``amdsmi_get_gpu_enumeration_info`` formats it "GPU-%016x").
+- the KFD topology in sysfs (:func:`kfd_topology`), which amdsmi 6.0-6.2 do not read themselves.
 """
 
 from __future__ import annotations
@@ -59,6 +71,8 @@ class SimGcd:
     device_id: int = 0x740C
     compute_units: int = 110
     market_name: str = "AMD Instinct MI250X / MI250"
+    # The KFD node's gfx_target_version property: major * 10000 + minor * 100 + stepping.
+    kfd_gfx_version: int = 90010  # gfx90a
     accumulator: int = 0
     # The SMU's EnergyAccumulator: 64 bits on MI200/MI300, 32 on MI100 (kernel arcturus_ppt.c,
     # aldebaran_ppt.c); it wraps at its width.
@@ -84,6 +98,7 @@ class SimNode:
     calls: list[str] = field(default_factory=list)
     initialized: int = 0
     init_status: int = 0  # what amdsmi_init returns, e.g. DRIVER_NOT_LOADED
+    driver_version: str = "6.8.5"  # amdsmi_get_gpu_driver_info: the amdgpu module's version
 
     def package_of(self, index: int) -> tuple[int, int]:
         return next(p for p in self.packages if index in p)
@@ -101,13 +116,29 @@ class SimNode:
         return round(sum(self.gcds[i].draw_watts for i in self.package_of(index))) if gcd.primary else 0
 
 
+LINK_MBS = 50_000  # one Aldebaran XGMI link: 16 lanes x 25 GT/s / 8
+
+
+def xgmi_bandwidth(links: dict[tuple[int, int], int]) -> Callable[[int, int], int]:
+    """The KFD io-link maximum bandwidth between two GCDs (indices into ``SimNode.gcds``) joined by
+    ``links[(a, b)]`` XGMI links: links x 50000 MB/s on Aldebaran (kernel amdgpu_amdkfd.c,
+    ``amdgpu_amdkfd_get_xgmi_bandwidth_mbytes``); 0 where no link is given."""
+
+    def bandwidth(a: int, b: int) -> int:
+        return LINK_MBS * links.get((a, b), links.get((b, a), 0))
+
+    return bandwidth
+
+
 def mi250x_node(**kwargs: Any) -> SimNode:
     """Two MI250X packages, four GCDs, in PCI order A0 A1 B0 B1; KFD (HIP) order interleaves them
-    (A0 B0 A1 B1). A1 and B1 are the silent siblings. Every XGMI bandwidth reads 0 by default."""
+    (A0 B0 A1 B1). A1 and B1 are the silent siblings. Every XGMI bandwidth reads 0 by default.
+    Unique ids: 0x5A1F00000000AA01/AA02 for package A's GCDs, BB01/BB02 for B's."""
     bdfs = ["0000:c1:00.0", "0000:c6:00.0", "0000:c9:00.0", "0000:ce:00.0"]
     nodes = [2, 4, 3, 5]
+    serials = [0x5A1F00000000AA01, 0x5A1F00000000AA02, 0x5A1F00000000BB01, 0x5A1F00000000BB02]
     gcds = [
-        SimGcd(bdf, 0x5A1F00000000AA01 + i, nodes[i], draw_watts=w, primary=i in (0, 2))
+        SimGcd(bdf, serials[i], nodes[i], draw_watts=w, primary=i in (0, 2))
         for i, (bdf, w) in enumerate(zip(bdfs, (250.0, 200.0, 300.0, 150.0)))
     ]
     packages = [(0, 1), (2, 3)]
@@ -130,6 +161,7 @@ def mi100_node(accumulator: int = 0, draw_watts: float = 290.0) -> SimNode:
         device_id=0x738C,
         compute_units=120,
         market_name="AMD Instinct MI100",
+        kfd_gfx_version=90008,  # gfx908
         accumulator=accumulator,
         counter_bits=32,
     )
@@ -146,6 +178,7 @@ def mi300x_node(draw_watts: float = 700.0) -> SimNode:
         device_id=0x74A1,
         compute_units=304,
         market_name="MI300X-O",
+        kfd_gfx_version=90402,  # gfx942
         current_power=True,
     )
     return SimNode([gcd], [(0,)], bandwidth_mbs=lambda a, b: 0, hops=lambda a, b: 0)
@@ -178,8 +211,9 @@ class NativeFunction:
 class NativeLibrary:
     """The simulated libamd_smi.so: a symbol it does not implement answers NOT_SUPPORTED."""
 
-    def __init__(self, node: SimNode) -> None:
+    def __init__(self, node: SimNode, version: str = VERSIONS[-1]) -> None:
         self.node = node
+        self.release = tuple(int(part) for part in version.split(".")[:2])
 
     def __getattr__(self, name: str) -> NativeFunction:
         if name.startswith("_"):
@@ -196,6 +230,17 @@ class NativeLibrary:
 
     def _gcd(self, handle: Any) -> int:
         return int(handle.value if hasattr(handle, "value") else handle) - 0x1000
+
+    def _target_graphics_version(self, gcd: SimGcd) -> int:
+        """``amdsmi_asic_info_t.target_graphics_version`` as this release's library fills it."""
+        major, minor, stepping = (
+            gcd.kfd_gfx_version // 10000,
+            gcd.kfd_gfx_version // 100 % 100,
+            gcd.kfd_gfx_version % 100,
+        )
+        if self.release >= (7, 0):  # "gfx" + major minor + the stepping in hex, parsed base 16
+            return int(f"{major}{minor}{stepping:x}", 16)
+        return major * 100 * (10 if minor == 0 else 1) + minor * 10 + stepping  # 6.3: the decimal 9010
 
     # --- the functions the plugin reaches -------------------------------------------------------
     def _failing(self, handle: Any, name: str) -> int:
@@ -245,7 +290,7 @@ class NativeLibrary:
             asic_serial=f"{gcd.serial:016X}".encode(),
             oam_id=self.node.not_available,
             num_of_compute_units=gcd.compute_units,
-            target_graphics_version=0x90A,
+            target_graphics_version=self._target_graphics_version(gcd),
         )
         return SUCCESS
 
@@ -306,8 +351,46 @@ class NativeLibrary:
         return SUCCESS
 
     def _c_amdsmi_get_gpu_driver_info(self, handle: Any, out: Any) -> int:
-        _set(_out(out), driver_name=b"amdgpu", driver_version=b"6.8.5", driver_date=b"2015/01/01 00:00")
+        _set(
+            _out(out),
+            driver_name=b"amdgpu",
+            driver_version=self.node.driver_version.encode(),
+            driver_date=b"2015/01/01 00:00",
+        )
         return SUCCESS
+
+
+class Clock:
+    """Simulated time for the meter's validation: sleeping runs the simulated node."""
+
+    def __init__(self, node: SimNode) -> None:
+        self.t, self.node = 1000.0, node
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.t += seconds
+        self.node.advance(seconds)
+
+
+def kfd_topology(tmp_path: Path, node: SimNode) -> Path:
+    """/sys/class/kfd/kfd/topology/nodes for amdsmi 6.0-6.2, which give no HIP order themselves:
+    node 0 the CPU (no SIMDs), then each GCD's node with its PCI location (kernel kfd_topology.c,
+    ``location_id`` = bus << 8 | device << 3 | function, and ``domain``)."""
+    root = tmp_path / "nodes"
+    (root / "0").mkdir(parents=True)
+    (root / "0" / "properties").write_text("cpu_cores_count 64\nsimd_count 0\n")
+    for gcd in node.gcds:
+        domain, bus, rest = gcd.bdf.split(":")
+        device, function = (int(x, 16) for x in rest.split("."))
+        location = (int(bus, 16) << 8) | (device << 3) | function
+        (root / str(gcd.kfd_node)).mkdir()
+        (root / str(gcd.kfd_node) / "properties").write_text(
+            f"simd_count 440\nlocation_id {location}\ndomain {int(domain, 16)}\n"
+            f"gfx_target_version {gcd.kfd_gfx_version}\n"
+        )
+    return root
 
 
 def forget_amdsmi() -> None:
@@ -327,7 +410,7 @@ def unpacked(version: str) -> Path:
 def real_amdsmi(version: str, node: SimNode, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Any]:
     """The real amdsmi ``version`` imported as ``amdsmi``, over ``node``'s simulated library."""
     package = unpacked(version)
-    library = NativeLibrary(node)
+    library = NativeLibrary(node, version)
     real_cdll = ctypes.CDLL
 
     def cdll(name: Any, *args: Any, **kwargs: Any) -> Any:

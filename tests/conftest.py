@@ -48,30 +48,6 @@ def fake_pynvml(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
     sys.modules.pop("pynvml", None)
 
 
-def _forget_amdsmi() -> None:
-    for name in [name for name in sys.modules if name == "amdsmi" or name.startswith("amdsmi.")]:
-        del sys.modules[name]
-
-
-@pytest.fixture
-def fake_amdsmi(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[object]:
-    """The fake amdsmi package importable as `amdsmi`, its libamd_smi.so found under $ROCM_PATH (a
-    test that wants it missing points ROCM_PATH elsewhere and imports again); the real one, if any,
-    is hidden. Tests install a node with ``amdsmi.fake.install(...)``."""
-    rocm = tmp_path / "rocm"
-    (rocm / "lib").mkdir(parents=True)
-    (rocm / "lib" / "libamd_smi.so").write_bytes(b"")
-    monkeypatch.setenv("ROCM_PATH", str(rocm))
-    monkeypatch.delenv("ROCM_HOME", raising=False)
-    monkeypatch.syspath_prepend(str(FAKES))
-    _forget_amdsmi()
-    import amdsmi
-    import amdsmi.fake  # noqa: F401 - the test-only control module
-
-    yield amdsmi
-    _forget_amdsmi()
-
-
 def pytest_report_header(config: pytest.Config) -> str:
     """Say at the top of every run whether the cluster-sweep tests can reach Slurm, and why not."""
     from core.sweep.slurm_jobs import unavailable_reason

@@ -1,5 +1,10 @@
-"""The AMD plugin against a fake of amdsmi: visibility, discovery, MI250 packages and modes,
-package energy, counter validation, wraps, missing library, peaks."""
+"""The AMD plugin: visibility, discovery, MI250 packages and modes, package energy, the missing
+library, peaks.
+
+Whatever reaches amdsmi runs the *real* amdsmi Python package (unpacked by
+scripts/fetch-bindings.sh) over the simulated libamd_smi.so of tests/amdsmi_native.py: the newest
+release where the release does not matter, every release at hand where keys or behaviour differ.
+tests/test_amdsmi_binding.py holds the counter faults, MI100, MI300X and the library's failures."""
 
 from __future__ import annotations
 
@@ -7,11 +12,14 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from amdsmi_native import VERSIONS, Clock, SimGcd, SimNode, kfd_topology, mi250x_node, real_amdsmi, xgmi_bandwidth
 
 import core.workloads
 from core import ConfigError, DeviceRecord, Framework, Precision, ProcessContext, RunConfig, hookimpl, make_config, run
@@ -27,6 +35,12 @@ from core_plugins.probing import SdkProbe
 
 RES = 15.300000190734863  # what amdsmi returns for rocm_smi's 15.3 uJ: a C float
 BDF_A0, BDF_A1, BDF_B0, BDF_B1 = "0000:c1:00.0", "0000:c6:00.0", "0000:c9:00.0", "0000:ce:00.0"
+NEWEST = VERSIONS[-1]
+# XGMI links between the GCDs of mi250x_node (indices A0 A1 B0 B1): four inside a package, one or
+# two across (ROCm docs, MI250 architecture).
+MI250X_LINKS = {(0, 1): 4, (2, 3): 4, (0, 2): 2, (1, 3): 2, (0, 3): 1, (1, 2): 1}
+# amdsmi 6.3 and later give each GCD's compute units (110 tell an MI250X GCD) and gfx target.
+DESCRIBES_THE_PART = {"6.0.2": False, "6.2.4": False, "6.3.0": True, "7.0.2": True}
 
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -47,34 +61,42 @@ def probe(tmp_path: Path) -> SdkProbe:
     )
 
 
-class Clock:
-    """Simulated time for the meter's validation: sleeping lets the fake node run."""
+@dataclass
+class Simulated:
+    """Two MI250X packages behind the real amdsmi, and the plugin's objects pointed at them."""
 
-    def __init__(self, node: Any) -> None:
-        self.t = 1000.0
-        self.node = node
+    node: SimNode
+    probe: SdkProbe
+    topology: Path  # the node's KFD topology in sysfs, which amdsmi 6.0-6.2 need for the HIP order
 
-    def __call__(self) -> float:
-        return self.t
+    def gcd(self, bdf: str) -> SimGcd:
+        return next(g for g in self.node.gcds if g.bdf == bdf)
 
-    def sleep(self, seconds: float) -> None:
-        self.t += seconds
-        self.node.advance(seconds)
+    def accelerator(self, **environment: str) -> AmdAccelerator:
+        return AmdAccelerator(probe=self.probe, environment=environment, kfd_topology=self.topology)
 
+    def factory(self) -> AmdsmiMeterFactory:
+        """A meter factory whose validation sleeps run the simulated node, in simulated time."""
+        clock = Clock(self.node)
+        return AmdsmiMeterFactory(self.probe, clock=clock, sleep=clock.sleep, kfd_topology=self.topology)
 
-def node_with_draw(amdsmi: Any, **kwargs: Any) -> Any:
-    node = amdsmi.fake.mi250_node(**kwargs)
-    for gcd, watts in zip(node.gcds, (250.0, 200.0, 300.0, 150.0)):  # A0, A1, B0, B1
-        gcd.draw_watts = watts
-    return amdsmi.fake.install(node)
-
-
-def gcd(node: Any, bdf: str) -> Any:
-    return next(g for g in node.gcds if g.bdf == bdf)
+    def open_meter(self, devices: list[DeviceRecord]) -> Any:
+        return self.factory().meter_for(devices, run_context(config()))
 
 
-def accelerator(probe: SdkProbe, **environment: str) -> AmdAccelerator:
-    return AmdAccelerator(probe=probe, environment=environment)
+@pytest.fixture
+def simulate(probe: SdkProbe, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Callable[..., Simulated]]:
+    """``simulate(version, **node_options)``: mi250x_node (XGMI links as MI250X_LINKS unless given)
+    behind the real amdsmi ``version``, importable as ``amdsmi`` until the test ends."""
+    with ExitStack() as stack:
+
+        def start(version: str = NEWEST, **node_options: Any) -> Simulated:
+            node_options.setdefault("bandwidth_mbs", xgmi_bandwidth(MI250X_LINKS))
+            node = mi250x_node(**node_options)
+            stack.enter_context(real_amdsmi(version, node, monkeypatch, tmp_path))
+            return Simulated(node, probe, kfd_topology(tmp_path, node))
+
+        yield start
 
 
 def validate(amd: AmdAccelerator, config: RunConfig) -> None:
@@ -85,10 +107,6 @@ def config(**options: Any) -> RunConfig:
     return make_config(
         workload="fcnn", accelerator="amd", micro_batch_size=4, power_sample_interval_seconds=0.01, **options
     )
-
-
-def factory(probe: SdkProbe, clock: Clock, **kwargs: Any) -> AmdsmiMeterFactory:
-    return AmdsmiMeterFactory(probe, clock=clock, sleep=clock.sleep, **kwargs)
 
 
 # --- visibility --------------------------------------------------------------------------------
@@ -141,36 +159,46 @@ def test_rocr_applies_first_then_hip_or_cuda() -> None:
 # --- discovery and packages ---------------------------------------------------------------------
 
 
-def test_two_mi250_packages_are_four_gcds_paired_by_xgmi_not_parity(fake_amdsmi: Any, probe: SdkProbe) -> None:
-    node = node_with_draw(fake_amdsmi)
-    devices = accelerator(probe).visible_devices()
+@pytest.mark.parametrize("version", VERSIONS)
+def test_two_mi250_packages_are_four_gcds_paired_by_xgmi_not_parity(
+    version: str, simulate: Callable[..., Simulated]
+) -> None:
+    sim = simulate(version)
+    amd = sim.accelerator()
+    devices = amd.visible_devices()
     # HIP (KFD) order interleaves the packages: hip 0 and 2 share package A, 1 and 3 package B.
     assert [d.details["bdf"] for d in devices] == [BDF_A0, BDF_B0, BDF_A1, BDF_B1]
     assert [d.index for d in devices] == [0, 1, 2, 3]
     assert [d.details["package"] for d in devices] == ["package-0", "package-1", "package-0", "package-1"]
     assert devices[0].details["package_gcds"] == [BDF_A0, BDF_A1]
-    # "AMD Instinct MI250X / MI250" is resolved by the GCD's 110 compute units.
-    assert {d.name for d in devices} == {"AMD Instinct MI250X"}
+    assert "four XGMI links" in amd.node().packages[0].rule  # by bandwidth, not the link-weight fallback
     assert devices[0].details["market_name"] == "AMD Instinct MI250X / MI250"
-    assert devices[0].memory_bytes == 68_702_699_520 and devices[0].details["gfx_target"] == "gfx90a"
+    assert devices[0].memory_bytes == 68_702_699_520
     assert devices[3].details["uuid"] == "GPU-5a1f00000000bb02"
-    assert node.calls.count("amdsmi_init") == node.calls.count("amdsmi_shut_down") == 1
-    assert not node.initialized
+    if DESCRIBES_THE_PART[version]:
+        # "AMD Instinct MI250X / MI250" is resolved by the GCD's 110 compute units.
+        assert {d.name for d in devices} == {"AMD Instinct MI250X"}
+        assert devices[0].details["gfx_target"] == "gfx90a" and devices[0].details["compute_units"] == 110
+    else:  # no compute units: which of the two stays open (and so does its peak)
+        assert {d.name for d in devices} == {"AMD Instinct MI250X / MI250"}
+    assert sim.node.calls.count("amdsmi_init") == sim.node.calls.count("amdsmi_shut_down") == 1
+    assert not sim.node.initialized
 
 
-def test_visibility_variables_select_and_order_gcds(fake_amdsmi: Any, probe: SdkProbe) -> None:
-    node_with_draw(fake_amdsmi)
-    devices = accelerator(
-        probe, ROCR_VISIBLE_DEVICES="GPU-5A1F00000000BB02,0,2", HIP_VISIBLE_DEVICES="2,0"
+@pytest.mark.parametrize("version", VERSIONS)
+def test_visibility_variables_select_and_order_gcds(version: str, simulate: Callable[..., Simulated]) -> None:
+    sim = simulate(version)  # UUIDs: amdsmi_get_gpu_enumeration_info's hip_uuid (7.0), else asic_serial
+    devices = sim.accelerator(
+        ROCR_VISIBLE_DEVICES="GPU-5A1F00000000BB02,0,2", HIP_VISIBLE_DEVICES="2,0"
     ).visible_devices()
     assert [(d.index, d.details["bdf"], d.details["hip_index"]) for d in devices] == [(0, BDF_A1, 2), (1, BDF_B1, 3)]
-    assert accelerator(probe, ROCR_VISIBLE_DEVICES="").max_replicas(config()) == 0
+    assert sim.accelerator(ROCR_VISIBLE_DEVICES="").max_replicas(config()) == 0
 
 
-def test_sibling_pairs_need_a_unique_mutual_strongest_link(fake_amdsmi: Any, probe: SdkProbe) -> None:
-    node = node_with_draw(fake_amdsmi)
-    node.link(node.gcds[0], node.gcds[2], 4)  # A0 now as strongly linked to B0 as to A1
-    amd = accelerator(probe)
+def test_sibling_pairs_need_a_unique_mutual_strongest_link(simulate: Callable[..., Simulated]) -> None:
+    links = {**MI250X_LINKS, (0, 2): 4}  # A0 now as strongly linked to B0 as to A1...
+    sim = simulate(bandwidth_mbs=xgmi_bandwidth(links), hops=lambda a, b: 1)  # ...and every GCD one hop away
+    amd = sim.accelerator()
     assert amd.node().package_error is not None and "0000:c1:00.0" in amd.node().package_error
     assert amd.visible_devices()[0].details["package"] is None
     with pytest.raises(ConfigError) as refused:
@@ -178,9 +206,12 @@ def test_sibling_pairs_need_a_unique_mutual_strongest_link(fake_amdsmi: Any, pro
     assert refused.value.field == "accelerator_options.mode" and "XGMI" in str(refused.value)
 
 
-def test_without_any_hip_order_source_the_guess_is_labelled(fake_amdsmi: Any, probe: SdkProbe, tmp_path: Path) -> None:
-    node_with_draw(fake_amdsmi, version=(6, 2, 4))
-    amd = AmdAccelerator(probe=probe, environment={}, kfd_topology=tmp_path / "absent")
+@pytest.mark.parametrize("version", ["6.0.2", "6.2.4"])  # later releases give the order themselves
+def test_without_any_hip_order_source_the_guess_is_labelled(
+    version: str, simulate: Callable[..., Simulated], tmp_path: Path
+) -> None:
+    sim = simulate(version)
+    amd = AmdAccelerator(probe=sim.probe, environment={}, kfd_topology=tmp_path / "absent")
     assert [d.details["bdf"] for d in amd.visible_devices()] == [BDF_A0, BDF_A1, BDF_B0, BDF_B1]
     assert "unverified" in amd.node().hip_order
 
@@ -210,9 +241,8 @@ def plan(amd: AmdAccelerator, **options: Any) -> Any:
         return plan_run(manager, "fcnn", "amd", {"micro_batch_size": 4, **options})
 
 
-def test_mode_is_an_accelerator_option(fake_amdsmi: Any, probe: SdkProbe) -> None:
-    node_with_draw(fake_amdsmi)
-    amd = accelerator(probe)
+def test_mode_is_an_accelerator_option(simulate: Callable[..., Simulated]) -> None:
+    amd = simulate().accelerator()
     with pytest.raises(ConfigError) as bad:
         plan(amd, accelerator_options={"mode": "gpu"})
     assert bad.value.field == "accelerator_options.mode" and "'gcd' or 'package'" in bad.value.allowed
@@ -225,20 +255,19 @@ def test_mode_is_an_accelerator_option(fake_amdsmi: Any, probe: SdkProbe) -> Non
     assert tf32.value.field == "precision"
 
 
-def test_package_mode_needs_whole_packages(fake_amdsmi: Any, probe: SdkProbe) -> None:
-    node_with_draw(fake_amdsmi)
+def test_package_mode_needs_whole_packages(simulate: Callable[..., Simulated]) -> None:
+    sim = simulate()
     with pytest.raises(ConfigError) as split:  # hip 0 and 1 are GCDs of two different packages
-        validate(accelerator(probe), config(replicas=2, accelerator_options={"mode": "package"}))
+        validate(sim.accelerator(), config(replicas=2, accelerator_options={"mode": "package"}))
     assert split.value.field == "replicas"
     assert "package-0 without 0000:c6:00.0" in split.value.allowed and "package-1" in split.value.allowed
-    paired = accelerator(probe, HIP_VISIBLE_DEVICES="0,2,1,3")
+    paired = sim.accelerator(HIP_VISIBLE_DEVICES="0,2,1,3")
     validate(paired, config(replicas=2, accelerator_options={"mode": "package"}))
-    validate(accelerator(probe), config(replicas=2))  # gcd mode takes any GCDs
+    validate(sim.accelerator(), config(replicas=2))  # gcd mode takes any GCDs
 
 
-def test_package_mode_records_packages_and_their_peaks(fake_amdsmi: Any, probe: SdkProbe) -> None:
-    node_with_draw(fake_amdsmi)
-    amd = accelerator(probe)
+def test_package_mode_records_packages_and_their_peaks(simulate: Callable[..., Simulated]) -> None:
+    amd = simulate().accelerator()
     process = ProcessContext(rank=0, local_rank=0, world_size=4)
     packages = amd.devices_for(config(replicas=4, accelerator_options={"mode": "package"}), process)
     assert [(p.index, p.details["package"], p.details["unit"]) for p in packages] == [
@@ -259,15 +288,14 @@ def test_package_mode_records_packages_and_their_peaks(fake_amdsmi: Any, probe: 
 # --- energy --------------------------------------------------------------------------------------
 
 
-def open_meter(amdsmi: Any, probe: SdkProbe, devices: list[DeviceRecord], **kwargs: Any) -> Any:
-    clock = Clock(amdsmi.amdsmi_wrapper.node)
-    return factory(probe, clock, **kwargs).meter_for(devices, run_context(config()))
-
-
-def test_energy_per_package_equals_a_hand_calculation_from_the_counters(fake_amdsmi: Any, probe: SdkProbe) -> None:
-    node = node_with_draw(fake_amdsmi, primary_first=False)  # package A reports on A1, package B on B0
-    a1, b0 = gcd(node, BDF_A1), gcd(node, BDF_B0)
-    meter = open_meter(fake_amdsmi, probe, accelerator(probe).visible_devices())
+@pytest.mark.parametrize("version", VERSIONS)  # the accumulator's key and the "N/A" marks differ
+def test_energy_per_package_equals_a_hand_calculation_from_the_counters(
+    version: str, simulate: Callable[..., Simulated]
+) -> None:
+    sim = simulate(version)
+    sim.node.gcds[0].primary, sim.node.gcds[1].primary = False, True  # package A reports on A1, B on B0
+    a1, b0 = sim.gcd(BDF_A1), sim.gcd(BDF_B0)
+    meter = sim.open_meter(sim.accelerator().visible_devices())
     assert isinstance(meter, AmdsmiMeter)
     try:
         meter.start()
@@ -287,40 +315,56 @@ def test_energy_per_package_equals_a_hand_calculation_from_the_counters(fake_amd
     package_a = measurement.details["packages"]["package-0"]
     assert package_a["reporting_gcds"] == [BDF_A1] and package_a["silent_gcds"] == [BDF_A0]
     assert package_a["counter"].startswith("validated") and package_a["ratio"] == pytest.approx(1.0, rel=1e-3)
-    assert package_a["gcds"][BDF_A0]["power_field"] == "average_socket_power"  # current power reads "N/A"
+    assert package_a["gcds"][BDF_A0]["power_field"] == "average_socket_power"  # current power is not available
     assert package_a["gcds"][BDF_A1]["counter_resolution_uj"] == pytest.approx(RES, rel=1e-12)
     assert package_a["gcds"][BDF_A1]["counter_bits"] == 64
-    assert not node.initialized
+    assert not sim.node.initialized
 
 
-def test_a_run_on_the_silent_sibling_reports_its_package_flagged_shared(fake_amdsmi: Any, probe: SdkProbe) -> None:
-    node = node_with_draw(fake_amdsmi)  # A0 is primary, A1 the silent secondary
-    silent = [d for d in accelerator(probe).visible_devices() if d.details["bdf"] == BDF_A1]
-    meter = open_meter(fake_amdsmi, probe, silent)
+def test_a_run_on_the_silent_sibling_reports_its_package_flagged_shared(simulate: Callable[..., Simulated]) -> None:
+    sim = simulate()  # A0 is primary, A1 the silent secondary
+    silent = [d for d in sim.accelerator().visible_devices() if d.details["bdf"] == BDF_A1]
+    meter = sim.open_meter(silent)
     try:
         meter.start()
-        gcd(node, BDF_A0).accumulator += 10_000_000
+        sim.gcd(BDF_A0).accumulator += 10_000_000
         measurement = meter.stop()
     finally:
         meter.close()
-    assert gcd(node, BDF_A1).accumulator == 0  # the die itself reads nothing...
+    assert sim.gcd(BDF_A1).accumulator == 0  # the die itself reads nothing...
     assert measurement.components_joules == {"package-0": pytest.approx(10_000_000 * RES / 1e6)}  # ...its package does
     assert BDF_A0 in measurement.details["shared_packages"]["package-0"]
     assert measurement.details["packages"]["package-0"]["gcds"][BDF_A1]["in_run"] is True
 
 
-def test_both_gcds_of_a_package_are_counted_once(fake_amdsmi: Any, probe: SdkProbe) -> None:
-    node = node_with_draw(fake_amdsmi)
-    gcds = [d for d in accelerator(probe).visible_devices() if d.details["package"] == "package-1"]
-    meter = open_meter(fake_amdsmi, probe, gcds)
+def test_both_gcds_of_a_package_are_counted_once(simulate: Callable[..., Simulated]) -> None:
+    sim = simulate()
+    gcds = [d for d in sim.accelerator().visible_devices() if d.details["package"] == "package-1"]
+    meter = sim.open_meter(gcds)
     try:
         meter.start()
-        gcd(node, BDF_B0).accumulator += 1_000_000
+        sim.gcd(BDF_B0).accumulator += 1_000_000
         measurement = meter.stop()
     finally:
         meter.close()
     assert list(measurement.components_joules) == ["package-1"]
     assert measurement.energy_joules == pytest.approx(1_000_000 * RES / 1e6)
+    assert measurement.details["shared_packages"] == {}
+
+
+def test_package_records_feed_the_meter(simulate: Callable[..., Simulated]) -> None:
+    sim = simulate()
+    packages = sim.accelerator(HIP_VISIBLE_DEVICES="0,2").devices_for(
+        config(replicas=2, accelerator_options={"mode": "package"}), ProcessContext(rank=0, local_rank=0, world_size=2)
+    )
+    meter = sim.open_meter(packages)
+    try:
+        meter.start()
+        sim.gcd(BDF_A0).accumulator += 2_000_000
+        measurement = meter.stop()
+    finally:
+        meter.close()
+    assert measurement.components_joules == {"package-0": pytest.approx(2_000_000 * RES / 1e6)}
     assert measurement.details["shared_packages"] == {}
 
 
@@ -366,43 +410,32 @@ def test_peak_table_has_a_source_for_every_entry_and_part() -> None:
     assert AmdAccelerator().precisions(Framework.torch) == (Precision.fp32, Precision.bf16, Precision.fp16)
 
 
-def test_package_records_feed_the_meter(fake_amdsmi: Any, probe: SdkProbe) -> None:
-    node = node_with_draw(fake_amdsmi)
-    packages = accelerator(probe, HIP_VISIBLE_DEVICES="0,2").devices_for(
-        config(replicas=2, accelerator_options={"mode": "package"}), ProcessContext(rank=0, local_rank=0, world_size=2)
-    )
-    meter = open_meter(fake_amdsmi, probe, packages)
-    try:
-        meter.start()
-        gcd(node, BDF_A0).accumulator += 2_000_000
-        measurement = meter.stop()
-    finally:
-        meter.close()
-    assert measurement.components_joules == {"package-0": pytest.approx(2_000_000 * RES / 1e6)}
-    assert measurement.details["shared_packages"] == {}
+# --- running -------------------------------------------------------------------------------------
 
 
-def test_a_pytorch_without_rocm_is_refused_with_the_reason(fake_amdsmi: Any, probe: SdkProbe) -> None:
-    node_with_draw(fake_amdsmi)
+def test_a_pytorch_without_rocm_is_refused_with_the_reason(simulate: Callable[..., Simulated]) -> None:
+    sim = simulate()
     from core.workloads.fcnn import Fcnn
 
     with pytest.raises(RuntimeError, match=r"torch.version.hip is None"):
-        amd = accelerator(probe)
+        amd = sim.accelerator()
         amd.executor_for(Fcnn(), run_context(config(), amd, Fcnn()))
 
 
 class SimulatedAmd(AmdAccelerator):
+    def __init__(self, node: SimNode, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.simulated_node = node
+
     def create_executor(self, workload: Any, config: RunConfig, process: ProcessContext) -> Executor:
-        # Each update lets the fake node run 10 ms at its draw: the device's only sign of work.
-        node = sys.modules["amdsmi"].amdsmi_wrapper.node
-        return SimulatedExecutor(lambda: node.advance(0.01))
+        # Each update lets the simulated node run 10 ms at its draw: the device's only sign of work.
+        return SimulatedExecutor(lambda: self.simulated_node.advance(0.01))
 
 
-def test_a_package_mode_run_reports_packages_energy_and_peaks(fake_amdsmi: Any, probe: SdkProbe) -> None:
-    node = node_with_draw(fake_amdsmi)
-    clock = Clock(node)
-    plugin = Plugin(SimulatedAmd(probe=probe, environment={}), factory(probe, clock))
-    with registered_plugins(core.workloads, plugin, entry_points=False):
+def test_a_package_mode_run_reports_packages_energy_and_peaks(simulate: Callable[..., Simulated]) -> None:
+    sim = simulate(driver_version="6.10.5")
+    amd = SimulatedAmd(sim.node, probe=sim.probe, environment={}, kfd_topology=sim.topology)
+    with registered_plugins(core.workloads, Plugin(amd, sim.factory()), entry_points=False):
         result = run(
             "fcnn",
             "amd",
@@ -426,4 +459,4 @@ def test_a_package_mode_run_reports_packages_energy_and_peaks(fake_amdsmi: Any, 
     assert result.energy.details["shared_packages"] == {}
     assert result.peak_flops_per_second == pytest.approx(2 * 95.7e12)  # fp32: two MI250X packages
     assert result.environment is not None and result.environment.driver_versions["amdgpu_driver"] == "6.10.5"
-    assert not node.initialized
+    assert not sim.node.initialized

@@ -16,8 +16,10 @@ from amdsmi_native import (
     RESOLUTION_UJ,
     UINT32_MAX,
     VERSIONS,
+    Clock,
     SimNode,
     forget_amdsmi,
+    kfd_topology,
     mi100_node,
     mi250x_node,
     mi300x_node,
@@ -52,36 +54,6 @@ def probe(tmp_path: Path) -> SdkProbe:
     return SdkProbe(
         module="amdsmi", install_hint=smi.INSTALL_HINT, device_globs=(str(tmp_path / "kfd"),), device_hint="no /dev/kfd"
     )
-
-
-class Clock:
-    """Simulated time: sleeping runs the simulated node."""
-
-    def __init__(self, node: SimNode) -> None:
-        self.t, self.node = 1000.0, node
-
-    def __call__(self) -> float:
-        return self.t
-
-    def sleep(self, seconds: float) -> None:
-        self.t += seconds
-        self.node.advance(seconds)
-
-
-def kfd_topology(tmp_path: Path, node: SimNode) -> Path:
-    """/sys/class/kfd/kfd/topology/nodes for amdsmi 6.0-6.2, which give no HIP order themselves."""
-    root = tmp_path / "nodes"
-    (root / "0").mkdir(parents=True)
-    (root / "0" / "properties").write_text("cpu_cores_count 64\nsimd_count 0\n")
-    for gcd in node.gcds:
-        domain, bus, rest = gcd.bdf.split(":")
-        device, function = (int(x, 16) for x in rest.split("."))
-        location = (int(bus, 16) << 8) | (device << 3) | function
-        (root / str(gcd.kfd_node)).mkdir()
-        (root / str(gcd.kfd_node) / "properties").write_text(
-            f"simd_count 440\nlocation_id {location}\ndomain {int(domain, 16)}\n"
-        )
-    return root
 
 
 def measure_one_second(amdsmi: Any, node: SimNode, probe: SdkProbe, topology: Path) -> Any:
