@@ -67,9 +67,8 @@ def png(color: tuple[int, int, int], size: int = 20) -> bytes:
     return buffer.getvalue()
 
 
-@pytest.fixture
-def image_folder(tmp_path: Path) -> Path:
-    root = tmp_path / "images"
+def write_image_folder(root: Path) -> Path:
+    """Three classes of four 20x20 PNGs each."""
     for label, name in enumerate(["cat", "dog", "eel"]):
         (root / name).mkdir(parents=True)
         for i in range(4):
@@ -78,8 +77,17 @@ def image_folder(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
+def image_folder(tmp_path: Path) -> Path:
+    return write_image_folder(tmp_path / "images")
+
+
+@pytest.fixture
 def shards(tmp_path: Path) -> Path:
-    folder = tmp_path / "shards"
+    return write_shards(tmp_path / "shards")
+
+
+def write_shards(folder: Path) -> Path:
+    """Two WebDataset shards of six labelled PNGs each."""
     folder.mkdir()
     for shard in range(2):
         with tarfile.open(folder / f"train-{shard:04d}.tar", "w") as archive:

@@ -267,8 +267,8 @@ def test_invalid_runs_are_refused_before_anything_compiles(fake_sdk: Any, option
     assert fake_sdk.poptorch.fake_hardware.attached == []
 
 
-def test_a_dataset_path_is_refused_not_ignored(fake_sdk: Any, tmp_path: Any) -> None:
-    # The IPU executors stream the synthetic pool; planning must not let a dataset path through.
+def test_a_dataset_poptorch_cannot_feed_is_refused_not_ignored(fake_sdk: Any, tmp_path: Any) -> None:
+    # COCO's boxes differ per image; a compiled IPU program takes one shape: refused while planning.
     from core.config import RunConfig
 
     accelerator = get_plugin_manager().accelerator("graphcore")
@@ -276,13 +276,15 @@ def test_a_dataset_path_is_refused_not_ignored(fake_sdk: Any, tmp_path: Any) -> 
         workload="resnet50",
         accelerator="graphcore",
         data=str(tmp_path),
+        data_format="coco",
         micro_batch_size=4,
         accelerator_options={"ipu_model": True},
     )
     with pytest.raises(ConfigError) as caught:
         accelerator.validate_run(run_context(config, accelerator))
-    assert caught.value.field == "data" and "synthetic samples only" in str(caught.value)
+    assert caught.value.field == "data" and "PopTorch compiles one shape per input" in str(caught.value)
     accelerator.validate_run(run_context(config.model_copy(update={"data": "synthetic-host"}), accelerator))
+    accelerator.validate_run(run_context(config.model_copy(update={"data_format": "image-folder"}), accelerator))
 
 
 def test_a_run_larger_than_the_host_is_refused(fake_sdk: Any) -> None:

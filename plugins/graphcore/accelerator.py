@@ -259,14 +259,7 @@ class GraphcoreAccelerator(Accelerator):
                 "an IPU answers fixed-size host calls of one compiled shape, not LoadGen's variable queries; "
                 "on graphcore: loop",
             )
-        if config.data not in SYNTHETIC_SOURCES:
-            # Both IPU executors stream the synthetic pool from the host; a dataset path would be
-            # silently ignored, and the figures would be for data the user did not ask for.
-            raise ConfigError(
-                "data",
-                config.data,
-                f"the IPU executors feed synthetic samples only; allowed: {', '.join(SYNTHETIC_SOURCES)}",
-            )
+        _check_data(config)
         _check_numerics(config, options)
         placement = self.placement(config, options)
         if placement.pipelined and config.framework is Framework.torch:
@@ -535,4 +528,28 @@ def _check_numerics(config: RunConfig, options: GraphcoreOptions) -> None:
             "accelerator_options.recomputation",
             True,
             "training only: it recomputes activations for the backward pass, which inference does not run",
+        )
+
+
+def _check_data(config: RunConfig) -> None:
+    """A dataset the IPU path can feed, refused before anything compiles where it cannot."""
+    if config.data in SYNTHETIC_SOURCES:
+        return
+    if config.framework is Framework.tensorflow:
+        # The IPU Keras executors stream the synthetic pool; a dataset path would be silently
+        # ignored, and the figures would be for data the user did not ask for.
+        raise ConfigError(
+            "data",
+            config.data,
+            f"the IPU TensorFlow executors feed synthetic samples only; allowed: {', '.join(SYNTHETIC_SOURCES)}",
+        )
+    from .data import IPU_TORCH_FORMATS, data_format
+
+    found = data_format(config)
+    if found not in IPU_TORCH_FORMATS:
+        raise ConfigError(
+            "data",
+            config.data,
+            f"a {found} dataset has samples of different shapes and PopTorch compiles one shape per input; "
+            f"on IPUs: {', '.join(IPU_TORCH_FORMATS)} or {', '.join(SYNTHETIC_SOURCES)}",
         )

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from core.plugin import (
+    SYNTHETIC_SOURCES,
     ConfigError,
     Executor,
     HostStepClock,
@@ -37,6 +38,7 @@ from core.plugin import (
     TorchTrainingSpec,
 )
 
+from .data import HostCallFiles
 from .options import OptionSettings, build_options, numerics_summary, options_summary
 from .pipeline import DEFAULT_SPLIT, SplitChoice, StagePlan, assign_blocks, plan_stages
 from .placement import IpuPlacement, host_call_samples
@@ -159,6 +161,7 @@ class _PopTorchExecutorBase(Executor):
     def __init__(
         self,
         spec: TorchTrainingSpec,
+        config: RunConfig,
         placement: IpuPlacement,
         settings: OptionSettings,
         *,
@@ -168,6 +171,7 @@ class _PopTorchExecutorBase(Executor):
         layout: PipelineLayout | None,
         details: dict[str, Any],
     ) -> None:
+        data = config.data
         self._poptorch = poptorch
         self._placement = placement
         self.updates_per_step = placement.device_iterations
@@ -179,9 +183,34 @@ class _PopTorchExecutorBase(Executor):
         self.options = build_options(poptorch, placement, settings, popdist)
         self._details["poptorch_options"] = options_summary(self.options)
         self._details["numerics"] = numerics_summary(settings, placement.training)
-        self._inputs, self._targets = host_call_batch(poptorch, self.options, spec, placement, settings)
+        self._half_inputs = settings.half_precision
+        self._files: HostCallFiles | None = None
+        if data in SYNTHETIC_SOURCES:
+            self._inputs, self._targets = host_call_batch(poptorch, self.options, spec, placement, settings)
+            self._pending: tuple[torch.Tensor, torch.Tensor] | None = None
+        else:
+            instance = settings.process.instance_index if settings.process else 0
+            self._files = HostCallFiles(poptorch, self.options, config, spec.inputs, placement, instance)
+            # The first host call's batch, read now: compilation needs its shapes.
+            self._pending = self._inputs, self._targets = self._read_files()
         self._details["host_call_samples"] = int(self._inputs.shape[0])
         self._compiled = False
+
+    def _read_files(self) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self._files is not None
+        inputs, targets = self._files.next()
+        if self._half_inputs and inputs.is_floating_point():
+            inputs = inputs.half()
+        return inputs, targets
+
+    def _host_call(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """This host call's (inputs, targets): the synthetic batch again, or the files' next."""
+        if self._files is None:
+            return self._inputs, self._targets
+        if self._pending is not None:
+            batch, self._pending = self._pending, None
+            return batch
+        return self._read_files()
 
     def _compile_once(self, compile_model: Any) -> None:
         """The first call compiles (Poplar): timed apart, inside the run's first step."""
@@ -200,7 +229,11 @@ class _PopTorchExecutorBase(Executor):
         return HostStepClock()
 
     def details(self) -> dict[str, Any]:
-        return dict(self._details)
+        return {**self._details, **(self._files.details() if self._files is not None else {"data": "synthetic"})}
+
+    def _close_files(self) -> None:
+        if self._files is not None:
+            self._files.close()
 
     def framework_version(self) -> str:
         return f"{torch.__version__} (poptorch {getattr(self._poptorch, '__version__', 'unknown')})"
@@ -222,6 +255,7 @@ class PopTorchExecutor(_PopTorchExecutorBase):
     ) -> None:
         super().__init__(
             spec,
+            config,
             placement,
             settings,
             poptorch=poptorch,
@@ -238,8 +272,9 @@ class PopTorchExecutor(_PopTorchExecutorBase):
 
     def step(self) -> None:
         self._compile_once(lambda: self.training_model.compile(self._inputs, self._targets))
+        inputs, targets = self._host_call()
         # Returns once the IPUs have run device_iterations updates and the final loss is on the host.
-        self._last_loss = self.training_model(self._inputs, self._targets)
+        self._last_loss = self.training_model(inputs, targets)
 
     def check_finite(self) -> None:
         loss = self._last_loss
@@ -257,7 +292,10 @@ class PopTorchExecutor(_PopTorchExecutorBase):
 
     def close(self) -> None:
         # Releases the IPUs and the executable (and copies the weights back to the host).
-        self.training_model.destroy()
+        try:
+            self.training_model.destroy()
+        finally:
+            self._close_files()
 
 
 class PopTorchInferenceExecutor(_PopTorchExecutorBase):
@@ -282,6 +320,7 @@ class PopTorchInferenceExecutor(_PopTorchExecutorBase):
     ) -> None:
         super().__init__(
             spec,
+            config,
             placement,
             settings,
             poptorch=poptorch,
@@ -298,8 +337,9 @@ class PopTorchInferenceExecutor(_PopTorchExecutorBase):
 
     def step(self) -> None:
         self._compile_once(lambda: self.inference_model.compile(self._inputs))
+        inputs, _ = self._host_call()
         # Returns once the IPUs have run and every output is on the host.
-        self._last_outputs = self.inference_model(self._inputs)
+        self._last_outputs = self.inference_model(inputs)
 
     def check_finite(self) -> None:
         # The outputs are on the host already: checking the last call's costs no device sync.
@@ -308,4 +348,7 @@ class PopTorchInferenceExecutor(_PopTorchExecutorBase):
             raise NonFiniteLossError("a model output was NaN/inf in the last host call")
 
     def close(self) -> None:
-        self.inference_model.destroy()
+        try:
+            self.inference_model.destroy()
+        finally:
+            self._close_files()

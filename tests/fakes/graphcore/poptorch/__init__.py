@@ -858,13 +858,25 @@ class DataLoader(torch.utils.data.DataLoader):
         options._freeze()
         if shuffle is None:
             shuffle = False
+        # python/__init__.py: PopTorch does not partition an IterableDataset among processes.
+        if isinstance(dataset, torch.utils.data.IterableDataset) and auto_distributed_partitioning:
+            assert options.Distributed.numProcesses == 1, (
+                "auto_distributed_partitioning not supported for IterableDataset"
+            )
+        # Async mode reads through an AsynchronousDataAccessor process; the fake reads in this one.
+        self.mode = mode
+        self.terminated = False
         if persistent_workers is None:
             persistent_workers = num_workers > 0
         groups = options.replication_factor // options.input_group_size
         self._num_batches_to_combine = options.device_iterations * groups * options.Training.gradient_accumulation
         self._combined_batch_size = batch_size * self._num_batches_to_combine
         self._options = options
-        if options.Distributed.numProcesses > 1 and auto_distributed_partitioning:
+        if (
+            options.Distributed.numProcesses > 1
+            and auto_distributed_partitioning
+            and not isinstance(dataset, torch.utils.data.IterableDataset)
+        ):
             assert not shuffle or options.exists("random_seed"), (
                 "When using auto_distributed_partitioning you must set poptorch.Options.randomSeed() to ensure "
                 "that tensors are in the same order in all processes."
@@ -883,6 +895,10 @@ class DataLoader(torch.utils.data.DataLoader):
     @property
     def combinedBatchSize(self) -> int | None:
         return self._combined_batch_size
+
+    def terminate(self) -> None:
+        # Stops the AsynchronousDataAccessor's worker process in Async mode; no effect otherwise.
+        self.terminated = True
 
     @property
     def options(self) -> Options:
