@@ -1,5 +1,7 @@
-"""The gcipuinfo power meter: update mode, readings keyed by device id, "N/A", and the trapezoid
-integral of sampled power within 1 % of the exact energy of a step and of a ramp."""
+"""The gcipuinfo power meter: update mode, readings keyed by device id, "N/A", the trapezoid
+integral of sampled power within 1 % of the exact energy of a step and of a ramp, and the power
+attribute each card fills: an M2000's "ipu power", a C600's or C2's "total board power", counted once
+per board (tests/fakes/graphcore/gcipuinfo.py cites the gc-info output each fake card copies)."""
 
 from __future__ import annotations
 
@@ -15,12 +17,17 @@ import pytest
 from core import UnavailableMeter, make_config
 from core.energy.sampling import FixedRateSampler
 from core.testing import run_context
-from core_plugins.graphcore.accelerator import GraphcoreAccelerator
+from core_plugins.graphcore.accelerator import GraphcoreAccelerator, count_ipus
 from core_plugins.graphcore.meter import (
+    BOARD_POWER,
+    IPU_POWER,
     GcipuinfoMeter,
     GcipuinfoMeterFactory,
+    PowerReading,
     PowerSnapshot,
+    list_devices,
     parse_power_watts,
+    plan_readings,
     select_devices,
 )
 
@@ -34,6 +41,7 @@ def config(**options: Any) -> Any:
 def test_power_strings() -> None:
     assert parse_power_watts("123.45W") == 123.45
     assert parse_power_watts(" 99.5 W ") == 99.5
+    assert parse_power_watts("12.6 W") == 12.6  # a C600's "total board power"
     assert parse_power_watts("N/A") is None and parse_power_watts("") is None and parse_power_watts(None) is None
     with pytest.raises(ValueError, match="unexpected gcipuinfo power reading 'hot'"):
         parse_power_watts("hot")
@@ -57,15 +65,16 @@ def test_readings_are_keyed_by_device_id_not_position(fake_sdk: Any) -> None:
     )
     info = gcipuinfo.gcipuinfo()
     info.setUpdateMode(True)
-    snapshot = PowerSnapshot(info, ["7", "3"], gcipuinfo.IpuPower)
-    assert (snapshot.read("7"), snapshot.read("3")) == (70.0, 30.0)
+    seven, three = (PowerReading(f"ipu{i}", IPU_POWER, i, (i,)) for i in ("7", "3"))
+    snapshot = PowerSnapshot(info, [seven, three])
+    assert (snapshot.read(seven), snapshot.read(three)) == (70.0, 30.0)
     machine.ipus.reverse()  # the library lists the devices in another order: the readings follow the ids
-    assert (snapshot.read("7"), snapshot.read("3")) == (70.0, 30.0)
+    assert (snapshot.read(seven), snapshot.read(three)) == (70.0, 30.0)
     machine.ipus[0].power = lambda t: "N/A"
-    assert snapshot.read("7") is None  # "N/A" is no reading, not zero
+    assert snapshot.read(seven) is None  # "N/A" is no reading, not zero
     before = len(machine.refreshes)
-    snapshot.read("7")
-    snapshot.read("3")
+    snapshot.read(seven)
+    snapshot.read(three)
     assert len(machine.refreshes) == before + 1  # one gcipuinfo query per sample, not one per IPU
 
 
@@ -85,7 +94,14 @@ def test_the_ipus_of_this_process_are_read(fake_sdk: Any) -> None:
 
 def run_meter(fake_sdk: Any, power: Callable[[float], float], seconds: float, interval: float) -> tuple[Any, list]:
     gcipuinfo = fake_sdk.gcipuinfo
-    machine = gcipuinfo.reset(gcipuinfo.FakeMachine.with_ipus(2, power=power, **{"user process id": str(os.getpid())}))
+    gcipuinfo.reset(gcipuinfo.FakeMachine.with_ipus(2, power=power, **{"user process id": str(os.getpid())}))
+    return run_factory_meter(fake_sdk, seconds, interval)
+
+
+def run_factory_meter(fake_sdk: Any, seconds: float, interval: float) -> tuple[Any, list]:
+    """The factory's meter over the fake's current machine for ``seconds``: its measurement and the
+    clock times of the gcipuinfo refreshes it made (its samples)."""
+    machine = fake_sdk.gcipuinfo.machine
     factory = GcipuinfoMeterFactory()
     assert factory.availability().available and factory.reads("graphcore")
     meter = factory.meter_for([], run_context(config(power_sample_interval_seconds=interval), GraphcoreAccelerator()))
@@ -170,8 +186,9 @@ def test_sampled_integral_in_simulated_time_is_within_one_percent(
     machine.clock = clock.now
     info = gcipuinfo.gcipuinfo()
     info.setUpdateMode(True)
-    snapshot = PowerSnapshot(info, ["0"], gcipuinfo.IpuPower)
-    sampler = FixedRateSampler(lambda: {"ipu0": snapshot.read("0")}, 0.03, clock=clock)
+    reading = PowerReading("ipu0", IPU_POWER, "0", ("0",))
+    snapshot = PowerSnapshot(info, [reading])
+    sampler = FixedRateSampler(lambda: {"ipu0": snapshot.read(reading)}, 0.03, clock=clock)
     sampler.start()
     clock.advance_to(1.0)
     energy = sampler.stop()
@@ -232,4 +249,173 @@ def test_a_run_records_sampled_ipu_energy(fake_sdk: Any) -> None:
     assert max(components.values()) == pytest.approx(min(components.values()), rel=1e-9)  # 150 W each
     # The meter's window holds the timed window (it starts just before the clock, stops just after).
     assert result.energy_joules >= 4 * 150.0 * result.window_seconds * 0.99
+    assert result.samples_per_watt_hour is not None
+
+
+# --- which attribute each card fills, and the board it belongs to ---------------------------------
+
+
+def own(**attributes: str) -> dict[str, str]:
+    return {"user process id": str(os.getpid()), **attributes}
+
+
+def test_an_m2000_is_read_by_each_ipus_own_power(fake_sdk: Any) -> None:
+    gcipuinfo = fake_sdk.gcipuinfo
+    gcipuinfo.reset(gcipuinfo.FakeMachine.with_ipus(2, power=lambda t: 150.0, **own()))
+    measurement, refreshes = run_factory_meter(fake_sdk, 0.3, 0.01)
+    assert measurement.details["power_attribute"] == {"ipu0": IPU_POWER, "ipu1": IPU_POWER}
+    assert "board_power" not in measurement.details and not measurement.warnings
+    for key in ("ipu0", "ipu1"):  # 150 W x the window, per IPU
+        assert measurement.components_joules[key] == pytest.approx(150.0 * (refreshes[-1] - refreshes[0]), rel=0.01)
+
+
+def test_c600_cards_are_read_by_board_power_one_board_per_ipu(fake_sdk: Any) -> None:
+    gcipuinfo = fake_sdk.gcipuinfo
+    gcipuinfo.reset(gcipuinfo.FakeMachine.with_c600_cards(2, board_power=lambda t: 12.6, **own()))
+    assert gcipuinfo.gcipuinfo().getDevices()[0][IPU_POWER] == "N/A"  # as the C600 example shows
+    measurement, refreshes = run_factory_meter(fake_sdk, 0.3, 0.01)
+    boards = {"board-0063.0000.822391", "board-0063.0001.822391"}
+    assert measurement.energy_joules is not None, measurement.unavailable_reason
+    assert set(measurement.components_joules) == boards and measurement.method == "sampled"
+    assert measurement.details["power_attribute"] == dict.fromkeys(boards, BOARD_POWER)
+    assert measurement.details["board_power"]["board-0063.0000.822391"]["ipus_read_here"] == ["0"]
+    assert "per board" in measurement.details["board_power_note"]
+    window = refreshes[-1] - refreshes[0]
+    for key in boards:  # by hand: 12.6 W x the window seconds, per card
+        assert measurement.components_joules[key] == pytest.approx(12.6 * window, rel=0.01)
+    assert measurement.energy_joules == pytest.approx(2 * 12.6 * window, rel=0.01)
+
+
+def test_a_c2_cards_two_ipus_share_one_board_reading_counted_once(fake_sdk: Any) -> None:
+    gcipuinfo = fake_sdk.gcipuinfo
+    gcipuinfo.reset(gcipuinfo.FakeMachine.with_c2_cards(1, board_power=lambda t: 99.5, **own()))
+    assert IPU_POWER not in gcipuinfo.gcipuinfo().getDevices()[1]  # as the C2 example shows
+    measurement, refreshes = run_factory_meter(fake_sdk, 0.3, 0.01)
+    board = "board-0340.0000.919062"
+    assert measurement.energy_joules is not None, measurement.unavailable_reason
+    assert list(measurement.components_joules) == [board]
+    assert measurement.details["device_ids"] == ["0", "1"]
+    assert measurement.details["board_power"][board] == {
+        "ipus_on_board": ["0", "1"],
+        "ipus_read_here": ["0", "1"],
+        "share_counted_here": "1",
+    }
+    # By hand: 99.5 W x the window seconds, once for the board, not once per IPU (which would be 2x).
+    assert measurement.energy_joules == pytest.approx(99.5 * (refreshes[-1] - refreshes[0]), rel=0.01)
+
+
+def test_swig_map_proxies_without_get_are_read(fake_sdk: Any) -> None:
+    gcipuinfo = fake_sdk.gcipuinfo
+    machine = gcipuinfo.reset(gcipuinfo.FakeMachine.with_c2_cards(2, board_power=lambda t: 99.5, **own()))
+    machine.swig_maps = True
+    entry = gcipuinfo.gcipuinfo().getDevices()[0]
+    assert not hasattr(entry, "get") and entry["board type"] == "C2"  # what broke device.get(...)
+    assert list_devices(gcipuinfo.gcipuinfo())[3]["id"] == "3"
+    assert count_ipus() == 4
+    records = GraphcoreAccelerator().devices()
+    assert [r.details["board serial number"] for r in records][:2] == ["0340.0000.919062"] * 2
+    measurement, refreshes = run_factory_meter(fake_sdk, 0.3, 0.01)
+    assert measurement.energy_joules == pytest.approx(2 * 99.5 * (refreshes[-1] - refreshes[0]), rel=0.01)
+
+
+@pytest.mark.parametrize(
+    "absent, board_power, expected",
+    [
+        ((IPU_POWER, BOARD_POWER), 99.5, "IPU 1 (C2): 'ipu power' absent, 'total board power' absent"),
+        ((), None, "IPU 0 (C600): 'ipu power' 'N/A', 'total board power' 'N/A'"),
+    ],
+)
+def test_a_card_with_no_power_attribute_gives_unavailable_energy_with_the_reason(
+    fake_sdk: Any, absent: tuple[str, ...], board_power: float | None, expected: str
+) -> None:
+    gcipuinfo = fake_sdk.gcipuinfo
+    card = gcipuinfo.FakeMachine.with_c2_cards if absent else gcipuinfo.FakeMachine.with_c600_cards
+    machine = gcipuinfo.reset(card(1, board_power=lambda t: board_power, **own()))
+    for ipu in machine.ipus:
+        ipu.absent = absent
+    meter = GcipuinfoMeterFactory().meter_for([], run_context(config(), GraphcoreAccelerator()))
+    assert isinstance(meter, UnavailableMeter), meter
+    assert expected in meter.reason and "cannot be read" in meter.reason
+
+
+def test_a_board_shared_by_two_instances_is_split_so_their_sum_counts_it_once(fake_sdk: Any) -> None:
+    # Two poprun instances (processes 4001 and 4002) each hold one IPU of one C2. Each counts half the
+    # board; the runner sums the instances, so the board is counted once in all.
+    gcipuinfo = fake_sdk.gcipuinfo
+    machine = gcipuinfo.reset(gcipuinfo.FakeMachine.with_c2_cards(1, board_power=lambda t: 99.5))
+    machine.ipus[0].attributes["user process id"] = "4001"
+    machine.ipus[1].attributes["user process id"] = "4002"
+    info = gcipuinfo.gcipuinfo()
+    info.setUpdateMode(True)
+    listed = list_devices(info)
+    watts_per_instance = []
+    for pid, other in ((4001, "4002"), (4002, "4001")):
+        ids, scope = select_devices(listed, pid)
+        readings, unreadable = plan_readings(listed, ids)
+        assert not unreadable and len(readings) == 1
+        (reading,) = readings
+        assert (reading.key, str(reading.share), reading.other_processes) == ("board-0340.0000.919062", "1/2", (other,))
+        meter = GcipuinfoMeter(info, readings, scope, 0.01, timeline_points=100)
+        first = len(machine.refreshes)
+        meter.start()
+        time.sleep(0.2)
+        measurement = meter.stop()
+        meter.close()
+        window = machine.refreshes[-1] - machine.refreshes[first]
+        assert measurement.energy_joules == pytest.approx(99.5 / 2 * window, rel=0.01)  # half the board
+        watts_per_instance.append(measurement.energy_joules / window)
+        assert measurement.details["shared_boards"] == {
+            "board-0340.0000.919062": {"other_processes": [other], "share_counted_here": "1/2"}
+        }
+        assert any("shared board" in w and "counts 1/2" in w for w in measurement.warnings), measurement.warnings
+    assert sum(watts_per_instance) == pytest.approx(99.5, rel=0.01)  # once per board across instances
+
+
+def test_board_power_is_read_from_any_of_the_boards_ipus_that_lists_it(fake_sdk: Any) -> None:
+    gcipuinfo = fake_sdk.gcipuinfo
+    machine = gcipuinfo.reset(gcipuinfo.FakeMachine.with_c2_cards(1, **own()))
+    machine.ipus[0].absent = (BOARD_POWER,)
+    listed = list_devices(gcipuinfo.gcipuinfo())
+    readings, unreadable = plan_readings(listed, select_devices(listed, os.getpid())[0])
+    assert not unreadable and [(r.key, r.read_from, r.ipus) for r in readings] == [
+        ("board-0340.0000.919062", "1", ("0", "1"))
+    ]
+
+
+def test_an_idle_sibling_on_the_board_leaves_the_whole_board_to_the_process_using_it(fake_sdk: Any) -> None:
+    gcipuinfo = fake_sdk.gcipuinfo
+    machine = gcipuinfo.reset(gcipuinfo.FakeMachine.with_c2_cards(1))
+    machine.ipus[0].attributes["user process id"] = "4001"  # IPU 1 is held by no process
+    listed = list_devices(gcipuinfo.gcipuinfo())
+    (reading,), _ = plan_readings(listed, select_devices(listed, 4001)[0])
+    assert (reading.ipus, reading.share, reading.other_processes) == (("0",), 1, ())
+    assert reading.describe_board()["other_ipus_on_board"] == ["1"]
+    # With nobody named, the whole partition is read: each board once, whole.
+    ids, scope = select_devices(listed, 1)
+    assert ids == ["0", "1"] and "every IPU" in scope
+    (reading,), _ = plan_readings(listed, ids)
+    assert (reading.ipus, reading.share) == (("0", "1"), 1)
+
+
+def test_a_run_on_c2_cards_records_board_energy_and_samples_per_watt_hour(fake_sdk: Any) -> None:
+    from core import run
+    from core.testing import TINY_FCNN
+
+    gcipuinfo = fake_sdk.gcipuinfo
+    gcipuinfo.reset(gcipuinfo.FakeMachine.with_c2_cards(2, board_power=lambda t: 99.5, **own()))
+    result = run(
+        "fcnn",
+        "graphcore",
+        workload_options=TINY_FCNN,
+        micro_batch_size=4,
+        replicas=2,
+        steps=3,
+        warmup_steps=0,
+        power_sample_interval_seconds=0.005,
+    )
+    assert result.status.ok, result.status
+    assert result.energy is not None and result.energy.meter == "gcipuinfo", result.energy_unavailable_reason
+    # The fake lists 4 IPUs on 2 cards, all named this process's: both boards, each counted once.
+    assert set(result.energy.components_joules) == {"board-0340.0000.919062", "board-0340.0001.919062"}
+    assert result.energy_joules == pytest.approx(2 * 99.5 * result.energy.details["window_seconds"], rel=0.01)
     assert result.samples_per_watt_hour is not None

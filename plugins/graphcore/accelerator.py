@@ -143,10 +143,10 @@ def _gcipuinfo_devices() -> list[dict[str, str]] | None:
     """gcipuinfo's device list, or None where gcipuinfo is not installed or cannot list devices."""
     if importlib.util.find_spec("gcipuinfo") is None:
         return None
-    from .meter import import_gcipuinfo
+    from .meter import import_gcipuinfo, list_devices
 
     try:
-        return [dict(device) for device in import_gcipuinfo().gcipuinfo().getDevices()]
+        return list_devices(import_gcipuinfo().gcipuinfo())  # plain dicts, also from SWIG map proxies
     except Exception:  # a library without its driver: fall back to the other probes
         return None
 
