@@ -1,4 +1,5 @@
-"""Shared fixtures: vendor SDK fakes under their real module names, and the GPU marker."""
+"""Shared fixtures: vendor SDK fakes under their real module names, the real pynvml over a simulated
+NVML library, and the GPU marker."""
 
 from __future__ import annotations
 
@@ -33,19 +34,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         skip = pytest.mark.skip(reason="needs an NVIDIA GPU (torch.cuda.is_available() is False)")
         for item in gpu_items:
             item.add_marker(skip)
-
-
-@pytest.fixture
-def fake_pynvml(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
-    """The fake pynvml importable as `pynvml`, with a fresh machine; the real one (if any) is hidden."""
-    monkeypatch.syspath_prepend(str(FAKES / "nvml"))
-    monkeypatch.delitem(sys.modules, "pynvml", raising=False)
-    import pynvml
-
-    pynvml.machine = pynvml.FakeMachine()
-    pynvml._initialized = 0
-    yield pynvml
-    sys.modules.pop("pynvml", None)
 
 
 def _forget_amdsmi() -> None:
