@@ -1,11 +1,9 @@
-"""Shared fixtures: vendor SDK fakes under their real module names, and the GPU marker."""
+"""Shared fixtures: vendor SDK fakes under their real module names, the real pynvml over a simulated
+NVML library, and the GPU marker."""
 
 from __future__ import annotations
 
 import os
-import sys
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -14,8 +12,6 @@ from graphcore_support import fake_sdk, fake_tf_ipu  # noqa: F401 - fixtures reg
 
 # The real pynvml over a simulated libnvidia-ml.so.1, built from C at test time.
 from simnvml import pynvml_folder, sim_nvml, simnvml_libraries  # noqa: F401 - fixtures registered here
-
-FAKES = Path(__file__).parent / "fakes"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -33,19 +29,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         skip = pytest.mark.skip(reason="needs an NVIDIA GPU (torch.cuda.is_available() is False)")
         for item in gpu_items:
             item.add_marker(skip)
-
-
-@pytest.fixture
-def fake_pynvml(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
-    """The fake pynvml importable as `pynvml`, with a fresh machine; the real one (if any) is hidden."""
-    monkeypatch.syspath_prepend(str(FAKES / "nvml"))
-    monkeypatch.delitem(sys.modules, "pynvml", raising=False)
-    import pynvml
-
-    pynvml.machine = pynvml.FakeMachine()
-    pynvml._initialized = 0
-    yield pynvml
-    sys.modules.pop("pynvml", None)
 
 
 def pytest_report_header(config: pytest.Config) -> str:

@@ -8,7 +8,10 @@ The C library is compiled here at test time (`cc -shared -fPIC`) and handed to p
 everything from the Python layer down to the C call is NVIDIA's; only the C library is ours.
 tests/test_nvidia_native.py also loads it the unpatched way, by LD_LIBRARY_PATH in a subprocess.
 
-The node is written to a file the library reads at nvmlInit ($SIM_NVML_NODE).
+The node is written to a file the library reads at nvmlInit ($SIM_NVML_NODE). What a test changes
+while the plugin runs (a GPU falling off the bus) and what it counts (nvmlInit/nvmlShutdown calls) go
+through functions the library exports beside NVML's, all named simnvml_*: see `lose_gpu` and
+`init_and_shutdown_calls`.
 
 Every test runs on each nvidia-ml-py release at hand: the one installed (the dev extra's pin, the
 newest) and those scripts/fetch-bindings.sh unpacked under .bindings/nvidia-ml-py/<version>/ (the
@@ -38,7 +41,8 @@ RELEASES = ("installed", "11.525.150", "12.535.77")
 # NVML_DEVICE_ARCH_* values (nvml.h)
 PASCAL, VOLTA, AMPERE, HOPPER = 4, 5, 7, 9
 
-# how the simulated driver answers NVML_FI_DEV_POWER_INSTANT
+# how the simulated driver answers NVML_FI_DEV_POWER_INSTANT (INSTANT_FAILS_LATER: the first read,
+# the meter's probe, succeeds and every later one fails)
 INSTANT_ABSENT, INSTANT_UINT, INSTANT_DOUBLE, INSTANT_FAILS_LATER = 0, 1, 2, 3
 
 
@@ -58,11 +62,15 @@ class SimGpu:
     compute_capability: tuple[int, int]
     architecture: int
     memory_bytes: int
-    power_watts: float
-    power_limit_watts: float
+    power_watts: float  # at driver load (the first nvmlInit)
+    power_limit_watts: float | None  # None: nvmlDeviceGetEnforcedPowerLimit answers NotSupported
     bus_id: str
-    energy_at_init_joules: float = 123_456.0
+    energy_at_load_joules: float = 123_456.0
     instant: int = INSTANT_UINT
+    #: power rises (or falls) this fast from driver load on; the counter follows its integral
+    power_ramp_watts_per_second: float = 0.0
+    #: the energy counter's rate over the power's integral: 1.2 is a counter running 20 % fast
+    counter_scale: float = 1.0
     migs: list[SimMig] = field(default_factory=list)
 
 
@@ -82,6 +90,13 @@ def v100(uuid: str, power_watts: float, bus: int) -> SimGpu:
     )
 
 
+def p100(uuid: str, power_watts: float, bus: int) -> SimGpu:
+    """Pascal: no total-energy counter (Volta and newer only), no tf32 or bf16."""
+    return SimGpu(
+        uuid, "Tesla P100-PCIE-16GB", (6, 0), PASCAL, 17_071_734_784, power_watts, 250.0, f"00000000:{bus:02X}:00.0"
+    )
+
+
 @dataclass
 class SimNode:
     gpus: list[SimGpu]
@@ -91,16 +106,28 @@ class SimNode:
     def text(self) -> str:
         lines = [f"driver {self.driver} {self.cuda_version}"]
         for g in self.gpus:
+            limit_mw = 0 if g.power_limit_watts is None else round(g.power_limit_watts * 1000)
             lines.append(
                 f"gpu {g.uuid} {g.compute_capability[0]} {g.compute_capability[1]} {g.architecture} "
-                f"{g.memory_bytes} {round(g.power_watts * 1000)} {round(g.power_limit_watts * 1000)} "
-                f"{round(g.energy_at_init_joules * 1000)} {g.instant} {g.bus_id} {g.name}"
+                f"{g.memory_bytes} {round(g.power_watts * 1000)} {limit_mw} "
+                f"{round(g.energy_at_load_joules * 1000)} {g.instant} {g.power_ramp_watts_per_second * 1000!r} "
+                f"{g.counter_scale!r} {g.bus_id} {g.name}"
             )
         for index, g in enumerate(self.gpus):
             lines += [
                 f"mig {index} {m.uuid} {m.gpu_instance} {m.compute_instance} {m.memory_bytes} {m.name}" for m in g.migs
             ]
         return "\n".join(lines) + "\n"
+
+
+def lose_gpu(pynvml: Any, index: int) -> None:
+    """The GPU at this NVML index falls off the bus: NVML answers NVML_ERROR_GPU_IS_LOST for it from now on."""
+    pynvml.nvmlLib.simnvml_lose_gpu(index)
+
+
+def init_and_shutdown_calls(pynvml: Any) -> tuple[int, int]:
+    """Successful nvmlInit and nvmlShutdown calls the C library has had since the node was installed."""
+    return int(pynvml.nvmlLib.simnvml_init_calls()), int(pynvml.nvmlLib.simnvml_shutdown_calls())
 
 
 def compiler() -> str | None:
@@ -155,8 +182,8 @@ def sim_nvml(
 ) -> Iterator[Callable[..., Any]]:
     """``install(node, driver="current"|"no-architecture")`` -> the real pynvml module over that node.
 
-    The fake pynvml of tests/fakes (or another release) is removed from sys.modules first, so
-    `import pynvml` anywhere (the plugin's import_pynvml) gets the release under test.
+    Any pynvml already imported (another release) is removed from sys.modules first, so
+    `import pynvml` anywhere (the plugin's import_pynvml, a benchmark's) gets the release under test.
     """
     monkeypatch.delitem(sys.modules, "pynvml", raising=False)
     if pynvml_folder is not None:

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -84,18 +85,17 @@ def test_gpu_benchmark_compile_case_reports_compilation_apart(monkeypatch: pytes
     assert figures["core_warnings"] == []
 
 
-def test_independent_counter_reads_bracket_the_meter_window(fake_pynvml: Any) -> None:
+def test_independent_counter_reads_bracket_the_meter_window(sim_nvml: Callable[..., Any]) -> None:
+    from simnvml import SimNode, h200
+
     from core_plugins.nvidia.accelerator import NvidiaAccelerator
     from core_plugins.nvidia.meter import NvmlMeterFactory
 
-    fake_pynvml.machine.gpus = [
-        fake_pynvml.FakeGpu(
-            name="NVIDIA H200", uuid="GPU-8c1f0d2e-0000-4000-8000-000000000001", power_watts=lambda t: 300.0 + 200.0 * t
-        ),
-        fake_pynvml.FakeGpu(
-            name="NVIDIA H200", uuid="GPU-8c1f0d2e-0000-4000-8000-000000000002", power_watts=lambda t: 120.0
-        ),
-    ]
+    # Through the real pynvml over the simulated NVML library: the benchmark's own `import pynvml`
+    # gets the release under test, as the plugin's does.
+    climbing = h200("GPU-8c1f0d2e-0000-4000-8000-000000000001", 300.0, 0x19)
+    climbing.power_ramp_watts_per_second = 200.0
+    sim_nvml(SimNode([climbing, h200("GPU-8c1f0d2e-0000-4000-8000-000000000002", 120.0, 0x3B)]))
     bench_module = load_script("nvidia_vs_plain")
     config = make_config(workload="fcnn", accelerator="nvidia", power_sample_interval_seconds=0.01)
     devices = NvidiaAccelerator().visible_devices()

@@ -1,12 +1,23 @@
-"""The NVIDIA plugin against a fake of pynvml: discovery, visibility, NVML energy, peaks."""
+"""The NVIDIA plugin: discovery, visibility, NVML energy, peaks, a whole run.
+
+Through the real pynvml (nvidia-ml-py, every release at hand) over the simulated libnvidia-ml.so.1 of
+tests/native/simnvml.c (the `sim_nvml` fixture, tests/simnvml.py); CUDA_VISIBLE_DEVICES parsing and
+the peak table are pure functions, tested as such.
+"""
 
 from __future__ import annotations
 
+import ctypes.util
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+from simnvml import INSTANT_ABSENT, SimNode, a100, h200, init_and_shutdown_calls, lose_gpu, p100
 
 import core.workloads
 from core import Availability, Precision, RunConfig, hookimpl, make_config, run
@@ -43,46 +54,36 @@ def test_cuda_visible_devices_follows_the_cuda_rules(variable: str | None, expec
     assert visible_nvml_indices(variable, UUIDS) == expected
 
 
-def three_gpus(pynvml: Any) -> None:
-    pynvml.machine.gpus = [
-        pynvml.FakeGpu(name="NVIDIA H200", uuid=UUIDS[0], power_watts=lambda t: 400.0),
-        pynvml.FakeGpu(
-            name="NVIDIA A100-SXM4-80GB",
-            uuid=UUIDS[1],
-            compute_capability=(8, 0),
-            architecture=pynvml.NVML_DEVICE_ARCH_AMPERE,
-            power_watts=lambda t: 100.0 + 100.0 * t,
-        ),
-        pynvml.FakeGpu(
-            name="Tesla P100-PCIE-16GB",
-            uuid=UUIDS[2],
-            compute_capability=(6, 0),
-            architecture=pynvml.NVML_DEVICE_ARCH_PASCAL,
-            power_watts=lambda t: 150.0,
-        ),
-    ]
+def three_gpus() -> SimNode:
+    """An H200 at a steady 400 W, an A100 whose power climbs from 100 W by 100 W a second, and a
+    P100 (Pascal: no energy counter) at 150 W."""
+    a100_ramping = a100(UUIDS[1], 100.0, 0x3B)
+    a100_ramping.power_ramp_watts_per_second = 100.0
+    gpus = [h200(UUIDS[0], 400.0, 0x19), a100_ramping, p100(UUIDS[2], 150.0, 0x5D)]
+    return SimNode(gpus, driver="570.124.06", cuda_version=12080)
 
 
-def test_discovery_describes_each_visible_gpu(fake_pynvml: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    three_gpus(fake_pynvml)
+def test_discovery_describes_each_visible_gpu(sim_nvml: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    pynvml = sim_nvml(three_gpus())
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,GPU-1111aaaa")
     devices = NvidiaAccelerator().visible_devices()
     assert [d.name for d in devices] == ["Tesla P100-PCIE-16GB", "NVIDIA H200"]
     assert [d.index for d in devices] == [0, 1]  # cuda:0, cuda:1 as this process numbers them
-    p100, h200 = devices
-    assert p100.details["energy_counter"] is False and h200.details["energy_counter"] is True
-    assert h200.details["uuid"] == UUIDS[0] and h200.details["compute_capability"] == "9.0"
-    assert h200.details["power_limit_watts"] == 700.0 and h200.memory_bytes == 150_754_820_096
+    p100_record, h200_record = devices
+    assert p100_record.details["energy_counter"] is False and h200_record.details["energy_counter"] is True
+    assert h200_record.details["uuid"] == UUIDS[0] and h200_record.details["compute_capability"] == "9.0"
+    assert h200_record.details["power_limit_watts"] == 700.0 and h200_record.memory_bytes == 150_754_820_096
     assert NvidiaAccelerator().max_replicas(make_config(workload="fcnn", accelerator="nvidia")) == 2
-    assert fake_pynvml.machine.calls.count("nvmlInit") == fake_pynvml.machine.calls.count("nvmlShutdown")
+    inits, shutdowns = init_and_shutdown_calls(pynvml)
+    assert inits == shutdowns > 0
 
 
-def test_driver_versions(fake_pynvml: Any) -> None:
-    three_gpus(fake_pynvml)
+def test_driver_versions(sim_nvml: Callable[..., Any]) -> None:
+    sim_nvml(three_gpus())
     assert NvidiaAccelerator().driver_versions() == {"nvidia_driver": "570.124.06", "cuda_driver": "12.8"}
 
 
-def run_meter(pynvml: Any, window_seconds: float, config: RunConfig | None = None) -> Any:
+def run_meter(window_seconds: float, config: RunConfig | None = None) -> Any:
     config = config or make_config(workload="fcnn", accelerator="nvidia", power_sample_interval_seconds=0.01)
     devices = NvidiaAccelerator().visible_devices()
     meter = NvmlMeterFactory().meter_for(devices, run_context(config))
@@ -94,18 +95,20 @@ def run_meter(pynvml: Any, window_seconds: float, config: RunConfig | None = Non
         meter.close()
 
 
-def test_counter_energy_per_gpu_with_sampled_cross_check_and_sampled_fallback(fake_pynvml: Any) -> None:
-    three_gpus(fake_pynvml)
-    reads: list[float] = []
-    original = fake_pynvml.nvmlDeviceGetTotalEnergyConsumption
+def test_counter_energy_per_gpu_with_sampled_cross_check_and_sampled_fallback(
+    sim_nvml: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pynvml = sim_nvml(three_gpus())
+    reads: list[tuple[str, int]] = []
+    original = pynvml.nvmlDeviceGetTotalEnergyConsumption
 
-    def recording(handle: Any) -> int:
+    def recording(handle: Any) -> int:  # the binding's own call, watched on the way through
         value = original(handle)
-        reads.append((handle.gpu.uuid, value))
-        return value
+        reads.append((str(pynvml.nvmlDeviceGetUUID(handle)), value))
+        return int(value)
 
-    fake_pynvml.nvmlDeviceGetTotalEnergyConsumption = recording
-    measurement = run_meter(fake_pynvml, 0.5)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetTotalEnergyConsumption", recording)
+    measurement = run_meter(0.5)
     assert measurement.energy_joules is not None, measurement.unavailable_reason
     details = measurement.details
     assert details["methods"] == {"gpu0": "counter", "gpu1": "counter", "gpu2": "sampled"}
@@ -117,7 +120,8 @@ def test_counter_energy_per_gpu_with_sampled_cross_check_and_sampled_fallback(fa
     assert measurement.components_joules["gpu0"] == pytest.approx(400.0 * 0.5, rel=0.05)
     # The P100 has no counter: its energy is the integral of 150 W over the window.
     assert measurement.components_joules["gpu2"] == pytest.approx(150.0 * 0.5, rel=0.05)
-    # Counter and sampled integral agree on the counter devices; their ratio is reported.
+    # Counter and sampled integral agree on the counter devices (the A100's power climbing all the
+    # while); their ratio is reported.
     for key in ("gpu0", "gpu1"):
         assert details["counter_over_sampled"][key] == pytest.approx(1.0, abs=0.03)
     assert measurement.energy_joules == pytest.approx(sum(measurement.components_joules.values()))
@@ -126,58 +130,117 @@ def test_counter_energy_per_gpu_with_sampled_cross_check_and_sampled_fallback(fa
     assert timeline is not None and set(timeline.watts) == {"gpu0", "gpu1", "gpu2"}
     assert timeline.stop_seconds[-1] == pytest.approx(0.5, abs=0.1) and len(timeline.start_seconds) > 10
     assert all(w == pytest.approx(150.0) for w in timeline.watts["gpu2"])
-    assert fake_pynvml.machine.calls.count("nvmlInit") == fake_pynvml.machine.calls.count("nvmlShutdown")
+    inits, shutdowns = init_and_shutdown_calls(pynvml)
+    assert inits == shutdowns > 0
 
 
-def test_missing_instant_power_falls_back_to_the_average(fake_pynvml: Any) -> None:
-    three_gpus(fake_pynvml)
-    for gpu in fake_pynvml.machine.gpus:
-        gpu.instant_power_supported = False
-    measurement = run_meter(fake_pynvml, 0.2)
+def test_missing_instant_power_falls_back_to_the_average(sim_nvml: Callable[..., Any]) -> None:
+    simulated = three_gpus()
+    for gpu in simulated.gpus:
+        gpu.instant = INSTANT_ABSENT
+    sim_nvml(simulated)
+    measurement = run_meter(0.2)
     assert measurement.components_joules["gpu2"] == pytest.approx(150.0 * 0.2, rel=0.1)
     assert measurement.details["power_reading"]["gpu0"].startswith("nvmlDeviceGetPowerUsage")
 
 
 def test_instant_power_is_preferred_and_a_binding_without_the_field_falls_back(
-    fake_pynvml: Any, monkeypatch: pytest.MonkeyPatch
+    sim_nvml: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    three_gpus(fake_pynvml)
-    fake_pynvml.machine.gpus[1].instant_power_supported = False  # a driver without the field on one GPU
-    measurement = run_meter(fake_pynvml, 0.1)
+    simulated = three_gpus()
+    simulated.gpus[1].instant = INSTANT_ABSENT  # a driver without the field on one GPU
+    pynvml = sim_nvml(simulated)
+    measurement = run_meter(0.1)
     assert measurement.details["power_reading"] == {
         "gpu0": "NVML_FI_DEV_POWER_INSTANT",
         "gpu1": nvml.AVERAGED_POWER,
         "gpu2": "NVML_FI_DEV_POWER_INSTANT",
     }
-    monkeypatch.delattr(fake_pynvml, "NVML_FI_DEV_POWER_INSTANT")  # a binding without the field
-    measurement = run_meter(fake_pynvml, 0.1)
+    # A binding without the field: every release this project supports has it (11.525.150 on), so
+    # the real module, minus that one constant, stands in for an older or trimmed one.
+    monkeypatch.delattr(pynvml, "NVML_FI_DEV_POWER_INSTANT")
+    measurement = run_meter(0.1)
     assert set(measurement.details["power_reading"].values()) == {nvml.AVERAGED_POWER}
     assert measurement.components_joules["gpu2"] == pytest.approx(150.0 * 0.1, rel=0.2)
 
 
-def test_a_lost_gpu_gives_no_number_but_the_reason(fake_pynvml: Any) -> None:
-    three_gpus(fake_pynvml)
+def test_a_lost_gpu_gives_no_number_but_the_reason(sim_nvml: Callable[..., Any]) -> None:
+    pynvml = sim_nvml(three_gpus())
     config = make_config(workload="fcnn", accelerator="nvidia", power_sample_interval_seconds=0.01)
     devices = NvidiaAccelerator().visible_devices()
     meter = NvmlMeterFactory().meter_for(devices[:1], run_context(config))
     meter.start()
-    fake_pynvml.machine.gpus[0].lost = True
+    lose_gpu(pynvml, 0)
     measurement = meter.stop()
     meter.close()
     assert measurement.energy_joules is None
-    assert "gpu0: NVMLError_GpuIsLost: GPU is lost" in measurement.unavailable_reason
+    assert "gpu0: NVMLError_GpuIsLost: GPU is lost" in (measurement.unavailable_reason or "")
+    inits, shutdowns = init_and_shutdown_calls(pynvml)
+    assert inits == shutdowns > 0
 
 
-def test_missing_nvml_library_is_reported_as_such(fake_pynvml: Any) -> None:
-    fake_pynvml.machine.library_present = False
-    with pytest.raises(fake_pynvml.NVMLError_LibraryNotFound, match="NVML Shared Library Not Found"):
-        NvidiaAccelerator().visible_devices()
+# The plugin in a process of its own, so that pynvml's _LoadNvmlLibrary runs as on a node without the
+# library: nvmlLib is None and CDLL("libnvidia-ml.so.1") raises OSError, which pynvml turns into
+# NVMLError_LibraryNotFound. The plugin lets it out of the device listing and names it where versions
+# are only informative.
+MISSING_LIBRARY_SCRIPT = """
+import pynvml
+from core_plugins.nvidia.accelerator import NvidiaAccelerator
+try:
+    NvidiaAccelerator().visible_devices()
+except pynvml.NVMLError as exc:
+    print("raised", type(exc).__name__, type(exc).__module__, "|", exc)
+print("versions", NvidiaAccelerator().driver_versions())
+"""
 
 
-def test_errors_map_to_the_named_subclasses(fake_pynvml: Any) -> None:
-    error = fake_pynvml.NVMLError(fake_pynvml.NVML_ERROR_NOT_SUPPORTED)
-    assert type(error).__name__ == "NVMLError_NotSupported" and str(error) == "Not Supported"
-    assert isinstance(error, fake_pynvml.NVMLError)
+@pytest.mark.parametrize("library", ["absent", "unloadable"])
+def test_missing_nvml_library_is_reported_as_such(pynvml_folder: Path | None, tmp_path: Path, library: str) -> None:
+    """absent: nothing named libnvidia-ml.so.1 anywhere the loader looks (skipped where a driver has
+    installed one). unloadable: a truncated file of that name first on LD_LIBRARY_PATH, as a broken
+    driver install leaves; glibc stops at it ("file too short") on any machine."""
+    if pynvml_folder is None:
+        pytest.importorskip("pynvml", reason="nvidia-ml-py is not installed (pip install -e '.[dev]')")
+    folder = tmp_path / "lib"
+    folder.mkdir()
+    if library == "absent" and ctypes.util.find_library("nvidia-ml") is not None:
+        pytest.skip("this machine has an NVIDIA driver's libnvidia-ml.so.1: it cannot be absent here")
+    if library == "unloadable":
+        (folder / "libnvidia-ml.so.1").write_bytes(b"")
+    environment = {**os.environ, "LD_LIBRARY_PATH": str(folder)}
+    environment.pop("SIM_NVML_NODE", None)
+    if pynvml_folder is not None:
+        environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pynvml_folder), os.environ.get("PYTHONPATH")]))
+    done = subprocess.run(
+        [sys.executable, "-c", MISSING_LIBRARY_SCRIPT],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    raised, versions = done.stdout.splitlines()
+    assert raised == "raised NVMLError_LibraryNotFound pynvml | NVML Shared Library Not Found"
+    assert (
+        versions == "versions {'nvidia_driver': 'unknown (NVMLError_LibraryNotFound: NVML Shared Library Not Found)'}"
+    )
+
+
+def test_a_query_the_device_does_not_support_is_absent_not_an_error(sim_nvml: Callable[..., Any]) -> None:
+    """The real binding's NVMLError subclasses, as the plugin sorts them: NotSupported (here for the
+    enforced power limit) means "this device has none", and the GPU is still listed."""
+    simulated = three_gpus()
+    simulated.gpus[0].power_limit_watts = None
+    pynvml = sim_nvml(simulated)
+    pynvml.nvmlInit()
+    try:
+        with pytest.raises(pynvml.NVMLError_NotSupported):
+            pynvml.nvmlDeviceGetEnforcedPowerLimit(pynvml.nvmlDeviceGetHandleByIndex(0))
+    finally:
+        pynvml.nvmlShutdown()
+    h200_record, a100_record, _ = NvidiaAccelerator().visible_devices()
+    assert h200_record.details["power_limit_watts"] is None and h200_record.name == "NVIDIA H200"
+    assert a100_record.details["power_limit_watts"] == 400.0
 
 
 @pytest.mark.parametrize(
@@ -207,10 +270,10 @@ def test_peak_table(name: str, precision: Precision, tflops: float | None) -> No
         assert peak is not None and peak[0] == pytest.approx(tflops * 1e12) and "datasheet" in peak[1]
 
 
-def test_tf32_and_bf16_need_ampere(fake_pynvml: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tf32_and_bf16_need_ampere(sim_nvml: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
     from core import ConfigError
 
-    three_gpus(fake_pynvml)
+    sim_nvml(three_gpus())
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2")
     with pytest.raises(ConfigError) as caught:
         NvidiaAccelerator().validate_run(
@@ -225,16 +288,18 @@ def test_meter_is_chosen_for_nvidia_and_needs_pynvml(monkeypatch: pytest.MonkeyP
 
     factory = NvmlMeterFactory()
     assert factory.reads("nvidia") and not factory.reads("cpu")
+    # Only the binding's presence is asked (no import, no NVML call): the dev extra installs it.
+    assert factory.availability().available == (importlib.util.find_spec("pynvml") is not None)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
     assert "pip install 'core[nvidia]'" in factory.availability().reason
 
 
-def test_overlapping_users_share_one_nvml_initialisation(fake_pynvml: Any) -> None:
-    three_gpus(fake_pynvml)
+def test_overlapping_users_share_one_nvml_initialisation(sim_nvml: Callable[..., Any]) -> None:
+    pynvml = sim_nvml(three_gpus())
     with nvml.nvml_session():
         NvidiaAccelerator().visible_devices()  # opens and closes its own session inside
-        assert fake_pynvml.machine.calls.count("nvmlShutdown") == 0
-    assert fake_pynvml.machine.calls.count("nvmlInit") == 1 and fake_pynvml.machine.calls.count("nvmlShutdown") == 1
+        assert init_and_shutdown_calls(pynvml) == (1, 0)
+    assert init_and_shutdown_calls(pynvml) == (1, 1)
     assert nvml.nvml_session.users == 0
 
 
@@ -243,13 +308,13 @@ def test_overlapping_users_share_one_nvml_initialisation(fake_pynvml: Any) -> No
 
 class SimulatedNvidia(NvidiaAccelerator):
     """The real plugin with only the device work simulated: discovery, validation, devices, peaks and
-    the meter are the plugin's own, against the fake NVML."""
+    the meter are the plugin's own, through the real pynvml over the simulated NVML library."""
 
     def availability(self) -> Availability:
-        return Availability.yes()  # no /dev/nvidia* here; NVML itself is the fake
+        return Availability.yes()  # no /dev/nvidia* here; NVML is the simulated library
 
     def create_executor(self, workload: Any, config: RunConfig, process: Any) -> Executor:
-        # Each update keeps the (fake) GPUs busy for 5 ms of real time: the fake node's clock is real time.
+        # Each update keeps the (simulated) GPUs busy for 5 ms of real time: the library's clock is real time.
         return SimulatedExecutor(lambda: time.sleep(0.005))
 
 
@@ -263,11 +328,12 @@ class SimulatedNode:
         register(NvmlMeterFactory())
 
 
-def test_a_run_on_two_gpus_reports_devices_peaks_mfu_and_energy_per_gpu(fake_pynvml: Any) -> None:
-    fake_pynvml.machine.gpus = [
-        fake_pynvml.FakeGpu(name="NVIDIA H200", uuid=UUIDS[0], power_watts=lambda t: 400.0),
-        fake_pynvml.FakeGpu(name="NVIDIA H200", uuid=UUIDS[1], power_watts=lambda t: 250.0),
-    ]
+def two_h200s() -> SimNode:
+    return SimNode([h200(UUIDS[0], 400.0, 0x19), h200(UUIDS[1], 250.0, 0x3B)], driver="570.124.06", cuda_version=12080)
+
+
+def test_a_run_on_two_gpus_reports_devices_peaks_mfu_and_energy_per_gpu(sim_nvml: Callable[..., Any]) -> None:
+    pynvml = sim_nvml(two_h200s())
     with registered_plugins(core.workloads, SimulatedNode(), entry_points=False):
         result = run(
             "fcnn",
@@ -302,21 +368,14 @@ def test_a_run_on_two_gpus_reports_devices_peaks_mfu_and_energy_per_gpu(fake_pyn
     assert energy.power_timeline is not None and set(energy.power_timeline.watts) == {"gpu0", "gpu1"}
     assert not energy.warnings and not any(w.startswith("energy:") for w in result.warnings)
     assert result.environment.driver_versions == {"nvidia_driver": "570.124.06", "cuda_driver": "12.8"}
-    assert fake_pynvml.machine.calls.count("nvmlInit") == fake_pynvml.machine.calls.count("nvmlShutdown")
+    inits, shutdowns = init_and_shutdown_calls(pynvml)
+    assert inits == shutdowns > 0
 
 
-def test_a_counter_that_disagrees_with_sampled_power_is_flagged_in_the_result(fake_pynvml: Any) -> None:
-    fake_pynvml.machine.gpus = [
-        fake_pynvml.FakeGpu(name="NVIDIA H200", uuid=UUIDS[0], power_watts=lambda t: 400.0),
-        fake_pynvml.FakeGpu(name="NVIDIA H200", uuid=UUIDS[1], power_watts=lambda t: 250.0),
-    ]
-    honest = fake_pynvml.nvmlDeviceGetTotalEnergyConsumption
-
-    def inflated(handle: Any) -> int:  # gpu0's counter runs 20 % fast
-        value = honest(handle)
-        return int(value * 1.2) if handle.gpu.uuid == UUIDS[0] else value
-
-    fake_pynvml.nvmlDeviceGetTotalEnergyConsumption = inflated
+def test_a_counter_that_disagrees_with_sampled_power_is_flagged_in_the_result(sim_nvml: Callable[..., Any]) -> None:
+    simulated = two_h200s()
+    simulated.gpus[0].counter_scale = 1.2  # gpu0's counter runs 20 % fast
+    sim_nvml(simulated)
     with registered_plugins(core.workloads, SimulatedNode(), entry_points=False):
         result = run(
             "fcnn",
