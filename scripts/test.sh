@@ -4,6 +4,12 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh dev || exit $?
+# The binding tests need every release of amdsmi and nvidia-ml-py they cover (setup.sh fetched
+# them as a best effort): here they are required, so the tests run rather than skip.
+if ! PYTHON=.venv/bin/python ./scripts/fetch-bindings.sh; then
+    echo "error: could not fetch the amdsmi / nvidia-ml-py releases the binding tests run on" >&2
+    exit 1
+fi
 
 # The report test opens the HTML report in headless Chromium: Debian's `chromium` package.
 # Where this script can install it (root, apt), the test is required: it fails, not skips,
