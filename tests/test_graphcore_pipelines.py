@@ -266,3 +266,44 @@ def test_a_workload_still_naming_split_points_the_old_way_works_with_a_warning(
     assert result.status.ok, result.status
     assert any(issubclass(w.category, DeprecationWarning) and "pipeline_layout" in str(w.message) for w in caught)
     assert result.executor_details["pipeline_stage_plan"][1]["first_layer"] == "2"
+
+
+def test_a_dry_run_shows_the_layers_per_ipu_and_where_they_come_from() -> None:
+    from core.machines.profile import load_machine
+
+    plan = plan_run(
+        get_plugin_manager(),
+        "bert-base-squad",
+        "graphcore",
+        {"devices_per_replica": 4, "gradient_accumulation": 8},
+        machine=load_machine("ipu-pod16"),
+    )
+    shown = plan.accelerator.placement_summary(plan.context(SINGLE_PROCESS))["pipeline"]
+    assert shown.startswith("encoder layers per IPU 0,4,4,4 (recommended: graphcore/examples nlp/bert/pytorch")
+
+
+def _documented_commands() -> list[tuple[str, list[str]]]:
+    """(machine, arguments) of each `core run` in docs/graphcore.md's "The papers' IPU runs as
+    commands": ACES ran on an IPU-POD16, CARAML on an IPU-POD4 (the comment above each says which)."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "graphcore.md").read_text(encoding="utf-8")
+    section = text.split("## The papers' IPU runs as commands", 1)[1]
+    block = re.search(r"```bash\n(.*?)```", section, re.S)
+    assert block is not None
+    commands, machine = [], ""
+    for line in block.group(1).replace("\\\n", " ").splitlines():
+        if line.startswith("# "):
+            machine = "ipu-pod4" if line.startswith("# CARAML") else "ipu-pod16"
+        elif line.startswith("core run"):
+            commands.append((machine, shlex.split(line)[1:]))
+    return commands
+
+
+@pytest.mark.parametrize("machine,command", _documented_commands(), ids=lambda value: str(value)[:40])
+def test_every_documented_paper_command_plans_for_its_machine(machine: str, command: list[str]) -> None:
+    from core.cli import main
+
+    assert main([*command, "--dry-run", "--machine", machine]) == 0

@@ -36,7 +36,7 @@ from core.plugin import (
     Workload,
 )
 
-from .pipeline import DEFAULT_SPLIT, SplitChoice, choose_split_points
+from .pipeline import DEFAULT_SPLIT, SplitChoice, choose_split_points, describe_split
 from .placement import IpuPlacement, PoprunProcess, format_command, plan_placement, poprun_command
 
 if TYPE_CHECKING:
@@ -241,8 +241,12 @@ class GraphcoreAccelerator(Accelerator):
         return None
 
     def placement_summary(self, context: RunContext) -> dict[str, Any]:
-        summary = self.placement(context.config, context.accelerator_options_as(GraphcoreOptions)).summary()
-        return {key: summary[key] for key in _DRY_RUN_PLACEMENT}
+        placement = self.placement(context.config, context.accelerator_options_as(GraphcoreOptions))
+        summary = placement.summary()
+        shown = {key: summary[key] for key in _DRY_RUN_PLACEMENT}
+        if placement.pipelined and context.config.framework is Framework.torch:
+            shown["pipeline"] = describe_split(pipeline_split(context, placement), context.pipeline_layout)
+        return shown
 
     def validate_run(self, context: RunContext) -> None:
         config, options = context.config, context.accelerator_options_as(GraphcoreOptions)

@@ -74,6 +74,16 @@ class SplitChoice:
 DEFAULT_SPLIT = SplitChoice(None, "parameter count")
 
 
+def describe_split(choice: SplitChoice, layout: PipelineLayout | None) -> str:
+    """One line for a dry run: the blocks per stage where known, and the rule that chose them."""
+    if choice.split_points is None:
+        return f"balanced by {choice.rule} when the model is built"
+    if layout is not None:
+        counts = ",".join(str(count) for count in layout.layers_per_stage(choice.split_points))
+        return f"{layout.unit}s per IPU {counts} ({choice.rule})"
+    return f"stages begin at {', '.join(choice.split_points)} ({choice.rule})"
+
+
 def _listing(layout: PipelineLayout) -> str:
     return f"{len(layout.blocks)} {layout.unit}s: {', '.join(layout.blocks)}"
 
