@@ -276,7 +276,7 @@ def test_core_names_in_backticks_exist(document: Path) -> None:
 
 def _shell_commands(document: Path) -> Iterator[list[str]]:
     for block in code_blocks(document.read_text(encoding="utf-8"), "bash"):
-        for line in block.splitlines():
+        for line in block.replace("\\\n", " ").splitlines():  # a trailing backslash continues the line
             for command in line.split("&&"):
                 words = shlex.split(command, comments=True)
                 while words and "=" in words[0] and not words[0].startswith("-"):
