@@ -60,7 +60,11 @@ _DRY_RUN_PLACEMENT = (
     "samples_per_host_call",
     "placement_notes",
 )
-_PRECISIONS = {Framework.torch: (Precision.fp32, Precision.fp16), Framework.tensorflow: (Precision.fp32,)}
+#: tensorflow fp16 is Graphcore's 16.32 mixed precision (Keras mixed_float16): tensorflow_settings.py
+_PRECISIONS = {
+    Framework.torch: (Precision.fp32, Precision.fp16),
+    Framework.tensorflow: (Precision.fp32, Precision.fp16),
+}
 
 
 class GraphcoreOptions(BaseModel):
@@ -257,15 +261,29 @@ class GraphcoreAccelerator(Accelerator):
                 "an IPU answers fixed-size host calls of one compiled shape, not LoadGen's variable queries; "
                 "on graphcore: loop",
             )
-        if config.data not in SYNTHETIC_SOURCES:
-            # Both IPU executors stream the synthetic pool from the host; a dataset path would be
-            # silently ignored, and the figures would be for data the user did not ask for.
-            raise ConfigError(
-                "data",
-                config.data,
-                f"the IPU executors feed synthetic samples only; allowed: {', '.join(SYNTHETIC_SOURCES)}",
-            )
+        if config.framework is Framework.torch:
+            if config.data not in SYNTHETIC_SOURCES:
+                # The PopTorch executor streams the synthetic pool from the host; a dataset path would
+                # be silently ignored, and the figures would be for data the user did not ask for.
+                raise ConfigError(
+                    "data",
+                    config.data,
+                    f"the PopTorch executor feeds synthetic samples only; allowed: {', '.join(SYNTHETIC_SOURCES)}",
+                )
+            if options.batch_norm_span > 1:
+                # PopTorch 3.3 has no batch norm across replicas (its supported operations list no
+                # SyncBatchNorm; its Options no replica groups for norms): each replica normalises alone.
+                raise ConfigError(
+                    "accelerator_options.batch_norm_span",
+                    options.batch_norm_span,
+                    "PopTorch normalises each replica's micro-batch on its own: 1 (framework tensorflow gathers "
+                    "batch-norm statistics over a span of replicas)",
+                )
         placement = self.placement(config, options)
+        if config.framework is Framework.tensorflow:
+            from .tensorflow_settings import check_tensorflow_run
+
+            check_tensorflow_run(config, options, placement, this_process=context.machine is None)
         if context.machine is not None:
             _check_on_machine(context, placement)
             return
@@ -334,11 +352,14 @@ class GraphcoreAccelerator(Accelerator):
     def executor_for(self, workload: Workload, context: RunContext) -> Executor:
         config, options = context.config, context.accelerator_options_as(GraphcoreOptions)
         placement = self.placement(config, options)
+        _, poprun = resolve_instances(options)
         if config.framework is Framework.tensorflow:
             from .tensorflow import create_keras_executor
 
-            return create_keras_executor(workload, context.workload_options, config, placement, options)
-        _, poprun = resolve_instances(options)
+            popdist = _popdist_for_tensorflow(placement) if placement.instances > 1 else None
+            return create_keras_executor(
+                workload, context.workload_options, config, placement, options, process=poprun, popdist=popdist
+            )
         return self._poptorch_executor(workload, context.workload_options, config, placement, options, poprun)
 
     def _poptorch_executor(
@@ -446,12 +467,6 @@ def _check_on_machine(context: RunContext, placement: IpuPlacement) -> None:
 def _check_instances(config: RunConfig, options: GraphcoreOptions, placement: IpuPlacement) -> None:
     """Several instances: core starts them with poprun, or this process is one poprun started."""
     instances, process = resolve_instances(options)
-    if config.framework is Framework.tensorflow and instances > 1:
-        raise ConfigError(
-            "accelerator_options.instances",
-            instances,
-            "the TensorFlow path runs in one instance; use framework torch under poprun",
-        )
     if process is None:
         if instances > 1 and shutil.which("poprun") is None:
             raise ConfigError(
@@ -477,6 +492,24 @@ def _this_command() -> list[str]:
     if Path(argv[0]).name == "core":
         return ["core", *argv[1:]]
     return ["python3", *argv]
+
+
+def _popdist_for_tensorflow(placement: IpuPlacement) -> Any:
+    """PopDist with its TensorFlow module, for an instance poprun started: PopDistStrategy and
+    ``popdist.tensorflow.set_ipu_config`` read poprun's PopDist variables, so they must be there."""
+    import importlib
+
+    popdist = importlib.import_module("popdist")
+    importlib.import_module("popdist.tensorflow")
+    if not popdist.isPopdistEnvSet():
+        raise ConfigError(
+            "accelerator_options.instances",
+            placement.instances,
+            "TensorFlow instances share their replicas through PopDist, whose variables only poprun sets: "
+            "start them with poprun (core does, outside one), or 1",
+        )
+    _check_popdist(popdist, placement)
+    return popdist
 
 
 def _check_popdist(popdist: Any, placement: IpuPlacement) -> None:
