@@ -125,8 +125,8 @@ class GraphcoreOptions(BaseModel):
         default=1,
         ge=1,
         le=1 << 12,
-        description="replicas over which batch-norm statistics are gathered (the ACES paper's BN_span); "
-        "1: each replica its own",
+        description="replicas of one IPU each over which training gathers batch-norm statistics (the ACES "
+        "paper's BN_span, which counts IPUs); must divide replicas; framework tensorflow; 1: each replica its own",
     )
 
 
