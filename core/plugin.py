@@ -28,6 +28,7 @@ from core.contract.pipeline import PipelineLayout, RecommendedSplit
 from core.contract.sdk import SharedLibrarySession
 from core.contract.workload import KerasTrainingSpec, TorchTrainingSpec, Workload, parse_plugin_options
 from core.data import SYNTHETIC_SOURCES
+from core.data.tf_records import image_dataset as tfrecord_image_dataset
 from core.energy.meter import PowerMeter, PowerMeterFactory, UnavailableMeter
 from core.energy.meters import DeviceEnergyMeter, EnergyCounter, EnergySource
 from core.energy.sampling import FixedRateSampler
@@ -111,6 +112,7 @@ __all__ = [
     "KerasPlacement",
     "split_host_cpu",
     "quiet_tensorflow_startup",
+    "tfrecord_image_dataset",
     # launching a run's processes (torchrun; the Graphcore plugin's poprun)
     "Launcher",
     "TorchrunLauncher",

@@ -62,12 +62,29 @@ def fake_tf_ipu(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         submodule_search_locations=[str(FAKES / "ipu_tensorflow")],
     )
     assert spec is not None and spec.loader is not None
+    import keras
+
+    from core_plugins.graphcore import tensorflow_settings
+
+    _forget_fake_ipu_modules()
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "tensorflow.python.ipu", module)
     spec.loader.exec_module(module)
-    for name in ("config", "ipu_strategy", "gradient_accumulation"):
-        monkeypatch.setitem(sys.modules, f"tensorflow.python.ipu.{name}", getattr(module, name))
     monkeypatch.setattr(tf_python, "ipu", module, raising=False)
     monkeypatch.delenv("TF_POPLAR_FLAGS", raising=False)
+    # A new process: nothing configured IPU TensorFlow yet (the plugin remembers the first).
+    monkeypatch.setattr(tensorflow_settings, "_configured", None)
+    # The SDK's Keras is 2.6: its LossScaleOptimizer signature, over the Keras 3 the tests run.
+    monkeypatch.setattr(keras.mixed_precision, "LossScaleOptimizer", module._keras.LossScaleOptimizer)
+    previous_policy = keras.mixed_precision.global_policy()
     yield module
     module.remove_keras_extensions()
+    keras.mixed_precision.set_global_policy(previous_policy)
+    _forget_fake_ipu_modules()
+
+
+def _forget_fake_ipu_modules() -> None:
+    """Drop the fake's submodules (``tensorflow.python.ipu.config``, ...) so each test loads them anew."""
+    for name in list(sys.modules):
+        if name.startswith("tensorflow.python.ipu."):
+            del sys.modules[name]

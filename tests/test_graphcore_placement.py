@@ -6,6 +6,11 @@ from __future__ import annotations
 import pytest
 
 from core import ConfigError
+from core.config import make_config
+from core.contract.manager import get_plugin_manager
+from core.machines import load_machine
+from core.running.distributed import SINGLE_PROCESS
+from core.running.planning import plan_run
 from core_plugins.graphcore.pipeline import balance, pipeline_layers, plan_stages, split_at
 from core_plugins.graphcore.placement import (
     IpuPlacement,
@@ -31,8 +36,10 @@ def place(**overrides: object) -> IpuPlacement:
 
 # --- batch arithmetic: the ACES paper (PEARC '22), Table 3 ------------------------------------
 
-# (BN_span, batch size, num-instances, num-replicas, total IPUs): ResNet-50, TensorFlow 1, one IPU
-# per replica. Batch size is the micro-batch per replica.
+# ResNet-50 in TensorFlow, mixed precision, one IPU per replica, gradient accumulation 24 (section
+# 3.3.1). The paper's columns, in its own terms: BN_span, the IPUs over which batch-norm statistics
+# are gathered ("distributing batch norm across 2 IPUs"); batch size, the micro-batch of one IPU;
+# num-instances and num-replicas, poprun's; total IPUs.
 ACES_TABLE_3 = [
     (1, 2, 1, 1, 1),
     (1, 4, 1, 1, 1),
@@ -47,20 +54,76 @@ ACES_TABLE_3 = [
     (2, 20, 8, 16, 16),
     (2, 20, 32, 64, 64),
 ]
+ACES_GRADIENT_ACCUMULATION = 24
+
+
+def aces_table_3_settings(bn_span: int, batch: int, instances: int, replicas: int) -> dict:
+    """One Table 3 row as a core run of the TensorFlow path."""
+    return {
+        "framework": "tensorflow",
+        "precision": "fp16",
+        "micro_batch_size": batch,
+        "gradient_accumulation": ACES_GRADIENT_ACCUMULATION,
+        "replicas": replicas,
+        "devices_per_replica": 1,
+        "accelerator_options": {"instances": instances, "batch_norm_span": bn_span},
+    }
 
 
 @pytest.mark.parametrize("bn_span,batch,instances,replicas,total_ipus", ACES_TABLE_3)
 def test_aces_table_3_rows(bn_span: int, batch: int, instances: int, replicas: int, total_ipus: int) -> None:
-    placement = place(micro_batch_size=batch, replicas=replicas, instances=instances)
-    assert placement.total_ipus == total_ipus
-    assert placement.reserved_ipus == total_ipus  # every row is a power of two per instance: nothing idle
-    assert placement.replicas_per_instance == replicas // instances
-    assert placement.ipus_per_instance <= 64
-    assert placement.samples_per_update == batch * replicas
-    assert placement.notes() == []
-    # Every multi-replica row runs two replicas per instance (one instance per IPU pair's host share).
-    if replicas > 1:
-        assert placement.replicas_per_instance == 2 == bn_span
+    from core_plugins.graphcore.accelerator import GraphcoreOptions
+    from core_plugins.graphcore.tensorflow_settings import ipu_keras_settings
+
+    placement = place(
+        micro_batch_size=batch,
+        gradient_accumulation=ACES_GRADIENT_ACCUMULATION,
+        replicas=replicas,
+        instances=instances,
+        framework="tensorflow",
+    )
+    assert placement.total_ipus == total_ipus == placement.reserved_ipus  # powers of two: nothing idle
+    assert placement.ipus_per_instance <= 64 and placement.notes() == []
+    # "a total effective batch size of 20 x 24 or 480 per IPU for gradient updates"
+    assert placement.samples_per_update == batch * ACES_GRADIENT_ACCUMULATION * total_ipus
+    # BN_span counts IPUs, and each replica is one IPU: the span is a group of replicas, which must
+    # divide them. "a micro-batch size of 40 for normalization purposes" is batch x BN_span.
+    options = GraphcoreOptions(instances=instances, batch_norm_span=bn_span)
+    config = make_config(
+        workload="resnet50", accelerator="graphcore", **aces_table_3_settings(bn_span, batch, instances, replicas)
+    )
+    settings = ipu_keras_settings(config, options, placement)
+    assert settings.batch_norm_span * placement.ipus_per_replica == bn_span
+    assert replicas % settings.batch_norm_span == 0
+    assert batch * bn_span == (40 if bn_span == 2 else batch)
+
+
+@pytest.mark.parametrize("bn_span,batch,instances,replicas,total_ipus", ACES_TABLE_3)
+def test_aces_table_3_rows_validate_for_their_machines(
+    bn_span: int, batch: int, instances: int, replicas: int, total_ipus: int
+) -> None:
+    # The paper's IPU-POD16 for up to 16 IPUs; the 64-IPU row needs an IPU-POD64.
+    machine = load_machine("ipu-pod16" if total_ipus <= 16 else "ipu-pod64")
+    plan = plan_run(
+        get_plugin_manager(),
+        "resnet50",
+        "graphcore",
+        aces_table_3_settings(bn_span, batch, instances, replicas),
+        machine=machine,
+    )
+    summary = plan.accelerator.placement_summary(plan.context(SINGLE_PROCESS))
+    assert summary["instances"] == instances and summary["total_ipus"] == total_ipus
+    assert (plan.launcher is not None) == (instances > 1)
+    assert not [w for w in plan.warnings if "NUMA" in w]  # never more instances than NUMA nodes
+    if total_ipus > 16:
+        with pytest.raises(ConfigError, match="at most 16 on 'ipu-pod16'"):
+            plan_run(
+                get_plugin_manager(),
+                "resnet50",
+                "graphcore",
+                aces_table_3_settings(bn_span, batch, instances, replicas),
+                machine=load_machine("ipu-pod16"),
+            )
 
 
 def test_aces_table_2_ipus_per_replica() -> None:

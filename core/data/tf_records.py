@@ -22,8 +22,20 @@ def record_files(path: Path) -> list[str]:
     return [str(f) for f in files]
 
 
-def image_dataset(path: Path, image_shape: tuple[int, int, int], update_batch: int, seed: int) -> Any:
-    """An endless dataset of (images [update_batch, H, W, C], labels [update_batch]) batches."""
+def image_dataset(
+    path: Path,
+    image_shape: tuple[int, int, int],
+    update_batch: int,
+    seed: int,
+    *,
+    num_shards: int = 1,
+    shard_index: int = 0,
+) -> Any:
+    """An endless dataset of (images [update_batch, H, W, C], labels [update_batch]) batches.
+
+    ``num_shards``, ``shard_index``: this process reads every ``num_shards``-th record from the
+    ``shard_index``-th on (one shard per process of a run that several processes feed), and decodes
+    only those."""
     import tensorflow as tf
 
     height, width, channels = image_shape
@@ -47,6 +59,8 @@ def image_dataset(path: Path, image_shape: tuple[int, int, int], update_batch: i
 
     files = tf.data.Dataset.from_tensor_slices(record_files(path))
     records = files.interleave(tf.data.TFRecordDataset, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+    if num_shards > 1:
+        records = records.shard(num_shards, shard_index)
     return (
         records.shuffle(4 * update_batch, seed=seed, reshuffle_each_iteration=True)
         .repeat()

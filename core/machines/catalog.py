@@ -9,6 +9,10 @@ Sources (../shared/reference/ in the project's workspace):
 - ACES: Nasari et al., PEARC '22, section 2.3 ("IPU-POD16 ... with 8 NUMA nodes") and section 2.2
   (A100 40GB PCIe on "dual-socket 48-core Intel Cascade Lake compute nodes").
 - AI4NP: Mei et al., poster, Table 1 (T4 "15110 MB", A100 80GB PCIe).
+- IPU-POD64: ACES, Table 3 (its last row: 32 instances, 64 replicas on 64 IPUs) and Graphcore's
+  IPU-POD64 reference design (16 IPU-M2000 machines of 4 GC200 IPUs each). Its host is not
+  described there: Graphcore's PopRun guide says an IPU-POD64 is "typically configured with one,
+  two or four host servers", so its cores and NUMA nodes are unknown.
 """
 
 from __future__ import annotations
@@ -153,6 +157,13 @@ _PROFILES = [
     ),
     _ipu_pod("ipu-pod4", 4, numa_nodes=2, host_cores=96, source="CARAML, ACCELERATORS table (IPU-M2000, JURECA)"),
     _ipu_pod("ipu-pod16", 16, numa_nodes=8, host_cores=None, source="ACES, section 2.3 ('with 8 NUMA nodes')"),
+    _ipu_pod(
+        "ipu-pod64",
+        64,
+        numa_nodes=None,
+        host_cores=None,
+        source="ACES, Table 3 (64 IPUs: 32 instances x 2 replicas); Graphcore IPU-POD64 datasheet (16x IPU-M2000)",
+    ),
     _t4(1, "AI4NP, Table 1 (15110 MB)", "one NVIDIA T4 16GB (AI4NP's Table 1)"),
     _t4(2, "AI4NP, Tables 1 and 3", "two NVIDIA T4 16GB (AI4NP's Hydra runs, Table 3)"),
     MachineProfile(

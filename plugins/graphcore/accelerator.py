@@ -62,7 +62,11 @@ _DRY_RUN_PLACEMENT = (
     "samples_per_host_call",
     "placement_notes",
 )
-_PRECISIONS = {Framework.torch: (Precision.fp32, Precision.fp16), Framework.tensorflow: (Precision.fp32,)}
+#: tensorflow fp16 is Graphcore's 16.32 mixed precision (Keras mixed_float16): tensorflow_settings.py
+_PRECISIONS = {
+    Framework.torch: (Precision.fp32, Precision.fp16),
+    Framework.tensorflow: (Precision.fp32, Precision.fp16),
+}
 
 
 class GraphcoreOptions(BaseModel):
@@ -123,8 +127,8 @@ class GraphcoreOptions(BaseModel):
         default=1,
         ge=1,
         le=1 << 12,
-        description="replicas over which batch-norm statistics are gathered (the ACES paper's BN_span); "
-        "1: each replica its own",
+        description="replicas of one IPU each over which training gathers batch-norm statistics (the ACES "
+        "paper's BN_span, which counts IPUs); must divide replicas; framework tensorflow; 1: each replica its own",
     )
 
 
@@ -263,11 +267,25 @@ class GraphcoreAccelerator(Accelerator):
                 "an IPU answers fixed-size host calls of one compiled shape, not LoadGen's variable queries; "
                 "on graphcore: loop",
             )
-        _check_data(config)
-        _check_numerics(config, options)
+        if config.framework is Framework.torch:
+            _check_data(config)
+            _check_numerics(config, options)
+            if options.batch_norm_span > 1:
+                # PopTorch 3.3 has no batch norm across replicas (its supported operations list no
+                # SyncBatchNorm; its Options no replica groups for norms): each replica normalises alone.
+                raise ConfigError(
+                    "accelerator_options.batch_norm_span",
+                    options.batch_norm_span,
+                    "PopTorch normalises each replica's micro-batch on its own: 1 (framework tensorflow gathers "
+                    "batch-norm statistics over a span of replicas)",
+                )
         placement = self.placement(config, options)
         if placement.pipelined and config.framework is Framework.torch:
             pipeline_split(context, placement)  # an impossible split is refused here, before any build
+        if config.framework is Framework.tensorflow:
+            from .tensorflow_settings import check_tensorflow_run
+
+            check_tensorflow_run(config, options, placement, this_process=context.machine is None)
         if context.machine is not None:
             _check_on_machine(context, placement)
             return
@@ -336,11 +354,14 @@ class GraphcoreAccelerator(Accelerator):
     def executor_for(self, workload: Workload, context: RunContext) -> Executor:
         config, options = context.config, context.accelerator_options_as(GraphcoreOptions)
         placement = self.placement(config, options)
+        _, poprun = resolve_instances(options)
         if config.framework is Framework.tensorflow:
             from .tensorflow import create_keras_executor
 
-            return create_keras_executor(workload, context.workload_options, config, placement, options)
-        _, poprun = resolve_instances(options)
+            popdist = _popdist_for_tensorflow(placement) if placement.instances > 1 else None
+            return create_keras_executor(
+                workload, context.workload_options, config, placement, options, process=poprun, popdist=popdist
+            )
         return self._poptorch_executor(workload, context, placement, options, poprun)
 
     def _poptorch_executor(
@@ -450,12 +471,6 @@ def _check_on_machine(context: RunContext, placement: IpuPlacement) -> None:
 def _check_instances(config: RunConfig, options: GraphcoreOptions, placement: IpuPlacement) -> None:
     """Several instances: core starts them with poprun, or this process is one poprun started."""
     instances, process = resolve_instances(options)
-    if config.framework is Framework.tensorflow and instances > 1:
-        raise ConfigError(
-            "accelerator_options.instances",
-            instances,
-            "the TensorFlow path runs in one instance; use framework torch under poprun",
-        )
     if process is None:
         if instances > 1 and shutil.which("poprun") is None:
             raise ConfigError(
@@ -481,6 +496,24 @@ def _this_command() -> list[str]:
     if Path(argv[0]).name == "core":
         return ["core", *argv[1:]]
     return ["python3", *argv]
+
+
+def _popdist_for_tensorflow(placement: IpuPlacement) -> Any:
+    """PopDist with its TensorFlow module, for an instance poprun started: PopDistStrategy and
+    ``popdist.tensorflow.set_ipu_config`` read poprun's PopDist variables, so they must be there."""
+    import importlib
+
+    popdist = importlib.import_module("popdist")
+    importlib.import_module("popdist.tensorflow")
+    if not popdist.isPopdistEnvSet():
+        raise ConfigError(
+            "accelerator_options.instances",
+            placement.instances,
+            "TensorFlow instances share their replicas through PopDist, whose variables only poprun sets: "
+            "start them with poprun (core does, outside one), or 1",
+        )
+    _check_popdist(popdist, placement)
+    return popdist
 
 
 def _check_popdist(popdist: Any, placement: IpuPlacement) -> None:
@@ -519,7 +552,8 @@ def pipeline_split(context: RunContext, placement: IpuPlacement, workload: Workl
 
 
 def _check_numerics(config: RunConfig, options: GraphcoreOptions) -> None:
-    """Options that mean nothing for this run are refused rather than silently ignored."""
+    """PopTorch options that mean nothing for this run are refused rather than silently ignored
+    (the IPU TensorFlow path's: tensorflow_settings.ipu_keras_settings)."""
     if options.loss_scaling is not None and not (config.precision is Precision.fp16 and config.mode == "train"):
         raise ConfigError(
             "accelerator_options.loss_scaling",
@@ -536,17 +570,10 @@ def _check_numerics(config: RunConfig, options: GraphcoreOptions) -> None:
 
 
 def _check_data(config: RunConfig) -> None:
-    """A dataset the IPU path can feed, refused before anything compiles where it cannot."""
+    """A dataset PopTorch can feed, refused before anything compiles where it cannot (the IPU
+    TensorFlow path's are checked by tensorflow_settings.check_tensorflow_data)."""
     if config.data in SYNTHETIC_SOURCES:
         return
-    if config.framework is Framework.tensorflow:
-        # The IPU Keras executors stream the synthetic pool; a dataset path would be silently
-        # ignored, and the figures would be for data the user did not ask for.
-        raise ConfigError(
-            "data",
-            config.data,
-            f"the IPU TensorFlow executors feed synthetic samples only; allowed: {', '.join(SYNTHETIC_SOURCES)}",
-        )
     from .data import IPU_TORCH_FORMATS, data_format
 
     found = data_format(config)

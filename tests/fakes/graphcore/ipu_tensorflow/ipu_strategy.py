@@ -29,6 +29,11 @@ class IPUStrategyV1:
     def num_replicas_in_sync(self) -> int:
         return 1
 
+    @property
+    def supports_loss_scaling(self) -> bool:
+        # ipu_strategy.py: True, which graphcore/keras's strategy_supports_loss_scaling() asks first
+        return True
+
     def scope(self) -> Any:
         return tf.distribute.get_strategy().scope()
 

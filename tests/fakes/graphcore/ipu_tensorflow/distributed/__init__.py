@@ -1,0 +1,1 @@
+"""Fake of ``tensorflow.python.ipu.distributed`` (not imported by ``tensorflow.python.ipu`` itself)."""

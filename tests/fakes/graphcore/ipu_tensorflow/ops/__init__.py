@@ -1,0 +1,1 @@
+"""Fake of ``tensorflow.python.ipu.ops``: only ``pipelining_ops``."""
