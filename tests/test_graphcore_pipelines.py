@@ -307,3 +307,56 @@ def test_every_documented_paper_command_plans_for_its_machine(machine: str, comm
     from core.cli import main
 
     assert main([*command, "--dry-run", "--machine", machine]) == 0
+
+
+# --- the TensorFlow path: the workload's Keras blocks ---------------------------------------------
+
+
+@pytest.fixture
+def ipu_tensorflow(fake_tf_ipu: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    from core_plugins.graphcore import accelerator as graphcore_accelerator
+
+    monkeypatch.setattr(graphcore_accelerator, "_tensorflow_is_graphcore_build", lambda: True)
+    return fake_tf_ipu
+
+
+@pytest.mark.tensorflow
+def test_keras_splits_must_be_a_workloads_block_and_are_refused_while_planning(ipu_tensorflow: Any) -> None:
+    settings = {
+        "framework": "tensorflow",
+        "devices_per_replica": 2,
+        "gradient_accumulation": 4,
+        "workload_options": {"variant": "small"},
+        "accelerator_options": {"pipeline_splits": "conv3_block2_2_conv"},  # inside a block, not its start
+    }
+    with pytest.raises(ConfigError) as refused:
+        plan_run(get_plugin_manager(), "resnet50", "graphcore", settings)
+    assert refused.value.field == "accelerator_options.pipeline_splits"
+    assert "conv2_block1_1_conv" in str(refused.value) and "16 bottleneck blocks" in str(refused.value)
+
+
+@pytest.mark.tensorflow
+@pytest.mark.slow
+def test_keras_efficientnet_b4_is_pipelined_at_graphcores_blocks(ipu_tensorflow: Any) -> None:
+    settings = {
+        "framework": "tensorflow",
+        "devices_per_replica": 4,
+        "gradient_accumulation": 8,
+        "micro_batch_size": 1,
+        "power_meter": "none",
+        "workload_options": {"image_size": 64, "synthetic_pool_samples": 8},
+    }
+    plan = plan_run(get_plugin_manager(), "efficientnet-b4", "graphcore", settings)
+    executor = plan.accelerator.executor_for(plan.workload, plan.context(SINGLE_PROCESS))
+    try:
+        details = executor.details()
+        assert details["pipeline_balanced_by"].startswith("recommended: graphcore/examples vision/cnns")
+        ((_, assignment),) = [c[:2] for c in ipu_tensorflow._keras.calls if c[0] == "set_pipeline_stage_assignment"]
+        names = [a.layer.name for a in executor.model.get_pipeline_stage_assignment()]
+        # Graphcore's blocks/1/1, blocks/3/0, blocks/4/5 (timm's stages 0-6) are Keras' block2b, block4a
+        # and block5f (its stages 1-7): stages begin at their first layers.
+        starts = [names[assignment.index(stage)] for stage in (1, 2, 3)]
+        assert starts == ["block2b_expand_conv", "block4a_expand_conv", "block5f_expand_conv"]
+        assert assignment == sorted(assignment)
+    finally:
+        executor.close()

@@ -25,9 +25,9 @@ class PipelineLayout:
     """The blocks a model's stages may begin at, in execution order.
 
     ``blocks`` are module paths as ``model.named_modules()`` names them in the model that
-    ``build_torch`` returns. Whatever runs before the first block
-    (embeddings, a stem) belongs to the first stage, whatever runs after the last (a head) to the
-    last, so a model of ``n`` blocks has at most ``n + 1`` stages.
+    ``build_torch`` returns (for a Keras model: the name of each block's first layer). Whatever
+    runs before the first block (embeddings, a stem) belongs to the first stage, whatever runs
+    after the last (a head) to the last, so a model of ``n`` blocks has at most ``n + 1`` stages.
     """
 
     blocks: tuple[str, ...]

@@ -201,10 +201,11 @@ class Workload(ABC):
             model = self.build_torch(options, 0).model
         return {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
 
-    def pipeline_layout(self, options: BaseModel) -> PipelineLayout | None:
-        """Where the PyTorch model may be cut into pipeline stages (a replica over several
-        devices): its repeated blocks by module path, and split points known to balance. None, the
-        default: the accelerator falls back to its own rule (Graphcore: the outermost layers)."""
+    def pipeline_layout(self, options: BaseModel, framework: Framework = Framework.torch) -> PipelineLayout | None:
+        """Where ``framework``'s model may be cut into pipeline stages (a replica over several
+        devices): its blocks (PyTorch: module paths; Keras: the layer each block begins with), and
+        split points known to balance. None, the default: the accelerator falls back to its own
+        rule (Graphcore: the outermost layers, or every layer with Keras)."""
         return None
 
     def details(self, options: BaseModel) -> dict[str, Any]:

@@ -122,9 +122,9 @@ def plan_run(
     if config.nodes > 1:
         _check_nodes(accelerator_obj, config, machine)
     layout = None
-    if config.devices_per_replica > 1 and framework is Framework.torch:
+    if config.devices_per_replica > 1:
         with guard(workload_obj, f"{type(workload_obj).__name__}.pipeline_layout()"):
-            layout = workload_obj.pipeline_layout(workload_options)
+            layout = workload_obj.pipeline_layout(workload_options, framework)
     plan = RunPlan(config, workload_obj, workload_options, accelerator_obj, accelerator_options, None, None)
     plan = dataclasses.replace(plan, machine=machine, pipeline_layout=layout)
     context = plan.context(SINGLE_PROCESS)

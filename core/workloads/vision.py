@@ -235,6 +235,8 @@ class ResNet(VisionWorkload):
     pipeline_unit: ClassVar[str] = "bottleneck block"
     # transformers' ResNet (v1, v1.5) and core's pre-activation network (v2)
     pipeline_blocks: ClassVar[str | None] = r"(\.encoder\.stages\.\d+\.layers\.\d+|^blocks\.\d+)$"
+    # keras.applications names a residual block's layers conv<stage>_block<n>_...
+    keras_pipeline_blocks: ClassVar[str | None] = r"(conv\d_block\d+)_"
     # 64 px leaves the last stage 2x2: batch norm over a tiny batch at 1x1 makes gradients explode.
     small_image_size: ClassVar[int] = 64
 
@@ -620,6 +622,8 @@ class EfficientNet(VisionWorkload):
     prefers_channels_last: ClassVar[bool] = True
     pipeline_blocks: ClassVar[str | None] = r"\.encoder\.blocks\.\d+$"
     pipeline_unit: ClassVar[str] = "MBConv block"
+    # keras.applications names an MBConv block's layers block<stage><letter>_...
+    keras_pipeline_blocks: ClassVar[str | None] = r"(block\d+[a-z])_"
     #: Graphcore's pipeline splits, as (stage, block within the stage) in timm's numbering of the
     #: seven stages (graphcore/examples vision/cnns/pytorch/train/configs.yml), by stage count
     graphcore_splits: ClassVar[dict[int, tuple[tuple[int, int], ...]]] = {}

@@ -141,9 +141,20 @@ class ZooWorkload(Workload):
     #: the blocks are identical layers (transformers): a split may be given as layers per stage
     pipeline_repeated_layers: ClassVar[bool] = False
 
-    def pipeline_layout(self, options: BaseModel) -> PipelineLayout | None:
-        """The blocks matching ``pipeline_blocks``, read off the model built on PyTorch's meta device
-        (no memory, no arithmetic), so that every path is one the built model really has."""
+    def keras_model(self, options: Any) -> Any:
+        """The Keras model (images -> logits, ...), untrained; ``build_keras`` builds it from the run's seed."""
+        raise NotImplementedError(f"workload {self.name!r} has no TensorFlow implementation")
+
+    #: Keras: a regular expression whose first group names the block a layer of ``keras_model``
+    #: belongs to (``conv2_block1`` of ``conv2_block1_1_conv``); a block begins at its first layer
+    keras_pipeline_blocks: ClassVar[str | None] = None
+
+    def pipeline_layout(self, options: BaseModel, framework: Framework = Framework.torch) -> PipelineLayout | None:
+        """The blocks matching ``pipeline_blocks`` (``keras_pipeline_blocks``), read off the model
+        built on PyTorch's meta device (no memory, no arithmetic) or built by Keras, so that every
+        name is one the built model really has."""
+        if framework is Framework.tensorflow:
+            return self._keras_pipeline_layout(options)
         if self.pipeline_blocks is None or Framework.torch not in self.sources:
             return None
         import torch
@@ -158,6 +169,18 @@ class ZooWorkload(Workload):
             repeated_layers=self.pipeline_repeated_layers,
             recommended=self.recommended_pipeline_splits(options, blocks),
         )
+
+    def _keras_pipeline_layout(self, options: Any) -> PipelineLayout | None:
+        if self.keras_pipeline_blocks is None or Framework.tensorflow not in self.sources:
+            return None
+        pattern = re.compile(self.keras_pipeline_blocks)
+        starts: dict[str, str] = {}  # block -> its first layer, in the model's layer order
+        for layer in self.keras_model(options).layers:
+            match = pattern.match(layer.name)
+            if match is not None:
+                starts.setdefault(match.group(1), layer.name)
+        blocks = tuple(starts.values())
+        return PipelineLayout(blocks, self.pipeline_unit, recommended=self.recommended_pipeline_splits(options, blocks))
 
     def recommended_pipeline_splits(self, options: Any, blocks: tuple[str, ...]) -> dict[int, RecommendedSplit]:
         """Stage count -> split points known to balance this model (a published configuration)."""

@@ -285,7 +285,9 @@ class GraphcoreAccelerator(Accelerator):
         if config.framework is Framework.tensorflow:
             from .tensorflow_settings import check_tensorflow_run
 
-            check_tensorflow_run(config, options, placement, this_process=context.machine is None)
+            check_tensorflow_run(
+                config, options, placement, this_process=context.machine is None, layout=context.pipeline_layout
+            )
         if context.machine is not None:
             _check_on_machine(context, placement)
             return
@@ -360,7 +362,14 @@ class GraphcoreAccelerator(Accelerator):
 
             popdist = _popdist_for_tensorflow(placement) if placement.instances > 1 else None
             return create_keras_executor(
-                workload, context.workload_options, config, placement, options, process=poprun, popdist=popdist
+                workload,
+                context.workload_options,
+                config,
+                placement,
+                options,
+                process=poprun,
+                popdist=popdist,
+                layout=context.pipeline_layout,
             )
         return self._poptorch_executor(workload, context, placement, options, poprun)
 

@@ -53,6 +53,7 @@ from core.plugin import (
     HostStepClock,
     KerasTrainingSpec,
     NonFiniteLossError,
+    PipelineLayout,
     RunConfig,
     StepClock,
     Workload,
@@ -167,10 +168,26 @@ class IpuKerasSystem:
             os.environ[POPLAR_FLAGS] = self._previous_flags
 
 
-def stage_of_each(names: list[str], params: list[int], stages: int, splits: tuple[str, ...]) -> list[int]:
+def balanced_block_splits(names: list[str], params: list[int], stages: int, blocks: tuple[str, ...]) -> tuple[str, ...]:
+    """Split layers (a block's first layer each) that keep every block whole and minimise the largest
+    stage's parameters; the layers before the first block weigh on the first stage."""
+    weights: dict[str, int] = dict.fromkeys(blocks, 0)
+    current = blocks[0]
+    for name, count in zip(names, params):
+        current = name if name in weights else current
+        weights[current] += count
+    plan = balance(list(weights.items()), stages)
+    return tuple(stage.layers[0] for stage in plan.stages[1:])
+
+
+def stage_of_each(
+    names: list[str], params: list[int], stages: int, splits: tuple[str, ...], blocks: tuple[str, ...] = ()
+) -> list[int]:
     """The pipeline stage of each layer invocation, in execution order: a new stage begins at each
     split's layer (in order, as graphcore/examples' ``ModelFactory.pipeline_model`` assigns them),
-    else stages balanced by parameter count."""
+    else the workload's blocks balanced by parameter count, else every layer balanced so."""
+    if not splits and blocks:
+        splits = balanced_block_splits(names, params, stages, blocks)
     if not splits:
         keyed = [(f"{i}:{name}", count) for i, (name, count) in enumerate(zip(names, params))]
         stage_of = balance(keyed, stages).layer_to_stage
@@ -190,7 +207,9 @@ def stage_of_each(names: list[str], params: list[int], stages: int, splits: tupl
     return assignment
 
 
-def assign_pipeline_stages(model: Any, placement: IpuPlacement, splits: tuple[str, ...]) -> list[int]:
+def assign_pipeline_stages(
+    model: Any, placement: IpuPlacement, splits: tuple[str, ...], blocks: tuple[str, ...] = ()
+) -> list[int]:
     """Give every layer invocation of a pipelined replica its stage (one stage per IPU), through IPU
     Keras's assignment objects, which Sequential and Functional models both return in execution
     order (``get_pipeline_stage_assignment``)."""
@@ -210,7 +229,7 @@ def assign_pipeline_stages(model: Any, placement: IpuPlacement, splits: tuple[st
         )
     names = [a.layer.name for a in assignments]
     params = [int(a.layer.count_params()) for a in assignments]
-    stages = stage_of_each(names, params, placement.ipus_per_replica, splits)
+    stages = stage_of_each(names, params, placement.ipus_per_replica, splits, blocks)
     for assignment, stage in zip(assignments, stages):
         assignment.pipeline_stage = stage
     model.set_pipeline_stage_assignment(assignments)
@@ -373,7 +392,9 @@ class KerasIpuExecutor(_KerasIpuExecutorBase):
                 )
                 assignment = None
                 if placement.pipelined:
-                    assignment = assign_pipeline_stages(self.model, placement, settings.pipeline_splits)
+                    assignment = assign_pipeline_stages(
+                        self.model, placement, settings.pipeline_splits, settings.pipeline_blocks
+                    )
                     self.model.set_pipelining_options(
                         gradient_accumulation_steps_per_replica=placement.gradient_accumulation,
                         gradient_accumulation_reduction_method="mean",
@@ -389,6 +410,7 @@ class KerasIpuExecutor(_KerasIpuExecutorBase):
                 **self._common,
                 "gradient_accumulation_reduction_method": "mean",
                 "pipeline_stage_assignment": assignment,
+                "pipeline_balanced_by": settings.pipeline_rule if assignment is not None else None,
                 "pipeline_recomputation_mode": PIPELINE_RECOMPUTATION_MODE if self._recomputation_mode() else None,
                 "optimizer": type(self.model.optimizer).__name__,
             }
@@ -463,7 +485,7 @@ class KerasIpuInferenceExecutor(_KerasIpuExecutorBase):
                 # predict() needs neither loss nor optimizer; compile() carries steps_per_execution.
                 self.model.compile(steps_per_execution=self.steps_per_execution)
                 assignment = (
-                    assign_pipeline_stages(self.model, placement, settings.pipeline_splits)
+                    assign_pipeline_stages(self.model, placement, settings.pipeline_splits, settings.pipeline_blocks)
                     if placement.pipelined
                     else None
                 )
@@ -503,14 +525,15 @@ def create_keras_executor(
     *,
     process: PoprunProcess | None = None,
     popdist: Any = None,
+    layout: PipelineLayout | None = None,
 ) -> Executor:
     """The IPU Keras executor of ``config.mode``; ``popdist`` (with ``popdist.tensorflow`` imported)
-    for an instance that poprun started."""
+    for an instance that poprun started; ``layout`` the workload's Keras blocks for pipelining."""
     from core.plugin import quiet_tensorflow_startup
 
     quiet_tensorflow_startup()  # before TensorFlow loads, as core's Keras executor does
 
-    settings = ipu_keras_settings(config, options, placement)
+    settings = ipu_keras_settings(config, options, placement, layout)
     executor = KerasIpuInferenceExecutor if config.mode == "inference" else KerasIpuExecutor
     return executor(
         workload.build_keras(workload_options, config.seed),

@@ -35,8 +35,9 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from core.plugin import SYNTHETIC_SOURCES, ConfigError, Precision, RunConfig
+from core.plugin import SYNTHETIC_SOURCES, ConfigError, PipelineLayout, Precision, RunConfig
 
+from .pipeline import choose_split_points
 from .placement import IpuPlacement
 
 POPLAR_FLAGS = "TF_POPLAR_FLAGS"
@@ -135,6 +136,10 @@ class IpuKerasSettings:
     recomputation: bool
     batch_norm_span: int
     pipeline_splits: tuple[str, ...]  # layer names where stages 2.. begin; () balances by parameters
+    #: how the splits were chosen (recorded in the result)
+    pipeline_rule: str = "parameter count (layers)"
+    #: the workload's blocks (each one's first layer): a balanced split keeps every block whole
+    pipeline_blocks: tuple[str, ...] = ()
 
     @property
     def keras_policy(self) -> str:
@@ -178,8 +183,11 @@ def split_names(pipeline_splits: str) -> tuple[str, ...]:
     return tuple(name.strip() for name in pipeline_splits.split(",") if name.strip())
 
 
-def ipu_keras_settings(config: RunConfig, options: Any, placement: IpuPlacement) -> IpuKerasSettings:
-    """The run's settings, or a ConfigError naming the option and what it may be."""
+def ipu_keras_settings(
+    config: RunConfig, options: Any, placement: IpuPlacement, layout: PipelineLayout | None = None
+) -> IpuKerasSettings:
+    """The run's settings, or a ConfigError naming the option and what it may be; ``layout`` is the
+    workload's Keras blocks, against which pipeline splits are checked."""
     training = config.mode == "train"
     if config.precision not in KERAS_POLICIES:
         allowed = ", ".join(p.value for p in KERAS_POLICIES)
@@ -207,6 +215,12 @@ def ipu_keras_settings(config: RunConfig, options: Any, placement: IpuPlacement)
             "pipeline stages begin in accelerator_options.pipeline_splits",
         )
     splits = split_names(options.pipeline_splits)
+    rule = "pipeline_splits" if splits else "parameter count (layers)"
+    blocks: tuple[str, ...] = ()
+    if placement.pipelined and layout is not None:
+        # The workload names its blocks: splits must be among them, and a published split applies.
+        choice = choose_split_points(layout, placement.ipus_per_replica, options.pipeline_splits, "")
+        splits, rule, blocks = choice.split_points or (), choice.rule, layout.blocks
     if splits:
         stages = placement.ipus_per_replica
         if not placement.pipelined:
@@ -231,6 +245,8 @@ def ipu_keras_settings(config: RunConfig, options: Any, placement: IpuPlacement)
         recomputation=options.recomputation,
         batch_norm_span=options.batch_norm_span,
         pipeline_splits=splits,
+        pipeline_rule=rule,
+        pipeline_blocks=blocks,
     )
 
 
@@ -278,12 +294,17 @@ def check_tensorflow_data(config: RunConfig) -> None:
 
 
 def check_tensorflow_run(
-    config: RunConfig, options: Any, placement: IpuPlacement, *, this_process: bool = True
+    config: RunConfig,
+    options: Any,
+    placement: IpuPlacement,
+    *,
+    this_process: bool = True,
+    layout: PipelineLayout | None = None,
 ) -> IpuKerasSettings:
     """Everything the TensorFlow path refuses before compiling; ``this_process`` false when planning
     for a described machine, where this process's earlier configuration does not matter."""
     check_tensorflow_data(config)
-    settings = ipu_keras_settings(config, options, placement)
+    settings = ipu_keras_settings(config, options, placement, layout)
     if options.ipu_model and placement.instances > 1:
         # config.py, _MultiReplicaDistributionConfig: "Multi-replica distribution is not supported on
         # the IPU model." The real SDK says so when the first instance configures its IPUs.
