@@ -7,6 +7,9 @@ import os
 
 import pytest
 
+# Small real datasets (an image folder, WebDataset shards) for the data tests.
+from data_support import image_folder, shards  # noqa: F401 - fixtures registered here
+
 # The Graphcore SDK fakes' fixtures, shared by every Graphcore test module.
 from graphcore_support import fake_sdk, fake_tf_ipu  # noqa: F401 - fixtures registered here
 

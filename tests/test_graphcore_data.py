@@ -8,22 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_data import TinyCnn, write_image_folder, write_shards
+from test_data import TinyCnn
 
 from core import ConfigError, run
 from core.testing import registered_plugins
 
 pytestmark = pytest.mark.usefixtures("fake_sdk")
-
-
-@pytest.fixture
-def image_folder(tmp_path: Path) -> Path:
-    return write_image_folder(tmp_path / "images")
-
-
-@pytest.fixture
-def shards(tmp_path: Path) -> Path:
-    return write_shards(tmp_path / "shards")
 
 
 def train_on_ipus(**options: Any) -> Any:

@@ -11,60 +11,27 @@ from typing import Any
 import torch
 
 _TYPES = (torch.float16, torch.float32)
+_ADAM_TYPES = ("accum_type", "first_order_momentum_accum_type", "second_order_momentum_accum_type")
 
 
-def _accumulation_types(self: Any, names: tuple[str, ...], given: dict[str, Any]) -> None:
-    for name in names:
-        value = given.get(name) or torch.float32
-        assert value in _TYPES, "Accumulation types must be either torch.float32 or torch.float16"
-        setattr(self, name, value)
+def _poptorch_optimizer(base: type[torch.optim.Optimizer], type_names: tuple[str, ...]) -> type[Any]:
+    """``base`` taking PopTorch's ``loss_scaling`` and accumulator-type arguments as well."""
+
+    class PoptorchOptimizer(base):  # type: ignore[valid-type, misc]
+        def __init__(self, params: Any, *args: Any, loss_scaling: float | None = None, **kwargs: Any) -> None:
+            types = {name: kwargs.pop(name, None) for name in type_names}
+            super().__init__(params, *args, **{k: v for k, v in kwargs.items() if v is not None})
+            self.loss_scaling = 1.0 if loss_scaling is None else loss_scaling
+            for name, value in types.items():
+                value = value or torch.float32
+                assert value in _TYPES, "Accumulation types must be either torch.float32 or torch.float16"
+                setattr(self, name, value)
+
+    PoptorchOptimizer.__name__ = PoptorchOptimizer.__qualname__ = base.__name__
+    return PoptorchOptimizer
 
 
-class SGD(torch.optim.SGD):
-    def __init__(
-        self,
-        params: Any,
-        lr: float,
-        *,
-        loss_scaling: float | None = None,
-        accum_type: torch.dtype | None = None,
-        velocity_accum_type: torch.dtype | None = None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(params, lr=lr, **{k: v for k, v in kwargs.items() if v is not None})
-        self.loss_scaling = 1.0 if loss_scaling is None else loss_scaling
-        _accumulation_types(
-            self,
-            ("accum_type", "velocity_accum_type"),
-            {"accum_type": accum_type, "velocity_accum_type": velocity_accum_type},
-        )
-
-
-class _AdamTypes:
-    _names = ("accum_type", "first_order_momentum_accum_type", "second_order_momentum_accum_type")
-
-
-class Adam(torch.optim.Adam):
-    def __init__(self, params: Any, lr: float = 1e-3, *, loss_scaling: float | None = None, **kwargs: Any) -> None:
-        types = {name: kwargs.pop(name, None) for name in _AdamTypes._names}
-        super().__init__(params, lr=lr, **{k: v for k, v in kwargs.items() if v is not None})
-        self.loss_scaling = 1.0 if loss_scaling is None else loss_scaling
-        _accumulation_types(self, _AdamTypes._names, types)
-
-
-class AdamW(torch.optim.AdamW):
-    def __init__(self, params: Any, lr: float = 1e-3, *, loss_scaling: float | None = None, **kwargs: Any) -> None:
-        types = {name: kwargs.pop(name, None) for name in _AdamTypes._names}
-        super().__init__(params, lr=lr, **{k: v for k, v in kwargs.items() if v is not None})
-        self.loss_scaling = 1.0 if loss_scaling is None else loss_scaling
-        _accumulation_types(self, _AdamTypes._names, types)
-
-
-class RMSprop(torch.optim.RMSprop):
-    _names = ("accum_type", "first_order_momentum_accum_type", "second_order_momentum_accum_type")
-
-    def __init__(self, params: Any, lr: float = 1e-2, *, loss_scaling: float | None = None, **kwargs: Any) -> None:
-        types = {name: kwargs.pop(name, None) for name in self._names}
-        super().__init__(params, lr=lr, **{k: v for k, v in kwargs.items() if v is not None})
-        self.loss_scaling = 1.0 if loss_scaling is None else loss_scaling
-        _accumulation_types(self, self._names, types)
+SGD = _poptorch_optimizer(torch.optim.SGD, ("accum_type", "velocity_accum_type"))
+Adam = _poptorch_optimizer(torch.optim.Adam, _ADAM_TYPES)
+AdamW = _poptorch_optimizer(torch.optim.AdamW, _ADAM_TYPES)
+RMSprop = _poptorch_optimizer(torch.optim.RMSprop, _ADAM_TYPES)
