@@ -28,6 +28,7 @@ from core.contract.pipeline import PipelineLayout, RecommendedSplit
 from core.contract.sdk import SharedLibrarySession
 from core.contract.workload import KerasTrainingSpec, TorchTrainingSpec, Workload, parse_plugin_options
 from core.data import SYNTHETIC_SOURCES
+from core.data import detect_format as detect_data_format
 from core.data.tf_records import image_dataset as tfrecord_image_dataset
 from core.energy.meter import PowerMeter, PowerMeterFactory, UnavailableMeter
 from core.energy.meters import DeviceEnergyMeter, EnergyCounter, EnergySource
@@ -40,6 +41,7 @@ from core.storage.environment import processor_name
 from core.storage.results import DeviceRecord, EnergyMeasurement, RunResult
 
 if TYPE_CHECKING:
+    from core.data.torch_datasets import torch_dataset
     from core.executors.keras import (
         KerasExecutor,
         KerasPlacement,
@@ -60,6 +62,8 @@ _LAZY = {
     "KerasPlacement": "core.executors.keras",
     "split_host_cpu": "core.executors.keras",
     "quiet_tensorflow_startup": "core.executors.keras",
+    # core's readers of real datasets as PyTorch datasets (imports torch)
+    "torch_dataset": "core.data.torch_datasets",
     # Not a framework, but the whole of core's running machinery: loaded when a plugin needs it.
     "TorchrunLauncher": "core.running.launch",
 }
@@ -113,6 +117,8 @@ __all__ = [
     "split_host_cpu",
     "quiet_tensorflow_startup",
     "tfrecord_image_dataset",
+    "torch_dataset",
+    "detect_data_format",
     # launching a run's processes (torchrun; the Graphcore plugin's poprun)
     "Launcher",
     "TorchrunLauncher",

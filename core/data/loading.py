@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
 from core.config import RunConfig
 from core.data import detect_format
-from core.data.torch_datasets import make_dataset
+from core.data.torch_datasets import torch_dataset
 from core.running.distributed import ProcessContext
 
 
@@ -24,7 +24,7 @@ class FileBatches:
         assert config.micro_batch_size is not None
         path = Path(config.data)
         self.format = detect_format(path) if config.data_format == "auto" else config.data_format
-        self.dataset = make_dataset(path, self.format, pool_inputs, process.rank, process.world_size)
+        self.dataset = torch_dataset(path, self.format, pool_inputs, process.rank, process.world_size)
         self._sampler: DistributedSampler | None = None
         workers = config.data_workers
         common: dict[str, Any] = dict(

@@ -135,7 +135,7 @@ class TokenFile(Dataset):
         return window, window
 
 
-def make_dataset(path: Path, data_format: str, pool_inputs: torch.Tensor, rank: int, world_size: int) -> Any:
+def torch_dataset(path: Path, data_format: str, pool_inputs: torch.Tensor, rank: int, world_size: int) -> Any:
     """The dataset for ``path``, shaped after the workload's synthetic inputs."""
     sample_shape = tuple(pool_inputs.shape[1:])
     if data_format == "tokens":
@@ -158,3 +158,4 @@ def make_dataset(path: Path, data_format: str, pool_inputs: torch.Tensor, rank: 
         return CityscapesSegmentation(path, sample_shape)
     shards = [path] if path.is_file() else sorted(path.glob("*.tar"))
     return WebDatasetShards(shards, sample_shape, rank, world_size)
+

@@ -24,8 +24,7 @@ from typing import Any
 
 import torch
 
-from core.data import detect_format
-from core.plugin import RunConfig
+from core.plugin import RunConfig, detect_data_format
 
 from .placement import IpuPlacement
 
@@ -34,7 +33,7 @@ IPU_TORCH_FORMATS = ("image-folder", "webdataset", "tokens", "cityscapes")
 
 
 def data_format(config: RunConfig) -> str:
-    return detect_format(Path(config.data)) if config.data_format == "auto" else config.data_format
+    return detect_data_format(Path(config.data)) if config.data_format == "auto" else config.data_format
 
 
 class HostCallFiles:
@@ -49,11 +48,11 @@ class HostCallFiles:
         placement: IpuPlacement,
         instance_index: int,
     ) -> None:
-        from core.data.torch_datasets import make_dataset
+        from core.plugin import torch_dataset
 
         assert config.micro_batch_size is not None
         self.format = data_format(config)
-        dataset = make_dataset(Path(config.data), self.format, pool_inputs, instance_index, placement.instances)
+        dataset = torch_dataset(Path(config.data), self.format, pool_inputs, instance_index, placement.instances)
         iterable = isinstance(dataset, torch.utils.data.IterableDataset)
         self.mode = poptorch.DataLoaderMode.Async if config.data_workers > 0 else poptorch.DataLoaderMode.Sync
         self._loader = poptorch.DataLoader(
