@@ -158,4 +158,3 @@ def torch_dataset(path: Path, data_format: str, pool_inputs: torch.Tensor, rank:
         return CityscapesSegmentation(path, sample_shape)
     shards = [path] if path.is_file() else sorted(path.glob("*.tar"))
     return WebDatasetShards(shards, sample_shape, rank, world_size)
-
