@@ -305,3 +305,5 @@ def test_the_comparison_page_opens_in_chromium(two_hosts: tuple[Path, Path], tmp
     # Every figure of the comparison sits above the table of its figures.
     table = rows(files.html, "compare-training-time-to-train-seconds")
     assert table[0]["versus:a100-node: 4x NVIDIA A100-SXM4-80GB (cuda), replicas=4"][0].endswith("x)")
+    # Two repeats: a count of samples stays whole (the lower middle value, not a mean of two).
+    assert {row["samples_per_epoch"][0] for row in rows(files.html, "to-train-a100-resnet")} == {"50,000"}

@@ -37,7 +37,7 @@ from core.report.document import (
     one_line,
     shorten,
 )
-from core.report.plots import _legend, _png, _pyplot, plot_text
+from core.report.plots import _png, _pyplot, plot_text
 from core.report.tables import sample_unit
 from core.storage.summary import CellSummary
 
@@ -242,8 +242,10 @@ def comparison_table(comparison: Comparison, measure: Measure, identifier: str) 
     """Rows: configurations. Columns: the figure on each side, then each side against the baseline."""
     baseline, others = comparison.sides[0], comparison.sides[1:]
     columns = [("configuration", "configuration")]
-    columns += [(f"{measure.key}:{side.label}", f"{side.label}: {measure.header}") for side in comparison.sides]
-    columns += [(f"versus:{side.label}", f"{side.label} against {baseline.label}") for side in others]
+    # The headers name the sides only (the heading above names the figure and its unit): the
+    # machine names are long, and a header per side and figure made the columns unreadably narrow.
+    columns += [(f"{measure.key}:{side.label}", side.label) for side in comparison.sides]
+    columns += [(f"versus:{side.label}", f"{side.label} against the baseline") for side in others]
     rows = []
     for row in comparison.rows:
         values = {side: row.cell(side) for side in comparison.sides}
@@ -319,7 +321,8 @@ def plot_comparison(comparison: Comparison, measure: Measure, title: str) -> byt
     rows = comparison.rows[:_MAX_PLOTTED_ROWS]
     sides = comparison.sides
     height = 0.8 / len(sides)
-    figure, axis = pyplot.subplots(figsize=(9.0, 1.2 + 0.32 * len(rows) * len(sides) + 0.25 * len(sides)))
+    figure_height = 1.2 + 0.32 * len(rows) * len(sides) + 0.25 * len(sides)
+    figure, axis = pyplot.subplots(figsize=(9.0, figure_height))
     drawn: list[float] = []
     for index, side in enumerate(sides):
         positions, widths = [], []
@@ -339,7 +342,10 @@ def plot_comparison(comparison: Comparison, measure: Measure, title: str) -> byt
     axis.set_xlabel(measure.header)
     axis.set_title(title)
     axis.grid(True, axis="x", which="both", alpha=0.3)
-    _legend(axis, "small")
+    # Below the axes and their label (0.65 inch, as a fraction of the axes' height): inside, the
+    # legend covered the longest bars.
+    below = 0.65 / max(0.5, figure_height - 1.0)
+    axis.legend(loc="upper center", bbox_to_anchor=(0.5, -below), fontsize="small")
     figure.tight_layout()
     return _png(figure)
 

@@ -102,6 +102,8 @@ def plot_scaling_series(series: dict[str, list[ScalingPoint]], unit: str) -> byt
     """Two panels: throughput against devices with each series' ideal line (log-log), and the
     parallel efficiency against devices with the 100 % line."""
     pyplot = _pyplot()
+    from matplotlib.ticker import FuncFormatter
+
     figure, (throughput_axis, efficiency_axis) = pyplot.subplots(1, 2, figsize=(11.0, 4.4))
     devices: list[int] = []
     for index, (label, points) in enumerate(series.items()):
@@ -124,6 +126,10 @@ def plot_scaling_series(series: dict[str, list[ScalingPoint]], unit: str) -> byt
         axis.set_xlabel("devices (replicas x devices per replica)")
         axis.grid(True, which="both", alpha=0.3)
     throughput_axis.set_yscale("log")
+    # Plain figures (420, 1,000) on the log axis, not 4 x 10^2: they are read against the table.
+    plain = FuncFormatter(lambda value, _position: format_number(value))
+    throughput_axis.yaxis.set_major_formatter(plain)
+    throughput_axis.yaxis.set_minor_formatter(plain)
     throughput_axis.set_ylabel(f"throughput ({unit}/s, median)")
     throughput_axis.set_title("Throughput against device count")
     efficiency_axis.set_ylim(bottom=0, top=max(110.0, *(p.efficiency * 105 for ps in series.values() for p in ps)))

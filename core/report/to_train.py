@@ -27,6 +27,7 @@ from core.energy.units import JOULES_PER_WATT_HOUR
 from core.report.analysis import _short
 from core.report.compare import Measure
 from core.report.document import Block, Heading, Paragraph, Table, Value, format_number, one_line, shorten
+from core.report.tables import sample_unit
 from core.storage.epochs import EpochDefinition
 from core.storage.results import RunResult
 from core.storage.summary import CellSummary
@@ -112,17 +113,22 @@ def training_figures(result: RunResult, plan: TrainingPlan) -> TrainingFigures:
     )
 
 
-def _median(values: Sequence[Any]) -> Any:
+_COUNTS = ("samples_per_epoch", "measured_epochs", "measured_window_epochs")
+
+
+def _median(values: Sequence[Any], count: bool) -> Any:
+    """The median; of a count, the lower middle value (a count of samples or epochs stays whole)."""
     present = [value for value in values if value is not None]
-    return statistics.median(present) if present else None
+    if not present:
+        return None
+    return statistics.median_low(present) if count else statistics.median(present)
 
 
 def cell_figures(cell: CellSummary, plan: TrainingPlan) -> TrainingFigures:
     """The median of each figure over the cell's successful repeats."""
     figures = [training_figures(result, plan) for result in cell.ok_results]
-    return TrainingFigures(
-        *(_median([getattr(f, name) for f in figures]) for name in TrainingFigures.__dataclass_fields__)
-    )
+    names = TrainingFigures.__dataclass_fields__
+    return TrainingFigures(*(_median([getattr(f, name) for f in figures], name in _COUNTS) for name in names))
 
 
 def format_duration(seconds: float | None) -> str:
@@ -164,7 +170,7 @@ def training_table(cells: Sequence[CellSummary], varying: Sequence[str], plan: T
     columns = [(name, _short(name)) for name in varying] + [
         ("samples_per_epoch", "samples per epoch"),
         ("first_step_seconds", "first step (s, measured)"),
-        ("throughput_per_second", "steady throughput (samples/s, measured)"),
+        ("throughput_per_second", f"steady throughput ({sample_unit(cells)}/s, measured)"),
         ("time_to_train_seconds", f"time to train {plan.epochs} epochs (estimate)"),
         ("energy_to_train_watt_hours", f"energy to train {plan.epochs} epochs (Wh, estimate)"),
         ("measured_seconds", "measured time (first step + warm-up + window)"),
