@@ -223,7 +223,38 @@ def build_parser() -> argparse.ArgumentParser:
     report = commands.add_parser(
         "report", parents=[debug], help="write a Markdown and HTML report with plots from the database"
     )
+    report.add_argument(
+        "databases",
+        nargs="*",
+        type=Path,
+        metavar="DATABASE",
+        help="results databases to report together, compared where they ran the same configurations on "
+        "different platforms or hosts (default: --database, else $CORE_DATABASE, else results/core.db)",
+    )
     report.add_argument("--database", type=Path, help=database_help)
+    report.add_argument(
+        "--epochs",
+        type=int,
+        help="add the estimated time and energy to train this many epochs (and the measured ones where a run "
+        "did whole epochs)",
+    )
+    report.add_argument(
+        "--epoch-definition",
+        metavar="DEFINITION",
+        help="with --epochs: what an epoch is (dataset, samples:N, global-batches:N, host-calls:N); default: "
+        "each run's own epoch_definition",
+    )
+    report.add_argument(
+        "--compare-ignore",
+        action="append",
+        default=[],
+        metavar="OPTION",
+        help="an option not matched when comparing platforms, which becomes part of what is compared, e.g. "
+        "replicas for 1x A100 against 4x A100 (repeatable)",
+    )
+    report.add_argument(
+        "--baseline", metavar="TEXT", help="compare against the side whose label (host: devices) contains TEXT"
+    )
     report.add_argument(
         "--sweep",
         action="append",
@@ -1005,19 +1036,27 @@ def format_cells(cells: Sequence[Any], sweep_column: bool | None = None) -> str:
 def _command_report(args: argparse.Namespace) -> int:
     import sqlite3
 
-    from core.report import ReportError, ReportWriteError, write_report
+    from core.report import ComparisonRequest, ReportError, ReportWriteError, TrainingPlan, write_report
     from core.storage.files import OutputError
     from core.storage.store import StoreError, default_database
 
-    database = args.database or default_database()
+    databases = ([args.database] if args.database else []) + list(args.databases)
+    database = databases or [default_database()]
+    if args.epoch_definition is not None and args.epochs is None:
+        return _error("--epoch-definition needs --epochs N")
     try:
-        files = write_report(database, args.output, args.sweeps)
+        training = None if args.epochs is None else TrainingPlan(args.epochs, args.epoch_definition)
+    except ValueError as error:
+        return _error(f"--epochs {args.epochs} --epoch-definition {args.epoch_definition}: {error}")
+    try:
+        comparison = ComparisonRequest(tuple(args.compare_ignore), args.baseline)
+        files = write_report(database, args.output, args.sweeps, training, comparison)
     except ReportWriteError as error:  # after the work: the report was built, the disk refused it
         return _error(str(error), code=1)
     except (ReportError, StoreError, OutputError) as error:  # before the work: nothing was drawn
         return _error(str(error))
     except sqlite3.DatabaseError as error:
-        return _error(f"cannot read results database {database}: {error}", code=1)
+        return _error(f"cannot read results database {', '.join(map(str, database))}: {error}", code=1)
     for warning in files.warnings:
         print(f"core: warning: {warning}", file=sys.stderr)
     print(f"wrote {files.markdown}, {files.html} and {len(files.plots)} plots in {files.markdown.parent / 'plots'}")

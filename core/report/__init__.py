@@ -46,6 +46,7 @@ from core.report.analysis import (
     series_label,
     varying_options,
 )
+from core.report.compare import ComparisonRequest, SourcedCell, comparison_blocks
 from core.report.document import (
     _TEXT_CHARS,
     PLOTS_DIRECTORY,
@@ -55,6 +56,7 @@ from core.report.document import (
     Code,
     Figure,
     Heading,
+    Inline,
     Paragraph,
     Preformatted,
     ReportError,
@@ -77,9 +79,10 @@ from core.report.document import (
 from core.report.plots import _pyplot, count_label, plot_against_batch, plot_pareto, plot_power_traces, plot_scaling
 from core.report.sections import environment_table, sweep_section
 from core.report.tables import batch_table, cells_table, inference_table, loadgen_verdict
+from core.report.to_train import TrainingPlan, time_to_train_measure, training_blocks
 from core.storage.files import OutputError, check_writable, describe_os_error, write_atomically
 from core.storage.store import ResultStore, StoreError
-from core.storage.summary import summarise
+from core.storage.summary import CellSummary, summarise
 
 # The package's modules, by concern (this one writes the files):
 #   document  blocks, escaping, Markdown and HTML rendering, safe file names
@@ -100,6 +103,8 @@ __all__ = [
     "ReportError",
     "ReportFiles",
     "ReportWriteError",
+    "ComparisonRequest",
+    "TrainingPlan",
     "Table",
     "Value",
     "batch_table",
@@ -130,6 +135,7 @@ __all__ = [
     "render_html",
     "render_markdown",
     "scaling_points",
+    "select_sources",
     "select_sweeps",
     "series_label",
     "shorten",
@@ -179,8 +185,11 @@ def select_sweeps(store: ResultStore, sweeps: Sequence[str] | None = None) -> li
     return names
 
 
-def _read_section(store: ResultStore, name: str, slug: str) -> list[Block]:
-    """One sweep's section; a sweep whose rows cannot be read is a note, not the end of the report."""
+def _read_section(
+    store: ResultStore, name: str, slug: str, training: TrainingPlan | None = None
+) -> tuple[list[Block], list[CellSummary]]:
+    """One sweep's section and its cells; a sweep whose rows cannot be read is a note, not the end
+    of the report."""
     try:
         cells = summarise(store.runs(sweep=name))
     except (ValueError, sqlite3.DatabaseError, StoreError) as error:
@@ -190,7 +199,7 @@ def _read_section(store: ResultStore, name: str, slug: str) -> list[Block]:
                 f"The runs of this sweep could not be read from the database, so it is left out: "
                 f"{type(error).__name__}: {shorten(one_line(error))}."
             ),
-        ]
+        ], []
     notes: list[Block] = []
     try:
         record = store.sweep(name)
@@ -203,7 +212,27 @@ def _read_section(store: ResultStore, name: str, slug: str) -> list[Block]:
             )
         )
     blocks = sweep_section(name, cells, record, store.path, slug)
-    return blocks[:1] + notes + blocks[1:]
+    if training is not None:
+        blocks = _before_environment(blocks, _training_blocks(cells, training, slug))
+    return blocks[:1] + notes + blocks[1:], cells
+
+
+def _training_blocks(cells: Sequence[CellSummary], training: TrainingPlan, slug: str) -> list[Block]:
+    """Time and energy to train for the sweep's training cells (inference trains nothing)."""
+    trained = [cell for cell in cells if not is_inference(cell)]
+    if not trained:
+        return []
+    title = "Time and energy to train (estimate)"
+    return training_blocks(title, trained, varying_options(trained), training, slug)
+
+
+def _before_environment(blocks: list[Block], extra: list[Block]) -> list[Block]:
+    """``extra`` inserted before the section's closing environment table (at the end if it has none)."""
+    index = next(
+        (i for i, block in enumerate(blocks) if isinstance(block, Heading) and block.text == "Environment"),
+        len(blocks),
+    )
+    return blocks[:index] + extra + blocks[index:]
 
 
 def _warning_blocks(warnings: Sequence[str]) -> list[Block]:
@@ -219,22 +248,71 @@ def _warning_blocks(warnings: Sequence[str]) -> list[Block]:
     return blocks
 
 
-def build_report(store: ResultStore, sweeps: Sequence[str] | None = None) -> tuple[str, list[Block]]:
-    names = select_sweeps(store, sweeps)
-    _pyplot()  # fail before any work when matplotlib is missing, plots or not
-    slugs = sweep_slugs(names)
-    sections: list[Block] = []
-    for name in names:
-        sections += _read_section(store, name, slugs[name])
-    generated = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    blocks: list[Block] = [
-        Paragraph(
-            f"Generated {generated} from ",
-            Code(str(store.path)),
-            f": sweeps {', '.join(shorten(one_line(name), 80) for name in names)}.",
+def _stores(stores: ResultStore | Sequence[ResultStore]) -> list[ResultStore]:
+    return [stores] if isinstance(stores, ResultStore) else list(stores)
+
+
+def select_sources(stores: Sequence[ResultStore], sweeps: Sequence[str] | None = None) -> list[list[str]]:
+    """The sweeps to report of each database: with one database, :func:`select_sweeps`; with several,
+    those asked for that each one has (every one of them must be in some database), else all."""
+    if len(stores) == 1:
+        return [select_sweeps(stores[0], sweeps)]
+    if len({store.path.resolve() for store in stores}) != len(stores):
+        raise ReportError("a database is named twice; name each once")
+    known = [store.sweep_names() for store in stores]
+    asked = list(dict.fromkeys(sweeps)) if sweeps else None
+    missing = [name for name in asked or () if not any(name in names for names in known)]
+    if missing:
+        raise ReportError(
+            f"no sweep named {', '.join(repr(n) for n in missing)} in any of "
+            f"{', '.join(str(store.path) for store in stores)}"
         )
-    ]
-    return "core benchmark report", blocks + _warning_blocks(store_warnings(store)) + sections
+    selected = [[name for name in names if asked is None or name in asked] for names in known]
+    if not any(selected):
+        raise ReportError("none of the databases has sweeps to report; run `core sweep FILE` first")
+    return selected
+
+
+def _section_slugs(stores: Sequence[ResultStore], selected: Sequence[Sequence[str]]) -> list[dict[str, str]]:
+    """File-name slugs of each database's sweeps: the sweep's own with one database, else the
+    database's file stem and the sweep (two databases often hold sweeps of the same name)."""
+    if len(stores) == 1:
+        return [sweep_slugs(selected[0])]
+    qualified = [f"{store.path.stem}-{name}" for store, names in zip(stores, selected) for name in names]
+    slugs = sweep_slugs(qualified)
+    return [{name: slugs[f"{store.path.stem}-{name}"] for name in names} for store, names in zip(stores, selected)]
+
+
+def build_report(
+    store: ResultStore | Sequence[ResultStore],
+    sweeps: Sequence[str] | None = None,
+    training: TrainingPlan | None = None,
+    comparison: ComparisonRequest | None = None,
+) -> tuple[str, list[Block]]:
+    """The report's title and blocks: one section per sweep of each database, and where two
+    platforms or hosts ran the same configurations, their comparison first (see compare.py)."""
+    stores = _stores(store)
+    selected = select_sources(stores, sweeps)
+    _pyplot()  # fail before any work when matplotlib is missing, plots or not
+    sections: list[Block] = []
+    sourced: list[SourcedCell] = []
+    for one, names, slugs in zip(stores, selected, _section_slugs(stores, selected)):
+        for name in names:
+            section, cells = _read_section(one, name, slugs[name], training)
+            if len(stores) > 1 and isinstance(section[0], Heading):
+                section[0] = Heading(2, f"{section[0].text} ({shorten(one_line(one.path), 120)})")
+            sections += section
+            sourced += [SourcedCell(cell, str(one.path), name) for cell in cells]
+    extra = [time_to_train_measure(training)] if training is not None else []
+    compared = comparison_blocks(sourced, comparison or ComparisonRequest(), extra)
+    generated = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    sources: list[Inline] = []
+    for one, names in zip(stores, selected):
+        sources += ["; " if sources else "", Code(str(one.path))]
+        sources.append(f": sweeps {', '.join(shorten(one_line(name), 80) for name in names) or 'none asked for'}")
+    blocks: list[Block] = [Paragraph(f"Generated {generated} from ", *sources, ".")]
+    warnings = [warning for one in stores for warning in store_warnings(one)]
+    return "core benchmark report", blocks + _warning_blocks(warnings) + compared + sections
 
 
 def check_report_output(output: str | Path) -> None:
@@ -319,30 +397,40 @@ def write_report_files(output: str | Path, title: str, blocks: Sequence[Block]) 
 
 
 def write_report(
-    database: str | Path | ResultStore, output: str | Path, sweeps: Sequence[str] | None = None
+    database: str | Path | ResultStore | Sequence[str | Path | ResultStore],
+    output: str | Path,
+    sweeps: Sequence[str] | None = None,
+    training: TrainingPlan | None = None,
+    comparison: ComparisonRequest | None = None,
 ) -> ReportFiles:
     """Write report.md, report.html and plots/*.png under ``output``; returns their paths.
 
-    The output directory is checked before any plot is drawn (:class:`~core.storage.files.OutputError`),
-    and the files are written whole or not at all (:class:`ReportWriteError`).
+    ``database`` is one database or several (their sweeps side by side, and compared where they
+    ran the same configurations on different platforms or hosts). The output directory is checked
+    before any plot is drawn (:class:`~core.storage.files.OutputError`), and the files are written
+    whole or not at all (:class:`ReportWriteError`).
     """
     output = Path(output)
-    store = database if isinstance(database, ResultStore) else ResultStore(database, create=False)
+    given = [database] if isinstance(database, (str, Path, ResultStore)) else list(database)
+    stores: list[ResultStore] = []
     # Folders this report may create (plots/, the output, missing parents), innermost first.
     created = [directory for directory in (output / PLOTS_DIRECTORY, output, *output.parents) if not directory.exists()]
     try:
-        select_sweeps(store, sweeps)
+        for one in given:
+            stores.append(one if isinstance(one, ResultStore) else ResultStore(one, create=False))
+        select_sources(stores, sweeps)
         _pyplot()
         check_report_output(output)
-        title, blocks = build_report(store, sweeps)
-        warnings = store_warnings(store)
+        title, blocks = build_report(stores, sweeps, training, comparison)
+        warnings = [warning for one in stores for warning in store_warnings(one)]
         plots = write_report_files(output, title, blocks)
     except BaseException:
         _remove_empty_directories(created)
         raise
     finally:
-        if not isinstance(database, ResultStore):
-            store.close()
+        for store in stores:
+            if not any(store is one for one in given):  # opened here: closed here
+                store.close()
     return ReportFiles(markdown=output / REPORT_MARKDOWN, html=output / REPORT_HTML, plots=plots, warnings=warnings)
 
 

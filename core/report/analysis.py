@@ -12,7 +12,8 @@ from core.config import RunConfig
 from core.storage.summary import CellSummary
 
 _BATCH = "micro_batch_size"
-_DEVICE_OPTIONS = ("replicas", "devices_per_replica")
+# Where a cell ran, not what it ran: a scaling series is the cells that differ only in these.
+_DEVICE_OPTIONS = ("replicas", "devices_per_replica", "nodes", "rendezvous")
 _SCENARIO = "scenario"
 _LOOP = "loop"  # core's own steady window; the other scenarios are LoadGen's
 

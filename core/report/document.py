@@ -253,6 +253,7 @@ figure img { max-width: 100%; height: auto; border: 1px solid #e0e0e4; }
 figcaption { font-size: 0.9rem; color: #555; }
 pre { background: #f6f6f8; padding: 0.6rem; overflow-x: auto; font-size: 0.8rem; white-space: pre-wrap; }
 td, p, code { overflow-wrap: anywhere; }
+td:first-child { min-width: 8rem; }
 """
 
 

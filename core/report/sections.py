@@ -15,7 +15,6 @@ from core.report.analysis import (
     _pareto_cells,
     is_inference,
     power_traces,
-    scaling_points,
     varying_options,
 )
 from core.report.document import (
@@ -30,8 +29,6 @@ from core.report.document import (
     ReportError,
     Table,
     Value,
-    format_number,
-    format_percent,
     one_line,
     shorten,
     sweep_slugs,
@@ -42,8 +39,8 @@ from core.report.plots import (
     plot_against_batch,
     plot_pareto,
     plot_power_traces,
-    plot_scaling,
 )
+from core.report.scaling import scaling_blocks
 from core.report.tables import (
     _option_text,
     batch_table,
@@ -296,38 +293,10 @@ def _energy_blocks(sweep: SweepData) -> list[Block]:
 
 
 def _scaling_blocks(sweep: SweepData) -> list[Block]:
-    title = sweep.titled("Scaling efficiency against device count")
-    scaling = scaling_points(sweep.cells, sweep.varying)
-    if not scaling:
-        return _not_drawn(title, "no series of cells differs only in device count (replicas x devices per replica)")
-    table = Table(
-        columns=[
-            ("series", "series"),
-            ("devices", "devices"),
-            ("throughput_per_second", f"throughput ({sample_unit(sweep.cells)}/s)"),
-            ("scaling_efficiency", "scaling efficiency"),
-        ],
-        rows=[
-            [
-                Value(_option_text(label)),
-                Value(str(devices), devices),
-                Value(format_number(throughput), throughput),
-                Value(format_percent(efficiency), efficiency),
-            ]
-            for label, series in scaling.items()
-            for devices, throughput, efficiency in series
-        ],
-        identifier=f"scaling-{sweep.slug}",
+    title = sweep.titled("Scaling against device count")
+    return scaling_blocks(
+        title, sweep.cells, sweep.varying, sample_unit(sweep.cells), sweep.figure, f"scaling-{sweep.slug}"
     )
-    return [
-        Heading(3, title),
-        sweep.figure(
-            "scaling-efficiency",
-            plot_scaling(scaling),
-            "Scaling efficiency: throughput per device relative to the smallest device count of each series",
-        ),
-        table,
-    ]
 
 
 def _mfu_percent(cell: CellSummary) -> float | None:
@@ -532,7 +501,7 @@ def _latency_blocks(sweep: SweepData) -> list[Block]:
 _PLOT_PARTS: tuple[tuple[str, Callable[[SweepData], list[Block]]], ...] = (
     ("Throughput against batch size", _throughput_blocks),
     ("Samples per Wh against batch size", _energy_blocks),
-    ("Scaling efficiency against device count", _scaling_blocks),
+    ("Scaling against device count", _scaling_blocks),
     ("MFU against batch size", _mfu_blocks),
     ("Throughput against samples per Wh (Pareto view)", _pareto_blocks),
     ("Power over the timed window", _power_blocks),
