@@ -85,8 +85,6 @@ class Table:
     row_keys: list[str] = field(default_factory=list)  # each row's cell key (HTML data-cell-key)
 
 
-
-
 @dataclass(frozen=True)
 class Figure:
     file_name: str  # under plots/

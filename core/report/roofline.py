@@ -77,9 +77,7 @@ def _device_name(cell: CellSummary) -> str:
 
 def roofs_of(cell: CellSummary) -> Roofs | None:
     """The roofline a cell's results give, or None where its peak or its bandwidth is unknown."""
-    result = next(
-        (r for r in cell.ok_results if r.peak_flops_per_second and r.memory_bandwidth_bytes_per_second), None
-    )
+    result = next((r for r in cell.ok_results if r.peak_flops_per_second and r.memory_bandwidth_bytes_per_second), None)
     if result is None or not _positive(result.peak_flops_per_second):
         return None
     if not _positive(result.memory_bandwidth_bytes_per_second):
@@ -91,7 +89,9 @@ def roofs_of(cell: CellSummary) -> Roofs | None:
         bandwidth_bytes_per_second=result.memory_bandwidth_bytes_per_second,
         memory=shorten(one_line(result.memory_kind or "memory"), 80),
         caches_bytes_per_second=tuple(
-            (name, value) for name, value in sorted(result.cache_bandwidths_bytes_per_second.items()) if _positive(value)
+            (name, value)
+            for name, value in sorted(result.cache_bandwidths_bytes_per_second.items())
+            if _positive(value)
         ),
         flops_source=result.peak_flops_source or "",
         bandwidth_source=result.memory_bandwidth_source or "",
@@ -293,14 +293,22 @@ def plot_flops_against_batch(roofs: Roofs, points: Sequence[RooflinePoint], seri
 def roofs_table(roofs: Roofs, identifier: str) -> Table:
     """The roofs and where each figure comes from."""
     rows = [
-        [Value("peak"), Value(rate_text(roofs.peak_flops_per_second), roofs.peak_flops_per_second), Value(shorten(one_line(roofs.flops_source), 600))],
+        [
+            Value("peak"),
+            Value(rate_text(roofs.peak_flops_per_second), roofs.peak_flops_per_second),
+            Value(shorten(one_line(roofs.flops_source), 600)),
+        ],
         [
             Value(f"memory bandwidth ({roofs.memory})"),
             Value(bandwidth_text(roofs.bandwidth_bytes_per_second), roofs.bandwidth_bytes_per_second),
             Value(shorten(one_line(roofs.bandwidth_source), 600)),
         ],
         *(
-            [Value(f"{cache} bandwidth"), Value(bandwidth_text(value), value), Value(shorten(one_line(roofs.bandwidth_source), 600))]
+            [
+                Value(f"{cache} bandwidth"),
+                Value(bandwidth_text(value), value),
+                Value(shorten(one_line(roofs.bandwidth_source), 600)),
+            ]
             for cache, value in roofs.caches_bytes_per_second
         ),
         [
@@ -315,7 +323,9 @@ def roofs_table(roofs: Roofs, identifier: str) -> Table:
 def points_table(roofs: Roofs, points: Sequence[RooflinePoint], series_names: Sequence[str], identifier: str) -> Table:
     """Each run on the roofline: its intensity, achieved and attainable FLOP/s, and what bounds it."""
     labels = {
-        id(cell): label for label, members in group_series([p.cell for p in points], series_names).items() for cell in members
+        id(cell): label
+        for label, members in group_series([p.cell for p in points], series_names).items()
+        for cell in members
     }
     rows = []
     for point in sorted(points, key=lambda p: (labels[id(p.cell)], _batch_of(p.cell) or 0)):

@@ -58,9 +58,11 @@ MOMENTUM_STATE_VALUES = 1
 
 def linear_shapes(o: FcnnOptions) -> list[tuple[int, int]]:
     """(inputs, outputs) of each Linear layer, first to last."""
-    return [(o.input_width, o.hidden_width)] + [(o.hidden_width, o.hidden_width)] * (o.layers - 1) + [
-        (o.hidden_width, o.output_width)
-    ]
+    return (
+        [(o.input_width, o.hidden_width)]
+        + [(o.hidden_width, o.hidden_width)] * (o.layers - 1)
+        + [(o.hidden_width, o.output_width)]
+    )
 
 
 def activation_values_per_sample(o: FcnnOptions, training: bool = True) -> int:

@@ -122,4 +122,8 @@ def memory_bandwidth(device_name: str, *, per_gcd: bool = False) -> MemoryBandwi
     if entry is None or entry.bandwidth is None:
         return None
     divisor = GCDS_PER_PACKAGE.get(entry.model, 1) if per_gcd else 1
-    return entry.bandwidth.scaled(1 / divisor, f"one GCD is 1/{divisor} of the package") if divisor > 1 else entry.bandwidth
+    return (
+        entry.bandwidth.scaled(1 / divisor, f"one GCD is 1/{divisor} of the package")
+        if divisor > 1
+        else entry.bandwidth
+    )

@@ -178,8 +178,11 @@ def parse_cpuinfo(text: str, usable: Iterable[int], max_frequency_khz: float | N
     if not processors:
         return None
     first = processors[0]
-    cores = {(fields.get("physical id", "0"), fields.get("core id", str(index))) for index, fields in enumerate(processors)}
+    cores = {
+        (fields.get("physical id", "0"), fields.get("core id", str(index))) for index, fields in enumerate(processors)
+    }
     sockets = {fields.get("physical id", "0") for fields in processors}
+    clock: float | None
     if max_frequency_khz:
         clock, clock_source = max_frequency_khz * 1e3, "cpufreq cpuinfo_max_freq"
     else:
