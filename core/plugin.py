@@ -23,7 +23,7 @@ from core.contract.context import RunContext
 from core.contract.gpu import ALL_PRECISIONS, TorchGpuAccelerator
 from core.contract.hookspecs import hookimpl
 from core.contract.launcher import Launcher
-from core.contract.peaks import TERA, PeakEntry, PeakTable
+from core.contract.peaks import GIGA, TERA, MemoryBandwidth, PeakEntry, PeakTable
 from core.contract.pipeline import PipelineLayout, RecommendedSplit
 from core.contract.sdk import SharedLibrarySession
 from core.contract.workload import KerasTrainingSpec, TorchTrainingSpec, Workload, parse_plugin_options
@@ -104,6 +104,8 @@ __all__ = [
     "PeakEntry",
     "PeakTable",
     "TERA",
+    "GIGA",
+    "MemoryBandwidth",
     # running: the executor contract and core's executors
     "Executor",
     "StepClock",

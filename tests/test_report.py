@@ -282,7 +282,9 @@ def synthetic_store(tmp_path: Path) -> ResultStore:
 def test_every_plot_is_drawn_and_tables_match(synthetic_store: ResultStore, tmp_path: Path) -> None:
     files = write_report(synthetic_store, tmp_path / "report")
     assert files.markdown.exists() and files.html.exists()
-    check_plots(tmp_path / "report", {f"synthetic-{kind}.png" for kind in PLOT_KINDS})
+    # Batch x precision per replica count and batch x replicas per precision: MFU maps (every cell has one).
+    heatmaps = {f"synthetic-heatmap-mfu-{index}.png" for index in range(1, 5)}
+    check_plots(tmp_path / "report", {f"synthetic-{kind}.png" for kind in PLOT_KINDS} | heatmaps)
     assert check_tables_match_database(synthetic_store, "synthetic", tmp_path / "report") == 16
     markdown = files.markdown.read_text(encoding="utf-8")
     assert "Cells refused by validation" in markdown and "precision=tf32" in markdown
@@ -298,8 +300,11 @@ def test_every_plot_is_drawn_and_tables_match(synthetic_store: ResultStore, tmp_
 
 def test_the_page_opens_in_chromium_without_console_errors(synthetic_store: ResultStore, tmp_path: Path) -> None:
     files = write_report(synthetic_store, tmp_path / "report")
-    tables = files.html.read_text(encoding="utf-8").count("<table")
-    check_page_in_chromium(files.html, tables=tables, images=len(PLOT_KINDS))
+    html = files.html.read_text(encoding="utf-8")
+    tables = html.count("<table")
+    check_page_in_chromium(files.html, tables=tables, images=len(PLOT_KINDS) + 4)  # and 4 heatmaps
+    # Every plot carries the data it draws, in a table beside it.
+    assert html.count("<figure>") == html.count('<details class="plot-data">') == len(PLOT_KINDS) + 4
 
 
 def test_the_chromium_check_sees_errors(tmp_path: Path) -> None:

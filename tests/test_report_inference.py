@@ -98,6 +98,7 @@ def test_training_and_inference_cells_are_reported_apart(
     calls = drawn_series(monkeypatch)
     files = write_report(mixed_store, tmp_path / "report")
     expected_plots = {f"mixed-{kind}.png" for kind in (*PLOT_KINDS, *INFERENCE_PLOTS) if kind != "scaling-efficiency"}
+    expected_plots.add("mixed-heatmap-mfu-1.png")  # the training cells' batch x precision, against MFU
     check_plots(tmp_path / "report", expected_plots)
     tables = parse_html(files.html).tables
 
@@ -153,7 +154,7 @@ def test_training_and_inference_cells_are_reported_apart(
 def test_the_mixed_page_opens_in_chromium(mixed_store: ResultStore, tmp_path: Path) -> None:
     files = write_report(mixed_store, tmp_path / "report")
     tables = files.html.read_text(encoding="utf-8").count("<table")
-    check_page_in_chromium(files.html, tables=tables, images=len(PLOT_KINDS) - 1 + len(INFERENCE_PLOTS))
+    check_page_in_chromium(files.html, tables=tables, images=len(PLOT_KINDS) - 1 + len(INFERENCE_PLOTS) + 1)
 
 
 def test_an_inference_only_sweep_has_no_training_parts(tmp_path: Path) -> None:

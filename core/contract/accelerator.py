@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from pydantic import BaseModel
 
 from core.config import Framework, Precision, RunConfig
+from core.contract.peaks import MemoryBandwidth
 from core.contract.workload import NoOptions, parse_plugin_options
 from core.storage.results import DeviceRecord
 
@@ -160,4 +161,9 @@ class Accelerator(ABC):
 
     def peak_flops_per_second(self, device: DeviceRecord, precision: Precision) -> tuple[float, str] | None:
         """Datasheet peak of one device at that precision, with its source; None where unknown."""
+        return None
+
+    def memory_bandwidth(self, device: DeviceRecord) -> MemoryBandwidth | None:
+        """Peak memory bandwidth of one device (the roofline's slanted roof), with its source;
+        None where unknown. A result records the sum over the devices a run used."""
         return None

@@ -1,7 +1,10 @@
-"""Peak FLOP/s tables: datasheet figures per device model and precision, each with its source.
+"""Peak tables: datasheet FLOP/s per device model and precision, and memory bandwidth, each
+with its source.
 
 A vendor plugin keeps its own table (it alone knows its device names); this module gives the
-tables one shape, so every result's MFU is computed the same way.
+tables one shape, so every result's MFU, and every report's roofline, is computed the same way.
+The bandwidth is the roofline's slanted roof: attainable FLOP/s = min(peak, bandwidth x
+arithmetic intensity).
 """
 
 from __future__ import annotations
@@ -13,6 +16,32 @@ from dataclasses import dataclass, field
 from core.config import Precision
 
 TERA = 1e12
+GIGA = 1e9
+
+
+@dataclass(frozen=True)
+class MemoryBandwidth:
+    """A device's peak memory bandwidth, in bytes/s, with its source.
+
+    ``memory`` says what the figure is of (``"HBM3"``, ``"DDR5, 12 channels"``; an IPU's is its
+    on-chip SRAM, which holds the model: it has no off-chip memory the roofline could use).
+    ``caches_bytes_per_second``: the datasheet's cache bandwidths where it gives them (``"L2"``,
+    ``"Infinity Cache"``), which a roofline draws as further, higher roofs.
+    """
+
+    bytes_per_second: float
+    source: str
+    memory: str
+    caches_bytes_per_second: Mapping[str, float] = field(default_factory=dict)
+
+    def scaled(self, factor: float, note: str) -> MemoryBandwidth:
+        """The same figures times ``factor`` (one GCD of a two-GCD package: 0.5), the source saying so."""
+        return MemoryBandwidth(
+            self.bytes_per_second * factor,
+            f"{self.source}; {note}",
+            self.memory,
+            {name: value * factor for name, value in self.caches_bytes_per_second.items()},
+        )
 
 
 @dataclass(frozen=True)
@@ -24,6 +53,7 @@ class PeakEntry:
     tflops: Mapping[Precision, float]
     source: str  # datasheet or document the figures come from
     notes: str = ""
+    bandwidth: MemoryBandwidth | None = None  # None where no datasheet figure is known
 
     def matches(self, device_name: str) -> bool:
         return re.search(self.name_pattern, device_name, flags=re.IGNORECASE) is not None
@@ -44,3 +74,8 @@ class PeakTable:
         if entry is None or precision not in entry.tflops:
             return None
         return entry.tflops[precision] * TERA
+
+    def memory_bandwidth(self, device_name: str) -> MemoryBandwidth | None:
+        """Peak memory bandwidth of one device, or None where the model or its bandwidth is not known."""
+        entry = self.entry_for(device_name)
+        return None if entry is None else entry.bandwidth

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from core.config import Framework, config_errors
+from core.config import Framework, RunConfig, config_errors
 from core.contract.pipeline import PipelineLayout
 
 
@@ -166,6 +166,16 @@ class Workload(ABC):
 
     def flops_per_sample(self, options: BaseModel) -> float | None:
         """Training FLOPs (forward and backward) for one sample, where known analytically."""
+        return None
+
+    def memory_bytes_per_sample(self, options: BaseModel, config: RunConfig) -> float | None:
+        """Bytes one device moves to and from its memory per sample, where known analytically:
+        the roofline's denominator (arithmetic intensity = FLOPs per sample / this).
+
+        ``config`` gives what the count depends on beyond the model: the micro-batch (weights are
+        read once per micro-batch, shared by its samples), gradient accumulation (the optimizer
+        runs once per update), the precision (bytes per activation) and the mode (inference moves
+        no gradients). None, the default, where unknown: the report then draws no roofline point."""
         return None
 
     def inference_flops_per_sample(self, options: BaseModel) -> float | None:

@@ -467,12 +467,8 @@ def _mode_blocks(
             continue  # no side has this figure (no power meter): no empty table
         title = f"{measure.header[0].upper()}{measure.header[1:]} by platform ({mode})"
         png = plot_comparison(comparison, measure, title)
-        caption = f"{title}: one bar per side, one group per configuration; the table below holds the figures"
-        blocks += [
-            Heading(3, title),
-            Figure(f"{slug}-{measure.key.replace('_', '-')}.png", png, caption),
-            table,
-        ]
+        caption = f"{title}: one bar per side, one group per configuration; the data behind it holds the figures"
+        blocks += [Heading(3, title), Figure(f"{slug}-{measure.key.replace('_', '-')}.png", png, caption, table)]
     return blocks
 
 

@@ -90,6 +90,7 @@ class Figure:
     file_name: str  # under plots/
     png: bytes
     caption: str
+    data: Table | None = None  # the figures the plot draws, shown with it so they can be copied
 
 
 @dataclass(frozen=True)
@@ -235,6 +236,8 @@ def render_markdown(title: str, blocks: Sequence[Block]) -> str:
         elif isinstance(block, Figure):
             caption = markdown_text(block.caption)
             lines += [f"![{caption}]({PLOTS_DIRECTORY}/{_checked_file_name(block.file_name)})", "", f"*{caption}*", ""]
+            if block.data is not None:
+                lines += ["Data behind the plot:", ""] + _markdown_table(block.data)
         elif isinstance(block, Table):
             lines += _markdown_table(block)
     return "\n".join(lines).rstrip() + "\n"
@@ -251,6 +254,8 @@ th { background: #f2f2f5; }
 figure { margin: 1rem 0 2rem; }
 figure img { max-width: 100%; height: auto; border: 1px solid #e0e0e4; }
 figcaption { font-size: 0.9rem; color: #555; }
+details.plot-data { margin: -1.5rem 0 2rem; }
+details.plot-data summary { cursor: pointer; color: #333; font-size: 0.9rem; }
 pre { background: #f6f6f8; padding: 0.6rem; overflow-x: auto; font-size: 0.8rem; white-space: pre-wrap; }
 td, p, code { overflow-wrap: anywhere; }
 td:first-child { min-width: 8rem; }
@@ -317,6 +322,11 @@ def render_html(title: str, blocks: Sequence[Block]) -> str:
                 f'data-file="{PLOTS_DIRECTORY}/{_escape(_checked_file_name(block.file_name))}">'
                 f"<figcaption>{_escape(block.caption)}</figcaption></figure>"
             )
+            if block.data is not None:
+                # Closed by default so the plots stay together; a click opens the figures to copy.
+                parts.append('<details class="plot-data"><summary>Data behind this plot</summary>')
+                parts += _html_table(block.data)
+                parts.append("</details>")
         elif isinstance(block, Table):
             parts += _html_table(block)
     parts += ["</body>", "</html>"]

@@ -146,7 +146,8 @@ def scaling_blocks(
 ) -> list[Block]:
     """The section's scaling part: a note, the plot and its table; a reason where there is no series.
 
-    :param figure: makes the section's Figure from (kind, png, caption), so file names follow its mode.
+    :param figure: makes the section's Figure from (kind, png, caption, data=table), so file names
+        follow its mode; the table of the plotted figures travels with it.
     """
     series = scaling_series(cells, varying)
     if not series:
@@ -162,6 +163,6 @@ def scaling_blocks(
     png = plot_scaling_series(series, unit)
     caption = (
         "Left: throughput against device count, log-log, dashed: the ideal line of each series. Right: parallel "
-        "efficiency (speed-up over ideal speed-up). The table below holds the plotted figures."
+        "efficiency (speed-up over ideal speed-up). The data behind the plot holds the figures."
     )
-    return [Heading(3, title), note, figure("scaling-efficiency", png, caption), scaling_table(series, unit, slug)]
+    return [Heading(3, title), note, figure("scaling-efficiency", png, caption, data=scaling_table(series, unit, slug))]

@@ -33,6 +33,8 @@ from core.report.document import (
     shorten,
     sweep_slugs,
 )
+from core.report.heatmap import heatmap_blocks
+from core.report.plotdata import against_batch_table, pareto_table, power_table
 from core.report.plots import (
     _pyplot,
     drawable_against_batch,
@@ -40,6 +42,7 @@ from core.report.plots import (
     plot_pareto,
     plot_power_traces,
 )
+from core.report.roofline import roofline_blocks
 from core.report.scaling import scaling_blocks
 from core.report.tables import (
     _option_text,
@@ -161,9 +164,9 @@ class SweepData:
             return f"{title} (inference)"
         return f"{title} (training)" if self.other_mode_too else title
 
-    def figure(self, kind: str, png: bytes, caption: str) -> Figure:
+    def figure(self, kind: str, png: bytes, caption: str, data: Table | None = None) -> Figure:
         prefix = "inference-" if self.mode == "inference" else ""
-        return Figure(f"{self.slug}-{prefix}{kind}.png", png, caption)
+        return Figure(f"{self.slug}-{prefix}{kind}.png", png, caption, data)
 
     @property
     def batch_label(self) -> str:
@@ -264,6 +267,13 @@ def _throughput_blocks(sweep: SweepData) -> list[Block]:
             "throughput-vs-batch-size",
             png,
             "Throughput against micro-batch size, log-log; bars span the repeats; crosses mark cells without a figure",
+            data=against_batch_table(
+                sweep.cells,
+                sweep.series_names,
+                lambda cell: cell.throughput_per_second,
+                f"throughput ({sample_unit(sweep.cells)}/s, median)",
+                f"throughput-data-{sweep.slug}",
+            ),
         ),
     ]
 
@@ -288,7 +298,18 @@ def _energy_blocks(sweep: SweepData) -> list[Block]:
     )
     return [
         Heading(3, title),
-        sweep.figure("samples-per-wh-vs-batch-size", png, "Samples per Wh against micro-batch size, log-log"),
+        sweep.figure(
+            "samples-per-wh-vs-batch-size",
+            png,
+            "Samples per Wh against micro-batch size, log-log",
+            data=against_batch_table(
+                sweep.cells,
+                sweep.series_names,
+                lambda cell: cell.samples_per_watt_hour,
+                f"{sample_unit(sweep.cells)} per Wh (median)",
+                f"energy-data-{sweep.slug}",
+            ),
+        ),
     ]
 
 
@@ -321,7 +342,14 @@ def _mfu_blocks(sweep: SweepData) -> list[Block]:
         )
         return [
             Heading(3, title),
-            sweep.figure("mfu-vs-batch-size", png, "MFU: achieved FLOP/s over the devices' datasheet peak"),
+            sweep.figure(
+                "mfu-vs-batch-size",
+                png,
+                "MFU: achieved FLOP/s over the devices' datasheet peak",
+                data=against_batch_table(
+                    sweep.cells, sweep.series_names, _mfu_percent, "MFU (%, median)", f"mfu-data-{sweep.slug}"
+                ),
+            ),
         ]
     drawable = drawable_against_batch(sweep.cells, _teraflops)
     if sweep.batch_varies and drawable:
@@ -336,7 +364,14 @@ def _mfu_blocks(sweep: SweepData) -> list[Block]:
         return [
             Heading(3, title),
             Paragraph(_peak_reason(sweep.cells) + "."),
-            sweep.figure("flops-vs-batch-size", png, "Achieved TFLOP/s against micro-batch size, log-log"),
+            sweep.figure(
+                "flops-vs-batch-size",
+                png,
+                "Achieved TFLOP/s against micro-batch size, log-log",
+                data=against_batch_table(
+                    sweep.cells, sweep.series_names, _teraflops, "achieved TFLOP/s (median)", f"flops-data-{sweep.slug}"
+                ),
+            ),
         ]
     return _not_drawn(
         title,
@@ -357,6 +392,7 @@ def _pareto_blocks(sweep: SweepData) -> list[Block]:
             plot_pareto(sweep.cells, sweep.series_names, sample_unit(sweep.cells)),
             "Each cell's median throughput against its samples per Wh; the dashed "
             "line joins the cells no other cell beats on both",
+            data=pareto_table(sweep.cells, sample_unit(sweep.cells), f"pareto-data-{sweep.slug}"),
         ),
     ]
 
@@ -378,7 +414,12 @@ def _power_blocks(sweep: SweepData) -> list[Block]:
     )
     if len(traces) > len(shown):
         caption += f"; the first {len(shown)} of {len(traces)} cells with a timeline"
-    return [Heading(3, title), sweep.figure("power-timeline", plot_power_traces(shown), caption)]
+    return [
+        Heading(3, title),
+        sweep.figure(
+            "power-timeline", plot_power_traces(shown), caption, data=power_table(shown, f"power-data-{sweep.slug}")
+        ),
+    ]
 
 
 def _failure_blocks(sweep: SweepData) -> list[Block]:
@@ -492,6 +533,13 @@ def _latency_blocks(sweep: SweepData) -> list[Block]:
             png,
             "p90 latency against micro-batch size, log-log: in the loop a micro-batch's, under LoadGen's "
             "single-stream and server a query's; crosses mark cells without a figure",
+            data=against_batch_table(
+                sweep.cells,
+                sweep.series_names,
+                _p90_milliseconds,
+                "p90 latency (ms, median)",
+                f"latency-data-{sweep.slug}",
+            ),
         ),
     ]
 
@@ -503,6 +551,8 @@ _PLOT_PARTS: tuple[tuple[str, Callable[[SweepData], list[Block]]], ...] = (
     ("Samples per Wh against batch size", _energy_blocks),
     ("Scaling against device count", _scaling_blocks),
     ("MFU against batch size", _mfu_blocks),
+    ("Roofline", roofline_blocks),
+    ("Utilisation heatmaps", heatmap_blocks),
     ("Throughput against samples per Wh (Pareto view)", _pareto_blocks),
     ("Power over the timed window", _power_blocks),
 )

@@ -7,6 +7,7 @@ warm-up, steady window. The host waits for the device only at phase boundaries.
 
 from __future__ import annotations
 
+import math
 import socket
 import time
 from collections.abc import Callable
@@ -85,6 +86,25 @@ def _workload_figures(plan: RunPlan, warnings: list[str]) -> tuple[int | None, f
     return parameters, flops, details
 
 
+def _memory_figure(plan: RunPlan, warnings: list[str]) -> float | None:
+    """Bytes moved per sample, the workload's analytical count (for the roofline); a plugin's answer
+    that raises or is not a positive finite number costs that figure, not the run."""
+    try:
+        moved = plan.workload.memory_bytes_per_sample(plan.workload_options, plan.config)
+    except Exception as exc:
+        warnings.append(
+            f"the workload plugin's memory_bytes_per_sample raised {type(exc).__name__}: {exc} "
+            f"(at {innermost_location(exc)}); no arithmetic intensity"
+        )
+        return None
+    if moved is None:
+        return None
+    if isinstance(moved, bool) or not isinstance(moved, (int, float)) or not math.isfinite(moved) or moved <= 0:
+        warnings.append(f"the workload plugin's memory_bytes_per_sample gave {moved!r}, not a positive number; ignored")
+        return None
+    return float(moved)
+
+
 def _sample_figures(plan: RunPlan, warnings: list[str]) -> tuple[str | None, int | None]:
     """(what a sample is, tokens in one sample): the units of samples/Wh and of tokens/s and tokens/Wh.
 
@@ -128,6 +148,7 @@ def new_result(plan: RunPlan, world_size: int) -> RunResult:
         tokens_per_sample=tokens_per_sample,
         parameter_count=parameters,
         flops_per_sample=flops,
+        memory_bytes_per_sample=_memory_figure(plan, warnings),
         workload_details=details,
         energy_unavailable_reason=plan.meter_unavailable_reason,
         warnings=warnings,
@@ -207,6 +228,7 @@ def execute(plan: RunPlan, process: ProcessContext, on_progress: ProgressCallbac
         if result.flops_per_sample is not None and result.throughput_per_second is not None:
             result.flops_per_second = result.flops_per_sample * result.throughput_per_second
             _record_utilization(result, plan)
+        _record_bandwidth(result, plan)
         if energy is not None:
             _record_energy(result, energy)
         _record_epoch(result, plan, executor.dataset_samples())
@@ -414,6 +436,26 @@ def _record_utilization(result: RunResult, plan: RunPlan) -> None:
     result.peak_flops_per_second = sum(peak[0] for peak in peaks if peak is not None)
     result.peak_flops_source = "; ".join(sorted({peak[1] for peak in peaks if peak is not None}))
     result.model_flops_utilization = result.flops_per_second / result.peak_flops_per_second
+
+
+def _record_bandwidth(result: RunResult, plan: RunPlan) -> None:
+    """The summed datasheet memory bandwidths of the devices used (the roofline's slope), where
+    every one is known; with the peaks, a report places the run on its device's roofline."""
+    try:
+        bandwidths = [plan.accelerator.memory_bandwidth(device) for device in result.devices]
+    except Exception as exc:  # a peak table's bug costs the roofline, not the run
+        result.warnings.append(f"the accelerator's memory_bandwidth raised {type(exc).__name__}: {exc}; no bandwidth")
+        return
+    if not bandwidths or any(bandwidth is None for bandwidth in bandwidths):
+        return
+    known = [bandwidth for bandwidth in bandwidths if bandwidth is not None]
+    result.memory_bandwidth_bytes_per_second = sum(bandwidth.bytes_per_second for bandwidth in known)
+    result.memory_bandwidth_source = "; ".join(sorted({bandwidth.source for bandwidth in known}))
+    result.memory_kind = ", ".join(sorted({bandwidth.memory for bandwidth in known}))
+    caches = set.intersection(*(set(bandwidth.caches_bytes_per_second) for bandwidth in known))
+    result.cache_bandwidths_bytes_per_second = {
+        cache: sum(bandwidth.caches_bytes_per_second[cache] for bandwidth in known) for cache in sorted(caches)
+    }
 
 
 def _record_energy(result: RunResult, energy: EnergyMeasurement) -> None:

@@ -24,7 +24,11 @@ from core.energy.units import JOULES_PER_WATT_HOUR, watt_hours
 #      config.nodes and .rendezvous (defaults 1 and None), RunResult.nodes (empty for one node).
 # 1.5: RunResult.process_start (optional): a sweep's run forked from a warm parent or started as a
 #      fresh interpreter, and why it was not forked.
-SCHEMA_VERSION = "1.5"
+# 1.6: the roofline's figures (optional, so older documents load without them): RunResult.
+#      memory_bytes_per_sample (the workload's analytical count), .memory_bandwidth_bytes_per_second,
+#      .memory_bandwidth_source, .memory_kind and .cache_bandwidths_bytes_per_second (summed datasheet
+#      figures of the devices used); the derived arithmetic_intensity (computed on read).
+SCHEMA_VERSION = "1.6"
 # A traceback kept in a result is cut to its end (where it broke) so a deep recursion stays small.
 _TRACEBACK_CHARS = 20_000
 
@@ -287,6 +291,19 @@ class RunResult(BaseModel):
     )
     peak_flops_source: str | None = None
     model_flops_utilization: float | None = Field(default=None, description="flops_per_second / peak_flops_per_second")
+    memory_bytes_per_sample: float | None = Field(
+        default=None,
+        description="bytes one device moves to and from its memory per sample, the workload's analytical "
+        "count where it has one (the FCNN's: docs/concepts.md#bytes-moved-per-sample)",
+    )
+    memory_bandwidth_bytes_per_second: float | None = Field(
+        default=None, description="sum of the datasheet memory bandwidths of the devices used (the roofline's slope)"
+    )
+    memory_bandwidth_source: str | None = None
+    memory_kind: str | None = Field(default=None, description="what the bandwidth is of: 'HBM3', 'on-chip SRAM'")
+    cache_bandwidths_bytes_per_second: dict[str, float] = Field(
+        default_factory=dict, description="summed datasheet cache bandwidths by cache ('L2'), where given"
+    )
 
     energy_joules: float | None = None
     energy_unavailable_reason: str | None = None
@@ -337,6 +354,12 @@ class RunResult(BaseModel):
     def mode(self) -> str:
         """``config.mode``: 'train' or 'inference' (every document before 1.4 trained)."""
         return self.config.mode
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def arithmetic_intensity(self) -> float | None:
+        """FLOPs per byte moved: ``flops_per_sample / memory_bytes_per_sample``, the roofline's x axis."""
+        return _divided(self.flops_per_sample, self.memory_bytes_per_sample)
 
     @computed_field  # type: ignore[prop-decorator]
     @property

@@ -137,6 +137,21 @@ class CellSummary:
         return self.median("model_flops_utilization")
 
     @property
+    def arithmetic_intensity(self) -> float | None:
+        """FLOPs per byte moved (the workload's counts: the same in every repeat of a cell)."""
+        return self.median("arithmetic_intensity")
+
+    @property
+    def peak_flops_per_second(self) -> float | None:
+        """Summed datasheet (or derived) peaks of the devices used."""
+        return self.median("peak_flops_per_second")
+
+    @property
+    def memory_bandwidth_bytes_per_second(self) -> float | None:
+        """Summed memory bandwidths of the devices used: the roofline's slope."""
+        return self.median("memory_bandwidth_bytes_per_second")
+
+    @property
     def devices(self) -> int:
         """Devices the cell trained on: replicas x devices per replica."""
         return self.config.replicas * self.config.devices_per_replica

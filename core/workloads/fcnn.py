@@ -7,6 +7,10 @@ Parameter count, as the paper defines it, counts weights only:
 ``Phi = D_H^2 (l-1) + D_H (D_I + D_O)``. The model also has ``l * D_H + D_O`` bias terms;
 they are left out of Phi (and so of the FLOP count) to keep figures comparable with the paper.
 FLOPs per update = 6 Phi bs (2 forward, 4 backward per weight per sample).
+
+Bytes moved per sample (the roofline's denominator, :func:`bytes_per_sample`) are counted the
+same way, each tensor read or written once per use with no cache reuse: a model of compulsory
+traffic, documented with a worked example in docs/concepts.md#bytes-moved-per-sample.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from core.config import Framework
+from core.config import Framework, Precision, RunConfig
 from core.contract.workload import KerasTrainingSpec, TorchTrainingSpec, Workload
 
 LEARNING_RATE = 0.01
@@ -41,6 +45,62 @@ def weight_count(o: FcnnOptions) -> int:
 
 def bias_count(o: FcnnOptions) -> int:
     return o.layers * o.hidden_width + o.output_width
+
+
+# Bytes per stored value. Parameters, gradients and optimizer state stay fp32 under every policy
+# (autocast and Keras' mixed precision keep fp32 variables); activations take the compute type.
+PARAMETER_BYTES = 4
+ACTIVATION_BYTES = {Precision.fp32: 4, Precision.tf32: 4, Precision.bf16: 2, Precision.fp16: 2}
+# Per update, SGD with momentum reads the weight, its gradient and the momentum and writes the
+# momentum and the weight: 3 + 2 x (state values per parameter) values per parameter.
+MOMENTUM_STATE_VALUES = 1
+
+
+def linear_shapes(o: FcnnOptions) -> list[tuple[int, int]]:
+    """(inputs, outputs) of each Linear layer, first to last."""
+    return (
+        [(o.input_width, o.hidden_width)]
+        + [(o.hidden_width, o.hidden_width)] * (o.layers - 1)
+        + [(o.hidden_width, o.output_width)]
+    )
+
+
+def activation_values_per_sample(o: FcnnOptions, training: bool = True) -> int:
+    """Activation values one sample moves through memory in one step (forward and, in training, backward).
+
+    Each Linear (n inputs, m outputs) reads its input and writes its output going forward (n + m);
+    backward, its weight gradient reads the saved input and the output gradient (n + m) and, but
+    for the first layer, its input gradient reads the output gradient and writes the input's
+    (m + n). Each ReLU (width D_H) reads and writes going forward (2 D_H) and, backward, reads the
+    gradient and its saved output and writes the input gradient (3 D_H). The loss is left out.
+    """
+    shapes = linear_shapes(o)
+    forward = sum(n + m for n, m in shapes) + 2 * o.layers * o.hidden_width
+    if not training:
+        return forward
+    weight_gradients = sum(n + m for n, m in shapes)
+    input_gradients = sum(n + m for n, m in shapes[1:])
+    return forward + weight_gradients + input_gradients + 3 * o.layers * o.hidden_width
+
+
+def bytes_per_sample(
+    o: FcnnOptions, micro_batch_size: int, gradient_accumulation: int, precision: Precision, training: bool = True
+) -> float:
+    """Bytes one device moves per sample (a lower bound: each tensor once per use, no re-reads).
+
+    Training: per micro-batch the weights are read forward and backward and the gradient written
+    (3 Phi values, shared by the micro-batch's samples); per update the optimizer moves
+    3 + 2 x 1 = 5 Phi values (shared by micro-batch x accumulation samples); each sample moves its
+    own activations (:func:`activation_values_per_sample`). Inference: the weights once per
+    micro-batch, and the forward activations.
+    """
+    phi = weight_count(o)
+    activations = activation_values_per_sample(o, training) * ACTIVATION_BYTES[precision]
+    if not training:
+        return phi * PARAMETER_BYTES / micro_batch_size + activations
+    per_micro_batch = 3 * phi * PARAMETER_BYTES / micro_batch_size
+    per_update = (3 + 2 * MOMENTUM_STATE_VALUES) * phi * PARAMETER_BYTES / (micro_batch_size * gradient_accumulation)
+    return per_micro_batch + per_update + activations
 
 
 class Fcnn(Workload):
@@ -70,7 +130,19 @@ class Fcnn(Workload):
         return weight_count(options)
 
     def optimizer_state_per_parameter(self, options: BaseModel) -> int:
-        return 1  # SGD with momentum: one buffer per parameter
+        return MOMENTUM_STATE_VALUES  # SGD with momentum: one buffer per parameter
+
+    def memory_bytes_per_sample(self, options: BaseModel, config: RunConfig) -> float | None:
+        assert isinstance(options, FcnnOptions)
+        if config.micro_batch_size is None:
+            return None
+        return bytes_per_sample(
+            options,
+            config.micro_batch_size,
+            config.gradient_accumulation,
+            config.precision,
+            training=config.mode != "inference",
+        )
 
     def flops_per_sample(self, options: BaseModel) -> float:
         assert isinstance(options, FcnnOptions)

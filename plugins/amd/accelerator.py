@@ -27,6 +27,7 @@ from core.plugin import (
     DeviceRecord,
     Framework,
     MachineProfile,
+    MemoryBandwidth,
     Precision,
     ProcessContext,
     RunConfig,
@@ -233,3 +234,6 @@ class AmdAccelerator(TorchGpuAccelerator):
 
     def peak_flops_per_second(self, device: DeviceRecord, precision: Precision) -> tuple[float, str] | None:
         return peaks.peak(device.name, precision, per_gcd=device.details.get("unit") == "gcd")
+
+    def memory_bandwidth(self, device: DeviceRecord) -> MemoryBandwidth | None:
+        return peaks.memory_bandwidth(device.name, per_gcd=device.details.get("unit") == "gcd")

@@ -15,12 +15,15 @@ from core.plugin import (
     ConfigError,
     DeviceRecord,
     Framework,
+    MemoryBandwidth,
     Precision,
     ProcessContext,
     RunConfig,
     RunContext,
     Workload,
 )
+
+from .peaks import derive_bandwidth, derive_peak, host_facts
 
 if TYPE_CHECKING:
     from core.plugin import Executor
@@ -101,6 +104,16 @@ class CpuAccelerator(Accelerator):
         device = self.devices()[0]
         device.details.update({"replicas": config.replicas, "threads_per_replica": self.threads_per_replica(config)})
         return [device]
+
+    def peak_flops_per_second(self, device: DeviceRecord, precision: Precision) -> tuple[float, str] | None:
+        # The device is this host's processor (a run's devices are recorded where it runs): no
+        # datasheet names it, so the peak is derived from what the machine says (plugins/cpu/peaks.py).
+        facts = host_facts()
+        return None if facts is None else derive_peak(facts, precision)
+
+    def memory_bandwidth(self, device: DeviceRecord) -> MemoryBandwidth | None:
+        facts = host_facts()
+        return None if facts is None else derive_bandwidth(facts)
 
     def executor_for(self, workload: Workload, context: RunContext) -> Executor:
         config, options = context.config, context.workload_options

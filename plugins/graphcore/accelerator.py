@@ -29,6 +29,7 @@ from core.plugin import (
     DeviceRecord,
     Framework,
     Launcher,
+    MemoryBandwidth,
     Precision,
     ProcessContext,
     RunConfig,
@@ -36,6 +37,7 @@ from core.plugin import (
     Workload,
 )
 
+from .peaks import GRAPHCORE_PEAKS, peak
 from .pipeline import DEFAULT_SPLIT, SplitChoice, choose_split_points, describe_split
 from .placement import IpuPlacement, PoprunProcess, format_command, plan_placement, poprun_command
 
@@ -343,6 +345,16 @@ class GraphcoreAccelerator(Accelerator):
         for record in records:
             record.details["selection"] = "listed, not necessarily attached: Poplar picks the IPUs when it attaches"
         return records
+
+    def peak_flops_per_second(self, device: DeviceRecord, precision: Precision) -> tuple[float, str] | None:
+        if device.details.get("simulator"):
+            return None  # the IPU Model runs on the host: a hardware peak would say nothing about it
+        return peak(device.name, precision)
+
+    def memory_bandwidth(self, device: DeviceRecord) -> MemoryBandwidth | None:
+        if device.details.get("simulator"):
+            return None
+        return GRAPHCORE_PEAKS.memory_bandwidth(device.name)
 
     def driver_versions(self) -> dict[str, str]:
         versions = {}

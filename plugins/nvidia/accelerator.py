@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from core.plugin import Availability, DeviceRecord, Precision, RunConfig, RunContext, TorchGpuAccelerator
+from core.plugin import (
+    Availability,
+    DeviceRecord,
+    MemoryBandwidth,
+    Precision,
+    RunConfig,
+    RunContext,
+    TorchGpuAccelerator,
+)
 
 from ..probing import SdkProbe
 from . import nvml
@@ -99,3 +107,8 @@ class NvidiaAccelerator(TorchGpuAccelerator):
         entry = NVIDIA_PEAKS.entry_for(device.name)
         flops = NVIDIA_PEAKS.flops_per_second(device.name, precision)
         return (flops, entry.source) if entry is not None and flops is not None else None
+
+    def memory_bandwidth(self, device: DeviceRecord) -> MemoryBandwidth | None:
+        if device.details.get("mig_parent_uuid"):
+            return None  # a MIG slice has a share of the memory system, which no datasheet gives
+        return NVIDIA_PEAKS.memory_bandwidth(device.name)
