@@ -181,7 +181,7 @@ def test_older_results_read_without_roofline_figures() -> None:
     assert RunResult.model_validate(document).arithmetic_intensity == result.flops_per_sample / 1_000.0
 
 
-def _roofline_store(tmp_path: Path) -> ResultStore:
+def _roofline_store(tmp_path: Path, peak: float = 100e9) -> ResultStore:
     """An FCNN sweep of 2 hidden widths x 3 batches on one made-up CPU: 100 GFLOP/s, 50 GB/s."""
     store = ResultStore(tmp_path / "results.db")
     for width in (32, 256):
@@ -194,8 +194,8 @@ def _roofline_store(tmp_path: Path) -> ResultStore:
             result.flops_per_second = result.flops_per_sample * 1000.0 * batch
             result.memory_bytes_per_sample = bytes_per_sample(options, batch, 1, Precision.fp32)
             result.devices = [DeviceRecord(index=0, name="Made-up CPU", kind="cpu")]
-            result.peak_flops_per_second = 100e9
-            result.model_flops_utilization = result.flops_per_second / 100e9
+            result.peak_flops_per_second = peak
+            result.model_flops_utilization = result.flops_per_second / peak
             result.memory_bandwidth_bytes_per_second = 50e9
             result.memory_kind = "DDR5"
             result.peak_flops_source = "derived: made up"
@@ -225,6 +225,17 @@ def test_report_draws_the_roofline_and_the_log_log_flops_plot(tmp_path: Path) ->
     attainable = min(100e9, 50e9 * intensity) / 1e9
     row = f"| hidden_width=32 | 1 | {intensity:.4g} | {achieved:.4g} | {attainable:.4g} | "
     assert row + f"{achieved / attainable * 100:.1f} % | memory |" in markdown
+    assert "Warning" not in markdown.split("### Roofline", 1)[1].split("### ", 1)[0]  # every run is below the peak
+
+
+def test_runs_above_the_peak_say_the_peak_is_too_low(tmp_path: Path) -> None:
+    # A peak of 1 GFLOP/s (a CPU's nominal-clock derivation, say) under most of the runs.
+    store = _roofline_store(tmp_path, peak=1e9)
+    above = sum((cell.flops_per_second or 0.0) > 1e9 for cell in summarise(store.runs(sweep="roof")))
+    assert 0 < above < 6
+    files = write_report(store, tmp_path / "report")
+    section = files.markdown.read_text(encoding="utf-8").split("### Roofline", 1)[1].split("\n### ", 1)[0]
+    assert f"Warning: {above} run(s) achieved more than the peak" in section and "derived: made up" in section
 
 
 def test_heatmap_normalises_to_the_best_cell_and_keeps_blank_cells(tmp_path: Path) -> None:

@@ -378,8 +378,20 @@ def roofline_blocks(sweep: SweepData) -> list[Block]:
     ]
     for index, (roofs, points) in enumerate(found):
         suffix = f"-{index + 1}" if len(found) > 1 else ""
+        blocks.append(Heading(4, f"{roofs.title}: {len(points)} runs"))
+        above = [point for point in points if point.flops_per_second > roofs.peak_flops_per_second]
+        if above:
+            # A run cannot beat a true peak: the peak figure is wrong for this machine (a CPU's derived
+            # from the nominal clock a virtual machine reports, below its boost clock), and says so.
+            best = max(point.flops_per_second for point in above)
+            blocks.append(
+                Paragraph(
+                    f"Warning: {len(above)} run(s) achieved more than the peak ({rate_text(best)} against "
+                    f"{rate_text(roofs.peak_flops_per_second)}), so the peak is too low for this machine and "
+                    f"MFU above 100 % is not a measurement error of the runs. The peak's source: {roofs.flops_source}"
+                )
+            )
         blocks += [
-            Heading(4, f"{roofs.title}: {len(points)} runs"),
             sweep.figure(
                 f"roofline{suffix}",
                 plot_roofline(roofs, points, sweep.series_names),

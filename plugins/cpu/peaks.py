@@ -191,7 +191,10 @@ def parse_cpuinfo(text: str, usable: Iterable[int], max_frequency_khz: float | N
             clock = float(megahertz) * 1e6 if megahertz else None
         except ValueError:
             clock = None
-        clock_source = "/proc/cpuinfo 'cpu MHz' (no cpufreq: the nominal clock a virtual machine reports)"
+        clock_source = (
+            "/proc/cpuinfo 'cpu MHz' (no cpufreq: the nominal clock a virtual machine reports; boost clocks are "
+            "higher, so this peak can be below what the cores achieve)"
+        )
     return CpuFacts(
         vendor=first.get("vendor_id", ""),
         family=_int(first.get("cpu family")),
