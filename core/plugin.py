@@ -49,13 +49,14 @@ if TYPE_CHECKING:
         quiet_tensorflow_startup,
         split_host_cpu,
     )
-    from core.executors.pytorch import TorchExecutor, TorchPlacement, torch_executor
+    from core.executors.pytorch import TorchDeviceHooks, TorchExecutor, TorchPlacement, torch_executor
     from core.running.launch import TorchrunLauncher
 
 # Names whose modules import a framework (or change its start-up): loaded when first used.
 _LAZY = {
     "TorchExecutor": "core.executors.pytorch",
     "TorchPlacement": "core.executors.pytorch",
+    "TorchDeviceHooks": "core.executors.pytorch",
     "torch_executor": "core.executors.pytorch",
     "keras_executor": "core.executors.keras",
     "KerasExecutor": "core.executors.keras",
@@ -112,6 +113,7 @@ __all__ = [
     "HostStepClock",
     "TorchExecutor",
     "TorchPlacement",
+    "TorchDeviceHooks",
     "torch_executor",
     "KerasExecutor",
     "keras_executor",

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything the tests need into .venv, runs the lint gates (scripts/lint.sh), then the
-# tests. Extra arguments go to pytest: `-m "not slow"` is the fast lane.
+# tests, then the XLA plugin's tests in .venv-xla (scripts/test-xla.sh; CORE_XLA_TESTS=0 leaves
+# them out). Extra arguments go to pytest: `-m "not slow"` is the fast lane.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh dev || exit $?
@@ -47,6 +48,30 @@ status=$?
 if [ "$status" -eq 5 ]; then
     echo "pytest collected no tests" >&2
     status=0
+fi
+
+# The XLA plugin's tests run on the real torch-xla, in an environment of its own with the PyTorch
+# release torch-xla is built for: scripts/test-xla.sh builds .venv-xla and runs tests/test_xla.py
+# there (skipping loudly if it cannot build it). It gets this run's options; test paths given
+# here select the main run's tests, so it runs only when they include tests/test_xla.py or none.
+xla_options=()
+test_paths=0
+xla_path=0
+for argument in "$@"; do
+    if [ -e "${argument%%::*}" ]; then
+        test_paths=1
+        case "$argument" in *test_xla.py*|tests|tests/|.|./) xla_path=1 ;; esac
+    else
+        xla_options+=("$argument")
+    fi
+done
+if [ "${CORE_XLA_TESTS:-1}" = "0" ]; then
+    echo "XLA tests not run: CORE_XLA_TESTS=0" >&2
+elif [ "$test_paths" -eq 0 ] || [ "$xla_path" -eq 1 ]; then
+    ./scripts/test-xla.sh "${xla_options[@]}"
+    xla_status=$?
+    [ "$xla_status" -eq 5 ] && xla_status=0
+    [ "$status" -eq 0 ] && status=$xla_status
 fi
 if [ "$status" -eq 0 ] && [ "$lint_status" -ne 0 ]; then
     echo "the tests passed but the lint gates failed (./scripts/lint.sh)" >&2

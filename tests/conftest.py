@@ -34,14 +34,31 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
-def pytest_report_header(config: pytest.Config) -> str:
-    """Say at the top of every run whether the cluster-sweep tests can reach Slurm, and why not."""
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """Say at the top of every run whether the cluster-sweep tests can reach Slurm and the XLA tests
+    torch-xla, and why not."""
     from core.sweep.slurm_jobs import unavailable_reason
 
     why = unavailable_reason()
     if why is None:
-        return f"slurm: available (SLURM_CONF={os.environ.get('SLURM_CONF', 'the default')})"
-    return (
-        f"slurm: UNAVAILABLE, tests/test_slurm_sweep.py's job tests will SKIP: {why} "
-        "(scripts/local-slurm.sh starts a single-host Slurm as root; scripts/test.sh runs it)"
+        slurm = f"slurm: available (SLURM_CONF={os.environ.get('SLURM_CONF', 'the default')})"
+    else:
+        slurm = (
+            f"slurm: UNAVAILABLE, tests/test_slurm_sweep.py's job tests will SKIP: {why} "
+            "(scripts/local-slurm.sh starts a single-host Slurm as root; scripts/test.sh runs it)"
+        )
+    return [slurm, _xla_header()]
+
+
+def _xla_header() -> str:
+    import importlib.util
+    from importlib import metadata
+
+    if importlib.util.find_spec("torch_xla") is None:
+        return (
+            "xla: torch-xla is NOT in this environment, tests/test_xla.py's torch-xla tests will SKIP here; they run "
+            "in .venv-xla (./scripts/test-xla.sh, which ./scripts/test.sh runs)"
+        )
+    return f"xla: torch-xla {metadata.version('torch-xla')} with torch {metadata.version('torch')}, " + (
+        f"PJRT_DEVICE={os.environ.get('PJRT_DEVICE', 'unset')}"
     )

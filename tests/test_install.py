@@ -75,5 +75,5 @@ def test_the_package_list_names_every_package_folder() -> None:
 def test_the_built_in_plugins_install_under_a_namespaced_name() -> None:
     entry_points = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["core"]
     assert {name: target for name, target in entry_points.items() if name != "workloads"} == {
-        vendor: f"core_plugins.{vendor}" for vendor in ("cpu", "nvidia", "amd", "graphcore")
+        vendor: f"core_plugins.{vendor}" for vendor in ("cpu", "nvidia", "amd", "graphcore", "xla")
     }

@@ -30,6 +30,60 @@ DISTRIBUTED_TIMEOUT = datetime.timedelta(minutes=5)
 _AUTOCAST_DTYPES = {Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}
 
 
+class TorchDeviceHooks:
+    """What a device changes in the shared step loop beyond the fields of a :class:`TorchPlacement`.
+
+    The defaults are an eager device's (CPU, CUDA, ROCm): DDP averages the gradients of several
+    processes, the device module synchronises, and only torch.compile compiles graphs. A device
+    whose tensors are lazy and whose graphs are compiled per update (torch-xla) overrides what
+    differs; the executor calls each hook at the one place it applies.
+    """
+
+    #: ``init_method`` of the process group of a multi-process run (None: torchrun's environment)
+    init_method: str | None = None
+    #: backend of a second process group for the runner's host-side collectives (barriers, gathers),
+    #: where the device's own backend does not do them; None: the default group does
+    host_collectives_backend: str | None = None
+    #: True where :meth:`reduce_gradients` averages the gradients over the processes: no DDP wrapper then
+    reduces_gradients: bool = False
+    #: data-parallel replicas this one process holds (one program over several devices, as XLA SPMD
+    #: runs): each micro-batch is then those replicas' micro-batches together, and place_batch
+    #: splits it over the devices
+    replicas_in_process: int = 1
+    #: names what compiles graphs, in the warning about a recompilation inside the window
+    compiler: str = "torch.compile"
+
+    def model_placed(self, model: torch.nn.Module) -> None:
+        """The model is on the device, before any wrapper or optimizer sees it (make replicas start
+        alike where no DDP broadcasts the first rank's weights)."""
+
+    def place_batch(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A micro-batch tensor just moved to the device, as the step uses it (split, annotated)."""
+        return tensor
+
+    def reduce_gradients(self, optimizer: torch.optim.Optimizer) -> None:
+        """After the last backward of an update, before the optimizer step (``reduces_gradients``)."""
+
+    def cut_graph(self) -> None:
+        """Where the queued work ends one graph: after every update, and after the non-finite flag
+        is read (its reset would otherwise join the next update's graph and change it)."""
+
+    def synchronize(self, device: torch.device) -> None:
+        """Wait until every queued operation of this process on ``device`` has finished."""
+        if device.type != "cpu":
+            getattr(torch, device.type).synchronize(device)
+
+    def compiled_graphs(self, config: RunConfig) -> int | None:
+        """Graphs compiled in this process so far (a rise inside the window is a recompilation);
+        None where nothing is counted."""
+        return _compiled_graph_count() if config.compile else None
+
+    def details(self) -> dict[str, Any]:
+        """What the result records of the device's own state (read again after the first step, so
+        compilation counted there shows)."""
+        return {}
+
+
 @dataclass(frozen=True)
 class TorchPlacement:
     """How a vendor places a PyTorch workload on this process's device."""
@@ -40,6 +94,7 @@ class TorchPlacement:
     channels_last: bool = False  # NHWC activations for convolutional models
     configure: Callable[[RunConfig], dict[str, Any]] | None = None  # vendor settings; returns what it set
     details: dict[str, Any] = field(default_factory=dict)
+    hooks: TorchDeviceHooks = field(default_factory=TorchDeviceHooks)  # what a lazy device changes
 
 
 class DeviceEventStepClock(StepClock):
@@ -153,6 +208,16 @@ def micro_batch_indices(rank: int, micro_batch: int, accumulation: int, pool: in
     return [(torch.arange(micro_batch) + first + step * micro_batch) % pool for step in range(accumulation)]
 
 
+def replicas_micro_batch_indices(
+    first_replica: int, replicas: int, micro_batch: int, accumulation: int, pool: int
+) -> list[torch.Tensor]:
+    """Sample indices of each micro-step of one update for a process holding ``replicas`` replicas,
+    from ``first_replica`` on: each micro-step is theirs together, replica by replica, so a
+    process holding every replica takes exactly the samples the replicas' processes would."""
+    per_replica = [micro_batch_indices(first_replica + r, micro_batch, accumulation, pool) for r in range(replicas)]
+    return [torch.cat([indices[step] for indices in per_replica]) for step in range(accumulation)]
+
+
 class TorchModelExecutor(Executor):
     """What training and inference share: the precision policy, the process group, the model on the
     device (weights loaded, channels_last), the data (synthetic on the device or the host, or files),
@@ -180,10 +245,18 @@ class TorchModelExecutor(Executor):
             self._details.update(placement.configure(config))
         self._details.update(apply_precision_policy(config.precision))
 
+        self._hooks = placement.hooks
+        self._host_group: Any = None  # None: the default group does the runner's collectives
         if process.is_distributed and not torch.distributed.is_initialized():
             if placement.distributed_backend is None:
                 raise RuntimeError("a multi-process run needs a distributed backend in the placement")
-            torch.distributed.init_process_group(backend=placement.distributed_backend, timeout=DISTRIBUTED_TIMEOUT)
+            torch.distributed.init_process_group(
+                backend=placement.distributed_backend, init_method=self._hooks.init_method, timeout=DISTRIBUTED_TIMEOUT
+            )
+        if process.is_distributed and self._hooks.host_collectives_backend is not None:
+            self._host_group = torch.distributed.new_group(
+                backend=self._hooks.host_collectives_backend, timeout=DISTRIBUTED_TIMEOUT
+            )
 
         if config.weights is not None:
             from core.executors.weights import load_weights
@@ -194,6 +267,7 @@ class TorchModelExecutor(Executor):
         model = spec.model.to(self.device)
         if placement.channels_last:
             model = model.to(memory_format=memory_format)
+        self._hooks.model_placed(model)
         self._placed_model: torch.nn.Module = model
         self._memory_format = memory_format if placement.channels_last else None
         self._files: FileBatches | None = None
@@ -202,8 +276,11 @@ class TorchModelExecutor(Executor):
         on_host = config.data == SYNTHETIC_ON_HOST
         pin = on_host and self.device.type != "cpu"
         self._micro_batches = []
+        replicas_here = self._hooks.replicas_in_process
         if config.data in SYNTHETIC_SOURCES:
-            for indices in micro_batch_indices(process.rank, config.micro_batch_size, micro_steps, len(spec.inputs)):
+            for indices in replicas_micro_batch_indices(
+                process.rank * replicas_here, replicas_here, config.micro_batch_size, micro_steps, len(spec.inputs)
+            ):
                 batch = (spec.inputs.index_select(0, indices), spec.targets.index_select(0, indices))
                 if on_host:
                     self._micro_batches.append(tuple(t.pin_memory() if pin else t for t in batch))
@@ -240,13 +317,14 @@ class TorchModelExecutor(Executor):
     def _to_device(
         self, inputs: torch.Tensor, targets: torch.Tensor, non_blocking: bool
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._inputs_to_device(inputs, non_blocking), targets.to(self.device, non_blocking=non_blocking)
+        targets = self._hooks.place_batch(targets.to(self.device, non_blocking=non_blocking))
+        return self._inputs_to_device(inputs, non_blocking), targets
 
     def _inputs_to_device(self, inputs: torch.Tensor, non_blocking: bool) -> torch.Tensor:
         inputs = inputs.to(self.device, non_blocking=non_blocking)
         if self._memory_format is not None and inputs.dim() == 4:
             inputs = inputs.contiguous(memory_format=self._memory_format)
-        return inputs
+        return self._hooks.place_batch(inputs)
 
     def _micro_batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self._files is not None:
@@ -259,25 +337,24 @@ class TorchModelExecutor(Executor):
         return self._files.wait_seconds if self._files is not None else 0.0
 
     def begin_window(self) -> None:
-        self._graphs_before_window = _compiled_graph_count() if self._config.compile else None
+        self._graphs_before_window = self._hooks.compiled_graphs(self._config)
 
     def window_warnings(self) -> list[str]:
         before = getattr(self, "_graphs_before_window", None)
         if before is None:
             return []
-        added = _compiled_graph_count() - before
+        added = (self._hooks.compiled_graphs(self._config) or 0) - before
         if added > 0:
             return [
                 (
-                    f"torch.compile compiled {added} new graph(s) inside the timed window (a recompilation): "
+                    f"{self._hooks.compiler} compiled {added} new graph(s) inside the timed window (a recompilation): "
                     "its compile time is in window_seconds"
                 )
             ]
         return []
 
     def synchronize(self) -> None:
-        if self.device.type != "cpu":
-            getattr(torch, self.device.type).synchronize(self.device)
+        self._hooks.synchronize(self.device)
 
     def step_clock(self) -> StepClock:
         if self._placement.device_timing_events:
@@ -287,37 +364,39 @@ class TorchModelExecutor(Executor):
     def _any_rank_raised(self) -> bool:
         """Read and clear the non-finite flag; True when it was raised on any rank."""
         found = self._non_finite.take()
+        self._hooks.cut_graph()  # the flag's reset apart from the next update's graph
         if self._process.is_distributed:
             # A NaN on one rank only must fail every rank alike, or the others would go on
             # to wait at the next barrier for a rank that has stopped.
             found = (found != 0).to(device=self._collective_device(), dtype=torch.float32)
-            torch.distributed.all_reduce(found, op=torch.distributed.ReduceOp.MAX)
+            torch.distributed.all_reduce(found, op=torch.distributed.ReduceOp.MAX, group=self._host_group)
         return bool(found.item() != 0)
 
     def _collective_device(self) -> torch.device:
-        return self.device if self._placement.distributed_backend == "nccl" else torch.device("cpu")
+        on_device = self._placement.distributed_backend == "nccl" and self._host_group is None
+        return self.device if on_device else torch.device("cpu")
 
     def barrier(self) -> None:
         if not self._process.is_distributed:
             return
-        if self._placement.distributed_backend == "nccl" and self.device.index is not None:
+        if self._collective_device().type != "cpu" and self.device.index is not None:
             # NCCL's barrier is a collective on a device: name ours rather than let torch guess.
             torch.distributed.barrier(device_ids=[self.device.index])
         else:
-            torch.distributed.barrier()
+            torch.distributed.barrier(group=self._host_group)
 
     def gather_max(self, value: float) -> float:
         if not self._process.is_distributed:
             return value
         tensor = torch.tensor([value], dtype=torch.float64, device=self._collective_device())
-        torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX)
+        torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX, group=self._host_group)
         return float(tensor.item())
 
     def gather_objects(self, value: object) -> list[object]:
         if not self._process.is_distributed:
             return [value]
         gathered: list[object] = [None] * self._process.world_size
-        torch.distributed.all_gather_object(gathered, value)
+        torch.distributed.all_gather_object(gathered, value, group=self._host_group)
         return gathered
 
     def host_threads(self) -> dict[str, int]:
@@ -328,7 +407,7 @@ class TorchModelExecutor(Executor):
         return self._files.samples if self._files is not None else None
 
     def details(self) -> dict[str, Any]:
-        return dict(self._details)
+        return {**self._details, **self._hooks.details()}
 
     def framework_version(self) -> str:
         return torch.__version__
@@ -358,7 +437,7 @@ class TorchExecutor(TorchModelExecutor):
         super().__init__(spec, config, placement, process, micro_steps=config.gradient_accumulation)
         model = self._placed_model
         self._ddp: torch.nn.parallel.DistributedDataParallel | None = None
-        if process.is_distributed:
+        if process.is_distributed and not self._hooks.reduces_gradients:
             device_ids = [self.device.index] if self.device.type != "cpu" and self.device.index is not None else None
             self._ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
             model = self._ddp
@@ -399,6 +478,8 @@ class TorchExecutor(TorchModelExecutor):
                 else:
                     loss.backward()
             checked.append(loss.detach())
+        # Where the device averages the gradients itself (no DDP), it does so once per update.
+        self._hooks.reduce_gradients(self._optimizer)
         if self._scaler is not None:
             # A NaN/inf in scaled gradients is loss scaling at work (the scaler skips the step
             # and lowers the scale), not a fault: only the unscaled losses are checked.
@@ -413,6 +494,8 @@ class TorchExecutor(TorchModelExecutor):
             self._non_finite.update(checked)
             self._optimizer.step()
         self._optimizer.zero_grad(set_to_none=True)
+        # A lazy device compiles the update, every micro-step of it, as one graph.
+        self._hooks.cut_graph()
         # For the error message only; a reference costs no device op.
         self._last_loss = loss
 

@@ -1,0 +1,614 @@
+"""The XLA plugin, on the real torch-xla over XLA's CPU device (PJRT_DEVICE=CPU).
+
+torch-xla loads only under the PyTorch release it is built for (2.9 for torch-xla 2.9.0), not
+under the main environment's torch, so these tests run in .venv-xla: ./scripts/test-xla.sh builds
+it and runs this file there, and ./scripts/test.sh runs that script. In an environment without
+torch-xla, every test that needs it SKIPS with that reason (pytest's header says so too); the
+tests of what is decided without torch-xla (discovery, availability, planning, peaks, energy)
+run in both.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from core import ConfigError, run
+from core.config import make_config
+from core.contract.manager import get_plugin_manager
+from core.running.planning import plan_run
+from core.testing import run_context
+from core.workloads.fcnn import Fcnn, FcnnOptions
+from core_plugins.xla import XlaAccelerator, discovery, meter
+from core_plugins.xla.devices import device_records, tpu_generation
+from core_plugins.xla.launcher import SPMD_DEVICES_VARIABLE, XlaSpmdLauncher
+from core_plugins.xla.peaks import peak_per_device
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _torch_xla_skip_reason() -> str | None:
+    if importlib.util.find_spec("torch_xla") is None:
+        return (
+            f"torch-xla is not installed in this environment (torch {torch.__version__}): the XLA tests run on "
+            "the real torch-xla in .venv-xla, built and run by ./scripts/test-xla.sh (./scripts/test.sh runs it)"
+        )
+    return discovery.torch_mismatch(metadata.version("torch"), metadata.version("torch-xla"))
+
+
+SKIP_REASON = _torch_xla_skip_reason()
+requires_torch_xla = pytest.mark.skipif(SKIP_REASON is not None, reason=f"XLA TEST SKIPPED: {SKIP_REASON}")
+if SKIP_REASON is None:
+    # Before torch-xla starts its runtime in this process: XLA's CPU device, one of it.
+    os.environ.setdefault("PJRT_DEVICE", "CPU")
+
+FCNN = {"layers": 3, "hidden_width": 32, "input_width": 20, "output_width": 10, "synthetic_pool_samples": 64}
+XLA_ENV = {**os.environ, "PJRT_DEVICE": "CPU"}
+
+
+def relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    return max(float((a[k] - b[k]).abs().max() / b[k].abs().max()) for k in b)
+
+
+def initial_state() -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in Fcnn().build_torch(FcnnOptions(**FCNN), seed=0).model.state_dict().items()}
+
+
+@pytest.fixture
+def torch_xla_present(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Planning as if torch-xla were installed with its torch, on XLA's CPU device (the planning
+    tests probe nothing of torch-xla itself, so they run in every environment)."""
+    monkeypatch.setattr(discovery, "missing", lambda environ=None, chips=None: [])
+    monkeypatch.setenv("PJRT_DEVICE", "CPU")
+
+
+def plan(**options: Any) -> Any:
+    settings: dict[str, Any] = {"workload_options": FCNN, "micro_batch_size": 8, "power_meter": "auto"}
+    settings.update(options)
+    return plan_run(get_plugin_manager(), "fcnn", "xla", settings)
+
+
+# --- discovery and availability: decided without importing torch-xla ----------------------------
+
+
+def fake_pci_bus(root: Path, devices: dict[str, tuple[str, str]]) -> Path:
+    for address, (vendor, device) in devices.items():
+        folder = root / address
+        folder.mkdir(parents=True)
+        (folder / "vendor").write_text(vendor + "\n")
+        (folder / "device").write_text(device + "\n")
+    return root
+
+
+def test_tpu_chips_are_found_on_the_pci_bus_by_vendor_and_device_id(tmp_path: Path) -> None:
+    bus = fake_pci_bus(
+        tmp_path,
+        {
+            "0000:00:04.0": ("0x1ae0", "0x005e"),  # TPU v4
+            "0000:00:05.0": ("0x1ae0", "0x005e"),
+            "0000:00:06.0": ("0x1ae0", "0x0042"),  # another Google function (a NIC), not a chip
+            "0000:00:07.0": ("0x10de", "0x2330"),  # an NVIDIA GPU
+        },
+    )
+    chips = discovery.tpu_chips(bus)
+    assert [chip.pci_address for chip in chips] == ["0000:00:04.0", "0000:00:05.0"]
+    assert {chip.generation for chip in chips} == {"v4"}
+    assert discovery.tpu_chips(tmp_path / "absent") == []
+
+
+def test_the_pjrt_device_is_the_one_named_else_a_tpu_else_none() -> None:
+    chip = discovery.TpuChip("0000:00:04.0", "0x0063")
+    assert discovery.pjrt_device({"PJRT_DEVICE": "cpu"}, []) == "CPU"
+    assert discovery.pjrt_device({"PJRT_DEVICE": "TPU_C_API"}, []) == "TPU"  # torch-xla reads the first part
+    assert discovery.pjrt_device({}, [chip]) == "TPU"
+    assert discovery.pjrt_device({}, []) is None  # no silent fallback to the CPU
+
+
+def test_a_torch_that_torch_xla_is_not_built_for_is_named_with_the_fix() -> None:
+    why = discovery.torch_mismatch("2.13.0+cpu", "2.9.0")
+    assert why is not None
+    assert "torch-xla 2.9.0 is built for PyTorch 2.9" in why and "torch 2.13.0+cpu" in why
+    assert "torch==2.9.0" in why
+    assert discovery.torch_mismatch("2.9.0+cu128", "2.9.0") is None
+    assert discovery.torch_mismatch("2.9.0", "2.9.0") is None
+
+
+def test_availability_says_exactly_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    def installed_except(*names: str) -> Any:
+        return lambda name, *args: None if name in names else object()
+
+    monkeypatch.setattr(importlib.util, "find_spec", installed_except("torch_xla"))
+    reasons = discovery.missing({}, [])
+    assert len(reasons) == 2
+    assert reasons[0] == discovery.NOT_INSTALLED and "core[xla]" in reasons[0]
+    assert reasons[1].startswith("no TPU found") and "PJRT_DEVICE=CPU" in reasons[1]
+
+    monkeypatch.setattr(importlib.util, "find_spec", installed_except())
+    monkeypatch.setattr(discovery, "installed_version", {"torch": "2.13.0", "torch-xla": "2.9.0"}.get)
+    assert [reason[:40] for reason in discovery.missing({"PJRT_DEVICE": "CPU"}, [])] == [
+        "torch-xla 2.9.0 is built for PyTorch 2.9"
+    ]
+
+    monkeypatch.setattr(discovery, "installed_version", {"torch": "2.9.0", "torch-xla": "2.9.0"}.get)
+    assert discovery.missing({"PJRT_DEVICE": "CPU"}, []) == []
+    assert discovery.missing({"PJRT_DEVICE": "TPU"}, []) == [
+        "PJRT_DEVICE=TPU but no TPU chip is on the PCI bus (not a Cloud TPU VM?)"
+    ]
+    assert "places TPU, CUDA, CPU" in discovery.missing({"PJRT_DEVICE": "NEURON"}, [])[0]
+    monkeypatch.setattr(importlib.util, "find_spec", installed_except("libtpu"))
+    assert "libtpu is not installed" in discovery.missing({"PJRT_DEVICE": "TPU"}, [discovery.TpuChip("a", "0x005e")])[0]
+
+
+def test_core_plugins_lists_xla_with_its_availability() -> None:
+    completed = subprocess.run(
+        [sys.executable, "-m", "core.cli", "plugins", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={k: v for k, v in os.environ.items() if k != "PJRT_DEVICE"},
+        check=True,
+    )
+    listing = {plugin["name"]: plugin for plugin in json.loads(completed.stdout)}
+    xla = listing["xla"]
+    assert xla["state"] == "loaded" and xla["builtin"] is True
+    accelerator = next(item for item in xla["registers"]["accelerators"] if item["name"] == "xla")
+    assert accelerator["available"] is False  # no TPU here and PJRT_DEVICE unset
+    reason = accelerator["reason"]
+    assert "no TPU found" in reason and "PJRT_DEVICE=CPU" in reason
+    torch_xla_here = importlib.util.find_spec("torch_xla") is not None
+    assert ("torch-xla is not installed: pip install 'core[xla]'" in reason) is not torch_xla_here
+
+
+# --- peaks, devices, energy ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "tflops"),
+    [
+        ("TPU v2", 45.0),
+        ("TPU v3", 123.0),
+        ("TPU v4", 275.0),
+        ("TPU v5 lite", 197.0),  # the runtime's name for v5e
+        ("TPU v5e", 197.0),
+        ("TPU v5", 459.0),  # the runtime's name for v5p
+        ("TPU v5p", 459.0),
+        ("TPU v6 lite", 918.0),
+        ("TPU v6e", 918.0),
+    ],
+)
+def test_tpu_peaks_come_from_googles_pages_in_bf16(name: str, tflops: float) -> None:
+    peak = peak_per_device(name, 1, torch_precision("bf16"))
+    assert peak is not None
+    flops, source = peak
+    assert flops == pytest.approx(tflops * 1e12)
+    assert source.startswith("Google Cloud TPU documentation") and "cloud.google.com/tpu/docs/" in source
+    assert peak_per_device(name, 1, torch_precision("fp32")) is None  # no fp32 peak is published
+
+
+def torch_precision(value: str) -> Any:
+    from core.plugin import Precision
+
+    return Precision(value)
+
+
+def test_a_v3_device_is_half_a_chip_and_an_ambiguous_tpu_has_no_peak() -> None:
+    peak = peak_per_device("TPU v3", 2, torch_precision("bf16"))
+    assert peak is not None and peak[0] == pytest.approx(61.5e12) and "/ 2 TensorCores" in peak[1]
+    assert peak_per_device("TPU (generation unknown: PCI device 0x0027)", 2, torch_precision("bf16")) is None
+
+
+def test_tpu_devices_are_named_by_generation(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert tpu_generation("TPU v5 lite", None, {}) == "v5e"
+    assert tpu_generation("TPU v6 lite", None, {}) == "v6e"
+    assert tpu_generation("TPU v5", None, {}) == "v5p"
+    assert tpu_generation(None, None, {"TPU_ACCELERATOR_TYPE": "v5litepod-8"}) == "v5e"
+    assert tpu_generation(None, discovery.TpuChip("a", "0x006f"), {}) == "v6e"
+    assert tpu_generation(None, discovery.TpuChip("a", "0x0027"), {}) is None  # v2 and v3 share the id
+
+    chips = [discovery.TpuChip(f"0000:00:0{i}.0", "0x0027") for i in range(4)]
+    monkeypatch.setattr(discovery, "tpu_chips", lambda root=None: chips)
+    records = device_records("TPU", 8, "TPU v3", 16 * 1024**3)
+    assert [r.name for r in records] == ["TPU v3"] * 8
+    assert [r.details["pci_address"] for r in records[:3]] == ["0000:00:00.0", "0000:00:00.0", "0000:00:01.0"]
+    assert records[0].details["devices_per_chip"] == 2 and records[0].memory_bytes == 16 * 1024**3
+    accelerator = XlaAccelerator()
+    peak = accelerator.peak_flops_per_second(records[0], torch_precision("bf16"))
+    assert peak is not None and peak[0] == pytest.approx(61.5e12)
+    cpu = device_records("CPU", 1, "cpu", None)[0]
+    assert cpu.name.startswith("XLA CPU device") and cpu.memory_bytes is None
+    assert accelerator.peak_flops_per_second(cpu, torch_precision("bf16")) is None
+
+
+def test_energy_is_unavailable_with_the_reason_for_each_device_type() -> None:
+    assert "no per-chip power or energy interface" in meter.unavailable_reason("TPU")
+    assert "RAPL" in meter.unavailable_reason("CPU")
+    assert "NVML" in meter.unavailable_reason("CUDA")
+    factory = meter.XlaEnergyFactory()
+    assert factory.reads("xla") and not factory.reads("cpu")
+
+
+def test_a_planned_run_says_why_it_has_no_energy(torch_xla_present: None) -> None:
+    planned = plan()
+    assert planned.meter_factory is None
+    assert planned.meter_unavailable_reason is not None
+    assert "xla-energy" in planned.meter_unavailable_reason and "RAPL" in planned.meter_unavailable_reason
+
+
+# --- planning: what is refused before any device, and how replicas are placed ------------------
+
+
+def test_fp32_and_bf16_are_offered_and_fp16_is_refused(torch_xla_present: None) -> None:
+    assert {p.value for p in XlaAccelerator().precisions(Fcnn.frameworks[0])} == {"fp32", "bf16"}
+    with pytest.raises(ConfigError) as refused:
+        plan(precision="fp16")
+    assert refused.value.field == "precision" and "fp32, bf16" in str(refused.value)
+
+
+def test_torch_compile_and_a_downcasting_switch_are_refused(
+    torch_xla_present: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(ConfigError) as compile_refused:
+        plan(compile=True)
+    assert compile_refused.value.field == "compile" and "one XLA graph" in str(compile_refused.value)
+    monkeypatch.setenv("XLA_USE_BF16", "1")
+    with pytest.raises(ConfigError) as downcast:
+        plan()
+    assert downcast.value.field == "precision" and "XLA_USE_BF16" in str(downcast.value)
+
+
+def test_processes_on_xla_cpu_are_refused_and_spmd_gets_a_process_of_its_own(torch_xla_present: None) -> None:
+    with pytest.raises(ConfigError) as refused:
+        plan(replicas=2, accelerator_options={"parallelism": "processes"})
+    assert refused.value.field == "accelerator_options.parallelism"
+    assert "no collectives between processes" in str(refused.value)
+
+    planned = plan(replicas=2)  # auto: SPMD on the CPU device
+    assert isinstance(planned.launcher, XlaSpmdLauncher)
+    command = planned.launcher.command(planned.context(run_context_process()), ["python", "-m", "w"], ROOT)
+    assert command == ["env", f"{SPMD_DEVICES_VARIABLE}=2", "CPU_NUM_DEVICES=2", "python", "-m", "w"]
+    assert plan().launcher is None  # one device: this process
+
+
+def run_context_process() -> Any:
+    from core.plugin import ProcessContext
+
+    return ProcessContext()
+
+
+def test_spmd_replicas_read_synthetic_data_only(torch_xla_present: None, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as refused:
+        plan_run(
+            get_plugin_manager(),
+            "gpt2-124m",
+            "xla",
+            {"replicas": 2, "data": str(tmp_path), "workload_options": {"variant": "small"}},
+        )
+    assert refused.value.field == "data"
+
+
+def test_tpu_replicas_are_one_torchrun_process_per_chip_with_the_xla_backend(
+    torch_xla_present: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    v4 = [discovery.TpuChip(f"0000:00:0{i}.0", "0x005e") for i in range(4)]
+    monkeypatch.setattr(discovery, "tpu_chips", lambda root=None: v4)
+    monkeypatch.setenv("PJRT_DEVICE", "TPU")
+    planned = plan(replicas=4)
+    from core.plugin import TorchrunLauncher
+
+    assert isinstance(planned.launcher, TorchrunLauncher)
+    command = planned.launcher.command(planned.context(run_context_process()), ["python", "-m", "w"], ROOT)
+    assert "--nproc-per-node=4" in command
+    assert XlaAccelerator.distributed_backend == "xla"
+    with pytest.raises(ConfigError) as too_many:
+        plan(replicas=5)
+    assert too_many.value.field == "replicas" and "at most 4" in str(too_many.value)
+    with pytest.raises(ConfigError) as spmd_subset:
+        plan(replicas=2, accelerator_options={"parallelism": "spmd"})
+    assert spmd_subset.value.field == "replicas" and "every device" in str(spmd_subset.value)
+
+    # v2/v3 chips hold two devices each: no process of one device; auto runs SPMD over all eight.
+    v3 = [discovery.TpuChip(f"0000:00:0{i}.0", "0x0027") for i in range(4)]
+    monkeypatch.setattr(discovery, "tpu_chips", lambda root=None: v3)
+    with pytest.raises(ConfigError) as two_cores:
+        plan(replicas=4, accelerator_options={"parallelism": "processes"})
+    assert two_cores.value.field == "accelerator_options.parallelism" and "spmd here" in str(two_cores.value)
+    spmd = plan(replicas=8)
+    assert isinstance(spmd.launcher, XlaSpmdLauncher)
+    assert "CPU_NUM_DEVICES=8" not in spmd.launcher.command(spmd.context(run_context_process()), ["w"], ROOT)
+
+
+# --- on the real torch-xla -----------------------------------------------------------------------
+
+
+def one_update(**config: Any) -> dict[str, torch.Tensor]:
+    """One update through the plugin's executor in this process (one XLA CPU device)."""
+    settings: dict[str, Any] = {"workload_options": FCNN}
+    settings.update(config)
+    run_config = make_config(workload="fcnn", accelerator="xla", **settings)
+    accelerator = XlaAccelerator()
+    executor = accelerator.executor_for(Fcnn(), run_context(run_config, accelerator, Fcnn()))
+    try:
+        executor.step()
+        executor.synchronize()
+        executor.check_finite()
+        return executor.model_state()  # type: ignore[attr-defined,no-any-return]
+    finally:
+        executor.close()
+
+
+def cpu_update(**config: Any) -> dict[str, torch.Tensor]:
+    """The same update through core's executor on the plain CPU (eager PyTorch)."""
+    from core.executors.pytorch import TorchExecutor, TorchPlacement
+    from core.running.distributed import SINGLE_PROCESS
+
+    run_config = make_config(workload="fcnn", accelerator="cpu", workload_options=FCNN, **config)
+    executor = TorchExecutor(
+        Fcnn().build_torch(FcnnOptions(**FCNN), seed=0), run_config, TorchPlacement("cpu"), SINGLE_PROCESS
+    )
+    executor.step()
+    return executor.model_state()
+
+
+@requires_torch_xla
+def test_gradient_accumulation_is_exact_on_xla() -> None:
+    accumulated = one_update(micro_batch_size=8, gradient_accumulation=4)
+    whole = one_update(micro_batch_size=32, gradient_accumulation=1)
+    assert relative_difference(whole, initial_state()) > 1e-4  # the update really moved the weights
+    assert relative_difference(accumulated, whole) < 1e-6
+
+
+@requires_torch_xla
+def test_xla_trains_the_weights_eager_pytorch_trains() -> None:
+    on_xla = one_update(micro_batch_size=16, gradient_accumulation=2)
+    eager = cpu_update(micro_batch_size=16, gradient_accumulation=2)
+    assert relative_difference(on_xla, eager) < 1e-5
+
+
+SPMD_WORKER = textwrap.dedent("""
+    import sys, torch, torch_xla
+    from core.config import make_config
+    from core.testing import run_context
+    from core.workloads.fcnn import Fcnn
+    from core_plugins.xla import XlaAccelerator
+    settings = {settings!r}
+    config = make_config(workload="fcnn", accelerator="xla", **settings)
+    accelerator = XlaAccelerator()
+    executor = accelerator.executor_for(Fcnn(), run_context(config, accelerator, Fcnn()))
+    inputs = executor._micro_batches[0][0]
+    sharding = torch_xla._XLAC._get_xla_sharding_spec(inputs)
+    executor.step()
+    executor.synchronize()
+    torch.save({{"state": executor.model_state(), "sharding": sharding, "rows": inputs.shape[0],
+                "details": executor.details()}}, sys.argv[1])
+""")
+
+
+def spmd_update(tmp_path: Path, **settings: Any) -> dict[str, Any]:
+    """One update of an SPMD run of two replicas, in a process of its own as the plugin's launcher starts it."""
+    script, out = tmp_path / "spmd_worker.py", tmp_path / "spmd.pt"
+    script.write_text(SPMD_WORKER.format(settings={"workload_options": FCNN, "replicas": 2, **settings}))
+    env = {**XLA_ENV, "CPU_NUM_DEVICES": "2", SPMD_DEVICES_VARIABLE: "2"}
+    completed = subprocess.run(
+        [sys.executable, str(script), str(out)], capture_output=True, text=True, timeout=300, env=env, cwd=ROOT
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    loaded: dict[str, Any] = torch.load(out)
+    return loaded
+
+
+@requires_torch_xla
+@pytest.mark.slow
+def test_two_spmd_replicas_equal_one_process_with_the_whole_batch(tmp_path: Path) -> None:
+    replicated = spmd_update(tmp_path, micro_batch_size=16)
+    # Each micro-batch holds both replicas' samples, split over the two devices along the batch.
+    assert replicated["rows"] == 32
+    assert replicated["sharding"].startswith("{devices=[2")
+    assert replicated["details"]["parallelism"] == "spmd"
+    whole = one_update(micro_batch_size=32)
+    assert relative_difference(whole, initial_state()) > 1e-4
+    assert relative_difference(replicated["state"], whole) < 1e-6
+
+    accumulated = spmd_update(tmp_path, micro_batch_size=8, gradient_accumulation=2)
+    assert relative_difference(accumulated["state"], whole) < 1e-6
+
+
+PROCESSES_WORKER = textwrap.dedent("""
+    import sys
+    from core.config import make_config
+    from core.running.distributed import ProcessContext
+    from core.workloads.fcnn import Fcnn
+    from core_plugins.xla.placement import xla_executor
+    from core.testing import run_context
+    from core_plugins.xla import XlaAccelerator
+    config = make_config(workload="fcnn", accelerator="xla", replicas=2, micro_batch_size=4,
+                         workload_options={options!r}, accelerator_options={{"parallelism": "processes"}})
+    context = run_context(config, XlaAccelerator(), Fcnn(), ProcessContext.from_environment())
+    xla_executor(Fcnn(), context, "processes")
+""")
+
+
+@requires_torch_xla
+@pytest.mark.slow
+def test_processes_that_torch_xla_does_not_join_are_stopped_before_training(tmp_path: Path) -> None:
+    """On XLA's CPU client two torchrun processes of the ``xla`` backend each see a world of one:
+    the runtime check stops them rather than let each train alone as if averaged."""
+    script = tmp_path / "processes_worker.py"
+    script.write_text(PROCESSES_WORKER.format(options=FCNN))
+    completed = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+        + [f"--log-dir={tmp_path / 'torchelastic'}", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=XLA_ENV,
+        cwd=ROOT,
+    )
+    assert completed.returncode != 0
+    assert "torch-xla's replication spans 1 device(s) but the run has 2 processes" in completed.stderr
+
+
+@requires_torch_xla
+def test_an_spmd_executor_outside_its_own_process_is_refused() -> None:
+    config = make_config(workload="fcnn", accelerator="xla", replicas=2, micro_batch_size=4, workload_options=FCNN)
+    accelerator = XlaAccelerator()
+    with pytest.raises(RuntimeError, match="runs in a process the xla plugin starts"):
+        accelerator.executor_for(Fcnn(), run_context(config, accelerator, Fcnn()))
+
+
+@requires_torch_xla
+def test_one_device_run_records_its_device_compilation_and_precision() -> None:
+    result = run("fcnn", "xla", workload_options=FCNN, micro_batch_size=8, steps=3, warmup_steps=2)
+    assert result.status.ok, result.status
+    assert result.world_size == 1 and len(result.devices) == 1
+    device = result.devices[0]
+    assert device.kind == "xla" and device.name.startswith("XLA CPU device")
+    assert device.details["pjrt_device"] == "CPU" and device.details["runtime_device_kind"] == "cpu"
+    details = result.executor_details
+    assert details["device"] == "xla:0" and details["xla_mat_mul_precision"] == "highest"
+    assert details["xla_compilations"] >= 1 and details["xla_compile_seconds"] > 0
+    assert result.environment is not None and result.environment.driver_versions["torch-xla"] == "2.9.0"
+    assert result.energy_joules is None and "XLA's CPU device" in (result.energy_unavailable_reason or "")
+    assert not any("compiled" in warning for warning in result.warnings)
+    assert result.model_flops_utilization is None  # no datasheet peak for a CPU through XLA
+
+
+@requires_torch_xla
+def test_a_run_records_one_device_per_replica_for_its_mfu() -> None:
+    from core.plugin import ProcessContext
+
+    for parallelism in ("processes", "spmd"):
+        config = make_config(
+            workload="fcnn", accelerator="xla", replicas=2, accelerator_options={"parallelism": parallelism}
+        )
+        devices = XlaAccelerator().devices_for(config, ProcessContext(rank=0, world_size=2, local_world_size=2))
+        assert [d.index for d in devices] == [0, 1]
+        assert {d.details["parallelism"] for d in devices} == {parallelism}
+
+
+@requires_torch_xla
+@pytest.mark.slow
+def test_spmd_replicas_run_through_core_in_a_process_of_their_own() -> None:
+    result = run("fcnn", "xla", workload_options=FCNN, micro_batch_size=8, replicas=2, steps=3, warmup_steps=2)
+    assert result.status.ok, result.status
+    assert result.samples_per_update == 16 and result.world_size == 1
+    assert [d.index for d in result.devices] == [0, 1]
+    assert result.executor_details["parallelism"] == "spmd"
+
+
+@requires_torch_xla
+def test_bf16_is_autocast_on_xla() -> None:
+    config = make_config(
+        workload="fcnn", accelerator="xla", precision="bf16", micro_batch_size=8, workload_options=FCNN
+    )
+    accelerator = XlaAccelerator()
+    executor: Any = accelerator.executor_for(Fcnn(), run_context(config, accelerator, Fcnn()))
+    try:
+        inputs, _ = executor._micro_batch(0)
+        with executor._autocast():
+            outputs = executor._placed_model(inputs)
+        assert outputs.dtype == torch.bfloat16  # the matmuls ran in bfloat16
+        assert executor.details()["autocast_dtype"] == "bfloat16"
+    finally:
+        executor.close()
+    bf16 = one_update(micro_batch_size=16, precision="bf16")
+    fp32 = one_update(micro_batch_size=16)
+    # The same update, at bfloat16's precision (8 bits of mantissa), not float32's.
+    assert 1e-6 < relative_difference(bf16, fp32) < 5e-2
+
+
+@requires_torch_xla
+def test_a_recompilation_inside_the_window_is_reported_from_torch_xlas_metrics() -> None:
+    # SGD's momentum buffers exist from the second update on: that update is a new graph. With no
+    # warm-up step it falls inside the window, and torch-xla's CompileTime metric counts it. (XLA
+    # keeps compiled graphs for the process's life: each run here has a micro-batch size of its own,
+    # so its graphs are new to this process.)
+    cold = run("fcnn", "xla", workload_options=FCNN, micro_batch_size=5, steps=3, warmup_steps=0)
+    assert cold.status.ok, cold.status
+    warned = [w for w in cold.warnings if "inside the timed window" in w]
+    assert warned == [
+        "XLA (torch-xla) compiled 1 new graph(s) inside the timed window (a recompilation): its "
+        "compile time is in window_seconds"
+    ]
+    warm = run("fcnn", "xla", workload_options=FCNN, micro_batch_size=6, steps=3, warmup_steps=1)
+    assert warm.status.ok, warm.status
+    assert not [w for w in warm.warnings if "inside the timed window" in w]
+
+
+@requires_torch_xla
+@pytest.mark.slow
+def test_core_run_prints_a_result_whose_first_step_carries_compilation() -> None:
+    command = [sys.executable, "-m", "core.cli", "run", "fcnn", "--accelerator", "xla", "--steps", "5"]
+    command += ["--warmup-steps", "2", "--batch-size", "16", "-o", "layers=3", "-o", "hidden_width=64"]
+    printed = subprocess.run(command, capture_output=True, text=True, timeout=300, env=XLA_ENV, check=True)
+    assert "fcnn on xla (torch, fp32): ok" in printed.stdout and "first step" in printed.stdout
+    completed = subprocess.run(
+        [*command, "--json"], capture_output=True, text=True, timeout=300, env=XLA_ENV, check=True
+    )
+    result = json.loads(completed.stdout)
+    assert result["status"]["state"] == "ok"
+    first, step = result["first_step_seconds"], result["step_seconds_median"]
+    # Read after the first step: what XLA compiled by then, almost all of it that step's graph.
+    compiled = result["executor_details"]["xla_compile_seconds"]
+    assert result["executor_details"]["xla_compilations"] >= 1
+    assert first >= 0.9 * compiled and first > 10 * step, (first, compiled, step)
+
+
+@requires_torch_xla
+@pytest.mark.slow
+def test_core_devices_lists_the_xla_cpu_device_the_runtime_reports() -> None:
+    completed = subprocess.run(
+        [sys.executable, "-m", "core.cli", "devices", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=XLA_ENV,
+        check=True,
+    )
+    devices = json.loads(completed.stdout)["xla"]
+    assert len(devices) == 1 and devices[0]["name"].startswith("XLA CPU device")
+    assert devices[0]["details"]["runtime_device_kind"] == "cpu"
+
+
+@requires_torch_xla
+@pytest.mark.slow
+def test_a_zoo_model_runs_unchanged_on_xla() -> None:
+    result = run(
+        "gpt2-124m",
+        "xla",
+        workload_options={"variant": "small", "synthetic_pool_samples": 8},
+        micro_batch_size=4,
+        steps=2,
+        warmup_steps=1,
+        power_meter="none",
+    )
+    assert result.status.ok, result.status
+    assert result.throughput_per_second and result.tokens_per_second
+
+
+@requires_torch_xla
+@pytest.mark.slow
+def test_the_benchmark_script_runs_and_writes_its_figures(tmp_path: Path) -> None:
+    output = tmp_path / "xla.json"
+    completed = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "xla_vs_plain.py"), "--smoke", "--json", str(output)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=XLA_ENV,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    figures = json.loads(output.read_text())
+    assert figures["ratio_core_over_plain"] == pytest.approx(
+        figures["core_samples_per_second"] / figures["plain_samples_per_second"]
+    )
+    assert figures["device"].startswith("XLA CPU device") and figures["core_warnings"] == []
