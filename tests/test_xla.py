@@ -32,7 +32,7 @@ from core.workloads.fcnn import Fcnn, FcnnOptions
 from core_plugins.xla import XlaAccelerator, discovery, meter
 from core_plugins.xla.devices import device_records, tpu_generation
 from core_plugins.xla.launcher import SPMD_DEVICES_VARIABLE, XlaSpmdLauncher
-from core_plugins.xla.peaks import peak_per_device
+from core_plugins.xla.peaks import TPU_PEAKS, bandwidth_per_device, peak_per_device
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -207,6 +207,19 @@ def test_a_v3_device_is_half_a_chip_and_an_ambiguous_tpu_has_no_peak() -> None:
     assert peak_per_device("TPU (generation unknown: PCI device 0x0027)", 2, torch_precision("bf16")) is None
 
 
+@pytest.mark.parametrize(
+    ("name", "gb_per_second"),
+    [("TPU v2", 600), ("TPU v3", 900), ("TPU v4", 1200), ("TPU v5 lite", 819), ("TPU v5p", 2765), ("TPU v6e", 1638)],
+)
+def test_every_tpu_has_its_hbm_bandwidth_for_the_roofline(name: str, gb_per_second: float) -> None:
+    assert all(entry.bandwidth is not None for entry in TPU_PEAKS.entries)
+    bandwidth = bandwidth_per_device(name, 1)
+    assert bandwidth is not None and bandwidth.bytes_per_second == pytest.approx(gb_per_second * 1e9)
+    assert f"HBM bandwidth {gb_per_second} GBps" in bandwidth.source
+    halved = bandwidth_per_device(name, 2)
+    assert halved is not None and halved.bytes_per_second == pytest.approx(gb_per_second * 0.5e9)
+
+
 def test_tpu_devices_are_named_by_generation(monkeypatch: pytest.MonkeyPatch) -> None:
     assert tpu_generation("TPU v5 lite", None, {}) == "v5e"
     assert tpu_generation("TPU v6 lite", None, {}) == "v6e"
@@ -224,9 +237,12 @@ def test_tpu_devices_are_named_by_generation(monkeypatch: pytest.MonkeyPatch) ->
     accelerator = XlaAccelerator()
     peak = accelerator.peak_flops_per_second(records[0], torch_precision("bf16"))
     assert peak is not None and peak[0] == pytest.approx(61.5e12)
+    bandwidth = accelerator.memory_bandwidth(records[0])
+    assert bandwidth is not None and bandwidth.bytes_per_second == pytest.approx(450e9)
     cpu = device_records("CPU", 1, "cpu", None)[0]
     assert cpu.name.startswith("XLA CPU device") and cpu.memory_bytes is None
     assert accelerator.peak_flops_per_second(cpu, torch_precision("bf16")) is None
+    assert accelerator.memory_bandwidth(cpu) is None
 
 
 def test_energy_is_unavailable_with_the_reason_for_each_device_type() -> None:

@@ -31,6 +31,7 @@ from core.plugin import (
     DeviceRecord,
     Framework,
     Launcher,
+    MemoryBandwidth,
     Precision,
     ProcessContext,
     RunConfig,
@@ -39,7 +40,7 @@ from core.plugin import (
 )
 
 from . import discovery
-from .peaks import peak_per_device
+from .peaks import bandwidth_per_device, peak_per_device
 
 if TYPE_CHECKING:
     from core.plugin import Executor
@@ -213,3 +214,8 @@ class XlaAccelerator(Accelerator):
         if device.details.get("pjrt_device") != "TPU":
             return None  # XLA's CPU device has no datasheet peak; a GPU's table is the nvidia plugin's
         return peak_per_device(device.name, int(device.details.get("devices_per_chip", 1)), precision)
+
+    def memory_bandwidth(self, device: DeviceRecord) -> MemoryBandwidth | None:
+        if device.details.get("pjrt_device") != "TPU":
+            return None
+        return bandwidth_per_device(device.name, int(device.details.get("devices_per_chip", 1)))
