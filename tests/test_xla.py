@@ -384,6 +384,39 @@ def test_gradient_accumulation_is_exact_on_xla() -> None:
 
 
 @requires_torch_xla
+def test_samples_copied_from_the_host_each_step_train_the_same_weights() -> None:
+    # The host's copies are pageable memory: pinning them would need a CUDA driver, and XLA does not use it.
+    from_host = one_update(micro_batch_size=16, gradient_accumulation=2, data="synthetic-host")
+    on_device = one_update(micro_batch_size=16, gradient_accumulation=2)
+    assert relative_difference(from_host, on_device) < 1e-6
+
+
+@requires_torch_xla
+def test_each_update_runs_as_one_compiled_graph() -> None:
+    """Four micro-steps and the optimizer step are one XLA graph: one execution per update, no
+    compilation once the optimizer's state exists (torch-xla's own metrics count both)."""
+    import torch_xla.debug.metrics as metrics
+
+    config = make_config(
+        workload="fcnn", accelerator="xla", micro_batch_size=3, gradient_accumulation=4, workload_options=FCNN
+    )
+    accelerator = XlaAccelerator()
+    executor = accelerator.executor_for(Fcnn(), run_context(config, accelerator, Fcnn()))
+    try:
+        for _ in range(2):  # the first update, then the first with momentum buffers: two new graphs
+            executor.step()
+        executor.synchronize()
+        executed, compiled = metrics.metric_data("ExecuteTime")[0], metrics.metric_data("CompileTime")[0]
+        for _ in range(3):
+            executor.step()
+        executor.synchronize()
+        assert metrics.metric_data("ExecuteTime")[0] - executed == 3
+        assert metrics.metric_data("CompileTime")[0] == compiled
+    finally:
+        executor.close()
+
+
+@requires_torch_xla
 def test_xla_trains_the_weights_eager_pytorch_trains() -> None:
     on_xla = one_update(micro_batch_size=16, gradient_accumulation=2)
     eager = cpu_update(micro_batch_size=16, gradient_accumulation=2)
@@ -597,18 +630,26 @@ def test_core_devices_lists_the_xla_cpu_device_the_runtime_reports() -> None:
 
 @requires_torch_xla
 @pytest.mark.slow
-def test_a_zoo_model_runs_unchanged_on_xla() -> None:
+def test_a_zoo_model_runs_unchanged_on_xla_from_a_token_file(tmp_path: Path) -> None:
+    import numpy as np
+
+    tokens = tmp_path / "train.bin"
+    np.random.default_rng(0).integers(0, 1000, 4000).astype(np.uint16).tofile(tokens)
     result = run(
         "gpt2-124m",
         "xla",
-        workload_options={"variant": "small", "synthetic_pool_samples": 8},
+        workload_options={"variant": "small"},
+        data=str(tokens),
+        data_workers=0,
         micro_batch_size=4,
         steps=2,
         warmup_steps=1,
         power_meter="none",
     )
     assert result.status.ok, result.status
+    assert result.executor_details["data"] == "files" and result.executor_details["data_format"] == "tokens"
     assert result.throughput_per_second and result.tokens_per_second
+    assert result.samples_per_epoch == 4000 // 32  # the small variant's 32-token sequences
 
 
 @requires_torch_xla

@@ -274,7 +274,10 @@ class TorchModelExecutor(Executor):
         # Synthetic micro-batches stay on the device ("synthetic") or on the host, where every
         # micro-step copies them over as real data would be ("synthetic-host").
         on_host = config.data == SYNTHETIC_ON_HOST
-        pin = on_host and self.device.type != "cpu"
+        # Page-locked host memory makes CUDA's (and ROCm's) copies to the device asynchronous; other
+        # runtimes (XLA's PJRT) copy from pageable memory, and pinning would need a CUDA driver.
+        pins = self.device.type == "cuda"
+        pin = on_host and pins
         self._micro_batches = []
         replicas_here = self._hooks.replicas_in_process
         if config.data in SYNTHETIC_SOURCES:
@@ -289,7 +292,7 @@ class TorchModelExecutor(Executor):
         else:
             from core.data.loading import FileBatches
 
-            self._files = FileBatches(config, spec.inputs, process, pin_memory=self.device.type != "cpu")
+            self._files = FileBatches(config, spec.inputs, process, pin_memory=pins)
             self._details.update(self._files.details())
         self._copy_each_step = on_host or self._files is not None
         self._details["data"] = config.data if config.data in SYNTHETIC_SOURCES else "files"
