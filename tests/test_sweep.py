@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -496,15 +497,34 @@ def test_the_fcnn_sweep_completes_and_its_report_matches_the_database(fcnn_sweep
             (b, p) for b in (8, 32, 128) for p in ("fp32", "bf16")
         }
         report = fcnn_sweep["directory"] / "report"
+        # What the plots are depends on what this machine's results carry: an MFU plot where every
+        # run has a peak (the CPU's is derived from /proc/cpuinfo), else achieved FLOP/s; a roofline,
+        # its log-log FLOP/s plot and MFU heatmaps per precision whose runs have a peak and a memory
+        # bandwidth; energy plots where RAPL can be read.
+        with_peak = all(run.result.peak_flops_per_second for run in runs)
+        roofed = {
+            run.result.config.precision.value
+            for run in runs
+            if run.result.peak_flops_per_second and run.result.memory_bandwidth_bytes_per_second
+        }
+        drawn = {path.name for path in (report / "plots").glob("*.png")}
+        roof_plots = {
+            name for name in drawn if re.fullmatch(r"fcnn-cpu-(roofline|flops-vs-batch-log)(-\d+)?\.png", name)
+        }
+        assert len(roof_plots) == 2 * len(roofed)
+        heatmaps = {name for name in drawn if re.fullmatch(r"fcnn-cpu-heatmap-(mfu|best)-\d+\.png", name)}
         check_plots(
             report,
-            {"fcnn-cpu-throughput-vs-batch-size.png", "fcnn-cpu-flops-vs-batch-size.png"}
+            {"fcnn-cpu-throughput-vs-batch-size.png"}
+            | {"fcnn-cpu-mfu-vs-batch-size.png" if with_peak else "fcnn-cpu-flops-vs-batch-size.png"}
+            | roof_plots
+            | heatmaps
             | {
                 f"fcnn-cpu-{kind}.png"
                 for kind in ("samples-per-wh-vs-batch-size", "pareto")
                 if any(run.result.samples_per_watt_hour for run in runs)
             },
-        )  # where RAPL can be read
+        )
         assert check_tables_match_database(store, "fcnn-cpu", report) == 6
 
 
