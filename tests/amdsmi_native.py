@@ -428,3 +428,27 @@ def real_amdsmi(version: str, node: SimNode, monkeypatch: pytest.MonkeyPatch, tm
         yield amdsmi
     finally:
         forget_amdsmi()
+
+
+# --- fixtures the AMD test modules share (registered in conftest.py) -----------------------------
+
+
+@pytest.fixture
+def amdsmi_session_closed() -> Iterator[None]:
+    """Fails a test that leaves the plugin's amdsmi session open."""
+    from core_plugins.amd import smi
+
+    yield
+    assert smi.amdsmi_session.users == 0, "an amdsmi session was left open"
+
+
+@pytest.fixture
+def probe(tmp_path: Path, amdsmi_session_closed: None) -> Any:
+    """The AMD plugin's SDK probe with a stand-in for /dev/kfd (and the session check above)."""
+    from core_plugins.amd import smi
+    from core_plugins.probing import SdkProbe
+
+    (tmp_path / "kfd").write_text("")
+    return SdkProbe(
+        module="amdsmi", install_hint=smi.INSTALL_HINT, device_globs=(str(tmp_path / "kfd"),), device_hint="no /dev/kfd"
+    )

@@ -7,6 +7,9 @@ import os
 
 import pytest
 
+# The AMD tests' probe (a stand-in /dev/kfd) and open-session check.
+from amdsmi_native import amdsmi_session_closed, probe  # noqa: F401 - fixtures registered here
+
 # Small real datasets (an image folder, WebDataset shards) for the data tests.
 from data_support import image_folder, shards  # noqa: F401 - fixtures registered here
 

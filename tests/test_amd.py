@@ -33,6 +33,9 @@ from core_plugins.amd.peaks import AMD_PEAKS, peak_flops
 from core_plugins.amd.visibility import hip_visible, rocr_visible, visible_order
 from core_plugins.probing import SdkProbe
 
+# Every test here fails if it leaves the plugin's amdsmi session open.
+pytestmark = pytest.mark.usefixtures("amdsmi_session_closed")
+
 RES = 15.300000190734863  # what amdsmi returns for rocm_smi's 15.3 uJ: a C float
 BDF_A0, BDF_A1, BDF_B0, BDF_B1 = "0000:c1:00.0", "0000:c6:00.0", "0000:c9:00.0", "0000:ce:00.0"
 NEWEST = VERSIONS[-1]
@@ -44,21 +47,6 @@ DESCRIBES_THE_PART = {"6.0.2": False, "6.2.4": False, "6.3.0": True, "7.0.2": Tr
 
 
 # --- helpers ---------------------------------------------------------------------------------
-
-
-@pytest.fixture(autouse=True)
-def _no_leaked_amdsmi_session() -> Any:
-    yield
-    assert smi.amdsmi_session.users == 0, "an amdsmi session was left open"
-
-
-@pytest.fixture
-def probe(tmp_path: Path) -> SdkProbe:
-    """The real probe's module with a stand-in for /dev/kfd."""
-    (tmp_path / "kfd").write_text("")
-    return SdkProbe(
-        module="amdsmi", install_hint=smi.INSTALL_HINT, device_globs=(str(tmp_path / "kfd"),), device_hint="no /dev/kfd"
-    )
 
 
 @dataclass
@@ -292,6 +280,7 @@ def test_package_mode_records_packages_and_their_peaks(simulate: Callable[..., S
 def test_energy_per_package_equals_a_hand_calculation_from_the_counters(
     version: str, simulate: Callable[..., Simulated]
 ) -> None:
+
     sim = simulate(version)
     sim.node.gcds[0].primary, sim.node.gcds[1].primary = False, True  # package A reports on A1, B on B0
     a1, b0 = sim.gcd(BDF_A1), sim.gcd(BDF_B0)

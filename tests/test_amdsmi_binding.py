@@ -30,30 +30,18 @@ from amdsmi_native import (
 from core import ConfigError, RunConfig, make_config
 from core.energy.meter import UnavailableMeter
 from core.testing import run_context
-from core_plugins.amd import smi
 from core_plugins.amd.accelerator import AmdAccelerator
 from core_plugins.amd.meter import AmdsmiMeter, AmdsmiMeterFactory
 from core_plugins.probing import SdkProbe
+
+# Every test here fails if it leaves the plugin's amdsmi session open.
+pytestmark = pytest.mark.usefixtures("amdsmi_session_closed")
 
 A0, A1, B0, B1 = "0000:c1:00.0", "0000:c6:00.0", "0000:c9:00.0", "0000:ce:00.0"
 
 
 def config() -> RunConfig:
     return make_config(workload="fcnn", accelerator="amd", micro_batch_size=4, power_sample_interval_seconds=0.01)
-
-
-@pytest.fixture(autouse=True)
-def _no_leaked_amdsmi_session() -> Any:
-    yield
-    assert smi.amdsmi_session.users == 0, "an amdsmi session was left open"
-
-
-@pytest.fixture
-def probe(tmp_path: Path) -> SdkProbe:
-    (tmp_path / "kfd").write_text("")
-    return SdkProbe(
-        module="amdsmi", install_hint=smi.INSTALL_HINT, device_globs=(str(tmp_path / "kfd"),), device_hint="no /dev/kfd"
-    )
 
 
 def measure_one_second(amdsmi: Any, node: SimNode, probe: SdkProbe, topology: Path) -> Any:
