@@ -624,9 +624,9 @@ class EfficientNet(VisionWorkload):
     pipeline_unit: ClassVar[str] = "MBConv block"
     # keras.applications names an MBConv block's layers block<stage><letter>_...
     keras_pipeline_blocks: ClassVar[str | None] = r"(block\d+[a-z])_"
-    #: Graphcore's pipeline splits, as (stage, block within the stage) in timm's numbering of the
-    #: seven stages (graphcore/examples vision/cnns/pytorch/train/configs.yml), by stage count
-    graphcore_splits: ClassVar[dict[int, tuple[tuple[int, int], ...]]] = {}
+    #: published pipeline splits (graphcore/examples vision/cnns/pytorch/train/configs.yml), each a
+    #: tuple of split points as (stage, block within the stage) in timm's numbering of the seven stages
+    published_splits: ClassVar[tuple[tuple[tuple[int, int], ...], ...]] = ()
 
     def recommended_pipeline_splits(self, options: Any, blocks: tuple[str, ...]) -> dict[int, RecommendedSplit]:
         # transformers numbers the blocks flat; timm per stage: stage s begins after the blocks of
@@ -642,7 +642,7 @@ class EfficientNet(VisionWorkload):
                 + ", ".join(f"blocks/{stage}/{block}" for stage, block in splits)
                 + ")",
             )
-            for splits in self.graphcore_splits.values()
+            for splits in self.published_splits
         }
 
     def round_filters(self, channels: int) -> int:
@@ -727,7 +727,7 @@ class EfficientNetB0(EfficientNet):
     depth_coefficient: ClassVar[float] = 1.0
     dropout_rate: ClassVar[float] = 0.2
     keras_application: ClassVar[str] = "EfficientNetB0"
-    graphcore_splits: ClassVar[dict[int, tuple[tuple[int, int], ...]]] = {2: ((3, 0),)}  # efficientnet-b0-g16-gn-pod16
+    published_splits: ClassVar[tuple[tuple[tuple[int, int], ...], ...]] = (((3, 0),),)  # efficientnet-b0-g16-gn-pod16
     sources: ClassVar[dict[Framework, Source]] = {
         Framework.torch: transformers_source("EfficientNetForImageClassification"),
         Framework.tensorflow: keras_source("EfficientNetB0"),
@@ -746,7 +746,7 @@ class EfficientNetB4(EfficientNet):
     imagenet_image_size: ClassVar[int] = 380
     keras_application: ClassVar[str] = "EfficientNetB4"
     # efficientnet-b4-g16-gn-pod16, ACES Table 2's 4 IPUs per replica
-    graphcore_splits: ClassVar[dict[int, tuple[tuple[int, int], ...]]] = {4: ((1, 1), (3, 0), (4, 5))}
+    published_splits: ClassVar[tuple[tuple[tuple[int, int], ...], ...]] = (((1, 1), (3, 0), (4, 5)),)
     sources: ClassVar[dict[Framework, Source]] = {
         Framework.torch: transformers_source("EfficientNetForImageClassification"),
         Framework.tensorflow: keras_source("EfficientNetB4"),
