@@ -9,7 +9,7 @@ graph per update (``torch_xla.sync()`` after the optimizer step), and follow the
 the first step (it compiles) timed apart, then warm-up steps (the optimizer's momentum makes a
 second graph), then a window synchronised at its two ends only; throughput = samples / window
 seconds. The loop does what core's executor does for this run and nothing more (core adds its
-NaN/inf check of the losses and gradients, one fused op per update).
+NaN/inf check: of the losses each update, of the weights at each phase's end, outside its timing).
 
 Runs alternate core and the loop (which goes first alternates too) so drift in the machine hits
 both alike; figures are medians, and the median of each repeat's core / plain.

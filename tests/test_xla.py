@@ -191,7 +191,8 @@ def test_tpu_peaks_come_from_googles_pages_in_bf16(name: str, tflops: float) -> 
     assert peak is not None
     flops, source = peak
     assert flops == pytest.approx(tflops * 1e12)
-    assert source.startswith("Google Cloud TPU documentation") and "cloud.google.com/tpu/docs/" in source
+    # v2's page lost its table: its figure is Google's launch one, cited with the page.
+    assert source.startswith("Google Cloud TPU") and "cloud.google.com/tpu/docs/" in source
     assert peak_per_device(name, 1, torch_precision("fp32")) is None  # no fp32 peak is published
 
 
@@ -209,13 +210,13 @@ def test_a_v3_device_is_half_a_chip_and_an_ambiguous_tpu_has_no_peak() -> None:
 
 @pytest.mark.parametrize(
     ("name", "gb_per_second"),
-    [("TPU v2", 600), ("TPU v3", 900), ("TPU v4", 1200), ("TPU v5 lite", 819), ("TPU v5p", 2765), ("TPU v6e", 1638)],
+    [("TPU v2", 700), ("TPU v3", 900), ("TPU v4", 1200), ("TPU v5 lite", 819), ("TPU v5p", 2765), ("TPU v6e", 1638)],
 )
 def test_every_tpu_has_its_hbm_bandwidth_for_the_roofline(name: str, gb_per_second: float) -> None:
     assert all(entry.bandwidth is not None for entry in TPU_PEAKS.entries)
     bandwidth = bandwidth_per_device(name, 1)
     assert bandwidth is not None and bandwidth.bytes_per_second == pytest.approx(gb_per_second * 1e9)
-    assert f"HBM bandwidth {gb_per_second} GBps" in bandwidth.source
+    assert f"HBM bandwidth {gb_per_second} GBps" in bandwidth.source or f"HBM {gb_per_second} GB/s" in bandwidth.source
     halved = bandwidth_per_device(name, 2)
     assert halved is not None and halved.bytes_per_second == pytest.approx(gb_per_second * 0.5e9)
 
@@ -576,6 +577,144 @@ def test_bf16_is_autocast_on_xla() -> None:
 
 
 @requires_torch_xla
+@pytest.mark.parametrize("fault", ["nan_loss", "inf_gradient"])
+def test_a_fault_in_the_windows_last_update_fails_the_run(fault: str) -> None:
+    """On XLA an update checks its losses, and each check the weights (where an inf gradient lands)
+    rather than every gradient each update: a fault in the very last update is still reported."""
+    from core import RunState, Workload
+    from core.contract.workload import TorchTrainingSpec
+    from core.testing import registered_plugins
+
+    steps, warmup = 3, 1
+    last = 1 + warmup + steps  # first step + warm-up + window, one micro-step each
+    calls = {"loss": 0}
+
+    class InfGradient(torch.autograd.Function):
+        """The identity forward (the loss stays finite) whose gradient is inf. (Not a hook on a
+        weight: moving a module to an XLA device replaces its Parameter objects, hooks and all.)"""
+
+        @staticmethod
+        def forward(ctx: Any, outputs: torch.Tensor) -> torch.Tensor:
+            return outputs.clone()
+
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+            return torch.full_like(grad, float("inf"))
+
+    class FaultInLastUpdate(Workload):
+        name = "fcnn-xla-fault-in-last-update"
+        options_model = FcnnOptions
+
+        def build_torch(self, options: Any, seed: int) -> TorchTrainingSpec:
+            spec = Fcnn().build_torch(options, seed)
+            loss_fn = spec.loss_fn
+
+            def loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+                calls["loss"] += 1
+                if calls["loss"] != last:
+                    return loss_fn(outputs, targets)
+                if fault == "inf_gradient":
+                    return loss_fn(InfGradient.apply(outputs), targets)
+                return loss_fn(outputs, targets) + float("nan")  # every gradient stays finite
+
+            spec.loss_fn = loss
+            return spec
+
+    with registered_plugins():
+        result = run(
+            FaultInLastUpdate(),
+            XlaAccelerator(),
+            workload_options=FCNN,
+            micro_batch_size=4,
+            steps=steps,
+            warmup_steps=warmup,
+            power_meter="none",
+        )
+    assert result.status.state is RunState.non_finite_loss and result.status.phase == "window", result.status
+    assert calls["loss"] == last
+    if fault == "inf_gradient":
+        assert "a weight after a NaN/inf gradient" in (result.status.message or "")
+
+
+def inference_executor(**config: Any) -> Any:
+    settings: dict[str, Any] = {"workload_options": FCNN, "mode": "inference", "micro_batch_size": 8}
+    settings.update(config)
+    run_config = make_config(workload="fcnn", accelerator="xla", **settings)
+    accelerator = XlaAccelerator()
+    return accelerator.executor_for(Fcnn(), run_context(run_config, accelerator, Fcnn()))
+
+
+@requires_torch_xla
+def test_inference_is_eager_pytorchs_forward_one_graph_per_step() -> None:
+    import torch_xla.debug.metrics as metrics
+
+    executor = inference_executor()
+    try:
+        for _ in range(2):  # the first step, then the first with the NaN/inf flag on the device: two graphs
+            executor.step()
+        executor.synchronize()
+        executed, compiled = metrics.metric_data("ExecuteTime")[0], metrics.metric_data("CompileTime")[0]
+        for _ in range(3):
+            executor.step()
+        executor.synchronize()
+        assert metrics.metric_data("ExecuteTime")[0] - executed == 3
+        assert metrics.metric_data("CompileTime")[0] == compiled
+        executor.check_finite()
+        inputs, _ = executor._micro_batch(0)
+        on_xla = executor._forward(inputs).cpu()
+        assert executor.details()["mode"] == "inference"
+    finally:
+        executor.close()
+    spec = Fcnn().build_torch(FcnnOptions(**FCNN), seed=0)
+    with torch.no_grad():
+        eager = spec.model.eval()(inputs.cpu())
+    assert float((on_xla - eager).abs().max() / eager.abs().max()) < 1e-5
+
+
+@requires_torch_xla
+def test_queries_of_any_size_run_on_programs_compiled_before_the_window() -> None:
+    """LoadGen's queries come in every size from 1 to the micro-batch, with repeated samples; XLA
+    compiles a program per shape, so queries are padded to powers of two and the micro-batch, and
+    all of those compile in warm_query_sizes, before any window."""
+    import torch_xla.debug.metrics as metrics
+
+    executor = inference_executor(micro_batch_size=6)
+    try:
+        assert executor.query_sizes() == (1, 2, 4, 6)
+        executor.warm_query_sizes()
+        compiled = metrics.metric_data("CompileTime")[0]
+        loaded = list(range(executor.performance_samples))  # what LoadGen loads
+        executor.load(loaded)
+        for size in range(1, 7):
+            executor.infer(loaded[size : 2 * size])
+        executor.infer([3, 3, 5])  # a sample twice in one query
+        assert metrics.metric_data("CompileTime")[0] == compiled
+        executor.check_finite()
+    finally:
+        executor.close()
+
+
+@requires_torch_xla
+@pytest.mark.parametrize("scenario", ["loop", "offline", "server"])
+def test_inference_runs_through_core_with_no_compilation_in_its_window(scenario: str) -> None:
+    pytest.importorskip("mlperf_loadgen", reason="MLPerf LoadGen is not installed (pip install 'core[inference]')")
+    options: dict[str, Any] = {"steps": 5, "warmup_steps": 2}
+    if scenario != "loop":
+        loadgen: dict[str, Any] = {"min_duration_seconds": 0.3, "min_query_count": 20}
+        if scenario == "server":
+            loadgen["server_target_samples_per_second"] = 200.0
+        options = {"scenario": scenario, "loadgen": loadgen}
+    result = run(
+        "fcnn", "xla", mode="inference", workload_options=FCNN, micro_batch_size=8, power_meter="none", **options
+    )
+    assert result.status.ok, result.status
+    assert result.window_samples > 0 and result.throughput_per_second is not None
+    assert not [w for w in result.warnings if "inside the timed window" in w], result.warnings
+    if scenario != "loop":
+        assert result.loadgen is not None and result.loadgen.scenario == scenario
+
+
+@requires_torch_xla
 def test_a_recompilation_inside_the_window_is_reported_from_torch_xlas_metrics() -> None:
     # SGD's momentum buffers exist from the second update on: that update is a new graph. With no
     # warm-up step it falls inside the window, and torch-xla's CompileTime metric counts it. (XLA
@@ -606,10 +745,11 @@ def test_core_run_prints_a_result_whose_first_step_carries_compilation() -> None
     result = json.loads(completed.stdout)
     assert result["status"]["state"] == "ok"
     first, step = result["first_step_seconds"], result["step_seconds_median"]
-    # Read after the first step: what XLA compiled by then, almost all of it that step's graph.
+    # Read after the first step: what XLA compiled by then, most of it that step's graph (the rest
+    # is the NaN/inf check's small graph, compiled at the phase's end, outside its timing).
     compiled = result["executor_details"]["xla_compile_seconds"]
     assert result["executor_details"]["xla_compilations"] >= 1
-    assert first >= 0.9 * compiled and first > 10 * step, (first, compiled, step)
+    assert first >= 0.6 * compiled and first > 10 * step, (first, compiled, step)
 
 
 @requires_torch_xla

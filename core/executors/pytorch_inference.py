@@ -1,14 +1,21 @@
 """The PyTorch inference executor: the training executor's placement, precision and data, with the
-model in eval mode under ``torch.inference_mode()`` and no optimizer.
+model in eval mode without autograd (``torch.inference_mode()``, or what the device's hooks say)
+and no optimizer.
 
 One ``step()`` is one forward pass over this process's micro-batch; like a training step it queues
-work and returns, and the runner synchronises at phase boundaries only. Replicas are independent
+work and returns (a lazy device's graph cut after it, so each step is one graph), and the runner
+synchronises at phase boundaries only. Replicas are independent
 processes (no DDP: there are no gradients to average); the process group serves the runner's
 barriers and collectives alone.
 
 The executor is also a query source for a load generator (``core.running.loadgen``, MLPerf
 LoadGen's model): ``load``/``unload`` place samples on the device ahead of the timed test,
-``infer`` runs the model on some of them and returns once the device is done.
+``infer`` runs the model on some of them and returns once the device is done. A device that
+compiles one program per batch shape (XLA) pads each query up to one of a few sizes
+(``TorchDeviceHooks.query_sizes``), compiled by ``warm_query_sizes`` before the window: a query of
+3 samples runs as 4, its padding charged to the query's time and never counted as samples. Queries
+gather their samples from one device tensor of every loaded sample, so a program's inputs are the
+same two (that tensor, the slots) whichever samples a query names, repeats included.
 """
 
 from __future__ import annotations
@@ -52,13 +59,14 @@ class TorchInferenceExecutor(TorchModelExecutor):
         self._placed_model.eval()  # dropout off, batch norm on its running statistics
         self._model = torch.compile(self._placed_model) if config.compile else self._placed_model
         self._pool_inputs: torch.Tensor = spec.inputs  # on the host: what load() places
-        self._loaded: dict[int, torch.Tensor] = {}
+        self._loaded: torch.Tensor | None = None  # every loaded sample, on the device
+        self._slots: dict[int, int] = {}  # a loaded sample's index -> its row in _loaded
         self._details["ddp"] = False
 
     def _forward(self, inputs: torch.Tensor) -> Any:
-        with torch.inference_mode(), self._autocast():
+        with self._hooks.no_grad(), self._autocast():
             outputs = self._model(inputs)
-            # Queued like the forward itself: no host sync. Inside inference mode, where the
+            # Queued like the forward itself: no host sync. Inside the no-grad context, where the
             # fused check may write (by 1) into inference tensors.
             self._non_finite.update(floating_tensors(outputs))
         return outputs
@@ -66,6 +74,7 @@ class TorchInferenceExecutor(TorchModelExecutor):
     def step(self) -> None:
         inputs, _ = self._micro_batch(0)
         self._forward(inputs)
+        self._hooks.cut_graph()  # one graph per step on a lazy device, as a training update is
 
     def check_finite(self) -> None:
         if self._any_rank_raised():
@@ -94,22 +103,55 @@ class TorchInferenceExecutor(TorchModelExecutor):
 
     def load(self, indices: Sequence[int]) -> None:
         """Place these samples on the device (outside any timed span); loaded ones stay."""
-        for index in indices:
-            if index not in self._loaded:
-                self._loaded[index] = self._host_sample(index).to(self.device)
+        new = [index for index in dict.fromkeys(indices) if index not in self._slots]
+        if not new:
+            return
+        placed = torch.stack([self._host_sample(index) for index in new]).to(self.device)
+        # One tensor of every loaded sample: a query gathers its samples from it by slot.
+        self._loaded = placed if self._loaded is None else torch.cat([self._loaded, placed])
+        first = len(self._slots)
+        self._slots.update({index: first + offset for offset, index in enumerate(new)})
+        self._hooks.cut_graph()  # the loaded samples are data on the device, not a graph queries extend
 
     def unload(self, indices: Sequence[int]) -> None:
         for index in indices:
-            self._loaded.pop(index, None)
+            self._slots.pop(index, None)
+        if not self._slots:
+            self._loaded = None  # the device memory goes back; a partial unload keeps the tensor until then
 
     def infer(self, indices: Sequence[int]) -> None:
         """Run the model on these loaded samples, as one batch; return once the device is done."""
-        missing = [index for index in indices if index not in self._loaded]
-        if missing:
+        missing = [index for index in indices if index not in self._slots]
+        if missing or self._loaded is None:
             raise KeyError(f"samples {missing[:5]} were not loaded (load() them first)")
-        batch = torch.stack([self._loaded[index] for index in indices])
+        slots = [self._slots[index] for index in indices]
+        # Padding repeats the first sample: a filler, computed and never counted as answered.
+        slots.extend(slots[:1] * (self._padded_size(len(slots)) - len(slots)))
+        gather = torch.tensor(slots, dtype=torch.int64).to(self.device)
+        batch = self._loaded.index_select(0, gather)
         self._forward(self._inputs_to_device(batch, non_blocking=False))
         self.synchronize()
+
+    def query_sizes(self) -> tuple[int, ...]:
+        """The batch sizes queries are padded up to (empty: each runs at its own size)."""
+        return self._hooks.query_sizes(self._config.micro_batch_size or 1)
+
+    def _padded_size(self, samples: int) -> int:
+        return min((size for size in self.query_sizes() if size >= samples), default=samples)
+
+    def warm_query_sizes(self) -> None:
+        """Run one query of each padded size over as many loaded samples as LoadGen loads (the
+        gathered-from tensor's shape is part of each compiled program), so none compiles in the window."""
+        sizes = self.query_sizes()
+        if not sizes:
+            return
+        indices = list(range(self.performance_samples))
+        self.load(indices)
+        try:
+            for size in sizes:
+                self.infer(indices[:size])
+        finally:
+            self.unload(indices)
 
     # --- accuracy ---------------------------------------------------------------------------------
 
@@ -129,9 +171,10 @@ class TorchInferenceExecutor(TorchModelExecutor):
         for inputs, labels in loader:
             logits = self._forward(self._inputs_to_device(inputs, non_blocking=False))
             labels = labels.to(self.device)
-            with torch.inference_mode():
+            with self._hooks.no_grad():
                 counts[0] += (logits.argmax(dim=-1) == labels).sum()
                 counts[1] += labels.numel()
+            self._hooks.cut_graph()  # one graph per batch on a lazy device, not the whole pass
         if self._process.is_distributed:
             counts = counts.to(self._collective_device())
             torch.distributed.all_reduce(counts, op=torch.distributed.ReduceOp.SUM)

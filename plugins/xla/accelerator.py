@@ -77,6 +77,8 @@ class XlaAccelerator(Accelerator):
     launcher: ClassVar[str | None] = "torchrun"
     distributed_backend: ClassVar[str | None] = "xla"
     options_model: ClassVar[type[BaseModel]] = XlaOptions
+    # Inference: core's PyTorch inference executor with torch-xla's hooks (placement.py).
+    supports_inference: ClassVar[bool] = True
 
     def availability(self) -> Availability:
         reasons = discovery.missing()

@@ -6,8 +6,9 @@ An fp32 matmul on a TPU runs as several bf16 passes (torch-xla's mat-mul precisi
 ``torch_xla/backends``), so fp32 runs get no MFU rather than one against a made-up figure.
 
 Memory bandwidths are the same tables' HBM rows (decimal: 1 GBps = 1e9 B/s); the pages give no
-cache bandwidths. A device's name is its generation as this plugin records it ("TPU v5e"); the
-patterns also match the PJRT runtime's device kinds ("TPU v5 lite", "TPU v6 lite", "TPU v5").
+cache bandwidths. TPU v2's page lost its table: its figures come from Google's launch and papers.
+A device's name is its generation as this plugin records it ("TPU v5e"); the patterns also match
+the PJRT runtime's device kinds ("TPU v5 lite", "TPU v6 lite", "TPU v5").
 """
 
 from __future__ import annotations
@@ -70,9 +71,16 @@ TPU_PEAKS = PeakTable(
             "TPU v2",
             r"^(?!.*v3).*v2",
             {BF16: 45.0},
-            f"{_page('v2')}: peak compute per chip 45 teraflops (bf16)",
+            # The v2 page no longer carries the table; it defers to Google's papers on the chip.
+            "Google Cloud TPU v2 (cloud.google.com/tpu/docs/v2 and its 2018 launch): 180 teraflops "
+            "(bf16) per Cloud TPU of four chips, 45 per chip",
             notes="two TensorCores (XLA devices) per chip: each device gets half (peak_per_device)",
-            bandwidth=_hbm("v2", 600, "HBM2, 16 GiB"),
+            bandwidth=MemoryBandwidth(
+                700 * GIGA,
+                "Norrie et al., 'The Design Process for Google's Training Chips: TPUv2 and TPUv3', "
+                "IEEE Micro 41(2), 2021: HBM 700 GB/s per chip (v3: +30%, the 900 GBps above)",
+                "HBM, 16 GiB",
+            ),
         ),
     )
 )

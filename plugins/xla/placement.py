@@ -20,12 +20,17 @@ each a hook of :class:`core.plugin.TorchDeviceHooks`:
 fp32 means fp32 here too: torch-xla's mat-mul precision is set to "highest" (on a TPU its default,
 "default", multiplies float32 matrices in one bfloat16 pass). bf16 is autocast on the ``xla``
 device type, which torch-xla lowers to bfloat16.
+
+Inference runs the same executor's forward under ``torch.no_grad()`` (torch-xla has no inference
+tensors), one graph per step; LoadGen's queries are padded to a few sizes, each compiled before
+the window (``query_sizes``).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from contextlib import AbstractContextManager
 from typing import Any
 
 import numpy as np
@@ -63,6 +68,10 @@ class XlaHooks(TorchDeviceHooks):
     """torch-xla's share of core's PyTorch step loop, for one run in this process."""
 
     compiler = "XLA (torch-xla)"
+    # XLA fuses no pass over every gradient into the update's graph: checking them each update
+    # cost 3% of an FCNN update on XLA's CPU device (benchmarks/xla_vs_plain.py); the weights,
+    # read at each check outside the timed phases, carry the same faults.
+    checks_weights_not_gradients = True
 
     def __init__(self, parallelism: Parallelism | None, replicas: int) -> None:
         self.parallelism = parallelism
@@ -150,6 +159,18 @@ class XlaHooks(TorchDeviceHooks):
 
     def cut_graph(self) -> None:
         torch_xla.sync()
+
+    def no_grad(self) -> AbstractContextManager[Any]:
+        # Not torch.inference_mode(): torch-xla's functionalization sets a version counter on every
+        # tensor it wraps, and inference tensors have none ("Cannot set version_counter for
+        # inference tensor", torch-xla 2.9.0, tests/test_xla.py). no_grad records nothing either.
+        return torch.no_grad()
+
+    def query_sizes(self, largest: int) -> tuple[int, ...]:
+        # XLA compiles a program per input shape: queries of 1..largest samples are padded to powers
+        # of two and to largest, at most log2(largest) + 1 programs, at most half of a batch wasted.
+        powers = tuple(1 << bit for bit in range(largest.bit_length()) if 1 << bit < largest)
+        return (*powers, largest)
 
     def synchronize(self, device: torch.device) -> None:
         torch_xla.sync()

@@ -14,6 +14,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 from core.config import RunConfig
 from core.energy.meter import PowerMeter, UnavailableMeter
@@ -116,6 +117,16 @@ def calibrated_samples_per_second(source: QuerySource, batch: int) -> float:
     return len(indices) / max(statistics.median(seconds), 1e-9)
 
 
+@runtime_checkable
+class PaddedQuerySource(Protocol):
+    """A query source that pads queries up to a few batch sizes, each a program compiled once
+    (``TorchInferenceExecutor`` on a device that compiles per shape, such as XLA)."""
+
+    def warm_query_sizes(self) -> None:
+        """Compile every padded size now, outside any timed span."""
+        ...
+
+
 def query_source(executor: Executor) -> QuerySource:
     """``executor`` as LoadGen's query source, or NotAQuerySourceError saying what to do instead."""
     if not isinstance(executor, QuerySource):
@@ -131,7 +142,10 @@ def calibrate(executor: Executor, config: RunConfig) -> float:
     scenario sends: the micro-batch for offline, one sample otherwise. Call it before the window
     opens: a first call at a new batch size may compile."""
     batch = (config.micro_batch_size or 1) if config.scenario == "offline" else 1
-    return calibrated_samples_per_second(query_source(executor), batch)
+    source = query_source(executor)
+    if isinstance(source, PaddedQuerySource):
+        source.warm_query_sizes()
+    return calibrated_samples_per_second(source, batch)
 
 
 def loadgen_window(
