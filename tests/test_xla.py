@@ -396,7 +396,6 @@ def test_samples_copied_from_the_host_each_step_train_the_same_weights() -> None
 def test_each_update_runs_as_one_compiled_graph() -> None:
     """Four micro-steps and the optimizer step are one XLA graph: one execution per update, no
     compilation once the optimizer's state exists (torch-xla's own metrics count both)."""
-    import torch_xla.debug.metrics as metrics
 
     config = make_config(
         workload="fcnn", accelerator="xla", micro_batch_size=3, gradient_accumulation=4, workload_options=FCNN
@@ -404,17 +403,26 @@ def test_each_update_runs_as_one_compiled_graph() -> None:
     accelerator = XlaAccelerator()
     executor = accelerator.executor_for(Fcnn(), run_context(config, accelerator, Fcnn()))
     try:
-        for _ in range(2):  # the first update, then the first with momentum buffers: two new graphs
-            executor.step()
-        executor.synchronize()
-        executed, compiled = metrics.metric_data("ExecuteTime")[0], metrics.metric_data("CompileTime")[0]
-        for _ in range(3):
-            executor.step()
-        executor.synchronize()
-        assert metrics.metric_data("ExecuteTime")[0] - executed == 3
-        assert metrics.metric_data("CompileTime")[0] == compiled
+        # The first update, then the first with momentum buffers: two new graphs, then none.
+        assert_one_execution_per_step_once_warm(executor)
     finally:
         executor.close()
+
+
+def assert_one_execution_per_step_once_warm(executor: Any) -> None:
+    """Two steps compile (the first, then the first with state the first made on the device);
+    three more run three executions and compile nothing (torch-xla's own metrics count both)."""
+    import torch_xla.debug.metrics as metrics
+
+    for _ in range(2):
+        executor.step()
+    executor.synchronize()
+    executed, compiled = metrics.metric_data("ExecuteTime")[0], metrics.metric_data("CompileTime")[0]
+    for _ in range(3):
+        executor.step()
+    executor.synchronize()
+    assert metrics.metric_data("ExecuteTime")[0] - executed == 3
+    assert metrics.metric_data("CompileTime")[0] == compiled
 
 
 @requires_torch_xla
@@ -646,19 +654,10 @@ def inference_executor(**config: Any) -> Any:
 
 @requires_torch_xla
 def test_inference_is_eager_pytorchs_forward_one_graph_per_step() -> None:
-    import torch_xla.debug.metrics as metrics
-
     executor = inference_executor()
     try:
-        for _ in range(2):  # the first step, then the first with the NaN/inf flag on the device: two graphs
-            executor.step()
-        executor.synchronize()
-        executed, compiled = metrics.metric_data("ExecuteTime")[0], metrics.metric_data("CompileTime")[0]
-        for _ in range(3):
-            executor.step()
-        executor.synchronize()
-        assert metrics.metric_data("ExecuteTime")[0] - executed == 3
-        assert metrics.metric_data("CompileTime")[0] == compiled
+        # The first step, then the first with the NaN/inf flag on the device: two graphs, then none.
+        assert_one_execution_per_step_once_warm(executor)
         executor.check_finite()
         inputs, _ = executor._micro_batch(0)
         on_xla = executor._forward(inputs).cpu()
