@@ -61,6 +61,9 @@ class TorchInferenceExecutor(TorchModelExecutor):
         self._pool_inputs: torch.Tensor = spec.inputs  # on the host: what load() places
         self._loaded: torch.Tensor | None = None  # every loaded sample, on the device
         self._slots: dict[int, int] = {}  # a loaded sample's index -> its row in _loaded
+        # Sizes queries are padded up to, each a compiled program (empty on an eager device); a
+        # query never holds more than the micro-batch (LoadGen's max_batch_size).
+        self._query_sizes = self._hooks.query_sizes(config.micro_batch_size or 1)
         self._details["ddp"] = False
 
     def _forward(self, inputs: torch.Tensor) -> Any:
@@ -125,19 +128,23 @@ class TorchInferenceExecutor(TorchModelExecutor):
         if missing or self._loaded is None:
             raise KeyError(f"samples {missing[:5]} were not loaded (load() them first)")
         slots = [self._slots[index] for index in indices]
-        # Padding repeats the first sample: a filler, computed and never counted as answered.
-        slots.extend(slots[:1] * (self._padded_size(len(slots)) - len(slots)))
-        gather = torch.tensor(slots, dtype=torch.int64).to(self.device)
-        batch = self._loaded.index_select(0, gather)
+        if self._query_sizes:
+            # Padding repeats the first sample: a filler, computed and never counted as answered.
+            padded = min(size for size in self._query_sizes if size >= len(slots))
+            slots.extend(slots[:1] * (padded - len(slots)))
+            # The slots are data on the device, so one program serves every choice of samples
+            # (rows picked by constant indices would be part of the program, a new one each time).
+            batch = self._loaded.index_select(0, torch.tensor(slots, dtype=torch.int64).to(self.device))
+        else:
+            # An eager device: views of the loaded rows, stacked (cheaper per query than a gather).
+            loaded = self._loaded
+            batch = torch.stack([loaded[slot] for slot in slots])
         self._forward(self._inputs_to_device(batch, non_blocking=False))
         self.synchronize()
 
     def query_sizes(self) -> tuple[int, ...]:
         """The batch sizes queries are padded up to (empty: each runs at its own size)."""
-        return self._hooks.query_sizes(self._config.micro_batch_size or 1)
-
-    def _padded_size(self, samples: int) -> int:
-        return min((size for size in self.query_sizes() if size >= samples), default=samples)
+        return self._query_sizes
 
     def warm_query_sizes(self) -> None:
         """Run one query of each padded size over as many loaded samples as LoadGen loads (the
