@@ -3,19 +3,19 @@ model in eval mode without autograd (``torch.inference_mode()``, or what the dev
 and no optimizer.
 
 One ``step()`` is one forward pass over this process's micro-batch; like a training step it queues
-work and returns (a lazy device's graph cut after it, so each step is one graph), and the runner
-synchronises at phase boundaries only. Replicas are independent
-processes (no DDP: there are no gradients to average); the process group serves the runner's
-barriers and collectives alone.
+work and returns (on a lazy device the graph is cut after it: one graph per step), and the runner
+synchronises at phase boundaries only. Replicas are independent processes (no DDP: there are no
+gradients to average); the process group serves the runner's barriers and collectives alone.
 
 The executor is also a query source for a load generator (``core.running.loadgen``, MLPerf
 LoadGen's model): ``load``/``unload`` place samples on the device ahead of the timed test,
 ``infer`` runs the model on some of them and returns once the device is done. A device that
 compiles one program per batch shape (XLA) pads each query up to one of a few sizes
 (``TorchDeviceHooks.query_sizes``), compiled by ``warm_query_sizes`` before the window: a query of
-3 samples runs as 4, its padding charged to the query's time and never counted as samples. Queries
-gather their samples from one device tensor of every loaded sample, so a program's inputs are the
-same two (that tensor, the slots) whichever samples a query names, repeats included.
+3 samples runs as 4, its padding charged to the query's time and never counted as samples. The
+loaded samples are one device tensor; there, a query gathers its rows by a tensor of their slots,
+so a program's inputs are the same two whichever samples a query names, repeats included (an eager
+device stacks views of the rows, which costs less per query).
 """
 
 from __future__ import annotations

@@ -162,8 +162,8 @@ class XlaHooks(TorchDeviceHooks):
 
     def no_grad(self) -> AbstractContextManager[Any]:
         # Not torch.inference_mode(): torch-xla's functionalization sets a version counter on every
-        # tensor it wraps, and inference tensors have none ("Cannot set version_counter for
-        # inference tensor", torch-xla 2.9.0, tests/test_xla.py). no_grad records nothing either.
+        # tensor it wraps, and inference tensors have none (torch-xla 2.9.0 raises "Cannot set
+        # version_counter for inference tensor" in the first forward). no_grad records nothing either.
         return torch.no_grad()
 
     def query_sizes(self, largest: int) -> tuple[int, ...]:
