@@ -671,6 +671,19 @@ def test_inference_is_eager_pytorchs_forward_one_graph_per_step() -> None:
 
 
 @requires_torch_xla
+def test_torch_xla_has_no_inference_tensors_so_its_forward_runs_under_no_grad() -> None:
+    """Why the XLA hooks' no_grad() is not torch.inference_mode(): torch-xla refuses it. Should a
+    torch-xla release accept it, this fails and the hook can go back to the default."""
+    from core_plugins.xla.placement import XlaHooks
+
+    model = torch.nn.Linear(4, 2).to("xla")
+    with pytest.raises(RuntimeError, match="version_counter"), torch.inference_mode():
+        model(torch.ones(3, 4, device="xla"))
+    with XlaHooks(None, 1).no_grad():
+        assert not model(torch.ones(3, 4, device="xla")).requires_grad
+
+
+@requires_torch_xla
 def test_queries_of_any_size_run_on_programs_compiled_before_the_window() -> None:
     """LoadGen's queries come in every size from 1 to the micro-batch, with repeated samples; XLA
     compiles a program per shape, so queries are padded to powers of two and the micro-batch, and
