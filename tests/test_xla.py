@@ -555,9 +555,13 @@ def test_a_run_records_one_device_per_replica_for_its_mfu() -> None:
 
 @requires_torch_xla
 @pytest.mark.slow
-def test_spmd_replicas_run_through_core_in_a_process_of_their_own() -> None:
-    result = run("fcnn", "xla", workload_options=FCNN, micro_batch_size=8, replicas=2, steps=3, warmup_steps=2)
+@pytest.mark.parametrize("mode", ["train", "inference"])
+def test_spmd_replicas_run_through_core_in_a_process_of_their_own(mode: str) -> None:
+    result = run(
+        "fcnn", "xla", mode=mode, workload_options=FCNN, micro_batch_size=8, replicas=2, steps=3, warmup_steps=2
+    )
     assert result.status.ok, result.status
+    assert not [w for w in result.warnings if "inside the timed window" in w], result.warnings
     assert result.samples_per_update == 16 and result.world_size == 1
     assert [d.index for d in result.devices] == [0, 1]
     assert result.executor_details["parallelism"] == "spmd"
