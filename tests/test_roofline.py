@@ -93,42 +93,27 @@ def test_vendor_bandwidths() -> None:
     assert GRAPHCORE_PEAKS.flops_per_second("M2000 ipu2", Precision.fp16) == 250e12
 
 
-_CPUINFO = """processor\t: 0
+_CPUINFO_PROCESSOR = """processor\t: {processor}
 vendor_id\t: {vendor}
 cpu family\t: {family}
 model\t\t: {model}
 model name\t: {name}
 cpu MHz\t\t: 2500.000
 physical id\t: 0
-core id\t\t: 0
-flags\t\t: fpu sse avx2 fma {flags}
-
-processor\t: 1
-vendor_id\t: {vendor}
-cpu family\t: {family}
-model\t\t: {model}
-model name\t: {name}
-cpu MHz\t\t: 2500.000
-physical id\t: 0
-core id\t\t: 1
-flags\t\t: fpu sse avx2 fma {flags}
-
-processor\t: 2
-vendor_id\t: {vendor}
-cpu family\t: {family}
-model\t\t: {model}
-model name\t: {name}
-cpu MHz\t\t: 2500.000
-physical id\t: 0
-core id\t\t: 1
+core id\t\t: {core}
 flags\t\t: fpu sse avx2 fma {flags}
 """
+#: /proc/cpuinfo's blocks of processors 0, 1 and 2; 1 and 2 are the two threads of core 1
+_CPU_CORES = {0: 0, 1: 1, 2: 1}
 
 
 def _facts(usable: tuple[int, ...] = (0, 1, 2), **fields: object) -> object:
     values = {"vendor": "AuthenticAMD", "family": 25, "model": 17, "name": "AMD EPYC", "flags": "avx512f avx512_bf16"}
     values.update(fields)
-    facts = parse_cpuinfo(_CPUINFO.format(**values), usable)
+    text = "\n".join(
+        _CPUINFO_PROCESSOR.format(processor=processor, core=core, **values) for processor, core in _CPU_CORES.items()
+    )
+    facts = parse_cpuinfo(text, usable)
     assert facts is not None
     return facts
 

@@ -56,6 +56,12 @@ FCNN = {"layers": 3, "hidden_width": 32, "input_width": 20, "output_width": 10, 
 XLA_ENV = {**os.environ, "PJRT_DEVICE": "CPU"}
 
 
+def core_cli(*args: str, env: dict[str, str] = XLA_ENV) -> subprocess.CompletedProcess[str]:
+    """The `core` command in a process of its own (a fresh torch-xla runtime); it must exit 0."""
+    command = [sys.executable, "-m", "core.cli", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, check=True)
+
+
 def relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max(float((a[k] - b[k]).abs().max() / b[k].abs().max()) for k in b)
 
@@ -150,14 +156,7 @@ def test_availability_says_exactly_what_is_missing(monkeypatch: pytest.MonkeyPat
 
 
 def test_core_plugins_lists_xla_with_its_availability() -> None:
-    completed = subprocess.run(
-        [sys.executable, "-m", "core.cli", "plugins", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={k: v for k, v in os.environ.items() if k != "PJRT_DEVICE"},
-        check=True,
-    )
+    completed = core_cli("plugins", "--json", env={k: v for k, v in os.environ.items() if k != "PJRT_DEVICE"})
     listing = {plugin["name"]: plugin for plugin in json.loads(completed.stdout)}
     xla = listing["xla"]
     assert xla["state"] == "loaded" and xla["builtin"] is True
@@ -751,13 +750,11 @@ def test_a_recompilation_inside_the_window_is_reported_from_torch_xlas_metrics()
 @requires_torch_xla
 @pytest.mark.slow
 def test_core_run_prints_a_result_whose_first_step_carries_compilation() -> None:
-    command = [sys.executable, "-m", "core.cli", "run", "fcnn", "--accelerator", "xla", "--steps", "5"]
-    command += ["--warmup-steps", "2", "--batch-size", "16", "-o", "layers=3", "-o", "hidden_width=64"]
-    printed = subprocess.run(command, capture_output=True, text=True, timeout=300, env=XLA_ENV, check=True)
+    command = ["run", "fcnn", "--accelerator", "xla", "--steps", "5", "--warmup-steps", "2", "--batch-size", "16"]
+    command += ["-o", "layers=3", "-o", "hidden_width=64"]
+    printed = core_cli(*command)
     assert "fcnn on xla (torch, fp32): ok" in printed.stdout and "first step" in printed.stdout
-    completed = subprocess.run(
-        [*command, "--json"], capture_output=True, text=True, timeout=300, env=XLA_ENV, check=True
-    )
+    completed = core_cli(*command, "--json")
     result = json.loads(completed.stdout)
     assert result["status"]["state"] == "ok"
     first, step = result["first_step_seconds"], result["step_seconds_median"]
@@ -771,14 +768,7 @@ def test_core_run_prints_a_result_whose_first_step_carries_compilation() -> None
 @requires_torch_xla
 @pytest.mark.slow
 def test_core_devices_lists_the_xla_cpu_device_the_runtime_reports() -> None:
-    completed = subprocess.run(
-        [sys.executable, "-m", "core.cli", "devices", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=XLA_ENV,
-        check=True,
-    )
+    completed = core_cli("devices", "--json")
     devices = json.loads(completed.stdout)["xla"]
     assert len(devices) == 1 and devices[0]["name"].startswith("XLA CPU device")
     assert devices[0]["details"]["runtime_device_kind"] == "cpu"

@@ -225,20 +225,21 @@ def plot_roofline(roofs: Roofs, points: Sequence[RooflinePoint], series_names: S
     lowest = min([p.flops_per_second for p in points] + [roofs.attainable(low)]) / scale
     axis.set_ylim(lowest / 3, roofs.peak_flops_per_second / scale * 3)
     axis.set_xlabel("arithmetic intensity (FLOPs per byte moved to and from memory)")
-    axis.set_ylabel(f"achieved {unit} (median)")
-    axis.set_title(f"Roofline: {plot_text(roofs.title)}")
-    axis.grid(True, which="both", alpha=0.3)
+    return _finished(figure, axis, unit, f"Roofline: {plot_text(roofs.title)}")
+
+
+def _finished(figure: object, axis: object, unit: str, title: str) -> bytes:
+    """The FLOP-rate axis labelled and titled, the legend beside the plot, where it hides no run
+    (a roofline's runs fill the plot's corners); the figure as PNG bytes."""
+    axis.set_ylabel(f"achieved {unit} (median)")  # type: ignore[attr-defined]
+    axis.set_title(title)  # type: ignore[attr-defined]
+    axis.grid(True, which="both", alpha=0.3)  # type: ignore[attr-defined]
     _legend(axis, "small")
-    _legend_outside(axis)
-    return _png(figure)
-
-
-def _legend_outside(axis: object) -> None:
-    """The legend beside the plot, where it hides no run (a roofline's runs fill the plot's corners)."""
     legend = axis.get_legend()  # type: ignore[attr-defined]
     if legend is not None:
         legend.set_bbox_to_anchor((1.02, 1.0))
         legend.set_loc("upper left")
+    return _png(figure)
 
 
 def plot_flops_against_batch(roofs: Roofs, points: Sequence[RooflinePoint], series_names: Sequence[str]) -> bytes:
@@ -279,12 +280,7 @@ def plot_flops_against_batch(roofs: Roofs, points: Sequence[RooflinePoint], seri
     _batch_axis(axis, batches)
     axis.set_yscale("log")
     axis.set_xlabel("micro-batch size (samples per device per micro-step)")
-    axis.set_ylabel(f"achieved {unit} (median)")
-    axis.set_title(f"Achieved FLOP/s against micro-batch size: {plot_text(roofs.title)}")
-    axis.grid(True, which="both", alpha=0.3)
-    _legend(axis, "small")
-    _legend_outside(axis)
-    return _png(figure)
+    return _finished(figure, axis, unit, f"Achieved FLOP/s against micro-batch size: {plot_text(roofs.title)}")
 
 
 # --- the data behind them -------------------------------------------------------------------------
