@@ -42,6 +42,18 @@ def test_the_old_energy_module_names_resolve_with_a_warning() -> None:
         core.energy.NoSuchName  # noqa: B018
 
 
+def test_the_old_dataset_function_name_resolves_with_a_warning() -> None:
+    # The graphcore plugin imported core.data.torch_datasets.make_dataset before core.plugin
+    # exported it as torch_dataset; a third-party plugin may have copied that import.
+    import core.data.torch_datasets as torch_datasets
+    from core.plugin import torch_dataset
+
+    with pytest.warns(DeprecationWarning, match="core.plugin.torch_dataset"):
+        assert torch_datasets.make_dataset is torch_dataset
+    with pytest.raises(AttributeError):
+        torch_datasets.no_such_function  # noqa: B018
+
+
 def test_the_built_in_plugins_old_package_name_is_the_new_package(tmp_path: Path) -> None:
     # Outside the repository (whose plugins/ folder would be found on the path first).
     code = (

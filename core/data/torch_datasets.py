@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import tarfile
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -158,3 +159,16 @@ def torch_dataset(path: Path, data_format: str, pool_inputs: torch.Tensor, rank:
         return CityscapesSegmentation(path, sample_shape)
     shards = [path] if path.is_file() else sorted(path.glob("*.tar"))
     return WebDatasetShards(shards, sample_shape, rank, world_size)
+
+
+def __getattr__(name: str) -> Any:
+    # ``make_dataset`` was this function's name until the plugin API exported it as
+    # ``core.plugin.torch_dataset``; plugins that imported the old name keep working for a release.
+    if name == "make_dataset":
+        warnings.warn(
+            "core.data.torch_datasets.make_dataset is now core.plugin.torch_dataset; the old name goes in core 0.3",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return torch_dataset
+    raise AttributeError(f"module 'core.data.torch_datasets' has no attribute {name!r}")
