@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import ClassVar
 
@@ -168,7 +169,8 @@ def test_a_profile_file_and_bad_profiles(tmp_path: Path) -> None:
     assert missing.value.field == "machine.device" and missing.value.value is None
     assert (
         str(missing.value)
-        == "invalid machine.device = None: required, and missing (the device model, e.g. 'NVIDIA A100-SXM4-80GB')"
+        == "invalid machine.device = None: required, and missing (the device model, e.g. 'NVIDIA A100-SXM4-80GB') "
+        f"(in profile {profile})"
     )
 
 
@@ -268,3 +270,83 @@ def test_a_sweep_dry_run_for_a_machine_shows_the_warnings(tmp_path: Path, capsys
     assert code == 0, out
     assert "planned for machine 'ipu-pod16'" in out
     assert out.count("warning: 16 poprun instances") == 1
+
+
+@pytest.mark.parametrize(
+    ("line", "field", "says"),
+    [
+        ("memory_gib_per_device = inf", "machine.memory_gib_per_device", "finite number"),
+        ("memory_gib_per_device = -inf", "machine.memory_gib_per_device", "finite number"),
+        ("memory_gib_per_device = nan", "machine.memory_gib_per_device", "finite number"),
+        ("memory_gib_per_device = 1e308", "machine.memory_gib_per_device", "less than or equal to 1048576"),
+        ("host_cores = 99999999999", "machine.host_cores", "less than or equal to"),
+        ("numa_nodes = 1_000_000", "machine.numa_nodes", "less than or equal to"),
+        ("[details]\ncompute_capability = inf", "machine.details", "compute_capability = inf: a finite number"),
+        ("[details]\ncompute_capability = true", "machine.details", "a string or a number is required"),
+    ],
+)
+def test_a_profile_refuses_absurd_figures(tmp_path: Path, line: str, field: str, says: str) -> None:
+    """Issue 26: inf, nan and 1e308 passed 'gt=0' and every memory check after it."""
+    with pytest.raises(ConfigError, match=says) as refused:
+        _profile(tmp_path, details=line + "\n")
+    assert refused.value.field == field and f"(in profile {tmp_path / 'node.toml'})" in refused.value.allowed
+
+
+def test_a_profile_refuses_a_device_count_no_node_has(tmp_path: Path) -> None:
+    path = tmp_path / "node.toml"
+    _profile(tmp_path)
+    path.write_text(path.read_text().replace("devices = 2", "devices = 1_000_000_000_000"))
+    with pytest.raises(ConfigError, match="less than or equal to 65536") as refused:
+        load_machine(str(path))
+    assert refused.value.field == "machine.devices"
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ('"9"', 'MAJOR.MINOR as NVML reports it, e.g. "8.0"'),
+        ('"9.0.1"', "MAJOR.MINOR"),
+        ('"x.y"', "MAJOR.MINOR"),
+        ('" 9.0"', "MAJOR.MINOR"),
+        ('"-1.0"', "MAJOR.MINOR"),
+        ("-1", 'a string is required, got an integer; a TOML string is quoted: compute_capability = "-1"'),
+        ("9.0", 'a string is required, got a number; a TOML string is quoted: compute_capability = "9.0"'),
+    ],
+)
+def test_a_malformed_compute_capability_is_refused_once_naming_it(
+    tmp_path: Path, value: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 26: "9" and "9.0.1" passed (float() read one, crashed on the other), "x.y" crashed the
+    NVIDIA plugin's check. The form is MAJOR.MINOR as a string, as NVML reports it; a TOML number is
+    refused rather than guessed (9.1 and 9.10 are one float)."""
+    profile = _profile(tmp_path, details=f"[details]\ncompute_capability = {value}\n")
+    with pytest.raises(ConfigError, match=re.escape(says)) as refused:
+        plan_run(get_plugin_manager(), "fcnn", "nvidia", {"workload_options": TINY_FCNN}, machine=profile)
+    assert refused.value.field == "machine.details.compute_capability"
+    sweep = tmp_path / "s.toml"
+    sweep.write_text('[grid]\nworkload = "fcnn"\naccelerator = "nvidia"\nmicro_batch_size = [8, 16]\n')
+    args = ["sweep", str(sweep), "--dry-run", "--machine", str(tmp_path / "node.toml"), "--database", "x.db"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("machine.details.compute_capability") == 1 and "Traceback" not in err  # once, not per cell
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "65"])
+def test_a_gcd_count_out_of_range_is_refused(tmp_path: Path, value: str) -> None:
+    profile = _profile(tmp_path, accelerator="amd", details=f"[details]\ngcds_per_package = {value}\n")
+    with pytest.raises(ConfigError, match="GPUs ROCm shows per physical package") as refused:
+        plan_run(get_plugin_manager(), "fcnn", "amd", {"workload_options": TINY_FCNN}, machine=profile)
+    assert refused.value.field == "machine.details.gcds_per_package"
+
+
+def test_a_well_formed_compute_capability_is_read(tmp_path: Path) -> None:
+    for capability in ("9.0", "10.0", "12.1"):
+        profile = _profile(tmp_path, details=f'[details]\ncompute_capability = "{capability}"\n')
+        planned = plan_run(
+            get_plugin_manager(),
+            "fcnn",
+            "nvidia",
+            {"precision": "bf16", "workload_options": TINY_FCNN},
+            machine=profile,
+        )
+        assert not any("compute_capability" in warning for warning in planned.warnings)

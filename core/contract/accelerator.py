@@ -85,8 +85,10 @@ class Accelerator(ABC):
     #: pydantic model (extra="forbid") of this accelerator's ``accelerator_options``
     options_model: ClassVar[type[BaseModel]] = NoOptions
     #: the keys of a machine profile's ``[details]`` this accelerator's rules read, with their
-    #: types (NVIDIA: ``{"compute_capability": str}``); planning refuses any other key or type
-    machine_details: ClassVar[dict[str, type]] = {}
+    #: types (``{"gcds_per_package": int}``), or a type with constraints
+    #: (``Annotated[str, Field(pattern=..., description=...)]``, NVIDIA's compute_capability);
+    #: planning refuses any other key, type or form, naming ``machine.details.<key>``
+    machine_details: ClassVar[dict[str, Any]] = {}
 
     def parse_options(self, options: dict[str, Any]) -> BaseModel:
         """Validate accelerator_options; errors name ``accelerator_options.<key>``."""

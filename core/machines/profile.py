@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import sys
+import typing
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, Strict, TypeAdapter, ValidationError, field_validator
+from pydantic.fields import FieldInfo
 
 from core.config import Precision, config_errors
 from core.errors import ConfigError, ConfigErrors
@@ -17,29 +20,54 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 GIB = 1024**3
+# Beyond these a figure is a typing mistake (or inf, 1e308), not a machine: a profile's numbers feed
+# placement and memory checks, where an absurd one passes every check it should fail.
+MAX_DEVICES = 1 << 16  # as RunConfig.replicas
+MAX_MEMORY_GIB_PER_DEVICE = float(1 << 20)  # 1 PiB
+MAX_HOST_CORES = 1 << 20
+MAX_NUMA_NODES = 1 << 12
 
 
 class MachineProfile(BaseModel):
     """One node of a machine, as planning sees it. Unknown figures are None, never guessed."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    # allow_inf_nan=False: a TOML file can spell inf and nan, and neither is a figure of a machine.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     name: str = Field(min_length=1, description="what --machine NAME selects")
     description: str = Field(description="one line for listings")
     source: str = Field(description="where the figures come from (the paper's table or section)")
     accelerator: str = Field(min_length=1, description="the core accelerator that drives its devices")
     device: str = Field(description="the device model, e.g. 'NVIDIA A100-SXM4-80GB'")
-    devices: int = Field(ge=1, description="devices core places replicas on (an MI250's GCDs count one each)")
-    memory_gib_per_device: float | None = Field(default=None, gt=0, description="device memory; None: unknown")
+    devices: int = Field(
+        ge=1, le=MAX_DEVICES, description="devices core places replicas on (an MI250's GCDs count one each)"
+    )
+    memory_gib_per_device: float | None = Field(
+        default=None, gt=0, le=MAX_MEMORY_GIB_PER_DEVICE, description="device memory; None: unknown"
+    )
     # A TOML file gives a list of strings: lax for the list and the enum only (a number is still refused).
     precisions: tuple[Annotated[Precision, Strict(False)], ...] = Field(
         min_length=1, strict=False, description="what its devices compute"
     )
-    host_cores: int | None = Field(default=None, ge=1, description="CPU cores of the host")
-    numa_nodes: int | None = Field(default=None, ge=1, description="NUMA nodes of the host")
+    host_cores: int | None = Field(default=None, ge=1, le=MAX_HOST_CORES, description="CPU cores of the host")
+    numa_nodes: int | None = Field(default=None, ge=1, le=MAX_NUMA_NODES, description="NUMA nodes of the host")
     details: dict[str, str | int | float] = Field(
-        default_factory=dict, description="vendor facts a plugin's rules read (e.g. compute_capability)"
+        default_factory=dict,
+        description="vendor facts a plugin's rules read (e.g. compute_capability), each of the type and form "
+        "the accelerator's machine_details declares",
     )
+
+    @field_validator("details", mode="before")
+    @classmethod
+    def _plain_details(cls, details: Any) -> Any:
+        # Before the union of types, whose three refusals of inf or true would each read "a string
+        # is required" (or "an integer", "a number").
+        for key, value in details.items() if isinstance(details, dict) else ():
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{key} = {value}: a finite number is required")
+            if isinstance(value, bool):
+                raise ValueError(f"{key} = {str(value).lower()}: a string or a number is required, not a boolean")
+        return details
 
     @property
     def memory_bytes_per_device(self) -> int | None:
@@ -83,5 +111,50 @@ def load_machine(name_or_path: str | Path, relative_to: Path | None = None) -> M
     try:
         return MachineProfile.model_validate(document)
     except ValidationError as error:
-        errors = config_errors(error, MachineProfile, unknown="unknown profile key; allowed", prefix="machine")
+        errors = [
+            ConfigError(problem.field, problem.value, f"{problem.allowed} (in profile {path})")
+            for problem in config_errors(
+                error, MachineProfile, unknown="unknown profile key; allowed", prefix="machine"
+            )
+        ]
         raise (errors[0] if len(errors) == 1 else ConfigErrors(errors)) from None
+
+
+_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean"}
+
+
+def _detail_parts(kind: Any) -> tuple[type, list[Any]]:
+    """(the Python type, the constraints) of a ``machine_details`` entry: ``str``, or
+    ``Annotated[str, Field(pattern=..., description=...)]``."""
+    if typing.get_origin(kind) is Annotated:
+        base, *metadata = typing.get_args(kind)
+        return base, metadata
+    return kind, []
+
+
+def detail_type_name(kind: Any) -> str:
+    """``str``, ``int``: how the listing of the keys an accelerator reads names a detail's type."""
+    return _detail_parts(kind)[0].__name__
+
+
+def check_detail(key: str, value: Any, kind: Any) -> None:
+    """A profile's ``[details]`` value against what its accelerator declares for ``key``: the type
+    exactly (a boolean is not an integer, 9.0 is not the string "9.0"), then the constraints of an
+    ``Annotated`` type (a pattern, a range), whose description says what is allowed.
+
+    :raises ConfigError: on ``machine.details.<key>``.
+    """
+    base, metadata = _detail_parts(kind)
+    field = f"machine.details.{key}"
+    if type(value) is not base:  # exact: a boolean is not an int, an int is not a str
+        required, got = (_TYPE_NAMES.get(t, t.__name__) for t in (base, type(value)))
+        quoting = f'; a TOML string is quoted: {key} = "{value}"' if base is str else ""
+        raise ConfigError(field, value, f"{required} is required, got {got}{quoting}")
+    if not metadata:
+        return
+    try:
+        TypeAdapter(kind).validate_python(value, strict=True)
+    except ValidationError as error:
+        problem = error.errors()[0]["msg"]
+        described = [item.description for item in metadata if isinstance(item, FieldInfo) and item.description]
+        raise ConfigError(field, value, (f"{described[0]} ({problem})" if described else problem)) from None

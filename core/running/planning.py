@@ -24,7 +24,7 @@ from core.contract.workload import FRAMEWORK_LIBRARIES, Workload, module_install
 from core.data import validate_data
 from core.energy.meter import PowerMeterFactory
 from core.errors import ConfigError
-from core.machines.profile import MachineProfile
+from core.machines.profile import MachineProfile, check_detail, detail_type_name
 from core.running.distributed import SINGLE_PROCESS, ProcessContext
 
 
@@ -156,9 +156,6 @@ def plan_run(
     )
 
 
-_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean"}
-
-
 def check_machine(manager: PluginManager, machine: MachineProfile) -> None:
     """A profile's accelerator is a registered one, and its ``[details]`` are the keys and types
     that accelerator's rules read: a typo there would otherwise pass every check unread."""
@@ -171,15 +168,11 @@ def check_machine(manager: PluginManager, machine: MachineProfile) -> None:
     expected = manager.accelerator(machine.accelerator).machine_details
     for key, value in machine.details.items():
         if key not in expected:
-            allowed = ", ".join(f"{k} ({t.__name__})" for k, t in expected.items()) or "none"
+            allowed = ", ".join(f"{k} ({detail_type_name(t)})" for k, t in expected.items()) or "none"
             raise ConfigError(
                 f"machine.details.{key}", value, f"a key accelerator {machine.accelerator!r} reads: {allowed}"
             )
-        kind = expected[key]
-        if type(value) is not kind:  # exact: a boolean is not an int, an int is not a str
-            required, got = (_TYPE_NAMES.get(t, t.__name__) for t in (kind, type(value)))
-            quoting = "; a TOML string is quoted" if kind is str else ""
-            raise ConfigError(f"machine.details.{key}", value, f"{required} is required, got {got}{quoting}")
+        check_detail(key, value, expected[key])
 
 
 def _check_nodes(accelerator: Accelerator, config: RunConfig, machine: MachineProfile | None) -> None:

@@ -131,9 +131,11 @@ def plan_sweep(
         name gets the ``-toy`` suffix so that its results never mix with the file's own.
     """
     from core.contract.manager import get_plugin_manager
-    from core.running.planning import plan_run
+    from core.running.planning import check_machine, plan_run
 
     manager = manager if manager is not None else get_plugin_manager()
+    if machine is not None:
+        check_machine(manager, machine)  # once, naming the profile's field, rather than in every cell
     cells = expand_cells(spec)
     if toy:
         from core.sweep.toy import TOY_SUFFIX, toy_cells

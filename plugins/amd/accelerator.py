@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -84,7 +84,11 @@ class AmdAccelerator(TorchGpuAccelerator):
     torch_build_attribute: ClassVar[str] = "hip"
     options_model: ClassVar[type[BaseModel]] = AmdOptions
     #: GCDs per physical package (an MI250 has 2): package mode places whole packages
-    machine_details: ClassVar[dict[str, type]] = {"gcds_per_package": int}
+    machine_details: ClassVar[dict[str, Any]] = {
+        "gcds_per_package": Annotated[
+            int, Field(ge=1, le=64, description="GPUs ROCm shows per physical package, e.g. 2 for an MI250")
+        ]
+    }
 
     def __init__(
         self,

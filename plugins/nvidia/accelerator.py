@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
+
+from pydantic import Field
 
 from core.plugin import (
     Availability,
@@ -31,7 +33,12 @@ class NvidiaAccelerator(TorchGpuAccelerator):
     description: ClassVar[str] = "NVIDIA GPUs through CUDA (PyTorch DDP/NCCL, TensorFlow MirroredStrategy), NVML energy"
     torch_build_attribute: ClassVar[str] = "cuda"
     #: "8.0" as NVML reports it (major.minor); tf32 and bf16 need 8.0 or newer
-    machine_details: ClassVar[dict[str, type]] = {"compute_capability": str}
+    machine_details: ClassVar[dict[str, Any]] = {
+        "compute_capability": Annotated[
+            str,
+            Field(pattern=r"^[0-9]{1,2}\.[0-9]{1,2}$", description='MAJOR.MINOR as NVML reports it, e.g. "8.0"'),
+        ]
+    }
 
     def availability(self) -> Availability:
         missing = PROBE.missing()
