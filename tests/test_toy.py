@@ -99,3 +99,47 @@ def test_the_example_runs_at_toy_scale_into_its_own_sweep(tmp_path: Path, capsys
         for result in store.results(sweep="fcnn-cpu-toy"):
             assert "core sweep --toy" in (result.energy_unavailable_reason or "")
             assert result.warnings[0].startswith("a toy run (core sweep --toy)")
+
+
+TOY_DROPS = """
+name = "machine-only"
+repeats = 3
+[grid]
+workload = "fcnn"
+accelerator = "nvidia"
+mode = "{mode}"
+{options}
+[grid.workload_options]
+layers = 2
+hidden_width = 32
+"""
+
+
+@pytest.mark.parametrize(
+    ("mode", "options"),
+    [
+        ("train", 'nodes = [2, 4]\nreplicas = 8\nrendezvous = "node1:29500"'),
+        ("inference", 'weights = "/nowhere/fcnn.safetensors"\naccuracy = true\ndata = "/nowhere/imagenet"'),
+        (
+            "inference",
+            'scenario = ["server", "offline", "single-stream"]\n[grid.loadgen]\n'
+            "server_target_samples_per_second = 1e8\noffline_expected_samples_per_second = 1e9\n"
+            "single_stream_expected_latency_seconds = 1e-6",
+        ),
+    ],
+    ids=["nodes", "weights-and-accuracy", "loadgen-rates"],
+)
+def test_a_toy_drops_what_only_the_files_machine_can_honour(tmp_path: Path, mode: str, options: str) -> None:
+    """Issue 26: nodes, a weights file, accuracy over a labelled folder and the machine's LoadGen
+    rates made every toy cell invalid (or a LoadGen run of billions of queries); they are dropped."""
+    sweep = tmp_path / "sweep.toml"
+    sweep.write_text(TOY_DROPS.format(mode=mode, options=options), encoding="utf-8")
+    toy = plan_sweep(load_sweep(sweep), toy=True)
+    assert toy.cells and all(cell.valid for cell in toy.cells), [cell.invalid_reason for cell in toy.cells]
+    for cell in toy.cells:
+        assert cell.config is not None and cell.config.nodes == 1 and cell.config.rendezvous is None
+        assert cell.config.weights is None and cell.config.accuracy is False and cell.config.data == "synthetic"
+        loadgen = cell.config.loadgen
+        assert "offline_expected_samples_per_second" not in loadgen
+        assert "single_stream_expected_latency_seconds" not in loadgen
+        assert loadgen.get("server_target_samples_per_second", 0) <= 100

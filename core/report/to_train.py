@@ -46,8 +46,8 @@ class TrainingPlan:
     def __post_init__(self) -> None:
         if self.epochs < 1:
             raise ValueError(f"epochs must be at least 1, not {self.epochs}")
-        if self.epoch_definition is not None:
-            EpochDefinition.parse(self.epoch_definition)  # refused here, before any work
+        if self.epoch_definition is not None:  # refused here, before any work; kept in its one spelling
+            object.__setattr__(self, "epoch_definition", str(EpochDefinition.parse(self.epoch_definition)))
 
     def describe(self) -> str:
         what = "each run's own epoch definition" if self.epoch_definition is None else self.epoch_definition

@@ -28,7 +28,9 @@ DEFAULT_EPOCH_DEFINITION = "dataset"
 # Beyond this a count is a typing mistake, and samples stay exact in a float (2^53 is about 9e15).
 MAX_EPOCH_COUNT = 10**12
 
-_PATTERN = re.compile(r"(?P<kind>[a-z-]+)(?::(?P<count>[0-9][0-9_]*))?")
+# Spaces around the text and the colon are allowed (``samples: 1000``): every spelling of one
+# definition parses to the same one, written back as ``samples:1000`` (see EpochDefinition.__str__).
+_PATTERN = re.compile(r"\s*(?P<kind>[a-z-]+)(?:\s*:\s*(?P<count>[0-9][0-9_]*))?\s*")
 
 ALLOWED_EPOCH_DEFINITIONS = (
     "'dataset' (the dataset's training split), 'samples:N' (N samples, e.g. samples:1281167), "
@@ -44,7 +46,11 @@ class EpochDefinition:
 
     @classmethod
     def parse(cls, text: str) -> EpochDefinition:
-        """The definition ``text`` spells; ValueError saying what is allowed otherwise."""
+        """The definition ``text`` spells; ValueError saying what is allowed otherwise.
+
+        Spellings of one definition parse equal (``samples:1_000``, ``samples: 1000`` and
+        ``samples:01000`` are ``samples:1000``), so ``str()`` of the result is the one spelling
+        to store and to compare (a sweep's cells are told apart by it)."""
         match = _PATTERN.fullmatch(text)
         kind = _KINDS.get(match.group("kind")) if match else None
         raw_count = match.group("count") if match else None

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from core.config import RunConfig
 from core.errors import ConfigError, ConfigErrors, CoreError
+from core.storage.epochs import EpochDefinition
 from core.sweep.slurm_settings import SlurmSettings
 
 DEFAULT_REPEATS = 3
@@ -229,7 +230,8 @@ def make_sweep_spec(document: dict[str, Any], default_name: str | None = None) -
         errors = _too_many(errors)
         raise (errors[0] if len(errors) == 1 else ConfigErrors(errors)) from None
     _check_grid(spec)
-    return spec
+    canonical = [_canonical(entry) for entry in spec.exclude]
+    return spec.model_copy(update={"grid": _canonical(spec.grid), "exclude": canonical})
 
 
 def load_sweep(path: str | Path) -> SweepSpec:
@@ -265,6 +267,28 @@ def _flatten(grid: dict[str, Any]) -> Iterator[tuple[str, Any]]:
             yield name, value
 
 
+def canonical_value(name: str, value: Any) -> Any:
+    """One spelling of a value that can be written several ways, so that equal settings make one
+    cell: ``epoch_definition`` ``samples:1_000`` and ``samples: 1000`` are ``samples:1000``. A value
+    that does not parse is left as written, for the cell's validation to refuse by name."""
+    if name == "epoch_definition" and isinstance(value, str):
+        try:
+            return str(EpochDefinition.parse(value))
+        except ValueError:
+            return value
+    return value
+
+
+def _canonical(table: dict[str, Any]) -> dict[str, Any]:
+    """A grid or an exclude entry with every value in its one spelling (see :func:`canonical_value`)."""
+    return {
+        name: [canonical_value(name, item) for item in value]
+        if isinstance(value, list)
+        else canonical_value(name, value)
+        for name, value in table.items()
+    }
+
+
 def _check_grid(spec: SweepSpec) -> None:
     allowed_fields = list(RunConfig.model_fields)
     for name, value in spec.grid.items():
@@ -297,13 +321,13 @@ def _check_grid(spec: SweepSpec) -> None:
                 if isinstance(item, str)
                 else ("number" if name in _FLOAT_FIELDS else type(item).__name__)
             )
-            identity = (kind, item)
+            identity = (kind, canonical_value(name, item))
             if identity in seen:
                 same = (
                     ""
                     if json.dumps(seen[identity]) == json.dumps(item)
                     else f" ({_shorten(json.dumps(seen[identity]), 40)} and {_shorten(json.dumps(item), 40)} "
-                    "are the same number)"
+                    f"are the same {'number' if kind == 'number' else 'value'})"
                 )
                 raise ConfigError(where, shown(value), f"a value appears twice{same}: the same cell would run twice")
             seen[identity] = item

@@ -7,11 +7,16 @@ the report) before its machine is booked, and in CI. What a toy cell keeps and c
 - the workload and its architecture (the zoo's ``small`` variant: fewer, narrower layers and small
   inputs; the FCNN's widths capped; see each workload's ``toy_options``), the framework, the
   precision (TF32 becomes fp32, a GPU mode the CPU does not have);
-- the CPU instead of the file's accelerator, one replica on one device, no vendor options, no
-  compilation, synthetic data, no energy meter;
+- the CPU instead of the file's accelerator, one replica on one device of one node, no vendor
+  options, no compilation, synthetic data, no energy meter; what only the file's machine or its
+  files can honour is dropped: ``nodes`` and ``rendezvous`` (one node), ``weights`` (a file for the
+  full-size model, which the toy's small variant cannot load), ``accuracy`` (it needs a labelled
+  image folder; a toy reads synthetic data);
 - ``micro_batch_size`` at most 4, ``gradient_accumulation`` at most 2 (an inference cell's stays 1),
   2 timed steps after 1 warm-up; an inference cell under a LoadGen scenario runs LoadGen for 0.3 s
-  and at least 20 queries, whether or not the file gives ``loadgen`` settings;
+  and at least 20 queries, whether or not the file gives ``loadgen`` settings, at a server rate of
+  at most 100 samples/s, with the offline rate and single-stream latency measured (not the file's,
+  which are its machine's);
 - cells that become equal are run once, and at most ``TOY_MAX_CELLS`` of them, spread over the grid.
 
 The toy sweep is stored under ``<name>-toy``, never beside the file's real results.
@@ -37,6 +42,7 @@ TOY_LOADGEN_QUERIES = 20
 # Fields a toy fixes, whatever the file says.
 _TOY_FIXED: dict[str, Any] = {
     "accelerator": "cpu",
+    "nodes": 1,
     "replicas": 1,
     "devices_per_replica": 1,
     "device_iterations": 1,
@@ -47,7 +53,19 @@ _TOY_FIXED: dict[str, Any] = {
     "data": "synthetic",
 }
 # Fields that only mean something on the file's machine.
-_TOY_DROPPED = ("accelerator_options", "threads_per_replica", "data_format", "data_workers", "timeout_seconds")
+_TOY_DROPPED = (
+    "accelerator_options",
+    "threads_per_replica",
+    "data_format",
+    "data_workers",
+    "timeout_seconds",
+    "rendezvous",  # one node: no rendezvous
+    "weights",  # a file for the full-size model: the toy's small variant has other shapes
+    "accuracy",  # top-1 over a labelled image folder; a toy reads synthetic data
+)
+# LoadGen settings that describe the file's machine: a toy measures its own rates instead.
+_TOY_LOADGEN_DROPPED = ("offline_expected_samples_per_second", "single_stream_expected_latency_seconds")
+TOY_SERVER_SAMPLES_PER_SECOND = 100.0
 
 
 def toy_cell_options(options: dict[str, Any], manager: PluginManager) -> dict[str, Any]:
@@ -77,8 +95,11 @@ def _toy_loadgen(settings: dict[str, Any]) -> dict[str, Any]:
     for key, cap in (("min_duration_seconds", TOY_LOADGEN_SECONDS), ("min_query_count", TOY_LOADGEN_QUERIES)):
         value = settings.get(key)
         settings[key] = min(value, cap) if isinstance(value, (int, float)) and not isinstance(value, bool) else cap
-    for key in ("max_duration_seconds", "max_query_count"):
-        settings.pop(key, None)  # would fall below the shrunk minimums
+    for key in ("max_duration_seconds", "max_query_count", *_TOY_LOADGEN_DROPPED):
+        settings.pop(key, None)  # would fall below the shrunk minimums, or are the machine's rates
+    rate = settings.get("server_target_samples_per_second")
+    if isinstance(rate, (int, float)) and not isinstance(rate, bool):
+        settings["server_target_samples_per_second"] = min(rate, TOY_SERVER_SAMPLES_PER_SECOND)
     return settings
 
 
