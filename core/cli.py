@@ -950,7 +950,9 @@ def _command_sweep(args: argparse.Namespace) -> int:
     except UnsavedResultError as error:  # mid-sweep, the database refused a result: keep what was measured
         display.line.clear()
         if error.saved_to is None:
-            print(json.dumps(error.document), flush=True)
+            from core.storage.files import json_text
+
+            print(json_text(error.document), flush=True)  # JSON any reader takes: null, never NaN
         return _error(f"{error}. Once the database can be written: core sweep {args.file} --resume", code=1)
     except (SweepError, StoreError) as error:  # before anything ran: the grid, the database, its lock
         return _error(str(error))
@@ -1034,8 +1036,6 @@ def format_cells(cells: Sequence[Any], sweep_column: bool | None = None) -> str:
 
 
 def _command_report(args: argparse.Namespace) -> int:
-    import sqlite3
-
     from core.report import ComparisonRequest, ReportError, ReportWriteError, TrainingPlan, write_report
     from core.storage.files import OutputError
     from core.storage.store import StoreError, default_database
@@ -1053,10 +1053,8 @@ def _command_report(args: argparse.Namespace) -> int:
         files = write_report(database, args.output, args.sweeps, training, comparison)
     except ReportWriteError as error:  # after the work: the report was built, the disk refused it
         return _error(str(error), code=1)
-    except (ReportError, StoreError, OutputError) as error:  # before the work: nothing was drawn
+    except (ReportError, StoreError, OutputError) as error:  # before the work, or a damaged database: nothing written
         return _error(str(error))
-    except sqlite3.DatabaseError as error:
-        return _error(f"cannot read results database {', '.join(map(str, database))}: {error}", code=1)
     for warning in files.warnings:
         print(f"core: warning: {warning}", file=sys.stderr)
     print(f"wrote {files.markdown}, {files.html} and {len(files.plots)} plots in {files.markdown.parent / 'plots'}")
@@ -1078,10 +1076,8 @@ def _sweep_filter(sweep: str | None, store: Any) -> None:
     from core.errors import CoreError
     from core.report import list_names
 
-    if sweep is not None:
-        names = store.sweep_names()
-        if sweep not in names:
-            raise CoreError(f"no sweep named {sweep!r} in {store.path}; it has: {list_names(names)}")
+    if sweep is not None and not store.matching_sweeps(sweep):  # "é" composed or not, as --name
+        raise CoreError(f"no sweep named {sweep!r} in {store.path}; it has: {list_names(store.sweep_names())}")
 
 
 def _results_content(args: argparse.Namespace, store: Any, filters: dict[str, str]) -> tuple[str | bytes, int]:
@@ -1106,8 +1102,6 @@ def _results_content(args: argparse.Namespace, store: Any, filters: dict[str, st
 
 
 def _command_results(args: argparse.Namespace) -> int:
-    import sqlite3
-
     from core.errors import CoreError
     from core.report import store_warnings
     from core.storage.files import OutputError, check_writable, describe_os_error, write_atomically
@@ -1125,10 +1119,8 @@ def _command_results(args: argparse.Namespace) -> int:
                 check_writable(args.output, "--output")  # before the query: a bad path costs nothing
             content, rows = _results_content(args, store, filters)
             warnings = store_warnings(store)
-    except CoreError as error:  # a bad filter or path, no database, a missing library: nothing written
+    except CoreError as error:  # a bad filter or path, no or a damaged database, a missing library: nothing written
         return _error(str(error))
-    except sqlite3.DatabaseError as error:
-        return _error(f"cannot read results database {database}: {error}", code=1)
     except OSError as error:  # the Parquet export's temporary file
         return _error(f"cannot export to {args.output}: {describe_os_error(error)}", code=1)
     for warning in warnings:
@@ -1175,7 +1167,16 @@ _COMMANDS = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    from core.running.progress import escaping_standard_streams
+
+    # Everything the command prints goes through one filter (argparse's messages too): a name from a
+    # database, a plugin, a file or the command line with ESC or another control character in it is
+    # shown escaped, never obeyed by the terminal.
+    with escaping_standard_streams():
+        return _main(build_parser().parse_args(argv))
+
+
+def _main(args: argparse.Namespace) -> int:
     try:
         code = _COMMANDS[args.command](args)
         sys.stdout.flush()  # here, where a closed pipe can still be handled, not at interpreter exit

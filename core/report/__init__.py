@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sqlite3
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -81,7 +80,7 @@ from core.report.sections import environment_table, sweep_section
 from core.report.tables import batch_table, cells_table, inference_table, loadgen_verdict
 from core.report.to_train import TrainingPlan, time_to_train_measure, training_blocks
 from core.storage.files import OutputError, check_writable, describe_os_error, write_atomically
-from core.storage.store import ResultStore, StoreError
+from core.storage.store import ResultStore
 from core.storage.summary import CellSummary, summarise
 
 # The package's modules, by concern (this one writes the files):
@@ -174,25 +173,31 @@ def store_warnings(store: ResultStore) -> list[str]:
 def select_sweeps(store: ResultStore, sweeps: Sequence[str] | None = None) -> list[str]:
     """The sweeps to report: those asked for, which must exist, else all of them."""
     known = store.sweep_names()
-    names = list(dict.fromkeys(sweeps)) if sweeps else known
-    missing = [name for name in names if name not in known]
+    missing = [name for name in sweeps or () if not store.matching_sweeps(name)]
     if missing:
         raise ReportError(
             f"no sweep named {', '.join(repr(n) for n in missing)} in {store.path}; it has: {list_names(known)}"
         )
+    names = _recorded_names(store, sweeps) if sweeps else known
     if not names:
         raise ReportError(f"{store.path} has no sweeps to report; run `core sweep FILE` first")
     return names
 
 
+def _recorded_names(store: ResultStore, sweeps: Sequence[str]) -> list[str]:
+    """The names asked for as the database spells them (a decomposed "é" finds the composed one)."""
+    return list(dict.fromkeys(known for name in sweeps for known in store.matching_sweeps(name)))
+
+
 def _read_section(
     store: ResultStore, name: str, slug: str, training: TrainingPlan | None = None
 ) -> tuple[list[Block], list[CellSummary]]:
-    """One sweep's section and its cells; a sweep whose rows cannot be read is a note, not the end
-    of the report."""
+    """One sweep's section and its cells; a sweep whose rows cannot be summarised is a note, not the
+    end of the report. A damaged database is a ``StoreError`` that ends the report: a report
+    that left out what the file could not give would look whole."""
     try:
         cells = summarise(store.runs(sweep=name))
-    except (ValueError, sqlite3.DatabaseError, StoreError) as error:
+    except ValueError as error:
         return [
             Heading(2, f"Sweep {shorten(one_line(name))}"),
             Paragraph(
@@ -203,7 +208,7 @@ def _read_section(
     notes: list[Block] = []
     try:
         record = store.sweep(name)
-    except (ValueError, TypeError, KeyError, sqlite3.DatabaseError, StoreError) as error:
+    except (ValueError, TypeError, KeyError) as error:
         record = None
         notes.append(
             Paragraph(
@@ -259,28 +264,39 @@ def select_sources(stores: Sequence[ResultStore], sweeps: Sequence[str] | None =
         return [select_sweeps(stores[0], sweeps)]
     if len({store.path.resolve() for store in stores}) != len(stores):
         raise ReportError("a database is named twice; name each once")
-    known = [store.sweep_names() for store in stores]
-    asked = list(dict.fromkeys(sweeps)) if sweeps else None
-    missing = [name for name in asked or () if not any(name in names for names in known)]
+    missing = [name for name in sweeps or () if not any(store.matching_sweeps(name) for store in stores)]
     if missing:
         raise ReportError(
             f"no sweep named {', '.join(repr(n) for n in missing)} in any of "
             f"{', '.join(str(store.path) for store in stores)}"
         )
-    selected = [[name for name in names if asked is None or name in asked] for names in known]
+    selected = [_recorded_names(store, sweeps) if sweeps else store.sweep_names() for store in stores]
     if not any(selected):
         raise ReportError("none of the databases has sweeps to report; run `core sweep FILE` first")
     return selected
 
 
+def database_labels(paths: Sequence[Path]) -> list[str]:
+    """A short name for each database that tells it from the others: its file stem, with as many
+    of its folders in front as it takes (``a/core.db`` and ``b/core.db``, each host's default
+    name, are ``a-core`` and ``b-core``); by position where even whole paths do not differ."""
+    parts = [(*path.absolute().parent.parts[1:], path.stem) for path in paths]
+    for depth in range(1, max(len(part) for part in parts) + 1):
+        labels = ["-".join(part[-depth:]) for part in parts]
+        if len({label.lower() for label in labels}) == len(labels):  # case-insensitive file systems too
+            return labels
+    return [f"database{position + 1}" for position in range(len(paths))]
+
+
 def _section_slugs(stores: Sequence[ResultStore], selected: Sequence[Sequence[str]]) -> list[dict[str, str]]:
     """File-name slugs of each database's sweeps: the sweep's own with one database, else the
-    database's file stem and the sweep (two databases often hold sweeps of the same name)."""
+    database's label and the sweep (two databases often hold sweeps of the same name)."""
     if len(stores) == 1:
         return [sweep_slugs(selected[0])]
-    qualified = [f"{store.path.stem}-{name}" for store, names in zip(stores, selected) for name in names]
-    slugs = sweep_slugs(qualified)
-    return [{name: slugs[f"{store.path.stem}-{name}"] for name in names} for store, names in zip(stores, selected)]
+    labels = database_labels([store.path for store in stores])
+    qualified = [[f"{label}-{name}" for name in names] for label, names in zip(labels, selected)]
+    slugs = sweep_slugs([slug for names in qualified for slug in names])
+    return [{name: slugs[slug] for name, slug in zip(names, slugs_of)} for names, slugs_of in zip(selected, qualified)]
 
 
 def build_report(

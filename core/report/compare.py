@@ -191,9 +191,9 @@ def compare(
     if not shared:
         return None
     ordered = [side for side in sides if any(side in row.cells for row in shared)]
-    if baseline is not None:
-        chosen = [side for side in ordered if baseline in side.label]
-        ordered = chosen[:1] + [side for side in ordered if side not in chosen[:1]]
+    chosen = baseline_side(ordered, baseline) if baseline is not None else None
+    if chosen is not None:
+        ordered = [chosen] + [side for side in ordered if side != chosen]
     varying = [
         name
         for name in dict.fromkeys(name for row in shared for name, _ in row.key)
@@ -207,6 +207,21 @@ def compare(
         for side, members in row.conflicts.items()
     ]
     return comparison
+
+
+def baseline_side(sides: Sequence[Side], baseline: str) -> Side | None:
+    """The side ``--baseline`` names: the one whose label is ``baseline``, else the one whose label
+    contains it; None when none does. Several that contain it are an error naming them: picking
+    the first would compare against a side the user may not have meant."""
+    exact = [side for side in sides if side.label == baseline]
+    matching = exact or [side for side in sides if baseline in side.label]
+    if len(matching) > 1:
+        raise ReportError(
+            f"--baseline {baseline!r} matches {len(matching)} sides: "
+            + "; ".join(repr(side.label) for side in matching)
+            + ". Give more of the label, enough to name one"
+        )
+    return matching[0] if matching else None
 
 
 def relative(figure: float, baseline: float, better: str, worse: str) -> tuple[str, float]:
@@ -421,6 +436,7 @@ def comparison_blocks(
     Training and inference cells are compared apart (their samples are different work).
     """
     blocks: list[Block] = []
+    compared: list[Comparison] = []
     for mode, members in (
         ("training", [c for c in cells if not is_inference(c.cell)]),
         ("inference", [c for c in cells if is_inference(c.cell)]),
@@ -428,10 +444,34 @@ def comparison_blocks(
         comparison = compare(members, request.ignored, request.baseline)
         if comparison is None:
             continue
+        compared.append(comparison)
         blocks += _mode_blocks(comparison, members, request, mode, extra_measures, f"{figure_name}-{mode}")
+    if request.baseline is not None:
+        _check_baseline(request.baseline, compared, cells, request.ignored)
     if not blocks:
         return []
     return [Heading(2, "Comparison across platforms and hosts"), *blocks]
+
+
+def _check_baseline(
+    baseline: str, compared: Sequence[Comparison], cells: Sequence[SourcedCell], ignored: Sequence[str]
+) -> None:
+    """``--baseline`` that names no side of any comparison is an error naming the sides there are,
+    not a report silently compared against another side."""
+    if any(baseline_side(comparison.sides, baseline) is not None for comparison in compared):
+        return
+    if compared:
+        sides = list(dict.fromkeys(side.label for comparison in compared for side in comparison.sides))
+        raise ReportError(
+            f"--baseline {baseline!r} matches no side compared; the sides are: "
+            + "; ".join(repr(label) for label in sides)
+        )
+    seen = list(dict.fromkeys(side_of(c.cell, ignored).label for c in cells if c.cell.ok_results))
+    raise ReportError(
+        f"--baseline {baseline!r}: this report compares no sides (no configuration ran on two of them"
+        + (f"; its cells ran on: {'; '.join(repr(label) for label in seen)}" if seen else "")
+        + "), so there is no baseline to choose"
+    )
 
 
 def _mode_blocks(
@@ -452,9 +492,9 @@ def _mode_blocks(
             + f"), {len(comparison.rows)} configurations run on at least two of them. Cells are matched on "
             + ", ".join(matched)
             + " and every workload option. Percentages are against the baseline "
-            + f"{baseline}, in the GH200 paper's terms: 'x % faster' is x % less time for the same work "
-            "(1 - slower throughput / faster throughput), 'x % slower' the same from the other side; the "
-            "ratio in brackets is the figure over the baseline's."
+            + f"{baseline}{_baseline_note(comparison, request)}, in the GH200 paper's terms: 'x % faster' "
+            "is x % less time for the same work (1 - slower throughput / faster throughput), 'x % slower' "
+            "the same from the other side; the ratio in brackets is the figure over the baseline's."
         ),
         environment_comparison(comparison, cells, request.ignored),
         *_conflict_blocks(comparison),
@@ -470,6 +510,13 @@ def _mode_blocks(
         caption = f"{title}: one bar per side, one group per configuration; the data behind it holds the figures"
         blocks += [Heading(3, title), Figure(f"{slug}-{measure.key.replace('_', '-')}.png", png, caption, table)]
     return blocks
+
+
+def _baseline_note(comparison: Comparison, request: ComparisonRequest) -> str:
+    """Where --baseline names a side of the report but not of this comparison, say so."""
+    if request.baseline is None or baseline_side(comparison.sides, request.baseline) is not None:
+        return ""
+    return f" (--baseline {request.baseline!r} ran none of these configurations)"
 
 
 def read_sourced_cells(database: str | Path, sweep: str, cells: Sequence[CellSummary]) -> list[SourcedCell]:

@@ -1,4 +1,5 @@
-"""A one-line progress display on a terminal: the current cell or phase and the time left.
+"""A one-line progress display on a terminal: the current cell or phase and the time left; and
+text printed safely (:func:`printable`, :class:`EscapingStream`).
 
 Silent when the stream is not a terminal (CI logs, pipes, files), so that nothing but results
 reaches them. The line is redrawn in place with a carriage return and cleared before any
@@ -7,11 +8,64 @@ other output is printed.
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, TextIO
 
 _CLEAR_LINE = "\r\x1b[2K"
+
+# What a terminal acts on instead of showing: C0 controls but tab and newline (ESC starts colour,
+# cursor, title and hyperlink sequences; CR rewrites the line), DEL, C1 controls (CSI 0x9b is ESC [),
+# the bidirectional overrides and isolates that show text in another order than it is, and lone
+# surrogates, which cannot even be encoded. Names read from a database or a plugin can hold any.
+_UNPRINTABLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group(0))
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(text: str) -> str:
+    """``text`` with what a terminal would act on written out as ``\\x1b``, ``\\u202e``: shown, not obeyed."""
+    return _UNPRINTABLE.sub(_escape, text)
+
+
+class EscapingStream:
+    """A text stream that writes :func:`printable` text to ``stream``, for the ``core`` command's
+    stdout and stderr: whatever a result, a database or a plugin hands over, and whichever print
+    shows it, cannot move the cursor, recolour or retitle the terminal. A control sequence of
+    core's own (the progress line's) goes through :meth:`write_control`."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        return self.stream.write(printable(text))
+
+    def write_control(self, sequence: str) -> None:
+        self.stream.write(sequence)
+
+    def __getattr__(self, name: str) -> Any:  # flush, isatty, fileno, encoding, buffer...
+        return getattr(self.stream, name)
+
+
+@contextmanager
+def escaping_standard_streams() -> Iterator[None]:
+    """sys.stdout and sys.stderr as :class:`EscapingStream` for the duration of the block."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = EscapingStream(saved[0]), EscapingStream(saved[1])
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved
+
+
+def _write_control(stream: TextIO, sequence: str) -> None:
+    getattr(stream, "write_control", stream.write)(sequence)
 
 
 def format_duration(seconds: float | None) -> str:
@@ -41,22 +95,24 @@ class ProgressLine:
         if not self.enabled:
             return
         width = max(20, shutil.get_terminal_size((100, 20)).columns - 1)
+        text = printable(text)
         if len(text) > width:
             text = text[: width - 3] + "..."
-        self.stream.write(_CLEAR_LINE + text)
+        _write_control(self.stream, _CLEAR_LINE)
+        self.stream.write(text)
         self.stream.flush()
         self._shown = True
 
     def clear(self) -> None:
         if self._shown:
-            self.stream.write(_CLEAR_LINE)
+            _write_control(self.stream, _CLEAR_LINE)
             self.stream.flush()
             self._shown = False
 
     def print(self, text: str, stream: TextIO | None = None) -> None:
         """Print a permanent line (to stdout by default) without tearing the status line."""
         self.clear()
-        print(text, file=stream if stream is not None else sys.stdout, flush=True)
+        print(printable(text), file=stream if stream is not None else sys.stdout, flush=True)
 
 
 class RunProgress:

@@ -12,15 +12,36 @@ nothing that was measured.
 from __future__ import annotations
 
 import errno
+import json
+import math
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from core.errors import CoreError
 
 
 class OutputError(CoreError):
     """An output file cannot be written (a directory is in the way, no permission, disk full)."""
+
+
+def finite_json(value: Any) -> Any:
+    """``value`` with every NaN and infinity replaced by None, for JSON that any reader parses:
+    ``NaN`` and ``Infinity`` are not JSON (RFC 8259), and strict parsers (jq, JavaScript) refuse them."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite_json(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_json(item) for item in value]
+    return value
+
+
+def json_text(value: Any, **dumps: Any) -> str:
+    """``json.dumps`` of :func:`finite_json` (``value``) with ``allow_nan=False``, so that a
+    non-finite number that slips past cannot be written as ``NaN`` (it raises instead)."""
+    return json.dumps(finite_json(value), allow_nan=False, **dumps)
 
 
 def describe_os_error(error: OSError) -> str:

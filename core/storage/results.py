@@ -7,6 +7,7 @@ from enum import Enum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
+from pydantic_core import PydanticCustomError
 
 from core.config import RunConfig
 from core.energy.units import JOULES_PER_WATT_HOUR, watt_hours
@@ -29,6 +30,8 @@ from core.energy.units import JOULES_PER_WATT_HOUR, watt_hours
 #      .memory_bandwidth_source, .memory_kind and .cache_bandwidths_bytes_per_second (summed datasheet
 #      figures of the devices used); the derived arithmetic_intensity (computed on read).
 SCHEMA_VERSION = "1.6"
+# The error type of a document written by a newer core: ResultStore skips such a row with a warning.
+NEWER_SCHEMA_ERROR = "newer_schema"
 # A traceback kept in a result is cut to its end (where it broke) so a deep recursion stays small.
 _TRACEBACK_CHARS = 20_000
 
@@ -108,6 +111,36 @@ def _without_derived(model: type[BaseModel], data: Any) -> Any:
     if isinstance(data, dict) and any(name in data for name in model.model_computed_fields):
         return {name: value for name, value in data.items() if name not in model.model_computed_fields}
     return data
+
+
+def schema_version_number(version: str) -> tuple[int, int] | None:
+    """``"1.6"`` as (1, 6), so that 1.10 sorts after 1.9; None for anything but MAJOR.MINOR."""
+    major, dot, minor = version.partition(".")
+    if not (dot and major.isdigit() and minor.isdigit() and major.isascii() and minor.isascii()):
+        return None
+    return int(major), int(minor)
+
+
+def _check_schema_version(data: Any) -> None:
+    """Refuse a document this core cannot know the layout of: written by a newer core (whose new
+    fields would be dropped or misread), or with a version that is no version at all."""
+    version = data.get("schema_version") if isinstance(data, dict) else None
+    if not isinstance(version, str):
+        return  # absent: the current layout; not text: the field's own type check says so
+    number = schema_version_number(version)
+    if number is None:
+        raise PydanticCustomError(
+            "schema_version",
+            "schema_version {version} is no layout version (MAJOR.MINOR, this core writes {ours})",
+            {"version": repr(version[:40]), "ours": SCHEMA_VERSION},
+        )
+    ours = schema_version_number(SCHEMA_VERSION)
+    if ours is not None and number > ours:
+        raise PydanticCustomError(
+            NEWER_SCHEMA_ERROR,
+            "written by a newer core: result schema {version}, this core reads up to {ours}; upgrade core to read it",
+            {"version": version, "ours": SCHEMA_VERSION},
+        )
 
 
 def _divided(value: float | None, by: float | None) -> float | None:
@@ -338,6 +371,7 @@ class RunResult(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _read_older_layouts(cls, data: Any) -> Any:
+        _check_schema_version(data)
         data = _without_derived(cls, data)
         # Before 1.3 a language model's tokens per sample was in its workload_details only.
         if isinstance(data, dict) and "tokens_per_sample" not in data:

@@ -23,14 +23,15 @@ import os
 import shutil
 import socket
 import sqlite3
+import unicodedata
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
 from core.errors import CoreError
-from core.storage.files import describe_os_error
-from core.storage.results import RunResult
+from core.storage.files import describe_os_error, json_text
+from core.storage.results import NEWER_SCHEMA_ERROR, RunResult
 
 DEFAULT_DATABASE = Path("results") / "core.db"
 DATABASE_ENVIRONMENT_VARIABLE = "CORE_DATABASE"
@@ -218,6 +219,27 @@ def default_database() -> Path:
     return Path(os.environ.get(DATABASE_ENVIRONMENT_VARIABLE) or DEFAULT_DATABASE)
 
 
+_STORE_COLUMNS: dict[str, set[str]] = {}
+
+
+def _store_columns() -> dict[str, set[str]]:
+    """The columns of each of the tables ``_SCHEMA`` makes, read from SQLite itself (so they cannot drift)."""
+    if not _STORE_COLUMNS:
+        scratch = sqlite3.connect(":memory:")
+        try:
+            scratch.executescript(_SCHEMA)
+            for table in ("runs", "sweeps"):
+                _STORE_COLUMNS[table] = {column for (_, column, *_) in scratch.execute(f"PRAGMA table_info({table})")}
+        finally:
+            scratch.close()
+    return _STORE_COLUMNS
+
+
+def _quoted(identifier: str) -> str:
+    """An SQL identifier from another database quoted, so that any name is read as a name."""
+    return '"' + identifier.replace('"', '""') + '"'
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat()
 
@@ -301,10 +323,11 @@ class ResultStore:
         connection = None
         try:
             connection = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
+            # Checked before anything is written: another application's database is left as it was.
+            self._check_database(connection, writing=True)
             connection.execute("PRAGMA journal_mode=WAL")
             # FULL: a committed run survives a power cut too, not only a killed process.
             connection.execute("PRAGMA synchronous=FULL")
-            self._check_version(connection)
             with _Transaction(connection):
                 for statement in _SCHEMA.split(";"):
                     if statement.strip():
@@ -339,6 +362,8 @@ class ResultStore:
                     f"writing beside it; copy {self.path.name} and {log.name} to a writable folder "
                     "and read the copy"
                 ) from None
+        except sqlite3.DatabaseError as exc:  # no database at all, or a damaged one
+            raise StoreError(self._explain(exc, "open")) from None
         try:
             return self._connect_read_only(f"{uri}?mode=ro&immutable=1")
         except sqlite3.DatabaseError as exc:
@@ -347,26 +372,54 @@ class ResultStore:
     def _connect_read_only(self, uri: str) -> sqlite3.Connection:
         connection = sqlite3.connect(uri, uri=True, timeout=60.0, isolation_level=None)
         try:
-            self._check_version(connection)
-            tables = {name for (name,) in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            self._check_database(connection, writing=False)
         except BaseException:
             connection.close()
             raise
-        if not {"runs", "sweeps"} <= tables:
-            connection.close()
-            raise StoreError(
-                f"{self.path} is no results database of core: "
-                + ("it is empty" if not tables else "it has no table 'runs' and 'sweeps'")
-            )
         return connection
 
-    def _check_version(self, connection: sqlite3.Connection) -> None:
+    def _check_database(self, connection: sqlite3.Connection, *, writing: bool) -> None:
+        """Refuse, when it is opened, a file that is not a whole results database of this core.
+
+        Another application's SQLite database, a layout this core does not know and a damaged
+        page anywhere in the file are found here, before anything is read or written: a damaged
+        page found later would end a report or a sweep half-way (sqlite3 errors propagate).
+        """
+        tables = {
+            name: {column for (_, column, *_) in connection.execute(f"PRAGMA table_info({_quoted(name)})")}
+            for (name,) in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            if isinstance(name, str)
+        }
+        if not tables and not writing:
+            raise StoreError(f"{self.path} is no results database of core: it is empty (no tables)")
+        if tables and "runs" not in tables:
+            listed = ", ".join(repr(name) for name in sorted(tables)[:10]) + (", ..." if len(tables) > 10 else "")
+            raise StoreError(
+                f"{self.path} is no results database of core: it is an SQLite database with the tables "
+                f"{listed} and no table 'runs' (another application's?); give another --database"
+            )
+        for table, columns in _store_columns().items():
+            if table not in tables and writing:
+                continue  # made below
+            missing = sorted(columns - tables.get(table, set()))
+            if missing:
+                named = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+                lacks = f"no table {table!r}" if table not in tables else f"no column {named} in table {table!r}"
+                raise StoreError(f"{self.path} is no results database of core: it has {lacks}; give another --database")
         version = connection.execute("PRAGMA user_version").fetchone()[0]
         if version > STORE_SCHEMA_VERSION:
-            connection.close()
             raise StoreError(
                 f"{self.path} has database layout {version}; this core reads up to {STORE_SCHEMA_VERSION}: upgrade core"
             )
+        # Every page, read once (about a second per GB): a damaged page deeper in the file would
+        # otherwise show only when a query reaches it, half-way through a report or a sweep.
+        problems = [text for (text,) in connection.execute("PRAGMA quick_check(1)")]
+        if problems != ["ok"]:
+            first = " ".join(str(problems[0] if problems else "no answer").split()).replace(
+                "*** in database main *** ", ""
+            )
+            damaged = self._explain(sqlite3.DatabaseError("database disk image is malformed"), "open")
+            raise StoreError(f"{damaged} (SQLite's quick_check: {first[:_REASON_CHARS]})")
 
     def _explain(self, error: sqlite3.DatabaseError, doing: str) -> str:
         """What a SQLite error means for the user, naming the file."""
@@ -542,6 +595,13 @@ class ResultStore:
                 names.append(name)
         return names
 
+    def matching_sweeps(self, name: str) -> list[str]:
+        """The sweeps recorded under ``name`` as Unicode spells it either way: composed (NFC, as
+        core writes names: "é") or decomposed ("e" and a combining accent, as some keyboards,
+        file systems and shells give it). Empty when there is none."""
+        wanted = unicodedata.normalize("NFC", name)
+        return [known for known in self.sweep_names() if unicodedata.normalize("NFC", known) == wanted]
+
     def finished(self, sweep: str) -> dict[tuple[str, int], str]:
         """(cell_key, repeat) -> status of every run recorded for ``sweep``."""
         rows = self._rows("SELECT cell_key, repeat, status FROM runs WHERE sweep = ?", (sweep,))
@@ -583,12 +643,11 @@ class ResultStore:
             if value is not None:
                 clauses.append(f"{column} = ?")
                 parameters.append(_optional(value))
-        if isinstance(sweep, str):
-            clauses.append("sweep = ?")
-            parameters.append(sweep)
-        elif sweep is not None:
-            clauses.append(f"sweep IN ({', '.join('?' for _ in sweep)})")
-            parameters.extend(sweep)
+        if sweep is not None:
+            asked = [sweep] if isinstance(sweep, str) else list(sweep)
+            names = list(dict.fromkeys(known for name in asked for known in [name, *self.matching_sweeps(name)]))
+            clauses.append(f"sweep IN ({', '.join('?' for _ in names)})")
+            parameters.extend(names)
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
         rows = self._rows(
             "SELECT id, sweep, cell_key, cell_label, repeat, process_seconds, recorded_at, result_json "
@@ -685,8 +744,7 @@ class ResultStore:
             }
             for run in runs
         ]
-        json.dump(documents, output, indent=2)
-        output.write("\n")
+        output.write(json_text(documents, indent=2) + "\n")  # null, never NaN or Infinity: JSON has neither
         return len(runs)
 
     def close(self) -> None:
@@ -756,11 +814,8 @@ def _reason(error: BaseException) -> str:
         text = (f"{where}: " if where else "") + str(first.get("msg", error))
         if len(problems) > 1:
             text += f" (and {len(problems) - 1} more)"
-        text = (
-            "result_json is not valid JSON: "
-            if first.get("type") == "json_invalid"
-            else "the result does not fit this core's RunResult: "
-        ) + text
+        prefixes = {"json_invalid": "result_json is not valid JSON: ", NEWER_SCHEMA_ERROR: ""}
+        text = prefixes.get(str(first.get("type")), "the result does not fit this core's RunResult: ") + text
     else:
         text = f"{type(error).__name__}: {error}"
     text = " ".join(text.split())

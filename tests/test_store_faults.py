@@ -1,0 +1,443 @@
+"""The results database and what reads it, under bad files and hostile data (issue 26, items 7 and 8).
+
+A damaged or foreign file is one message and exit code 2 from every command that reads it; two
+hosts' default databases report together; a result from a newer core is skipped with a warning;
+``--baseline`` and ``--sweep`` say what there is when they match nothing (or match in either
+Unicode form); the JSON export is JSON; and no name from a database reaches the terminal with a
+control character it would obey.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import unicodedata
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from synthetic import synthetic_result
+
+import core.sweep.run
+from core.cli import main
+from core.storage.results import SCHEMA_VERSION, EnvironmentInfo, RunResult
+from core.storage.store import ResultStore, StoreError
+
+SWEEP_FILE = """
+name = "s"
+repeats = 1
+[grid]
+workload = "fcnn"
+micro_batch_size = [8, 16]
+steps = 2
+warmup_steps = 1
+power_meter = "none"
+[grid.workload_options]
+layers = 2
+hidden_width = 32
+input_width = 16
+output_width = 8
+"""
+
+
+@pytest.fixture
+def no_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sweeps here must be refused before anything runs."""
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a run started although the sweep should have been refused")
+
+    monkeypatch.setattr(core.sweep.run, "run_in_process", refuse)
+
+
+def filled(path: Path, runs: int = 40, sweep: str = "s", host: str | None = None) -> Path:
+    """A database of ``runs`` runs of one sweep, checkpointed (the file alone is the whole database)."""
+    with ResultStore(path) as store:
+        for index in range(runs):
+            result = synthetic_result(micro_batch_size=8 + index, throughput=10.0 + index)
+            if host is not None:
+                result.environment = EnvironmentInfo(
+                    hostname=host, platform="Linux", python_version="3.11", core_version="0.2"
+                )
+            store.add(result, sweep=sweep, cell_key=str(index), cell_label=f"micro_batch_size={8 + index}", repeat=0)
+    connection = sqlite3.connect(path)
+    connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    connection.close()
+    return path
+
+
+def no_traceback(text: str) -> None:
+    assert "Traceback" not in text and "internal error" not in text, text
+
+
+# --- 7. a damaged or foreign file: one message, exit 2, from every command ------------------------
+
+
+def _random_bytes(path: Path) -> None:
+    path.write_bytes(bytes((index * 7919 + 13) % 256 for index in range(8192)))
+
+
+def _text(path: Path) -> None:
+    path.write_text("name,throughput\nfcnn,12.5\n" * 200, encoding="utf-8")
+
+
+def _truncated(path: Path) -> None:
+    data = filled(path).read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def _damaged_last_page(path: Path) -> None:
+    """A page deep in the runs table (the last one written) overwritten: the header, the schema and
+    the first pages read fine, so only a query that reaches that page would meet it."""
+    filled(path)
+    connection = sqlite3.connect(path)
+    page_size = connection.execute("PRAGMA page_size").fetchone()[0]
+    pages = connection.execute("PRAGMA page_count").fetchone()[0]
+    connection.close()
+    with open(path, "r+b") as stream:
+        stream.seek((pages - 1) * page_size)
+        stream.write(b"\xa5" * page_size)
+
+
+def _zero_length(path: Path) -> None:
+    path.write_bytes(b"")
+
+
+def _directory(path: Path) -> None:
+    path.mkdir()
+
+
+def _another_application(path: Path) -> None:
+    """Another program's SQLite file, with its own user_version (Firefox's places.sqlite has 70+)."""
+    connection = sqlite3.connect(path)
+    connection.execute("CREATE TABLE moz_places (id INTEGER PRIMARY KEY, url TEXT)")
+    connection.execute("INSERT INTO moz_places (url) VALUES ('https://example.org')")
+    connection.execute("PRAGMA user_version = 70")
+    connection.commit()
+    connection.close()
+
+
+def _another_runs_table(path: Path) -> None:
+    """A table named runs that is not core's."""
+    connection = sqlite3.connect(path)
+    connection.execute("CREATE TABLE runs (id INTEGER PRIMARY KEY, command TEXT)")
+    connection.execute("CREATE TABLE sweeps (name TEXT)")
+    connection.commit()
+    connection.close()
+
+
+BROKEN: dict[str, tuple[Callable[[Path], None], str]] = {
+    "random bytes": (_random_bytes, "is not a SQLite database"),
+    "a text file": (_text, "is not a SQLite database"),
+    "a truncated database": (_truncated, "is damaged (database disk image is malformed)"),
+    "a damaged page": (_damaged_last_page, "is damaged (database disk image is malformed)"),
+    "a zero-length file": (_zero_length, "is no results database of core: it is empty"),
+    "a directory": (_directory, "is a directory"),
+    "another application's database": (_another_application, "is no results database of core"),
+    "another runs table": (_another_runs_table, "is no results database of core: it has no column"),
+}
+
+
+def _commands(sweep_file: Path, output: Path) -> dict[str, list[str]]:
+    return {
+        "results": ["results"],
+        "results csv": ["results", "--format", "csv"],
+        "report": ["report", "--output", str(output)],
+        "dry run": ["sweep", str(sweep_file), "--dry-run"],
+        "sweep": ["sweep", str(sweep_file)],
+        "resume": ["sweep", str(sweep_file), "--resume"],
+    }
+
+
+@pytest.mark.parametrize("kind", list(BROKEN))
+def test_a_file_that_is_no_whole_results_database_is_one_message_and_exit_2_everywhere(
+    tmp_path: Path, kind: str, no_runs: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make, says = BROKEN[kind]
+    database = tmp_path / "results.db"
+    make(database)
+    before = database.read_bytes() if database.is_file() else None
+    sweep_file = tmp_path / "s.toml"
+    sweep_file.write_text(SWEEP_FILE, encoding="utf-8")
+    for name, command in _commands(sweep_file, tmp_path / "report").items():
+        if kind == "a zero-length file" and name in ("sweep", "resume"):
+            continue  # an empty file is an empty database, which a sweep may fill
+        code = main([*command, "--database", str(database)])
+        err = capsys.readouterr().err
+        assert code == 2, (kind, name, err)
+        assert "core: error: " in err and str(database) in err and says in err, (kind, name, err)
+        no_traceback(err)
+        if before is not None:  # nothing was written into it, not even WAL mode in its header
+            assert database.read_bytes() == before, (kind, name)
+    assert not (tmp_path / "report").exists()
+    assert {path.name for path in tmp_path.iterdir()} <= {"results.db", "results.db.lock", "s.toml"}
+
+
+def test_a_foreign_database_is_left_as_it_was_by_a_sweep(tmp_path: Path, no_runs: None) -> None:
+    """Another application's database without a user_version: core used to add its tables to it."""
+    database = tmp_path / "notes.db"
+    connection = sqlite3.connect(database)
+    connection.execute("CREATE TABLE notes (text TEXT)")
+    connection.commit()
+    connection.close()
+    before = database.read_bytes()
+    with pytest.raises(StoreError, match=r"no results database of core: .* tables 'notes' and no table 'runs'"):
+        ResultStore(database)
+    assert database.read_bytes() == before
+
+
+def test_a_damaged_page_is_found_when_the_database_is_opened(tmp_path: Path) -> None:
+    database = tmp_path / "r.db"
+    _damaged_last_page(database)
+    with pytest.raises(StoreError, match=r"is damaged .* \.recover .*quick_check"):
+        ResultStore(database, create=False)
+    with pytest.raises(StoreError, match="is damaged"):
+        ResultStore(database)  # a sweep too, before it measures anything it could not store
+
+
+# --- 7. two hosts' default databases report together ----------------------------------------------
+
+
+def test_two_hosts_default_databases_report_together(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    filled(tmp_path / "a" / "core.db", runs=3, host="host-a")
+    filled(tmp_path / "b" / "core.db", runs=3, host="host-b")
+    output = tmp_path / "report"
+    code = main(["report", str(tmp_path / "a" / "core.db"), str(tmp_path / "b" / "core.db"), "--output", str(output)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    markdown = (output / "report.md").read_text(encoding="utf-8")
+    assert f"## Sweep s ({tmp_path / 'a' / 'core.db'})" in markdown
+    assert f"## Sweep s ({tmp_path / 'b' / 'core.db'})" in markdown
+    assert "Comparison across platforms and hosts" in markdown  # the two hosts ran the same cells
+    plots = {path.name for path in (output / "plots").iterdir()}
+    assert {"a-core-s-throughput-vs-batch-size.png", "b-core-s-throughput-vs-batch-size.png"} <= plots
+
+
+def test_database_labels_tell_databases_apart() -> None:
+    from core.report import database_labels
+
+    assert database_labels([Path("a/core.db"), Path("b/core.db")]) == ["a-core", "b-core"]
+    assert database_labels([Path("a100.db"), Path("gh200.db")]) == ["a100", "gh200"]
+    assert database_labels([Path("x/a/core.db"), Path("y/a/core.db")]) == ["x-a-core", "y-a-core"]
+    # Names that differ only in case are one file on some file systems: told apart by position.
+    assert database_labels([Path("/r/A/core.db"), Path("/r/a/core.db")]) == ["database1", "database2"]
+
+
+# --- 7. a result from a newer core is skipped with a warning --------------------------------------
+
+
+def _set_schema(database: Path, run_id: int, version: Any) -> None:
+    connection = sqlite3.connect(database)
+    (text,) = connection.execute("SELECT result_json FROM runs WHERE id = ?", (run_id,)).fetchone()
+    document = json.loads(text)
+    document["schema_version"] = version
+    connection.execute("UPDATE runs SET result_json = ? WHERE id = ?", (json.dumps(document), run_id))
+    connection.commit()
+    connection.close()
+
+
+def test_a_result_of_a_newer_schema_is_skipped_with_a_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    database = filled(tmp_path / "r.db", runs=4)
+    _set_schema(database, 2, "1.10")  # newer than 1.6 as numbers, though not as text
+    _set_schema(database, 3, "2.0")
+    _set_schema(database, 4, "1.0")  # an older layout reads
+    with ResultStore(database, create=False) as store:
+        assert [run.run_id for run in store.runs()] == [1, 4]
+        reasons = [row.reason for row in store.skipped_rows]
+    assert reasons == [
+        f"written by a newer core: result schema 1.10, this core reads up to {SCHEMA_VERSION}; upgrade core to read it",
+        f"written by a newer core: result schema 2.0, this core reads up to {SCHEMA_VERSION}; upgrade core to read it",
+    ]
+    assert main(["results", "--database", str(database), "--format", "csv"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.count("core: warning: skipped run ") == 2 and "written by a newer core" in captured.err
+    assert len(captured.out.strip().splitlines()) == 1 + 2  # the header and the two readable runs
+    assert main(["report", "--database", str(database), "--output", str(tmp_path / "report")]) == 0
+    warnings = (tmp_path / "report" / "report.md").read_text(encoding="utf-8").split("## Database warnings")[1]
+    assert warnings.count("written by a newer core") == 2
+
+
+@pytest.mark.parametrize("version", ["", "x.y", "1", "1.6.1", "١.٦"])
+def test_a_result_whose_schema_is_no_version_is_not_read(version: str) -> None:
+    document = json.loads(synthetic_result().model_dump_json())
+    document["schema_version"] = version
+    with pytest.raises(ValueError, match="is no layout version"):
+        RunResult.model_validate(document)
+
+
+# --- 8. --baseline that matches no side ----------------------------------------------------------
+
+
+def _two_sides(tmp_path: Path) -> list[str]:
+    paths = [filled(tmp_path / f"{host}.db", runs=2, host=host) for host in ("node-a100", "node-a100x", "gh")]
+    return [str(path) for path in paths]
+
+
+def test_a_baseline_that_matches_no_side_is_an_error_naming_the_sides(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    databases = _two_sides(tmp_path)
+    output = tmp_path / "report"
+    assert main(["report", *databases, "--output", str(output), "--baseline", "H100"]) == 2
+    err = capsys.readouterr().err
+    assert "--baseline 'H100' matches no side compared; the sides are: 'node-a100: " in err and "'gh: " in err
+    assert not output.exists()
+    # Ambiguous: two sides contain the text; the whole label of one names it.
+    assert main(["report", *databases, "--output", str(output), "--baseline", "a100"]) == 2
+    assert "--baseline 'a100' matches 2 sides: 'node-a100: " in capsys.readouterr().err
+    assert main(["report", *databases, "--output", str(output), "--baseline", "gh"]) == 0
+    markdown = (output / "report.md").read_text(encoding="utf-8")
+    assert "Percentages are against the baseline gh: 1x device 0 (cpu)" in markdown
+    # One database, one side: there is nothing to compare against a baseline.
+    assert main(["report", databases[0], "--output", str(output), "--baseline", "a100"]) == 2
+    assert "this report compares no sides" in capsys.readouterr().err
+
+
+# --- 8. --sweep in either Unicode form ------------------------------------------------------------
+
+COMPOSED = unicodedata.normalize("NFC", "größe-é")
+DECOMPOSED = unicodedata.normalize("NFD", COMPOSED)
+
+
+@pytest.mark.parametrize(("recorded", "asked"), [(COMPOSED, DECOMPOSED), (DECOMPOSED, COMPOSED)])
+def test_a_sweep_filter_matches_in_either_unicode_form(
+    tmp_path: Path, recorded: str, asked: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert recorded != asked
+    database = filled(tmp_path / "r.db", runs=2, sweep=recorded)
+    with ResultStore(database, create=False) as store:
+        assert len(store.runs(sweep=asked)) == 2 and store.matching_sweeps(asked) == [recorded]
+    assert main(["results", "--database", str(database), "--sweep", asked, "--format", "csv"]) == 0
+    assert len(capsys.readouterr().out.strip().splitlines()) == 3
+    assert main(["report", "--database", str(database), "--sweep", asked, "--output", str(tmp_path / "rep")]) == 0
+    assert "2 cells with results" in (tmp_path / "rep" / "report.md").read_text(encoding="utf-8")
+
+
+# --- 8. the JSON export is JSON ---------------------------------------------------------------------
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def test_the_json_export_writes_null_for_non_finite_numbers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    result = synthetic_result(throughput=100.0)
+    result.throughput_per_second = math.nan
+    result.step_seconds_median = math.inf
+    result.workload_details = {"ratio": -math.inf, "nested": [math.nan, 1.5]}
+    database = tmp_path / "r.db"
+    with ResultStore(database) as store:
+        store.add(result, sweep="s", cell_key="k", repeat=0, process_seconds=math.inf)
+    assert main(["results", "--database", str(database), "--format", "json"]) == 0
+    text = capsys.readouterr().out
+    (document,) = json.loads(text, parse_constant=_refuse_constant)
+    assert document["process_seconds"] is None
+    assert document["result"]["throughput_per_second"] is None and document["result"]["step_seconds_median"] is None
+    assert document["result"]["workload_details"] == {"ratio": None, "nested": [None, 1.5]}
+    output = tmp_path / "runs.json"
+    assert main(["results", "--database", str(database), "--format", "json", "--output", str(output)]) == 0
+    json.loads(output.read_text(encoding="utf-8"), parse_constant=_refuse_constant)
+
+
+# --- 8. names with terminal escape sequences are shown escaped --------------------------------------
+
+# OSC (set the window title), SGR (red), a bidirectional override, CSI as one C1 byte, a bell.
+HOSTILE = "\x1b]0;pwned\x07\x1b[31m\u202e\x9b2J\r"
+
+
+def _raw_controls(text: str) -> list[str]:
+    return [c for c in text if (ord(c) < 32 and c not in "\n\t") or 0x7F <= ord(c) <= 0x9F or c == "\u202e"]
+
+
+def test_printable_escapes_what_a_terminal_would_obey() -> None:
+    from core.running.progress import printable
+
+    assert printable("plain\ttext\nnext é 日本") == "plain\ttext\nnext é 日本"
+    assert printable(HOSTILE) == "\\x1b]0;pwned\\x07\\x1b[31m\\u202e\\x9b2J\\x0d"
+    assert printable("lone \ud800 surrogate") == "lone \\ud800 surrogate"
+
+
+def test_names_from_the_database_reach_the_terminal_escaped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    database = tmp_path / "r.db"
+    with ResultStore(database) as store:
+        for index, sweep in enumerate(("s" + HOSTILE, "plain")):
+            result = synthetic_result(micro_batch_size=8 + index, throughput=10.0 + index)
+            result.workload, result.accelerator = "fcnn" + HOSTILE, "cpu" + HOSTILE
+            result.devices[0].name = "device" + HOSTILE
+            result.environment = EnvironmentInfo(
+                hostname="host" + HOSTILE, platform="Linux", python_version="3.11", core_version="0.2"
+            )
+            store.add(result, sweep=sweep, cell_key="k" + HOSTILE, cell_label="label" + HOSTILE, repeat=0)
+        store.add(synthetic_result(state="error", message="boom" + HOSTILE), sweep="plain", cell_key="x", repeat=0)
+    commands = [
+        ["results"],
+        ["results", "--format", "csv"],
+        ["results", "--format", "json"],
+        ["results", "--sweep", "s" + HOSTILE],
+        ["results", "--sweep", "missing" + HOSTILE],
+        ["report", "--output", str(tmp_path / "report"), "--sweep", "missing" + HOSTILE],
+        ["report", "--output", str(tmp_path / "report"), "--baseline", "none" + HOSTILE],
+    ]
+    for command in commands:
+        main([*command, "--database", str(database)])
+        captured = capsys.readouterr()
+        assert not _raw_controls(captured.out + captured.err), (command, captured)
+    # A name that argparse quotes back, and a sweep file's cell labels in a dry run.
+    with pytest.raises(SystemExit):
+        main(["results", "unexpected" + HOSTILE])
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: unexpected\\x1b" in err and not _raw_controls(err)
+    # A sweep file's cell labels and refusals in a dry run (TOML spells the controls as escapes).
+    sweep_file = tmp_path / "hostile.toml"
+    sweep_file.write_text(SWEEP_FILE + '"depth\\u001b]0;pwned\\u0007\\u001b[31m\\u009b2J" = [1, 2]\n', encoding="utf-8")
+    assert main(["sweep", str(sweep_file), "--dry-run", "--database", str(tmp_path / "other.db")]) == 2
+    captured = capsys.readouterr()
+    assert "depth\\x1b]0;pwned\\x07\\x1b[31m\\x9b2J=1" in captured.out, captured.out
+    assert not _raw_controls(captured.out + captured.err)
+
+
+# --- 8. equal epoch definitions are one cell ---------------------------------------------------------
+
+EPOCH_GRID = """
+name = "epochs"
+[grid]
+workload = "fcnn"
+epoch_definition = {definition}
+{exclude}
+"""
+
+
+def _epoch_spec(folder: Path, definition: str, exclude: str = "") -> Any:
+    from core.sweep import load_sweep
+
+    path = folder / f"epochs-{len(list(folder.iterdir()))}.toml"
+    path.write_text(EPOCH_GRID.format(definition=definition, exclude=exclude), encoding="utf-8")
+    return load_sweep(path)
+
+
+@pytest.mark.parametrize("spelling", ['"samples:1_000"', '"samples: 1000"', '" samples : 01000 "'])
+def test_spellings_of_one_epoch_definition_are_one_cell(tmp_path: Path, spelling: str) -> None:
+    from core import ConfigError
+    from core.sweep import expand_cells
+
+    (plain,) = expand_cells(_epoch_spec(tmp_path, '"samples:1000"'))
+    (spelled,) = expand_cells(_epoch_spec(tmp_path, spelling))
+    assert spelled.key == plain.key and spelled.options["epoch_definition"] == "samples:1000"
+    # Two spellings in one axis are the same cell twice: refused as any repeated value is.
+    with pytest.raises(ConfigError, match="a value appears twice .* are the same value"):
+        _epoch_spec(tmp_path, f'["samples:1000", {spelling}]')
+    # An exclusion matches the cell whatever spelling either side uses.
+    excluded = _epoch_spec(tmp_path, '["samples:1000", "dataset"]', f"[[exclude]]\nepoch_definition = {spelling}")
+    assert [cell.options["epoch_definition"] for cell in expand_cells(excluded)] == ["dataset"]
+
+
+def test_a_report_states_the_epoch_definition_in_its_one_spelling() -> None:
+    from core.report import TrainingPlan
+
+    assert TrainingPlan(10, "samples:1_281_167").describe() == "10 epochs (samples:1281167)"
