@@ -363,6 +363,24 @@ def test_printable_escapes_what_a_terminal_would_obey() -> None:
     assert printable("lone \ud800 surrogate") == "lone \\ud800 surrogate"
 
 
+def test_the_progress_line_escapes_a_cells_label_and_keeps_its_own_control(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The sweep's live line (a terminal only) and its line per finished run show a label escaped;
+    the line's own carriage return and erase still reach the terminal, also through the filter."""
+    import io
+
+    from core.running.progress import EscapingStream, ProgressLine
+
+    terminal = io.StringIO()
+    line = ProgressLine(EscapingStream(terminal), enabled=True)
+    line.show("[1/2] cell 1/2 label" + HOSTILE)
+    line.print("label" + HOSTILE + " repeat 1: ok")
+    shown = terminal.getvalue()
+    assert shown.startswith("\r\x1b[2K[1/2] cell 1/2 label\\x1b]0;pwned") and shown.count("\x1b") == 2
+    assert "label\\x1b]0;pwned\\x07\\x1b[31m\\u202e\\x9b2J\\x0d repeat 1: ok" in capsys.readouterr().out
+
+
 def test_names_from_the_database_reach_the_terminal_escaped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     database = tmp_path / "r.db"
     with ResultStore(database) as store:
