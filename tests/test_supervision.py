@@ -322,11 +322,11 @@ def test_kill_9_of_core_run_with_two_replicas_leaves_no_process_and_no_directory
     try:
         tree, directory = wait_for_window(launcher)
         os.kill(launcher.pid, signal.SIGKILL)
-        launcher.communicate(timeout=30)
-        assert wait_for(lambda: not alive(list(tree)), 20), (
+        launcher.communicate(timeout=120)
+        assert wait_for(lambda: not alive(list(tree)), 120), (
             f"left running after kill -9 of the launcher: {[tree[pid] for pid in alive(list(tree))]}"
         )
-        assert wait_for(lambda: not directory.exists(), 10), f"{directory} was left behind"
+        assert wait_for(lambda: not directory.exists(), 120), f"{directory} was left behind"
     finally:
         kill_all(launcher, tree)
 
@@ -372,7 +372,7 @@ def test_a_launch_past_its_time_limit_is_stopped_and_cleaned_up() -> None:
     )
     started = time.monotonic()
     result = launch(TorchrunLauncher(), plan, timeout_seconds=2.0)
-    assert time.monotonic() - started < 60
+    assert time.monotonic() - started < 300  # a hang guard, generous for a busy machine's torchrun start
     assert result.status.state is RunState.timeout and result.status.error_type == "Timeout"
     assert "launch's time limit" in result.status.message
     left = [command for command in descendants(os.getpid()).values() if "torch.distributed" in command]
@@ -473,7 +473,7 @@ def test_a_run_past_its_time_limit_is_stopped_and_keeps_its_phases() -> None:
         timeout_seconds=6,
         on_progress=lambda partial: seen.append(processes_phase(partial)),
     )
-    assert time.monotonic() - started < 60
+    assert time.monotonic() - started < 300  # a hang guard: 16 million steps would take far longer
     assert result.status.state.value == "timeout" and result.status.phase == "window", result.status
     assert result.setup_seconds is not None and result.first_step_seconds is not None
     assert result.throughput_per_second is None

@@ -277,7 +277,7 @@ def test_crashes_kills_and_hangs_are_recorded_and_the_sweep_goes_on(
     recorder = Recorder()
     started = time.monotonic()
     outcome = run_sweep(spec, database=tmp_path / "r.db", observer=recorder)
-    assert time.monotonic() - started < 60
+    assert time.monotonic() - started < 300  # a hang guard: the hung cell was stopped at its 3 s
     cells = {cell.label: cell for cell in outcome.cells}
     crash, killed, hang, ok = (cells[f"micro_batch_size={b}"] for b in (8, 16, 32, 64))
     assert crash.status == "error" and crash.failure.status.error_type == "ProcessFailed"
@@ -440,12 +440,12 @@ def fcnn_sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         facts["rows_before_kill"] = _rows(database)
         facts["workers_at_kill"] = list(workers)
         os.kill(sweep.pid, signal.SIGKILL)  # kill -9 mid-sweep, with a run in flight
-        sweep.wait(timeout=30)
+        sweep.wait(timeout=120)
     finally:
         if sweep.poll() is None:
             sweep.kill()
     facts["killed_returncode"] = sweep.returncode
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120  # hang guards, generous for a busy machine
     while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
         time.sleep(0.1)
     facts["orphans"] = [pid for pid in workers if _alive(pid)]
