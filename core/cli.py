@@ -862,7 +862,8 @@ class _SweepDisplay:
             what = f"ok, {result.throughput_per_second:.6g} {result.sample_unit or 'samples'}/s"
         else:
             first_line = ((result.status.message or "").strip().splitlines() or [""])[0]
-            what = f"{result.status.state.value} in {result.status.phase}: {first_line[:200]}"
+            where = f" in {result.status.phase}" if result.status.phase else ""
+            what = f"{result.status.state.value}{where}" + (f": {first_line[:200]}" if first_line else "")
         self.line.print(f"{cell.label} repeat {repeat + 1}: {what} ({process_seconds:.1f} s)")
 
 

@@ -398,3 +398,17 @@ def test_threads_on_a_gpu_are_applied_to_pytorch(monkeypatch: pytest.MonkeyPatch
             assert recorded.get("threads_per_replica") == threads
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_sweeps_run_line_without_a_phase_prints_none_of_it(capsys: pytest.CaptureFixture[str]) -> None:
+    from core.cli import _SweepDisplay
+
+    config = RunConfig(workload="fcnn", accelerator="cpu", micro_batch_size=4)
+    result = RunResult.of_config(config, 1, status=Status(state=RunState.killed))
+
+    class Cell:
+        label = "micro_batch_size=4"
+
+    _SweepDisplay().run_finished(Cell(), 0, result, 1.0)
+    line = capsys.readouterr().out.strip()
+    assert line == "micro_batch_size=4 repeat 1: killed (1.0 s)"
