@@ -295,15 +295,21 @@ def _run_options(args: argparse.Namespace) -> dict[str, Any]:
     return options
 
 
+def _flag_of(field: str) -> str | None:
+    """The ``core run`` flag that sets ``field``: ``--batch-size``, ``-o layers`` (None: no flag)."""
+    for prefix, short in (("workload_options.", "-o "), ("accelerator_options.", "-a "), ("loadgen.", "-l ")):
+        if field.startswith(prefix):
+            return short + field[len(prefix) :]
+    return run_flags().get(field)
+
+
 def _describe_config_error(error: ConfigError) -> str:
     errors = getattr(error, "errors", [error])
     lines = []
     for e in errors:
-        flag = run_flags().get(e.field)
-        for prefix, short in (("workload_options.", "-o "), ("accelerator_options.", "-a "), ("loadgen.", "-l ")):
-            if e.field.startswith(prefix):
-                flag = short + e.field[len(prefix) :]
-        lines.append(f"invalid {e.field}{f' ({flag})' if flag else ''} = {e.value!r}: {e.allowed}")
+        # A rule over several fields names each one's flag (getattr: a plugin's own subclass may lack fields).
+        flags = ", ".join(flag for flag in map(_flag_of, getattr(e, "fields", (e.field,))) if flag)
+        lines.append(f"invalid {e.field}{f' ({flags})' if flags else ''} = {e.value!r}: {e.allowed}")
     return "\n".join(lines)
 
 
@@ -327,7 +333,11 @@ def _energy_lines(result: Any) -> list[str]:
     """Energy in J and Wh, per device and per component, and per sample (and token) in the
     workload's own unit."""
     if result.energy_joules is None:
-        return [f"  energy          unavailable: {result.energy_unavailable_reason}"]
+        from core.report.document import one_line
+
+        # Only what is known: a result from before its reason was kept (or a plugin's) may have none.
+        reason = result.energy_unavailable_reason
+        return [f"  energy          {f'unavailable: {one_line(reason)}' if reason else 'not measured'}"]
     unit = result.sample_unit or "samples"
     method = result.energy.method if result.energy is not None else None
     lines = [
@@ -385,6 +395,8 @@ def _loadgen_lines(figures: Any, unit: str) -> list[str]:
 
 
 def format_result(result: Any) -> str:
+    from core.report.document import one_line
+
     c = result.config
     unit = result.sample_unit or "samples"
     inference = c.mode == "inference"
@@ -440,11 +452,23 @@ def format_result(result: Any) -> str:
         )
         lines.append(f"  nodes           {len(result.nodes)}: {each}")
     lines += _epoch_lines(result)
-    if not result.status.ok:
-        lines.append(f"  error           in {result.status.phase}: {result.status.error_type}: {result.status.message}")
-        if result.status.location:
-            lines.append(f"  raised at       {result.status.location}")
+    lines += _status_lines(result.status)
+    lines += [f"  warning         {one_line(warning)}" for warning in result.warnings]
     return "\n".join(lines)
+
+
+def _status_lines(status: Any) -> list[str]:
+    """What went wrong, where: the parts the status knows (a killed process may name no phase)."""
+    if status.ok:
+        return []
+    where = f"in {status.phase}: " if status.phase else ""
+    from core.report.document import clean_text
+
+    what = ": ".join(clean_text(part) for part in (status.error_type, status.message) if part) or status.state.value
+    lines = [f"  error           {where}{what}"]
+    if status.location:
+        lines.append(f"  raised at       {status.location}")
+    return lines
 
 
 _MACHINE_HELP = (
@@ -838,7 +862,8 @@ class _SweepDisplay:
             what = f"ok, {result.throughput_per_second:.6g} {result.sample_unit or 'samples'}/s"
         else:
             first_line = ((result.status.message or "").strip().splitlines() or [""])[0]
-            what = f"{result.status.state.value} in {result.status.phase}: {first_line[:200]}"
+            where = f" in {result.status.phase}" if result.status.phase else ""
+            what = f"{result.status.state.value}{where}" + (f": {first_line[:200]}" if first_line else "")
         self.line.print(f"{cell.label} repeat {repeat + 1}: {what} ({process_seconds:.1f} s)")
 
 

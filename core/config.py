@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from enum import Enum
 from typing import Any, Literal
 
@@ -272,6 +273,47 @@ def describe_type_error(error: Any, model: type[BaseModel] | None = None) -> str
     return f"{required} is required ({why})" + (f"; allowed: {bounds}" if bounds else "")
 
 
+def _given(document: Any) -> dict[str, Any]:
+    """The keys and values a model was given (a JSON document is read back), or {}."""
+    if isinstance(document, (str, bytes)):
+        try:
+            document = json.loads(document)
+        except ValueError:
+            return {}
+    return dict(document) if isinstance(document, dict) else {}
+
+
+def _validator_error(error: Any, model: type[BaseModel], prefix: str) -> ConfigError | None:
+    """An error at the model itself (a model validator checking several fields against each other)
+    as a ConfigError naming the fields it is about, or None when no field can be told.
+
+    The fields are those the validator named, by raising a ConfigError (``fields=`` for several),
+    else the model's fields its message names, else the ones the user gave. The value is each
+    field's, as given or by default."""
+
+    def named(field: str) -> str:
+        return f"{prefix}.{field}" if prefix and not field.startswith(prefix + ".") else field
+
+    raised = (error.get("ctx") or {}).get("error")
+    if isinstance(raised, ConfigError):
+        named_fields = tuple(map(named, raised.fields))
+        several = named_fields if len(named_fields) > 1 else ()
+        return ConfigError(named_fields[0], raised.value, raised.allowed, fields=several)
+    allowed = str(error.get("msg", "invalid")).removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    given = _given(error.get("input"))
+    fields = [name for name in model.model_fields if re.search(rf"(?<![\w]){re.escape(name)}(?!\w)", allowed)]
+    fields = fields or [name for name in model.model_fields if name in given]
+    if not fields:
+        return None
+    values = {
+        name: given[name] if name in given else model.model_fields[name].get_default(call_default_factory=True)
+        for name in fields
+    }
+    if len(fields) == 1:
+        return ConfigError(named(fields[0]), values[fields[0]], allowed)
+    return ConfigError(named(fields[0]), values, allowed, fields=tuple(map(named, fields)))
+
+
 def config_errors(
     exc: ValidationError, model: type[BaseModel], *, unknown: str, prefix: str = "", nameless: str = "config"
 ) -> list[ConfigError]:
@@ -281,10 +323,14 @@ def config_errors(
     :param unknown: what an unknown key is called, followed by the model's fields ("unknown option;
         allowed").
     :param prefix: put before each field ("workload_options").
-    :param nameless: the field of an error that names none.
+    :param nameless: the field of an error that names none and concerns no field it can tell
+        (a model validator's: see :func:`_validator_error`); the prefix where there is one.
     """
     errors = []
     for error in exc.errors():
+        if not error.get("loc") and (across := _validator_error(error, model, prefix)) is not None:
+            errors.append(across)
+            continue
         where = ".".join(str(part) for part in error.get("loc", ())) or nameless
         value = error.get("input")
         if error.get("type") == "extra_forbidden":
@@ -298,7 +344,8 @@ def config_errors(
         else:
             allowed = describe_type_error(error, model) or str(error.get("msg", "invalid"))
             allowed = allowed.removeprefix("Value error, ")
-        errors.append(ConfigError(f"{prefix}.{where}" if prefix else where, value, allowed))
+        located = bool(error.get("loc"))
+        errors.append(ConfigError(f"{prefix}.{where}" if prefix and located else prefix or where, value, allowed))
     return errors
 
 

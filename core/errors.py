@@ -12,14 +12,17 @@ class CoreError(Exception):
 class ConfigError(CoreError, ValueError):
     """A run configuration is invalid; raised before any device is touched.
 
-    The message always names the field, the offending value and what is allowed.
+    The message always names the field, the offending value and what is allowed. A rule that
+    spans several fields (``hidden_width`` against ``input_width``) names them all in ``fields``;
+    ``field`` then lists them, and ``value`` holds each one's value by name.
     """
 
-    def __init__(self, field: str, value: Any, allowed: str) -> None:
-        self.field = field
+    def __init__(self, field: str, value: Any, allowed: str, *, fields: tuple[str, ...] = ()) -> None:
+        self.fields = tuple(fields) or (field,)
+        self.field = field if not fields else ", ".join(self.fields)
         self.value = value
         self.allowed = allowed
-        super().__init__(f"invalid {field} = {value!r}: {allowed}")
+        super().__init__(f"invalid {self.field} = {value!r}: {allowed}")
 
 
 class ConfigErrors(ConfigError):
@@ -29,7 +32,7 @@ class ConfigErrors(ConfigError):
         self.errors = errors
         first = errors[0]
         CoreError.__init__(self, "; ".join(str(e) for e in errors))
-        self.field, self.value, self.allowed = first.field, first.value, first.allowed
+        self.field, self.value, self.allowed, self.fields = first.field, first.value, first.allowed, first.fields
 
 
 class PluginError(CoreError):

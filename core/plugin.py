@@ -32,7 +32,7 @@ from core.data import detect_format as detect_data_format
 from core.data.tf_records import image_dataset as tfrecord_image_dataset
 from core.energy.meter import PowerMeter, PowerMeterFactory, UnavailableMeter
 from core.energy.meters import DeviceEnergyMeter, EnergyCounter, EnergySource
-from core.energy.sampling import FixedRateSampler
+from core.energy.sampling import Clock, FixedRateSampler
 from core.errors import ConfigError, NonFiniteLossError, PluginError, RegistrationError
 from core.executors.base import Executor, HostStepClock, StepClock
 from core.machines.profile import MachineProfile
@@ -143,4 +143,5 @@ __all__ = [
     "EnergySource",
     "EnergyCounter",
     "FixedRateSampler",
+    "Clock",
 ]

@@ -10,6 +10,8 @@ def test_my_accelerator_runs_fcnn():
 
 from __future__ import annotations
 
+import math
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -109,3 +111,86 @@ class SimulatedExecutor(Executor):
 
     def check_finite(self) -> None:
         pass
+
+
+class SimulatedClock:
+    """Time that moves only when the test moves it: a ``core.energy.sampling.Clock`` for a meter
+    (``DeviceEnergyMeter(clock=...)``, the sampler, the counter poller) and whatever fake device
+    reads it, so the energy a test measures is the same on a loaded machine as on a quiet one.
+
+    ``advance`` moves the time and returns once each thread that was waiting on the clock (a
+    meter's sampler or poller) has done what the new time asked of it and waits again: what the
+    meter read is then decided by the test alone. ``wait_for_waiters`` first lets a meter's
+    threads start waiting, so that none misses the first step.
+
+    :param start: the time at first, in seconds.
+    :param on_change: called with each new time (a simulated driver's own clock), before any
+        waiting thread wakes.
+    :param hang_seconds: how long ``advance`` waits for a thread before failing: a hang guard only.
+    """
+
+    def __init__(
+        self, start: float = 0.0, *, on_change: Callable[[float], None] | None = None, hang_seconds: float = 120.0
+    ) -> None:
+        self._t = start
+        self._on_change = on_change
+        self._hang_seconds = hang_seconds
+        self._cond = threading.Condition()
+        self._waiting: dict[int, float] = {}  # thread -> the deadline it waits for
+        self._ended: set[int] = set()  # threads that returned because they were told to stop
+        if on_change is not None:
+            on_change(start)
+
+    def now(self) -> float:
+        return self._t
+
+    def wait_until(self, deadline: float, stop: threading.Event) -> bool:
+        thread = threading.get_ident()
+        with self._cond:
+            self._ended.discard(thread)
+            self._waiting[thread] = deadline
+            self._cond.notify_all()
+            # stop is set from another thread without this condition: look at it often.
+            while self._t < deadline and not stop.is_set():
+                self._cond.wait(0.01)
+            del self._waiting[thread]
+            stopped = stop.is_set()
+            if stopped:
+                self._ended.add(thread)
+            self._cond.notify_all()
+            return stopped
+
+    def wait_for_waiters(self, count: int) -> None:
+        """Return once ``count`` threads wait on the clock (a meter's sampler has started)."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: len(self._waiting) >= count, self._hang_seconds):
+                raise TimeoutError(f"{len(self._waiting)} of {count} threads wait on the clock")
+
+    def advance(self, seconds: float) -> None:
+        """Move the time on by ``seconds`` and let every waiting thread catch up with it."""
+        self.advance_to(self._t + seconds)
+
+    def advance_to(self, t: float) -> None:
+        """Move the time on to ``t`` and let every waiting thread catch up with it."""
+        if not t >= self._t:
+            raise ValueError(f"time moves forward only, not from {self._t!r} to {t!r}")
+        with self._cond:
+            due = set(self._waiting)
+            self._t = t
+            if self._on_change is not None:
+                self._on_change(self._t)
+            self._cond.notify_all()
+
+            def caught_up() -> bool:
+                return all(self._waiting.get(thread, -math.inf) > self._t or thread in self._ended for thread in due)
+
+            if not self._cond.wait_for(caught_up, self._hang_seconds):
+                raise TimeoutError(f"a thread waiting on the clock did not come back within {self._hang_seconds} s")
+
+    def run_for(self, seconds: float, step: float) -> None:
+        """Move on ``seconds`` from now in steps of ``step`` (a window the meter samples), each to
+        begin + k x step as a sampler's grid computes it, so no grid point falls between two steps."""
+        begin = self._t
+        steps = math.ceil(seconds / step - 1e-9)
+        for k in range(1, steps + 1):
+            self.advance_to(min(begin + k * step, begin + seconds))

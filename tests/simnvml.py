@@ -33,6 +33,8 @@ from typing import Any
 
 import pytest
 
+from core.testing import SimulatedClock
+
 SOURCE = Path(__file__).parent / "native" / "simnvml.c"
 UNPACKED = Path(__file__).resolve().parent.parent / ".bindings" / "nvidia-ml-py"
 # The releases scripts/fetch-bindings.sh unpacks; "installed" is the one pip installed.
@@ -123,6 +125,15 @@ class SimNode:
 def lose_gpu(pynvml: Any, index: int) -> None:
     """The GPU at this NVML index falls off the bus: NVML answers NVML_ERROR_GPU_IS_LOST for it from now on."""
     pynvml.nvmlLib.simnvml_lose_gpu(index)
+
+
+def simulated_time(pynvml: Any) -> SimulatedClock:
+    """A clock for the meter that the simulated library follows: power and energy change only as
+    the test moves it (``advance``, ``run_for``), so what the meter reads does not depend on how
+    busy the machine is. Call it after installing the node (installing resets the library's time)."""
+    library = pynvml.nvmlLib
+    library.simnvml_set_time.argtypes = [ctypes.c_double]
+    return SimulatedClock(1000.0, on_change=library.simnvml_set_time)
 
 
 def init_and_shutdown_calls(pynvml: Any) -> tuple[int, int]:

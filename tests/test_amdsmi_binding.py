@@ -244,7 +244,7 @@ def test_a_counter_off_by_more_than_10x_is_replaced_by_sampling(
     assert "rejected" in measurement.details["counters_not_used"]["package-0"]
     assert measurement.details["packages"]["package-0"]["ratio"] == pytest.approx(40.0, rel=1e-3)
     window = measurement.details["sampled_joules"]["package-0"] / 450.0  # A draws 250 + 200 W
-    assert 0.04 < window < 5.0
+    assert 0.04 < window < 300.0  # the sleep's 50 ms at least; the upper bound only guards nonsense
     assert measurement.components_joules["package-1"] == pytest.approx(450.0, rel=1e-6)
 
 

@@ -7,7 +7,6 @@ import importlib.util
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -86,7 +85,7 @@ def test_gpu_benchmark_compile_case_reports_compilation_apart(monkeypatch: pytes
 
 
 def test_independent_counter_reads_bracket_the_meter_window(sim_nvml: Callable[..., Any]) -> None:
-    from simnvml import SimNode, h200
+    from simnvml import SimNode, h200, simulated_time
 
     from core_plugins.nvidia.accelerator import NvidiaAccelerator
     from core_plugins.nvidia.meter import NvmlMeterFactory
@@ -95,18 +94,22 @@ def test_independent_counter_reads_bracket_the_meter_window(sim_nvml: Callable[.
     # gets the release under test, as the plugin's does.
     climbing = h200("GPU-8c1f0d2e-0000-4000-8000-000000000001", 300.0, 0x19)
     climbing.power_ramp_watts_per_second = 200.0
-    sim_nvml(SimNode([climbing, h200("GPU-8c1f0d2e-0000-4000-8000-000000000002", 120.0, 0x3B)]))
+    pynvml = sim_nvml(SimNode([climbing, h200("GPU-8c1f0d2e-0000-4000-8000-000000000002", 120.0, 0x3B)]))
+    clock = simulated_time(pynvml)  # the library's time moves only with the window below
     bench_module = load_script("nvidia_vs_plain")
     config = make_config(workload="fcnn", accelerator="nvidia", power_sample_interval_seconds=0.01)
     devices = NvidiaAccelerator().visible_devices()
     uuids = [device.details["uuid"] for device in devices]
     with bench_module.independent_counter_reads("nvidia", uuids) as independent:
-        meter = NvmlMeterFactory().meter_for(devices, run_context(config))
+        meter = NvmlMeterFactory(clock=clock).meter_for(devices, run_context(config))
         meter.start()
-        time.sleep(0.3)
+        clock.wait_for_waiters(1)
+        clock.run_for(0.3, 0.01)
         measurement = meter.stop()
         meter.close()
-    assert independent and measurement.energy_joules == pytest.approx(independent[0], rel=0.02)
+    # No time passes outside the meter's window, so the bracketing reads count its energy exactly
+    # (to the counters' millijoule, one per GPU and read).
+    assert independent and measurement.energy_joules == pytest.approx(independent[0], abs=0.004)
 
 
 @pytest.mark.slow

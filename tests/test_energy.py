@@ -3,6 +3,8 @@ the completeness rule), tested on its own."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from core.energy.meters import DeviceEnergyMeter, EnergyCounter, EnergySource
@@ -112,3 +114,37 @@ def test_only_a_whole_window_of_power_readings_is_a_figure() -> None:
     )
     assert sampled.complete_components() == {"a"} and not sampled.complete
     assert sampled.to_measurement("m").energy_joules is None
+
+
+class TickingClock:
+    """Time that moves by 1 ms every time it is read: two readings are never at one instant, as on a
+    machine busy enough to keep a thread waiting between them."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def now(self) -> float:
+        self.t += 0.001
+        return self.t
+
+    def wait_until(self, deadline: float, stop: threading.Event) -> bool:
+        stop.wait()  # the window ends before any deadline: only start's and stop's readings
+        return True
+
+
+def test_one_clock_times_the_counters_the_sampler_and_a_power_only_window() -> None:
+    clock = TickingClock()
+    meter = DeviceEnergyMeter(
+        "test",
+        [EnergySource("dev0", read_power_watts=lambda: 100.0)],
+        sample_interval_seconds=10.0,
+        clock=clock,
+    )
+    meter.start()
+    measurement = meter.stop()
+    meter.close()
+    # Power alone: the window is the integral's own (its first reading to its last), so energy,
+    # window and mean power agree however far apart the meter's and the sampler's readings fell.
+    window = measurement.details["window_seconds"]
+    assert measurement.energy_joules == pytest.approx(100.0 * window, rel=1e-12)
+    assert measurement.mean_power_watts == pytest.approx(100.0, rel=1e-12)

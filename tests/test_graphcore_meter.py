@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import math
 import os
-import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +14,7 @@ import pytest
 
 from core import UnavailableMeter, make_config
 from core.energy.sampling import FixedRateSampler
-from core.testing import run_context
+from core.testing import SimulatedClock, run_context
 from core_plugins.graphcore.accelerator import GraphcoreAccelerator, count_ipus
 from core_plugins.graphcore.meter import (
     BOARD_POWER,
@@ -99,25 +97,30 @@ def run_meter(fake_sdk: Any, power: Callable[[float], float], seconds: float, in
 
 
 def run_factory_meter(fake_sdk: Any, seconds: float, interval: float) -> tuple[Any, list]:
-    """The factory's meter over the fake's current machine for ``seconds``: its measurement and the
-    clock times of the gcipuinfo refreshes it made (its samples)."""
+    """The factory's meter over the fake's current machine for ``seconds`` of simulated time, from 0
+    (the machine's power traces read the same clock): its measurement and the clock times of the
+    gcipuinfo refreshes it made (its samples). What it reads does not depend on how busy the machine is."""
     machine = fake_sdk.gcipuinfo.machine
-    factory = GcipuinfoMeterFactory()
+    clock = SimulatedClock()
+    machine.clock = clock.now
+    factory = GcipuinfoMeterFactory(clock=clock)
     assert factory.availability().available and factory.reads("graphcore")
     meter = factory.meter_for([], run_context(config(power_sample_interval_seconds=interval), GraphcoreAccelerator()))
     assert isinstance(meter, GcipuinfoMeter)
     first = len(machine.refreshes)
     meter.start()
-    time.sleep(seconds)
+    clock.wait_for_waiters(1)  # the power sampler
+    clock.run_for(seconds, interval)
     measurement = meter.stop()
     meter.close()
     return measurement, machine.refreshes[first:]
 
 
 def test_a_step_from_100_to_300_watts_is_integrated_within_one_percent(fake_sdk: Any) -> None:
-    switch = time.monotonic() + 0.25
+    switch = 0.2537  # of simulated time, off the sampling grid
     measurement, refreshes = run_meter(fake_sdk, lambda t: 100.0 if t < switch else 300.0, 0.5, 0.005)
     start, stop = refreshes[0], refreshes[-1]
+    assert (start, stop) == (0.0, 0.5)
     exact_per_ipu = 100.0 * (min(stop, switch) - start) + 300.0 * max(0.0, stop - max(start, switch))
     assert measurement.energy_joules is not None, measurement
     assert measurement.method == "sampled" and measurement.details["energy_counted"] is False
@@ -125,49 +128,15 @@ def test_a_step_from_100_to_300_watts_is_integrated_within_one_percent(fake_sdk:
     assert measurement.energy_joules == pytest.approx(2 * exact_per_ipu, rel=0.01)
 
 
-def test_a_ramp_is_integrated_within_one_percent(fake_sdk: Any) -> None:
-    origin = time.monotonic()
-
+def test_a_ramp_is_integrated_exactly(fake_sdk: Any) -> None:
     def ramp(t: float) -> float:
-        return 100.0 + 400.0 * (t - origin)  # 100 W rising 400 W/s
+        return 100.0 + 400.0 * t  # 100 W rising 400 W/s from simulated time 0
 
     measurement, refreshes = run_meter(fake_sdk, ramp, 0.4, 0.005)
     start, stop = refreshes[0], refreshes[-1]
-    exact_per_ipu = 0.5 * (ramp(start) + ramp(stop)) * (stop - start)
-    assert measurement.energy_joules == pytest.approx(2 * exact_per_ipu, rel=0.01)
+    exact_per_ipu = 0.5 * (ramp(start) + ramp(stop)) * (stop - start)  # the trapezoid rule is exact for a ramp
+    assert measurement.energy_joules == pytest.approx(2 * exact_per_ipu, rel=1e-9)
     assert measurement.mean_power_watts is not None
-
-
-class SimulatedClock:
-    """Time that moves only when the test says so; the sampler thread waits for it."""
-
-    def __init__(self) -> None:
-        self.t = 0.0
-        self.target = 0.0
-        self.waiting_for: float | None = None
-        self._cond = threading.Condition()
-
-    def now(self) -> float:
-        return self.t
-
-    def wait_until(self, deadline: float, stop: threading.Event) -> bool:
-        with self._cond:
-            self.waiting_for = deadline
-            self._cond.notify_all()
-            while deadline > self.target and not stop.is_set():
-                self._cond.wait(0.01)
-            if stop.is_set():
-                return True
-            self.t = deadline
-            return False
-
-    def advance_to(self, target: float) -> None:
-        with self._cond:
-            self.target = target
-            self._cond.notify_all()
-            while self.waiting_for is None or self.waiting_for <= target:
-                self._cond.wait(0.01)
-            self.t = target
 
 
 @pytest.mark.parametrize(
@@ -190,15 +159,15 @@ def test_sampled_integral_in_simulated_time_is_within_one_percent(
     snapshot = PowerSnapshot(info, [reading])
     sampler = FixedRateSampler(lambda: {"ipu0": snapshot.read(reading)}, 0.03, clock=clock)
     sampler.start()
-    clock.advance_to(1.0)
+    clock.wait_for_waiters(1)
+    clock.run_for(1.0, 0.03)
     energy = sampler.stop()
     assert energy.duration_seconds == 1.0 and energy.complete
     assert math.isclose(energy.total_joules, exact, rel_tol=0.01), energy
 
 
 def test_na_for_part_of_the_window_gives_no_total(fake_sdk: Any) -> None:
-    switch = time.monotonic() + 0.1
-    measurement, _ = run_meter(fake_sdk, lambda t: None if t > switch else 120.0, 0.25, 0.01)
+    measurement, _ = run_meter(fake_sdk, lambda t: None if t > 0.1 else 120.0, 0.25, 0.01)
     assert measurement.energy_joules is None
     assert "energy unknown" in (measurement.unavailable_reason or "")
 
@@ -265,8 +234,9 @@ def test_an_m2000_is_read_by_each_ipus_own_power(fake_sdk: Any) -> None:
     measurement, refreshes = run_factory_meter(fake_sdk, 0.3, 0.01)
     assert measurement.details["power_attribute"] == {"ipu0": IPU_POWER, "ipu1": IPU_POWER}
     assert "board_power" not in measurement.details and not measurement.warnings
+    assert refreshes[-1] - refreshes[0] == pytest.approx(0.3, rel=1e-9)
     for key in ("ipu0", "ipu1"):  # 150 W x the window, per IPU
-        assert measurement.components_joules[key] == pytest.approx(150.0 * (refreshes[-1] - refreshes[0]), rel=0.01)
+        assert measurement.components_joules[key] == pytest.approx(150.0 * 0.3, rel=1e-9)
 
 
 def test_c600_cards_are_read_by_board_power_one_board_per_ipu(fake_sdk: Any) -> None:
@@ -282,8 +252,8 @@ def test_c600_cards_are_read_by_board_power_one_board_per_ipu(fake_sdk: Any) -> 
     assert "per board" in measurement.details["board_power_note"]
     window = refreshes[-1] - refreshes[0]
     for key in boards:  # by hand: 12.6 W x the window seconds, per card
-        assert measurement.components_joules[key] == pytest.approx(12.6 * window, rel=0.01)
-    assert measurement.energy_joules == pytest.approx(2 * 12.6 * window, rel=0.01)
+        assert measurement.components_joules[key] == pytest.approx(12.6 * window, rel=1e-9)
+    assert measurement.energy_joules == pytest.approx(2 * 12.6 * 0.3, rel=1e-9)
 
 
 def test_a_c2_cards_two_ipus_share_one_board_reading_counted_once(fake_sdk: Any) -> None:
@@ -301,7 +271,7 @@ def test_a_c2_cards_two_ipus_share_one_board_reading_counted_once(fake_sdk: Any)
         "share_counted_here": "1",
     }
     # By hand: 99.5 W x the window seconds, once for the board, not once per IPU (which would be 2x).
-    assert measurement.energy_joules == pytest.approx(99.5 * (refreshes[-1] - refreshes[0]), rel=0.01)
+    assert measurement.energy_joules == pytest.approx(99.5 * (refreshes[-1] - refreshes[0]), rel=1e-9)
 
 
 def test_swig_map_proxies_without_get_are_read(fake_sdk: Any) -> None:
@@ -315,7 +285,7 @@ def test_swig_map_proxies_without_get_are_read(fake_sdk: Any) -> None:
     records = GraphcoreAccelerator().devices()
     assert [r.details["board serial number"] for r in records][:2] == ["0340.0000.919062"] * 2
     measurement, refreshes = run_factory_meter(fake_sdk, 0.3, 0.01)
-    assert measurement.energy_joules == pytest.approx(2 * 99.5 * (refreshes[-1] - refreshes[0]), rel=0.01)
+    assert measurement.energy_joules == pytest.approx(2 * 99.5 * (refreshes[-1] - refreshes[0]), rel=1e-9)
 
 
 @pytest.mark.parametrize(
@@ -355,20 +325,24 @@ def test_a_board_shared_by_two_instances_is_split_so_their_sum_counts_it_once(fa
         assert not unreadable and len(readings) == 1
         (reading,) = readings
         assert (reading.key, str(reading.share), reading.other_processes) == ("board-0340.0000.919062", "1/2", (other,))
-        meter = GcipuinfoMeter(info, readings, scope, 0.01, timeline_points=100)
+        clock = SimulatedClock()
+        machine.clock = clock.now
+        meter = GcipuinfoMeter(info, readings, scope, 0.01, timeline_points=100, clock=clock)
         first = len(machine.refreshes)
         meter.start()
-        time.sleep(0.2)
+        clock.wait_for_waiters(1)
+        clock.run_for(0.2, 0.01)
         measurement = meter.stop()
         meter.close()
         window = machine.refreshes[-1] - machine.refreshes[first]
-        assert measurement.energy_joules == pytest.approx(99.5 / 2 * window, rel=0.01)  # half the board
+        assert window == pytest.approx(0.2, rel=1e-9)
+        assert measurement.energy_joules == pytest.approx(99.5 / 2 * window, rel=1e-9)  # half the board
         watts_per_instance.append(measurement.energy_joules / window)
         assert measurement.details["shared_boards"] == {
             "board-0340.0000.919062": {"other_processes": [other], "share_counted_here": "1/2"}
         }
         assert any("shared board" in w and "counts 1/2" in w for w in measurement.warnings), measurement.warnings
-    assert sum(watts_per_instance) == pytest.approx(99.5, rel=0.01)  # once per board across instances
+    assert sum(watts_per_instance) == pytest.approx(99.5, rel=1e-9)  # once per board across instances
 
 
 def test_board_power_is_read_from_any_of_the_boards_ipus_that_lists_it(fake_sdk: Any) -> None:
@@ -417,5 +391,6 @@ def test_a_run_on_c2_cards_records_board_energy_and_samples_per_watt_hour(fake_s
     assert result.energy is not None and result.energy.meter == "gcipuinfo", result.energy_unavailable_reason
     # The fake lists 4 IPUs on 2 cards, all named this process's: both boards, each counted once.
     assert set(result.energy.components_joules) == {"board-0340.0000.919062", "board-0340.0001.919062"}
-    assert result.energy_joules == pytest.approx(2 * 99.5 * result.energy.details["window_seconds"], rel=0.01)
+    # A sampled meter's window is its integral's (real time here: the run's own).
+    assert result.energy_joules == pytest.approx(2 * 99.5 * result.energy.details["window_seconds"], rel=1e-9)
     assert result.samples_per_watt_hour is not None

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from core import ConfigError, run
+from core import ConfigError, make_config, run
 from core.cli import main
 from core.plugin import Availability, EnergyMeasurement, PowerMeter, PowerMeterFactory, hookimpl
 from core.testing import TINY_FCNN, registered_plugins
@@ -20,6 +20,28 @@ pytest.importorskip("mlperf_loadgen", reason="MLPerf LoadGen is not installed (p
 
 # Short tests: LoadGen's own defaults are 10 s and 100 queries (MLPerf submissions use 600 s).
 SHORT = {"min_duration_seconds": 0.3, "min_query_count": 20}
+# Every model call of the paced tests lasts at least this long, which bounds how fast the run can go
+# however quiet the machine: LoadGen told to expect that bound sizes its queries for any speed below it.
+PACE_SECONDS = 0.002
+
+
+@pytest.fixture
+def paced(monkeypatch: pytest.MonkeyPatch) -> list[tuple[float, float]]:
+    """The CPU's PyTorch inference executor with a floor of PACE_SECONDS per model call; returns
+    the (start, end) perf_counter times of every call, calibration's and the window's."""
+    from core.executors.pytorch_inference import TorchInferenceExecutor
+
+    calls: list[tuple[float, float]] = []
+    original = TorchInferenceExecutor.infer
+
+    def infer(self: TorchInferenceExecutor, indices: Any) -> None:
+        started = time.perf_counter()
+        original(self, indices)
+        time.sleep(max(0.0, PACE_SECONDS - (time.perf_counter() - started)))
+        calls.append((started, time.perf_counter()))
+
+    monkeypatch.setattr(TorchInferenceExecutor, "infer", infer)
+    return calls
 
 
 def infer(scenario: str, **options: Any) -> Any:
@@ -34,12 +56,15 @@ def infer(scenario: str, **options: Any) -> Any:
     )
 
 
-def test_single_stream_reports_loadgen_latencies_as_the_runs_own() -> None:
-    result = infer("single-stream")
+def test_single_stream_reports_loadgen_latencies_as_the_runs_own(paced: list[tuple[float, float]]) -> None:
+    # The least latency a query can have is expected, so LoadGen's queries never run out; 100 of
+    # them at least, which LoadGen's early stopping needs for a VALID result at any speed.
+    loadgen = {**SHORT, "min_query_count": 100, "single_stream_expected_latency_seconds": PACE_SECONDS}
+    result = infer("single-stream", loadgen=loadgen)
     assert result.status.ok, result.status
     figures = result.loadgen
     assert figures is not None and figures.scenario == "single-stream"
-    assert figures.valid, figures.invalid_reason  # the expected latency came from the warm-up
+    assert figures.valid, figures.invalid_reason
     assert "Scenario : SingleStream" in figures.summary_text and "Result is : VALID" in figures.summary_text
     # One sample per query: the window's samples are the queries answered, one model call each.
     assert result.window_samples == figures.query_count == result.window_steps
@@ -51,15 +76,52 @@ def test_single_stream_reports_loadgen_latencies_as_the_runs_own() -> None:
     assert result.first_step_seconds is not None and result.warmup_seconds is not None  # phases kept apart
 
 
-def test_offline_batches_by_the_micro_batch_and_agrees_with_loadgen() -> None:
-    result = infer("offline")
+def test_offline_batches_by_the_micro_batch_and_agrees_with_loadgen(paced: list[tuple[float, float]]) -> None:
+    # The fastest the paced model can go is expected: LoadGen's one query then lasts at least 1.1 x
+    # min_duration_seconds however quiet the machine (a calibration on a busy host that quietened
+    # before the window once made it too short, and INVALID: "Increase expected QPS").
+    fastest = 8 / PACE_SECONDS
+    result = infer("offline", loadgen={**SHORT, "offline_expected_samples_per_second": fastest})
     assert result.status.ok, result.status
     figures = result.loadgen
     assert figures is not None and figures.valid, figures.invalid_reason
     assert result.window_steps == -(-result.window_samples // 8)  # batches of the micro-batch, the last partial
-    # core's samples / host window and LoadGen's own first-issue-to-last-answer count the same work.
-    assert figures.samples_per_second == pytest.approx(result.throughput_per_second, rel=0.25)
+    assert result.window_samples >= 1.1 * SHORT["min_duration_seconds"] * fastest
+    # core's samples / host window and LoadGen's own first-issue-to-last-answer count the same work;
+    # the host's window holds LoadGen's (which it times to the millisecond), so core's rate is not above it.
+    assert figures.samples_per_second is not None and result.throughput_per_second is not None
+    assert 0 < result.throughput_per_second <= figures.samples_per_second * 1.01
     assert result.step_seconds_median is None  # one query: no latency distribution
+
+
+def test_the_measured_rate_sets_what_loadgen_expects() -> None:
+    """Where the loadgen options leave them out, offline's expected rate is twice the rate measured
+    before the window, and single-stream's expected latency a quarter of its inverse."""
+    from core.running.loadgen.settings import settings_for_run
+    from core.running.loadgen.window import calibrated_samples_per_second
+
+    offline = make_config(workload="fcnn", accelerator="cpu", mode="inference", scenario="offline", micro_batch_size=8)
+    assert settings_for_run(offline, 1000.0).offline_expected_samples_per_second == pytest.approx(2000.0)
+    stream = offline.model_copy(update={"scenario": "single-stream"})
+    assert settings_for_run(stream, 1000.0).single_stream_expected_latency_seconds == pytest.approx(0.25 / 1000.0)
+
+    class Source:
+        total_samples = performance_samples = 16
+        calls: list[int] = []
+
+        def load(self, indices: Any) -> None:
+            pass
+
+        def unload(self, indices: Any) -> None:
+            pass
+
+        def infer(self, indices: Any) -> None:
+            Source.calls.append(len(indices))
+            time.sleep(PACE_SECONDS)
+
+    rate = calibrated_samples_per_second(Source(), 8)
+    assert Source.calls == [8] * 11  # one untimed call, then the timed ones
+    assert 0 < rate <= 8 / PACE_SECONDS  # a call lasts at least its sleep
 
 
 def test_server_batches_what_arrived_and_keeps_its_verdict() -> None:
@@ -139,14 +201,20 @@ class _MeterPlugin:
         register(_ClockMeterFactory())
 
 
-def test_energy_covers_exactly_the_loadgen_window() -> None:
+def test_energy_covers_exactly_the_loadgen_window(paced: list[tuple[float, float]]) -> None:
     _ClockMeter.spans.clear()
     with registered_plugins(_MeterPlugin()):
         result = infer("single-stream", power_meter="clock")
     assert result.status.ok, result.status
-    (span,) = _ClockMeter.spans
-    # The meter ran over LoadGen's window (samples loaded to last answer), not the warm-up's.
-    assert span[1] - span[0] == pytest.approx(result.window_seconds, rel=0.02, abs=0.002)
+    ((started, stopped),) = _ClockMeter.spans
+    # The meter ran over LoadGen's window (samples loaded to last answer), not the warm-up's or the
+    # calibration's: every model call before it started ended before, every call after it is the
+    # window's and ended before it stopped. (Orders of events, not durations: a busy host keeps them.)
+    before = [call for call in paced if call[0] < started]
+    during = [call for call in paced if call[0] >= started]
+    assert before and all(end <= started for _, end in before)
+    assert len(during) == result.window_steps and all(end <= stopped for _, end in during)
+    assert stopped - started >= during[-1][1] - during[0][0] and result.window_seconds >= during[-1][1] - during[0][0]
     assert result.energy_joules_per_sample == pytest.approx(result.energy_joules / result.window_samples)
 
 

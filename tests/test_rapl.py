@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 
 from core.config import RunConfig
 from core.energy.meter import UnavailableMeter
-from core.testing import run_context
+from core.testing import SimulatedClock, run_context
 from core_plugins.cpu.rapl import RaplMeter, RaplMeterFactory, RaplZone, discover_zones
 
 MAX = 262143328850  # max_energy_range_uj of a typical Intel package (2^32 - 1 units of 61.035 uJ)
@@ -163,20 +162,23 @@ def test_a_small_step_back_is_an_error_not_a_wrap(tmp_path: Path) -> None:
 def test_background_thread_polls_fast_enough_for_small_ranges() -> None:
     # A 10 J counter at 20 W wraps every 0.5 s; with max_power_watts=25 half its range passes in 0.2 s at
     # the most, so the meter polls every 0.1 s (room for scheduling delays) and both wraps in 1.2 s count.
+    # In simulated time: the poller's waits and the counter follow the test's clock, not the machine's load.
     zone = RaplZone("package-0", Path("/fake/intel-rapl:0"), 10_000_000, True)
-    t0 = time.monotonic()
+    clock = SimulatedClock()
 
-    def read_text(path: Path) -> str:  # power as a function of real time
-        return str(round(20e6 * (time.monotonic() - t0)) % 10_000_000)
+    def read_text(path: Path) -> str:  # 20 W from time 0, in the counter's microjoules
+        return str(round(20e6 * clock.now()) % 10_000_000)
 
-    meter = RaplMeter([zone], read_text=read_text, max_power_watts=25.0)
+    meter = RaplMeter([zone], read_text=read_text, max_power_watts=25.0, clock=clock)
     assert meter.poll_interval_seconds == pytest.approx(0.1)
     meter.start()
-    time.sleep(1.2)
+    clock.wait_for_waiters(1)  # the poller
+    clock.run_for(1.2, 0.05)
     m = meter.stop()
     assert m.unavailable_reason is None, m.unavailable_reason
-    assert m.details["wraps"] >= 2 and m.details["polls"] >= 3
-    assert m.energy_joules == pytest.approx(20.0 * m.details["window_seconds"], rel=0.01)
+    assert m.details["wraps"] == 2 and m.details["polls"] >= 11
+    assert m.details["window_seconds"] == pytest.approx(1.2, rel=1e-9)
+    assert m.energy_joules == pytest.approx(24.0, rel=1e-9)
 
 
 def test_a_gap_long_enough_to_hide_a_wrap_is_unavailable(tmp_path: Path) -> None:

@@ -143,7 +143,7 @@ def test_a_second_sweep_on_a_database_is_refused_and_the_lock_dies_with_its_hold
             assert store.count() == 0
         # kill -9: the kernel drops the lock with its holder, and the next sweep runs.
         holder.send_signal(signal.SIGKILL)
-        holder.wait(timeout=30)
+        holder.wait(timeout=120)
     finally:
         if holder.poll() is None:
             holder.kill()
@@ -658,7 +658,7 @@ def test_a_yaml_alias_bomb_is_refused_at_once(tmp_path: Path, capsys: pytest.Cap
     assert len(ALIAS_BOMB) < 450
     started = time.monotonic()
     assert main(["sweep", str(bomb), "--dry-run", "--database", str(tmp_path / "r.db")]) == 2
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 60  # a hang guard: expanded, the bomb would take far longer
     err = capsys.readouterr().err
     assert "found the alias *a: a sweep file may not use YAML aliases" in err and "line 4" in err, err
     assert len(err) < 1000

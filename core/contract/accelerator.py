@@ -78,6 +78,10 @@ class Accelerator(ABC):
     #: ``core.executors.pytorch.torch_executor`` / ``core.executors.keras.keras_executor``); planning
     #: refuses inference on an accelerator that does not say so, rather than let it train instead
     supports_inference: ClassVar[bool] = False
+    #: whether ``executor_for`` sets the host's compute threads from ``config.threads_per_replica``
+    #: (``--threads``); planning refuses the option for an accelerator that does not say so, rather
+    #: than let a run ignore it
+    applies_threads_per_replica: ClassVar[bool] = False
     #: whether a sweep may fork this accelerator's single-process PyTorch runs from a warm parent
     #: that imported torch but touched no device (core.running.forkserver); say so only where a
     #: process that starts using the device after such a fork is as good as a fresh interpreter

@@ -36,6 +36,8 @@ class TorchGpuAccelerator(Accelerator):
     forks_from_warm_parent: ClassVar[bool] = True
     #: the torch.version attribute a matching PyTorch build sets ("cuda" or "hip")
     torch_build_attribute: ClassVar[str] = "cuda"
+    # The host threads that feed a GPU (data, the CPU side of each step): set where --threads asks.
+    applies_threads_per_replica: ClassVar[bool] = True
 
     @abstractmethod
     def visible_devices(self) -> list[DeviceRecord]:
@@ -75,7 +77,11 @@ class TorchGpuAccelerator(Accelerator):
 
         def configure(run_config: RunConfig) -> dict[str, Any]:
             torch.cuda.set_device(local_device)  # NCCL and the default stream follow the current device
-            return {f"torch_{self.torch_build_attribute}_version": build, **self.configure_torch(run_config)}
+            threads = {}
+            if run_config.threads_per_replica is not None:  # else PyTorch's own choice stands
+                torch.set_num_threads(run_config.threads_per_replica)
+                threads = {"threads_per_replica": run_config.threads_per_replica}
+            return {f"torch_{self.torch_build_attribute}_version": build, **threads, **self.configure_torch(run_config)}
 
         placement = TorchPlacement(
             device=f"cuda:{local_device}",
@@ -91,6 +97,9 @@ class TorchGpuAccelerator(Accelerator):
 
         from core.executors.keras import KerasPlacement, keras_executor
 
+        if config.threads_per_replica is not None:
+            # Before listing devices starts TensorFlow's runtime; the replicas share this one process.
+            tf.config.threading.set_intra_op_parallelism_threads(config.threads_per_replica * config.replicas)
         gpus = [device.name for device in tf.config.list_logical_devices("GPU")][: config.replicas]
         if len(gpus) < config.replicas:
             raise RuntimeError(f"TensorFlow sees {len(gpus)} GPU(s); the run asks for {config.replicas} replicas")

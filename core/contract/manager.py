@@ -433,6 +433,9 @@ class PluginManager:
             return Availability.no(
                 f"plugin {self.plugin_of(item)!r}: availability() returned {type(answer).__name__}, not an Availability"
             )
+        if not answer.available and not (isinstance(answer.reason, str) and answer.reason.strip()):
+            # Printed as "unavailable: <reason>": a missing one must not read "None".
+            return Availability.no(f"plugin {self.plugin_of(item)!r} says it is unavailable and gives no reason")
         return answer
 
     def meter_reads(self, meter: PowerMeterFactory, accelerator_name: str) -> bool:

@@ -39,7 +39,7 @@ def parse_plugin_options(model: type[BaseModel], options: dict[str, Any], field:
             return model.model_validate(options, strict=True)
         return model.model_validate_json(document, strict=True)
     except ValidationError as exc:
-        errors = config_errors(exc, model, unknown=f"unknown option for {owner}; allowed", prefix=field, nameless="?")
+        errors = config_errors(exc, model, unknown=f"unknown option for {owner}; allowed", prefix=field)
         raise errors[0] from None
 
 

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from core.energy.meter import PowerMeter
-from core.energy.sampling import DEFAULT_TIMELINE_SPANS, FixedRateSampler
+from core.energy.sampling import DEFAULT_TIMELINE_SPANS, Clock, FixedRateSampler, as_clock
 from core.storage.results import EnergyMeasurement
 
 # Counter and sampled integral further apart than this get a warning in the result. Both measure
@@ -145,15 +144,19 @@ class DeviceEnergyMeter(PowerMeter):
         details: dict[str, Any] | None = None,
         timeline_points: int = DEFAULT_TIMELINE_SPANS,
         *,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock | Callable[[], float] | None = None,
         max_poll_seconds: float = MAX_POLL_SECONDS,
     ) -> None:
+        """:param clock: what reads the time and waits for it (a ``core.energy.sampling.Clock``, or a
+        time function such as ``time.monotonic``); None: the real clock. The counters' timestamps,
+        the power sampler and the counter poller all follow it, so a test in simulated time
+        (``core.testing.SimulatedClock``) measures the same on a busy machine as on a quiet one."""
         if not sources:
             raise ValueError("a device energy meter needs at least one source")
         self.name = name
         self._sources = sources
         self._details = dict(details or {})
-        self._clock = clock
+        self._clock = as_clock(clock)
         self._max_poll_seconds = max_poll_seconds
         self._counter_errors: dict[str, str] = {}
         self._counted: dict[str, float] = {}  # joules per source since start, at the last good read
@@ -174,6 +177,7 @@ class DeviceEnergyMeter(PowerMeter):
             FixedRateSampler(
                 lambda: {s.key: s.read_power_watts() for s in powered},  # type: ignore[misc]
                 sample_interval_seconds,
+                clock=self._clock,
                 timeline_spans=timeline_points,
             )
             if powered and (sample_power or any(not s.counters for s in powered))
@@ -208,7 +212,7 @@ class DeviceEnergyMeter(PowerMeter):
 
     def poll(self) -> None:
         """Read every counter now (the poller's step; tests call it): no wrap goes unseen."""
-        t = self._clock()
+        t = self._clock.now()
         for source in self._sources:
             if source.key not in self._counted:
                 continue
@@ -230,7 +234,7 @@ class DeviceEnergyMeter(PowerMeter):
 
     def _poll_loop(self) -> None:
         assert self.poll_interval_seconds is not None
-        while not self._stop_polling.wait(self.poll_interval_seconds):
+        while not self._clock.wait_until(self._clock.now() + self.poll_interval_seconds, self._stop_polling):
             self.poll()
 
     def _end_polling(self) -> None:
@@ -243,7 +247,7 @@ class DeviceEnergyMeter(PowerMeter):
 
     def start(self) -> None:
         self._stopping = False
-        t = self._clock()
+        t = self._clock.now()
         self._started_at = t
         for source in self._sources:
             if not source.counters:
@@ -268,7 +272,7 @@ class DeviceEnergyMeter(PowerMeter):
         if self._started_at is None:
             self._stop_sampling()
             return EnergyMeasurement(meter=self.name, unavailable_reason="stop() was called before start()")
-        t = self._clock()
+        t = self._clock.now()
         for source in self._sources:
             if source.key not in self._counted:
                 continue
@@ -288,6 +292,10 @@ class DeviceEnergyMeter(PowerMeter):
                 del self._counted[source.key]
         elapsed = t - self._started_at
         sampled = self._stop_sampling()
+        if sampled is not None and not any(source.counters for source in self._sources):
+            # Power alone: the window is the integral's own, from its first reading to its last, not
+            # two other clock readings a busy host may have set apart from them.
+            elapsed = sampled.duration_seconds
         return self._measurement(dict(self._counted), sampled, elapsed)
 
     def _measurement(self, counted: dict[str, float], sampled: Any, elapsed: float | None) -> EnergyMeasurement:

@@ -46,6 +46,31 @@ class MonotonicClock:
         return stop.wait(max(0.0, deadline - time.monotonic()))
 
 
+class _ReadClock:
+    """A bare time function as a Clock: read for the timestamps, waited on in real time."""
+
+    def __init__(self, read: Callable[[], float]) -> None:
+        self._read = read
+
+    def now(self) -> float:
+        return self._read()
+
+    def wait_until(self, deadline: float, stop: threading.Event) -> bool:
+        return stop.wait(max(0.0, deadline - self._read()))
+
+
+def as_clock(clock: Clock | Callable[[], float] | None) -> Clock:
+    """The Clock a meter keeps: ``clock`` itself, a time function (``time.monotonic``) made one, or
+    the real clock for None. One clock for a meter's timestamps, its sampling and its polling, so a
+    test that moves it moves all three."""
+    if clock is None:
+        return MonotonicClock()
+    if hasattr(clock, "wait_until") and hasattr(clock, "now"):
+        return clock
+    assert callable(clock)
+    return _ReadClock(clock)
+
+
 @dataclass
 class _Span:
     """Consecutive readings' time [start, stop] with, per component, the energy integrated in it
@@ -287,7 +312,9 @@ class FixedRateSampler:
                 comp.covered_seconds += dt
                 span_joules[name], span_covered[name] = joules, dt
             comp.last_watts = watts
-        if self._timeline is not None and self._last_t is not None:
+        if self._timeline is not None and self._last_t is not None and dt > 0:
+            # A reading at the same moment as the last (the final one, where a sample fell on the
+            # window's end) adds no energy: no span of no length, which would read as N/A power.
             self._timeline.add(self._last_t, t, span_joules, span_covered)
         self._last_t = t
 

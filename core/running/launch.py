@@ -230,6 +230,7 @@ def launch(
             if not result.status.ok:
                 failure.message = f"{failure.message}\nrank 0 saw: {result.status.error_type}: {result.status.message}"
             result.status = failure
+    result.explain_missing_energy()
     return result
 
 
@@ -327,4 +328,5 @@ def run_in_child(
                 else processes.exit_status(ended.returncode, process=process, phase=phase, output=output)
             )
     result.warnings.extend(w for w in callback_warnings if w not in result.warnings)
+    result.explain_missing_energy()
     return result, ended.seconds

@@ -419,6 +419,13 @@ def _check_placement_limits(
             f"accelerator {accelerator.name!r} places at most {accelerator.max_devices_per_replica} "
             "device(s) per replica",
         )
+    if config.threads_per_replica is not None and not accelerator.applies_threads_per_replica:
+        raise ConfigError(
+            "threads_per_replica",
+            config.threads_per_replica,
+            f"accelerator {accelerator.name!r} does not set host threads (its plugin does not declare "
+            "applies_threads_per_replica); allowed: leave it unset (None)",
+        )
     if config.device_iterations > 1 and not accelerator.supports_device_iterations:
         raise ConfigError(
             "device_iterations",

@@ -245,7 +245,8 @@ def execute(plan: RunPlan, process: ProcessContext, on_progress: ProgressCallbac
             raise
         result.status = Status.from_exception(classify_fault(exc), phase, exc)
         if meter is not None and result.energy is None:
-            result.energy_unavailable_reason = f"the window did not complete ({result.status.state.value})"
+            result.energy_unavailable_reason = None  # the meter was ready; the window is what failed
+        result.explain_missing_energy()
     finally:
         if meter is not None:
             _close_quietly(meter.close)

@@ -464,3 +464,13 @@ class RunResult(BaseModel):
 
     def to_json(self) -> str:
         return self.model_dump_json(indent=2)
+
+    def explain_missing_energy(self) -> None:
+        """Give a failed run without an energy figure the reason it has none, where nothing said
+        one yet (a run that broke before its meter opened, a process killed or out of time)."""
+        if self.status.ok or self.energy_joules is not None or self.energy_unavailable_reason:
+            return
+        where = f" in {self.status.phase}" if self.status.phase else ""
+        self.energy_unavailable_reason = (
+            f"the window did not complete ({self.status.state.value}{where}): no energy was measured"
+        )

@@ -54,6 +54,8 @@ class CpuAccelerator(Accelerator):
     distributed_backend: ClassVar[str | None] = "gloo"
     supports_inference: ClassVar[bool] = True
     forks_from_warm_parent: ClassVar[bool] = True
+    # torch.set_num_threads in each replica's process; TensorFlow's intra-op pool for all replicas.
+    applies_threads_per_replica: ClassVar[bool] = True
 
     def availability(self) -> Availability:
         return Availability.yes()

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from core.plugin import (
     Availability,
+    Clock,
     DeviceEnergyMeter,
     DeviceRecord,
     EnergyCounter,
@@ -130,7 +131,7 @@ class RaplMeter(DeviceEnergyMeter):
         zones: list[RaplZone],
         *,
         read_text: ReadText = _read_text,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock | Callable[[], float] = time.monotonic,
         max_power_watts: float = 500.0,  # generous per zone; bounds the time a counter takes to wrap
         max_poll_seconds: float = 10.0,
     ) -> None:

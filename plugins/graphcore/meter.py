@@ -46,6 +46,7 @@ from typing import Any, ClassVar
 
 from core.plugin import (
     Availability,
+    Clock,
     DeviceEnergyMeter,
     DeviceRecord,
     EnergyMeasurement,
@@ -242,6 +243,7 @@ class GcipuinfoMeter(DeviceEnergyMeter):
         sample_interval_seconds: float,
         *,
         timeline_points: int,
+        clock: Clock | None = None,
     ) -> None:
         snapshot = PowerSnapshot(info, readings)
         sources = [EnergySource(key=reading.key, read_power_watts=_reader(snapshot, reading)) for reading in readings]
@@ -274,6 +276,7 @@ class GcipuinfoMeter(DeviceEnergyMeter):
             sample_power=True,
             details=details,
             timeline_points=timeline_points,
+            clock=clock,
         )
 
     def stop(self) -> EnergyMeasurement:
@@ -286,6 +289,10 @@ class GcipuinfoMeter(DeviceEnergyMeter):
 class GcipuinfoMeterFactory(PowerMeterFactory):
     name: ClassVar[str] = "gcipuinfo"
     description: ClassVar[str] = "Graphcore IPU power from gcipuinfo, sampled and integrated (no energy counter)"
+
+    def __init__(self, *, clock: Clock | None = None) -> None:
+        """:param clock: the meters' time (None: the real clock), for tests in simulated time."""
+        self._clock = clock
 
     def reads(self, accelerator_name: str) -> bool:
         return accelerator_name == "graphcore"
@@ -336,4 +343,5 @@ class GcipuinfoMeterFactory(PowerMeterFactory):
             scope,
             config.power_sample_interval_seconds,
             timeline_points=config.power_timeline_points,
+            clock=self._clock,
         )

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 from core.plugin import (
     Availability,
+    Clock,
     DeviceEnergyMeter,
     DeviceRecord,
     EnergyMeasurement,
@@ -29,7 +30,7 @@ from .nvml import energy_counter_joules, nvml_session, power_reader
 
 
 class NvmlMeter(DeviceEnergyMeter):
-    def __init__(self, devices: list[DeviceRecord], config: RunConfig) -> None:
+    def __init__(self, devices: list[DeviceRecord], config: RunConfig, clock: Clock | None = None) -> None:
         self._session = nvml_session()
         pynvml = self._session.__enter__()
         try:
@@ -67,6 +68,7 @@ class NvmlMeter(DeviceEnergyMeter):
                 sample_power=True,
                 details=details,
                 timeline_points=config.power_timeline_points,
+                clock=clock,
             )
         except BaseException:
             self._session.__exit__(None, None, None)
@@ -96,6 +98,11 @@ class NvmlMeterFactory(PowerMeterFactory):
     name: ClassVar[str] = "nvml"
     description: ClassVar[str] = "NVIDIA GPU energy counter (Volta+) and sampled instantaneous power via NVML"
 
+    def __init__(self, *, clock: Clock | None = None) -> None:
+        """:param clock: the meters' time (None: the real clock); a test's simulated one moves the
+        simulated driver's time with it (tests/simnvml.py)."""
+        self._clock = clock
+
     def reads(self, accelerator_name: str) -> bool:
         return accelerator_name == "nvidia"
 
@@ -105,4 +112,4 @@ class NvmlMeterFactory(PowerMeterFactory):
         return Availability.yes()
 
     def meter_for(self, devices: list[DeviceRecord], context: RunContext) -> PowerMeter:
-        return NvmlMeter(devices, context.config)
+        return NvmlMeter(devices, context.config, self._clock)

@@ -12,7 +12,8 @@
  *       <power ramp mW/s> <counter scale> <pci bus id> <name>
  *   mig <parent gpu index> <uuid> <gpu instance id> <compute instance id> <memory bytes> <name>
  * The driver "loads" at the first nvmlInit after the library is loaded or simnvml_reset(): power is
- * <power> + <ramp> x (seconds since then), and energy grows as its integral (CLOCK_MONOTONIC), times
+ * <power> + <ramp> x (seconds since then), and energy grows as its integral (CLOCK_MONOTONIC, or the
+ * test's simulated time once simnvml_set_time is called), times
  * <counter scale> (1 for an honest counter). A MIG device has no power or energy of its own
  * (NOT_SUPPORTED), as on real A100/H100 MIG handles.
  *
@@ -20,7 +21,7 @@
  * old enough to lack it, where pynvml raises NVMLError_FunctionNotFound.
  *
  * Tests steer and watch the library through functions NVML does not have, all named simnvml_*
- * (called through ctypes): simnvml_reset, simnvml_lose_gpu, simnvml_init_calls,
+ * (called through ctypes): simnvml_reset, simnvml_lose_gpu, simnvml_set_time, simnvml_init_calls,
  * simnvml_shutdown_calls.
  */
 #include <stdint.h>
@@ -72,8 +73,13 @@ static int lost[MAX_GPUS];
 static unsigned int instant_reads[MAX_GPUS]; /* for INSTANT mode 3, since the driver loaded */
 static unsigned int init_calls, shutdown_calls;
 
+/* Set by simnvml_set_time: the test's simulated time stands in for CLOCK_MONOTONIC. */
+static volatile int time_is_set;
+static volatile double time_set;
+
 static double now(void) {
     struct timespec t;
+    if (time_is_set) return time_set;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
 }
@@ -420,8 +426,16 @@ nvmlReturn_t nvmlDeviceGetComputeInstanceId(sim_device *d, unsigned int *id) {
 void simnvml_reset(void) {
     init_count = init_calls = shutdown_calls = 0;
     driver_loaded = 0;
+    time_is_set = 0;
     memset(lost, 0, sizeof lost);
     memset(instant_reads, 0, sizeof instant_reads);
+}
+
+/* Not NVML: the library's clock reads `seconds` from now on, until the next call or simnvml_reset:
+ * a test's simulated time (tests/simnvml.py, simulated_time), so power and energy follow it alone. */
+void simnvml_set_time(double seconds) {
+    time_set = seconds;
+    time_is_set = 1;
 }
 
 /* Not NVML: the GPU at this index falls off the bus now; from here on NVML answers
