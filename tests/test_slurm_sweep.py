@@ -680,3 +680,20 @@ def test_a_jobs_directory_that_cannot_be_made_leaves_no_sweep(
     with ResultStore(database, create=False) as store:
         assert store.sweep_names() == []
     assert simulated_slurm.jobs == {} and not (tmp_path / "results.db.jobs").exists()
+
+
+def test_a_job_sacct_does_not_list_yet_is_asked_of_squeue(monkeypatch: pytest.MonkeyPatch) -> None:
+    # slurmdbd writes a job's record late on a busy cluster: until then only squeue knows it, and
+    # a job taken for forgotten would be recorded as lost while it waits in the queue.
+    asked: list[str] = []
+
+    def slurm(command: list[str], environment: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        asked.append(command[0])
+        listed = "7|COMPLETED\n" if command[0] == "sacct" else "8|PENDING\n"
+        return subprocess.CompletedProcess(command, 0, stdout=listed, stderr="")
+
+    monkeypatch.setattr(core.sweep.slurm_jobs, "_run", slurm)
+    monkeypatch.setattr(core.sweep.slurm_jobs.shutil, "which", lambda name: f"/usr/bin/{name}")
+
+    assert core.sweep.slurm_jobs.JobStates().query(["7", "8"]) == {"7": "COMPLETED", "8": "PENDING"}
+    assert asked == ["sacct", "squeue"]

@@ -325,7 +325,7 @@ def run_cells_on_slurm(
             sweep.poll()
             if sweep.ledger.entries:
                 sweep.scheduler.sleep(settings.poll_seconds)
-    except KeyboardInterrupt:
+    except BaseException:  # Ctrl-C, SIGTERM, a result the database refused: the jobs go on
         if sweep.ledger.entries:
             entries = sweep.ledger.entries.values()
             print(

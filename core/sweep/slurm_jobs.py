@@ -173,7 +173,15 @@ class JobStates:
         for start in range(0, len(job_ids), _IDS_PER_QUERY):
             chunk = list(job_ids[start : start + _IDS_PER_QUERY])
             answered = self._sacct(chunk) if self.accounting is not False else None
-            states.update(answered if answered is not None else self._squeue(chunk))
+            if answered is None:
+                answered = self._squeue(chunk)
+            else:
+                # sacct lists a job once slurmdbd has its record, which a busy one writes late:
+                # squeue, which the controller answers, says whether such a job is queued.
+                unlisted = [job_id for job_id, state in answered.items() if state is None]
+                if unlisted:
+                    answered.update(self._squeue(unlisted))
+            states.update(answered)
         return states
 
     def _sacct(self, job_ids: list[str]) -> dict[str, str | None] | None:
