@@ -171,6 +171,8 @@ def test_repeats_of_one_cell_cancelled_together_are_each_recorded_once(tmp_path:
     finally:
         if submitter.poll() is None:
             submitter.kill()
+            submitter.wait()
+            cancel([job["job_id"] for job in json.loads(ledger_path.read_text())["jobs"]])  # leave none running
     assert submitter.returncode == 0, err
     rows = _rows(database, "together")
     assert sorted((repeat, status) for _, repeat, status in rows) == [(0, "killed"), (1, "killed"), (2, "killed")], (
