@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from resume_command import printed_command, resume_words
+from slurm_support import SimulatedSlurm
 
 import core.cli
 import core.sweep.cluster
@@ -163,8 +164,6 @@ def test_a_sweep_interrupted_resumes_with_the_printed_command_from_anywhere(
 def test_a_slurm_sweep_interrupted_resumes_waiting_for_the_same_jobs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from test_slurm_sweep import SimulatedSlurm
-
     slurm = SimulatedSlurm()
     monkeypatch.setattr(core.sweep.slurm_jobs, "unavailable_reason", lambda: None)
     monkeypatch.setattr(core.sweep.cluster, "make_scheduler", lambda: slurm)
