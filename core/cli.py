@@ -917,10 +917,105 @@ def _sweep_overrides(args: argparse.Namespace, spec: Any) -> dict[str, Any]:
     return overrides
 
 
+def _sweep_dry_run(args: argparse.Namespace, plan: Any, machine: Any, database: Path) -> int:
+    """``core sweep --dry-run``: the cells, validated, and what the database already holds; what a
+    sweep would refuse before running (its jobs directory, a --resume of an unknown sweep) too."""
+    from core.storage.store import ResultStore, StoreError
+    from core.sweep import SweepError
+    from core.sweep.run import unknown_sweep_message
+
+    spec = plan.spec
+    finished: dict[tuple[str, int], str] = {}
+    try:
+        if args.executor == "slurm":
+            from core.sweep.cluster import check_jobs_directory
+            from core.sweep.slurm_settings import SlurmSettings
+
+            check_jobs_directory(database, spec.slurm or SlurmSettings())
+        if args.resume and not database.exists():
+            raise SweepError(f"--resume: no results database at {database}, so no sweep {spec.name!r} to resume")
+        if database.exists():
+            with ResultStore(database, create=False) as store:  # read only: a dry run writes nothing
+                finished = store.finished(spec.name)
+                if args.resume and not finished and store.sweep(spec.name) is None:
+                    raise SweepError(unknown_sweep_message(store, spec.name))
+    except (StoreError, SweepError) as error:
+        return _error(str(error))
+    target = f", planned for machine {machine.name!r}" if machine is not None else ""
+    print(f"sweep {spec.name} ({args.file}), database {database}{target}")
+    _print_plan(plan, spec.repeats, finished)
+    if plan.invalid_cells and not args.skip_invalid:
+        return _error(
+            f"{_count(len(plan.invalid_cells), 'invalid cell')}: fix the grid, exclude them, or pass --skip-invalid"
+        )
+    return 0
+
+
+#: ``core sweep`` options a resume command gives as they were given (dest -> flag); with ``file``,
+#: ``--database``, ``--executor``, the ``--slurm-*`` flags and those in _NOT_RESUMED, every option
+#: of the command (tests/test_sweep_resume.py checks that none is forgotten)
+_RESUMED_FLAGS = {
+    "toy": "--toy",
+    "retry_failed": "--retry-failed",
+    "skip_invalid": "--skip-invalid",
+    "name": "--name",
+    "repeats": "--repeats",
+    "timeout_seconds": "--timeout-seconds",
+    "workers": "--workers",
+}
+#: options a resume command leaves out: it resumes (--resume), runs (not --dry-run, so no --machine)
+_NOT_RESUMED = frozenset({"command", "debug", "dry_run", "machine", "resume"})
+
+
+def _core_program() -> list[str]:
+    """How to start this ``core`` again from a shell: ``core`` where that is the one on PATH, else
+    this script's path, else this interpreter with ``-m core.cli`` (core run from Python)."""
+    import shutil
+
+    script = sys.argv[0] if sys.argv else ""
+    if Path(script).name == "core":
+        on_path = shutil.which("core")
+        try:
+            if on_path is not None and os.path.samefile(on_path, script):
+                return ["core"]
+        except OSError:
+            pass
+        if os.path.exists(script):
+            return [os.path.abspath(script)]
+    return [sys.executable, "-m", "core.cli"]
+
+
+def resume_command(args: argparse.Namespace, database: Path, spec: Any) -> str:
+    """The shell command that resumes this sweep, word for word: the same file, database, executor
+    and every option that shapes the sweep, paths made absolute, each word quoted for a POSIX shell."""
+    import shlex
+
+    words = [*_core_program(), "sweep", os.path.abspath(args.file), "--resume"]
+    words += ["--database", os.path.abspath(database), "--executor", args.executor]
+    for dest, flag in _RESUMED_FLAGS.items():
+        value = getattr(args, dest)
+        if value is True:
+            words.append(flag)
+        elif value not in (None, False):
+            words.append(f"{flag}={value}")
+    for name, _, _ in _SLURM_FLAGS:
+        value = getattr(args, f"slurm_{name}")
+        if name == "jobs_directory" and args.executor == "slurm":
+            from core.sweep.cluster import jobs_directory
+            from core.sweep.slurm_settings import SlurmSettings
+
+            given = value or (spec.slurm.jobs_directory if spec.slurm is not None else None)
+            value = jobs_directory(database, SlurmSettings(jobs_directory=given))  # the one this sweep used
+        if value is not None:
+            words.append(f"--slurm-{name.replace('_', '-')}={value}")
+    words += [f"--slurm-option={option}" for option in args.slurm_extra_options or ()]
+    return shlex.join(words)
+
+
 def _command_sweep(args: argparse.Namespace) -> int:
     import signal
 
-    from core.storage.store import ResultStore, StoreError, default_database
+    from core.storage.store import StoreError, default_database
     from core.sweep import SweepError, UnsavedResultError, load_sweep, make_sweep_spec, plan_sweep, run_sweep
 
     try:
@@ -942,21 +1037,7 @@ def _command_sweep(args: argparse.Namespace) -> int:
         return _error(str(error))
     database = args.database or default_database()
     if args.dry_run:
-        finished: dict[tuple[str, int], str] = {}
-        if database.exists():
-            try:
-                with ResultStore(database, create=False) as store:  # read only: a dry run writes nothing
-                    finished = store.finished(spec.name)
-            except StoreError as error:
-                return _error(str(error))
-        target = f", planned for machine {machine.name!r}" if machine is not None else ""
-        print(f"sweep {spec.name} ({args.file}), database {database}{target}")
-        _print_plan(plan, spec.repeats, finished)
-        if plan.invalid_cells and not args.skip_invalid:
-            return _error(
-                f"{_count(len(plan.invalid_cells), 'invalid cell')}: fix the grid, exclude them, or pass --skip-invalid"
-            )
-        return 0
+        return _sweep_dry_run(args, plan, machine, database)
 
     # SIGTERM ends the sweep the way Ctrl-C does: the running cell is stopped, nothing half-done is stored.
     previous_handler = signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -978,14 +1059,14 @@ def _command_sweep(args: argparse.Namespace) -> int:
             from core.storage.files import json_text
 
             print(json_text(error.document), flush=True)  # JSON any reader takes: null, never NaN
-        return _error(f"{error}. Once the database can be written: core sweep {args.file} --resume", code=1)
+        return _error(f"{error}. Once the database can be written: {resume_command(args, database, spec)}", code=1)
     except (SweepError, StoreError) as error:  # before anything ran: the grid, the database, its lock
         return _error(str(error))
     except KeyboardInterrupt:
         display.line.clear()
         print(
             f"core: sweep {spec.name} interrupted; finished runs are in {database}. "
-            f"Continue with: core sweep {args.file}{' --executor slurm' if args.executor == 'slurm' else ''} --resume",
+            f"Continue with: {resume_command(args, database, spec)}",
             file=sys.stderr,
         )
         return 130

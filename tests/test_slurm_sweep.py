@@ -9,20 +9,28 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+from pydantic import ValidationError
+from slurm_support import SimulatedSlurm
 
+import core.sweep.cluster
+import core.sweep.slurm_jobs
 from core.cli import main
 from core.config import RunConfig
 from core.storage.results import RunResult, RunState
 from core.storage.store import ResultStore
+from core.sweep import SweepError, run_sweep
 from core.sweep.cluster import ENDED_NAME, LEDGER_NAME, job_result
-from core.sweep.slurm_jobs import cancel, unavailable_reason
+from core.sweep.slurm_jobs import cancel, log_path_pattern, unavailable_reason
+from core.sweep.slurm_settings import SlurmSettings
 
 SLURM_MISSING = unavailable_reason()
 needs_slurm = pytest.mark.skipif(
@@ -140,6 +148,55 @@ def test_a_killed_submitter_resumes_waiting_for_its_jobs_without_duplicates(tmp_
     assert json.loads(ledger_path.read_text())["jobs"] == []
 
 
+@pytest.mark.slow
+@needs_slurm
+def test_repeats_of_one_cell_cancelled_together_are_each_recorded_once(tmp_path: Path) -> None:
+    # Three repeats of one cell (runs far longer than the test) are cancelled by one scancel while
+    # the sweep sleeps between polls: its next poll finds them all ended, the first a failure that
+    # stops the cell. Each is recorded once, as killed; the sweep ends normally.
+    sweep = _sweep_file(tmp_path, "together", steps="16777216", slurm="poll_seconds = 5")
+    sweep.write_text(sweep.read_text().replace("repeats = 1", "repeats = 3").replace("poll_seconds = 1\n", ""))
+    database = tmp_path / "results.db"
+    ledger_path = tmp_path / "results.db.jobs" / "together" / LEDGER_NAME
+    command = [sys.executable, "-m", "core.cli", "sweep", str(sweep), "--executor", "slurm", "--database"]
+    submitter = subprocess.Popen([*command, str(database)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and submitter.poll() is None:
+            if ledger_path.exists() and len(json.loads(ledger_path.read_text())["jobs"]) == 3:
+                break
+            time.sleep(0.05)
+        cancel([job["job_id"] for job in json.loads(ledger_path.read_text())["jobs"]])
+        out, err = submitter.communicate(timeout=120)
+    finally:
+        if submitter.poll() is None:
+            submitter.kill()
+            submitter.wait()
+            cancel([job["job_id"] for job in json.loads(ledger_path.read_text())["jobs"]])  # leave none running
+    assert submitter.returncode == 0, err
+    rows = _rows(database, "together")
+    assert sorted((repeat, status) for _, repeat, status in rows) == [(0, "killed"), (1, "killed"), (2, "killed")], (
+        out,
+        err,
+    )
+    assert "3 runs now" in out and json.loads(ledger_path.read_text())["jobs"] == []
+
+
+@pytest.mark.slow
+@needs_slurm
+def test_a_jobs_directory_with_sbatch_patterns_in_its_name_keeps_the_logs(tmp_path: Path) -> None:
+    # sbatch expands %j, %u... anywhere in --output: this directory's own must stay as they are.
+    jobs = tmp_path / "100%j-%u jobs"
+    sweep = _sweep_file(tmp_path, "patterns", steps="2", slurm=f"jobs_directory = {json.dumps(str(jobs))}")
+    database = tmp_path / "results.db"
+
+    assert main(["sweep", str(sweep), "--executor", "slurm", "--database", str(database)]) == 0
+
+    assert [status for _, _, status in _rows(database, "patterns")] == ["ok"]
+    assert [path for path in tmp_path.iterdir() if path.name.startswith("100")] == [jobs]  # none expanded
+    assert [path.name for path in (jobs / "patterns").iterdir()] == [LEDGER_NAME]
+
+
 def test_a_bad_slurm_value_is_refused_naming_the_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     sweep = _sweep_file(tmp_path, "bad", steps="2", slurm='partition = "debug"\ncpus_per_task = 0')
     database = tmp_path / "results.db"
@@ -197,3 +254,383 @@ def test_a_job_slurm_forgot_without_an_end_is_an_error(tmp_path: Path) -> None:
     result, _ = job_result(folder, "7", None, config, time_limit_minutes=5)
 
     assert result.status.state is RunState.error and "Slurm no longer knows it" in (result.status.message or "")
+
+
+# --- the bookkeeping, against a simulated Slurm (tests/slurm_support.py) --------------------------
+
+
+def _simulated_sweep(tmp_path: Path, *, cells: int, repeats: int, slurm_table: str = "") -> Path:
+    steps = ", ".join(str(2 + index) for index in range(cells))
+    path = tmp_path / "sim.toml"
+    path.write_text(
+        f'name = "sim"\nrepeats = {repeats}\ntimeout_seconds = 60\n[grid]\nworkload = "fcnn"\n'
+        f'accelerator = "cpu"\nsteps = [{steps}]\nmicro_batch_size = 4\n'
+        "workload_options = {layers = 1, hidden_width = 8}\n"
+        f"[slurm]\npoll_seconds = 5\n{slurm_table}"
+    )
+    return path
+
+
+@pytest.fixture
+def simulated_slurm(monkeypatch: pytest.MonkeyPatch) -> SimulatedSlurm:
+    slurm = SimulatedSlurm()
+    monkeypatch.setattr(core.sweep.slurm_jobs, "unavailable_reason", lambda: None)
+    monkeypatch.setattr(core.sweep.cluster, "make_scheduler", lambda: slurm)
+    return slurm
+
+
+def _recorded(database: Path) -> dict[tuple[int, int], RunResult]:
+    """(cell, repeat), both 1-based, -> the recorded result; fails on a repeat recorded twice."""
+    with ResultStore(database, create=False) as store:
+        runs = store.runs(sweep="sim")
+    keys = [(run.result.config.steps - 1, (run.repeat or 0) + 1) for run in runs]  # steps = 1 + the cell's number
+    assert len(keys) == len(set(keys)), f"a repeat recorded twice: {keys}"
+    return {key: run.result for key, run in zip(keys, runs)}
+
+
+#: how a job that ended in each Slurm state, its worker's result not written, is recorded
+_FINAL_STATES = {
+    "TIMEOUT": RunState.timeout,
+    "DEADLINE": RunState.timeout,
+    "OUT_OF_MEMORY": RunState.oom,
+    "CANCELLED": RunState.killed,
+    "NODE_FAIL": RunState.killed,
+    "BOOT_FAIL": RunState.killed,
+    "PREEMPTED": RunState.killed,
+    "FAILED": RunState.error,  # the worker exited 1 without a result
+    "REVOKED": RunState.error,
+    "SPECIAL_EXIT": RunState.error,
+}
+
+
+@pytest.mark.parametrize("state", sorted(_FINAL_STATES))
+def test_every_repeat_of_a_cell_ending_in_one_poll_is_recorded_once_with_its_phases(
+    tmp_path: Path, simulated_slurm: SimulatedSlurm, state: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Four repeats of one cell end in the same poll: the first failed (which stops the cell), then
+    # one in `state` with only its phases written, one that completed, one whose worker wrote its
+    # result before Slurm ended the job in `state` (the result is whole: it is what is kept).
+    def poll(slurm: SimulatedSlurm, number: int) -> None:
+        if number == 1:
+            slurm.end(slurm.job(1, 1), "FAILED", result="error", exit_code=1)
+            slurm.end(slurm.job(1, 2), state, exit_code=1 if state == "FAILED" else None)
+            slurm.end(slurm.job(1, 3), "COMPLETED", result="ok", exit_code=0)
+            slurm.end(slurm.job(1, 4), state, result="ok")
+
+    simulated_slurm.on_poll = poll
+    sweep, database = _simulated_sweep(tmp_path, cells=1, repeats=4), tmp_path / "results.db"
+
+    assert main(["sweep", str(sweep), "--executor", "slurm", "--database", str(database)]) == 0, capsys.readouterr()
+
+    recorded = _recorded(database)
+    assert {key: result.status.state for key, result in recorded.items()} == {
+        (1, 1): RunState.error,
+        (1, 2): _FINAL_STATES[state],
+        (1, 3): RunState.ok,
+        (1, 4): RunState.ok,
+    }
+    for repeat in range(1, 5):  # each with the phases its own job measured
+        assert recorded[(1, repeat)].setup_seconds == float(simulated_slurm.job(1, repeat))
+    if state not in ("FAILED", "REVOKED", "SPECIAL_EXIT"):
+        assert f"state {state}" in (recorded[(1, 2)].status.message or "")
+    assert simulated_slurm.cancelled == [] and simulated_slurm.polls == 1
+    assert json.loads((tmp_path / "results.db.jobs" / "sim" / LEDGER_NAME).read_text())["jobs"] == []
+    assert "4 runs now" in capsys.readouterr().out
+
+
+def test_a_failed_repeat_stops_only_the_jobs_of_its_cell_that_had_not_ended(
+    tmp_path: Path, simulated_slurm: SimulatedSlurm
+) -> None:
+    # Cells 1 and 2 each fail in the first poll; cell 1's third job is still running (cancelled,
+    # not recorded), its second has written its result and is finishing (left to end, recorded);
+    # cell 3 is untouched and completes in the second poll.
+    def poll(slurm: SimulatedSlurm, number: int) -> None:
+        if number == 1:
+            slurm.end(slurm.job(1, 1), "OUT_OF_MEMORY")
+            slurm.end(slurm.job(2, 1), "TIMEOUT")
+            slurm.end(slurm.job(2, 2), "NODE_FAIL")
+            slurm.end(slurm.job(1, 2), "RUNNING", result="ok")
+            slurm.jobs[slurm.job(1, 3)]["state"] = slurm.jobs[slurm.job(3, 1)]["state"] = "RUNNING"
+        if number == 2:
+            slurm.end(slurm.job(1, 2), "COMPLETED", result="ok", exit_code=0)
+            for repeat in (1, 2, 3):
+                slurm.end(slurm.job(3, repeat), "COMPLETED", result="ok", exit_code=0)
+
+    simulated_slurm.on_poll = poll
+    sweep, database = _simulated_sweep(tmp_path, cells=3, repeats=3), tmp_path / "results.db"
+
+    assert main(["sweep", str(sweep), "--executor", "slurm", "--database", str(database)]) == 0
+
+    states = {key: result.status.state for key, result in _recorded(database).items()}
+    assert states == {
+        (1, 1): RunState.oom,
+        (1, 2): RunState.ok,
+        (2, 1): RunState.timeout,
+        (2, 2): RunState.killed,
+        (3, 1): RunState.ok,
+        (3, 2): RunState.ok,
+        (3, 3): RunState.ok,
+    }
+    assert sorted(simulated_slurm.cancelled) == sorted([simulated_slurm.job(1, 3), simulated_slurm.job(2, 3)])
+    assert [path.name for path in (tmp_path / "results.db.jobs" / "sim").iterdir()] == [LEDGER_NAME]
+
+
+def test_a_job_slurm_forgets_is_lost_after_two_polls_by_the_injected_clock(
+    tmp_path: Path, simulated_slurm: SimulatedSlurm
+) -> None:
+    answers: list[int] = []
+
+    def poll(slurm: SimulatedSlurm, number: int) -> None:
+        answers.append(number)
+        slurm.jobs[slurm.job(1, 1)]["state"] = None  # squeue forgot it, and it wrote no end
+
+    simulated_slurm.on_poll = poll
+    sweep, database = _simulated_sweep(tmp_path, cells=1, repeats=1), tmp_path / "results.db"
+
+    assert main(["sweep", str(sweep), "--executor", "slurm", "--database", str(database)]) == 0
+
+    (result,) = _recorded(database).values()
+    assert result.status.state is RunState.error and "Slurm no longer knows it" in (result.status.message or "")
+    assert answers == [1, 2, 3]  # submitted at t, lost at t + 2 polls of 5 s on the sweep's clock
+
+
+# --- a refused submission, a bad jobs directory ---------------------------------------------------
+
+
+def test_a_refused_sbatch_leaves_no_half_made_sweep(
+    tmp_path: Path, simulated_slurm: SimulatedSlurm, capsys: pytest.CaptureFixture[str]
+) -> None:
+    simulated_slurm.refuse_submission = 3
+    sweep, database = _simulated_sweep(tmp_path, cells=2, repeats=2), tmp_path / "results.db"
+
+    assert main(["sweep", str(sweep), "--executor", "slurm", "--database", str(database)]) == 2
+
+    error = capsys.readouterr().err
+    assert "sweep sim not submitted: repeat 2 of cell" in error and "invalid partition specified: nope" in error
+    assert "the 2 job(s) submitted before it were cancelled" in error
+    assert simulated_slurm.cancelled == ["100", "101"]
+    with ResultStore(database, create=False) as store:
+        assert store.sweep_names() == [] and store.count() == 0
+    assert not (tmp_path / "results.db.jobs").exists()
+    # Nothing to resume; fixed, the sweep starts afresh.
+    assert main(["sweep", str(sweep), "--executor", "slurm", "--database", str(database), "--resume"]) == 2
+    assert "no sweep 'sim'" in capsys.readouterr().err
+    simulated_slurm.refuse_submission = None
+    simulated_slurm.on_poll = lambda slurm, number: [
+        slurm.end(job_id, "COMPLETED", result="ok", exit_code=0) for job_id in slurm.jobs if int(job_id) > 101
+    ]
+    assert main(["sweep", str(sweep), "--executor", "slurm", "--database", str(database)]) == 0
+    assert len(_recorded(database)) == 4
+
+
+def test_a_refused_sbatch_on_resume_keeps_the_jobs_already_in_flight(
+    tmp_path: Path, simulated_slurm: SimulatedSlurm, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sweep, database = _simulated_sweep(tmp_path, cells=3, repeats=1), tmp_path / "results.db"
+    ledger_path = tmp_path / "results.db.jobs" / "sim" / LEDGER_NAME
+
+    def interrupt(slurm: SimulatedSlurm, number: int) -> None:
+        raise KeyboardInterrupt
+
+    simulated_slurm.on_poll = interrupt
+    assert main(["sweep", str(sweep), "--executor", "slurm", "--database", str(database)]) == 130
+    ledger = json.loads(ledger_path.read_text())
+    lost = [ledger["jobs"].pop(), ledger["jobs"].pop()]
+    ledger_path.write_text(json.dumps(ledger))  # as if the sweep died before listing two of its jobs
+    simulated_slurm.refuse_submission = 5  # the second of the two submitted again
+
+    assert main(["sweep", str(sweep), "--executor", "slurm", "--database", str(database), "--resume"]) == 2
+
+    assert "the 1 job(s) submitted before it were cancelled" in capsys.readouterr().err
+    assert simulated_slurm.cancelled == ["103"]
+    assert json.loads(ledger_path.read_text())["jobs"] == ledger["jobs"]  # the job in flight is still waited for
+    assert Path(ledger["jobs"][0]["folder"]).is_dir() and not any(Path(job["folder"]).exists() for job in lost)
+    with ResultStore(database, create=False) as store:
+        assert store.sweep_names() == ["sim"]
+
+
+@pytest.mark.parametrize(
+    ("jobs_directory", "expected"),
+    [
+        ("{tmp}/a-file", "a-file is a file, not a folder"),
+        ("{tmp}/a-file/jobs", "a-file is a file, not a folder"),
+        ("{tmp}/missing/jobs", "its folder {tmp}/missing does not exist"),
+        ("{tmp}/back\\\\slash", "a backslash"),
+    ],
+)
+def test_a_bad_jobs_directory_is_refused_before_anything_is_written(
+    tmp_path: Path,
+    simulated_slurm: SimulatedSlurm,
+    capsys: pytest.CaptureFixture[str],
+    jobs_directory: str,
+    expected: str,
+) -> None:
+    (tmp_path / "a-file").write_text("not a folder")
+    sweep = _simulated_sweep(tmp_path, cells=1, repeats=1)
+    database = tmp_path / "db" / "results.db"
+    directory = jobs_directory.format(tmp=tmp_path)
+    for extra in (["--dry-run"], []):
+        command = ["sweep", str(sweep), "--executor", "slurm", "--database", str(database), *extra]
+        assert main([*command, "--slurm-jobs-directory", directory]) == 2
+        assert expected.format(tmp=tmp_path) in capsys.readouterr().err
+    assert simulated_slurm.jobs == {} and not database.parent.exists()
+    assert not (tmp_path / "missing").exists()
+
+
+def test_an_unwritable_jobs_directory_is_refused(
+    tmp_path: Path, simulated_slurm: SimulatedSlurm, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    real_access = os.access
+    # chmod does not stop root (these tests may run as root): the check asks os.access, as here.
+    monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != jobs and real_access(path, mode))
+    sweep = _simulated_sweep(tmp_path, cells=1, repeats=1, slurm_table=f'jobs_directory = "{jobs}"')
+
+    assert main(["sweep", str(sweep), "--executor", "slurm", "--database", str(tmp_path / "r.db")]) == 2
+
+    assert f"slurm.jobs_directory {jobs}: {jobs} cannot be written" in capsys.readouterr().err
+
+
+def test_two_databases_cannot_share_one_sweeps_jobs(tmp_path: Path, simulated_slurm: SimulatedSlurm) -> None:
+    sweep = _simulated_sweep(tmp_path, cells=1, repeats=1, slurm_table=f'jobs_directory = "{tmp_path}"')
+    simulated_slurm.on_poll = lambda slurm, number: (_ for _ in ()).throw(KeyboardInterrupt)
+    assert main(["sweep", str(sweep), "--executor", "slurm", "--database", str(tmp_path / "a.db")]) == 130
+
+    with pytest.raises(SweepError, match=f"belongs to sweep 'sim' of another database, {tmp_path / 'a.db'}"):
+        run_sweep(sweep, database=tmp_path / "b.db", executor="slurm")
+    with ResultStore(tmp_path / "b.db", create=False) as store:
+        assert store.sweep_names() == []  # refused before anything was submitted: no half-made sweep
+
+
+# --- sbatch's options: none of core's own, in any spelling; logs inside the jobs directory ---------
+
+
+@pytest.mark.parametrize(
+    ("option", "named"),
+    [
+        ("--output=/tmp/x", "--output"),
+        ("--outp=/tmp/x", "--outp abbreviates --output"),
+        ("--ou=../x", "--ou abbreviates --output"),
+        ("--output", "--output"),
+        ("--err=/tmp/x", "--err abbreviates --error"),
+        ("--chd=/", "--chd abbreviates --chdir"),
+        ("--job=x", "--job abbreviates --job-name"),
+        ("--arr=1-3", "--arr abbreviates --array"),
+        ("--wra=true", "--wra abbreviates --wrap"),
+        ("--par", "--par abbreviates --parsable, --partition"),
+        ("--nodes=2", "--nodes"),
+        ("--ntasks=4", "--ntasks"),
+        ("--time=5", "time_limit_minutes"),
+        ("--partition=gpu", "--slurm-partition"),
+        ("--mem=1G", "memory_megabytes"),
+        ("--exclusive=user", "exclusive"),
+        ("--wait", "sbatch must return at once"),
+        ("--test-only", "nothing would be submitted"),
+        ("--clu=other", "--clu abbreviates --clusters"),
+        ("-o", "'-o' is sbatch's -o, short for --output"),
+        ("-o/tmp/x", "short for --output"),
+        ("-e", "short for --error"),
+        ("-D", "short for --chdir"),
+        ("-J", "short for --job-name"),
+        ("-N2", "short for --nodes"),
+        ("-q", "one sbatch long option with its value after '='"),
+        ("--", "one sbatch long option"),
+        ("--qos high", "one sbatch long option"),
+    ],
+)
+def test_sbatch_options_core_sets_are_refused_in_every_spelling(
+    tmp_path: Path, option: str, named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(ValidationError, match=re.escape(named)):
+        SlurmSettings(extra_options=["--qos=high", option])
+    sweep = _simulated_sweep(tmp_path, cells=1, repeats=1)
+    assert main(["sweep", str(sweep), "--executor", "slurm", f"--slurm-option={option}", "--dry-run"]) == 2
+    assert "invalid slurm.extra_options" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "option", ["--qos=high", "--gpus=2", "--constraint=a100", "--mem-per-cpu=100", "--time-min=5", "--gres=gpu:1"]
+)
+def test_other_sbatch_options_pass(option: str) -> None:
+    assert SlurmSettings(extra_options=[option]).sbatch_options(nodes=1, timeout_seconds=60)[-1] == option
+
+
+def test_every_log_of_a_job_stays_in_its_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # sbatch expands %-patterns anywhere in --output's path: a jobs directory with a % of its own
+    # must not send the log elsewhere, and SBATCH_ERROR in the environment must not split it off.
+    calls: list[tuple[list[str], dict[str, str]]] = []
+
+    def sbatch(command: list[str], environment: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        calls.append((command, environment or {}))
+        return subprocess.CompletedProcess(command, 0, stdout="42;cluster\n", stderr="")
+
+    monkeypatch.setattr(core.sweep.slurm_jobs, "_run", sbatch)
+    monkeypatch.setenv("SBATCH_ERROR", "/tmp/elsewhere.err")
+    folder = tmp_path / "100%j-%u" / "cell1-repeat1"
+    log = log_path_pattern(folder, "slurm-%j.out")
+
+    assert core.sweep.slurm_jobs.submit(folder / "job.sh", [], job_name="x", log=log, directory=folder) == "42"
+
+    ((command, environment),) = calls
+    assert f"--output={tmp_path}/100%%j-%%u/cell1-repeat1/slurm-%j.out" in command
+    assert f"--error={tmp_path}/100%%j-%%u/cell1-repeat1/slurm-%j.out" in command
+    assert "SBATCH_ERROR" not in environment and environment["PATH"] == os.environ["PATH"]
+
+
+def test_a_sweep_with_jobs_in_flight_does_not_resume_on_this_machine(
+    tmp_path: Path, simulated_slurm: SimulatedSlurm, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Resumed with the local executor, its repeats would run here beside their own Slurm jobs.
+    import core.sweep.run
+
+    simulated_slurm.on_poll = lambda slurm, number: (_ for _ in ()).throw(KeyboardInterrupt)
+    sweep, database = _simulated_sweep(tmp_path, cells=1, repeats=2), tmp_path / "results.db"
+    assert main(["sweep", str(sweep), "--executor", "slurm", "--database", str(database)]) == 130
+    monkeypatch.setattr(core.sweep.run, "run_in_process", lambda *args, **kwargs: pytest.fail("ran locally"))
+
+    assert main(["sweep", str(sweep), "--database", str(database), "--resume"]) == 2
+
+    ledger = tmp_path / "results.db.jobs" / "sim" / LEDGER_NAME
+    assert f"sweep 'sim' has 2 Slurm job(s) in flight (listed in {ledger}); resume it with --executor slurm" in (
+        capsys.readouterr().err
+    )
+
+
+def test_a_jobs_directory_that_cannot_be_made_leaves_no_sweep(
+    tmp_path: Path, simulated_slurm: SimulatedSlurm, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Past the checks (as /proc would be for root), the folder still cannot be made.
+    real_mkdir = Path.mkdir
+
+    def refuse(path: Path, *args: Any, **kwargs: Any) -> None:
+        if path.name == "sim":
+            raise PermissionError(13, "Permission denied", str(path))
+        real_mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", refuse)
+    sweep, database = _simulated_sweep(tmp_path, cells=1, repeats=1), tmp_path / "results.db"
+
+    assert main(["sweep", str(sweep), "--executor", "slurm", "--database", str(database)]) == 2
+
+    assert "cannot make its folder" in capsys.readouterr().err
+    with ResultStore(database, create=False) as store:
+        assert store.sweep_names() == []
+    assert simulated_slurm.jobs == {} and not (tmp_path / "results.db.jobs").exists()
+
+
+def test_a_job_sacct_does_not_list_yet_is_asked_of_squeue(monkeypatch: pytest.MonkeyPatch) -> None:
+    # slurmdbd writes a job's record late on a busy cluster: until then only squeue knows it, and
+    # a job taken for forgotten would be recorded as lost while it waits in the queue.
+    asked: list[str] = []
+
+    def slurm(command: list[str], environment: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        asked.append(command[0])
+        listed = "7|COMPLETED\n" if command[0] == "sacct" else "8|PENDING\n"
+        return subprocess.CompletedProcess(command, 0, stdout=listed, stderr="")
+
+    monkeypatch.setattr(core.sweep.slurm_jobs, "_run", slurm)
+    monkeypatch.setattr(core.sweep.slurm_jobs.shutil, "which", lambda name: f"/usr/bin/{name}")
+
+    assert core.sweep.slurm_jobs.JobStates().query(["7", "8"]) == {"7": "COMPLETED", "8": "PENDING"}
+    assert asked == ["sacct", "squeue"]

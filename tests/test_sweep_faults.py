@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from resume_command import resume_words
 from synthetic import synthetic_result
 
 import core.storage.store
@@ -133,7 +134,7 @@ def test_a_second_sweep_on_a_database_is_refused_and_the_lock_dies_with_its_hold
     holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(database)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
-        assert main(["sweep", str(sweep_file), "--database", str(database), "--resume"]) == 2
+        assert main(["sweep", str(sweep_file), "--database", str(database)]) == 2
         err = capsys.readouterr().err
         assert f"results database {database} is in use by sweep 'first' (pid {holder.pid} on " in err, err
         assert "another --database" in err
@@ -148,7 +149,7 @@ def test_a_second_sweep_on_a_database_is_refused_and_the_lock_dies_with_its_hold
         if holder.poll() is None:
             holder.kill()
             holder.wait()
-    assert main(["sweep", str(sweep_file), "--database", str(database), "--resume"]) == 0
+    assert main(["sweep", str(sweep_file), "--database", str(database)]) == 0
     assert len(rows(database)) == 2 and len(fake_runs.calls) == 2
     # A finished sweep lets go of the lock too: another sweep can take it at once.
     with SweepLock(database, "next"):
@@ -183,7 +184,7 @@ def test_the_lock_is_held_for_the_whole_sweep_and_released_after_an_error(
 @pytest.mark.slow
 def test_two_real_sweeps_side_by_side_one_is_refused_and_nothing_is_lost(tmp_path: Path) -> None:
     database, sweep_file = tmp_path / "r.db", grid(tmp_path / "s.toml", batches=[8, 16])
-    command = [sys.executable, "-m", "core.cli", "sweep", str(sweep_file), "--database", str(database), "--resume"]
+    command = [sys.executable, "-m", "core.cli", "sweep", str(sweep_file), "--database", str(database)]
     first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
@@ -192,7 +193,8 @@ def test_two_real_sweeps_side_by_side_one_is_refused_and_nothing_is_lost(tmp_pat
             if lock.exists() and f'"pid": {first.pid}' in lock.read_text(encoding="utf-8"):
                 break
             time.sleep(0.05)
-        second = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        # The same sweep resumed while the first runs (--resume: the first has recorded it by now).
+        second = subprocess.run([*command, "--resume"], capture_output=True, text=True, timeout=120)
         out, err = first.communicate(timeout=600)
     finally:
         if first.poll() is None:
@@ -362,7 +364,9 @@ def test_a_result_the_full_database_refuses_is_saved_beside_it_and_recorded_on_r
     saved = database.parent / "r.db.unsaved" / "s-cell2-repeat1.json"
     assert "the sweep stopped: cannot record repeat 1 of cell 'micro_batch_size=16'" in captured.err
     assert "its disk is full (database or disk is full)" in captured.err
-    assert f"its result is saved in {saved}" in captured.err and f"core sweep {sweep_file} --resume" in captured.err
+    assert f"its result is saved in {saved}" in captured.err
+    printed = resume_words(captured.err, "Once the database can be written: ")
+    assert printed[:4] == ["sweep", str(sweep_file), "--resume", "--database"]
     no_traceback(captured.err)
     assert "micro_batch_size=16 repeat 1: ok" in captured.out  # the measured figure was shown
     assert len(fake_runs.calls) == 2  # the sweep stopped at the first result it could not record
@@ -372,8 +376,8 @@ def test_a_result_the_full_database_refuses_is_saved_beside_it_and_recorded_on_r
     assert [path.name for path in saved.parent.iterdir()] == [saved.name]  # no partial file
     assert [row[2] for row in rows(database)] == ["micro_batch_size=8"]
 
-    # Space again: --resume records the saved result (not run again) and runs the rest.
-    assert main(["sweep", str(sweep_file), "--database", str(database), "--resume"]) == 0
+    # Space again: the printed command records the saved result (not run again) and runs the rest.
+    assert main(printed) == 0
     out = capsys.readouterr().out
     assert "recorded 1 result(s) that an earlier run of this sweep could not write" in out
     assert [call[0] for call in fake_runs.calls[2:]] == ["micro_batch_size=32"]

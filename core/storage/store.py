@@ -559,6 +559,19 @@ class ResultStore:
         except sqlite3.DatabaseError as exc:
             raise StoreWriteError(self._explain(exc, "write")) from None
 
+    def forget_sweep(self, name: str) -> bool:
+        """Remove sweep ``name``'s record if no run of it is stored (a sweep that never got going:
+        its submission was refused); returns whether it was removed. Runs are never removed."""
+        try:
+            with self._transaction():
+                removed = self._connection.execute(
+                    "DELETE FROM sweeps WHERE name = ? AND NOT EXISTS (SELECT 1 FROM runs WHERE sweep = ?)",
+                    (name, name),
+                ).rowcount
+        except sqlite3.DatabaseError as exc:
+            raise StoreWriteError(self._explain(exc, "write")) from None
+        return removed > 0
+
     # --- reading ---------------------------------------------------------------------------
 
     def sweep(self, name: str) -> SweepRecord | None:

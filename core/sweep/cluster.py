@@ -18,19 +18,21 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shlex
 import shutil
 import sys
-import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from core.errors import CoreError
 from core.running import processes
-from core.storage.files import write_atomically
+from core.storage.files import OutputError, describe_os_error, write_atomically
 from core.storage.results import RunResult, RunState, Status
 from core.storage.summary import summarise
-from core.sweep.slurm_jobs import ACTIVE_STATES, JobStates, SlurmError, cancel, submit
+from core.sweep.slurm_jobs import ACTIVE_STATES, Scheduler, SlurmError, SlurmScheduler, log_path_pattern
 from core.sweep.slurm_settings import SlurmSettings
 from core.sweep.spec import SweepError
 
@@ -39,6 +41,9 @@ if TYPE_CHECKING:
     from core.sweep.plan import Cell, SweepPlan
     from core.sweep.run import SweepObserver, SweepOutcome
     from core.sweep.spec import SweepSpec
+
+#: how a cluster sweep reaches Slurm; a name of its own, so tests can swap in a simulated scheduler
+make_scheduler: Callable[[], Scheduler] = SlurmScheduler
 
 _log = logging.getLogger(__name__)
 LEDGER_NAME = "jobs.json"
@@ -53,12 +58,68 @@ _ENDED_BY_SLURM = {
     "BOOT_FAIL": (RunState.killed, "BootFail", "a node of the job failed to boot"),
     "PREEMPTED": (RunState.killed, "JobPreempted", "the job was preempted and not requeued"),
 }
-_TIMED_OUT = ("TIMEOUT", "DEADLINE")
+
+
+class NotSubmitted(SweepError):
+    """The sweep's jobs directory or ledger cannot take this sweep: nothing was submitted."""
+
+
+class SubmissionRefused(NotSubmitted):
+    """sbatch refused a job (a partition, account or option the cluster does not take), or the jobs
+    directory cannot hold the sweep's folder: the jobs this call submitted before it were cancelled
+    and their folders removed, so no half-made sweep stays."""
+
+
+class SubmissionFailed(SlurmError):
+    """A job could not be submitted (sbatch gave no answer, its folder could not be written): as for
+    :class:`SubmissionRefused`, nothing this call submitted stays."""
 
 
 def jobs_directory(database: Path, settings: SlurmSettings) -> Path:
-    """Where a cluster sweep's job folders and ledgers live: the table's, else ``<database>.jobs``."""
-    return Path(settings.jobs_directory) if settings.jobs_directory else Path(f"{database}.jobs")
+    """Where a cluster sweep's job folders and ledgers live: the table's, else ``<database>.jobs``;
+    an absolute path (the nodes, and a resume from another folder, must find the same one)."""
+    path = Path(settings.jobs_directory) if settings.jobs_directory else Path(f"{database}.jobs")
+    return Path(os.path.abspath(path))
+
+
+def jobs_in_flight(database: Path, settings: SlurmSettings | None, sweep: str) -> tuple[Path, int] | None:
+    """The ledger of sweep ``sweep`` and how many Slurm jobs it lists, where it lists any (in the
+    ``[slurm]`` table's jobs directory, else beside the database); None where there is none."""
+    path = jobs_directory(database, settings or SlurmSettings()) / sweep / LEDGER_NAME
+    try:
+        jobs = json.loads(path.read_text(encoding="utf-8"))["jobs"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return (path, len(jobs)) if isinstance(jobs, list) and jobs else None
+
+
+def check_jobs_directory(database: Path, settings: SlurmSettings) -> None:
+    """Refuse, before anything is written, a jobs directory that cannot hold the jobs' folders.
+
+    The directory itself may be made, and the default one (``<database>.jobs``) with the database's
+    folder; one the ``[slurm]`` table names must be inside a folder that exists, so a mistyped path
+    on a shared filesystem is an error rather than a new tree.
+
+    :raises SweepError: naming the directory and what is wrong with it.
+    """
+    path = jobs_directory(database, settings)
+    what = (
+        f"slurm.jobs_directory {path}"
+        if settings.jobs_directory
+        else f"the jobs directory {path} (beside the database; --slurm-jobs-directory names another)"
+    )
+    if "\\" in str(path):
+        raise SweepError(f"{what}: a path with a backslash, which sbatch's log paths cannot hold; choose another")
+    try:
+        existing = next(folder for folder in (path, *path.parents) if folder.exists())
+    except OSError as error:
+        raise SweepError(f"{what}: cannot be looked at: {describe_os_error(error)}") from None
+    if not existing.is_dir():
+        raise SweepError(f"{what}: {existing} is a file, not a folder")
+    if existing != path and settings.jobs_directory and existing != path.parent:
+        raise SweepError(f"{what}: its folder {path.parent} does not exist; create it, on a filesystem every node sees")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise SweepError(f"{what}: {existing} cannot be written (no permission, or a read-only filesystem)")
 
 
 @dataclass
@@ -69,37 +130,52 @@ class JobEntry:
     repeat: int
     job_id: str
     folder: str
-    submitted_at: float  # time.time() at submission
+    submitted_at: float  # seconds since the epoch (the scheduler's clock) at submission
 
 
 class JobLedger:
-    """The jobs a sweep has in flight, kept in a JSON file replaced whole on every change."""
+    """The jobs a sweep has in flight, kept in a JSON file replaced whole on every change.
 
-    def __init__(self, path: Path, sweep: str) -> None:
+    It names the database its results go to: two databases' sweeps of one name sharing a jobs
+    directory would otherwise each take the other's jobs for theirs.
+    """
+
+    def __init__(self, path: Path, sweep: str, database: Path) -> None:
         self.path = path
         self.sweep = sweep
+        self.database = os.path.realpath(database)
         self.entries: dict[tuple[str, int], JobEntry] = {}
 
     @classmethod
-    def load(cls, path: Path, sweep: str) -> JobLedger:
-        ledger = cls(path, sweep)
+    def load(cls, path: Path, sweep: str, database: Path) -> JobLedger:
+        ledger = cls(path, sweep, database)
         if not path.exists():
             return ledger
         try:
             document = json.loads(path.read_text(encoding="utf-8"))
+            owner = document.get("database", ledger.database)
             for item in document["jobs"]:
                 entry = JobEntry(**item)
                 ledger.entries[(entry.cell_key, entry.repeat)] = entry
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise SweepError(
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise NotSubmitted(
                 f"cannot read the sweep's job ledger {path}: {exc}; the jobs it listed are unknown to this "
                 "sweep (see squeue); move it away to submit their repeats again"
             ) from None
+        if owner != ledger.database:
+            raise NotSubmitted(
+                f"the job ledger {path} belongs to sweep {sweep!r} of another database, {owner}; give this "
+                "sweep another jobs directory (--slurm-jobs-directory) or another name"
+            )
         return ledger
 
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        document = {"sweep": self.sweep, "jobs": [asdict(entry) for entry in self.entries.values()]}
+        document = {
+            "sweep": self.sweep,
+            "database": self.database,
+            "jobs": [asdict(entry) for entry in self.entries.values()],
+        }
         write_atomically(self.path, json.dumps(document, indent=1) + "\n", "the sweep's job ledger")
 
 
@@ -151,8 +227,9 @@ def _output_tail(folder: Path, job_id: str) -> str:
 def job_result(
     folder: Path, job_id: str, state: str | None, config: Any, time_limit_minutes: int
 ) -> tuple[RunResult, float | None]:
-    """How an ended job is recorded: the worker's result where it wrote one and Slurm did not stop it;
-    else the phases it measured (result.json.partial) with a status saying how the job ended.
+    """How an ended job is recorded: the worker's result where it wrote one (its run was over,
+    whatever Slurm did to the job after); else the phases it measured (result.json.partial) with a
+    status saying how the job ended.
 
     :param state: Slurm's final state, or None when Slurm no longer knows the job.
     """
@@ -164,12 +241,23 @@ def job_result(
     base = partial or RunResult.of_config(config, world_size=config.replicas)
     phase = processes.phase_after(base)
     where = f"Slurm job {job_id}"
-    if state in _TIMED_OUT:
+    if result is not None:
+        return result, seconds
+    if state == "TIMEOUT":
         base.status = processes.timeout_status(
             time_limit_minutes * 60.0,
             phase=phase,
             output=output,
-            limit=f"{where} reached its time limit, --time={time_limit_minutes} (minutes)",
+            limit=f"{where} reached its time limit, --time={time_limit_minutes} (minutes), state {state}",
+        )
+        return base, seconds
+    if state == "DEADLINE":
+        base.status = Status(
+            state=RunState.timeout,
+            phase=phase,
+            error_type="Deadline",
+            message=f"{where} reached its deadline (sbatch --deadline) before it finished, state {state}. "
+            f"{processes.describe_output(output)}",
         )
         return base, seconds
     if state in _ENDED_BY_SLURM:
@@ -181,8 +269,6 @@ def job_result(
             message=f"{why} ({where}, state {state}). {processes.describe_output(output)}",
         )
         return base, seconds
-    if result is not None:
-        return result, seconds
     if partial is not None and not partial.status.ok:
         return partial, seconds  # the worker's own account of a failure (an interrupted run)
     if ended is None:
@@ -210,85 +296,41 @@ def run_cells_on_slurm(
     observer: SweepObserver,
     database: Path,
     settings: SlurmSettings,
+    scheduler: Scheduler | None = None,
 ) -> SweepOutcome:
     """Submit every pending repeat as a Slurm job and record each result as its job ends.
 
-    A cell stops at its first failed repeat, as in a local sweep: its other jobs are cancelled.
+    A cell stops at its first failed repeat, as in a local sweep: its jobs still running are
+    cancelled; every job that had ended by then is recorded, however many end in one poll.
     KeyboardInterrupt leaves the jobs running (the ledger lists them for ``--resume``) and propagates.
+
+    :param scheduler: how Slurm is asked (default :data:`make_scheduler`'s).
+    :raises NotSubmitted: the jobs directory or ledger cannot take the sweep (SubmissionRefused:
+        sbatch refused a job); nothing this call submitted stays.
+    :raises SubmissionFailed: a job could not be submitted; nothing this call submitted stays.
     """
-    from core.sweep.run import SweepOutcome, record_repeat
+    from core.sweep.run import SweepOutcome
 
-    cells = {cell.key: cell for cell in plan.valid_cells}
-    ok = RunState.ok.value
-    recorded = {key: status for key, status in finished.items() if not (retry_failed and status != ok)}
-    stopped = {key for (key, _), status in recorded.items() if status != ok}
-    root = jobs_directory(database, settings) / spec.name
-    ledger = JobLedger.load(root / LEDGER_NAME, spec.name)
-    for key in [key for key in ledger.entries if key in recorded or key[0] not in cells]:
-        # Recorded already (the sweep was killed between the commit and this ledger's update), or
-        # a cell the grid no longer has: nothing to read.
-        entry = ledger.entries.pop(key)
-        shutil.rmtree(entry.folder, ignore_errors=True)
-    ledger.save()
-    time_limit = settings.job_time_limit_minutes(spec.timeout_seconds)
-
-    wanted = [
-        (repeat, cell)
-        for repeat in range(spec.repeats)
-        for cell in plan.valid_cells
-        if (cell.key, repeat) not in recorded and cell.key not in stopped
-    ]
-    already = sum(1 for cell in plan.valid_cells for repeat in range(spec.repeats) if (cell.key, repeat) in recorded)
-    in_database = sum(1 for key, _ in recorded if key in cells)
+    sweep = _ClusterSweep(store, plan, spec, finished, observer, database, settings, scheduler or make_scheduler())
+    sweep.make_folder()
+    sweep.forget_settled(retry_failed)
+    wanted = sweep.pending()
+    already = sum(1 for cell in plan.valid_cells for repeat in range(spec.repeats) if (cell.key, repeat) in sweep.kept)
+    in_database = sum(1 for key, _ in sweep.kept if key in sweep.cells)
     total = already + len(wanted)
     observer.started(plan, runs_total=total, runs_finished=already, runs_recorded=in_database)
-    runs_done = 0
     try:
-        for repeat, cell in wanted:
-            if (cell.key, repeat) not in ledger.entries:
-                ledger.entries[(cell.key, repeat)] = _submit(root, spec, cell, repeat, settings)
-                ledger.save()
-            observer.run_started(cell, repeat, already + runs_done, total, None)
-        states = JobStates()
-        while ledger.entries:
-            try:
-                answer = states.query([entry.job_id for entry in ledger.entries.values()])
-            except SlurmError as error:
-                _log.warning("core: warning: %s; asking again in %g s", error, settings.poll_seconds)
-                time.sleep(settings.poll_seconds)
-                continue
-            for key, entry in list(ledger.entries.items()):
-                state = answer.get(entry.job_id)
-                folder = Path(entry.folder)
-                if not _has_ended(state, folder, entry, settings.poll_seconds):
-                    continue
-                cell = cells[entry.cell_key]
-                result, seconds = job_result(folder, entry.job_id, state, cell.config, time_limit)
-                record_repeat(
-                    store,
-                    database,
-                    spec.name,
-                    cell,
-                    entry.repeat,
-                    result,
-                    seconds,
-                    replace=key in finished,
-                    observer=observer,
-                )
-                del ledger.entries[key]
-                ledger.save()
-                shutil.rmtree(folder, ignore_errors=True)
-                runs_done += 1
-                observer.run_finished(cell, entry.repeat, result, seconds or 0.0)
-                if not result.status.ok:
-                    _stop_cell(ledger, cell.key)
-            if ledger.entries:
-                time.sleep(settings.poll_seconds)
-    except KeyboardInterrupt:
-        if ledger.entries:
+        sweep.submit(wanted, already, total)
+        while sweep.ledger.entries:
+            sweep.poll()
+            if sweep.ledger.entries:
+                sweep.scheduler.sleep(settings.poll_seconds)
+    except BaseException:  # Ctrl-C, SIGTERM, a result the database refused: the jobs go on
+        if sweep.ledger.entries:
+            entries = sweep.ledger.entries.values()
             print(
-                f"core: {len(ledger.entries)} job(s) of sweep {spec.name} stay in Slurm "
-                f"({', '.join(entry.job_id for entry in ledger.entries.values())}); --resume waits for them "
+                f"core: {len(entries)} job(s) of sweep {spec.name} stay in Slurm "
+                f"({', '.join(entry.job_id for entry in entries)}); --resume waits for them "
                 "and records their results, scancel stops them",
                 file=sys.stderr,
             )
@@ -296,54 +338,225 @@ def run_cells_on_slurm(
     return SweepOutcome(
         name=spec.name,
         database=database,
-        runs_done=runs_done,
+        runs_done=sweep.runs_done,
         runs_already_finished=already,
         skipped_invalid=plan.invalid_cells,
         cells=summarise(store.runs(sweep=spec.name)),
     )
 
 
-def _has_ended(state: str | None, folder: Path, entry: JobEntry, poll_seconds: float) -> bool:
-    """Whether a job is over: Slurm says so, or it no longer knows the job."""
-    if state in ACTIVE_STATES:
-        return False
-    if state is None and not (folder / ENDED_NAME).exists():
-        # Forgotten by squeue (MinJobAge) with no end written: give a slow shared filesystem
-        # another poll before calling the job lost.
-        return time.time() - entry.submitted_at >= 2 * poll_seconds
-    return True
+class _ClusterSweep:
+    """One call's bookkeeping of a cluster sweep: the ledger of jobs in flight, what is recorded."""
 
+    def __init__(
+        self,
+        store: ResultStore,
+        plan: SweepPlan,
+        spec: SweepSpec,
+        finished: dict[tuple[str, int], str],
+        observer: SweepObserver,
+        database: Path,
+        settings: SlurmSettings,
+        scheduler: Scheduler,
+    ) -> None:
+        self.store, self.spec, self.finished, self.observer = store, spec, finished, observer
+        self.database, self.settings, self.scheduler = database, settings, scheduler
+        self.cells = {cell.key: cell for cell in plan.valid_cells}
+        self.plan = plan
+        self.jobs_root = jobs_directory(database, settings)
+        self.root = self.jobs_root / spec.name
+        # What existed before this call, so a refused submission removes only what it made.
+        self.made = [path for path in (self.jobs_root, self.root, self.root / LEDGER_NAME) if not path.exists()]
+        self.ledger = JobLedger.load(self.root / LEDGER_NAME, spec.name, database)
+        self.time_limit = settings.job_time_limit_minutes(spec.timeout_seconds)
+        self.kept: dict[tuple[str, int], str] = {}
+        self.runs_done = 0
 
-def _stop_cell(ledger: JobLedger, cell_key: str) -> None:
-    """A failed repeat stops its cell: its other jobs are cancelled and forgotten, never recorded."""
-    doomed = [key for key in ledger.entries if key[0] == cell_key]
-    if not doomed:
-        return
-    try:
-        cancel([ledger.entries[key].job_id for key in doomed])
-    except SlurmError as error:
-        _log.warning("core: warning: cannot cancel the failed cell's other jobs: %s", error)
-    for key in doomed:
-        shutil.rmtree(ledger.entries.pop(key).folder, ignore_errors=True)
-    ledger.save()
+    def make_folder(self) -> None:
+        """The sweep's folder in the jobs directory (check_jobs_directory looked, this makes it)."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            self._withdraw([])
+            raise SubmissionRefused(
+                f"sweep {self.spec.name} not submitted: cannot make its folder {self.root} in the jobs directory: "
+                f"{describe_os_error(error)}"
+            ) from None
 
+    def forget_settled(self, retry_failed: bool) -> None:
+        """Drop the ledger's entries for repeats the database holds (the sweep was killed between
+        the commit and the ledger's update) or for cells the grid no longer runs."""
+        ok = RunState.ok.value
+        self.kept = {key: status for key, status in self.finished.items() if not (retry_failed and status != ok)}
+        settled = [key for key in self.ledger.entries if key in self.finished or key[0] not in self.cells]
+        if settled:
+            gone = [key for key in settled if key not in self.finished]
+            self._cancel([self.ledger.entries[key].job_id for key in gone], "jobs of cells this sweep no longer runs")
+            for key in settled:
+                shutil.rmtree(self.ledger.entries.pop(key).folder, ignore_errors=True)
+        self._save_ledger()
 
-def _submit(root: Path, spec: SweepSpec, cell: Cell, repeat: int, settings: SlurmSettings) -> JobEntry:
-    """Write one repeat's folder (request, batch script) and submit it."""
-    assert cell.config is not None, "only validated cells run"
-    folder = (root / f"cell{cell.index + 1}-repeat{repeat + 1}").resolve()
-    if folder.exists():
-        shutil.rmtree(folder)  # a lost job's leftovers: its result must not pass for the new job's
-    folder.mkdir(parents=True)
-    request, result, ended = folder / "request.json", folder / "result.json", folder / ENDED_NAME
-    request.write_text(json.dumps({"options": cell.options, "parent_pid": None}), encoding="utf-8")
-    script = folder / "job.sh"
-    script.write_text(batch_script(request, result, ended), encoding="utf-8")
-    job_id = submit(
-        script,
-        settings.sbatch_options(nodes=cell.config.nodes, timeout_seconds=spec.timeout_seconds),
-        job_name=f"core-{spec.name}-c{cell.index + 1}r{repeat + 1}"[:120],
-        output=folder / "slurm-%j.out",
-        directory=folder,
-    )
-    return JobEntry(cell_key=cell.key, repeat=repeat, job_id=job_id, folder=str(folder), submitted_at=time.time())
+    def pending(self) -> list[tuple[int, Cell]]:
+        """Each repeat with neither a result to keep nor a job in flight, round by round."""
+        stopped = {key for (key, _), status in self.kept.items() if status != RunState.ok.value}
+        return [
+            (repeat, cell)
+            for repeat in range(self.spec.repeats)
+            for cell in self.plan.valid_cells
+            if (cell.key, repeat) not in self.kept and cell.key not in stopped
+        ]
+
+    def submit(self, wanted: list[tuple[int, Cell]], already: int, total: int) -> None:
+        """Submit every wanted repeat without a job; on any failure, withdraw those this call submitted."""
+        submitted: list[tuple[str, int]] = []
+        for repeat, cell in wanted:
+            key = (cell.key, repeat)
+            if key not in self.ledger.entries:
+                try:
+                    self.ledger.entries[key] = self._submit_one(cell, repeat)
+                    submitted.append(key)
+                    self._save_ledger()
+                except (SlurmError, OSError, CoreError) as error:
+                    self._withdraw(submitted)
+                    raise self._submission_error(error, cell, repeat, len(submitted)) from None
+            self.observer.run_started(cell, repeat, already, total, None)
+
+    def _submission_error(self, error: Exception, cell: Cell, repeat: int, withdrawn: int) -> CoreError:
+        what = f"repeat {repeat + 1} of cell {cell.label!r}"
+        undone = ""
+        if withdrawn:
+            undone = f"; the {withdrawn} job(s) submitted before it were cancelled and their folders removed"
+        detail = describe_os_error(error) if isinstance(error, OSError) else str(error)
+        message = f"sweep {self.spec.name} not submitted: {what}: {detail}{undone}"
+        if isinstance(error, SlurmError) and error.refused:
+            return SubmissionRefused(message)
+        return SubmissionFailed(message)
+
+    def _withdraw(self, keys: list[tuple[str, int]]) -> None:
+        """Cancel the jobs of ``keys`` and remove their folders and entries, and whatever folder or
+        ledger this call made that now holds nothing."""
+        self._cancel([self.ledger.entries[key].job_id for key in keys], "the jobs submitted before the refusal")
+        for key in keys:
+            shutil.rmtree(self.ledger.entries.pop(key).folder, ignore_errors=True)
+        ledger_file = self.root / LEDGER_NAME
+        try:
+            if self.ledger.entries or ledger_file not in self.made:
+                self._save_ledger()
+            else:
+                ledger_file.unlink(missing_ok=True)
+            for folder in (self.root, self.jobs_root):
+                if folder in self.made:
+                    folder.rmdir()  # only when empty
+        except (OSError, CoreError) as error:
+            _log.warning("core: warning: cannot tidy the jobs directory %s: %s", self.jobs_root, error)
+
+    def _cancel(self, job_ids: list[str], what: str) -> None:
+        if not job_ids:
+            return
+        try:
+            self.scheduler.cancel(job_ids)
+        except SlurmError as error:
+            _log.warning("core: warning: cannot cancel %s (%s): %s", what, ", ".join(job_ids), error)
+
+    def _save_ledger(self) -> None:
+        try:
+            self.ledger.save()
+        except OSError as error:
+            raise OutputError(
+                f"cannot write the sweep's job ledger {self.ledger.path}: {describe_os_error(error)}"
+            ) from None
+
+    def poll(self) -> None:
+        """Ask Slurm once; record every job that ended (all of them, before stopping any cell)."""
+        try:
+            answer = self.scheduler.states([entry.job_id for entry in self.ledger.entries.values()])
+        except SlurmError as error:
+            _log.warning("core: warning: %s; asking again in %g s", error, self.settings.poll_seconds)
+            return
+        ended = [
+            (key, entry, answer.get(entry.job_id))
+            for key, entry in self.ledger.entries.items()
+            if self._has_ended(answer.get(entry.job_id), entry)
+        ]
+        failed_cells = []
+        for key, entry, state in ended:
+            if not self._record(key, entry, state):
+                failed_cells.append(entry.cell_key)
+        for cell_key in dict.fromkeys(failed_cells):
+            self._stop_cell(cell_key)
+
+    def _has_ended(self, state: str | None, entry: JobEntry) -> bool:
+        """Whether a job is over: Slurm says so, or it no longer knows the job."""
+        if state in ACTIVE_STATES:
+            return False
+        if state is None and not (Path(entry.folder) / ENDED_NAME).exists():
+            # Forgotten by squeue (MinJobAge) with no end written: give a slow shared filesystem
+            # another poll before calling the job lost.
+            return self.scheduler.now() - entry.submitted_at >= 2 * self.settings.poll_seconds
+        return True
+
+    def _record(self, key: tuple[str, int], entry: JobEntry, state: str | None) -> bool:
+        """Record one ended job's repeat, then forget its entry and folder; returns whether it was ok."""
+        from core.sweep.run import record_repeat
+
+        cell = self.cells[entry.cell_key]
+        folder = Path(entry.folder)
+        result, seconds = job_result(folder, entry.job_id, state, cell.config, self.time_limit)
+        record_repeat(
+            self.store,
+            self.database,
+            self.spec.name,
+            cell,
+            entry.repeat,
+            result,
+            seconds,
+            replace=key in self.finished,
+            observer=self.observer,
+        )
+        del self.ledger.entries[key]
+        self._save_ledger()
+        shutil.rmtree(folder, ignore_errors=True)
+        self.runs_done += 1
+        self.observer.run_finished(cell, entry.repeat, result, seconds or 0.0)
+        return result.status.ok
+
+    def _stop_cell(self, cell_key: str) -> None:
+        """A failed repeat stops its cell: its jobs still running are cancelled and forgotten, never
+        recorded. A job whose worker has already written its result is left to end and recorded."""
+        doomed = [
+            key
+            for key, entry in self.ledger.entries.items()
+            if key[0] == cell_key and not (Path(entry.folder) / "result.json").exists()
+        ]
+        if not doomed:
+            return
+        self._cancel([self.ledger.entries[key].job_id for key in doomed], "the failed cell's other jobs")
+        for key in doomed:
+            shutil.rmtree(self.ledger.entries.pop(key).folder, ignore_errors=True)
+        self._save_ledger()
+
+    def _submit_one(self, cell: Cell, repeat: int) -> JobEntry:
+        """Write one repeat's folder (request, batch script) and submit it; a refused job's folder is removed."""
+        assert cell.config is not None, "only validated cells run"
+        folder = (self.root / f"cell{cell.index + 1}-repeat{repeat + 1}").resolve()
+        if folder.exists():
+            shutil.rmtree(folder)  # a lost job's leftovers: its result must not pass for the new job's
+        folder.mkdir(parents=True)
+        try:
+            request, result, ended = folder / "request.json", folder / "result.json", folder / ENDED_NAME
+            request.write_text(json.dumps({"options": cell.options, "parent_pid": None}), encoding="utf-8")
+            script = folder / "job.sh"
+            script.write_text(batch_script(request, result, ended), encoding="utf-8")
+            job_id = self.scheduler.submit(
+                script,
+                self.settings.sbatch_options(nodes=cell.config.nodes, timeout_seconds=self.spec.timeout_seconds),
+                job_name=f"core-{self.spec.name}-c{cell.index + 1}r{repeat + 1}"[:120],
+                log=log_path_pattern(folder, "slurm-%j.out"),
+                directory=folder,
+            )
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        return JobEntry(
+            cell_key=cell.key, repeat=repeat, job_id=job_id, folder=str(folder), submitted_at=self.scheduler.now()
+        )

@@ -114,38 +114,80 @@ def run_sweep(
             + "\n".join(f"  {cell.label}: {cell.invalid_reason}" for cell in plan.invalid_cells)
         )
     observer = observer or _Unobserved()
+    database = Path(database) if database is not None else default_database()
     if executor == "slurm":
+        from core.sweep.cluster import check_jobs_directory
         from core.sweep.slurm_jobs import unavailable_reason
+        from core.sweep.slurm_settings import SlurmSettings
 
         why = unavailable_reason()
         if why is not None:
             raise SweepError(f"--executor slurm: this machine cannot submit Slurm jobs: {why}")
-    database = Path(database) if database is not None else default_database()
+        check_jobs_directory(database, spec.slurm or SlurmSettings())
+    if resume and not database.exists():
+        raise SweepError(f"--resume: no results database at {database}, so no sweep {spec.name!r} to resume")
     store = ResultStore(database)  # StoreError, before anything runs: a directory, no database, a full disk
     try:
         # One sweep at a time on a database: a second one is refused (DatabaseInUseError), never
         # run beside the first. The kernel releases the lock however this process ends.
         with store.lock(spec.name):
             finished = _check_database(store, plan, resume)
+            if executor == "local":
+                _refuse_slurm_jobs_in_flight(database, spec)
+            recorded = store.sweep(spec.name)
             store.save_sweep(
-                spec.name,
-                _spec_record(spec, store.sweep(spec.name)),
-                [cell.describe() for cell in plan.cells],
-                plan.source,
+                spec.name, _spec_record(spec, recorded), [cell.describe() for cell in plan.cells], plan.source
             )
             recovered = _record_unsaved(store, plan, finished) if resume else 0
             if executor == "slurm":
-                from core.sweep.cluster import run_cells_on_slurm
-                from core.sweep.slurm_settings import SlurmSettings
-
-                settings = spec.slurm or SlurmSettings()
-                outcome = run_cells_on_slurm(store, plan, spec, finished, retry_failed, observer, database, settings)
+                outcome = _run_cells_on_slurm(
+                    store, plan, spec, finished, retry_failed, observer, database, new=recorded is None
+                )
             else:
                 outcome = _run_cells(store, plan, spec, finished, retry_failed, observer, database, workers)
             outcome.runs_recovered = recovered
             return outcome
     finally:
         store.close()
+
+
+def _refuse_slurm_jobs_in_flight(database: Path, spec: SweepSpec) -> None:
+    """A sweep whose Slurm jobs are still listed resumes with ``--executor slurm`` only: run here,
+    its repeats would be measured twice, beside their own jobs."""
+    from core.sweep.cluster import jobs_in_flight
+
+    listed = jobs_in_flight(database, spec.slurm, spec.name)
+    if listed is not None:
+        ledger, count = listed
+        raise SweepError(
+            f"sweep {spec.name!r} has {count} Slurm job(s) in flight (listed in {ledger}); resume it with "
+            "--executor slurm, which waits for them, or scancel them and move the ledger away"
+        )
+
+
+def _run_cells_on_slurm(
+    store: ResultStore,
+    plan: SweepPlan,
+    spec: SweepSpec,
+    finished: dict[tuple[str, int], str],
+    retry_failed: bool,
+    observer: SweepObserver,
+    database: Path,
+    *,
+    new: bool,
+) -> SweepOutcome:
+    """The sweep's repeats as Slurm jobs; a new sweep none of whose jobs could be submitted leaves
+    no record in the database (its folders and ledger are gone too), so it is started, not resumed."""
+    from core.sweep.cluster import NotSubmitted, SubmissionFailed, run_cells_on_slurm
+    from core.sweep.slurm_settings import SlurmSettings
+
+    settings = spec.slurm or SlurmSettings()
+    try:
+        return run_cells_on_slurm(store, plan, spec, finished, retry_failed, observer, database, settings)
+    except (NotSubmitted, SubmissionFailed):
+        if new:
+            store.forget_sweep(spec.name)
+        raise
 
 
 def _spec_record(spec: SweepSpec, recorded: Any) -> dict[str, Any]:
@@ -263,6 +305,8 @@ def _check_database(store: ResultStore, plan: SweepPlan, resume: bool) -> dict[t
             f"sweep {name!r} already has {len(finished)} run(s) in {store.path}; pass --resume to "
             "continue it, or give the sweep another name"
         )
+    if resume and not finished and recorded is None:
+        raise SweepError(unknown_sweep_message(store, name))
     if recorded is not None:
         before = {cell["key"] for cell in recorded.cells}
         now = {cell.key for cell in plan.cells}
@@ -273,6 +317,15 @@ def _check_database(store: ResultStore, plan: SweepPlan, resume: bool) -> dict[t
                 "resume it with its original file, or give the changed grid another name"
             )
     return finished
+
+
+def unknown_sweep_message(store: ResultStore, name: str) -> str:
+    """What ``--resume`` of a sweep the database has never seen says, naming the sweeps it has."""
+    names = store.sweep_names()
+    has = f"it has {', '.join(repr(known) for known in names[:20])}" if names else "it has no sweep"
+    if len(names) > 20:
+        has += f" and {len(names) - 20} more"
+    return f"--resume: no sweep {name!r} in {store.path} ({has}), so nothing to resume; leave out --resume to start it"
 
 
 def _run_cells(

@@ -12,10 +12,13 @@ here as ``None``: its files say how it ended.
 from __future__ import annotations
 
 import functools
+import os
 import shutil
 import subprocess
+import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
 
 from core.errors import CoreError
 
@@ -34,7 +37,20 @@ ACTIVE_STATES = frozenset(
         "SIGNALING",
         "STAGE_OUT",
         "STOPPED",
+        "RESV_DEL_HOLD",  # held after its reservation was deleted (Slurm 23.02)
+        "POWER_UP_NODE",  # waiting for a powered-down node to boot
+        "UPDATE_DB",  # ending: its record is being sent to the database
     }
+)
+#: sbatch's environment variables for options core sets itself or that break how a sweep follows its
+#: jobs: they would apply to every job beside the command line's options (core passes its own)
+_SBATCH_ENVIRONMENT_CORE_OVERRIDES = (
+    "SBATCH_ARRAY_INX",
+    "SBATCH_CLUSTERS",
+    "SLURM_CLUSTERS",
+    "SBATCH_ERROR",
+    "SBATCH_OUTPUT",
+    "SBATCH_WAIT",
 )
 _COMMAND_TIMEOUT_SECONDS = 60.0  # a busy slurmctld answers slowly; a dead one not at all
 _PROBE_TIMEOUT_SECONDS = 15.0  # whether Slurm answers at all
@@ -42,7 +58,15 @@ _IDS_PER_QUERY = 200  # keeps each command line short on a large grid
 
 
 class SlurmError(CoreError):
-    """A Slurm command failed: the message quotes what it printed."""
+    """A Slurm command failed: the message quotes what it printed.
+
+    ``refused`` is True when the command answered with a refusal (a value the cluster does not
+    take: bad input), False when it could not be asked (not installed, no answer: a fault).
+    """
+
+    def __init__(self, message: str, *, refused: bool = False) -> None:
+        super().__init__(message)
+        self.refused = refused
 
 
 @functools.cache
@@ -71,35 +95,61 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def _run(command: list[str]) -> subprocess.CompletedProcess[str]:
+def _run(command: list[str], environment: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     try:
-        return subprocess.run(command, capture_output=True, text=True, timeout=_COMMAND_TIMEOUT_SECONDS)
+        # No standard input: sbatch reads a script from it when the command line names none.
+        return subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=_COMMAND_TIMEOUT_SECONDS,
+            stdin=subprocess.DEVNULL,
+            env=environment,
+        )
     except FileNotFoundError:
         raise SlurmError(f"{command[0]} is not on PATH: is this a Slurm cluster's login node?") from None
     except subprocess.TimeoutExpired:
         raise SlurmError(f"{command[0]} gave no answer in {_COMMAND_TIMEOUT_SECONDS:g} s") from None
 
 
-def submit(script: Path, options: Sequence[str], *, job_name: str, output: Path, directory: Path) -> str:
+def log_path_pattern(folder: Path, name: str) -> str:
+    """``folder/name`` as sbatch's ``--output`` takes it: sbatch expands ``%`` patterns (``%j`` the
+    job id, ``%u`` the user...) anywhere in the path, so a ``%`` of the folder's own is written ``%%``
+    and the log stays in ``folder``. ``name`` may use the patterns."""
+    if "\\" in str(folder):
+        # A backslash turns the patterns off (sbatch(1), "filename pattern"): the folder's name would
+        # then be read literally but the log's name too; such folders are refused before this.
+        raise ValueError(f"a job folder with a backslash: {folder}")
+    return f"{str(folder).replace('%', '%%')}/{name}"
+
+
+def submit(script: Path, options: Sequence[str], *, job_name: str, log: str, directory: Path) -> str:
     """Submit ``script`` as a batch job; returns its id.
 
-    :param output: the job's standard output and error (``%j`` is the job id).
+    :param log: the job's standard output and error, as :func:`log_path_pattern` gives it.
     :param directory: the job's working directory (``--chdir``).
+    :raises SlurmError: ``refused`` when sbatch said no (a partition, account, option the cluster
+        does not take), else when sbatch could not be asked.
     """
     command = [
         "sbatch",
         "--parsable",
         f"--job-name={job_name}",
-        f"--output={output}",
+        f"--output={log}",
+        f"--error={log}",  # named too, so no SBATCH_ERROR in the environment sends it elsewhere
         f"--chdir={directory}",
         *options,
         str(script),
     ]
-    submitted = _run(command)
+    environment = {name: value for name, value in os.environ.items() if name not in _SBATCH_ENVIRONMENT_CORE_OVERRIDES}
+    submitted = _run(command, environment)
     job_id = submitted.stdout.strip().split(";", 1)[0]
-    if submitted.returncode != 0 or not job_id:
+    if submitted.returncode != 0:
         said = submitted.stderr.strip() or submitted.stdout.strip() or f"exit code {submitted.returncode}"
-        raise SlurmError(f"sbatch refused the job: {said}")
+        raise SlurmError(f"sbatch refused the job: {said}", refused=True)
+    if not job_id.isdigit():
+        said = submitted.stderr.strip() or "nothing"
+        raise SlurmError(f"sbatch printed no job id ({submitted.stdout.strip()!r}; it said: {said})")
     return job_id
 
 
@@ -123,7 +173,15 @@ class JobStates:
         for start in range(0, len(job_ids), _IDS_PER_QUERY):
             chunk = list(job_ids[start : start + _IDS_PER_QUERY])
             answered = self._sacct(chunk) if self.accounting is not False else None
-            states.update(answered if answered is not None else self._squeue(chunk))
+            if answered is None:
+                answered = self._squeue(chunk)
+            else:
+                # sacct lists a job once slurmdbd has its record, which a busy one writes late:
+                # squeue, which the controller answers, says whether such a job is queued.
+                unlisted = [job_id for job_id, state in answered.items() if state is None]
+                if unlisted:
+                    answered.update(self._squeue(unlisted))
+            states.update(answered)
         return states
 
     def _sacct(self, job_ids: list[str]) -> dict[str, str | None] | None:
@@ -177,3 +235,43 @@ def cancel(job_ids: Sequence[str]) -> None:
     """Ask Slurm to end ``job_ids``; best effort (a job that already ended is no error)."""
     if job_ids:
         _run(["scancel", *job_ids])
+
+
+class Scheduler(Protocol):
+    """What a cluster sweep asks of Slurm, and its clock: :class:`SlurmScheduler` on a cluster, a
+    simulated one in the tests (tests/test_slurm_sweep.py), so the bookkeeping is tested without
+    Slurm and without waiting."""
+
+    def submit(self, script: Path, options: Sequence[str], *, job_name: str, log: str, directory: Path) -> str: ...
+
+    def states(self, job_ids: Sequence[str]) -> dict[str, str | None]: ...
+
+    def cancel(self, job_ids: Sequence[str]) -> None: ...
+
+    def now(self) -> float:
+        """Seconds since the epoch (``JobEntry.submitted_at`` is on this clock)."""
+        ...
+
+    def sleep(self, seconds: float) -> None: ...
+
+
+class SlurmScheduler:
+    """The cluster's own Slurm: sbatch, sacct or squeue, scancel; the wall clock."""
+
+    def __init__(self) -> None:
+        self._states = JobStates()
+
+    def submit(self, script: Path, options: Sequence[str], *, job_name: str, log: str, directory: Path) -> str:
+        return submit(script, options, job_name=job_name, log=log, directory=directory)
+
+    def states(self, job_ids: Sequence[str]) -> dict[str, str | None]:
+        return self._states.query(job_ids)
+
+    def cancel(self, job_ids: Sequence[str]) -> None:
+        cancel(job_ids)
+
+    def now(self) -> float:
+        return time.time()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)

@@ -12,9 +12,81 @@ import re
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-#: sbatch's own options that core sets itself: a sweep file naming them in ``extra_options`` is refused
-_OPTIONS_CORE_SETS = ("--output", "--error", "--chdir", "--parsable", "--job-name", "--wrap", "--array")
+_LOGS = "core writes each job's output and errors to slurm-JOBID.out in the job's folder"
+_FIELD = "the [slurm] table's {field} (--slurm-{flag}) sets it"
+#: sbatch's long options a sweep's ``extra_options`` may not give, with what each collides with:
+#: those core sets for every job, those a field of the table sets, and those that would break how
+#: the sweep follows its jobs (one job per repeat, its id from sbatch, on this cluster).
+RESERVED_OPTIONS: dict[str, str] = {
+    "output": _LOGS,
+    "error": _LOGS,
+    "chdir": "core runs each job in its own folder under the jobs directory",
+    "job-name": "core names each job after its sweep, cell and repeat",
+    "parsable": "core reads each job's id from sbatch's answer",
+    "array": "each repeat is a job of its own",
+    "wrap": "each job runs core's batch script",
+    "nodes": "each cell's nodes set its job's --nodes",
+    "ntasks": "core runs one task per node (the run's launcher, --ntasks-per-node=1)",
+    "ntasks-per-node": "core runs one task per node (the run's launcher)",
+    "time": _FIELD.format(field="time_limit_minutes", flag="time-limit-minutes"),
+    "partition": _FIELD.format(field="partition", flag="partition"),
+    "account": _FIELD.format(field="account", flag="account"),
+    "gpus-per-node": _FIELD.format(field="gpus_per_node", flag="gpus-per-node"),
+    "cpus-per-task": _FIELD.format(field="cpus_per_task", flag="cpus-per-task"),
+    "mem": _FIELD.format(field="memory_megabytes", flag="memory-megabytes"),
+    "exclusive": "the [slurm] table's exclusive sets it",
+    "wait": "the sweep follows its jobs itself: sbatch must return at once",
+    "test-only": "nothing would be submitted",
+    "clusters": "the sweep follows its jobs on the cluster it submits from",
+}
+#: sbatch's one-letter forms of the reserved options (sbatch --help)
+_SHORT_FORMS = {
+    "o": "output",
+    "e": "error",
+    "D": "chdir",
+    "J": "job-name",
+    "a": "array",
+    "N": "nodes",
+    "n": "ntasks",
+    "t": "time",
+    "p": "partition",
+    "A": "account",
+    "c": "cpus-per-task",
+    "W": "wait",
+    "M": "clusters",
+}
+#: sbatch options whose whole name begins a reserved one's: given whole, sbatch takes them as they
+#: are (getopt_long prefers an exact match), so they are no abbreviation
+_WHOLE_NAMES_BEGINNING_RESERVED = frozenset({"gpus"})
+_LONG_OPTION = re.compile(r"^--(?P<name>[A-Za-z0-9][A-Za-z0-9-]*)(?:=|$)")
 _PLAIN_TEXT = re.compile(r"^[^\s\x00-\x1f\x7f]+$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def reserved_option_refusal(option: str) -> str | None:
+    """Why ``option`` (one argument of ``extra_options``) may not be passed to sbatch; None if it may.
+
+    sbatch takes any unique beginning of a long option for the whole (``--outp=`` is ``--output=``,
+    ``--chd=`` is ``--chdir=``), and one-letter forms (``-o``): each is refused as what it stands for.
+    """
+    if option.startswith("-") and not option.startswith("--"):
+        letter = option[1:2]
+        if letter in _SHORT_FORMS:
+            whole = _SHORT_FORMS[letter]
+            return f"{option!r} is sbatch's -{letter}, short for --{whole}: {RESERVED_OPTIONS[whole]}; leave it out"
+    match = _LONG_OPTION.match(option)
+    if match is None or not _PLAIN_TEXT.match(option):
+        return f"each option is one sbatch long option with its value after '=', such as '--qos=high'; got {option!r}"
+    name = match.group("name")
+    if name in _WHOLE_NAMES_BEGINNING_RESERVED:
+        return None
+    if name in RESERVED_OPTIONS:
+        return f"--{name}: {RESERVED_OPTIONS[name]}; leave it out"
+    begun = [reserved for reserved in RESERVED_OPTIONS if reserved.startswith(name)]
+    if not begun:
+        return None
+    names = ", ".join(f"--{reserved}" for reserved in begun)
+    return f"--{name} abbreviates {names} for sbatch: {RESERVED_OPTIONS[begun[0]]}; leave it out"
 
 
 class SlurmSettings(BaseModel):
@@ -65,11 +137,21 @@ class SlurmSettings(BaseModel):
     @classmethod
     def _sbatch_options(cls, options: list[str]) -> list[str]:
         for option in options:
-            if not option.startswith("--") or not _PLAIN_TEXT.match(option):
-                raise ValueError(f"each option is one sbatch long option such as '--qos=high'; got {option!r}")
-            if option.split("=", 1)[0] in _OPTIONS_CORE_SETS:
-                raise ValueError(f"{option.split('=', 1)[0]} is set by core for each job; leave it out")
+            refusal = reserved_option_refusal(option)
+            if refusal is not None:
+                raise ValueError(refusal)
         return options
+
+    @field_validator("jobs_directory")
+    @classmethod
+    def _jobs_path(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if _CONTROL.search(value):
+            raise ValueError("a folder's path, without control characters")
+        if "\\" in value:
+            raise ValueError("a folder's path without a backslash (sbatch then reads its log paths literally)")
+        return value
 
     def job_time_limit_minutes(self, timeout_seconds: float) -> int:
         """The jobs' ``--time``: the table's, else the sweep's per-repeat limit in whole minutes."""

@@ -1,0 +1,77 @@
+"""A simulated Slurm for the cluster sweep's tests: injected as core.sweep.cluster.make_scheduler,
+its jobs end when a test says, leaving the files a real job leaves, and its clock moves only when the
+sweep sleeps. No Slurm, no waiting."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from core.config import RunConfig
+from core.storage.results import RunResult, RunState, Status
+from core.sweep.cluster import ENDED_NAME
+from core.sweep.slurm_jobs import ACTIVE_STATES, SlurmError
+
+
+class SimulatedSlurm:
+    """Answers as sbatch, sacct and scancel would; ``on_poll`` runs before each answer (jobs end there)."""
+
+    def __init__(self, refuse_submission: int | None = None) -> None:
+        self.jobs: dict[str, dict[str, Any]] = {}
+        self.cancelled: list[str] = []
+        self.polls = 0
+        self.clock = 1_000_000.0
+        self.refuse_submission = refuse_submission  # the n-th sbatch (1-based) is refused
+        self.on_poll: Callable[[SimulatedSlurm, int], None] = lambda slurm, poll: None
+
+    def submit(self, script: Path, options: Sequence[str], *, job_name: str, log: str, directory: Path) -> str:
+        if self.refuse_submission is not None and len(self.jobs) + 1 == self.refuse_submission:
+            raise SlurmError("sbatch refused the job: sbatch: error: invalid partition specified: nope", refused=True)
+        job_id = str(100 + len(self.jobs))
+        self.jobs[job_id] = {"folder": directory, "name": job_name, "log": log, "state": "PENDING", "options": options}
+        assert script.parent == directory and (directory / "request.json").exists()
+        return job_id
+
+    def states(self, job_ids: Sequence[str]) -> dict[str, str | None]:
+        self.polls += 1
+        assert self.polls <= 50, "the sweep went on polling jobs that the test never ends"  # a hang guard
+        self.on_poll(self, self.polls)
+        return {job_id: self.jobs[job_id]["state"] for job_id in job_ids}
+
+    def cancel(self, job_ids: Sequence[str]) -> None:
+        self.cancelled += job_ids
+        for job_id in job_ids:
+            if self.jobs[job_id]["state"] in ACTIVE_STATES:
+                self.jobs[job_id]["state"] = "CANCELLED"
+
+    def now(self) -> float:
+        return self.clock
+
+    def sleep(self, seconds: float) -> None:
+        self.clock += seconds
+
+    def job(self, cell: int, repeat: int) -> str:
+        """The id of cell ``cell``'s repeat ``repeat`` (both 1-based), as the sweep named its job."""
+        return next(job_id for job_id, job in self.jobs.items() if job["name"].endswith(f"-c{cell}r{repeat}"))
+
+    def end(self, job_id: str, state: str, *, result: str | None = None, exit_code: int | None = None) -> None:
+        """End a job in ``state``, leaving what its worker wrote: a partial result (setup measured),
+        a whole one with status ``result``, the batch script's exit record."""
+        job = self.jobs[job_id]
+        folder: Path = job["folder"]
+        request = json.loads((folder / "request.json").read_text())
+        options = dict(request["options"])
+        config = RunConfig(**options)
+        measured = RunResult.of_config(config, world_size=1)
+        measured.setup_seconds = float(job_id)  # each job's own figure: a mix-up would show
+        (folder / "result.json.partial").write_text(measured.model_dump_json())
+        if result is not None:
+            measured.status = Status(state=RunState(result), phase="window", message="the worker's own account")
+            measured.throughput_per_second = 10.0 if result == "ok" else None
+            (folder / "result.json").write_text(measured.model_dump_json())
+        if exit_code is not None:
+            (folder / ENDED_NAME).write_text(json.dumps({"exit_code": exit_code, "seconds": 2.5}))
+        (folder / f"slurm-{job_id}.out").write_text(f"job {job_id}'s output\n")
+        job["state"] = state

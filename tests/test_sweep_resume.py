@@ -1,0 +1,263 @@
+"""Resuming a sweep: the command printed after Ctrl-C, SIGTERM or a result the database refused is
+complete (database, executor, every option that shapes the sweep) and, run word for word in a shell,
+resumes the same sweep; ``--resume`` of a sweep the database has never seen says so."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from resume_command import printed_command, resume_words
+from slurm_support import SimulatedSlurm
+
+import core.cli
+import core.sweep.cluster
+import core.sweep.run
+import core.sweep.slurm_jobs
+from core.cli import build_parser, main, resume_command
+from core.storage.results import RunResult
+from core.storage.store import ResultStore
+from core.sweep import SweepError, run_sweep
+
+SWEEP = """\
+name = "from-file"
+repeats = 3
+timeout_seconds = 300
+
+[grid]
+workload = "fcnn"
+accelerator = "cpu"
+micro_batch_size = [4, 8]
+steps = 2
+warmup_steps = 1
+workload_options = {{layers = 1, hidden_width = 8}}
+{extra}
+"""
+
+
+def _sweep_file(folder: Path, extra: str = "") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "the grid.toml"
+    path.write_text(SWEEP.format(extra=extra), encoding="utf-8")
+    return path
+
+
+def _runs(database: Path, sweep: str) -> list[tuple[str, int]]:
+    with ResultStore(database, create=False) as store:
+        return sorted((run["cell_label"], run["repeat"]) for run in store.records(sweep=sweep))
+
+
+class InterruptedRuns:
+    """Stands in for run_in_process: made-up results; Ctrl-C during the run numbered ``interrupt_at``."""
+
+    def __init__(self, interrupt_at: int | None) -> None:
+        self.calls: list[tuple[str, float, Any]] = []
+        self.interrupt_at = interrupt_at
+
+    def __call__(
+        self, cell: Any, *, timeout_seconds: float, work_dir: Path, on_wait: Any = None, workers: Any = None
+    ) -> tuple[RunResult, float]:
+        self.calls.append((cell.label, timeout_seconds, workers.requested))
+        if len(self.calls) == self.interrupt_at:
+            raise KeyboardInterrupt
+        config = cell.config
+        result = RunResult.of_config(config, world_size=1, window_seconds=1.0, throughput_per_second=100.0)
+        return result, 0.5
+
+
+# --- the command names every option that shapes the sweep ---------------------------------------
+
+
+def _sweep_parser() -> Any:
+    commands = next(action for action in build_parser()._actions if action.dest == "command")
+    return commands.choices["sweep"]
+
+
+def test_every_sweep_option_is_either_resumed_or_deliberately_left_out() -> None:
+    # A new `core sweep` option must be classified: repeated by the resume command, or not needed.
+    classified = {"help", "file", "database", "executor", "slurm_extra_options"}
+    classified |= set(core.cli._RESUMED_FLAGS) | core.cli._NOT_RESUMED
+    classified |= {f"slurm_{name}" for name, _, _ in core.cli._SLURM_FLAGS}
+    assert {action.dest for action in _sweep_parser()._actions} <= classified
+
+
+@pytest.mark.parametrize("executor", ["local", "slurm"])
+def test_the_resume_command_parses_back_to_the_same_sweep(tmp_path: Path, executor: str) -> None:
+    sweep = _sweep_file(tmp_path / "it's a $HOME; folder")
+    given = [
+        "sweep", str(sweep), "--toy", "--skip-invalid", "--retry-failed", "--name", "other name?",
+        "--repeats", "2", "--timeout-seconds", "12.5", "--workers", "fresh", "--executor", executor,
+        "--slurm-partition", "gpu", "--slurm-poll-seconds", "0.5", "--slurm-jobs-directory", "jobs",
+        "--slurm-option=--qos=high", "--slurm-option=--comment=a;b",
+    ]  # fmt: skip
+    args = build_parser().parse_args(given)
+    spec = core.sweep.load_sweep(sweep)
+    database = Path("relative.db")
+
+    words = resume_words(f"Continue with: {resume_command(args, database, spec)}")
+    again = build_parser().parse_args(words)
+
+    for dest in ("toy", "skip_invalid", "retry_failed", "name", "repeats", "timeout_seconds", "workers", "executor"):
+        assert getattr(again, dest) == getattr(args, dest), dest
+    assert again.resume and not again.dry_run
+    assert again.file == sweep and again.database == Path.cwd() / "relative.db"
+    assert again.slurm_partition == "gpu" and again.slurm_poll_seconds == 0.5
+    assert again.slurm_extra_options == ["--qos=high", "--comment=a;b"]
+    assert again.slurm_jobs_directory == (str(Path.cwd() / "jobs") if executor == "slurm" else "jobs")
+
+
+def test_the_program_is_the_core_that_ran(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    script = tmp_path / "bin" / "core"
+    script.parent.mkdir()
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    monkeypatch.setattr(sys, "argv", [str(script), "sweep"])
+    monkeypatch.setenv("PATH", str(script.parent))
+    assert core.cli._core_program() == ["core"]
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert core.cli._core_program() == [str(script)]
+    monkeypatch.setattr(sys, "argv", ["-c"])
+    assert core.cli._core_program() == [sys.executable, "-m", "core.cli"]
+
+
+# --- the printed command, run: it resumes the same sweep -----------------------------------------
+
+
+def test_a_sweep_interrupted_resumes_with_the_printed_command_from_anywhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The database comes from $CORE_DATABASE, the file by a relative path; the name, repeats, time
+    # limit and worker start from flags. The resume runs elsewhere, without the variable.
+    runs = InterruptedRuns(interrupt_at=3)
+    monkeypatch.setattr(core.sweep.run, "run_in_process", runs)
+    sweep = _sweep_file(tmp_path / "here")
+    monkeypatch.chdir(tmp_path / "here")
+    monkeypatch.setenv("CORE_DATABASE", str(tmp_path / "env.db"))
+    given = ["sweep", sweep.name, "--name", "renamed", "--repeats", "2", "--timeout-seconds", "77"]
+
+    assert main([*given, "--workers", "fresh"]) == 130
+
+    err = capsys.readouterr().err
+    assert "core: sweep renamed interrupted" in err
+    monkeypatch.delenv("CORE_DATABASE")
+    monkeypatch.chdir(tmp_path)
+    runs.interrupt_at = None
+    assert main(resume_words(err)) == 0
+    assert _runs(tmp_path / "env.db", "renamed") == [
+        ("micro_batch_size=4", 0),
+        ("micro_batch_size=4", 1),
+        ("micro_batch_size=8", 0),
+        ("micro_batch_size=8", 1),
+    ]
+    assert {(timeout, workers) for _, timeout, workers in runs.calls} == {(77.0, "fresh")}
+    assert not (tmp_path / "results").exists()  # not the default database
+
+
+def test_a_slurm_sweep_interrupted_resumes_waiting_for_the_same_jobs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    slurm = SimulatedSlurm()
+    monkeypatch.setattr(core.sweep.slurm_jobs, "unavailable_reason", lambda: None)
+    monkeypatch.setattr(core.sweep.cluster, "make_scheduler", lambda: slurm)
+
+    def interrupt(slurm: SimulatedSlurm, number: int) -> None:
+        raise KeyboardInterrupt
+
+    slurm.on_poll = interrupt
+    sweep = _sweep_file(tmp_path / "here", extra="[slurm]\npoll_seconds = 1\njobs_directory = 'jobs'")
+    monkeypatch.chdir(tmp_path / "here")
+    given = ["sweep", sweep.name, "--executor", "slurm", "--repeats", "1", "--database", "r.db"]
+
+    assert main([*given, "--slurm-option=--qos=high"]) == 130
+
+    err = capsys.readouterr().err
+    assert "2 job(s) of sweep from-file stay in Slurm" in err
+    monkeypatch.chdir(tmp_path)
+    slurm.on_poll = lambda slurm, number: [slurm.end(job, "COMPLETED", result="ok", exit_code=0) for job in slurm.jobs]
+    assert main(resume_words(err)) == 0
+    assert len(slurm.jobs) == 2  # none submitted again: the jobs in the same jobs directory were waited for
+    assert all("--qos=high" in job["options"] for job in slurm.jobs.values())
+    assert _runs(tmp_path / "here" / "r.db", "from-file") == [("micro_batch_size=4", 0), ("micro_batch_size=8", 0)]
+
+
+@pytest.mark.slow
+def test_the_command_printed_after_sigterm_run_in_a_shell_resumes_the_sweep(tmp_path: Path) -> None:
+    folder = tmp_path / "it's $HOME"
+    sweep = _sweep_file(folder)
+    environment = {**os.environ, "CORE_DATABASE": str(folder / "env.db")}
+    command = [sys.executable, "-m", "core.cli", "sweep", sweep.name, "--name", "real", "--repeats", "1"]
+    started = subprocess.Popen(command, cwd=folder, env=environment, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and started.poll() is None and not _recorded(folder / "env.db"):
+            time.sleep(0.1)
+        started.send_signal(signal.SIGTERM)
+        _, err = started.communicate(timeout=120)
+    finally:
+        if started.poll() is None:
+            started.kill()
+    assert started.returncode == 130, err
+    environment.pop("CORE_DATABASE")
+
+    resumed = subprocess.run(
+        ["bash", "-c", printed_command(err)], cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=600
+    )
+
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming sweep real: 1 of 2 runs already recorded" in resumed.stdout
+    assert _runs(folder / "env.db", "real") == [("micro_batch_size=4", 0), ("micro_batch_size=8", 0)]
+
+
+def _recorded(database: Path) -> int:
+    try:
+        connection = sqlite3.connect(f"file:{database}?mode=ro", uri=True)
+        try:
+            return int(connection.execute("SELECT COUNT(*) FROM runs").fetchone()[0])
+        finally:
+            connection.close()
+    except sqlite3.Error:
+        return 0
+
+
+# --- --resume of a sweep the database has never seen --------------------------------------------
+
+
+def test_resume_of_an_unknown_sweep_says_so_instead_of_starting_afresh(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runs = InterruptedRuns(interrupt_at=None)
+    monkeypatch.setattr(core.sweep.run, "run_in_process", runs)
+    sweep, database = _sweep_file(tmp_path), tmp_path / "r.db"
+    for dry_run in ([], ["--dry-run"]):
+        assert main(["sweep", str(sweep), "--database", str(database), "--resume", *dry_run]) == 2
+        assert f"--resume: no results database at {database}" in capsys.readouterr().err
+    assert not database.exists()
+
+    assert main(["sweep", str(sweep), "--database", str(database), "--repeats", "1"]) == 0
+    for dry_run in ([], ["--dry-run"]):
+        command = ["sweep", str(sweep), "--database", str(database), "--name", "typo", "--resume", *dry_run]
+        assert main(command) == 2
+        err = capsys.readouterr().err
+        assert f"--resume: no sweep 'typo' in {database} (it has 'from-file')" in err
+    with pytest.raises(SweepError, match="no sweep 'typo'"):
+        run_sweep(core.sweep.make_sweep_spec({**core.sweep.load_sweep(sweep).model_dump(), "name": "typo"}),
+                  database=database, resume=True)  # fmt: skip
+    with ResultStore(database, create=False) as store:
+        assert store.sweep_names() == ["from-file"]
+    assert len(runs.calls) == 2
+
+
+def test_the_resume_command_is_json_free_of_surprises() -> None:
+    # The sweep's name and the paths are single words whatever they hold: shlex quotes them.
+    args = build_parser().parse_args(["sweep", "a b.toml", "--name", "x'; rm -rf ~"])
+    spec = core.sweep.make_sweep_spec(json.loads('{"name": "s", "grid": {"workload": "fcnn"}}'))
+    words = resume_words(f"Continue with: {resume_command(args, Path('d b.db'), spec)}")
+    assert words[1].endswith("/a b.toml") and "--name=x'; rm -rf ~" in words
