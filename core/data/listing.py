@@ -70,7 +70,10 @@ def _image_samples(root: str, classes: tuple[str, ...], signature: tuple[int, ..
     samples: list[tuple[Path, int]] = []
     for label, name in enumerate(classes):
         folder = Path(root) / name
-        entries = sorted((entry for entry in os.scandir(folder) if _is_image_name(entry.name)), key=lambda e: e.name)
+        try:
+            entries = sorted((e for e in os.scandir(folder) if _is_image_name(e.name)), key=lambda e: e.name)
+        except OSError as error:
+            raise _refuse(folder, f"cannot list it: {error.strerror or error}") from None
         for entry in entries:
             # is_file() follows links and is true for regular files only; the usual case needs no stat.
             if not entry.is_file():
@@ -100,7 +103,10 @@ def record_files(path: Path) -> list[Path]:
 
 def _data_files(path: Path, suffixes: tuple[str, ...], what: str) -> list[Path]:
     if path.is_dir():
-        files = sorted(entry for entry in path.iterdir() if entry.suffix in suffixes)
+        try:
+            files = sorted(entry for entry in path.iterdir() if entry.suffix in suffixes)
+        except OSError as error:
+            raise _refuse(path, f"cannot list it: {error.strerror or error}") from None
         if not files:
             raise _refuse(path, f"no {'/'.join(suffixes)} files in this folder")
     else:
