@@ -358,6 +358,51 @@ def test_a_loader_worker_killed_by_the_kernel_is_a_data_fault_and_leaves_no_fold
     assert multiprocessing.active_children() == []
 
 
+def test_loader_workers_stopped_by_a_signal_leave_no_temporary_folder(
+    image_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import multiprocessing
+    import signal
+    import tempfile
+
+    from core.data.loading import LoaderWorkers
+    from core.data.torch_datasets import ImageFolder
+
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))  # the workers' pymp-* folders go here
+    loader = torch.utils.data.DataLoader(
+        ImageFolder(image_folder, IMAGE_SHAPE), batch_size=2, num_workers=2, persistent_workers=True
+    )
+    workers = LoaderWorkers(loader, str(image_folder))
+    try:
+        batches = workers.iterate()
+        workers.next(batches)
+        assert len(list(temporary.glob("pymp-*"))) == 2
+        stopped, killed = sorted(multiprocessing.active_children(), key=lambda process: process.pid)
+        os.kill(stopped.pid, signal.SIGTERM)  # a stopped run's group, or torch stopping a stuck worker
+        wait_for_exit(stopped)
+        assert stopped.exitcode == 128 + signal.SIGTERM and len(list(temporary.glob("pymp-*"))) == 1
+        os.kill(killed.pid, signal.SIGKILL)  # the out-of-memory killer: the worker cannot clean up
+        wait_for_exit(killed)
+        assert len(list(temporary.glob("pymp-*"))) == 1
+    finally:
+        workers.close()
+    assert list(temporary.iterdir()) == [] and multiprocessing.active_children() == []
+
+
+def wait_for_exit(process: Any) -> None:
+    """Join a loader worker; torch's SIGCHLD handler raises in this (the main) thread when one dies."""
+    for _ in range(100):  # a hang guard only
+        try:
+            process.join(timeout=60)
+        except RuntimeError as died:
+            assert "DataLoader worker" in str(died)
+        if process.exitcode is not None:
+            return
+    raise AssertionError(f"worker {process.pid} did not end")
+
+
 def own_processes_with(marker: str) -> list[int]:
     """This user's live processes whose environment carries ``marker`` (the run's, and any it left)."""
     found = []

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import multiprocessing
 import os
 import shutil
+import signal
 import time
 from collections.abc import Generator, Iterator
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -26,18 +29,14 @@ from core.data import detect_format, loader_worker_death
 from core.data.torch_datasets import torch_dataset
 from core.errors import DataError
 from core.running.distributed import ProcessContext
-from core.running.processes import work_directory
-
-#: the work directory where a loader's workers record their temporary folders
-WORKER_DIRECTORY_PREFIX = "core-data-workers-"
 
 
-def _record_temporary_folder(records: str, worker_id: int) -> None:
+def _prepare_worker(folders: Connection, worker_id: int) -> None:
     """A loader worker's ``worker_init_fn``: make this worker's multiprocessing temporary folder
     (``pymp-*``, where its sockets for passing tensors to the main process live) now, where
-    multiprocessing makes it, and record it in ``records``. The worker removes it when it ends; the
-    main process removes it after a worker that was killed (by a signal, by the kernel's
-    out-of-memory killer, or by torch after it would not stop), which cannot remove its own."""
+    multiprocessing makes it, and send its path to the main process. The worker removes it when it
+    ends, on SIGTERM too (a stopped run's group, or torch stopping a worker that would not end);
+    the main process removes it after a worker killed outright (the kernel's out-of-memory killer)."""
     import multiprocessing
     import multiprocessing.util
 
@@ -45,31 +44,50 @@ def _record_temporary_folder(records: str, worker_id: int) -> None:
     # the main process's to remove, not this worker's.
     inherited = multiprocessing.current_process()._config.get("tempdir") is not None  # type: ignore[attr-defined]
     folder = multiprocessing.util.get_temp_dir()
-    if not inherited:
-        (Path(records) / f"worker-{worker_id}-{os.getpid()}").write_text(folder, encoding="utf-8")
+    if inherited:
+        return
+    with contextlib.suppress(OSError):  # a main process already gone needs no record
+        folders.send(folder)
+    signal.signal(signal.SIGTERM, functools.partial(_leave_on_sigterm, folder))
+
+
+def _leave_on_sigterm(folder: str, signum: int, frame: Any) -> None:
+    shutil.rmtree(folder, ignore_errors=True)
+    os._exit(128 + signum)  # as SIGTERM's default action would end it, without its folder
 
 
 class LoaderWorkers:
     """A DataLoader's iterations and its worker processes: each :meth:`iterate` starts an epoch;
     :meth:`close` stops the workers (persistent ones live as long as the loader) and removes the
-    temporary folders of any that could not remove their own."""
+    temporary folders of any that could not remove their own.
+
+    The workers' folders stay where multiprocessing puts them (a longer path could pass the 108
+    bytes a Unix socket's path may have); their paths come back through a pipe, which leaves no file.
+    """
 
     def __init__(self, loader: DataLoader, source: str) -> None:
         self._loader = loader
         self._source = source
         self._iterator: Any = None
-        self._records: Path | None = None
-        self._cleanup = contextlib.ExitStack()
+        self._folders: tuple[Connection, Connection] | None = None
+        self._sent: list[str] = []
 
     def iterate(self) -> Iterator[Any]:
-        if self._records is None and self._loader.num_workers > 0:
-            # Made before the first workers start (they start with the first iteration). Only small
-            # records go in it: the workers' sockets stay where multiprocessing puts them, since a
-            # longer path would pass the 108 bytes a Unix socket's path may have.
-            self._records = self._cleanup.enter_context(work_directory(WORKER_DIRECTORY_PREFIX))
-            self._loader.worker_init_fn = functools.partial(_record_temporary_folder, str(self._records))
+        if self._folders is None and self._loader.num_workers > 0:
+            # Before the first workers start: they start with the first iteration.
+            self._folders = multiprocessing.Pipe(duplex=False)
+            self._loader.worker_init_fn = functools.partial(_prepare_worker, self._folders[1])
+        self._receive()  # a loader that starts workers each epoch must not fill the pipe
         self._iterator = iter(self._loader)
         return self._iterator
+
+    def _receive(self) -> None:
+        if self._folders is None:
+            return
+        reader = self._folders[0]
+        with contextlib.suppress(EOFError, OSError):
+            while reader.poll():
+                self._sent.append(reader.recv())
 
     def next(self, iterator: Iterator[Any], end: Any = None) -> Any:
         """The next batch, or ``end`` after the epoch's last; any failure of the loader becomes a
@@ -89,21 +107,15 @@ class LoaderWorkers:
             if callable(shutdown):
                 shutdown()
         finally:
-            if self._records is not None:
-                _remove_workers_folders(self._records)
-            self._cleanup.close()
-
-
-def _remove_workers_folders(records: Path) -> None:
-    """Remove the temporary folders the stopped workers recorded (a worker that ended normally has
-    removed its own already)."""
-    for record in records.glob("worker-*"):
-        try:
-            folder = Path(record.read_text(encoding="utf-8"))
-        except OSError:
-            continue
-        if folder.name.startswith("pymp-"):
-            shutil.rmtree(folder, ignore_errors=True)
+            self._receive()
+            # The folders the stopped workers sent (one that ended normally removed its own already).
+            for folder in self._sent:
+                if Path(folder).name.startswith("pymp-"):
+                    shutil.rmtree(folder, ignore_errors=True)
+            self._sent = []
+            for end in self._folders or ():
+                end.close()
+            self._folders = None
 
 
 def loader_failure(error: BaseException, source: str) -> str:
