@@ -16,7 +16,7 @@ from core.contract.accelerator import Accelerator, Availability
 from core.contract.hookspecs import hookimpl, hookspec
 from core.contract.workload import KerasTrainingSpec, TorchTrainingSpec, Workload
 from core.energy.meter import PowerMeter, PowerMeterFactory, UnavailableMeter
-from core.errors import ConfigError, CoreError, NonFiniteLossError, PluginError, RegistrationError
+from core.errors import ConfigError, CoreError, DataError, NonFiniteLossError, PluginError, RegistrationError
 from core.running.distributed import ProcessContext
 from core.storage.results import (
     SCHEMA_VERSION,
@@ -38,6 +38,7 @@ __all__ = [
     "Availability",
     "ConfigError",
     "CoreError",
+    "DataError",
     "DeviceRecord",
     "EnergyMeasurement",
     "EnvironmentInfo",

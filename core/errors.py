@@ -43,5 +43,14 @@ class RegistrationError(PluginError):
     """A plugin handed over something core cannot accept (wrong type, duplicate name)."""
 
 
+class DataError(CoreError):
+    """A data file could not be read during a run: the message names the file and the problem.
+
+    A fault of the data, not of the model: memory that runs out while a file is read or decoded is
+    reported as this, never as the model's out-of-memory. Its one argument is the whole message, so
+    a DataLoader worker's copy of it is rebuilt as the same type in the main process.
+    """
+
+
 class NonFiniteLossError(CoreError, ArithmeticError):
     """The loss became NaN or infinite during a measured phase."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from core.config import Framework
-from core.errors import ConfigError
+from core.errors import ConfigError, DataError
 
 SYNTHETIC_ON_DEVICE = "synthetic"
 SYNTHETIC_ON_HOST = "synthetic-host"
@@ -113,7 +113,34 @@ def validate_data(
     if framework not in FORMAT_FRAMEWORKS[resolved]:
         readable_here = [name for name, readers in FORMAT_FRAMEWORKS.items() if framework in readers]
         raise ConfigError("data_format", resolved, f"{framework.value} reads: {', '.join(readable_here)}")
+    from core.data.listing import check_dataset
+
+    # Every file a sample comes from, listed: a link to a device, a FIFO, a COCO file_name outside
+    # the folder is refused here, before any device is touched.
+    check_dataset(path, resolved)
     return resolved
+
+
+# torch's DataLoader reports a worker that died ("DataLoader worker (pid 42) is killed by signal:
+# Killed.", "... exited unexpectedly") from its SIGCHLD handler, wherever the main process is then.
+_LOADER_WORKER_DIED = "DataLoader worker (pid"
+_OUT_OF_MEMORY_KILLER = (
+    "the kernel's out-of-memory killer sends SIGKILL when reading and decoding data exhausts the host's memory"
+)
+
+
+def loader_worker_death(error: BaseException, source: str) -> DataError | None:
+    """A DataError for a data loader worker's death reported as ``error``; None for anything else.
+
+    :param source: the data path, named in the message."""
+    text = str(error).strip()
+    if not isinstance(error, RuntimeError) or _LOADER_WORKER_DIED not in text:
+        return None
+    if "Killed" in text:
+        hint = _OUT_OF_MEMORY_KILLER
+    else:  # torch's SIGCHLD handler is not always installed: then no signal is named
+        hint = f"killed by a signal or crashed; {_OUT_OF_MEMORY_KILLER}"
+    return DataError(f"reading {source}: a data loader worker died: {text} ({hint})")
 
 
 def _a(data_format: str) -> str:

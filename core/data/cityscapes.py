@@ -16,12 +16,20 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from core.errors import ConfigError
+from core.data.files import MAX_IMAGE_FILE_BYTES, open_image, read_data_file
+from core.data.listing import (
+    CITYSCAPES_IMAGE_SUFFIX,
+    CITYSCAPES_IMAGES,
+    CITYSCAPES_LABEL_SUFFIX,
+    CITYSCAPES_LABELS,
+    cityscapes_pairs,
+)
+from core.errors import DataError
 
-IMAGES = Path("leftImg8bit") / "train"
-LABELS = Path("gtFine") / "train"
-IMAGE_SUFFIX = "_leftImg8bit.png"
-LABEL_SUFFIX = "_gtFine_labelTrainIds.png"
+IMAGES = CITYSCAPES_IMAGES
+LABELS = CITYSCAPES_LABELS
+IMAGE_SUFFIX = CITYSCAPES_IMAGE_SUFFIX
+LABEL_SUFFIX = CITYSCAPES_LABEL_SUFFIX
 IGNORE_INDEX = 255
 _MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
 _STD = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
@@ -33,31 +41,19 @@ def is_cityscapes(path: Path) -> bool:
 
 class CityscapesSegmentation(Dataset):
     def __init__(self, root: Path, image_shape: tuple[int, int, int]) -> None:
-        if not (root / IMAGES).is_dir():
-            raise ConfigError("data", str(root), f"a Cityscapes folder needs {IMAGES}/<city>/*{IMAGE_SUFFIX}")
-        self.samples = []
-        for image in sorted((root / IMAGES).glob(f"*/*{IMAGE_SUFFIX}")):
-            frame = image.name[: -len(IMAGE_SUFFIX)]
-            label = root / LABELS / image.parent.name / f"{frame}{LABEL_SUFFIX}"
-            if not label.is_file():
-                raise ConfigError(
-                    "data", str(image), f"no label map {label.relative_to(root)} (run createTrainIdLabelImgs)"
-                )
-            self.samples.append((image, label))
-        if not self.samples:
-            raise ConfigError("data", str(root), f"no images {IMAGES}/<city>/*{IMAGE_SUFFIX}")
+        self.samples = cityscapes_pairs(root)
         _, self.height, self.width = image_shape
 
     def __len__(self) -> int:
         return len(self.samples)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        from PIL import Image
-
         image_path, label_path = self.samples[index]
-        with Image.open(image_path) as image, Image.open(label_path) as label:
+        image = open_image(read_data_file(image_path, MAX_IMAGE_FILE_BYTES, "an image"), str(image_path))
+        label = open_image(read_data_file(label_path, MAX_IMAGE_FILE_BYTES, "a label map"), str(label_path))
+        with image, label:
             if image.size != label.size:
-                raise ConfigError("data", str(label_path), f"a label map of the image's size {image.size}")
+                raise DataError(f"{label_path}: {label.size[0]} x {label.size[1]}, not its image's size {image.size}")
             pixels = np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0
             train_ids = np.asarray(label, dtype=np.uint8)
         picture = torch.zeros(3, max(self.height, pixels.shape[0]), max(self.width, pixels.shape[1]))

@@ -10,18 +10,17 @@ detectors' training pipelines do.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from core.errors import ConfigError
+from core.data.files import MAX_IMAGE_FILE_BYTES, open_image, read_data_file
+from core.data.listing import COCO_ANNOTATIONS, COCO_IMAGES, coco_samples
 
-ANNOTATIONS = Path("annotations") / "instances_train2017.json"
-IMAGES = "train2017"
+ANNOTATIONS = COCO_ANNOTATIONS
+IMAGES = COCO_IMAGES
 #: rows per target; objects beyond it are dropped (COCO images rarely have more annotations)
 MAX_OBJECTS = 100
 _MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
@@ -32,47 +31,12 @@ def is_coco(path: Path) -> bool:
     return (path / ANNOTATIONS).is_file()
 
 
-def _field_error(document: Path, field: str, value: Any, allowed: str) -> ConfigError:
-    return ConfigError("data", f"{document}: {field} = {value!r}", allowed)
-
-
-def _boxes_by_image(document: Path, annotations: list[Any], class_of: dict[int, int]) -> dict[int, list[list[float]]]:
-    boxes: dict[int, list[list[float]]] = {}
-    for index, annotation in enumerate(annotations):
-        bbox = annotation.get("bbox")
-        if not (isinstance(bbox, list) and len(bbox) == 4 and all(isinstance(v, (int, float)) for v in bbox)):
-            raise _field_error(document, f"annotations[{index}].bbox", bbox, "[x, y, width, height] in pixels")
-        if annotation.get("category_id") not in class_of:
-            raise _field_error(
-                document, f"annotations[{index}].category_id", annotation.get("category_id"), "an id of categories[]"
-            )
-        if annotation.get("iscrowd", 0):
-            continue
-        x, y, width, height = bbox
-        if width > 0 and height > 0:
-            row = [float(class_of[annotation["category_id"]]), x, y, x + width, y + height]
-            boxes.setdefault(annotation.get("image_id", -1), []).append(row)
-    return boxes
-
-
 class CocoDetection(Dataset):
+    """The annotation file is checked while planning (``core.data.listing.coco_samples``): boxes,
+    categories, and every ``file_name`` a regular file inside ``train2017/``."""
+
     def __init__(self, root: Path, image_shape: tuple[int, int, int]) -> None:
-        document = root / ANNOTATIONS
-        if not document.is_file():
-            raise ConfigError("data", str(root), f"a COCO folder needs {ANNOTATIONS}")
-        content = json.loads(document.read_text())
-        for key in ("images", "annotations", "categories"):
-            if not isinstance(content.get(key), list):
-                raise _field_error(document, key, content.get(key), "a list (COCO's instances layout)")
-        class_of = {c["id"]: index for index, c in enumerate(sorted(content["categories"], key=lambda c: c["id"]))}
-        boxes = _boxes_by_image(document, content["annotations"], class_of)
-        self.samples = []
-        for index, image in enumerate(content["images"]):
-            if not isinstance(image.get("file_name"), str):
-                raise _field_error(document, f"images[{index}].file_name", image.get("file_name"), "a file name")
-            self.samples.append((root / IMAGES / image["file_name"], boxes.get(image.get("id"), [])))
-        if not self.samples:
-            raise _field_error(document, "images", [], "at least one image")
+        self.samples = coco_samples(root)
         self.image_shape = image_shape
 
     def __len__(self) -> int:
@@ -83,7 +47,7 @@ class CocoDetection(Dataset):
 
         path, rows = self.samples[index]
         _, height, width = self.image_shape
-        with Image.open(path) as image:
+        with open_image(read_data_file(path, MAX_IMAGE_FILE_BYTES, "an image"), str(path)) as image:
             scale = min(height / image.height, width / image.width)
             resized = image.convert("RGB").resize(
                 (max(1, round(image.width * scale)), max(1, round(image.height * scale))), Image.Resampling.BILINEAR

@@ -1,10 +1,23 @@
 """Micro-batches for the PyTorch executor from a real dataset: background workers, rank sharding,
-endless epochs, and the time the training loop spends waiting for them."""
+endless epochs, and the time the training loop spends waiting for them.
+
+Whatever goes wrong while reading (a broken file, memory exhausted in a worker, a worker killed)
+reaches the runner as one :class:`core.errors.DataError` naming the file where it is known: a fault
+of the data, never the model's out-of-memory. The loader's worker processes are stopped and their
+temporary folders removed on every way out (:meth:`LoaderWorkers.close`).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import multiprocessing
+import os
+import shutil
+import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +25,124 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
 from core.config import RunConfig
-from core.data import detect_format
+from core.data import detect_format, loader_worker_death
 from core.data.torch_datasets import torch_dataset
+from core.errors import DataError
 from core.running.distributed import ProcessContext
+
+
+def _prepare_worker(folders: Connection, worker_id: int) -> None:
+    """A loader worker's ``worker_init_fn``: make this worker's multiprocessing temporary folder
+    (``pymp-*``, where its sockets for passing tensors to the main process live) now, where
+    multiprocessing makes it, and send its path to the main process. The worker removes it when it
+    ends, on SIGTERM too (a stopped run's group, or torch stopping a worker that would not end);
+    the main process removes it after a worker killed outright (the kernel's out-of-memory killer)."""
+    import multiprocessing
+    import multiprocessing.util
+
+    # multiprocessing's own record of the process's folder: one inherited from the main process is
+    # the main process's to remove, not this worker's.
+    inherited = multiprocessing.current_process()._config.get("tempdir") is not None  # type: ignore[attr-defined]
+    folder = multiprocessing.util.get_temp_dir()
+    if inherited:
+        return
+    with contextlib.suppress(OSError):  # a main process already gone needs no record
+        folders.send(folder)
+    signal.signal(signal.SIGTERM, functools.partial(_leave_on_sigterm, folder))
+
+
+def _leave_on_sigterm(folder: str, signum: int, frame: Any) -> None:
+    shutil.rmtree(folder, ignore_errors=True)
+    os._exit(128 + signum)  # as SIGTERM's default action would end it, without its folder
+
+
+class LoaderWorkers:
+    """A DataLoader's iterations and its worker processes: each :meth:`iterate` starts an epoch;
+    :meth:`close` stops the workers (persistent ones live as long as the loader) and removes the
+    temporary folders of any that could not remove their own.
+
+    The workers' folders stay where multiprocessing puts them (a longer path could pass the 108
+    bytes a Unix socket's path may have); their paths come back through a pipe, which leaves no file.
+    """
+
+    def __init__(self, loader: DataLoader, source: str) -> None:
+        self._loader = loader
+        self._source = source
+        self._iterator: Any = None
+        self._folders: tuple[Connection, Connection] | None = None
+        self._sent: list[str] = []
+
+    def iterate(self) -> Iterator[Any]:
+        if self._folders is None and self._loader.num_workers > 0:
+            # Before the first workers start: they start with the first iteration.
+            self._folders = multiprocessing.Pipe(duplex=False)
+            self._loader.worker_init_fn = functools.partial(_prepare_worker, self._folders[1])
+        self._receive()  # a loader that starts workers each epoch must not fill the pipe
+        self._iterator = iter(self._loader)
+        return self._iterator
+
+    def _receive(self) -> None:
+        if self._folders is None:
+            return
+        reader = self._folders[0]
+        with contextlib.suppress(EOFError, OSError):
+            while reader.poll():
+                self._sent.append(reader.recv())
+
+    def next(self, iterator: Iterator[Any], end: Any = None) -> Any:
+        """The next batch, or ``end`` after the epoch's last; any failure of the loader becomes a
+        DataError."""
+        try:
+            return next(iterator, end)
+        except Exception as error:
+            raise DataError(loader_failure(error, self._source)) from error
+
+    def close(self) -> None:
+        # torch's own teardown, which its iterator's __del__ would call: each worker is told to stop,
+        # joined, and terminated if it does not. Waiting for garbage collection is not enough: at
+        # interpreter exit multiprocessing terminates daemonic workers first, leaving their files.
+        shutdown = getattr(self._iterator, "_shutdown_workers", None)
+        self._iterator = None
+        try:
+            if callable(shutdown):
+                shutdown()
+        finally:
+            self._receive()
+            # The folders the stopped workers sent (one that ended normally removed its own already).
+            for folder in self._sent:
+                if Path(folder).name.startswith("pymp-"):
+                    shutil.rmtree(folder, ignore_errors=True)
+            self._sent = []
+            for end in self._folders or ():
+                end.close()
+            self._folders = None
+
+
+def loader_failure(error: BaseException, source: str) -> str:
+    """What a DataLoader's failure says, without the worker's traceback torch folds into it.
+
+    A worker's exception reaches the main process rebuilt by torch (``ExceptionWrapper.reraise``)
+    with the message "Caught <type> in DataLoader worker process <n>.\nOriginal Traceback ...",
+    the original's last line at the end."""
+    text = str(error).strip()
+    lines = text.splitlines()
+    if len(lines) > 1 and lines[0].startswith("Caught ") and " in " in lines[0]:
+        worker = lines[0].split(" in ", 1)[1].rstrip(".")
+        kind, _, message = lines[-1].partition(": ")
+        kind = kind.rsplit(".", 1)[-1]
+        if kind == "DataError":
+            return f"{message} ({worker})"
+        if kind == "MemoryError":
+            return f"reading {source}: out of memory in {worker} (MemoryError{': ' + message if message else ''})"
+        return f"reading {source}: {kind}: {message} ({worker})"
+    if isinstance(error, DataError):
+        return text
+    if isinstance(error, MemoryError):
+        return f"reading {source}: out of memory in the data loader (MemoryError{': ' + text if text else ''})"
+    died = loader_worker_death(error, source)
+    if died is not None:
+        return str(died)
+    return f"reading {source}: {type(error).__name__}: {text}"
 
 
 class FileBatches:
@@ -24,7 +152,10 @@ class FileBatches:
         assert config.micro_batch_size is not None
         path = Path(config.data)
         self.format = detect_format(path) if config.data_format == "auto" else config.data_format
-        self.dataset = torch_dataset(path, self.format, pool_inputs, process.rank, process.world_size)
+        try:
+            self.dataset = torch_dataset(path, self.format, pool_inputs, process.rank, process.world_size)
+        except MemoryError:
+            raise DataError(f"{path}: out of memory listing the dataset") from None
         self._sampler: DistributedSampler | None = None
         workers = config.data_workers
         common: dict[str, Any] = dict(
@@ -56,15 +187,19 @@ class FileBatches:
                     f"{path}: {self.samples} samples are fewer than one micro-batch of "
                     f"{config.micro_batch_size} for each of {process.world_size} rank(s)"
                 )
+        # No worker process starts before the first batch is asked for.
+        self._workers = LoaderWorkers(self._loader, str(path))
         self._batches = self._endless()
         self.wait_seconds = 0.0
 
-    def _endless(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def _endless(self) -> Generator[tuple[torch.Tensor, torch.Tensor], None, None]:
         epoch = 0
         while True:
             if self._sampler is not None:
                 self._sampler.set_epoch(epoch)
-            yield from self._loader
+            iterator = self._workers.iterate()
+            while (batch := self._workers.next(iterator)) is not None:
+                yield batch
             epoch += 1
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,3 +210,8 @@ class FileBatches:
 
     def details(self) -> dict[str, Any]:
         return {"data_format": self.format, "dataset_samples": self.samples}
+
+    def close(self) -> None:
+        """Stop the loader's workers and remove their temporary files; the executor's close calls it."""
+        self._batches.close()
+        self._workers.close()

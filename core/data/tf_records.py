@@ -16,10 +16,10 @@ _STD = (0.229, 0.224, 0.225)
 
 
 def record_files(path: Path) -> list[str]:
-    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.suffix in (".tfrecord", ".tfrecords"))
-    if not files:
-        raise ValueError(f"no .tfrecord files at {path}")
-    return [str(f) for f in files]
+    """The record files at ``path``, each a regular file (checked while planning, and again here)."""
+    from core.data import listing
+
+    return [str(file) for file in listing.record_files(path)]
 
 
 def image_dataset(

@@ -4,29 +4,38 @@ so a model runs unchanged on either."""
 
 from __future__ import annotations
 
-import io
 import tarfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from core.data import IMAGE_SUFFIXES
+from core.data.files import (
+    MAX_IMAGE_FILE_BYTES,
+    MAX_SAMPLE_MEMBERS,
+    MAX_SHARD_MEMBER_BYTES,
+    open_image,
+    opened_data_file,
+    read_data_file,
+)
+from core.data.listing import image_folder, shard_files
+from core.errors import DataError
 
 # ImageNet channel statistics: the normalisation every ImageNet-trained vision model expects.
 _MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
 _STD = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
 
 
-def decode_image(data: bytes, channels: int, height: int, width: int) -> torch.Tensor:
-    """Encoded image bytes -> float tensor [C, H, W], resized and normalised."""
+def decode_image(data: bytes, channels: int, height: int, width: int, source: str = "an image") -> torch.Tensor:
+    """Encoded image bytes -> float tensor [C, H, W], resized and normalised. ``source`` names the
+    file (or shard member) in a DataError when the bytes are no image, or one too large."""
     from PIL import Image
 
-    with Image.open(io.BytesIO(data)) as image:
+    with open_image(data, source) as image:
         image = image.convert("RGB" if channels == 3 else "L").resize((width, height), Image.Resampling.BILINEAR)
         array = np.asarray(image, dtype=np.float32) / 255.0
     tensor = torch.from_numpy(array.copy())
@@ -40,15 +49,8 @@ class ImageFolder(Dataset):
     """root/<class>/<image>: classes numbered in sorted folder order (torchvision's convention)."""
 
     def __init__(self, root: Path, image_shape: tuple[int, int, int]) -> None:
-        self.classes = sorted(entry.name for entry in root.iterdir() if entry.is_dir())
-        self.samples = [
-            (path, label)
-            for label, name in enumerate(self.classes)
-            for path in sorted((root / name).iterdir())
-            if path.suffix.lower() in IMAGE_SUFFIXES
-        ]
-        if not self.samples:
-            raise ValueError(f"no images ({', '.join(IMAGE_SUFFIXES)}) under {root}/<class>/")
+        classes, self.samples = image_folder(root)
+        self.classes = list(classes)
         self.image_shape = image_shape
 
     def __len__(self) -> int:
@@ -56,7 +58,8 @@ class ImageFolder(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         path, label = self.samples[index]
-        return decode_image(path.read_bytes(), *self.image_shape), torch.tensor(label)
+        data = read_data_file(path, MAX_IMAGE_FILE_BYTES, "an image")
+        return decode_image(data, *self.image_shape, str(path)), torch.tensor(label)
 
 
 class WebDatasetShards(IterableDataset):
@@ -91,27 +94,77 @@ class WebDatasetShards(IterableDataset):
     def _samples(self, shard: Path) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         current_key: str | None = None
         parts: dict[str, bytes] = {}
-        with tarfile.open(shard) as archive:
+        for name, data in _shard_members(shard):
+            key, _, extension = name.partition(".")
+            if key != current_key:
+                if parts:
+                    yield self._sample(shard, current_key, parts)
+                current_key, parts = key, {}
+            if len(parts) >= MAX_SAMPLE_MEMBERS:
+                raise DataError(f"{shard}: sample {key!r} has more than the {MAX_SAMPLE_MEMBERS} members allowed")
+            parts[extension.lower()] = data
+        if parts:
+            yield self._sample(shard, current_key, parts)
+
+    def _sample(self, shard: Path, key: str | None, parts: dict[str, bytes]) -> tuple[torch.Tensor, torch.Tensor]:
+        image_extension = next((e for e in ("jpg", "jpeg", "png", "webp") if e in parts), None)
+        label = parts.get("cls")
+        if image_extension is None or label is None:
+            raise DataError(
+                f"{shard}: sample {key!r} needs an image (.jpg/.png) and a .cls label; found {sorted(parts)}"
+            )
+        try:
+            target = int(label.decode("ascii").strip())
+        except ValueError:  # UnicodeDecodeError included
+            raise DataError(f"{shard}: member '{key}.cls': {label[:40]!r} is not a whole-number class label") from None
+        image = decode_image(parts[image_extension], *self.image_shape, f"{shard}: member '{key}.{image_extension}'")
+        return image, torch.tensor(target)
+
+
+def _shard_members(shard: Path) -> Iterator[tuple[str, bytes]]:
+    """(name, contents) of each regular member of a tar shard, in order, each read whole after its
+    header's size is checked against :data:`MAX_SHARD_MEMBER_BYTES`; DataError naming the shard
+    (and the member) when it is no readable tar file."""
+    with opened_data_file(shard, "a shard") as (stream, _):
+        yield from _tar_members(shard, stream)
+
+
+def _tar_members(shard: Path, stream: IO[bytes]) -> Iterator[tuple[str, bytes]]:
+    name = "(its first member)"
+    try:
+        # Read front to back, compressed or not; nothing is held but the current member (tarfile's
+        # list of the members seen is emptied as it goes).
+        with tarfile.open(fileobj=stream, mode="r:*") as archive:
             for member in archive:
+                archive.members = []  # type: ignore[attr-defined]  # tarfile's own list, not in its stubs
+                name = member.name
                 if not member.isfile():
                     continue
-                key, _, extension = member.name.partition(".")
-                if key != current_key:
-                    if parts:
-                        yield self._sample(parts)
-                    current_key, parts = key, {}
+                if member.size > MAX_SHARD_MEMBER_BYTES:
+                    raise DataError(
+                        f"{shard}: member {name!r} is {member.size:,} bytes, more than the "
+                        f"{MAX_SHARD_MEMBER_BYTES:,} allowed for one (a tar or compression bomb?)"
+                    )
                 reader = archive.extractfile(member)
-                assert reader is not None
-                parts[extension.lower()] = reader.read()
-            if parts:
-                yield self._sample(parts)
+                yield name, reader.read() if reader is not None else b""
+            _check_archive_end(shard, archive, name)
+    except DataError:
+        raise
+    except MemoryError:
+        raise DataError(f"{shard}: out of memory reading member {name!r}") from None
+    except Exception as error:  # tarfile.ReadError, and what a damaged compressed stream raises
+        problem = f"{type(error).__name__}: {error}"
+        raise DataError(f"{shard}: not a readable tar file at member {name!r}: {problem}") from None
 
-    def _sample(self, parts: dict[str, bytes]) -> tuple[torch.Tensor, torch.Tensor]:
-        image = next((parts[e] for e in ("jpg", "jpeg", "png", "webp") if e in parts), None)
-        label = parts.get("cls")
-        if image is None or label is None:
-            raise ValueError(f"WebDataset sample needs an image (.jpg/.png) and a .cls label; found {sorted(parts)}")
-        return decode_image(image, *self.image_shape), torch.tensor(int(label.decode().strip()))
+
+def _check_archive_end(shard: Path, archive: tarfile.TarFile, last: str) -> None:
+    """tarfile ends an archive quietly at a damaged or cut-off header after the first: where the next
+    header would be, there must be the end-of-archive marker (zeros) or the end of the file."""
+    fileobj = archive.fileobj
+    assert fileobj is not None
+    fileobj.seek(archive.offset)
+    if fileobj.read(tarfile.BLOCKSIZE).strip(b"\0"):
+        raise DataError(f"{shard}: damaged or cut off after member {last!r} (no tar header at byte {archive.offset:,})")
 
 
 class TokenFile(Dataset):
@@ -157,8 +210,7 @@ def torch_dataset(path: Path, data_format: str, pool_inputs: torch.Tensor, rank:
         from core.data.cityscapes import CityscapesSegmentation
 
         return CityscapesSegmentation(path, sample_shape)
-    shards = [path] if path.is_file() else sorted(path.glob("*.tar"))
-    return WebDatasetShards(shards, sample_shape, rank, world_size)
+    return WebDatasetShards(shard_files(path), sample_shape, rank, world_size)
 
 
 def __getattr__(name: str) -> Any:

@@ -18,7 +18,7 @@ from typing import Any
 
 from core.config import Precision, RunConfig
 from core.contract.workload import KerasTrainingSpec
-from core.errors import NonFiniteLossError
+from core.errors import DataError, NonFiniteLossError
 from core.executors.base import Executor, HostStepClock, StepClock
 
 
@@ -129,6 +129,7 @@ class KerasExecutor(Executor):
         self._previous_tf32 = tf.config.experimental.tensor_float_32_execution_enabled()
         self._closed = False
         self._files: Any = None
+        self._data_source = config.data
         self._data_wait_seconds = 0.0
         try:
             _set_precision(tf, keras, config.precision)
@@ -341,7 +342,11 @@ class KerasExecutor(Executor):
             self._train_step(self._inputs, self._targets)
             return
         started = time.perf_counter()
-        inputs, targets = next(self._files)
+        try:
+            inputs, targets = next(self._files)
+        except Exception as error:  # a damaged record, memory exhausted decoding one: the data's fault
+            message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            raise DataError(f"reading {self._data_source}: {type(error).__name__}: {message}") from error
         self._data_wait_seconds += time.perf_counter() - started
         self._train_step(inputs, targets)
 

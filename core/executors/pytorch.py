@@ -435,6 +435,9 @@ class TorchModelExecutor(Executor):
         return {name: tensor.detach().cpu().clone() for name, tensor in self._placed_model.state_dict().items()}
 
     def close(self) -> None:
+        if self._files is not None:
+            # The loader's worker processes and their temporary files go first, on every way out.
+            self._files.close()
         if self._process.is_distributed and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
             # gloo's worker thread may still hold the Context a gradient all-reduce captured in

@@ -27,7 +27,7 @@ import torch
 
 from core.config import RunConfig
 from core.contract.workload import TorchTrainingSpec
-from core.errors import NonFiniteLossError
+from core.errors import DataError, NonFiniteLossError
 from core.executors.pytorch import TorchModelExecutor, TorchPlacement
 from core.running.distributed import ProcessContext
 
@@ -101,7 +101,12 @@ class TorchInferenceExecutor(TorchModelExecutor):
     def _host_sample(self, index: int) -> torch.Tensor:
         if self._files is None:
             return self._pool_inputs[index]
-        sample, _ = self._files.dataset[index]
+        from core.data.loading import loader_failure
+
+        try:
+            sample, _ = self._files.dataset[index]
+        except Exception as error:  # memory exhausted while decoding included: the data's fault
+            raise DataError(loader_failure(error, self._config.data)) from error
         return sample
 
     def load(self, indices: Sequence[int]) -> None:
@@ -173,15 +178,23 @@ class TorchInferenceExecutor(TorchModelExecutor):
         loader = torch.utils.data.DataLoader(
             shard, batch_size=self._config.micro_batch_size, shuffle=False, num_workers=self._config.data_workers
         )
+        from core.data.loading import LoaderWorkers
+
         # Counted on the device: no host sync per batch.
         counts = torch.zeros(2, dtype=torch.int64, device=self.device)
-        for inputs, labels in loader:
-            logits = self._forward(self._inputs_to_device(inputs, non_blocking=False))
-            labels = labels.to(self.device)
-            with self._hooks.no_grad():
-                counts[0] += (logits.argmax(dim=-1) == labels).sum()
-                counts[1] += labels.numel()
-            self._hooks.cut_graph()  # one graph per batch on a lazy device, not the whole pass
+        workers = LoaderWorkers(loader, self._config.data)
+        try:
+            batches = workers.iterate()
+            while (batch := workers.next(batches, None)) is not None:
+                inputs, labels = batch
+                logits = self._forward(self._inputs_to_device(inputs, non_blocking=False))
+                labels = labels.to(self.device)
+                with self._hooks.no_grad():
+                    counts[0] += (logits.argmax(dim=-1) == labels).sum()
+                    counts[1] += labels.numel()
+                self._hooks.cut_graph()  # one graph per batch on a lazy device, not the whole pass
+        finally:
+            workers.close()  # the workers stop and their files go, whatever happened in the pass
         if self._process.is_distributed:
             counts = counts.to(self._collective_device())
             torch.distributed.all_reduce(counts, op=torch.distributed.ReduceOp.SUM)

@@ -12,67 +12,181 @@ Nothing here imports a framework at module import.
 from __future__ import annotations
 
 import json
+import math
+import re
 import struct
+import warnings
+import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
+from core.data.files import file_problem
 from core.errors import ConfigError
 
+#: what ``weights`` accepts, in every refusal
+ACCEPTED = "a safetensors file, or a PyTorch state dict saved with torch.save(model.state_dict(), path)"
+
 # safetensors layout (huggingface/safetensors, docs "Format"): an unsigned 64-bit little-endian
-# header length N, then N bytes of JSON {name: {"dtype", "shape", "data_offsets"}, "__metadata__": {...}}.
+# header length N, then N bytes of JSON {name: {"dtype", "shape", "data_offsets"}, "__metadata__": {...}},
+# then the tensors' bytes, each at its [begin, end) offsets from the end of the header.
 _SAFETENSORS_LENGTH = struct.Struct("<Q")
 _SAFETENSORS_MAX_HEADER_BYTES = 100 << 20  # the library's own limit (100 MB)
+# Bytes per element of the safetensors dtypes (the library's Dtype enum); a newer dtype not listed
+# here is let through with its offsets checked, not its size.
+_SAFETENSORS_DTYPE_BYTES = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1,
+    "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+    "I32": 4, "U32": 4, "F32": 4,
+    "I64": 8, "U64": 8, "F64": 8, "C64": 8,
+}  # fmt: skip
 _ZIP_MAGIC = b"PK\x03\x04"  # torch.save's archive format (the default since 1.6)
 _PICKLE_PROTOCOL_2 = b"\x80\x02"  # torch.save's legacy format (_use_new_zipfile_serialization=False)
 
 Shapes = dict[str, tuple[int, ...]]
 
 
+class WeightsFileError(ValueError):
+    """The file is not weights core reads; the message says what it is instead."""
+
+
 def weights_format(path: Path) -> str:
     """'safetensors' or 'torch', from the file's first bytes (not its name)."""
     with open(path, "rb") as stream:
         head = stream.read(9)
+    if not head:
+        raise WeightsFileError("an empty file")
     if head.startswith(_ZIP_MAGIC) or head.startswith(_PICKLE_PROTOCOL_2):
         return "torch"
     if len(head) == 9 and head[8:9] == b"{":
         return "safetensors"
-    raise ValueError("neither a safetensors file nor a PyTorch state dict (torch.save)")
+    raise WeightsFileError(f"neither a safetensors file nor a torch.save file (it begins {head!r})")
 
 
 def safetensors_shapes(path: Path) -> Shapes:
-    """Name -> shape of every tensor in a safetensors file, from its JSON header alone."""
+    """Name -> shape of every tensor in a safetensors file, from its JSON header alone; the header's
+    offsets are checked against the file's size, so a cut-off file is refused here."""
     with open(path, "rb") as stream:
         prefix = stream.read(_SAFETENSORS_LENGTH.size)
         if len(prefix) != _SAFETENSORS_LENGTH.size:
-            raise ValueError("too short for a safetensors header")
+            raise WeightsFileError("too short for a safetensors header")
         (length,) = _SAFETENSORS_LENGTH.unpack(prefix)
         if length > _SAFETENSORS_MAX_HEADER_BYTES:
-            raise ValueError(f"a safetensors header of {length} bytes is over the format's limit")
-        header = json.loads(stream.read(length))
+            raise WeightsFileError(f"a safetensors header of {length} bytes is over the format's limit")
+        text = stream.read(length)
+        data_bytes = path.stat().st_size - _SAFETENSORS_LENGTH.size - length
+    if len(text) != length:
+        raise WeightsFileError(f"cut off inside its safetensors header ({len(text)} of {length} bytes)")
+    try:
+        header = json.loads(text)
+    except ValueError as error:
+        raise WeightsFileError(f"its safetensors header is not JSON ({error})") from None
     if not isinstance(header, dict):
-        raise ValueError("its safetensors header is not a JSON object")
-    return {name: tuple(entry["shape"]) for name, entry in header.items() if name != "__metadata__"}
+        raise WeightsFileError("its safetensors header is not a JSON object")
+    return {
+        name: _safetensors_shape(name, entry, data_bytes) for name, entry in header.items() if name != "__metadata__"
+    }
+
+
+def _safetensors_shape(name: str, entry: Any, data_bytes: int) -> tuple[int, ...]:
+    """One header entry's shape, after checking its dtype, shape and offsets fit the file."""
+    if not isinstance(entry, dict):
+        raise WeightsFileError(f"tensor {name!r} of its safetensors header is {entry!r}, not an object")
+    shape, offsets, dtype = entry.get("shape"), entry.get("data_offsets"), entry.get("dtype")
+    if not isinstance(dtype, str):
+        raise WeightsFileError(f"tensor {name!r} has no dtype in its safetensors header")
+    if not _whole_numbers(shape):
+        raise WeightsFileError(f"tensor {name!r} has shape {shape!r}, not a list of whole numbers")
+    if not (_whole_numbers(offsets) and len(offsets) == 2 and offsets[0] <= offsets[1] <= data_bytes):
+        raise WeightsFileError(
+            f"tensor {name!r} has data_offsets {offsets!r}, outside the file's {data_bytes} bytes of data (cut off?)"
+        )
+    width = _SAFETENSORS_DTYPE_BYTES.get(dtype)
+    if width is not None and offsets[1] - offsets[0] != math.prod(shape) * width:
+        raise WeightsFileError(
+            f"tensor {name!r} ({dtype} {shape}) needs {math.prod(shape) * width} bytes, "
+            f"its data_offsets give {offsets[1] - offsets[0]}"
+        )
+    return tuple(shape)
+
+
+def _whole_numbers(value: Any) -> TypeGuard[list[int]]:
+    return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
+
+
+def _check_torch_archive(path: Path) -> None:
+    """A torch.save archive is a zip of one folder holding data.pkl; TorchScript's (torch.jit.save)
+    adds constants.pkl and code/. Read from the zip's directory alone, before torch opens it."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+    except (zipfile.BadZipFile, OSError, ValueError) as error:
+        raise WeightsFileError(f"a damaged zip archive ({error})") from None
+    parts = [name.split("/") for name in names]
+    if any(len(p) == 2 and p[1] == "constants.pkl" for p in parts):
+        raise WeightsFileError("a TorchScript archive (torch.jit.save), a whole compiled model, not a state dict")
+    if not any(len(p) == 2 and p[1] == "data.pkl" for p in parts):
+        raise WeightsFileError("a zip archive, but not one torch.save writes (no data.pkl)")
+
+
+def _torch_load(path: Path, device: str) -> Any:
+    """torch.load with ``weights_only=True``: no code in the file runs. Its refusals become one
+    WeightsFileError saying what the file holds, without PyTorch's advice to load it with
+    ``weights_only=False`` (which would run any code a pickled object brings)."""
+    import torch
+
+    with open(path, "rb") as stream:
+        archive = stream.read(len(_ZIP_MAGIC)) == _ZIP_MAGIC
+    if archive:
+        _check_torch_archive(path)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's own advice about weights_only among them
+            return torch.load(path, map_location=device, weights_only=True)
+    except MemoryError:
+        raise
+    except Exception as error:
+        raise WeightsFileError(_torch_load_failure(error)) from None
+
+
+def _torch_load_failure(error: Exception) -> str:
+    import pickle
+
+    text = str(error)
+    if isinstance(error, pickle.UnpicklingError):
+        # "... WeightsUnpickler error: Unsupported global: GLOBAL __main__.Net was not an allowed ..."
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", text)
+        if found:
+            return (
+                f"it holds a pickled {found.group(1)} (a whole model, or other Python objects), not only "
+                "tensors; it is not loaded, since that would run code from the file"
+            )
+        detail = text.split("WeightsUnpickler error:", 1)[-1].strip().split(". ", 1)[0] if text else ""
+        return f"its pickle holds more than tensors ({detail or type(error).__name__}); it is not loaded"
+    if "magic number" in text.lower():
+        return "a pickle, but not one torch.save writes (no PyTorch magic number)"
+    if isinstance(error, EOFError) or "unexpected end" in text.lower():
+        return "a torch.save file cut off before its end"
+    first = text.strip().split(". ", 1)[0].split("\n", 1)[0]
+    return f"a damaged torch.save file ({type(error).__name__}{': ' + first if first else ''})"
 
 
 def torch_state_dict_shapes(path: Path) -> Shapes:
     """Name -> shape of every tensor in a ``torch.save``d state dict, mapped onto the meta device
     (``weights_only=True``: no code in the file runs; no tensor data is read)."""
-    import torch
-
-    state = torch.load(path, map_location="meta", weights_only=True)
-    return {name: tuple(tensor.shape) for name, tensor in _state_dict(state).items()}
+    return {name: tuple(tensor.shape) for name, tensor in _state_dict(_torch_load(path, "meta")).items()}
 
 
 def _state_dict(state: Any) -> dict[str, Any]:
     import torch
 
-    if not isinstance(state, dict) or not all(
-        isinstance(name, str) and isinstance(tensor, torch.Tensor) for name, tensor in state.items()
-    ):
-        raise ValueError(
-            "not a state dict (a mapping of tensor names to tensors, as model.state_dict() gives); "
-            "save the model's state_dict(), not a checkpoint holding it"
-        )
+    if not isinstance(state, dict):
+        raise WeightsFileError(f"it holds an object of type {type(state).__name__}, not a state dict")
+    for name, tensor in state.items():
+        if not isinstance(name, str) or not isinstance(tensor, torch.Tensor):
+            raise WeightsFileError(
+                f"not a state dict: its entry {name!r} is of type {type(tensor).__name__}, not a tensor "
+                "(a checkpoint holding a state dict? save the model's state_dict() alone)"
+            )
     return state
 
 
@@ -94,18 +208,23 @@ def first_mismatch(model: Shapes, file: Shapes) -> str | None:
 
 
 def check_weights_file(weights: str, model_shapes: Shapes) -> None:
-    """Refuse a weights file that is missing, unreadable, or does not fit the model: a ConfigError
-    naming ``weights``, the file and the first mismatched tensor."""
+    """Refuse a weights file that is missing, unreadable, not a plain state dict or safetensors file,
+    or does not fit the model: a ConfigError naming ``weights``, the file and what is wrong."""
     from core.contract.workload import module_installed
 
     path = Path(weights)
-    if not path.is_file():
-        raise ConfigError("weights", weights, "no such file; a safetensors file or a PyTorch state dict (torch.save)")
+    problem = file_problem(path)
+    if problem is not None:
+        raise ConfigError("weights", weights, f"{problem}; {ACCEPTED}")
     try:
-        shapes = file_shapes(path)
         kind = weights_format(path)
-    except (OSError, ValueError, RuntimeError, KeyError, TypeError) as exc:
-        raise ConfigError("weights", weights, f"cannot read it as weights: {exc}") from None
+        shapes = file_shapes(path)
+    except WeightsFileError as error:
+        raise ConfigError("weights", weights, f"{error}; accepted: {ACCEPTED}") from None
+    except MemoryError:
+        raise ConfigError("weights", weights, f"out of memory reading its header; accepted: {ACCEPTED}") from None
+    except OSError as error:
+        raise ConfigError("weights", weights, f"cannot read it: {error.strerror or error}") from None
     if kind == "safetensors" and not module_installed("safetensors"):
         raise ConfigError(
             "weights", weights, "reading safetensors files needs the safetensors package (pip install safetensors)"
@@ -118,8 +237,6 @@ def check_weights_file(weights: str, model_shapes: Shapes) -> None:
 def load_weights(model: Any, weights: str) -> dict[str, Any]:
     """Load the file's tensors into ``model`` (a torch.nn.Module on the host), strictly: every
     tensor of the model, and nothing else. Returns what the result records about the file."""
-    import torch
-
     path = Path(weights)
     kind = weights_format(path)
     if kind == "safetensors":
@@ -127,6 +244,6 @@ def load_weights(model: Any, weights: str) -> dict[str, Any]:
 
         state = load_file(str(path), device="cpu")
     else:
-        state = _state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        state = _state_dict(_torch_load(path, "cpu"))
     model.load_state_dict(state, strict=True)
     return {"weights": str(path), "weights_format": kind, "weights_tensors": len(state)}

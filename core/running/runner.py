@@ -16,9 +16,10 @@ from pathlib import Path
 from core.config import LOADGEN_SCENARIOS, RunConfig
 from core.contract.accelerator import executor_for
 from core.contract.manager import innermost_location
+from core.data import loader_worker_death
 from core.energy.meter import PowerMeter, UnavailableMeter, meter_for
 from core.energy.units import JOULES_PER_WATT_HOUR
-from core.errors import NonFiniteLossError
+from core.errors import DataError, NonFiniteLossError
 from core.executors.base import Executor
 from core.running.distributed import ProcessContext
 from core.running.exchange import gather_through_files
@@ -47,6 +48,10 @@ _OUT_OF_MEMORY_MESSAGES = ("out of memory", "can't allocate memory", "cannot all
 def classify_fault(exc: BaseException) -> RunState:
     if isinstance(exc, NonFiniteLossError):
         return RunState.non_finite_loss
+    if isinstance(exc, DataError):
+        # Reading the data failed (memory exhausted while decoding a file included): an error of
+        # the data, not the model's out-of-memory.
+        return RunState.error
     name = type(exc).__name__.lower()
     message = str(exc).lower()
     # PyTorch's CPU allocator raises a RuntimeError "can't allocate memory" (ENOMEM), not MemoryError.
@@ -243,7 +248,10 @@ def execute(plan: RunPlan, process: ProcessContext, on_progress: ProgressCallbac
             # is the caller's, not a fault of the run: the finally below closes the meter and the
             # executor, then it propagates and nothing is reported.
             raise
-        result.status = Status.from_exception(classify_fault(exc), phase, exc)
+        # A data loader worker that died is reported wherever the run was then: the data's fault.
+        died = loader_worker_death(exc, config.data)
+        fault = died.with_traceback(exc.__traceback__) if died is not None else exc
+        result.status = Status.from_exception(classify_fault(fault), phase, fault)
         if meter is not None and result.energy is None:
             result.energy_unavailable_reason = None  # the meter was ready; the window is what failed
         result.explain_missing_energy()

@@ -1,0 +1,305 @@
+"""What a dataset holds, from its folder layout and its index files, without decoding a sample.
+
+Planning lists the dataset (:func:`check_dataset`), so a bad one is refused before any device is
+touched: a ConfigError naming ``data``, the file (and the entry of an index file) and the problem.
+Every file a sample is read from must be a regular file after its links are followed: a link to a
+device or a FIFO would block or never end. The datasets list it again in setup; the costly listings
+(an ImageNet folder, COCO's annotation file) come from a cache then, while the files are unchanged.
+
+Nothing here imports a framework.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import stat
+from collections.abc import Callable
+from pathlib import Path, PurePosixPath
+from typing import Any, TypeGuard
+
+from core.data import IMAGE_SUFFIXES
+from core.data.files import file_problem
+from core.errors import ConfigError
+
+SHARD_SUFFIXES = (".tar",)
+RECORD_SUFFIXES = (".tfrecord", ".tfrecords")
+
+COCO_ANNOTATIONS = Path("annotations") / "instances_train2017.json"
+COCO_IMAGES = "train2017"
+CITYSCAPES_IMAGES = Path("leftImg8bit") / "train"
+CITYSCAPES_LABELS = Path("gtFine") / "train"
+CITYSCAPES_IMAGE_SUFFIX = "_leftImg8bit.png"
+CITYSCAPES_LABEL_SUFFIX = "_gtFine_labelTrainIds.png"
+
+#: (image file, class index) in sorted class-folder order
+ImageSamples = tuple[tuple[Path, int], ...]
+#: (image file, rows of (class, x1, y1, x2, y2) in pixels)
+CocoSamples = tuple[tuple[Path, tuple[tuple[float, ...], ...]], ...]
+
+
+def _refuse(file: Path | str, problem: str) -> ConfigError:
+    return ConfigError("data", str(file), problem)
+
+
+def _require_regular(file: Path, what: str) -> None:
+    problem = file_problem(file)
+    if problem is not None:
+        raise _refuse(file, f"{problem}; {what} must be a regular file")
+
+
+# --- image folders ---------------------------------------------------------------------------------
+
+
+def image_folder(root: Path) -> tuple[tuple[str, ...], ImageSamples]:
+    """(classes, samples) of ``root/<class>/<image>``: classes numbered in sorted folder order
+    (torchvision's convention), images in name order within each."""
+    try:
+        classes = tuple(sorted(entry.name for entry in os.scandir(root) if entry.is_dir()))
+        # A class folder's modification time changes when an image is added or removed.
+        signature = tuple(os.stat(root / name).st_mtime_ns for name in classes)
+    except OSError as error:
+        raise _refuse(root, f"cannot list it: {error.strerror or error}") from None
+    return classes, _image_samples(str(root), classes, signature)
+
+
+@functools.lru_cache(maxsize=1)
+def _image_samples(root: str, classes: tuple[str, ...], signature: tuple[int, ...]) -> ImageSamples:
+    samples: list[tuple[Path, int]] = []
+    for label, name in enumerate(classes):
+        folder = Path(root) / name
+        try:
+            entries = sorted((e for e in os.scandir(folder) if _is_image_name(e.name)), key=lambda e: e.name)
+        except OSError as error:
+            raise _refuse(folder, f"cannot list it: {error.strerror or error}") from None
+        for entry in entries:
+            # is_file() follows links and is true for regular files only; the usual case needs no stat.
+            if not entry.is_file():
+                _require_regular(folder / entry.name, "an image of an image folder")
+            samples.append((folder / entry.name, label))
+    if not samples:
+        raise _refuse(root, f"no images ({', '.join(IMAGE_SUFFIXES)}) under {root}/<class>/")
+    return tuple(samples)
+
+
+def _is_image_name(name: str) -> bool:
+    return os.path.splitext(name)[1].lower() in IMAGE_SUFFIXES
+
+
+# --- shards and record files -----------------------------------------------------------------------
+
+
+def shard_files(path: Path) -> list[Path]:
+    """The WebDataset shards at ``path``: the file itself, or a folder's ``*.tar``."""
+    return _data_files(path, SHARD_SUFFIXES, "a shard")
+
+
+def record_files(path: Path) -> list[Path]:
+    """The TFRecord files at ``path``: the file itself, or a folder's ``*.tfrecord``/``*.tfrecords``."""
+    return _data_files(path, RECORD_SUFFIXES, "a TFRecord file")
+
+
+def _data_files(path: Path, suffixes: tuple[str, ...], what: str) -> list[Path]:
+    if path.is_dir():
+        try:
+            files = sorted(entry for entry in path.iterdir() if entry.suffix in suffixes)
+        except OSError as error:
+            raise _refuse(path, f"cannot list it: {error.strerror or error}") from None
+        if not files:
+            raise _refuse(path, f"no {'/'.join(suffixes)} files in this folder")
+    else:
+        files = [path]
+    for file in files:
+        _require_regular(file, what)
+    return files
+
+
+# --- token files -----------------------------------------------------------------------------------
+
+
+def check_token_file(path: Path) -> None:
+    """A flat ``.bin`` of uint16 token ids (nanoGPT's layout) or a 1-D integer ``.npy``."""
+    _require_regular(path, "a token file")
+    if path.suffix != ".npy":
+        size = path.stat().st_size
+        if size == 0 or size % 2:
+            raise _refuse(path, f"{size} bytes: a .bin token file holds whole uint16 token ids (2 bytes each)")
+        return
+    import numpy as np
+
+    try:
+        tokens = np.load(path, mmap_mode="r", allow_pickle=False)
+    except Exception as error:  # numpy raises ValueError, OSError, EOFError, ... on a damaged file
+        raise _refuse(path, f"not a .npy array numpy can read: {type(error).__name__}: {error}") from None
+    if not isinstance(tokens, np.ndarray) or tokens.ndim != 1 or tokens.dtype.kind not in "iu":
+        shape = getattr(tokens, "shape", "?")
+        raise _refuse(path, f"an array of {getattr(tokens, 'dtype', '?')} {shape}: a 1-D array of integer token ids")
+
+
+# --- COCO ------------------------------------------------------------------------------------------
+
+
+def coco_samples(root: Path) -> CocoSamples:
+    """Every image of ``root/annotations/instances_train2017.json`` with its boxes."""
+    document = root / COCO_ANNOTATIONS
+    problem = file_problem(document)
+    if problem is not None:
+        raise _refuse(root, f"a COCO folder needs {COCO_ANNOTATIONS}: {problem}")
+    info = os.stat(document)
+    return _coco_samples(str(root), info.st_mtime_ns, info.st_size)
+
+
+def _entry_error(document: Path, entry: str, value: Any, allowed: str) -> ConfigError:
+    return ConfigError("data", f"{document}: {entry} = {value!r}", allowed)
+
+
+@functools.lru_cache(maxsize=1)
+def _coco_samples(root_text: str, modified: int, size: int) -> CocoSamples:
+    root = Path(root_text)
+    document = root / COCO_ANNOTATIONS
+    try:
+        with open(document, "rb") as stream:
+            content = json.load(stream)
+    except MemoryError:
+        raise _refuse(document, f"out of memory parsing its {size:,} bytes of JSON") from None
+    except (ValueError, OSError) as error:
+        raise _refuse(document, f"not a JSON document: {error}") from None
+    if not isinstance(content, dict):
+        raise _refuse(document, "a JSON object with images, annotations and categories (COCO's instances layout)")
+    for key in ("images", "annotations", "categories"):
+        if not isinstance(content.get(key), list):
+            raise _entry_error(document, key, content.get(key), "a list (COCO's instances layout)")
+    class_of = _coco_classes(document, content["categories"])
+    boxes = _boxes_by_image(document, content["annotations"], class_of)
+    images = _CocoImages(document, root / COCO_IMAGES)
+    samples = []
+    for index, image in enumerate(content["images"]):
+        if not isinstance(image, dict) or not _is_int(image.get("id")):
+            raise _entry_error(document, f"images[{index}]", image, "an object with an integer id and a file_name")
+        path = images.path(index, image.get("file_name"))
+        samples.append((path, tuple(boxes.get(image["id"], ()))))
+    if not samples:
+        raise _entry_error(document, "images", [], "at least one image")
+    return tuple(samples)
+
+
+def _coco_classes(document: Path, categories: list[Any]) -> dict[int, int]:
+    """Category id -> class index 0..79, in sorted id order."""
+    for index, category in enumerate(categories):
+        if not isinstance(category, dict) or not _is_int(category.get("id")):
+            raise _entry_error(document, f"categories[{index}]", category, "an object with an integer id")
+    return {category["id"]: index for index, category in enumerate(sorted(categories, key=lambda c: c["id"]))}
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_box(bbox: Any) -> TypeGuard[list[float]]:
+    return (
+        isinstance(bbox, list)
+        and len(bbox) == 4
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in bbox)
+    )
+
+
+def _boxes_by_image(
+    document: Path, annotations: list[Any], class_of: dict[int, int]
+) -> dict[int, list[tuple[float, ...]]]:
+    boxes: dict[int, list[tuple[float, ...]]] = {}
+    for index, annotation in enumerate(annotations):
+        if not isinstance(annotation, dict) or not _is_int(annotation.get("image_id")):
+            allowed = "an object with an integer image_id, a bbox and a category_id"
+            raise _entry_error(document, f"annotations[{index}]", annotation, allowed)
+        bbox = annotation.get("bbox")
+        if not _is_box(bbox):
+            raise _entry_error(document, f"annotations[{index}].bbox", bbox, "[x, y, width, height] in pixels")
+        if annotation.get("category_id") not in class_of:
+            raise _entry_error(
+                document, f"annotations[{index}].category_id", annotation.get("category_id"), "an id of categories[]"
+            )
+        if annotation.get("iscrowd", 0):
+            continue
+        x, y, width, height = bbox
+        if width > 0 and height > 0:
+            row = (float(class_of[annotation["category_id"]]), x, y, x + width, y + height)
+            boxes.setdefault(annotation["image_id"], []).append(row)
+    return boxes
+
+
+class _CocoImages:
+    """Image paths from ``file_name`` entries, each kept inside ``train2017/``: a name that is absolute,
+    climbs out with ``..``, or leads out through a link is refused, as is one that is no regular file."""
+
+    def __init__(self, document: Path, folder: Path) -> None:
+        self.document, self.folder = document, folder
+        self.real_folder = os.path.realpath(folder)
+        self._real_parents: dict[Path, str] = {}  # most entries share train2017/ itself
+
+    def path(self, index: int, file_name: Any) -> Path:
+        entry = f"images[{index}].file_name"
+        allowed = f"a file name relative to {self.folder}"
+        if not isinstance(file_name, str) or not file_name.strip() or "\0" in file_name:
+            raise _entry_error(self.document, entry, file_name, allowed)
+        relative = PurePosixPath(file_name)
+        if relative.is_absolute() or ".." in relative.parts:
+            raise _entry_error(self.document, entry, file_name, f"{allowed}, inside it ('/' and '..' leave it)")
+        path = self.folder / relative
+        parent = self._real_parents.setdefault(path.parent, os.path.realpath(path.parent))
+        real = os.path.join(parent, path.name)
+        try:
+            if stat.S_ISLNK(os.lstat(real).st_mode):
+                real = os.path.realpath(real)
+        except OSError:
+            pass  # missing: named below
+        if os.path.commonpath([real, self.real_folder]) != self.real_folder:
+            raise _entry_error(
+                self.document, entry, file_name, f"{allowed}: it leads to {real} through a link, outside the folder"
+            )
+        problem = file_problem(path)
+        if problem is not None:
+            raise _entry_error(self.document, entry, file_name, f"{path}: {problem}; an image must be a regular file")
+        return path
+
+
+# --- Cityscapes ------------------------------------------------------------------------------------
+
+
+def cityscapes_pairs(root: Path) -> tuple[tuple[Path, Path], ...]:
+    """(image, label map) of every frame under ``root/leftImg8bit/train/<city>/``."""
+    if not (root / CITYSCAPES_IMAGES).is_dir():
+        raise _refuse(root, f"a Cityscapes folder needs {CITYSCAPES_IMAGES}/<city>/*{CITYSCAPES_IMAGE_SUFFIX}")
+    pairs = []
+    for image in sorted((root / CITYSCAPES_IMAGES).glob(f"*/*{CITYSCAPES_IMAGE_SUFFIX}")):
+        frame = image.name[: -len(CITYSCAPES_IMAGE_SUFFIX)]
+        label = root / CITYSCAPES_LABELS / image.parent.name / f"{frame}{CITYSCAPES_LABEL_SUFFIX}"
+        if not os.path.lexists(label):
+            raise _refuse(image, f"no label map {label.relative_to(root)} (run createTrainIdLabelImgs)")
+        _require_regular(image, "an image")
+        _require_regular(label, "a label map")
+        pairs.append((image, label))
+    if not pairs:
+        raise _refuse(root, f"no images {CITYSCAPES_IMAGES}/<city>/*{CITYSCAPES_IMAGE_SUFFIX}")
+    return tuple(pairs)
+
+
+# --- planning ----------------------------------------------------------------------------------------
+
+_LISTINGS: dict[str, Callable[[Path], object]] = {
+    "image-folder": image_folder,
+    "webdataset": shard_files,
+    "tfrecord": record_files,
+    "tokens": check_token_file,
+    "coco": coco_samples,
+    "cityscapes": cityscapes_pairs,
+}
+
+
+def check_dataset(path: Path, data_format: str) -> None:
+    """List the dataset at ``path`` as ``data_format`` lays it out; ConfigError naming ``data``, the
+    file and the problem when it cannot be read."""
+    listing = _LISTINGS.get(data_format)
+    if listing is not None:
+        listing(path)
