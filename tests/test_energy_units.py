@@ -328,17 +328,18 @@ def test_core_results_summary_shows_watt_hours(tmp_path: Path) -> None:
     from core.cli import format_cells
 
     header, row = format_cells(_cells(tmp_path, [_result(sample_unit="images")])).splitlines()
+    # The figures in the order core.storage.metrics declares them (energy, then efficiency), as in the report.
     assert header.split() == [
         "cell",
         "status",
         "ok/runs",
         "images/s",
         "spread",
-        "images/Wh",
         "energy",
         "Wh",
+        "images/Wh",
         "epoch",
         "Wh",
         "(estimate)",
     ]
-    assert row.split()[-3:] == ["400", "2", "2.5"]
+    assert row.split()[-3:] == ["2", "400", "2.5"]
