@@ -281,3 +281,9 @@ def test_loadgen_figures_are_exported(tmp_path: Path) -> None:
     loadgen = LoadGenFigures(scenario="offline", valid=True, samples_per_second=12.5)
     row = _exported_row(tmp_path, _result(loadgen=loadgen))
     assert row["loadgen_valid"] == "True" and float(row["loadgen_samples_per_second"]) == 12.5
+
+
+def test_the_docs_name_every_column_added_since_0_2() -> None:
+    docs = (Path(__file__).parent.parent / "docs" / "sweeps.md").read_text(encoding="utf-8")
+    added = EXPORT_COLUMNS[len(COLUMNS_BEFORE_0_3) :]
+    assert added and not [name for name in added if f"`{name}`" not in docs]

@@ -329,3 +329,25 @@ def _contents(path: Path) -> Any:
     if path.is_dir():
         return sorted(item.name for item in path.iterdir())
     return path.read_bytes() if path.exists() else None
+
+
+@pytest.mark.slow
+def test_a_run_stopped_by_its_time_limit_is_stored_with_the_timeout(tmp_path: Path) -> None:
+    from core.testing import TINY_FCNN
+
+    database = tmp_path / "core.db"
+    with registered_plugins():
+        # A limit far below what a fresh interpreter needs to import torch: the child is stopped.
+        result = run(
+            "fcnn",
+            "cpu",
+            timeout_seconds=0.5,
+            database=database,
+            **{**OPTIONS, "workload_options": TINY_FCNN},
+        )
+    assert result.status.state is RunState.timeout
+    with ResultStore(database, create=False) as store:
+        [single] = store.runs(single=True)
+    assert single.result.status.state is RunState.timeout and single.cell_label.startswith("fcnn on cpu: ")
+    with SweepLock(database, "after"):  # the run let go of the database
+        pass
