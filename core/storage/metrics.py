@@ -19,12 +19,17 @@ by name keep working); figures added since come after ``run_id``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Callable
+import types
+import typing
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
 from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
 
 from core.storage.files import finite_json
 from core.storage.results import RunResult
@@ -684,3 +689,64 @@ def reported(table: str) -> list[Metric]:
 def printed_on(line: str) -> list[tuple[Metric, Printed]]:
     """The figures of one line of ``core run``'s text, with how each is printed, in declaration order."""
     return [(metric, part) for metric in METRICS for part in metric.printed if part.line == line]
+
+
+# --- the declaration checked against the result (tests/test_metrics.py) -------------------------
+
+_SCALARS = (int, float, str, bool, datetime, Enum)
+
+
+def _allowed_types(annotation: Any) -> list[Any]:
+    """The types an annotation allows, Optional and unions opened."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return [kind for kind in typing.get_args(annotation) if kind is not type(None)]
+    return [annotation]
+
+
+def _field_types(model: type[BaseModel]) -> dict[str, Any]:
+    fields: dict[str, Any] = {name: info.annotation for name, info in model.model_fields.items()}
+    fields.update({name: info.return_type for name, info in model.model_computed_fields.items()})
+    return fields
+
+
+def scalar_fields(model: type[BaseModel] = RunResult) -> list[str]:
+    """The fields of ``model`` that hold one number, text, time or state, computed ones included."""
+
+    def scalar(annotation: Any) -> bool:
+        kinds = _allowed_types(annotation)
+        return all(isinstance(kind, type) and issubclass(kind, _SCALARS) for kind in kinds) or all(
+            typing.get_origin(kind) is typing.Literal for kind in kinds
+        )
+
+    return [name for name, annotation in _field_types(model).items() if scalar(annotation)]
+
+
+def source_exists(source: str, model: type[BaseModel] = RunResult) -> bool:
+    """Whether a declared source names a field: ``row.NAME`` of a stored row, or a dotted path
+    through ``model`` and the models of its fields."""
+    from core.storage.store import StoredRun
+
+    if source.startswith(ROW_PREFIX):
+        row_fields = {item.name for item in dataclasses.fields(StoredRun)} - {"result"}
+        return source.removeprefix(ROW_PREFIX) in row_fields
+    annotation: Any = model
+    for name in source.split("."):
+        kinds = _allowed_types(annotation)
+        if len(kinds) != 1 or not (isinstance(kinds[0], type) and issubclass(kinds[0], BaseModel)):
+            return False
+        fields = _field_types(kinds[0])
+        if name not in fields:
+            return False
+        annotation = fields[name]
+    return True
+
+
+def unknown_sources(metrics: Iterable[Metric] = METRICS) -> list[str]:
+    """The declared metrics that read no field, as ``name (source)``."""
+    return [f"{metric.name} ({metric.source})" for metric in metrics if not source_exists(metric.source)]
+
+
+def unexported_fields(metrics: Iterable[Metric] = METRICS, model: type[BaseModel] = RunResult) -> list[str]:
+    """The scalar fields of ``model`` that no exported metric reads."""
+    exported = {metric.source for metric in metrics if metric.exported}
+    return [name for name in scalar_fields(model) if name not in exported]
