@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import math
+import os
 from typing import TYPE_CHECKING, Any
 
 from core.running.distributed import SINGLE_PROCESS
 
 if TYPE_CHECKING:
     from core.contract.accelerator import Accelerator
+    from core.contract.manager import PluginManager
     from core.contract.workload import Workload
+    from core.running.planning import RunPlan
     from core.running.runner import ProgressCallback
     from core.storage.results import RunResult
 
@@ -20,6 +23,7 @@ def run(
     *,
     on_progress: ProgressCallback | None = None,
     timeout_seconds: float | None = None,
+    database: str | os.PathLike[str] | None = None,
     **options: Any,
 ) -> RunResult:
     """Run ``workload`` on ``accelerator`` and return its result.
@@ -30,10 +34,17 @@ def run(
     :param timeout_seconds: stop the run after this long; its result then has a ``timeout`` status
         and keeps the phases measured before. A run with a limit runs in a child process (replicas
         under torchrun do anyway), which the limit stops with its whole process group.
+    :param database: also store the result in this results database (the one sweeps write;
+        ``core report`` shows it under "Single runs"), failed or not. It is opened and locked
+        before the run (core.storage.single_runs): a sweep using it refuses the run.
     :param options: any RunConfig field: ``micro_batch_size``, ``precision``, ``replicas``, ...
-    :raises ConfigError: before any device is touched, naming the field, value and what is allowed.
+    :raises ConfigError: before any device is touched, naming the field, value and what is allowed
+        (``database`` too: a path that is no usable results database).
+    :raises DatabaseInUseError: before any device is touched: a sweep or another run holds ``database``.
+    :raises UnrecordedRunError: after the run, when ``database`` could not take its result; the
+        error's ``result`` is the result.
     :raises KeyboardInterrupt: on Ctrl-C, after the executor, the meter and any worker
-        processes were stopped; nothing is reported.
+        processes were stopped; nothing is reported or stored.
     :returns: the result; a fault during the run is in ``result.status``, with every figure
         measured before it kept.
     """
@@ -42,14 +53,35 @@ def run(
 
         raise ConfigError("on_progress", on_progress, "a callable taking the partial RunResult, or None")
     _check_timeout(timeout_seconds)
-    from core.contract.manager import call_observers, get_plugin_manager
-    from core.running import processes
-    from core.running.launch import launch, run_in_child
-    from core.running.planning import check_findable_by_workers, plan_run
-    from core.running.runner import execute
+    from core.contract.manager import get_plugin_manager
+    from core.running.planning import plan_run
+    from core.storage.single_runs import SingleRunDatabase, database_path, run_label
 
+    if database is not None:
+        database_path(database)  # its type, before planning
     manager = get_plugin_manager()
     plan = plan_run(manager, workload, accelerator, options)
+    if database is None:
+        return _run_planned(manager, plan, on_progress, timeout_seconds)
+    with SingleRunDatabase(database, run_label(plan.config.workload, plan.config.accelerator, options)) as stored:
+        result = _run_planned(manager, plan, on_progress, timeout_seconds)
+        stored.record(result)
+    return result
+
+
+def _run_planned(
+    manager: PluginManager,
+    plan: RunPlan,
+    on_progress: ProgressCallback | None,
+    timeout_seconds: float | None,
+) -> RunResult:
+    """The run as planned: in a child process where it has a time limit, else here or under its launcher."""
+    from core.contract.manager import call_observers
+    from core.running import processes
+    from core.running.launch import launch, run_in_child
+    from core.running.planning import check_findable_by_workers
+    from core.running.runner import execute
+
     if timeout_seconds is not None and not plan.launches_processes:
         check_findable_by_workers(
             manager,

@@ -151,6 +151,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--json", action="store_true", help="print the result as JSON")
     run.add_argument("--output", type=Path, help="also write the result JSON to this file")
+    run.add_argument(
+        "--database",
+        type=Path,
+        help="also store the run, failed or not, in this results database (as a sweep does; "
+        "`core report` shows it under Single runs)",
+    )
     run.add_argument("--dry-run", action="store_true", help="validate and show the plan; run nothing")
     run.add_argument("--machine", help=_MACHINE_HELP)
 
@@ -295,12 +301,16 @@ def _run_options(args: argparse.Namespace) -> dict[str, Any]:
     return options
 
 
+# `core run`'s arguments that are no RunConfig field, by the name core.run's errors give them.
+_OTHER_RUN_FLAGS = {"database": "--database", "timeout_seconds": "--timeout-seconds"}
+
+
 def _flag_of(field: str) -> str | None:
     """The ``core run`` flag that sets ``field``: ``--batch-size``, ``-o layers`` (None: no flag)."""
     for prefix, short in (("workload_options.", "-o "), ("accelerator_options.", "-a "), ("loadgen.", "-l ")):
         if field.startswith(prefix):
             return short + field[len(prefix) :]
-    return run_flags().get(field)
+    return run_flags().get(field) or _OTHER_RUN_FLAGS.get(field)
 
 
 def _describe_config_error(error: ConfigError) -> str:
@@ -317,71 +327,23 @@ def _format_seconds(value: float | None, scale: float = 1.0, unit: str = "s") ->
     return "n/a" if value is None else f"{value * scale:.4g} {unit}"
 
 
-def _joules_and_watt_hours(joules: float) -> str:
-    return f"{joules:.4g} J = {joules / JOULES_PER_WATT_HOUR:.4g} Wh"
-
-
-def _per_device(result: Any, joules: float | None) -> str:
-    """', 0.171 Wh per device (2 devices)': the energy spread evenly over the devices used."""
-    devices = len(result.devices)
-    if joules is None or devices < 2:
-        return ""
-    return f", {joules / devices / JOULES_PER_WATT_HOUR:.4g} Wh per device ({devices} devices)"
-
-
-def _energy_lines(result: Any) -> list[str]:
-    """Energy in J and Wh, per device and per component, and per sample (and token) in the
-    workload's own unit."""
-    if result.energy_joules is None:
-        from core.report.document import one_line
-
-        # Only what is known: a result from before its reason was kept (or a plugin's) may have none.
-        reason = result.energy_unavailable_reason
-        return [f"  energy          {f'unavailable: {one_line(reason)}' if reason else 'not measured'}"]
-    unit = result.sample_unit or "samples"
-    method = result.energy.method if result.energy is not None else None
-    lines = [
-        f"  energy          {_joules_and_watt_hours(result.energy_joules)} over the window"
-        + (f" ({method})" if method else "")
-        + _per_device(result, result.energy_joules)
-    ]
+def _component_lines(result: Any) -> list[str]:
+    """The meter's figure per device or zone, where it has more than one."""
     components = result.energy.components_joules if result.energy is not None else {}
-    if len(components) > 1:
-        lines.append(
-            "  by component    "
-            + ", ".join(f"{name} {joules / JOULES_PER_WATT_HOUR:.4g} Wh" for name, joules in components.items())
-        )
-    if result.samples_per_watt_hour is not None:
-        tokens = result.tokens_per_watt_hour
-        per_sample = result.energy_joules_per_sample
-        lines.append(
-            f"  efficiency      {result.samples_per_watt_hour:.4g} {unit}/Wh"
-            + (f", {tokens:.4g} tokens/Wh" if tokens is not None else "")
-            + (f", {per_sample:.4g} J per {unit.removesuffix('s') or 'sample'}" if per_sample is not None else "")
-        )
-    return lines
-
-
-def _epoch_lines(result: Any) -> list[str]:
-    """The epoch estimates, labelled as such, under the run's epoch definition."""
-    if result.samples_per_epoch is None or result.epoch_seconds is None:
+    if len(components) < 2:
         return []
-    epoch = result.config.epoch
-    figures = f"{result.epoch_seconds:.4g} s"
-    if result.energy_joules_per_epoch is not None:
-        figures += f", {_joules_and_watt_hours(result.energy_joules_per_epoch)}"
-        figures += _per_device(result, result.energy_joules_per_epoch)
-    what = epoch.describe() if epoch.kind != "dataset" else f"dataset ({result.samples_per_epoch:,} samples)"
     return [
-        f"  epoch           {what}: {figures}",
-        "                  (estimate, extrapolated from the timed window)",
+        "  by component    "
+        + ", ".join(f"{name} {joules / JOULES_PER_WATT_HOUR:.4g} Wh" for name, joules in components.items())
     ]
 
 
-def _loadgen_lines(figures: Any, unit: str) -> list[str]:
+def _loadgen_lines(result: Any) -> list[str]:
     """LoadGen's verdict and its own figures, under core's (which count samples over the same window)."""
-    if figures is None:
+    figures = result.loadgen
+    if figures is None or result.throughput_per_second is None:
         return []
+    unit = result.sample_unit or "samples"
     verdict = "VALID" if figures.valid else f"INVALID: {figures.invalid_reason or 'see its summary'}"
     own = [f"{figures.query_count:,} queries"] if figures.query_count is not None else []
     if figures.samples_per_second is not None:
@@ -394,11 +356,97 @@ def _loadgen_lines(figures: Any, unit: str) -> list[str]:
     return [f"  loadgen         {figures.scenario}, {verdict}" + (f" ({', '.join(own)})" if own else "")]
 
 
-def format_result(result: Any) -> str:
+def _node_lines(result: Any) -> list[str]:
+    if not result.nodes:
+        return []
+    each = ", ".join(
+        f"node {node.node_rank} ({node.hostname}) "
+        + (f"{node.energy_joules:.4g} J" if node.energy_joules is not None else "no energy")
+        for node in result.nodes
+    )
+    return [f"  nodes           {len(result.nodes)}: {each}"]
+
+
+def _warning_lines(result: Any) -> list[str]:
+    """Every warning the result holds (recompilation, meter cross-check, deprecations), one line each."""
     from core.report.document import one_line
 
-    c = result.config
+    return [f"  warning         {one_line(warning)}" for warning in result.warnings]
+
+
+# The lines of `core run`'s text that show the result's structure rather than declared figures.
+_STRUCTURAL_LINES: dict[str, Callable[[Any], list[str]]] = {
+    "loadgen": _loadgen_lines,
+    "components": _component_lines,
+    "nodes": _node_lines,
+    "error": lambda result: _status_lines(result.status),
+    "warnings": _warning_lines,
+}
+
+
+def _text_context(result: Any) -> dict[str, Any]:
+    """What the declared texts of `core run`'s figures may name besides their value."""
     unit = result.sample_unit or "samples"
+    epoch = result.config.epoch
+    method = result.energy.method if result.energy is not None else None
+    return {
+        "unit": unit,
+        "sample": unit.removesuffix("s") or "sample",
+        "passes": "batches" if result.config.mode == "inference" else "updates",
+        "devices": len(result.devices),
+        "method": f" ({method})" if method else "",
+        "epoch": epoch.describe()
+        if epoch.kind != "dataset" or result.samples_per_epoch is None
+        else f"dataset ({result.samples_per_epoch:,} samples)",
+    }
+
+
+def _figure_parts(result: Any, line: str, context: dict[str, Any]) -> tuple[list[str], list[str], bool]:
+    """The main parts and the asides of one declared line, and whether any figure had a value."""
+    from core.storage.metrics import printed_on
+
+    main: list[str] = []
+    asides: list[str] = []
+    measured = False
+    for metric, part in printed_on(line):
+        if part.shown is not None and not part.shown(result):
+            continue
+        value = metric.value(result)
+        if value is None:
+            if part.missing is None:
+                continue
+            text = part.missing
+        else:
+            measured = measured or not part.aside
+            shown = value * part.scale if part.scale != 1.0 else value
+            text = part.text.format(value=shown, **context)
+        parts = asides if part.aside else main
+        if part.attach and parts:
+            parts[-1] += " " + text
+        else:
+            parts.append(text)
+    return main, asides, measured
+
+
+def _declared_line(result: Any, line: Any, context: dict[str, Any]) -> list[str]:
+    if line.structural:
+        return _STRUCTURAL_LINES[line.key](result)
+    if line.shown is not None and not line.shown(result):
+        return []
+    main, asides, measured = _figure_parts(result, line.key, context)
+    if not main or not (measured or line.always):
+        return []
+    label = line.label(result) if callable(line.label) else line.label
+    text = f"  {label:<15} " + ", ".join(main) + (f" ({', '.join(asides)})" if asides else "")
+    return [text] + ([f"{'':<18}{line.note}"] if line.note else [])
+
+
+def format_result(result: Any) -> str:
+    """`core run`'s text: a header, the batch arithmetic, then each figure as core.storage.metrics
+    declares it (PRINTED_LINES and each metric's Printed), line by line."""
+    from core.storage.metrics import PRINTED_LINES
+
+    c = result.config
     inference = c.mode == "inference"
     lines = [
         f"{result.workload} on {result.accelerator} ({result.framework}, {c.precision.value}"
@@ -411,49 +459,9 @@ def format_result(result: Any) -> str:
         else f"  samples/update  {result.samples_per_update} (micro {c.micro_batch_size} x accumulation "
         f"{c.gradient_accumulation} x replicas {c.replicas})",
     ]
-    if result.throughput_per_second is not None:
-        calls = "" if result.window_updates == result.window_steps else f" in {result.window_steps} host calls"
-        passes = "batches" if inference else "updates"
-        lines.append(
-            f"  throughput      {result.throughput_per_second:.6g} {unit}/s "
-            f"(window {result.window_seconds:.4g} s, {result.window_updates} {passes}{calls})"
-        )
-        if result.tokens_per_second is not None:
-            lines.append(
-                f"  tokens          {result.tokens_per_second:.6g} tokens/s "
-                f"({result.tokens_per_sample} tokens per {unit.removesuffix('s') or 'sample'})"
-            )
-        if result.loadgen is None or result.loadgen.scenario != "offline":  # offline: one query, no latency
-            label = "step time" if not inference else "batch latency" if result.loadgen is None else "query latency"
-            lines.append(
-                f"  {label:<15} "
-                f"median {_format_seconds(result.step_seconds_median, 1e3, 'ms')}, "
-                f"p90 {_format_seconds(result.step_seconds_p90, 1e3, 'ms')}, "
-                f"p99 {_format_seconds(result.step_seconds_p99, 1e3, 'ms')}"
-            )
-        lines += _loadgen_lines(result.loadgen, unit)
-    lines.append(
-        f"  phases          setup {_format_seconds(result.setup_seconds)}, first step "
-        f"{_format_seconds(result.first_step_seconds)}, warm-up {_format_seconds(result.warmup_seconds)}"
-    )
-    if result.flops_per_second is not None:
-        lines.append(
-            f"  achieved        {result.flops_per_second / 1e12:.4g} TFLOP/s "
-            f"({result.flops_per_sample:.4g} FLOP/sample)"
-        )
-    if result.top1_accuracy is not None:
-        lines.append(f"  top-1 accuracy  {result.top1_accuracy:.4%} of {result.accuracy_samples} labelled {unit}")
-    lines += _energy_lines(result)
-    if result.nodes:
-        each = ", ".join(
-            f"node {node.node_rank} ({node.hostname}) "
-            + (f"{node.energy_joules:.4g} J" if node.energy_joules is not None else "no energy")
-            for node in result.nodes
-        )
-        lines.append(f"  nodes           {len(result.nodes)}: {each}")
-    lines += _epoch_lines(result)
-    lines += _status_lines(result.status)
-    lines += [f"  warning         {one_line(warning)}" for warning in result.warnings]
+    context = _text_context(result)
+    for line in PRINTED_LINES:
+        lines += _declared_line(result, line, context)
     return "\n".join(lines)
 
 
@@ -499,6 +507,7 @@ def _command_run_dry(args: argparse.Namespace, options: dict[str, Any]) -> int:
     try:
         machine = _load_machine_argument(args)
         plan = plan_run(get_plugin_manager(), args.workload, args.accelerator, options, machine=machine)
+        _check_database_for_dry_run(args.database)
     except ConfigError as error:
         return _error(_describe_config_error(error))
     except PluginFault as fault:
@@ -519,6 +528,22 @@ def _command_run_dry(args: argparse.Namespace, options: dict[str, Any]) -> int:
         for label, text in _plan_lines(described):
             print(f"  {label:<15} {text}")
     return 0
+
+
+def _check_database_for_dry_run(database: Path | None) -> None:
+    """A dry run writes nothing: an existing --database is opened read-only to check it is one."""
+    from core.storage.single_runs import database_path
+    from core.storage.store import ResultStore, StoreError
+
+    if database is None:
+        return
+    path = database_path(database)
+    if not path.exists() and not path.is_symlink():
+        return
+    try:
+        ResultStore(path, create=False).close()
+    except StoreError as error:
+        raise ConfigError("database", str(path), str(error)) from None
 
 
 def describe_plan(plan: Any, extra_placement: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -602,7 +627,9 @@ def _command_run(args: argparse.Namespace) -> int:
     from core.api import run
     from core.contract.manager import PluginFault
     from core.running.progress import ProgressLine, RunProgress
-    from core.storage.files import OutputError, check_writable, write_atomically
+    from core.storage.files import OutputError, check_writable
+    from core.storage.single_runs import UnrecordedRunError
+    from core.storage.store import StoreError
 
     options = _run_options(args)
     if args.dry_run or args.machine is not None:
@@ -620,10 +647,18 @@ def _command_run(args: argparse.Namespace) -> int:
             line, f"{args.workload} on {args.accelerator}", options.get("steps", 20), options.get("warmup_steps", 3)
         )
         progress.start()
+    unrecorded: UnrecordedRunError | None = None
     try:
         result = run(
-            args.workload, args.accelerator, on_progress=progress, timeout_seconds=args.timeout_seconds, **options
+            args.workload,
+            args.accelerator,
+            on_progress=progress,
+            timeout_seconds=args.timeout_seconds,
+            database=args.database,
+            **options,
         )
+    except UnrecordedRunError as error:  # measured, but the database refused it: print it all the same
+        unrecorded, result = error, error.result
     except ConfigError as error:
         line.clear()
         return _error(_describe_config_error(error))
@@ -632,24 +667,44 @@ def _command_run(args: argparse.Namespace) -> int:
         if args.debug:
             print(fault.traceback_text, file=sys.stderr, end="")
         return _error(f"{fault}{'' if args.debug else ' (core --debug shows the traceback)'}")
+    except StoreError as error:  # before the run: another sweep or run holds --database
+        line.clear()
+        return _error(str(error))
     except KeyboardInterrupt:
         line.clear()
         print(f"core: run of {args.workload} on {args.accelerator} interrupted; nothing was recorded", file=sys.stderr)
         return 130
     finally:
         line.clear()
+    return _show_run_result(args, result, unrecorded)
+
+
+def _show_run_result(args: argparse.Namespace, result: Any, unrecorded: Exception | None) -> int:
+    """Print the result, write --output, and say what could not be kept where it was asked."""
+    from core.storage.files import OutputError, write_atomically
+
     text = result.to_json()
-    # The result first: whatever happens to the file, what was measured reaches the terminal.
+    # The result first: whatever happens to the files, what was measured reaches the terminal.
     print(text if args.json else format_result(result))
     if args.debug and result.status.traceback:
         print(result.status.traceback, file=sys.stderr, end="")
+    problems = []
+    written = False
     if args.output is not None:
         try:
             write_atomically(args.output, text + "\n", "--output")
+            written = True
         except OutputError as error:
-            return _error(
-                f"{error}; the result is printed above" + ("" if args.json else " (--json prints it whole)"), code=1
-            )
+            problems.append(str(error))
+    if unrecorded is not None:
+        problems.append(f"--database {args.database}: {unrecorded}")
+    if problems:
+        kept = (
+            f"the result is in {args.output}"
+            if written
+            else "the result is printed above" + ("" if args.json else " (--json prints it whole)")
+        )
+        return _error(f"{'; '.join(problems)}; {kept}", code=1)
     return 0 if result.status.ok else 1
 
 
@@ -1101,42 +1156,39 @@ def _common_unit(cells: Sequence[Any]) -> str:
 
 
 def format_cells(cells: Sequence[Any], sweep_column: bool | None = None) -> str:
-    """A plain-text table of cell summaries: median throughput, spread, flag, state.
+    """A plain-text table of cell summaries: state, repeats, and the figures core.storage.metrics
+    declares for it (RESULTS: median throughput and its spread, samples per Wh, energy...).
 
     ``sweep_column``: show each cell's sweep first; by default only when the cells come from
-    more than one sweep. Text from the database is shown on one line, control characters escaped.
+    more than one sweep ("-" is a single run's). Text from the database is shown on one line,
+    control characters escaped.
     """
-    from core.report import format_number, format_percent, one_line
+    from core.report import format_percent, one_line
+    from core.report.tables import metric_header, metric_value
+    from core.storage.metrics import RESULTS, Summary, reported
 
     if sweep_column is None:
         sweep_column = len({cell.sweep for cell in cells}) > 1
     unit = _common_unit(cells)
-    header = ("sweep",) * sweep_column + (
-        "cell",
-        "status",
-        "ok/runs",
-        f"{unit}/s",
-        "spread",
-        f"{unit}/Wh",
-        "energy Wh",
-        "epoch Wh (estimate)",
-    )
+    figures = reported(RESULTS)
+    header: list[str] = ["sweep"] * sweep_column + ["cell", "status", "ok/runs"]
+    for metric in figures:
+        header.append(metric_header(metric, unit, short=True))
+        if metric.summary is Summary.median_spread:
+            header.append("spread")
     rows = [header]
     for cell in cells:
-        sweep = ("-" if cell.sweep is None else one_line(cell.sweep),) * sweep_column
-        rows.append(
-            (
-                *sweep,
-                one_line(cell.label),
-                cell.status + (" (flagged)" if cell.flagged else ""),
-                f"{cell.repeats_ok}/{cell.repeats_recorded}",
-                format_number(cell.throughput_per_second),
-                format_percent(cell.spread),
-                format_number(cell.samples_per_watt_hour),
-                format_number(cell.energy_watt_hours),
-                format_number(cell.energy_watt_hours_per_epoch),
-            )
-        )
+        row = ["-" if cell.sweep is None else one_line(cell.sweep)] * sweep_column
+        row += [
+            one_line(cell.label),
+            cell.status + (" (flagged)" if cell.flagged else ""),
+            f"{cell.repeats_ok}/{cell.repeats_recorded}",
+        ]
+        for metric in figures:
+            row.append(metric_value(cell, metric).text)
+            if metric.summary is Summary.median_spread:
+                row.append(format_percent(cell.spread_of(metric.name)))
+        rows.append(row)
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     return "\n".join("  ".join(value.ljust(width) for value, width in zip(row, widths)).rstrip() for row in rows)
 

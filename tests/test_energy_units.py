@@ -57,7 +57,8 @@ def test_the_dataset_epoch_of_an_unknown_dataset_is_none() -> None:
         ("samples:0", "a count of 0 is out of range"),
         ("samples:-4", "one of 'dataset'"),
         ("samples:1e6", "one of 'dataset'"),
-        (" samples:4", "one of 'dataset'"),
+        ("samples 4", "one of 'dataset'"),
+        ("samples::4", "one of 'dataset'"),
         ("global-batches:10000000000000", "out of range"),
     ],
 )
@@ -67,6 +68,12 @@ def test_a_bad_epoch_definition_names_the_field_the_value_and_what_is_allowed(va
     assert caught.value.field == "epoch_definition" and caught.value.value == value
     assert why in caught.value.allowed
     assert "'samples:N'" in caught.value.allowed and "'global-batches:N'" in caught.value.allowed
+
+
+@pytest.mark.parametrize("spelling", [" samples:4", "samples: 4", "samples:0_4", "samples:04 "])
+def test_spaces_and_underscores_spell_the_same_definition(spelling: str) -> None:
+    # One definition, one stored spelling: a sweep's cells are told apart by it (issue 26).
+    assert make_config(workload="fcnn", accelerator="cpu", epoch_definition=spelling).epoch_definition == "samples:4"
 
 
 def test_the_cli_has_a_flag_for_it() -> None:
@@ -328,17 +335,18 @@ def test_core_results_summary_shows_watt_hours(tmp_path: Path) -> None:
     from core.cli import format_cells
 
     header, row = format_cells(_cells(tmp_path, [_result(sample_unit="images")])).splitlines()
+    # The figures in the order core.storage.metrics declares them (energy, then efficiency), as in the report.
     assert header.split() == [
         "cell",
         "status",
         "ok/runs",
         "images/s",
         "spread",
-        "images/Wh",
         "energy",
         "Wh",
+        "images/Wh",
         "epoch",
         "Wh",
         "(estimate)",
     ]
-    assert row.split()[-3:] == ["400", "2", "2.5"]
+    assert row.split()[-3:] == ["2", "400", "2.5"]

@@ -358,7 +358,7 @@ def test_power_traces_sum_the_devices_and_keep_gaps(synthetic_store: ResultStore
 
 def test_errors_name_the_problem(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = ResultStore(tmp_path / "r.db")
-    with pytest.raises(ReportError, match="no sweeps to report"):
+    with pytest.raises(ReportError, match="no sweeps or single runs to report"):
         write_report(store, tmp_path / "out")
     store.add(synthetic_result(), sweep="a", cell_key="k", repeat=0)
     with pytest.raises(ReportError, match="no sweep named 'b'.*it has: a"):

@@ -15,6 +15,10 @@ different work: their own table (samples/s, latency p50/p90/p99, energy per samp
 Wh, the epoch-time estimate, LoadGen's verdict where a LoadGen scenario ran) and two plots,
 throughput and p90 latency against batch size, one line per series with the scenario in its label.
 
+Single runs (``core run --database``, no sweep) have a section of their own after the sweeps':
+one row per run with its figures (no repeats: no median, no spread), their failures and
+environment; ``--sweep`` chooses sweeps, so it leaves them out.
+
 The plots are PNG files under ``plots/``, which report.md links; report.html embeds the same
 bytes as data: URIs, so the page is one file that can be mailed or attached to a CI run.
 matplotlib is imported here only (``pip install 'core[report]'``).
@@ -77,6 +81,7 @@ from core.report.document import (
 )
 from core.report.plots import _pyplot, count_label, plot_against_batch, plot_pareto, plot_power_traces, plot_scaling
 from core.report.sections import environment_table, sweep_section
+from core.report.singles import SINGLE_RUNS_TITLE, single_runs_section
 from core.report.tables import batch_table, cells_table, inference_table, loadgen_verdict
 from core.report.to_train import TrainingPlan, time_to_train_measure, training_blocks
 from core.storage.files import OutputError, check_writable, describe_os_error, write_atomically
@@ -170,8 +175,15 @@ def store_warnings(store: ResultStore) -> list[str]:
     return [one_line(row) for row in getattr(store, "skipped_rows", ())]
 
 
+def _nothing_to_report(where: str) -> ReportError:
+    return ReportError(
+        f"{where} no sweeps or single runs to report; run `core sweep FILE` or `core run ... --database` first"
+    )
+
+
 def select_sweeps(store: ResultStore, sweeps: Sequence[str] | None = None) -> list[str]:
-    """The sweeps to report: those asked for, which must exist, else all of them."""
+    """The sweeps to report: those asked for, which must exist, else all of them (none where the
+    database has only single runs, which the report shows without ``sweeps``)."""
     known = store.sweep_names()
     missing = [name for name in sweeps or () if not store.matching_sweeps(name)]
     if missing:
@@ -179,8 +191,8 @@ def select_sweeps(store: ResultStore, sweeps: Sequence[str] | None = None) -> li
             f"no sweep named {', '.join(repr(n) for n in missing)} in {store.path}; it has: {list_names(known)}"
         )
     names = _recorded_names(store, sweeps) if sweeps else known
-    if not names:
-        raise ReportError(f"{store.path} has no sweeps to report; run `core sweep FILE` first")
+    if not names and not store.count_single_runs():
+        raise _nothing_to_report(f"{store.path} has")
     return names
 
 
@@ -271,8 +283,8 @@ def select_sources(stores: Sequence[ResultStore], sweeps: Sequence[str] | None =
             f"{', '.join(str(store.path) for store in stores)}"
         )
     selected = [_recorded_names(store, sweeps) if sweeps else store.sweep_names() for store in stores]
-    if not any(selected):
-        raise ReportError("none of the databases has sweeps to report; run `core sweep FILE` first")
+    if not any(selected) and (sweeps or not any(store.count_single_runs() for store in stores)):
+        raise _nothing_to_report("none of the databases has")
     return selected
 
 
@@ -312,20 +324,32 @@ def build_report(
     _pyplot()  # fail before any work when matplotlib is missing, plots or not
     sections: list[Block] = []
     sourced: list[SourcedCell] = []
-    for one, names, slugs in zip(stores, selected, _section_slugs(stores, selected)):
+    singles: list[int] = []
+    labels = database_labels([one.path for one in stores]) if len(stores) > 1 else [""]
+    for one, names, slugs, label in zip(stores, selected, _section_slugs(stores, selected), labels):
         for name in names:
             section, cells = _read_section(one, name, slugs[name], training)
             if len(stores) > 1 and isinstance(section[0], Heading):
                 section[0] = Heading(2, f"{section[0].text} ({shorten(one_line(one.path), 120)})")
             sections += section
             sourced += [SourcedCell(cell, str(one.path), name) for cell in cells]
+        # --sweep chooses sweeps: single runs belong to none.
+        single = summarise(one.runs(single=True)) if not sweeps else []
+        singles.append(len(single))
+        section = single_runs_section(single, one.path, f"-{label}" if label else "")
+        if section and len(stores) > 1:
+            section[0] = Heading(2, f"{SINGLE_RUNS_TITLE} ({shorten(one_line(one.path), 120)})")
+        sections += section
     extra = [time_to_train_measure(training)] if training is not None else []
     compared = comparison_blocks(sourced, comparison or ComparisonRequest(), extra)
     generated = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     sources: list[Inline] = []
-    for one, names in zip(stores, selected):
+    for one, names, count in zip(stores, selected, singles):
         sources += ["; " if sources else "", Code(str(one.path))]
-        sources.append(f": sweeps {', '.join(shorten(one_line(name), 80) for name in names) or 'none asked for'}")
+        listed = ", ".join(shorten(one_line(name), 80) for name in names)
+        sources.append(f": sweeps {listed}" if listed else ": none asked for" if sweeps else ": no sweeps")
+        if count:
+            sources.append(f" and {count} single run{'' if count == 1 else 's'}")
     blocks: list[Block] = [Paragraph(f"Generated {generated} from ", *sources, ".")]
     warnings = [warning for one in stores for warning in store_warnings(one)]
     return "core benchmark report", blocks + _warning_blocks(warnings) + compared + sections

@@ -9,6 +9,7 @@ from typing import Any
 
 from core.report.analysis import _BATCH, _short, group_series, ran_loadgen
 from core.report.document import Table, Value, format_number, format_percent, one_line, shorten
+from core.storage.metrics import INFERENCE, TRAINING, Metric, Summary, reported
 from core.storage.summary import SPREAD_FLAG_FRACTION, CellSummary
 
 
@@ -47,8 +48,61 @@ class _Column:
     value: Callable[[CellSummary], Value]
 
 
-def _leading_columns(unit: str) -> list[_Column]:
-    """What every cells table opens with: how the cell went, and its throughput."""
+def singular(unit: str) -> str:
+    """One of the samples: 'image' of 'images'; 'sample' where nothing is left."""
+    return unit.removesuffix("s") or "sample"
+
+
+def metric_value(cell: CellSummary, metric: Metric) -> Value:
+    """A cell's figure as its declaration shows it: scaled, or as a percentage."""
+    shown = metric.reported
+    value = cell.figure(metric.name)
+    number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    if shown is not None and shown.percent:
+        return Value(format_percent(number), number)
+    if number is None and value is not None:
+        return Value(_option_text(value))
+    return _number(number, shown.scale if shown is not None else 1.0)
+
+
+def metric_header(metric: Metric, unit: str, short: bool = False) -> str:
+    """The declared header of a figure's column, in the cells' sample unit."""
+    shown = metric.reported
+    if shown is None:
+        return metric.name
+    text = (shown.short or shown.header) if short else shown.header
+    return text.format(unit=unit, sample=singular(unit))
+
+
+def _metric_columns(table: str, unit: str) -> list[_Column]:
+    """The figures a table shows, as declared in core.storage.metrics, in order; a figure summarised
+    with a spread is followed by its spread."""
+    columns = []
+    for metric in reported(table):
+        columns.append(_figure_column(metric, unit))
+        if metric.summary is Summary.median_spread:
+            columns.append(_spread_column(metric.name))
+    return columns
+
+
+def _figure_column(metric: Metric, unit: str) -> _Column:
+    key = (metric.reported.key if metric.reported is not None else None) or metric.name
+    return _Column(key, metric_header(metric, unit), lambda cell: metric_value(cell, metric))
+
+
+def _spread_column(name: str) -> _Column:
+    # Throughput's spread keeps the key it always had: the tests and the HTML ids know it.
+    key = "spread" if name == "throughput_per_second" else f"{name}_spread"
+    return _Column(key, "spread (max-min)/median", lambda cell: _spread_value(cell, name))
+
+
+def _spread_value(cell: CellSummary, name: str) -> Value:
+    spread = cell.spread_of(name)
+    return Value(format_percent(spread), spread)
+
+
+def _status_columns() -> list[_Column]:
+    """What every cells table opens with: how the cell went."""
     return [
         _Column("status", "status", lambda cell: Value(cell.status + (" (flagged)" if cell.flagged else ""))),
         _Column(
@@ -56,10 +110,6 @@ def _leading_columns(unit: str) -> list[_Column]:
             "repeats ok",
             lambda cell: Value(f"{cell.repeats_ok}/{cell.repeats_recorded}", cell.repeats_ok),
         ),
-        _Column(
-            "throughput_per_second", f"throughput ({unit}/s, median)", lambda cell: _number(cell.throughput_per_second)
-        ),
-        _Column("spread", "spread (max-min)/median", lambda cell: Value(format_percent(cell.spread), cell.spread)),
     ]
 
 
@@ -72,36 +122,23 @@ def _with_figures(columns: Sequence[_Column], optional: set[str], cells: Sequenc
     ]
 
 
+def _optional_keys(table: str) -> set[str]:
+    return {
+        metric.reported.key or metric.name
+        for metric in reported(table)
+        if metric.reported is not None and metric.reported.optional
+    }
+
+
 def _cell_columns(cells: Sequence[CellSummary]) -> list[_Column]:
-    """The figures' columns, units in the headers. Token and epoch columns appear only where some
-    cell has the figure, so a vision sweep's table does not carry empty token columns."""
-    unit = sample_unit(cells)
+    """The figures' columns, units in the headers. Optional columns (tokens, epochs) appear only
+    where some cell has the figure, so a vision sweep's table does not carry empty token columns."""
     columns = [
-        *_leading_columns(unit),
-        _Column("tokens_per_second", "tokens/s (median)", lambda cell: _number(cell.tokens_per_second)),
-        _Column("energy_joules", "energy (J, median)", lambda cell: _number(cell.energy_joules)),
-        _Column("energy_watt_hours", "energy (Wh, median)", lambda cell: _number(cell.energy_watt_hours)),
-        _Column(
-            "energy_watt_hours_per_device",
-            "energy per device (Wh, median)",
-            lambda cell: _number(cell.energy_watt_hours_per_device),
-        ),
-        _Column("samples_per_watt_hour", f"{unit}/Wh (median)", lambda cell: _number(cell.samples_per_watt_hour)),
-        _Column("tokens_per_watt_hour", "tokens/Wh (median)", lambda cell: _number(cell.tokens_per_watt_hour)),
-        _Column(
-            "energy_watt_hours_per_epoch",
-            "energy per epoch (Wh, estimate, median)",
-            lambda cell: _number(cell.energy_watt_hours_per_epoch),
-        ),
-        _Column("flops_per_second", "TFLOP/s (median)", lambda cell: _number(cell.flops_per_second, 1e-12)),
-        _Column(
-            "model_flops_utilization",
-            "MFU (median)",
-            lambda cell: Value(format_percent(cell.model_flops_utilization), cell.model_flops_utilization),
-        ),
+        *_status_columns(),
+        *_metric_columns(TRAINING, sample_unit(cells)),
         _Column("note", "note", lambda cell: Value(_cell_note(cell))),
     ]
-    return _with_figures(columns, {"tokens_per_second", "tokens_per_watt_hour", "energy_watt_hours_per_epoch"}, cells)
+    return _with_figures(columns, _optional_keys(TRAINING), cells)
 
 
 def _option_headers(varying: Sequence[str], figures: Sequence[_Column]) -> list[tuple[str, str]]:
@@ -158,10 +195,6 @@ def batch_table(cells: Sequence[CellSummary], series_names: Sequence[str], ident
 # --- inference ----------------------------------------------------------------------------------
 
 _MILLISECONDS_PER_SECOND = 1e3
-# The percentiles of the window's latencies, by the RunResult field that holds each. In the loop a
-# latency is one micro-batch's (step) time; under LoadGen's single-stream and server one query's,
-# issue to answer; offline sends a single query, so it has none.
-LATENCY_PERCENTILES = (("p50", "step_seconds_median"), ("p90", "step_seconds_p90"), ("p99", "step_seconds_p99"))
 
 
 def latency_milliseconds(cell: CellSummary, field: str) -> float | None:
@@ -193,38 +226,52 @@ def _inference_note(cell: CellSummary) -> str:
     return "; ".join(note for note in notes if note)
 
 
-def _latency_column(name: str, field: str) -> _Column:
-    return _Column(
-        f"latency_{name}_milliseconds",
-        f"latency {name} (ms, median)",
-        lambda cell: _number(latency_milliseconds(cell, field)),
-    )
-
-
 def _inference_columns(cells: Sequence[CellSummary]) -> list[_Column]:
     """Samples/s, latency percentiles, energy per sample and per Wh, the epoch-time estimate where
-    some cell has one, and LoadGen's verdict where some cell ran under LoadGen."""
-    unit = sample_unit(cells)
-    latencies = [_latency_column(name, field) for name, field in LATENCY_PERCENTILES]
+    some cell has one (as core.storage.metrics declares them), and LoadGen's verdict where some
+    cell ran under LoadGen."""
     columns = [
-        *_leading_columns(unit),
-        *latencies,
-        _Column(
-            "energy_joules_per_sample",
-            f"energy per {unit.removesuffix('s') or 'sample'} (J, median)",
-            lambda cell: _number(cell.median("energy_joules_per_sample")),
-        ),
-        _Column("samples_per_watt_hour", f"{unit}/Wh (median)", lambda cell: _number(cell.samples_per_watt_hour)),
-        _Column(
-            "epoch_seconds", "time per epoch (s, estimate, median)", lambda cell: _number(cell.median("epoch_seconds"))
-        ),
+        *_status_columns(),
+        *_metric_columns(INFERENCE, sample_unit(cells)),
         _Column("loadgen_verdict", "LoadGen", loadgen_verdict),
         _Column("note", "note", lambda cell: Value(_inference_note(cell))),
     ]
-    columns = _with_figures(columns, {"epoch_seconds"}, cells)
+    columns = _with_figures(columns, _optional_keys(INFERENCE), cells)
     return [column for column in columns if column.key != "loadgen_verdict" or any(map(ran_loadgen, cells))]
 
 
 def inference_table(cells: Sequence[CellSummary], varying: Sequence[str], identifier: str) -> Table:
     """Inference cells: samples/s, latency p50/p90/p99, energy per sample, samples/Wh, LoadGen's verdict."""
     return _table(cells, varying, _inference_columns(cells), identifier)
+
+
+# --- single runs --------------------------------------------------------------------------------
+
+
+def _started(cell: CellSummary) -> Value:
+    started = cell.runs[0].result.started_at
+    return Value(started.strftime("%Y-%m-%d %H:%M:%S %Z").strip())
+
+
+def _own(header: str) -> str:
+    """A cells table's header for one run's own figure: no median where there are no repeats."""
+    return header.replace(", median)", ")").replace(" (median)", "")
+
+
+def single_runs_table(cells: Sequence[CellSummary], identifier: str, inference: bool = False) -> Table:
+    """Single runs (``core run --database``), one row each: its id, when it started, what ran, and the
+    figures of the cells table of its mode, less what only repeats have (repeats, spread)."""
+    figures = _inference_columns(cells) if inference else _cell_columns(cells)
+    repeats_only = {"repeats_ok"} | {column.key for column in figures if column.header.startswith("spread")}
+    columns = [
+        _Column("run_id", "run", lambda cell: Value(str(cell.runs[0].run_id), cell.runs[0].run_id)),
+        _Column("started_at", "started", _started),
+        _Column("cell_label", "what ran", lambda cell: Value(_option_text(cell.label))),
+        *(column for column in figures if column.key not in repeats_only),
+    ]
+    return Table(
+        columns=[(column.key, _own(column.header)) for column in columns],
+        rows=[[column.value(cell) for column in columns] for cell in cells],
+        identifier=identifier,
+        row_keys=[cell.cell_key for cell in cells],
+    )

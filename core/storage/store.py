@@ -11,7 +11,9 @@ not know) is skipped and listed in :attr:`ResultStore.skipped_rows`; a damaged d
 full disk or a file that is no database is a :class:`StoreError` naming the file, never a traceback.
 
 A sweep holds :class:`SweepLock` (``fcntl.flock`` on ``<database>.lock``) for as long as it runs,
-so a second sweep on the same database is refused instead of measuring beside the first.
+so a second sweep on the same database is refused instead of measuring beside the first; so does a
+single run stored with ``core run --database`` (core.storage.single_runs), which has no sweep, cell
+or repeat (NULL). The flat export's columns are declared with the figures in core.storage.metrics.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any, TextIO
 
 from core.errors import CoreError
 from core.storage.files import describe_os_error, json_text
+from core.storage.metrics import EXPORT_COLUMNS, flat_record
 from core.storage.results import NEWER_SCHEMA_ERROR, RunResult
 
 DEFAULT_DATABASE = Path("results") / "core.db"
@@ -82,75 +85,6 @@ CREATE TABLE IF NOT EXISTS sweeps (
     updated_at TEXT NOT NULL
 );
 """
-
-# The columns of a flat export (CSV, Parquet, DataFrame), in order: what people sort and plot by.
-EXPORT_COLUMNS = (
-    "sweep",
-    "cell_key",
-    "cell_label",
-    "repeat",
-    "status",
-    "status_phase",
-    "status_message",
-    "workload",
-    "accelerator",
-    "framework",
-    "mode",
-    "scenario",
-    "precision",
-    "micro_batch_size",
-    "gradient_accumulation",
-    "replicas",
-    "devices_per_replica",
-    "device_iterations",
-    "compile",
-    "steps",
-    "warmup_steps",
-    "samples_per_update",
-    "world_size",
-    "setup_seconds",
-    "first_step_seconds",
-    "warmup_seconds",
-    "window_seconds",
-    "throughput_per_second",
-    "step_seconds_median",
-    "step_seconds_p90",
-    "step_seconds_p99",
-    "loadgen_valid",
-    "loadgen_samples_per_second",
-    "loadgen_early_stopping_latency_seconds",
-    "top1_accuracy",
-    "parameter_count",
-    "flops_per_sample",
-    "flops_per_second",
-    "model_flops_utilization",
-    "energy_joules",
-    "energy_watt_hours",
-    "device_count",
-    "energy_joules_per_device",
-    "energy_watt_hours_per_device",
-    "energy_components_watt_hours",
-    "samples_per_watt_hour",
-    "energy_joules_per_sample",
-    "sample_unit",
-    "tokens_per_sample",
-    "tokens_per_second",
-    "tokens_per_watt_hour",
-    "epoch_definition",
-    "samples_per_epoch",
-    "epoch_seconds",
-    "energy_joules_per_epoch",
-    "energy_watt_hours_per_epoch",
-    "energy_joules_per_device_per_epoch",
-    "energy_watt_hours_per_device_per_epoch",
-    "energy_unavailable_reason",
-    "workload_options",
-    "accelerator_options",
-    "hostname",
-    "started_at",
-    "process_seconds",
-    "run_id",
-)
 
 
 class StoreError(CoreError):
@@ -468,9 +402,10 @@ class ResultStore:
     def _transaction(self) -> _Transaction:
         return _Transaction(self._connection)
 
-    def lock(self, sweep: str | None = None) -> SweepLock:
-        """The sweep lock of this database (see :class:`SweepLock`), taken: ``with store.lock("s"): ...``."""
-        lock = SweepLock(self.path, sweep)
+    def lock(self, sweep: str | None = None, *, run: str | None = None) -> SweepLock:
+        """The sweep lock of this database (see :class:`SweepLock`), taken: ``with store.lock("s"): ...``;
+        ``run``: taken for a single run, so described."""
+        lock = SweepLock(self.path, sweep, run=run)
         lock.acquire()
         return lock
 
@@ -487,6 +422,8 @@ class ResultStore:
     ) -> int:
         """Insert one run in its own transaction and return its row id.
 
+        :param sweep: the sweep it belongs to, with its ``cell_key`` and ``repeat``; None for a
+            single run (core.storage.single_runs), which no other row can clash with.
         :param replace: overwrite the row of the same (sweep, cell_key, repeat); without it such a
             row is an error, so a resumed sweep can never count a run twice.
         """
@@ -626,6 +563,10 @@ class ResultStore:
         )
         return [value for (value,) in rows if isinstance(value, (int, float))]
 
+    def count_single_runs(self) -> int:
+        """Runs stored outside any sweep (``core run --database``, ``core.run(database=...)``)."""
+        return int(self._rows("SELECT COUNT(*) FROM runs WHERE sweep IS NULL")[0][0])
+
     def count(self, sweep: str | None = None) -> int:
         if sweep is None:
             return int(self._rows("SELECT COUNT(*) FROM runs")[0][0])
@@ -639,8 +580,11 @@ class ResultStore:
         accelerator: str | None = None,
         precision: str | None = None,
         status: str | None = None,
+        single: bool = False,
     ) -> list[StoredRun]:
         """Rows matching every filter given, oldest first, each with its validated RunResult.
+
+        :param single: only single runs (``core run --database``: no sweep).
 
         A row that cannot be parsed (damaged JSON, a result layout this core does not read) is left
         out and added to :attr:`skipped_rows` with its id and the reason; a damaged database page
@@ -661,6 +605,8 @@ class ResultStore:
             names = list(dict.fromkeys(known for name in asked for known in [name, *self.matching_sweeps(name)]))
             clauses.append(f"sweep IN ({', '.join('?' for _ in names)})")
             parameters.extend(names)
+        if single:
+            clauses.append("sweep IS NULL")
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
         rows = self._rows(
             "SELECT id, sweep, cell_key, cell_label, repeat, process_seconds, recorded_at, result_json "
@@ -846,18 +792,24 @@ def unsaved_directory(database: str | Path) -> Path:
 
 
 class SweepLock:
-    """An exclusive ``fcntl.flock`` on ``<database>.lock``, held by a sweep from start to end.
+    """An exclusive ``fcntl.flock`` on ``<database>.lock``, held by a sweep (or a single run stored
+    with ``core run --database``) from start to end.
 
-    A second sweep on the same database is refused at once (:class:`DatabaseInUseError`, naming
-    the holder's pid, host and sweep) rather than run cells beside the first and disturb both
-    measurements. The kernel releases the lock when its holder ends in any way, ``kill -9``
-    included; the lock file stays (removing it would let two sweeps lock two different files).
+    A second sweep or run on the same database is refused at once (:class:`DatabaseInUseError`,
+    naming the holder's pid, host and sweep or run) rather than measure beside the first and
+    disturb both measurements. The kernel releases the lock when its holder ends in any way,
+    ``kill -9`` included; the lock file stays (removing it would let two sweeps lock two
+    different files).
+
+    :param sweep: the sweep that holds it.
+    :param run: a single run that holds it instead, described ("fcnn on cpu").
     """
 
-    def __init__(self, database: str | Path, sweep: str | None = None) -> None:
+    def __init__(self, database: str | Path, sweep: str | None = None, *, run: str | None = None) -> None:
         self.database = Path(database)
         self.path = lock_path(database)
         self.sweep = sweep
+        self.run = run
         self._descriptor: int | None = None
 
     def acquire(self) -> None:
@@ -878,10 +830,13 @@ class SweepLock:
                 raise StoreError(
                     f"cannot lock results database {self.database} ({self.path}): {describe_os_error(exc)}"
                 ) from None
-            raise DatabaseInUseError(_in_use_message(self.database, holder), holder) from None
+            refused = "this run" if self.run is not None else "a second sweep"
+            raise DatabaseInUseError(_in_use_message(self.database, holder, refused), holder) from None
         self._descriptor = descriptor
         note = {"pid": os.getpid(), "host": socket.gethostname(), "sweep": self.sweep, "since": _now()}
-        try:  # who holds it, for the message of the sweep refused; the lock holds without it
+        if self.run is not None:
+            note["run"] = self.run
+        try:  # who holds it, for the message of the one refused; the lock holds without it
             os.ftruncate(descriptor, 0)
             os.pwrite(descriptor, (json.dumps(note) + "\n").encode("utf-8"), 0)
         except OSError:
@@ -919,103 +874,26 @@ def _read_holder(descriptor: int) -> dict[str, Any]:
     return note if isinstance(note, dict) else {}
 
 
-def _in_use_message(database: Path, holder: dict[str, Any]) -> str:
+def _in_use_message(database: Path, holder: dict[str, Any], refused: str = "a second sweep") -> str:
     facts = [
         f"pid {holder['pid']}" if holder.get("pid") else "",
         f"on {holder['host']}" if holder.get("host") else "",
         f"since {holder['since']}" if holder.get("since") else "",
     ]
-    who = f"sweep {str(holder['sweep'])[:200]!r}" if holder.get("sweep") else "another sweep"
+    if holder.get("sweep"):
+        who = f"sweep {str(holder['sweep'])[:200]!r}"
+    elif holder.get("run"):
+        who = f"a run of {str(holder['run'])[:200]}"
+    else:
+        who = "another sweep"
     details = " ".join(fact for fact in facts if fact)
+    what = "sweep" if refused == "a second sweep" else "run"
     return (
         f"results database {database} is in use by {who}"
         + (f" ({details})" if details else "")
-        + "; a second sweep would run beside it and disturb both measurements. Wait for it to end, "
-        "or give this sweep another --database"
+        + f"; {refused} would run beside it and disturb both measurements. Wait for it to end, "
+        f"or give this {what} another --database"
     )
-
-
-def flat_record(run: StoredRun) -> dict[str, Any]:
-    """One run as a flat dict of EXPORT_COLUMNS (options as JSON text)."""
-    result, config = run.result, run.result.config
-    return {
-        "sweep": run.sweep,
-        "cell_key": run.cell_key,
-        "cell_label": run.cell_label,
-        "repeat": run.repeat,
-        "status": result.status.state.value,
-        "status_phase": result.status.phase,
-        "status_message": result.status.message,
-        "workload": result.workload,
-        "accelerator": result.accelerator,
-        "framework": result.framework,
-        "mode": result.mode,
-        "scenario": config.scenario,
-        "precision": _optional(config.precision),
-        "micro_batch_size": config.micro_batch_size,
-        "gradient_accumulation": config.gradient_accumulation,
-        "replicas": config.replicas,
-        "devices_per_replica": config.devices_per_replica,
-        "device_iterations": config.device_iterations,
-        "compile": config.compile,
-        "steps": config.steps,
-        "warmup_steps": config.warmup_steps,
-        "samples_per_update": result.samples_per_update,
-        "world_size": result.world_size,
-        "setup_seconds": result.setup_seconds,
-        "first_step_seconds": result.first_step_seconds,
-        "warmup_seconds": result.warmup_seconds,
-        "window_seconds": result.window_seconds,
-        "throughput_per_second": result.throughput_per_second,
-        "step_seconds_median": result.step_seconds_median,
-        "step_seconds_p90": result.step_seconds_p90,
-        "step_seconds_p99": result.step_seconds_p99,
-        "loadgen_valid": result.loadgen.valid if result.loadgen is not None else None,
-        "loadgen_samples_per_second": result.loadgen.samples_per_second if result.loadgen is not None else None,
-        "loadgen_early_stopping_latency_seconds": (
-            result.loadgen.early_stopping_latency_seconds if result.loadgen is not None else None
-        ),
-        "top1_accuracy": result.top1_accuracy,
-        "parameter_count": result.parameter_count,
-        "flops_per_sample": result.flops_per_sample,
-        "flops_per_second": result.flops_per_second,
-        "model_flops_utilization": getattr(result, "model_flops_utilization", None),
-        **_energy_record(result),
-        "energy_unavailable_reason": result.energy_unavailable_reason,
-        "workload_options": json.dumps(dict(config.workload_options), sort_keys=True),
-        "accelerator_options": json.dumps(dict(config.accelerator_options), sort_keys=True),
-        "hostname": result.environment.hostname if result.environment else None,
-        "started_at": result.started_at.isoformat(),
-        "process_seconds": run.process_seconds,
-        "run_id": run.run_id,
-    }
-
-
-def _energy_record(result: RunResult) -> dict[str, Any]:
-    """The energy, token and epoch columns: J and Wh side by side; epoch figures are estimates
-    under the run's epoch_definition (their values are extrapolated from the timed window)."""
-    components = result.energy.components_watt_hours if result.energy is not None else {}
-    return {
-        "energy_joules": result.energy_joules,
-        "energy_watt_hours": result.energy_watt_hours,
-        "device_count": len(result.devices),
-        "energy_joules_per_device": result.energy_joules_per_device,
-        "energy_watt_hours_per_device": result.energy_watt_hours_per_device,
-        "energy_components_watt_hours": json.dumps(components, sort_keys=True) if components else None,
-        "samples_per_watt_hour": result.samples_per_watt_hour,
-        "energy_joules_per_sample": result.energy_joules_per_sample,
-        "sample_unit": result.sample_unit,
-        "tokens_per_sample": result.tokens_per_sample,
-        "tokens_per_second": result.tokens_per_second,
-        "tokens_per_watt_hour": result.tokens_per_watt_hour,
-        "epoch_definition": result.config.epoch_definition,
-        "samples_per_epoch": result.samples_per_epoch,
-        "epoch_seconds": result.epoch_seconds,
-        "energy_joules_per_epoch": result.energy_joules_per_epoch,
-        "energy_watt_hours_per_epoch": result.energy_watt_hours_per_epoch,
-        "energy_joules_per_device_per_epoch": result.energy_joules_per_device_per_epoch,
-        "energy_watt_hours_per_device_per_epoch": result.energy_watt_hours_per_device_per_epoch,
-    }
 
 
 def _write_csv(stream: TextIO, records: list[dict[str, Any]]) -> None:

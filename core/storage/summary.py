@@ -4,6 +4,9 @@ spread = (max - min) / median of throughput over the cell's successful repeats. 
 the mean, because one disturbed repeat (a page-cache miss, a clock change) should not move it.
 A figure that is not a finite number (NaN or infinity in a damaged or hand-edited database) is
 no measurement: it is left out as if the repeat had not recorded it.
+
+How each figure summarises (median, median and spread, sum, first) is declared once with the figure
+in core.storage.metrics; :meth:`CellSummary.figure` applies it to any declared figure by name.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.storage.metrics import METRICS, METRICS_BY_NAME, Metric, Summary
 from core.storage.results import RunResult, RunState
 from core.storage.store import StoredRun
 
@@ -65,6 +69,48 @@ class CellSummary:
         values = _values(self.ok_results, figure)
         return statistics.median(values) if values else None
 
+    def figure(self, name: str) -> Any:
+        """A declared figure (core.storage.metrics) summarised over the cell's repeats as its
+        declaration says: the median (median and spread) or the first value over the successful
+        repeats, the sum over every recorded one; None for a figure that is not summarised.
+
+        :raises KeyError: for a name no metric declares.
+        """
+        metric = METRICS_BY_NAME[name]
+        if metric.summary in (Summary.median, Summary.median_spread):
+            return self._median_of(metric, self._ok_runs)
+        if metric.summary is Summary.total:
+            values = _numbers(metric.value_of_run(run) for run in self.runs)
+            return math.fsum(values) if values else None
+        if metric.summary is Summary.first:
+            return next(
+                (value for value in (metric.value_of_run(run) for run in self._ok_runs) if value is not None), None
+            )
+        return None
+
+    def figures(self) -> dict[str, Any]:
+        """Every summarised figure of the cell by name, as :meth:`figure` gives it."""
+        return {metric.name: self.figure(metric.name) for metric in METRICS if metric.summary is not Summary.none}
+
+    def spread_of(self, name: str) -> float | None:
+        """(max - min) / median of a figure over the successful repeats; None with fewer than two."""
+        values = _numbers(METRICS_BY_NAME[name].value_of_run(run) for run in self._ok_runs)
+        if len(values) < 2:
+            return None
+        median = statistics.median(values)
+        return (max(values) - min(values)) / median if median > 0 else None
+
+    @property
+    def _ok_runs(self) -> list[StoredRun]:
+        return [run for run in self.runs if run.result.status.state is RunState.ok]
+
+    @staticmethod
+    def _median_of(metric: Metric, runs: list[StoredRun]) -> float | None:
+        values = _numbers(metric.value_of_run(run) for run in runs)
+        return statistics.median(values) if values else None
+
+    # Typed shorthands for the figures the report reads by name.
+
     @property
     def throughput_per_second(self) -> float | None:
         return self.median("throughput_per_second")
@@ -82,11 +128,7 @@ class CellSummary:
     @property
     def spread(self) -> float | None:
         """(max - min) / median of throughput; None with fewer than two successful repeats."""
-        values = _values(self.ok_results, "throughput_per_second")
-        if len(values) < 2:
-            return None
-        median = statistics.median(values)
-        return (max(values) - min(values)) / median if median > 0 else None
+        return self.spread_of("throughput_per_second")
 
     @property
     def flagged(self) -> bool:
@@ -165,13 +207,21 @@ class CellSummary:
         return getattr(getattr(config, name), "value", getattr(config, name))
 
 
-def _values(results: Iterable[RunResult], figure: str | Callable[[RunResult], float | None]) -> list[float]:
-    read = figure if callable(figure) else (lambda result: getattr(result, figure, None))
+def _numbers(values: Iterable[Any]) -> list[float]:
+    """The values that are measurements: finite numbers (not booleans, not text, not None)."""
     return [
         value
-        for value in (read(result) for result in results)
+        for value in values
         if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     ]
+
+
+def _values(results: Iterable[RunResult], figure: str | Callable[[RunResult], float | None]) -> list[float]:
+    if callable(figure):
+        return _numbers(figure(result) for result in results)
+    metric = METRICS_BY_NAME.get(figure)
+    read = metric.value if metric is not None else (lambda result: getattr(result, figure, None))
+    return _numbers(read(result) for result in results)
 
 
 def summarise(runs: Iterable[StoredRun]) -> list[CellSummary]:
