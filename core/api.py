@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from core.running.distributed import SINGLE_PROCESS
-
 if TYPE_CHECKING:
     from core.contract.accelerator import Accelerator
+    from core.contract.manager import PluginManager
     from core.contract.workload import Workload
+    from core.running.planning import RunPlan
     from core.running.runner import ProgressCallback
     from core.storage.results import RunResult
 
@@ -35,32 +35,35 @@ def run(
     :raises KeyboardInterrupt: on Ctrl-C, after the executor, the meter and any worker
         processes were stopped; nothing is reported.
     :returns: the result; a fault during the run is in ``result.status``, with every figure
-        measured before it kept.
+        measured before it kept. A run under a LoadGen scenario runs in a child process too where
+        its plugins load in every process: LoadGen is native code that a failure inside leaves
+        crashing its process, and the child's crash is then the result's status (with the phases
+        measured before it), not the end of this process.
     """
     if on_progress is not None and not callable(on_progress):
         from core.errors import ConfigError
 
         raise ConfigError("on_progress", on_progress, "a callable taking the partial RunResult, or None")
     _check_timeout(timeout_seconds)
-    from core.contract.manager import call_observers, get_plugin_manager
+    from core.contract.manager import get_plugin_manager
     from core.running import processes
-    from core.running.launch import launch, run_in_child
+    from core.running.launch import run_in_child
     from core.running.planning import check_findable_by_workers, plan_run
-    from core.running.runner import execute
 
     manager = get_plugin_manager()
     plan = plan_run(manager, workload, accelerator, options)
-    if timeout_seconds is not None and not plan.launches_processes:
-        check_findable_by_workers(
-            manager,
-            plan.workload,
-            plan.accelerator,
-            plan.config,
-            "timeout_seconds",
-            timeout_seconds,
-            "a run with a time limit runs in a child process",
-        )
-        # The child process runs core.run itself, observers included: they are told once.
+    if not plan.launches_processes and (timeout_seconds is not None or _loadgen_apart(manager, plan)):
+        if timeout_seconds is not None:
+            check_findable_by_workers(
+                manager,
+                plan.workload,
+                plan.accelerator,
+                plan.config,
+                "timeout_seconds",
+                timeout_seconds,
+                "a run with a time limit runs in a child process",
+            )
+        # The child process runs the run itself (core.sweep.worker), observers included: they are told once.
         with processes.work_directory("core-run-") as work:
             result, _ = run_in_child(
                 plan.config.model_dump(mode="json"),
@@ -70,6 +73,33 @@ def run(
                 on_progress=on_progress,
             )
         return result
+    return _run_planned(manager, plan, on_progress, timeout_seconds)
+
+
+def run_here(
+    workload: str | Workload,
+    accelerator: str | Accelerator,
+    *,
+    on_progress: ProgressCallback | None = None,
+    **options: Any,
+) -> RunResult:
+    """:func:`run` in this process, whatever the scenario: what a run's own process
+    (``core.sweep.worker``, started by a sweep or by :func:`run`) calls."""
+    from core.contract.manager import get_plugin_manager
+    from core.running.planning import plan_run
+
+    manager = get_plugin_manager()
+    return _run_planned(manager, plan_run(manager, workload, accelerator, options), on_progress, None)
+
+
+def _run_planned(
+    manager: PluginManager, plan: RunPlan, on_progress: ProgressCallback | None, timeout_seconds: float | None
+) -> RunResult:
+    from core.contract.manager import call_observers
+    from core.running.distributed import SINGLE_PROCESS
+    from core.running.launch import launch
+    from core.running.runner import execute
+
     call_observers(lambda: manager.hook.core_run_started(config=plan.config), "run-started")
     if plan.launcher is not None:
         result = launch(plan.launcher, plan, on_progress, timeout_seconds=timeout_seconds)
@@ -77,6 +107,22 @@ def run(
         result = execute(plan, SINGLE_PROCESS, on_progress)
     call_observers(lambda: manager.hook.core_result_ready(result=result), "result-ready")
     return result
+
+
+def _loadgen_apart(manager: PluginManager, plan: RunPlan) -> bool:
+    """Whether the run measures under LoadGen in a process of its own: a LoadGen scenario whose
+    workload, accelerator and plugins a fresh process finds again (else it runs here)."""
+    from core.config import LOADGEN_SCENARIOS
+    from core.errors import ConfigError
+    from core.running.planning import check_findable_by_workers
+
+    if plan.config.scenario not in LOADGEN_SCENARIOS or not manager.loads_in_every_process():
+        return False
+    try:
+        check_findable_by_workers(manager, plan.workload, plan.accelerator, plan.config)
+    except ConfigError:
+        return False  # objects passed to run() exist in this process only
+    return True
 
 
 def _check_timeout(timeout_seconds: object) -> None:

@@ -316,6 +316,9 @@ def run_in_child(
         clock=clock,
         starter=starter,
     )
+    # A child that died without cleaning up (a native crash, SIGKILL) left its work directories
+    # behind: they go now, not at the next run's start.
+    processes.remove_abandoned(processes.WORK_DIRECTORY_PREFIX)
     result = None if ended.timed_out else _read_result(result_path)
     if result is None:
         result = _read_result(partial_path)

@@ -412,6 +412,9 @@ def guarded_command(command: Sequence[str], remove_when_orphaned: Path | None = 
 
 # --- temporary directories ----------------------------------------------------------------------
 
+#: how the name of every work directory core makes begins (then what it is for: "core-sweep-", ...)
+WORK_DIRECTORY_PREFIX = "core-"
+
 
 def _start_time(pid: int) -> str | None:
     """When ``pid`` started (Linux clock ticks since boot), to tell a live owner from a reused pid."""
