@@ -210,6 +210,9 @@ class ForkServer:
         deadline = None if timeout is None else time.monotonic() + timeout
         while pid not in self._exits:
             if self.failure is not None:
+                self._drain()  # an exit it reported before it went silent still counts
+                if pid in self._exits:
+                    break
                 return _exit_without_server(pid, start_time, deadline)
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
@@ -249,6 +252,12 @@ class ForkServer:
                 "the fork server stopped answering (a run it forked ended, and it did not report that "
                 f"in {REAP_GRACE_SECONDS:g} s)"
             )
+
+    def _drain(self) -> None:
+        """Take the messages already sent, without waiting (the server may be gone)."""
+        with contextlib.suppress(EOFError, OSError, ValueError):
+            while self._receive(0.0) is not None:
+                pass
 
     def _fail(self, why: str) -> None:
         if self.failure is None:
