@@ -279,6 +279,7 @@ def test_a_fork_server_that_hangs_under_a_run_does_not_hold_the_run(
     assert wait_until_gone(run_pids(tmp_path)) == [] and children_of(os.getpid()) == []
 
 
+@pytest.mark.slow  # waits the run's time limit for the stuck server, which must leave the fresh run time to start
 def test_a_fork_server_that_does_not_answer_costs_a_run_no_more_than_its_time_limit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, servers: ServerWatch
 ) -> None:
@@ -293,7 +294,7 @@ def test_a_fork_server_that_does_not_answer_costs_a_run_no_more_than_its_time_li
     fake_workers(monkeypatch, {8: FAKE_OK, 16: FAKE_OK})
     # A fork answers in milliseconds; the run waits for one at most its own limit, then starts
     # fresh with the whole limit to itself (the old 60 s wait came out of the run's limit).
-    outcome = run_sweep(spec("no-answer", [8, 16], timeout=20), database=tmp_path / "r.db")
+    outcome = run_sweep(spec("no-answer", [8, 16], timeout=30), database=tmp_path / "r.db")
     results = [cell.runs[0].result for cell in outcome.cells]
     assert all(result.status.ok for result in results), [r.status for r in results]
     assert all(r.process_start is not None and r.process_start.method == "fresh" for r in results)
@@ -301,6 +302,7 @@ def test_a_fork_server_that_does_not_answer_costs_a_run_no_more_than_its_time_li
     assert not alive(servers.servers[0].process.pid) and children_of(os.getpid()) == []
 
 
+@pytest.mark.slow  # as above
 def test_a_fork_server_stuck_in_its_imports_costs_a_run_no_more_than_its_time_limit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -308,11 +310,11 @@ def test_a_fork_server_stuck_in_its_imports_costs_a_run_no_more_than_its_time_li
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # the server's environment is the sweep's
     monkeypatch.setattr(core.sweep.repeat, "WARM_IMPORTS", ("core_test_stuck_import",))
     fake_workers(monkeypatch, {8: FAKE_OK})
-    outcome = run_sweep(spec("stuck-imports", [8], timeout=20), database=tmp_path / "r.db")
+    outcome = run_sweep(spec("stuck-imports", [8], timeout=30), database=tmp_path / "r.db")
     result = outcome.cells[0].runs[0].result
     assert result.status.ok, result.status
     assert result.process_start is not None and result.process_start.method == "fresh"
-    assert "not ready in 20 s" in (result.process_start.reason or ""), result.process_start
+    assert "not ready in 30 s" in (result.process_start.reason or ""), result.process_start
     assert children_of(os.getpid()) == []
 
 
