@@ -451,6 +451,10 @@ def test_settings_whose_queries_do_not_fit_in_memory_are_refused_naming_the_sett
         make_loadgen_settings(**options)
     assert caught.value.field == field and caught.value.value == options.get(field, caught.value.value)
     assert "fit in 50% of this host's 1 GiB of memory" in caught.value.allowed, caught.value.allowed
+    # The bound it states is one that is accepted.
+    bound = caught.value.allowed.split(" ")[2].replace(",", "").rstrip(":")
+    accepted = make_loadgen_settings(**{**options, field: type(caught.value.value)(float(bound))})
+    assert getattr(accepted, field) == float(bound)
     # Settings built without make_loadgen_settings are refused before LoadGen is touched too.
     with pytest.raises(ConfigError) as again:
         run_scenario(SleepingSource(), LoadGenSettings(**options), tmp_path / "logs")

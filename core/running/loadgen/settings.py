@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import resource
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
@@ -188,13 +189,13 @@ def check_source_counts(total_samples: object, performance_samples: object) -> N
 # bounded before LoadGen is touched:
 #
 #   offline:        1 query of max(min_query_count, 1.1 x min_duration x offline_expected_rate) samples
-#   single-stream:  max(min_query_count, 2 x min_duration / expected_latency) queries of 1 sample
-#   server:         max(min_query_count, min_duration x target_rate) queries of 1 sample
+#   single-stream:  max(min_query_count, 2 x min_duration / expected_latency + 1) queries of 1 sample
+#   server:         max(min_query_count, min_duration x target_rate + 1) queries of 1 sample
 #
 # (offline's 1.1 is LoadGen's kSlack in test_settings_internal.cc; single-stream generates twice
 # min_duration's worth, in case the model is faster than expected; server's Poisson arrivals are
-# generated over min_duration), plus the performance samples loaded. Their bytes must fit in
-# LOADGEN_MEMORY_SHARE of the host's memory.
+# generated over min_duration, on average; the + 1 is the query at 0 s), plus the performance
+# samples loaded. Their bytes must fit in LOADGEN_MEMORY_SHARE of the host's memory.
 
 #: Host bytes per sample LoadGen pre-generates, by scenario. Measured on LoadGen 6.0.17 (x86-64) as
 #: the growth of the peak resident set over 1 and 4 million samples: 325 bytes per single-sample
@@ -317,15 +318,26 @@ def check_query_memory(
 
 
 def _bound(setting: str, most_samples: int, duration: float) -> str:
-    """What ``setting`` may be for LoadGen to generate at most ``most_samples`` samples."""
+    """What ``setting`` may be for LoadGen to generate at most ``most_samples`` samples (rounded
+    to four figures on the side that keeps within it)."""
     shorter = f"with min_duration_seconds {duration:g} (or a shorter min_duration_seconds)"
+    spans = max(most_samples - 1, 1)  # the query at 0 s comes on top of those in the span
     if setting == "offline_expected_samples_per_second":
-        return f"at most {most_samples / (_OFFLINE_SLACK * duration):.4g} {shorter}"
+        return f"at most {_four_figures(most_samples / (_OFFLINE_SLACK * duration), math.floor):g} {shorter}"
     if setting == "single_stream_expected_latency_seconds":
-        return f"at least {_SINGLE_STREAM_GENERATED_DURATIONS * duration / most_samples:.4g} {shorter}"
+        latency = _SINGLE_STREAM_GENERATED_DURATIONS * duration / spans
+        return f"at least {_four_figures(latency, math.ceil):g} {shorter}"
     if setting == "server_target_samples_per_second":
-        return f"at most {most_samples / duration:.4g} {shorter}"
+        return f"at most {_four_figures(spans / duration, math.floor):g} {shorter}"
     return f"at most {most_samples:,}"
+
+
+def _four_figures(value: float, rounding: Callable[[float], int]) -> float:
+    """``value`` to four significant figures, rounded by ``rounding`` (math.floor or math.ceil)."""
+    if value <= 0:
+        return value
+    scale = 10.0 ** (math.floor(math.log10(value)) - 3)
+    return rounding(value / scale) * scale
 
 
 def _gib(size_bytes: float) -> str:
