@@ -6,8 +6,6 @@ import math
 import os
 from typing import TYPE_CHECKING, Any
 
-from core.running.distributed import SINGLE_PROCESS
-
 if TYPE_CHECKING:
     from core.contract.accelerator import Accelerator
     from core.contract.manager import PluginManager
@@ -46,7 +44,10 @@ def run(
     :raises KeyboardInterrupt: on Ctrl-C, after the executor, the meter and any worker
         processes were stopped; nothing is reported or stored.
     :returns: the result; a fault during the run is in ``result.status``, with every figure
-        measured before it kept.
+        measured before it kept. A run under a LoadGen scenario runs in a child process too where
+        its plugins load in every process: LoadGen is native code that a failure inside leaves
+        crashing its process, and the child's crash is then the result's status (with the phases
+        measured before it), not the end of this process.
     """
     if on_progress is not None and not callable(on_progress):
         from core.errors import ConfigError
@@ -62,37 +63,34 @@ def run(
     manager = get_plugin_manager()
     plan = plan_run(manager, workload, accelerator, options)
     if database is None:
-        return _run_planned(manager, plan, on_progress, timeout_seconds)
+        return _run_apart_or_here(manager, plan, on_progress, timeout_seconds)
     with SingleRunDatabase(database, run_label(plan.config.workload, plan.config.accelerator, options)) as stored:
-        result = _run_planned(manager, plan, on_progress, timeout_seconds)
+        result = _run_apart_or_here(manager, plan, on_progress, timeout_seconds)
         stored.record(result)
     return result
 
 
-def _run_planned(
-    manager: PluginManager,
-    plan: RunPlan,
-    on_progress: ProgressCallback | None,
-    timeout_seconds: float | None,
+def _run_apart_or_here(
+    manager: PluginManager, plan: RunPlan, on_progress: ProgressCallback | None, timeout_seconds: float | None
 ) -> RunResult:
-    """The run as planned: in a child process where it has a time limit, else here or under its launcher."""
-    from core.contract.manager import call_observers
+    """The run as planned: in a child process where it has a time limit or measures under LoadGen
+    (:func:`_loadgen_apart`), else here or under its launcher."""
     from core.running import processes
-    from core.running.launch import launch, run_in_child
+    from core.running.launch import run_in_child
     from core.running.planning import check_findable_by_workers
-    from core.running.runner import execute
 
-    if timeout_seconds is not None and not plan.launches_processes:
-        check_findable_by_workers(
-            manager,
-            plan.workload,
-            plan.accelerator,
-            plan.config,
-            "timeout_seconds",
-            timeout_seconds,
-            "a run with a time limit runs in a child process",
-        )
-        # The child process runs core.run itself, observers included: they are told once.
+    if not plan.launches_processes and (timeout_seconds is not None or _loadgen_apart(manager, plan)):
+        if timeout_seconds is not None:
+            check_findable_by_workers(
+                manager,
+                plan.workload,
+                plan.accelerator,
+                plan.config,
+                "timeout_seconds",
+                timeout_seconds,
+                "a run with a time limit runs in a child process",
+            )
+        # The child process runs the run itself (core.sweep.worker), observers included: they are told once.
         with processes.work_directory("core-run-") as work:
             result, _ = run_in_child(
                 plan.config.model_dump(mode="json"),
@@ -102,6 +100,33 @@ def _run_planned(
                 on_progress=on_progress,
             )
         return result
+    return _run_planned(manager, plan, on_progress, timeout_seconds)
+
+
+def run_here(
+    workload: str | Workload,
+    accelerator: str | Accelerator,
+    *,
+    on_progress: ProgressCallback | None = None,
+    **options: Any,
+) -> RunResult:
+    """:func:`run` in this process, whatever the scenario: what a run's own process
+    (``core.sweep.worker``, started by a sweep or by :func:`run`) calls."""
+    from core.contract.manager import get_plugin_manager
+    from core.running.planning import plan_run
+
+    manager = get_plugin_manager()
+    return _run_planned(manager, plan_run(manager, workload, accelerator, options), on_progress, None)
+
+
+def _run_planned(
+    manager: PluginManager, plan: RunPlan, on_progress: ProgressCallback | None, timeout_seconds: float | None
+) -> RunResult:
+    from core.contract.manager import call_observers
+    from core.running.distributed import SINGLE_PROCESS
+    from core.running.launch import launch
+    from core.running.runner import execute
+
     call_observers(lambda: manager.hook.core_run_started(config=plan.config), "run-started")
     if plan.launcher is not None:
         result = launch(plan.launcher, plan, on_progress, timeout_seconds=timeout_seconds)
@@ -109,6 +134,22 @@ def _run_planned(
         result = execute(plan, SINGLE_PROCESS, on_progress)
     call_observers(lambda: manager.hook.core_result_ready(result=result), "result-ready")
     return result
+
+
+def _loadgen_apart(manager: PluginManager, plan: RunPlan) -> bool:
+    """Whether the run measures under LoadGen in a process of its own: a LoadGen scenario whose
+    workload, accelerator and plugins a fresh process finds again (else it runs here)."""
+    from core.config import LOADGEN_SCENARIOS
+    from core.errors import ConfigError
+    from core.running.planning import check_findable_by_workers
+
+    if plan.config.scenario not in LOADGEN_SCENARIOS or not manager.loads_in_every_process():
+        return False
+    try:
+        check_findable_by_workers(manager, plan.workload, plan.accelerator, plan.config)
+    except ConfigError:
+        return False  # objects passed to run() exist in this process only
+    return True
 
 
 def _check_timeout(timeout_seconds: object) -> None:

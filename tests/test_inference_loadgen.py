@@ -4,6 +4,10 @@ real mlperf_loadgen (docs/inference.md). The runner's phases stay; LoadGen repla
 from __future__ import annotations
 
 import csv
+import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -241,3 +245,120 @@ def test_the_cli_prints_loadgen_and_the_export_keeps_it(tmp_path: Path, capsys: 
     rows = list(csv.DictReader(exported.open()))
     assert sorted(row["scenario"] for row in rows) == ["offline", "offline", "single-stream", "single-stream"]
     assert all(row["loadgen_valid"] in ("True", "False") and float(row["throughput_per_second"]) > 0 for row in rows)
+
+
+# --- settings LoadGen cannot hold, and LoadGen failing in native code ----------------------------------
+
+
+@pytest.mark.parametrize(
+    "setting, field",
+    [
+        (
+            ["-l", "server_target_samples_per_second=1e9", "-l", "min_duration_seconds=600"],
+            "server_target_samples_per_second",
+        ),
+        (["-l", "min_query_count=1099511627776"], "min_query_count"),
+        (["-l", "single_stream_expected_latency_seconds=1e-10"], "single_stream_expected_latency_seconds"),
+        (["-l", "offline_expected_samples_per_second=1e12"], "offline_expected_samples_per_second"),
+    ],
+)
+def test_settings_that_need_billions_of_queries_are_refused_before_the_run(
+    setting: list[str], field: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    scenario = {"server": "server", "offline": "offline"}.get(field.split("_")[0], "single-stream")
+    if field == "min_query_count":
+        scenario = "server"
+        setting = [*setting, "-l", "server_target_samples_per_second=10"]
+    output = tmp_path / "result.json"
+    command = ["run", "fcnn", "--mode", "inference", "--scenario", scenario, "--output", str(output), *setting]
+    assert main([*command, "-o", "layers=1", "--power-meter", "none"]) == 2
+    error = capsys.readouterr().err
+    assert f"invalid loadgen.{field} (-l {field})" in error and "memory" in error, error
+    assert not output.exists()
+
+
+def test_a_sweep_cell_whose_loadgen_queries_cannot_fit_is_invalid(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sweep = tmp_path / "s.toml"
+    sweep.write_text(
+        'name = "huge"\n[grid]\nworkload = "fcnn"\nmode = "inference"\nscenario = "server"\n'
+        "[grid.loadgen]\nserver_target_samples_per_second = [100.0, 1e9]\n"
+    )
+    assert main(["sweep", str(sweep), "--dry-run", "--database", str(tmp_path / "r.db")]) == 2
+    out = capsys.readouterr().out
+    assert "[invalid: loadgen.server_target_samples_per_second = 1000000000.0: at most" in out
+
+
+# mlperf_loadgen's surface, crashing in native code after the window opened, as LoadGen's log thread
+# does once an exception (its std::bad_alloc) has left StartTest.
+_CRASHING_LOADGEN = """
+import ctypes
+from types import SimpleNamespace
+
+TestScenario = SimpleNamespace(Offline="Offline", SingleStream="SingleStream", Server="Server")
+TestMode = SimpleNamespace(PerformanceOnly="PerformanceOnly")
+
+
+def TestSettings():
+    return SimpleNamespace()
+
+
+def LogSettings():
+    return SimpleNamespace(log_output=SimpleNamespace())
+
+
+def QuerySampleResponse(sample_id, data, size):
+    return sample_id
+
+
+def QuerySamplesComplete(responses):
+    pass
+
+
+def ConstructSUT(issue, flush):
+    return issue
+
+
+def ConstructQSL(total, performance, load, unload):
+    return performance, load
+
+
+def DestroySUT(sut):
+    pass
+
+
+DestroyQSL = DestroySUT
+
+
+def StartTestWithLogSettings(sut, qsl, settings, logs, audit_config):
+    performance, load = qsl
+    load(list(range(performance)))  # the samples are loaded: the window is open
+    sut([SimpleNamespace(id=1, index=0)])  # a query answered
+    ctypes.string_at(0)  # SIGSEGV
+"""
+
+
+@pytest.mark.slow  # core run in a process, which runs LoadGen in one of its own
+def test_a_native_crash_in_loadgen_keeps_the_phases_and_writes_the_output(tmp_path: Path) -> None:
+    fake, scratch = tmp_path / "fake", tmp_path / "tmp"
+    fake.mkdir()
+    scratch.mkdir()
+    (fake / "mlperf_loadgen.py").write_text(_CRASHING_LOADGEN)
+    output = tmp_path / "result.json"
+    command = ["run", "fcnn", "--mode", "inference", "--scenario", "offline", "--batch-size", "4"]
+    command += ["-o", "layers=1", "-o", "hidden_width=8", "--power-meter", "none", "--output", str(output)]
+    environment = {**os.environ, "PYTHONPATH": str(fake), "TMPDIR": str(scratch)}
+    completed = subprocess.run(
+        [sys.executable, "-m", "core.cli", *command], capture_output=True, text=True, env=environment, timeout=600
+    )
+    assert completed.returncode == 1, (completed.returncode, completed.stderr[-2000:])
+    result = json.loads(output.read_text())
+    status = result["status"]
+    assert status["state"] == "error" and status["phase"] == "window", status
+    assert "killed by SIGSEGV" in status["message"], status["message"]
+    # What was measured before LoadGen's window is kept.
+    assert result["setup_seconds"] is not None and result["first_step_seconds"] is not None
+    assert result["warmup_seconds"] is not None
+    assert "fcnn on cpu" in completed.stdout and "error" in completed.stdout
+    assert list(scratch.iterdir()) == [], "a temporary directory was left behind"

@@ -4,6 +4,7 @@ per batch, and reads back what LoadGen measured: throughput, latencies, validity
 from __future__ import annotations
 
 import importlib.util
+import math
 import subprocess
 import sys
 import threading
@@ -14,15 +15,22 @@ from typing import Any
 
 import pytest
 
+import core.running.loadgen.run
+import core.running.loadgen.settings
+from core.config import make_config
 from core.errors import ConfigError
 from core.running.loadgen import (
     LoadGenError,
     LoadGenOutcome,
+    LoadGenSettings,
     QuerySource,
     make_loadgen_settings,
     run_scenario,
 )
 from core.running.loadgen.outcome import DETAIL_FILE, LOG_FILES, SUMMARY_FILE, read_detail_log, read_outcome
+from core.running.loadgen.settings import settings_for_run
+from core.running.runner import classify_fault
+from core.storage.results import RunState
 
 needs_loadgen = pytest.mark.skipif(
     importlib.util.find_spec("mlperf_loadgen") is None,
@@ -394,6 +402,176 @@ def test_settings_are_frozen_and_the_defaults_are_loadgen_s() -> None:
     assert settings.single_stream_target_latency_percentile == 0.90
     with pytest.raises(Exception, match="frozen"):
         settings.seed = 3  # type: ignore[misc]
+
+
+# --- what LoadGen's queries cost in memory ------------------------------------------------------------
+
+GIB = 1 << 30
+# With 1 GiB of memory, half of it for LoadGen: 1,048,576 single-sample queries at 512 bytes, or
+# 524,288 offline samples at 1 KiB (core.running.loadgen.settings).
+MOST_QUERIES, MOST_OFFLINE_SAMPLES = 1 << 20, 1 << 19
+
+
+@pytest.fixture
+def one_gib_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    # (The refusals' messages name the 1 GiB: an injection that stopped working would show.)
+    monkeypatch.setattr(core.running.loadgen.settings, "host_memory_bytes", lambda: GIB, raising=False)
+
+
+def loadgen_generates(settings: LoadGenSettings) -> int:
+    """The samples LoadGen 6.0 generates before its first query, from its own code: offline's one
+    query holds max(min_query_count, 1.1 x min_duration x expected rate) samples
+    (test_settings_internal.cc, kSlack); single-stream generates queries until one is scheduled at
+    or past twice min_duration at the expected latency, server past min_duration at the target
+    rate (on average), at least min_query_count (GenerateQueries in loadgen.cc)."""
+    duration = settings.min_duration_seconds
+    if settings.scenario == "offline":
+        rate = settings.offline_expected_samples_per_second or 0.0
+        return max(settings.min_query_count, int(1.1 * duration * rate))
+    if settings.scenario == "single-stream":
+        timed = 2 * duration / settings.single_stream_expected_latency_seconds
+    else:
+        timed = duration * (settings.server_target_samples_per_second or 0.0)
+    return max(settings.min_query_count, math.ceil(timed) + 1)
+
+
+@pytest.mark.parametrize(
+    "options, field",
+    [
+        # a huge expected rate times the duration
+        ({"scenario": "server", "server_target_samples_per_second": 1e9}, "server_target_samples_per_second"),
+        (
+            {"scenario": "server", "server_target_samples_per_second": 1e4, "min_duration_seconds": 604800.0},
+            "server_target_samples_per_second",
+        ),
+        ({**OFFLINE, "offline_expected_samples_per_second": 1e12}, "offline_expected_samples_per_second"),
+        # a tiny latency target, or LoadGen's default latency over a week
+        (
+            {"scenario": "single-stream", "single_stream_expected_latency_seconds": 1e-9},
+            "single_stream_expected_latency_seconds",
+        ),
+        ({"scenario": "single-stream", "min_duration_seconds": 604800.0}, "single_stream_expected_latency_seconds"),
+        # huge counts
+        ({"scenario": "single-stream", "min_query_count": 1 << 40}, "min_query_count"),
+        ({"scenario": "server", "server_target_samples_per_second": 1.0, "min_query_count": 10**9}, "min_query_count"),
+        ({**OFFLINE, "min_query_count": MOST_OFFLINE_SAMPLES + 1}, "min_query_count"),
+    ],
+)
+def test_settings_whose_queries_do_not_fit_in_memory_are_refused_naming_the_setting(
+    options: dict[str, Any], field: str, one_gib_host: None, tmp_path: Path
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        make_loadgen_settings(**options)
+    assert caught.value.field == field and caught.value.value == options.get(field, caught.value.value)
+    assert "fit in 50% of this host's 1 GiB of memory" in caught.value.allowed, caught.value.allowed
+    # The bound it states is one that is accepted.
+    bound = caught.value.allowed.split(" ")[2].replace(",", "").rstrip(":")
+    accepted = make_loadgen_settings(**{**options, field: type(caught.value.value)(float(bound))})
+    assert getattr(accepted, field) == float(bound)
+    # Settings built without make_loadgen_settings are refused before LoadGen is touched too.
+    with pytest.raises(ConfigError) as again:
+        run_scenario(SleepingSource(), LoadGenSettings(**options), tmp_path / "logs")
+    assert again.value.field == field
+    assert not (tmp_path / "logs").exists()
+
+
+@pytest.mark.parametrize(
+    "scenario, setting, fits, too_many",
+    [
+        ("server", "server_target_samples_per_second", (MOST_QUERIES - 1) / 10, MOST_QUERIES / 10),
+        ("single-stream", "single_stream_expected_latency_seconds", 20 / (MOST_QUERIES - 1), 20 / MOST_QUERIES),
+        ("offline", "offline_expected_samples_per_second", MOST_OFFLINE_SAMPLES / 11, MOST_OFFLINE_SAMPLES / 11 + 0.1),
+        ("server", "min_query_count", MOST_QUERIES, MOST_QUERIES + 1),
+    ],
+)
+def test_the_bound_is_the_count_loadgen_generates(
+    scenario: str, setting: str, fits: float, too_many: float, one_gib_host: None
+) -> None:
+    """LoadGen generates rate x 10 s (server), 2 x 10 s / latency (single-stream) or 1.1 x 10 s x
+    rate (offline) samples, or min_query_count where that is more: up to the bound is accepted."""
+    base: dict[str, Any] = {"scenario": scenario, "min_duration_seconds": 10.0, "min_query_count": 1}
+    base |= {"server": {"server_target_samples_per_second": 1.0}, "offline": OFFLINE}.get(scenario, {})
+    base["scenario"] = scenario
+    settings = make_loadgen_settings(**{**base, setting: type(base.get(setting, fits))(fits)})
+    assert loadgen_generates(settings) <= (MOST_OFFLINE_SAMPLES if scenario == "offline" else MOST_QUERIES)
+    with pytest.raises(ConfigError) as caught:
+        make_loadgen_settings(**{**base, setting: type(base.get(setting, too_many))(too_many)})
+    assert caught.value.field == setting
+
+
+def test_a_source_whose_loaded_samples_do_not_fit_is_refused(one_gib_host: None, tmp_path: Path) -> None:
+    settings = make_loadgen_settings(scenario="single-stream", min_query_count=1)
+    with pytest.raises(ConfigError) as caught:
+        run_scenario(SleepingSource(total=1 << 40, performance=1 << 40), settings, tmp_path / "logs")
+    assert caught.value.field == "source.performance_samples"
+
+
+def test_the_run_derives_no_more_queries_than_fit(one_gib_host: None) -> None:
+    """Where the run measures the expected rate or latency, the queries it implies stay within
+    memory (offline) and within 2 million (single-stream), however fast the model is."""
+    week = {"min_duration_seconds": 604800.0}
+    single = make_config(workload="fcnn", accelerator="cpu", mode="inference", scenario="single-stream", loadgen=week)
+    planned = settings_for_run(single)  # in planning: the lowest latency the run may use
+    measured = settings_for_run(single, measured_samples_per_second=1e6)
+    for settings in (planned, measured):
+        assert loadgen_generates(settings) <= 2_000_000
+    offline = make_config(workload="fcnn", accelerator="cpu", mode="inference", scenario="offline")
+    fast = settings_for_run(offline, measured_samples_per_second=1e9)
+    assert loadgen_generates(fast) <= MOST_OFFLINE_SAMPLES
+    assert settings_for_run(offline, measured_samples_per_second=100.0).offline_expected_samples_per_second == 200.0
+
+
+def test_the_memory_is_the_smallest_limit_the_process_has() -> None:
+    """An address-space limit (ulimit -v) is memory LoadGen cannot exceed either."""
+    limit = 3 * GIB
+    code = (
+        f"import resource; resource.setrlimit(resource.RLIMIT_AS, ({limit}, resource.RLIM_INFINITY)); "
+        "from core.running.loadgen.settings import host_memory_bytes; print(host_memory_bytes())"
+    )
+    printed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    from core.running.loadgen.settings import host_memory_bytes
+
+    assert int(printed) == min(limit, host_memory_bytes())
+
+
+class _LoadGenThatRaises:
+    """mlperf_loadgen's surface whose StartTest raises what pybind11 makes of LoadGen's std::bad_alloc."""
+
+    class TestScenario:
+        Offline = SingleStream = Server = "scenario"
+
+    class TestMode:
+        PerformanceOnly = "performance"
+
+    class _Anything:
+        def __init__(self) -> None:
+            self.log_output = self
+
+    TestSettings = LogSettings = _Anything
+
+    def ConstructSUT(self, *callbacks: Any) -> Any:  # noqa: N802 - LoadGen's names
+        return callbacks
+
+    ConstructQSL = ConstructSUT
+
+    def DestroySUT(self, handle: Any) -> None:  # noqa: N802
+        pass
+
+    DestroyQSL = DestroySUT
+
+    def StartTestWithLogSettings(self, *arguments: Any) -> None:  # noqa: N802
+        raise MemoryError("std::bad_alloc")
+
+
+def test_a_failure_inside_loadgen_is_loadgens_not_the_models_oom(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(core.running.loadgen.run, "import_loadgen", _LoadGenThatRaises)
+    settings = make_loadgen_settings(scenario="single-stream", min_query_count=1)
+    with pytest.raises(LoadGenError) as caught:
+        run_scenario(SleepingSource(), settings, tmp_path / "logs")
+    assert "std::bad_alloc" in str(caught.value) and isinstance(caught.value.__cause__, MemoryError)
+    assert classify_fault(caught.value) is RunState.error  # the model did not run out of memory
 
 
 # --- reading LoadGen's logs ---------------------------------------------------------------------------

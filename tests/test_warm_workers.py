@@ -197,7 +197,7 @@ def test_a_fork_server_that_cannot_start_leaves_runs_fresh(tmp_path: Path, monke
     monkeypatch.setattr(
         core.sweep.repeat,
         "start_fork_server",
-        lambda preload, log_path: real(["core.no_such_module_here"], log_path, 60.0),
+        lambda preload, log_path, ready_timeout: real(["core.no_such_module_here"], log_path, ready_timeout),
     )
     fake_workers(monkeypatch, {8: FAKE_OK, 16: FAKE_OK})
     outcome = run_sweep(spec("broken-server", [8, 16]), database=tmp_path / "r.db")
@@ -221,6 +221,102 @@ def test_a_fork_server_that_dies_between_runs_leaves_the_next_runs_fresh(
     first, *rest = (runs[f"micro_batch_size={b}"].process_start for b in (8, 16, 32))
     assert first is not None and first.method == "forked", first
     assert all(s is not None and s.method == "fresh" and "died" in (s.reason or "") for s in rest)
+
+
+def fork_server_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "fork server" in r.getMessage()]
+
+
+def if_forked(action: str) -> str:
+    """A line of a fake run that does ``action`` (``server`` is its pid) only when it was forked:
+    never to the test's process, which is a fresh run's parent."""
+    return f"import os, signal, time\nserver = os.getppid()\nif server != {os.getpid()}:\n    {action}\n"
+
+
+@pytest.mark.parametrize("batches", [[8], [8, 16, 32]])
+def test_a_run_whose_fork_server_dies_under_it_runs_again_fresh(
+    batches: list[int],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    servers: ServerWatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The server is killed while the forked run is going: the parent-death signal ends the run
+    # before it has a result (the sleep is only a hang guard). That is the machinery's fault.
+    dies_under = if_forked("os.kill(server, signal.SIGKILL); time.sleep(60)") + FAKE_OK
+    fake_workers(monkeypatch, {8: dies_under, 16: FAKE_OK, 32: FAKE_OK})
+    caplog.set_level("WARNING", logger="core.sweep.repeat")
+    outcome = run_sweep(spec("dies-under-a-run", batches, timeout=120), database=tmp_path / "r.db")
+    runs = {cell.label: cell.runs for cell in outcome.cells}
+    assert all(len(cell_runs) == 1 for cell_runs in runs.values()), "one recorded repeat per cell"
+    results = [cell_runs[0].result for cell_runs in runs.values()]
+    assert all(result.status.ok for result in results), [r.status for r in results]
+    first = runs["micro_batch_size=8"][0].result.process_start
+    assert first is not None and first.method == "fresh", first
+    assert "run again in a fresh interpreter" in (first.reason or "") and "died" in (first.reason or "")
+    assert all(r.process_start is not None and r.process_start.method == "fresh" for r in results)
+    assert len(fork_server_warnings(caplog)) == 1, fork_server_warnings(caplog)  # once for the sweep
+    assert len(servers.servers) == 1 and not alive(servers.servers[0].process.pid)
+    assert children_of(os.getpid()) == []
+
+
+def test_a_fork_server_that_hangs_under_a_run_does_not_hold_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, servers: ServerWatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The run stops its server (SIGSTOP), then finishes with a result: the server never reports
+    # the end. The run's own result counts, long before the (hang-guard) time limit.
+    stops_server = if_forked("os.kill(server, signal.SIGSTOP)") + FAKE_OK
+    fake_workers(monkeypatch, {8: stops_server, 16: FAKE_OK})
+    caplog.set_level("WARNING", logger="core.sweep.repeat")
+    outcome = run_sweep(spec("hangs-under-a-run", [8, 16], timeout=60), database=tmp_path / "r.db")
+    cells = {cell.label: cell for cell in outcome.cells}
+    hung, after = cells["micro_batch_size=8"].runs[0].result, cells["micro_batch_size=16"].runs[0].result
+    assert hung.status.ok and after.status.ok, (hung.status, after.status)
+    assert hung.process_start is not None and hung.process_start.method == "forked"
+    assert after.process_start is not None and after.process_start.method == "fresh"
+    assert "stopped answering" in (after.process_start.reason or "")
+    assert len(fork_server_warnings(caplog)) == 1, fork_server_warnings(caplog)
+    assert not alive(servers.servers[0].process.pid), "the stuck server outlived its sweep"
+    assert wait_until_gone(run_pids(tmp_path)) == [] and children_of(os.getpid()) == []
+
+
+@pytest.mark.slow  # waits the run's time limit for the stuck server, which must leave the fresh run time to start
+def test_a_fork_server_that_does_not_answer_costs_a_run_no_more_than_its_time_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, servers: ServerWatch
+) -> None:
+    real = core.sweep.repeat.start_fork_server
+
+    def stuck(preload: Any, log_path: Path, ready_timeout: float = 60.0) -> forkserver.ForkServer:
+        server = real(preload, log_path, ready_timeout)
+        os.kill(server.process.pid, signal.SIGSTOP)  # ready, then never answers a fork request
+        return server
+
+    monkeypatch.setattr(core.sweep.repeat, "start_fork_server", stuck)
+    fake_workers(monkeypatch, {8: FAKE_OK, 16: FAKE_OK})
+    # A fork answers in milliseconds; the run waits for one at most its own limit, then starts
+    # fresh with the whole limit to itself (the old 60 s wait came out of the run's limit).
+    outcome = run_sweep(spec("no-answer", [8, 16], timeout=30), database=tmp_path / "r.db")
+    results = [cell.runs[0].result for cell in outcome.cells]
+    assert all(result.status.ok for result in results), [r.status for r in results]
+    assert all(r.process_start is not None and r.process_start.method == "fresh" for r in results)
+    assert "stopped answering" in (results[0].process_start.reason or "")  # type: ignore[union-attr]
+    assert not alive(servers.servers[0].process.pid) and children_of(os.getpid()) == []
+
+
+@pytest.mark.slow  # as above
+def test_a_fork_server_stuck_in_its_imports_costs_a_run_no_more_than_its_time_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "core_test_stuck_import.py").write_text("import time\ntime.sleep(600)\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # the server's environment is the sweep's
+    monkeypatch.setattr(core.sweep.repeat, "WARM_IMPORTS", ("core_test_stuck_import",))
+    fake_workers(monkeypatch, {8: FAKE_OK})
+    outcome = run_sweep(spec("stuck-imports", [8], timeout=30), database=tmp_path / "r.db")
+    result = outcome.cells[0].runs[0].result
+    assert result.status.ok, result.status
+    assert result.process_start is not None and result.process_start.method == "fresh"
+    assert "not ready in 30 s" in (result.process_start.reason or ""), result.process_start
+    assert children_of(os.getpid()) == []
 
 
 # --- faults become results, as for fresh interpreters ------------------------------------------------
@@ -286,8 +382,8 @@ from core.sweep import make_sweep_spec, run_sweep
 
 directory = Path(sys.argv[1])
 real = forkserver.start_fork_server
-def start(preload, log_path):
-    server = real({light!r}, log_path, 60.0)
+def start(preload, log_path, ready_timeout):
+    server = real({light!r}, log_path, ready_timeout)
     (directory / "server.pid").write_text(str(server.process.pid))
     return server
 core.sweep.repeat.start_fork_server = start

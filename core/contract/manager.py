@@ -66,6 +66,8 @@ class PluginRecord:
     hooks: list[str] = field(default_factory=list)
     registered: dict[str, list[str]] = field(default_factory=dict)
     builtin: bool = False
+    #: loaded from an entry point, as every process loads it (not registered in this process only)
+    entry_point: bool = False
     #: every time this plugin's code raised after loading: (what it was asked, error, traceback)
     faults: list[PluginFault] = field(default_factory=list)
 
@@ -197,6 +199,7 @@ class PluginManager:
                 distribution=distribution.metadata["Name"] if distribution else None,
                 version=distribution.version if distribution else None,
                 builtin=_is_builtin(entry_point),
+                entry_point=True,
             )
             if not record.builtin and name in self.reserved_names:
                 record.state = PluginState.failed
@@ -270,6 +273,11 @@ class PluginManager:
                 registry[item.name] = Registered(item, record.name)
             record.registered[registry_name] = [item.name for item in items]
         return record
+
+    def loads_in_every_process(self) -> bool:
+        """Whether a fresh process loads the same plugins: every plugin loaded here came from an
+        entry point, none was registered in this process only (``register_plugin``)."""
+        return all(record.entry_point for record in self.plugins.values() if record.state is PluginState.loaded)
 
     def is_registered(self, plugin: object) -> bool:
         return self._pluggy.is_registered(plugin)

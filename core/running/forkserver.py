@@ -55,7 +55,11 @@ from core.running import processes
 READY_TIMEOUT_SECONDS = 300.0  # imports on a loaded machine; past it the sweep starts runs fresh
 _MAX_MESSAGE_BYTES = 1 << 20  # a request carries an environment: small, but not tiny
 _SERVER_EXIT_GRACE_SECONDS = 5.0
-_ANSWER_TIMEOUT_SECONDS = 60.0  # a fork takes milliseconds; a server this slow to answer is stuck
+ANSWER_TIMEOUT_SECONDS = 60.0  # a fork takes milliseconds; a server this slow to answer is stuck
+# The server reaps a run the moment it ends (SIGCHLD wakes it): a run ended this long without its
+# exit reported means the server has stopped serving (stopped, or stuck), not that it is slow.
+REAP_GRACE_SECONDS = 5.0
+_WATCH_SECONDS = 0.25  # how often a wait on the server also looks at the run itself
 # Not ``-m core.running.forkserver``: core's package imports this module first, and runpy would
 # run a second copy of it as __main__.
 _SERVER_MAIN = "import sys; from core.running.forkserver import main; sys.exit(main(sys.argv[1:]))"
@@ -113,21 +117,32 @@ class _Channel:
 
 class ForkedProcess:
     """A run the fork server forked, seen from the sweep: the fork server's child, not this
-    process's, so it is waited for through the server; it leads a process group of its own."""
+    process's, so it is waited for through the server; it leads a process group of its own.
+
+    Should the server die or hang, the run is still watched through ``/proc``: its end is seen
+    without the server, and ``lost`` says whether the server's death ended it."""
 
     def __init__(self, server: ForkServer, pid: int) -> None:
         self._server = server
         self.pid = pid
         self.returncode: int | None = None
+        # The kernel's start time tells this run from a later process that reuses its pid.
+        self.start_time = _start_time(pid)
+
+    @property
+    def lost(self) -> bool:
+        """The server died before it reported this run's end: the run was ended with it (the
+        parent-death signal), or its exit status went to whoever adopted it."""
+        return self.pid in self._server.lost_runs
 
     def poll(self) -> int | None:
         if self.returncode is None:
-            self.returncode = self._server.exit_code(self.pid, timeout=0.0)
+            self.returncode = self._server.exit_code(self.pid, timeout=0.0, start_time=self.start_time)
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
         if self.returncode is None:
-            self.returncode = self._server.exit_code(self.pid, timeout=timeout)
+            self.returncode = self._server.exit_code(self.pid, timeout=timeout, start_time=self.start_time)
         if self.returncode is None:
             raise subprocess.TimeoutExpired(f"forked run {self.pid}", timeout or 0.0)
         return self.returncode
@@ -146,66 +161,110 @@ class ForkServer:
         self.ready = ready  # what the server said when ready: its pid, imports, threads
         self._exits: dict[int, int] = {}
         self.failure: str | None = None  # why it can no longer be used
+        self.lost_runs: set[int] = set()  # runs whose end the server died before reporting
+        self._ended_unreported: dict[int, float] = {}  # run -> when it was first seen ended, unreported
 
     # --- ChildStarter ---
 
-    def start(self, command: Sequence[str], output: IO[bytes]) -> ForkedProcess:
+    def start(
+        self, command: Sequence[str], output: IO[bytes], answer_timeout: float = ANSWER_TIMEOUT_SECONDS
+    ) -> ForkedProcess:
         """Fork ``command`` (see :func:`forkable_command`) with both output streams in ``output``.
 
-        :raises ForkServerError: the server is gone (the caller starts the run fresh instead).
+        :param answer_timeout: how long to wait for the server to say it forked (a fork takes
+            milliseconds): past it the server is taken for stuck, and stopped.
+        :raises ForkServerError: the server is gone or stuck (the caller starts the run fresh instead).
         """
         if self.failure is not None:
             raise ForkServerError(self.failure)
         request = {"run": list(command), "env": processes.child_environment(), "cwd": os.getcwd()}
         try:
             self._channel.send(request, [output.fileno()])
-            answer = self._answer("started", timeout=_ANSWER_TIMEOUT_SECONDS)
-        except (EOFError, OSError, TimeoutError) as error:
+            answer = self._answer("started", timeout=answer_timeout)
+        except TimeoutError:
+            self._fail(f"the fork server stopped answering (no answer to a fork request in {answer_timeout:g} s)")
+            # Stuck: no grace. A child it forked and holds waiting to run ends with it (core's
+            # _fork_run: it runs only once told to).
+            self.close(grace_seconds=0.0)
+            raise ForkServerError(self.failure or "the fork server stopped answering") from None
+        except (EOFError, OSError) as error:
             self._fail(f"the fork server died ({error or type(error).__name__})")
-            self.close()  # a server that stopped answering may still hold a child waiting to run
+            self.close()
             raise ForkServerError(self.failure or "the fork server died") from None
         return ForkedProcess(self, int(answer["started"]))
 
     def status(self) -> dict[str, Any]:
         """The server's state now: pid, threads, imported frameworks, whether CUDA is initialised."""
         self._channel.send({"status": True})
-        status: dict[str, Any] = self._answer("status")["status"]
+        status: dict[str, Any] = self._answer("status", timeout=ANSWER_TIMEOUT_SECONDS)["status"]
         return status
 
-    def exit_code(self, pid: int, timeout: float | None) -> int | None:
-        """``pid``'s exit code (negative: the signal), once the server reports it; None if not in ``timeout``."""
+    def exit_code(self, pid: int, timeout: float | None, start_time: str | None = None) -> int | None:
+        """``pid``'s exit code (negative: the signal), once the server reports it; None if not in ``timeout``.
+
+        A server that died or stopped serving does not leave the caller waiting on it: the run is
+        then watched through ``/proc`` (``start_time``, from :func:`_start_time`, tells it from a
+        later process with its pid), and a run that ended while the server was silent for
+        ``REAP_GRACE_SECONDS`` marks the server failed.
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
         while pid not in self._exits:
+            if self.failure is not None:
+                self._drain()  # an exit it reported before it went silent still counts
+                if pid in self._exits:
+                    break
+                return _exit_without_server(pid, start_time, deadline)
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
-                if self._receive(left) is None:
-                    return None
-            except (EOFError, OSError):
-                # The server died, and the kernel sent the run SIGTERM (die_with_parent); its own
-                # exit status went to whoever adopted it, so SIGTERM is what is reported.
+                received = self._receive(_WATCH_SECONDS if left is None else min(left, _WATCH_SECONDS))
+            except (EOFError, OSError, ValueError):
+                # The server died: the kernel sent the run SIGTERM (die_with_parent), and its exit
+                # status, should it have ended first, went to whoever adopted it.
                 self._fail("the fork server died while a run was going")
-                if not _exists(pid):
-                    return -signal.SIGTERM
-                if left is not None and left <= 0.0:
+                self.lost_runs.add(pid)
+                continue
+            if received is None:
+                self._notice_unreported_end(pid, start_time)
+                if self.failure is None and deadline is not None and time.monotonic() >= deadline:
                     return None
-                time.sleep(0.05 if left is None else min(0.05, left))
+        self._ended_unreported.pop(pid, None)
         return self._exits.pop(pid)
 
-    def close(self) -> None:
+    def close(self, grace_seconds: float = _SERVER_EXIT_GRACE_SECONDS) -> None:
         """End the server (its runs still going are killed) and wait for it."""
         with contextlib.suppress(OSError):
             self._channel.sock.close()
         try:
-            self.process.wait(timeout=_SERVER_EXIT_GRACE_SECONDS)
+            self.process.wait(timeout=grace_seconds)
         except subprocess.TimeoutExpired:
             pass
-        processes.stop_process_group(self.process, grace_seconds=_SERVER_EXIT_GRACE_SECONDS)
+        processes.stop_process_group(self.process, grace_seconds=grace_seconds)
 
     # --- internals ---
 
+    def _notice_unreported_end(self, pid: int, start_time: str | None) -> None:
+        """Mark the server failed once ``pid`` has ended and stayed unreported past the grace."""
+        if _ended_status(pid, start_time) is None:
+            return
+        first_seen = self._ended_unreported.setdefault(pid, time.monotonic())
+        if time.monotonic() - first_seen > REAP_GRACE_SECONDS:
+            self._fail(
+                "the fork server stopped answering (a run it forked ended, and it did not report that "
+                f"in {REAP_GRACE_SECONDS:g} s)"
+            )
+
+    def _drain(self) -> None:
+        """Take the messages already sent, without waiting (the server may be gone)."""
+        with contextlib.suppress(EOFError, OSError, ValueError):
+            while self._receive(0.0) is not None:
+                pass
+
     def _fail(self, why: str) -> None:
         if self.failure is None:
-            tail = self.log_path.read_text(encoding="utf-8", errors="replace")[-2000:].strip()
+            try:
+                tail = self.log_path.read_text(encoding="utf-8", errors="replace")[-2000:].strip()
+            except OSError:
+                tail = ""
             self.failure = why + (f"; its output: {tail}" if tail else "")
 
     def _receive(self, timeout: float | None) -> dict[str, Any] | None:
@@ -274,13 +333,46 @@ def start_fork_server(
     return ForkServer(process, channel, log_path, received[0])
 
 
-def _exists(pid: int) -> bool:
-    """Whether ``pid`` is a process that has not ended (a zombie has ended)."""
+def _stat_fields(pid: int) -> list[str] | None:
+    """``/proc/PID/stat`` after the command name (field 3 onwards), or None if there is no such process."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
-        return False  # gone (a fork server runs on Linux only: core.sweep.repeat)
-    return state not in ("Z", "X")
+        return None  # gone (a fork server runs on Linux only: core.sweep.repeat)
+
+
+def _start_time(pid: int) -> str | None:
+    """The kernel's start time of ``pid`` (field 22), which a later process reusing the pid lacks."""
+    fields = _stat_fields(pid)
+    return fields[19] if fields is not None and len(fields) > 19 else None
+
+
+def _ended_status(pid: int, start_time: str | None) -> int | None:
+    """How the run ``pid`` ended, read without its parent: its exit code (negative: the signal)
+    while it is a zombie its parent has not reaped (field 52, the status ``waitpid`` would give);
+    ``-SIGTERM`` once it is gone, reaped by whoever adopted it (the parent-death signal is what
+    ends a forked run whose server died); None while it runs."""
+    fields = _stat_fields(pid)
+    if fields is None or (start_time is not None and len(fields) > 19 and fields[19] != start_time):
+        return -signal.SIGTERM  # gone, and its pid maybe reused since: its exit status went elsewhere
+    if fields[0] not in ("Z", "X"):
+        return None
+    try:
+        return os.waitstatus_to_exitcode(int(fields[49]))
+    except (IndexError, ValueError):
+        return -signal.SIGTERM
+
+
+def _exit_without_server(pid: int, start_time: str | None, deadline: float | None) -> int | None:
+    """Wait for a forked run whose server can no longer report it, through ``/proc``; None at ``deadline``."""
+    while True:
+        status = _ended_status(pid, start_time)
+        if status is not None:
+            return status
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0.0:
+            return None
+        time.sleep(0.05 if left is None else min(0.05, left))
 
 
 # --- the server's side -----------------------------------------------------------------------------

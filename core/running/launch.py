@@ -240,6 +240,10 @@ _CHILD_POLL_SECONDS = 0.5
 _OUTPUT_TAIL_CHARS = 4000
 
 
+#: the file in ``run_in_child``'s ``work_dir`` where the child writes its result, once it has one
+RESULT_FILE = "result.json"
+
+
 def child_command(request: Path, result_path: Path) -> list[str]:
     """The command that runs one run in a child process (see core/sweep/worker.py)."""
     return [sys.executable, "-m", "core.sweep.worker", str(request), str(result_path)]
@@ -287,7 +291,7 @@ def run_in_child(
         server, core.running.forkserver); supervision, the time limit and the result are the same.
     """
     work_dir.mkdir(parents=True, exist_ok=True)
-    request, result_path, log_path = (work_dir / "request.json", work_dir / "result.json", work_dir / "output.log")
+    request, result_path, log_path = (work_dir / "request.json", work_dir / RESULT_FILE, work_dir / "output.log")
     partial_path = result_path.with_name(result_path.name + ".partial")
     for stale in (result_path, partial_path):
         stale.unlink(missing_ok=True)
@@ -313,6 +317,9 @@ def run_in_child(
         clock=clock,
         starter=starter,
     )
+    # A child that died without cleaning up (a native crash, SIGKILL) left its work directories
+    # behind: they go now, not at the next run's start.
+    processes.remove_abandoned(processes.WORK_DIRECTORY_PREFIX)
     result = None if ended.timed_out else _read_result(result_path)
     if result is None:
         result = _read_result(partial_path)

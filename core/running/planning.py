@@ -210,7 +210,7 @@ def _check_loadgen(config: RunConfig, machine: MachineProfile | None, warnings: 
     """A LoadGen scenario drives one process's PyTorch inference executor, with settings LoadGen
     accepts, and needs LoadGen installed (looked up, not imported)."""
     from core.running.loadgen.run import INSTALL_HINT
-    from core.running.loadgen.settings import settings_for_run
+    from core.running.loadgen.settings import ADDRESS_SPACE_BYTES, settings_for_run
 
     if config.framework is not Framework.torch:
         raise ConfigError(
@@ -224,7 +224,9 @@ def _check_loadgen(config: RunConfig, machine: MachineProfile | None, warnings: 
             config.replicas,
             f"LoadGen drives one process's model; with scenario {config.scenario!r}: 1 (replicas run with 'loop')",
         )
-    settings_for_run(config)
+    # LoadGen's queries must fit in the memory of the host that will run: this one, or for a
+    # machine profile (which does not say its host memory) whatever a process can address.
+    settings_for_run(config, memory_bytes=ADDRESS_SPACE_BYTES if machine is not None else None)
     if not module_installed("mlperf_loadgen"):
         if machine is None:
             raise ConfigError("scenario", config.scenario, f"needs MLPerf LoadGen, not installed here: {INSTALL_HINT}")

@@ -366,14 +366,18 @@ def supervise(
     ``on_wait`` that raises) the child's whole process group is stopped.
 
     :param starter: starts the child instead of :func:`start` (a fork server); the time limit,
-        the grace period and the group stop are the same either way.
+        the grace period and the group stop are the same either way. The limit counts from the
+        child's start: how long the starter may wait before it (for a fork server's answer) is
+        the starter's to bound.
     """
-    started = clock()
     timed_out = False
     with open(log_path, "wb") as log:
         process: ChildProcess = (
             start(command, stdout=log, stderr=subprocess.STDOUT) if starter is None else starter.start(command, log)
         )
+        # The limit counts from the child's start: a starter's own wait (a fork server's, bounded
+        # by the starter) is not the child's time.
+        started = clock()
         try:
             while True:
                 try:
@@ -407,6 +411,9 @@ def guarded_command(command: Sequence[str], remove_when_orphaned: Path | None = 
 
 
 # --- temporary directories ----------------------------------------------------------------------
+
+#: how the name of every work directory core makes begins (then what it is for: "core-sweep-", ...)
+WORK_DIRECTORY_PREFIX = "core-"
 
 
 def _start_time(pid: int) -> str | None:

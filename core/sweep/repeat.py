@@ -19,8 +19,16 @@ from typing import IO, Literal
 
 from core.config import Framework
 from core.running import processes
-from core.running.forkserver import ForkServer, ForkServerError, forkable_command, start_fork_server
-from core.running.launch import child_command, run_in_child
+from core.running.forkserver import (
+    ANSWER_TIMEOUT_SECONDS,
+    READY_TIMEOUT_SECONDS,
+    ForkedProcess,
+    ForkServer,
+    ForkServerError,
+    forkable_command,
+    start_fork_server,
+)
+from core.running.launch import RESULT_FILE, child_command, run_in_child
 from core.storage.results import ProcessStart, RunResult
 from core.sweep.plan import Cell
 
@@ -55,7 +63,10 @@ worker_command = child_command
 
 class WarmWorkers:
     """A sweep's choice between forked and fresh processes, and its fork server, started when the
-    first run that may be forked needs it and closed with the sweep (:func:`warm_workers`)."""
+    first run that may be forked needs it and closed with the sweep (:func:`warm_workers`).
+
+    A server that could not start, died or stopped answering is a fault of the sweep's machinery,
+    not of a cell: it is reported once (a warning), stopped, and every later run starts fresh."""
 
     def __init__(self, requested: WorkerStart, scratch: Path) -> None:
         self.requested = requested
@@ -82,26 +93,36 @@ class WarmWorkers:
 
     @property
     def server_failure(self) -> str | None:
-        """Why the fork server cannot be used (it failed to start, or died); None while it can."""
+        """Why the fork server cannot be used (it failed to start, died or stopped answering); None
+        while it can. The first time a failure is seen it is reported, and the server stopped."""
         if self._server_failure is None and self._server is not None and self._server.failure is not None:
-            self._server_failure = f"the fork server died: {self._server.failure}"
+            self._server_failure = f"the fork server failed: {self._server.failure}"
             _log.warning("core: warning: %s; the next runs start as fresh interpreters", self._server_failure)
+            server, self._server = self._server, None
+            server.close(grace_seconds=0.0)  # nothing of its own to finish: its runs are over or lost
         return self._server_failure
 
-    def start_for(self, cell: Cell) -> CellStart:
-        """How ``cell``'s next run starts: its :class:`CellStart` records what happened."""
-        return CellStart(self, self.refusal(cell))
+    def start_for(self, cell: Cell, timeout_seconds: float | None = None) -> CellStart:
+        """How ``cell``'s next run starts: its :class:`CellStart` records what happened.
 
-    def server(self) -> ForkServer:
+        :param timeout_seconds: the run's time limit, which also bounds the wait for the fork server.
+        """
+        return CellStart(self, self.refusal(cell), timeout_seconds)
+
+    def server(self, ready_timeout: float = READY_TIMEOUT_SECONDS) -> ForkServer:
         """The fork server, started on first use.
 
+        :param ready_timeout: the longest wait for its imports.
         :raises ForkServerError: it could not be started (then never tried again in this sweep).
         """
-        if self._server_failure is not None:
-            raise ForkServerError(self._server_failure)
+        failure = self.server_failure
+        if failure is not None:
+            raise ForkServerError(failure)
         if self._server is None:
             try:
-                self._server = start_fork_server(WARM_IMPORTS, self._scratch / "fork-server.log")
+                self._server = start_fork_server(
+                    WARM_IMPORTS, self._scratch / "fork-server.log", ready_timeout=ready_timeout
+                )
             except ForkServerError as error:
                 self._server_failure = f"the fork server could not start: {error}"
                 _log.warning("core: warning: %s; runs start as fresh interpreters", self._server_failure)
@@ -116,11 +137,17 @@ class WarmWorkers:
 
 class CellStart:
     """Starts one run (a :class:`core.running.processes.ChildStarter`): forked when nothing refused
-    it and the command is this interpreter's, else a fresh interpreter; ``process_start`` says which."""
+    it and the command is this interpreter's, else a fresh interpreter; ``process_start`` says which.
 
-    def __init__(self, workers: WarmWorkers, refusal: str | None) -> None:
+    :param timeout_seconds: the run's time limit: a fork server that does not start or answer
+        within it (or within its own bounds, whichever is shorter) is given up for a fresh start.
+    """
+
+    def __init__(self, workers: WarmWorkers, refusal: str | None, timeout_seconds: float | None = None) -> None:
         self._workers = workers
+        self._timeout_seconds = timeout_seconds
         self.process_start = ProcessStart(method="fresh", reason=refusal)
+        self.forked: ForkedProcess | None = None
 
     def start(self, command: Sequence[str], output: IO[bytes]) -> processes.ChildProcess:
         why = self.process_start.reason
@@ -128,13 +155,22 @@ class CellStart:
             why = "the worker command is not this interpreter's -m or -c"
         if why is None:
             try:
-                child = self._workers.server().start(command, output)
+                server = self._workers.server(self._bounded(READY_TIMEOUT_SECONDS))
+                self.forked = server.start(command, output, answer_timeout=self._bounded(ANSWER_TIMEOUT_SECONDS))
                 self.process_start = ProcessStart(method="forked")
-                return child
+                return self.forked
             except ForkServerError as error:
                 why = self._workers.server_failure or str(error)
         self.process_start = ProcessStart(method="fresh", reason=why)
         return processes.start(command, stdout=output, stderr=subprocess.STDOUT)
+
+    def _bounded(self, seconds: float) -> float:
+        return seconds if self._timeout_seconds is None else min(seconds, self._timeout_seconds)
+
+    @property
+    def lost_to_the_server(self) -> bool:
+        """The run was forked and its fork server died while it was going (which ends the run)."""
+        return self.forked is not None and self.forked.lost
 
 
 def _accelerator_refusal(name: str) -> str | None:
@@ -175,11 +211,34 @@ def run_in_process(
     which the CLI turns into one) stops the process and propagates.
 
     :param workers: the sweep's warm workers: the run is forked from its fork server where safe.
-        None: a fresh interpreter.
+        None: a fresh interpreter. A forked run that its server's death ended before it wrote a
+        result is the machinery's fault, not the cell's: it runs again, in a fresh interpreter,
+        under the same time limit.
     """
     assert cell.config is not None, "only validated cells run"
-    starter = workers.start_for(cell) if workers is not None else None
-    result, seconds = run_in_child(
+    starter = workers.start_for(cell, timeout_seconds) if workers is not None else None
+    result, seconds = _run_once(cell, timeout_seconds, work_dir, on_wait, starter)
+    if workers is not None and starter is not None:
+        failure = workers.server_failure  # reported once, whichever run saw it
+        if starter.lost_to_the_server and not (work_dir / RESULT_FILE).is_file():
+            reason = f"run again in a fresh interpreter: {failure or 'the fork server died while the run was going'}"
+            starter = CellStart(workers, reason, timeout_seconds)
+            result, seconds = _run_once(cell, timeout_seconds, work_dir, on_wait, starter)
+    result.process_start = (
+        starter.process_start if starter is not None else ProcessStart(method="fresh", reason="no warm workers")
+    )
+    return result, seconds
+
+
+def _run_once(
+    cell: Cell,
+    timeout_seconds: float,
+    work_dir: Path,
+    on_wait: Callable[[float], None] | None,
+    starter: CellStart | None,
+) -> tuple[RunResult, float]:
+    assert cell.config is not None, "only validated cells run"
+    return run_in_child(
         cell.options,
         cell.config,
         timeout_seconds=timeout_seconds,
@@ -191,7 +250,3 @@ def run_in_process(
         names=("the cell's process", "the per-repeat time limit"),
         starter=starter,
     )
-    result.process_start = (
-        starter.process_start if starter is not None else ProcessStart(method="fresh", reason="no warm workers")
-    )
-    return result, seconds

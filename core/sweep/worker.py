@@ -1,14 +1,15 @@
 """One run in its own process: ``python -m core.sweep.worker REQUEST RESULT``. A sweep runs each
-repeat of a cell this way, and ``core.run`` a run with a time limit (core.running.launch.run_in_child).
+repeat of a cell this way, and ``core.run`` a run with a time limit or under LoadGen
+(core.running.launch.run_in_child).
 
 REQUEST is a JSON file ``{"options": {...RunConfig fields...}, "parent_pid": N}``: N is the
 process that wrote it, this process's parent unless a fork server (core.running.forkserver) forked
 it, which ``$CORE_PARENT_PID`` then names; ``null`` in a Slurm job, which has no parent to outlive.
-The worker
-runs ``core.run`` and writes the result to RESULT atomically when the run is over; after each
-phase it writes what it has to RESULT.partial (for replicas as processes too: the launcher passes
-rank 0's phases on), so a run that later crashes or hangs still leaves its earlier figures. The
-parent, not this process, decides what a missing RESULT means.
+The worker runs the run in this process (``core.api.run_here``) and writes the result to RESULT
+atomically when the run is over; after each phase it writes what it has to RESULT.partial (for
+replicas as processes too: the launcher passes rank 0's phases on), so a run that later crashes or
+hangs still leaves its earlier figures. The parent, not this process, decides what a missing
+RESULT means.
 
 A worker must not outlive its parent (the sweep, or the run with a time limit): if the parent dies
 (``kill -9``), the kernel sends this process SIGTERM (core.running.processes.die_with_parent); a torchrun
@@ -45,7 +46,7 @@ def main(argv: list[str]) -> int:
             return 3  # the sweep died before this process started
         processes.die_with_parent(parent_pid, signal.SIGTERM)
 
-    from core.api import run
+    from core.api import run_here
 
     options = dict(request["options"])
     workload, accelerator = options.pop("workload"), options.pop("accelerator")
@@ -57,7 +58,8 @@ def main(argv: list[str]) -> int:
         write_atomically(partial_path, result.model_dump_json(), "the partial result")
 
     try:
-        result = run(workload, accelerator, on_progress=save_partial, **options)
+        # Here, whatever the scenario: this is the run's own process.
+        result = run_here(workload, accelerator, on_progress=save_partial, **options)
     except ConfigError as error:
         # Validated before the sweep began; refused here only if the machine changed since.
         print(f"core: error: the run was refused: {error}", file=sys.stderr)

@@ -31,7 +31,7 @@ _POWER_TIME_FORMAT = "%m-%d-%Y %H:%M:%S.%f"
 
 
 class LoadGenError(CoreError):
-    """LoadGen could not run (not installed) or left no result to read."""
+    """LoadGen could not run (not installed), failed inside its native code, or left no result to read."""
 
 
 class LoadGenOutcome(BaseModel):

@@ -12,7 +12,7 @@ from types import ModuleType
 from typing import Any
 
 from core.running.loadgen.outcome import LOG_FILES, LoadGenError, LoadGenOutcome, read_outcome
-from core.running.loadgen.settings import LoadGenSettings, Scenario, check_source_counts
+from core.running.loadgen.settings import LoadGenSettings, Scenario, check_query_memory, check_source_counts
 from core.running.loadgen.sut import QueryAnswerer, QuerySource, WindowCallback
 
 INSTALL_HINT = "pip install 'core[inference]' (the mlcommons-loadgen package)"
@@ -108,11 +108,13 @@ def run_scenario(
     :param on_window_close: called once every sample is answered, before the samples are unloaded.
     :returns: LoadGen's figures and verdict, the host's timing of the window, the summary verbatim.
     :raises: whatever ``source`` or a window callback raised (the first of them), once LoadGen has
-        ended; ``ConfigError`` for a source whose sample counts LoadGen cannot take;
-        ``LoadGenError`` if LoadGen is not installed, is already running a test in this process,
-        or left no result.
+        ended; ``ConfigError`` for a source whose sample counts LoadGen cannot take, or settings
+        whose queries would not fit in memory (``check_query_memory``); ``LoadGenError`` if
+        LoadGen is not installed, is already running a test in this process, failed inside (an
+        exception out of its native code, ``std::bad_alloc`` among them) or left no result.
     """
     check_source_counts(source.total_samples, source.performance_samples)
+    check_query_memory(settings, loaded_samples=source.performance_samples)
     lg = import_loadgen()
     if not _LOADGEN_IN_USE.acquire(blocking=False):
         raise LoadGenError("a LoadGen test is already running in this process; LoadGen runs one at a time")
@@ -150,13 +152,18 @@ def _run_locked(
             source.total_samples, source.performance_samples, answerer.load_samples, answerer.unload_samples
         )
         started = time.perf_counter()
-        lg.StartTestWithLogSettings(
-            sut,
-            qsl,
-            loadgen_test_settings(lg, settings),
-            loadgen_log_settings(lg, log_dir),
-            str(log_dir / AUDIT_CONFIG_FILE),
-        )
+        try:
+            lg.StartTestWithLogSettings(
+                sut,
+                qsl,
+                loadgen_test_settings(lg, settings),
+                loadgen_log_settings(lg, log_dir),
+                str(log_dir / AUDIT_CONFIG_FILE),
+            )
+        except Exception as exc:
+            # Out of LoadGen's native code (the callbacks keep their own faults): LoadGen's own
+            # failure, not the model's, even as a MemoryError (std::bad_alloc).
+            raise LoadGenError(_describe_native_failure(exc)) from exc
         start_test_seconds = time.perf_counter() - started
     finally:
         answerer.stop()
@@ -172,4 +179,15 @@ def _run_locked(
         start_test_seconds=start_test_seconds,
         window_start_perf_counter=answerer.window_start_perf_counter,
         window_end_perf_counter=answerer.window_end_perf_counter,
+    )
+
+
+def _describe_native_failure(exc: Exception) -> str:
+    """A LoadGen failure in words that say whose it is. Not "out of memory" for std::bad_alloc:
+    that is the model's state (oom); here LoadGen could not allocate its own queries."""
+    what = "std::bad_alloc: LoadGen could not allocate its queries" if isinstance(exc, MemoryError) else str(exc)
+    return (
+        f"LoadGen failed inside its test ({type(exc).__name__}: {what}); its process-wide state is "
+        "now undefined (LoadGen is not exception-safe), so a run that measures under LoadGen runs in "
+        "a process of its own"
     )

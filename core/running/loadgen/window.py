@@ -9,22 +9,24 @@ samples answered over that span, with LoadGen's own figures and verdict kept bes
 from __future__ import annotations
 
 import statistics
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from core.config import RunConfig
 from core.energy.meter import PowerMeter, UnavailableMeter
 from core.errors import CoreError
 from core.executors.base import Executor
+from core.running import processes
 from core.running.loadgen.outcome import LoadGenOutcome
 from core.running.loadgen.run import run_scenario
 from core.running.loadgen.settings import settings_for_run
 from core.running.loadgen.sut import QuerySource
 from core.storage.results import EnergyMeasurement, LoadGenFigures
+
+#: where a run's LoadGen logs are written, read and removed (a work directory of core's)
+LOG_DIRECTORY_PREFIX = f"{processes.WORK_DIRECTORY_PREFIX}loadgen-"
 
 
 class NotAQuerySourceError(CoreError, TypeError):
@@ -160,9 +162,11 @@ def loadgen_window(
     settings = settings_for_run(config, calibrated_rate)
     source = _CountingSource(source_executor)
     window_meter = _WindowMeter(meter)
-    with tempfile.TemporaryDirectory(prefix="core-loadgen-") as log_dir:
+    # A work directory records its owner: one a crash left (LoadGen's native code can take its
+    # process down) is removed by the next (core.running.processes.remove_abandoned).
+    with processes.work_directory(LOG_DIRECTORY_PREFIX) as log_dir:
         outcome = run_scenario(
-            source, settings, Path(log_dir), on_window_open=window_meter.open, on_window_close=window_meter.close
+            source, settings, log_dir, on_window_open=window_meter.open, on_window_close=window_meter.close
         )
     if outcome.window_seconds is None:
         raise CoreError("LoadGen ended without answering a query: no window was measured")
