@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 import pytest
 
 from core import ConfigError, make_config, run
+from core.api import run_here
 from core.cli import main
 from core.plugin import Availability, EnergyMeasurement, PowerMeter, PowerMeterFactory, hookimpl
 from core.testing import TINY_FCNN, registered_plugins
@@ -49,7 +50,9 @@ def paced(monkeypatch: pytest.MonkeyPatch) -> list[tuple[float, float]]:
 
 
 def infer(scenario: str, **options: Any) -> Any:
-    return run(
+    # In this process (core.run would measure a LoadGen scenario in a child of its own), so that the
+    # pacing above, a patch of this process, applies to the calls LoadGen makes.
+    return run_here(
         "fcnn",
         "cpu",
         mode="inference",
