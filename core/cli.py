@@ -56,7 +56,7 @@ def _flag_help(info: Any) -> tuple[Any, str]:
         text += f"; one of: {', '.join(str(value) for value in typing.get_args(kind))}"
         kind = str
     default = info.default.value if isinstance(info.default, enum.Enum) else info.default
-    if default is not None:
+    if default is not None and default != "":
         text += f" (default: {default})"
     return kind, text.lstrip("; ")
 
@@ -280,7 +280,73 @@ def build_parser() -> argparse.ArgumentParser:
         help="summary (cells with median and spread; default), csv or json (one row per run), parquet",
     )
     results.add_argument("--output", type=Path, help="write to this file (required for parquet)")
+    _add_plugin_commands(commands, debug)
     return parser
+
+
+# Where a plugin command's parsed arguments say which command they are for.
+_PLUGIN_COMMAND = "_core_plugin_command"
+
+
+def _add_plugin_commands(commands: Any, debug: argparse.ArgumentParser) -> None:
+    """The commands plugins registered (core_register_commands), after core's own.
+
+    A command whose ``add_arguments`` raises, or adds an argument argparse refuses (``--debug`` is
+    core's), is still listed: invoking it says why it cannot run, and every other command works.
+    """
+    from core.contract.manager import PluginFault, get_plugin_manager
+    from core.report.document import one_line
+
+    manager = get_plugin_manager()
+    for name, registered in sorted(manager.commands.items()):
+        command = registered.item
+        arguments = argparse.ArgumentParser(add_help=False)
+        try:
+            with manager.plugin_code(command, f"command {name!r}: add_arguments()"):
+                if command.add_arguments is not None:
+                    command.add_arguments(arguments)
+            # argparse's own checks (an argument clashing with --debug), before the command is listed.
+            argparse.ArgumentParser(parents=[arguments, debug])
+        except (PluginFault, ConfigError, argparse.ArgumentError) as error:
+            problem = str(error) if isinstance(error, PluginFault) else f"plugin {registered.plugin!r}: {error}"
+            broken = commands.add_parser(
+                name, parents=[debug], help=f"(cannot run: {one_line(problem)})".replace("%", "%%")
+            )
+            broken.set_defaults(**{_PLUGIN_COMMAND: (name, problem)})
+            continue
+        parser = commands.add_parser(
+            name,
+            parents=[arguments, debug],
+            help=f"{command.help} (plugin {registered.plugin})".replace("%", "%%"),  # argparse %-formats help
+            description=command.description or command.help,
+        )
+        parser.set_defaults(**{_PLUGIN_COMMAND: (name, None)})
+
+
+def _command_of_plugin(args: argparse.Namespace) -> int:
+    """Run a plugin's command: what it raises is reported against the plugin, never a bare traceback."""
+    from core.contract.manager import PluginFault, get_plugin_manager
+
+    name, problem = getattr(args, _PLUGIN_COMMAND)
+    if problem is not None:
+        return _error(f"command {name!r} cannot run: {problem}", code=1)
+    manager = get_plugin_manager()
+    command = manager.commands[name].item
+    try:
+        with manager.plugin_code(command, f"command {name!r}"):
+            code = command.run(args)
+    except ConfigError as error:
+        return _error(_describe_config_error(error))
+    except PluginFault as fault:
+        if args.debug:
+            print(fault.traceback_text, file=sys.stderr, end="")
+        return _error(f"{fault}{'' if args.debug else ' (core --debug shows the traceback)'}", code=1)
+    if code is None:
+        return 0
+    if isinstance(code, bool) or not isinstance(code, int) or not 0 <= code <= 255:
+        plugin = manager.commands[name].plugin
+        return _error(f"plugin {plugin!r}: command {name!r} returned {code!r}, not an exit status 0-255", code=1)
+    return code
 
 
 def _run_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -329,6 +395,26 @@ def _per_device(result: Any, joules: float | None) -> str:
     return f", {joules / devices / JOULES_PER_WATT_HOUR:.4g} Wh per device ({devices} devices)"
 
 
+def _meter_lines(result: Any) -> list[str]:
+    """Each meter of a run with node meters: its role, what it includes, its figure, and whether the
+    total counts it (a node meter that includes the devices holds the device meter's figure)."""
+    from core.report.document import one_line
+
+    items = result.energy.meters if result.energy is not None else []
+    lines = []
+    for item in items:
+        figure = (
+            _joules_and_watt_hours(item.energy_joules)
+            if item.energy_joules is not None
+            else f"unavailable: {one_line(item.unavailable_reason or 'it read nothing')}"
+        )
+        counted = "" if item.counted else ", inside a node meter's figure (not added)"
+        label = f"{item.role} meter"
+        covers = one_line(", ".join(item.includes))
+        lines.append(f"  {label:<15} {one_line(item.meter)} ({covers}): {figure}{counted}")
+    return lines
+
+
 def _energy_lines(result: Any) -> list[str]:
     """Energy in J and Wh, per device and per component, and per sample (and token) in the
     workload's own unit."""
@@ -337,7 +423,9 @@ def _energy_lines(result: Any) -> list[str]:
 
         # Only what is known: a result from before its reason was kept (or a plugin's) may have none.
         reason = result.energy_unavailable_reason
-        return [f"  energy          {f'unavailable: {one_line(reason)}' if reason else 'not measured'}"]
+        return [f"  energy          {f'unavailable: {one_line(reason)}' if reason else 'not measured'}"] + _meter_lines(
+            result
+        )
     unit = result.sample_unit or "samples"
     method = result.energy.method if result.energy is not None else None
     lines = [
@@ -345,6 +433,7 @@ def _energy_lines(result: Any) -> list[str]:
         + (f" ({method})" if method else "")
         + _per_device(result, result.energy_joules)
     ]
+    lines += _meter_lines(result)
     components = result.energy.components_joules if result.energy is not None else {}
     if len(components) > 1:
         lines.append(
@@ -558,6 +647,7 @@ def describe_plan(plan: Any, extra_placement: dict[str, Any] | None = None) -> d
         "memory_per_device": memory,
         "power_meter": plan.meter_factory.name if plan.meter_factory is not None else None,
         "energy_unavailable_reason": None if plan.meter_factory is not None else plan.meter_unavailable_reason,
+        "node_meters": [factory.name for factory in getattr(plan, "node_meter_factories", ())],
         "warnings": list(plan.warnings),
         "config": config.model_dump(mode="json"),
     }
@@ -594,6 +684,8 @@ def _plan_lines(described: dict[str, Any]) -> list[tuple[str, str]]:
             kept += f" + {memory['optimizer_state_gib']:.2f} GiB {state}"
         lines.append(("memory", f"{kept} per device{of} (activations not counted)"))
     lines.append(("energy", described["power_meter"] or described["energy_unavailable_reason"]))
+    if described["node_meters"]:
+        lines.append(("node meters", ", ".join(described["node_meters"])))
     lines.extend(("warning", warning) for warning in described["warnings"])
     return lines
 
@@ -1279,12 +1371,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     # database, a plugin, a file or the command line with ESC or another control character in it is
     # shown escaped, never obeyed by the terminal.
     with escaping_standard_streams():
-        return _main(build_parser().parse_args(argv))
+        parser = build_parser()
+        args, unknown = parser.parse_known_args(argv)
+        if unknown and getattr(args, _PLUGIN_COMMAND, (None, None))[1] is None:
+            parser.parse_args(argv)  # argparse's own error for them; a broken plugin command says why instead
+        return _main(args)
 
 
 def _main(args: argparse.Namespace) -> int:
     try:
-        code = _COMMANDS[args.command](args)
+        # A plugin command is told by what core set on its parser, never by args.command, which an
+        # argument of the plugin's own could overwrite (a positional named "command").
+        code = _command_of_plugin(args) if hasattr(args, _PLUGIN_COMMAND) else _COMMANDS[args.command](args)
         sys.stdout.flush()  # here, where a closed pipe can still be handled, not at interpreter exit
         return code
     except BrokenPipeError:
