@@ -164,6 +164,9 @@ def test_after_backward_costs_nothing_where_a_device_does_not_override_it() -> N
 
     assert overridden_after_backward(TorchDeviceHooks()) is None
     assert overridden_after_backward(Marks()) is not None
+    on_the_instance = TorchDeviceHooks()
+    on_the_instance.after_backward = lambda: None  # type: ignore[method-assign]
+    assert overridden_after_backward(on_the_instance) is on_the_instance.after_backward
     assert TorchDeviceHooks.compile_backend == "inductor"  # torch.compile's own default
 
 
@@ -570,8 +573,24 @@ PNG = b"\x89PNG\r\n\x1a\n" + b"\0" * 16
         _sections(("Bad", [Table([("a", "A")], [[Value("x", float("nan"))]])])),
         _sections(("Bad", [Figure("../escape.png", PNG, "caption")])),
         _sections(("Bad", [Paragraph(3)])),  # type: ignore[arg-type]
+        _sections(("Bad", [Figure("a" * 110 + ".png", PNG, "too long once prefixed")])),
+        _sections(("Bad", [Figure("plot.png", PNG, "one"), Figure("PLOT.png", PNG, "the same file")])),
+        _Plugin(core_report_sections=lambda runs, add_section: [Paragraph("returned, not added")]),
     ],
-    ids=["raises after adding", "str block", "str blocks", "empty title", "level 2", "ragged", "nan", "path", "int"],
+    ids=[
+        "raises after adding",
+        "str block",
+        "str blocks",
+        "empty title",
+        "level 2",
+        "ragged",
+        "nan",
+        "path",
+        "int",
+        "long name",
+        "same file",
+        "returns",
+    ],
 )
 def test_a_faulty_report_section_is_left_out_and_the_rest_is_written(
     bad: Any, fake_gaudi: PluginManager, database: Path, tmp_path: Path
@@ -617,3 +636,10 @@ def test_a_sweep_cell_has_one_spelling_of_its_node_meters() -> None:
     assert [cell.options["node_meters"] for cell in expand_cells(shared)] == ["bmc,rapl"]
     with pytest.raises(ConfigError, match="node_meters"):
         make_sweep_spec({"name": "s", "grid": {"workload": "fcnn", "node_meters": ["rapl,bmc", "bmc, rapl"]}})
+
+
+def test_a_toy_sweep_reads_no_node_meters() -> None:
+    from core.sweep.toy import toy_cell_options
+
+    with registered_plugins() as manager:
+        assert toy_cell_options({"workload": "fcnn", "node_meters": "rapl"}, manager)["node_meters"] == ""

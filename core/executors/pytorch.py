@@ -219,9 +219,10 @@ def _backend_name(backend: str | Callable[..., Any]) -> str:
 
 
 def overridden_after_backward(hooks: TorchDeviceHooks) -> Callable[[], None] | None:
-    """The device's ``after_backward``, or None where it keeps the default that does nothing."""
-    overrides = getattr(type(hooks), "after_backward", None) is not TorchDeviceHooks.after_backward
-    return hooks.after_backward if overrides else None
+    """The device's ``after_backward``, or None where it keeps the default that does nothing (a
+    subclass's method and one set on the instance both count)."""
+    method = hooks.after_backward
+    return None if getattr(method, "__func__", None) is TorchDeviceHooks.after_backward else method
 
 
 def _compiled_graph_count() -> int:

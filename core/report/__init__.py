@@ -342,7 +342,8 @@ def _build_report(
     blocks: list[Block] = [Paragraph(f"Generated {generated} from ", *sources, ".")]
     warnings = [warning for one in stores for warning in store_warnings(one)]
     runs = sorted((run.result for one in sourced for run in one.cell.runs), key=lambda result: result.started_at)
-    extensions, left_out = plugin_sections(runs)
+    figures = [block.file_name for block in [*compared, *sections] if isinstance(block, Figure)]
+    extensions, left_out = plugin_sections(runs, figures)
     return "core benchmark report", blocks + _warning_blocks(warnings) + compared + sections + extensions, left_out
 
 

@@ -101,29 +101,50 @@ def _check_block(block: object) -> None:
         )
 
 
-def _own_file_names(blocks: list[Any], plugin: str, title: str) -> list[Any]:
+def _own_file_names(blocks: list[Any], plugin: str, title: str, taken: set[str]) -> list[Any]:
     """A plugin's figures under file names of their own: the plugin and section hashed in front,
-    so that no two sections (nor core's plots) can ask for one file."""
+    so that no two sections (nor core's plots) can ask for one file. ``taken``: the report's file
+    names so far, lower case (a case-insensitive file system has one file for two spellings)."""
     prefix = "plugin-" + hashlib.sha256(f"{plugin}\0{title}".encode("utf-8", "surrogatepass")).hexdigest()[:10]
-    return [
-        dataclasses.replace(block, file_name=f"{prefix}-{block.file_name}") if isinstance(block, Figure) else block
-        for block in blocks
-    ]
+    renamed = []
+    for block in blocks:
+        if isinstance(block, Figure):
+            name = f"{prefix}-{block.file_name}"
+            if not _FILE_NAME.fullmatch(name):
+                raise SectionError(f"a Figure's file_name {block.file_name!r} is too long (at most 100 characters)")
+            if name.lower() in taken:
+                raise SectionError(f"two Figures of one section share the file_name {block.file_name!r}")
+            taken.add(name.lower())
+            block = dataclasses.replace(block, file_name=name)
+        renamed.append(block)
+    return renamed
 
 
-def plugin_sections(runs: Sequence[RunResult]) -> tuple[list[Any], list[str]]:
+def plugin_sections(runs: Sequence[RunResult], taken_file_names: Sequence[str] = ()) -> tuple[list[Any], list[str]]:
     """(blocks, warnings): every plugin's sections, each under its level-2 heading, and what was
-    left out. Implementations run in pluggy's order; a faulty one costs its own sections only."""
+    left out. Implementations run in pluggy's order; a faulty one costs its own sections only.
+
+    :param taken_file_names: the plot files of core's own sections, which no plugin figure may take.
+    """
     from core.contract.manager import PluginFault, get_plugin_manager
     from core.errors import ConfigError
 
     manager = get_plugin_manager()
     blocks: list[Any] = []
     warnings: list[str] = []
+    taken = {name.lower() for name in taken_file_names}
+    shared = tuple(runs)  # one plugin cannot change the list the next one gets
     for plugin, call in manager.implementations(HOOK):
         added: list[Any] = []
+        names = set(taken)
 
-        def add_section(title: str, section: Sequence[Any], _added: list[Any] = added, _plugin: str = plugin) -> None:
+        def add_section(
+            title: str,
+            section: Sequence[Any],
+            _added: list[Any] = added,
+            _plugin: str = plugin,
+            _names: set[str] = names,
+        ) -> None:
             if not isinstance(title, str) or not title.strip():
                 raise SectionError(f"a section's title is non-empty text, not {title!r}")
             if isinstance(section, (str, bytes)) or not isinstance(section, Sequence):
@@ -131,18 +152,24 @@ def plugin_sections(runs: Sequence[RunResult]) -> tuple[list[Any], list[str]]:
             for block in section:
                 _check_block(block)
             title = shorten(one_line(title), _TITLE_CHARS)
-            _added += [Heading(2, title), *_own_file_names(list(section), _plugin, title)]
+            _added += [Heading(2, title), *_own_file_names(list(section), _plugin, title, _names)]
 
         try:
             with manager.plugin_named(plugin, f"the {HOOK} hook"):
-                call(runs=runs, add_section=add_section)
+                returned = call(runs=shared, add_section=add_section)
         except PluginFault as fault:
             warnings.append(f"{fault}; its report sections are left out")
             continue
         except ConfigError as error:  # a refusal is no fault elsewhere; here it is a section that failed
             warnings.append(f"plugin {plugin!r} raised in the {HOOK} hook: {error}; its report sections are left out")
             continue
+        if returned is not None:
+            warnings.append(
+                f"plugin {plugin!r}: the {HOOK} hook returned {type(returned).__name__}, which is ignored: a "
+                "section is added by calling add_section(title, blocks)"
+            )
         blocks += added
+        taken = names
     if warnings:
         blocks += [Heading(2, "Plugin sections left out")] + [Paragraph(shorten(one_line(w), 1200)) for w in warnings]
     return blocks, warnings
