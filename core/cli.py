@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from core.contract.commands import BUILTIN_COMMANDS
 from core.energy.units import JOULES_PER_WATT_HOUR
 from core.errors import ConfigError
 
@@ -90,7 +91,9 @@ def _option_pair(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(plugin_commands: bool = True) -> argparse.ArgumentParser:
+    """The ``core`` command's parser; with ``plugin_commands``, the commands plugins add too (which
+    loads the plugins)."""
     parser = argparse.ArgumentParser(prog="core", description="Run one ML workload on any accelerator and measure it.")
     parser.add_argument(
         "--debug",
@@ -280,7 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="summary (cells with median and spread; default), csv or json (one row per run), parquet",
     )
     results.add_argument("--output", type=Path, help="write to this file (required for parquet)")
-    _add_plugin_commands(commands, debug)
+    if plugin_commands:
+        _add_plugin_commands(commands, debug)
     return parser
 
 
@@ -1371,7 +1375,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # database, a plugin, a file or the command line with ESC or another control character in it is
     # shown escaped, never obeyed by the terminal.
     with escaping_standard_streams():
-        parser = build_parser()
+        # One of core's own commands needs no plugin loaded to be parsed (`core results` stays quick).
+        words = [word for word in (sys.argv[1:] if argv is None else argv) if not word.startswith("-")]
+        parser = build_parser(plugin_commands=not words or words[0] not in BUILTIN_COMMANDS)
         args, unknown = parser.parse_known_args(argv)
         if unknown and getattr(args, _PLUGIN_COMMAND, (None, None))[1] is None:
             parser.parse_args(argv)  # argparse's own error for them; a broken plugin command says why instead
