@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from core.contract.commands import BUILTIN_COMMANDS
 from core.energy.units import JOULES_PER_WATT_HOUR
 from core.errors import ConfigError
 
@@ -56,7 +57,7 @@ def _flag_help(info: Any) -> tuple[Any, str]:
         text += f"; one of: {', '.join(str(value) for value in typing.get_args(kind))}"
         kind = str
     default = info.default.value if isinstance(info.default, enum.Enum) else info.default
-    if default is not None:
+    if default is not None and default != "":
         text += f" (default: {default})"
     return kind, text.lstrip("; ")
 
@@ -90,7 +91,9 @@ def _option_pair(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(plugin_commands: bool = True) -> argparse.ArgumentParser:
+    """The ``core`` command's parser; with ``plugin_commands``, the commands plugins add too (which
+    loads the plugins)."""
     parser = argparse.ArgumentParser(prog="core", description="Run one ML workload on any accelerator and measure it.")
     parser.add_argument(
         "--debug",
@@ -286,7 +289,74 @@ def build_parser() -> argparse.ArgumentParser:
         help="summary (cells with median and spread; default), csv or json (one row per run), parquet",
     )
     results.add_argument("--output", type=Path, help="write to this file (required for parquet)")
+    if plugin_commands:
+        _add_plugin_commands(commands, debug)
     return parser
+
+
+# Where a plugin command's parsed arguments say which command they are for.
+_PLUGIN_COMMAND = "_core_plugin_command"
+
+
+def _add_plugin_commands(commands: Any, debug: argparse.ArgumentParser) -> None:
+    """The commands plugins registered (core_register_commands), after core's own.
+
+    A command whose ``add_arguments`` raises, or adds an argument argparse refuses (``--debug`` is
+    core's), is still listed: invoking it says why it cannot run, and every other command works.
+    """
+    from core.contract.manager import PluginFault, get_plugin_manager
+    from core.report.document import one_line
+
+    manager = get_plugin_manager()
+    for name, registered in sorted(manager.commands.items()):
+        command = registered.item
+        arguments = argparse.ArgumentParser(add_help=False)
+        try:
+            with manager.plugin_code(command, f"command {name!r}: add_arguments()"):
+                if command.add_arguments is not None:
+                    command.add_arguments(arguments)
+            # argparse's own checks (an argument clashing with --debug), before the command is listed.
+            argparse.ArgumentParser(parents=[arguments, debug])
+        except (PluginFault, ConfigError, argparse.ArgumentError) as error:
+            problem = str(error) if isinstance(error, PluginFault) else f"plugin {registered.plugin!r}: {error}"
+            broken = commands.add_parser(
+                name, parents=[debug], help=f"(cannot run: {one_line(problem)})".replace("%", "%%")
+            )
+            broken.set_defaults(**{_PLUGIN_COMMAND: (name, problem)})
+            continue
+        parser = commands.add_parser(
+            name,
+            parents=[arguments, debug],
+            help=f"{command.help} (plugin {registered.plugin})".replace("%", "%%"),  # argparse %-formats help
+            description=command.description or command.help,
+        )
+        parser.set_defaults(**{_PLUGIN_COMMAND: (name, None)})
+
+
+def _command_of_plugin(args: argparse.Namespace) -> int:
+    """Run a plugin's command: what it raises is reported against the plugin, never a bare traceback."""
+    from core.contract.manager import PluginFault, get_plugin_manager
+
+    name, problem = getattr(args, _PLUGIN_COMMAND)
+    if problem is not None:
+        return _error(f"command {name!r} cannot run: {problem}", code=1)
+    manager = get_plugin_manager()
+    command = manager.commands[name].item
+    try:
+        with manager.plugin_code(command, f"command {name!r}"):
+            code = command.run(args)
+    except ConfigError as error:
+        return _error(_describe_config_error(error))
+    except PluginFault as fault:
+        if args.debug:
+            print(fault.traceback_text, file=sys.stderr, end="")
+        return _error(f"{fault}{'' if args.debug else ' (core --debug shows the traceback)'}", code=1)
+    if code is None:
+        return 0
+    if isinstance(code, bool) or not isinstance(code, int) or not 0 <= code <= 255:
+        plugin = manager.commands[name].plugin
+        return _error(f"plugin {plugin!r}: command {name!r} returned {code!r}, not an exit status 0-255", code=1)
+    return code
 
 
 def _run_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -325,6 +395,30 @@ def _describe_config_error(error: ConfigError) -> str:
 
 def _format_seconds(value: float | None, scale: float = 1.0, unit: str = "s") -> str:
     return "n/a" if value is None else f"{value * scale:.4g} {unit}"
+
+
+def _joules_and_watt_hours(joules: float) -> str:
+    return f"{joules:.4g} J = {joules / JOULES_PER_WATT_HOUR:.4g} Wh"
+
+
+def _meter_lines(result: Any) -> list[str]:
+    """Each meter of a run with node meters: its role, what it includes, its figure, and whether the
+    total counts it (a node meter that includes the devices holds the device meter's figure)."""
+    from core.report.document import one_line
+
+    items = result.energy.meters if result.energy is not None else []
+    lines = []
+    for item in items:
+        figure = (
+            _joules_and_watt_hours(item.energy_joules)
+            if item.energy_joules is not None
+            else f"unavailable: {one_line(item.unavailable_reason or 'it read nothing')}"
+        )
+        counted = "" if item.counted else ", inside a node meter's figure (not added)"
+        label = f"{item.role} meter"
+        covers = one_line(", ".join(item.includes))
+        lines.append(f"  {label:<15} {one_line(item.meter)} ({covers}): {figure}{counted}")
+    return lines
 
 
 def _component_lines(result: Any) -> list[str]:
@@ -378,6 +472,7 @@ def _warning_lines(result: Any) -> list[str]:
 _STRUCTURAL_LINES: dict[str, Callable[[Any], list[str]]] = {
     "loadgen": _loadgen_lines,
     "components": _component_lines,
+    "meters": _meter_lines,
     "nodes": _node_lines,
     "error": lambda result: _status_lines(result.status),
     "warnings": _warning_lines,
@@ -583,6 +678,7 @@ def describe_plan(plan: Any, extra_placement: dict[str, Any] | None = None) -> d
         "memory_per_device": memory,
         "power_meter": plan.meter_factory.name if plan.meter_factory is not None else None,
         "energy_unavailable_reason": None if plan.meter_factory is not None else plan.meter_unavailable_reason,
+        "node_meters": [factory.name for factory in getattr(plan, "node_meter_factories", ())],
         "warnings": list(plan.warnings),
         "config": config.model_dump(mode="json"),
     }
@@ -619,6 +715,8 @@ def _plan_lines(described: dict[str, Any]) -> list[tuple[str, str]]:
             kept += f" + {memory['optimizer_state_gib']:.2f} GiB {state}"
         lines.append(("memory", f"{kept} per device{of} (activations not counted)"))
     lines.append(("energy", described["power_meter"] or described["energy_unavailable_reason"]))
+    if described["node_meters"]:
+        lines.append(("node meters", ", ".join(described["node_meters"])))
     lines.extend(("warning", warning) for warning in described["warnings"])
     return lines
 
@@ -1331,12 +1429,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     # database, a plugin, a file or the command line with ESC or another control character in it is
     # shown escaped, never obeyed by the terminal.
     with escaping_standard_streams():
-        return _main(build_parser().parse_args(argv))
+        # One of core's own commands needs no plugin loaded to be parsed (`core results` stays quick).
+        words = [word for word in (sys.argv[1:] if argv is None else argv) if not word.startswith("-")]
+        parser = build_parser(plugin_commands=not words or words[0] not in BUILTIN_COMMANDS)
+        args, unknown = parser.parse_known_args(argv)
+        if unknown and getattr(args, _PLUGIN_COMMAND, (None, None))[1] is None:
+            parser.parse_args(argv)  # argparse's own error for them; a broken plugin command says why instead
+        return _main(args)
 
 
 def _main(args: argparse.Namespace) -> int:
     try:
-        code = _COMMANDS[args.command](args)
+        # A plugin command is told by what core set on its parser, never by args.command, which an
+        # argument of the plugin's own could overwrite (a positional named "command").
+        code = _command_of_plugin(args) if hasattr(args, _PLUGIN_COMMAND) else _COMMANDS[args.command](args)
         sys.stdout.flush()  # here, where a closed pipe can still be handled, not at interpreter exit
         return code
     except BrokenPipeError:

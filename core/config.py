@@ -43,6 +43,30 @@ InferenceScenario = Literal["loop", "offline", "single-stream", "server"]
 LOADGEN_SCENARIOS = ("offline", "single-stream", "server")
 
 
+def canonical_node_meters(value: Any, sort: bool = False) -> str:
+    """``node_meters`` in one spelling: names without spaces, joined by commas ("rapl, bmc" is
+    "rapl,bmc"), and with ``sort`` in name order, as a sweep's cell takes them ("bmc,rapl": one set of
+    meters, one cell); from Python a list of names is taken too. Raises ValueError saying what is
+    allowed."""
+    if isinstance(value, (list, tuple)) and all(isinstance(name, str) for name in value):
+        value = ",".join(value)
+    if not isinstance(value, str):
+        raise ValueError(
+            f"text is required (got {type(value).__name__}): meter names separated by commas, e.g. 'rapl,bmc'"
+        )
+    if not value.strip():
+        return ""
+    names = [name.strip() for name in value.split(",")]
+    if not all(names):
+        raise ValueError("meter names separated by commas, none of them empty, e.g. 'rapl,bmc'")
+    for name in names:
+        if name in ("auto", "none"):
+            raise ValueError(f"names of registered meters; {name!r} is a power_meter setting, not a meter")
+        if names.count(name) > 1:
+            raise ValueError(f"each meter once; {name!r} is named {names.count(name)} times")
+    return ",".join(sorted(names) if sort else names)
+
+
 class RunConfig(BaseModel):
     """One run. Field names are what the CLI flags, the sweep files and the result use."""
 
@@ -107,6 +131,12 @@ class RunConfig(BaseModel):
         default="auto",
         min_length=1,
         description="'auto' picks the accelerator's meter, 'none' disables energy, or a registered meter name",
+    )
+    node_meters: str = Field(
+        default="",
+        description="meters of the host beside the device meter, by name, comma-separated (e.g. 'rapl' for the CPU "
+        "and DRAM of a GPU host); each declares what it includes, and the run's energy adds them without counting "
+        "anything twice, each itemised (docs/concepts.md#node-meters)",
     )
     power_sample_interval_seconds: float = Field(
         default=0.05, gt=0.0, le=60.0, description="seconds between power readings where a meter samples power"
@@ -186,6 +216,16 @@ class RunConfig(BaseModel):
         if not isinstance(value, str):
             raise ValueError(f"text is required (got {type(value).__name__}); one of {ALLOWED_EPOCH_DEFINITIONS}")
         return str(EpochDefinition.parse(value))
+
+    @field_validator("node_meters", mode="before")
+    @classmethod
+    def _node_meters(cls, value: Any) -> str:
+        return canonical_node_meters(value)
+
+    @property
+    def node_meter_names(self) -> tuple[str, ...]:
+        """``node_meters``, one name each (empty: no node meter)."""
+        return tuple(self.node_meters.split(",")) if self.node_meters else ()
 
     @property
     def epoch(self) -> EpochDefinition:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from core.config import Framework, Precision, RunConfig
 from core.contract.accelerator import Accelerator, Availability
+from core.contract.commands import Command
 from core.contract.context import RunContext
 from core.contract.gpu import ALL_PRECISIONS, TorchGpuAccelerator
 from core.contract.hookspecs import hookimpl
@@ -36,6 +37,7 @@ from core.energy.sampling import Clock, FixedRateSampler
 from core.errors import ConfigError, NonFiniteLossError, PluginError, RegistrationError
 from core.executors.base import Executor, HostStepClock, StepClock
 from core.machines.profile import MachineProfile
+from core.report.document import Block, Code, Figure, Heading, Paragraph, Preformatted, Table, Value
 from core.running.distributed import ProcessContext
 from core.storage.environment import processor_name
 from core.storage.results import DeviceRecord, EnergyMeasurement, RunResult
@@ -134,6 +136,16 @@ __all__ = [
     "KerasTrainingSpec",
     # observing runs (core_run_started, core_result_ready)
     "RunResult",
+    # extending the core command and its reports (core_register_commands, core_report_sections)
+    "Command",
+    "Block",
+    "Heading",
+    "Paragraph",
+    "Code",
+    "Preformatted",
+    "Table",
+    "Value",
+    "Figure",
     # energy
     "PowerMeter",
     "PowerMeterFactory",

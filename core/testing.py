@@ -1,11 +1,16 @@
 """Helpers for plugin authors' tests (and core's own).
 
-from core.testing import SimulatedExecutor, registered_plugins, run_tiny
+from core.testing import SimulatedExecutor, registered_plugins, run_on_cpu_as, run_tiny
 
 def test_my_accelerator_runs_fcnn():
     with registered_plugins(my_plugin_module):
         result = run_tiny("fcnn", "my-accelerator")
     assert result.throughput_per_second > 0
+
+def test_my_hpu_placement_trains_on_a_host_without_one():
+    with registered_plugins(my_plugin_module), run_on_cpu_as("hpu") as cpu:
+        run_tiny("fcnn", "my-accelerator", compile=True)
+    assert cpu.placed == ["hpu:0"] and cpu.compile_backends == ["hpu_backend"]
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from core.contract.context import RunContext
 from core.contract.manager import PluginManager, set_plugin_manager
 from core.contract.workload import Workload
 from core.executors.base import Executor, HostStepClock, StepClock
+from core.executors.stand_in import CpuStandIn
 from core.running.distributed import SINGLE_PROCESS, ProcessContext
 from core.storage.results import RunResult
 
@@ -56,6 +62,37 @@ def registered_plugins(
         yield manager
     finally:
         set_plugin_manager(previous)
+
+
+@contextmanager
+def run_on_cpu_as(device_type: str) -> Iterator[CpuStandIn]:
+    """Run core's own PyTorch loop, in this process, for an accelerator whose device type
+    (``"hpu"``) this host lacks: the CPU stands in for that device.
+
+    For the duration of the block, a ``TorchPlacement`` whose device is of ``device_type``
+    (``"hpu"``, ``"hpu:0"``) places the model and data on the CPU, and a ``torch.compile`` backend
+    this host does not know (Gaudi's ``hpu_backend``) is replaced by one that runs the traced graph
+    as it is. Everything else is the real thing: the plugin's ``executor_for``, its placement and
+    every ``TorchDeviceHooks`` method it overrides (``after_backward``, ``cut_graph``,
+    ``synchronize``, ...), called where core calls them on the device. Calls into the vendor's SDK
+    from those hooks are the test's to fake. A run's worker processes (replicas > 1) are not
+    covered: they start without the stand-in.
+
+    :param device_type: the torch device type the CPU stands in for.
+    :returns: (as the block's value) a :class:`CpuStandIn` recording the devices placed on the CPU
+        (``placed``), the compile backends asked for (``compile_backends``) and the graphs a
+        stand-in backend was handed (``graphs_compiled``).
+    """
+    from core.executors import stand_in
+
+    if not isinstance(device_type, str) or not device_type or ":" in device_type or device_type == "cpu":
+        raise ValueError(f"a device type such as 'hpu', not {device_type!r}")
+    record = CpuStandIn(device_type)
+    previous = stand_in.activate(record)
+    try:
+        yield record
+    finally:
+        stand_in.activate(previous)
 
 
 def run_context(

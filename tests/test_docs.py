@@ -182,6 +182,37 @@ def _exercise(hook: str, manager: PluginManager, tmp_path: Path) -> None:
         assert select(accelerator=ExampleCpuAccelerator(), config=config, candidates=[wall_plug]) is wall_plug
     elif hook == "core_run_started":
         manager.hook.core_run_started(config=config)
+    elif hook == "core_register_commands":
+        import argparse
+
+        command = manager.commands["example-info"].item
+        parser = argparse.ArgumentParser()
+        assert command.add_arguments is not None
+        command.add_arguments(parser)
+        assert command.run(parser.parse_args(["--json"])) == 0
+    elif hook == "core_report_sections":
+        from core.contract.manager import set_plugin_manager
+        from core.report.document import Heading, Table
+        from core.report.extensions import plugin_sections
+
+        result = RunResult(
+            workload="example-mlp",
+            accelerator="example-cpu",
+            framework="torch",
+            config=config,
+            samples_per_update=4,
+            samples_per_host_call=4,
+            world_size=1,
+            throughput_per_second=10.0,
+        )
+        previous = set_plugin_manager(manager)
+        try:
+            blocks, left_out = plugin_sections([result])
+        finally:
+            set_plugin_manager(previous)
+        assert not left_out and blocks[0] == Heading(2, "The example accelerator")
+        table = next(block for block in blocks if isinstance(block, Table))
+        assert [value.text for value in table.rows[0]] == ["example-mlp", "10"]
     elif hook == "core_result_ready":
         result = RunResult(
             workload="example-mlp",
@@ -212,6 +243,19 @@ def test_hook_example_registers_and_runs(
     assert record.state is PluginState.loaded, record.error
     assert hook in record.hooks
     _exercise(hook, manager, tmp_path)
+
+
+def test_every_device_hook_and_meter_declaration_is_documented() -> None:
+    """What a device changes in core's PyTorch loop (each TorchDeviceHooks method and attribute) and
+    what a meter declares it covers are extension points too: writing-a-plugin.md names each."""
+    from core.energy.meter import PowerMeterFactory
+    from core.executors.pytorch import TorchDeviceHooks
+
+    guide = (DOCS / "writing-a-plugin.md").read_text(encoding="utf-8")
+    names = [name for name in vars(TorchDeviceHooks) if not name.startswith("_")] + ["includes", "node_includes"]
+    assert hasattr(PowerMeterFactory, "node_includes") and "after_backward" in names
+    missing = [name for name in names if f"`{name}" not in guide]
+    assert not missing, f"docs/writing-a-plugin.md does not name: {missing}"
 
 
 # --- links, names and commands in every document ---------------------------------------------

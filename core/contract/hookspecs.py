@@ -15,8 +15,10 @@ import pluggy
 if TYPE_CHECKING:
     from core.config import RunConfig
     from core.contract.accelerator import Accelerator
+    from core.contract.commands import Command
     from core.contract.workload import Workload
     from core.energy.meter import PowerMeterFactory
+    from core.report.document import Block
     from core.storage.results import RunResult
 
 PROJECT_NAME = "core"
@@ -59,6 +61,19 @@ def core_register_power_meters(register: Callable[[PowerMeterFactory], None]) ->
     Fires once, when the plugin manager loads; validated like accelerators.
 
     :param register: callback taking one :class:`core.PowerMeterFactory` instance.
+    :returns: nothing; results of this hook are ignored.
+    """
+
+
+@hookspec
+def core_register_commands(register: Callable[[Command], None]) -> None:
+    """Add sub-commands to ``core`` by calling ``register(command)`` once for each.
+
+    Fires once, when the plugin manager loads; validated like accelerators, and a command may not
+    take the name of one of core's own (``run``, ``sweep``, ...). Keep this hook light: ``core
+    --help`` calls it, so the command's ``run`` imports what it needs, not the plugin's module.
+
+    :param register: callback taking one :class:`core.plugin.Command`.
     :returns: nothing; results of this hook are ignored.
     """
 
@@ -106,5 +121,25 @@ def core_result_ready(result: RunResult) -> None:
     raised here is reported as a warning on stderr and does not change the result.
 
     :param result: the final result.
+    :returns: nothing; results of this hook are ignored.
+    """
+
+
+# --- reports -------------------------------------------------------------------------------
+
+
+@hookspec
+def core_report_sections(runs: Sequence[RunResult], add_section: Callable[[str, Sequence[Block]], None]) -> None:
+    """Add sections to the report ``core report`` writes, by calling ``add_section(title, blocks)``.
+
+    Fires once per report, after core's own sections are built, in the process writing it. Each
+    section is added under a level-2 heading ``title``, after core's sections, in Markdown and in
+    HTML alike; its blocks are :class:`core.plugin.Paragraph`, ``Table``, ``Preformatted``,
+    ``Figure`` and ``Heading`` (levels 3 to 6), escaped like everything else in a report. An
+    implementation that raises, or adds anything else, loses its sections (the report says so and
+    the command warns); the rest of the report is written.
+
+    :param runs: the result of every run the report covers, oldest first.
+    :param add_section: callback taking a title and a sequence of blocks.
     :returns: nothing; results of this hook are ignored.
     """

@@ -29,6 +29,7 @@ import pluggy
 from core.config import RunConfig
 from core.contract import hookspecs
 from core.contract.accelerator import Accelerator, Availability
+from core.contract.commands import Command, command_problem
 from core.contract.hookspecs import hookimpl
 from core.contract.workload import Workload
 from core.energy.meter import PowerMeterFactory
@@ -109,6 +110,7 @@ _REGISTRATION_HOOKS: dict[str, tuple[str, type]] = {
     "core_register_accelerators": ("accelerators", Accelerator),
     "core_register_workloads": ("workloads", Workload),
     "core_register_power_meters": ("power_meters", PowerMeterFactory),
+    "core_register_commands": ("commands", Command),
 }
 
 
@@ -161,6 +163,14 @@ def _missing_method(item: object, base: type) -> str | None:
     return f"implements neither {names[0]} (core 0.2) nor {names[1]}"
 
 
+def _registration_problem(item: object, base: type) -> str | None:
+    """What makes a registered item unusable beyond its type and name, or None."""
+    if isinstance(item, Command):
+        return command_problem(item)
+    missing = _missing_method(item, base)
+    return f"{base.__name__} {getattr(item, 'name', '?')!r} {missing}" if missing else None
+
+
 class PluginManager:
     """Loads plugins and holds everything they registered, each item tagged with its plugin."""
 
@@ -174,6 +184,8 @@ class PluginManager:
         self.accelerators: dict[str, Registered[Accelerator]] = {}
         self.workloads: dict[str, Registered[Workload]] = {}
         self.power_meters: dict[str, Registered[PowerMeterFactory]] = {}
+        #: sub-commands of ``core`` that plugins add (core_register_commands)
+        self.commands: dict[str, Registered[Command]] = {}
 
     @property
     def hook(self) -> Any:
@@ -318,9 +330,9 @@ class PluginManager:
                     )
                 if any(existing.name == name for existing in _items):
                     raise RegistrationError(f"{_type.__name__} {name!r} registered twice")
-                missing = _missing_method(item, _type)
-                if missing:
-                    raise RegistrationError(f"{_type.__name__} {name!r} {missing}")
+                problem = _registration_problem(item, _type)
+                if problem:
+                    raise RegistrationError(problem)
                 _items.append(item)
 
             for impl in getattr(self._pluggy.hook, hook_name).get_hookimpls():
@@ -386,7 +398,7 @@ class PluginManager:
         chosen: object = None
         for impl in reversed(self.hook.core_select_power_meter.get_hookimpls()):
             try:
-                with self._plugin_named(impl.plugin_name, "the core_select_power_meter hook"):
+                with self.plugin_named(impl.plugin_name, "the core_select_power_meter hook"):
                     chosen = impl.function(
                         **{
                             name: {"accelerator": accelerator, "config": config, "candidates": candidates}[name]
@@ -403,7 +415,7 @@ class PluginManager:
 
     def plugin_of(self, item: object) -> str:
         """The plugin that registered ``item`` (an accelerator, workload or meter factory)."""
-        for registry in (self.accelerators, self.workloads, self.power_meters):
+        for registry in (self.accelerators, self.workloads, self.power_meters, self.commands):
             for registered in registry.values():
                 if registered.item is item:
                     return registered.plugin
@@ -415,10 +427,25 @@ class PluginManager:
         ConfigError passes through unchanged (a plugin refusing an option is doing its job), and so
         does KeyboardInterrupt. The fault is also kept on the plugin's record for ``core plugins``.
         """
-        return self._plugin_named(self.plugin_of(item), call)
+        return self.plugin_named(self.plugin_of(item), call)
+
+    def implementations(self, hook_name: str) -> list[tuple[str, Callable[..., Any]]]:
+        """(plugin, call) for each implementation of a hook, in pluggy's calling order: for core to
+        call them one at a time, each under :meth:`plugin_named`, so that one that raises loses its
+        own answer only. ``call`` takes the hook's arguments by keyword and passes on those the
+        implementation names."""
+        found = []
+        for impl in reversed(getattr(self.hook, hook_name).get_hookimpls()):
+
+            def call(_impl: Any = impl, **arguments: Any) -> Any:
+                return _impl.function(**{name: arguments[name] for name in _impl.argnames})
+
+            found.append((impl.plugin_name, call))
+        return found
 
     @contextmanager
-    def _plugin_named(self, plugin: str, call: str) -> Iterator[None]:
+    def plugin_named(self, plugin: str, call: str) -> Iterator[None]:
+        """As :meth:`plugin_code`, for code of the plugin registered under ``plugin``."""
         try:
             yield
         except (ConfigError, PluginFault):

@@ -39,6 +39,13 @@ class PowerMeterFactory(ABC):
 
     name: ClassVar[str]
     description: ClassVar[str] = ""
+    #: what the meter's figure covers as a run's device meter: "devices" (the run's devices), and
+    #: what else it measures with them (RAPL on the CPU: "cpu" and "dram")
+    includes: ClassVar[tuple[str, ...]] = ("devices",)
+    #: what its figure covers as a node meter (``RunConfig.node_meters``): "devices" where the run's
+    #: devices are inside it (a node's wall plug or BMC), and "cpu", "dram", "fans", ...; empty (the
+    #: default) where it cannot be one. The run adds no two meters that include the same thing.
+    node_includes: ClassVar[tuple[str, ...]] = ()
 
     @abstractmethod
     def reads(self, accelerator_name: str) -> bool:

@@ -18,6 +18,7 @@ from core.config import Precision, RunConfig
 from core.contract.workload import TorchTrainingSpec
 from core.data import SYNTHETIC_ON_HOST, SYNTHETIC_SOURCES
 from core.errors import NonFiniteLossError
+from core.executors import stand_in
 from core.executors.base import Executor, HostStepClock, StepClock
 from core.running.distributed import ProcessContext
 
@@ -52,6 +53,9 @@ class TorchDeviceHooks:
     replicas_in_process: int = 1
     #: names what compiles graphs, in the warning about a recompilation inside the window
     compiler: str = "torch.compile"
+    #: the torch.compile backend of a ``compile=true`` run: a name Dynamo knows (Gaudi's "hpu_backend")
+    #: or a backend callable
+    compile_backend: str | Callable[..., Any] = "inductor"
     #: False: every update checks its gradients for NaN/inf (one fused pass on CPU and CUDA). True:
     #: an update checks its losses only and each check reads the trained weights instead, where a
     #: NaN/inf gradient always lands, once per phase and outside its timing; for a device that
@@ -68,6 +72,11 @@ class TorchDeviceHooks:
 
     def reduce_gradients(self, optimizer: torch.optim.Optimizer) -> None:
         """After the last backward of an update, before the optimizer step (``reduces_gradients``)."""
+
+    def after_backward(self) -> None:
+        """After each micro-step's backward, before the next micro-step or the optimizer step (Gaudi's
+        lazy mode ends a graph there: ``htcore.mark_step()``). Only a subclass that overrides it is
+        called: an eager device pays nothing per micro-step."""
 
     def cut_graph(self) -> None:
         """Where the queued work ends one graph: after every update, and after the non-finite flag
@@ -200,6 +209,22 @@ class NonFiniteFlag:
         return found
 
 
+def compile_model(model: torch.nn.Module, hooks: TorchDeviceHooks) -> Any:
+    """``torch.compile(model)`` with the device's backend (TorchDeviceHooks.compile_backend)."""
+    return torch.compile(model, backend=stand_in.compile_backend_for(hooks.compile_backend))
+
+
+def _backend_name(backend: str | Callable[..., Any]) -> str:
+    return backend if isinstance(backend, str) else getattr(backend, "__name__", type(backend).__name__)
+
+
+def overridden_after_backward(hooks: TorchDeviceHooks) -> Callable[[], None] | None:
+    """The device's ``after_backward``, or None where it keeps the default that does nothing (a
+    subclass's method and one set on the instance both count)."""
+    method = hooks.after_backward
+    return None if getattr(method, "__func__", None) is TorchDeviceHooks.after_backward else method
+
+
 def _compiled_graph_count() -> int:
     """Graphs TorchDynamo has compiled in this process; a rise inside the window is a recompilation."""
     from torch._dynamo.utils import counters  # private, but the counter Dynamo's own tests read
@@ -254,7 +279,7 @@ class TorchModelExecutor(Executor):
         self._config = config
         self._process = process
         self._placement = placement
-        self.device = torch.device(placement.device)
+        self.device = torch.device(stand_in.device_for(placement.device))
         self._details: dict[str, Any] = dict(placement.details)
         if placement.configure is not None:
             self._details.update(placement.configure(config))
@@ -326,6 +351,7 @@ class TorchModelExecutor(Executor):
                 "device": str(self.device),
                 "distributed_backend": placement.distributed_backend if process.is_distributed else None,
                 "compile": config.compile,
+                "compile_backend": _backend_name(self._hooks.compile_backend) if config.compile else None,
                 "channels_last": placement.channels_last,
                 "intra_op_threads": torch.get_num_threads(),
                 "inter_op_threads": torch.get_num_interop_threads(),
@@ -375,7 +401,7 @@ class TorchModelExecutor(Executor):
         self._hooks.synchronize(self.device)
 
     def step_clock(self) -> StepClock:
-        if self._placement.device_timing_events:
+        if self._placement.device_timing_events and self.device.type != "cpu":  # the CPU may stand in (core.testing)
             return DeviceEventStepClock(self.device)
         return HostStepClock()
 
@@ -462,7 +488,8 @@ class TorchExecutor(TorchModelExecutor):
             device_ids = [self.device.index] if self.device.type != "cpu" and self.device.index is not None else None
             self._ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
             model = self._ddp
-        self._model = torch.compile(model) if config.compile else model
+        self._model = compile_model(model, self._hooks) if config.compile else model
+        self._after_backward = overridden_after_backward(self._hooks)
         self._optimizer = spec.make_optimizer(model.parameters())
         self._loss_fn = spec.loss_fn
         self._scaler = _grad_scaler(self.device) if config.precision is Precision.fp16 else None
@@ -498,6 +525,8 @@ class TorchExecutor(TorchModelExecutor):
                     self._scaler.scale(loss).backward()
                 else:
                     loss.backward()
+                if self._after_backward is not None:
+                    self._after_backward()
             checked.append(loss.detach())
         # Where the device averages the gradients itself (no DDP), it does so once per update.
         self._hooks.reduce_gradients(self._optimizer)

@@ -28,7 +28,7 @@ import torch
 from core.config import RunConfig
 from core.contract.workload import TorchTrainingSpec
 from core.errors import DataError, NonFiniteLossError
-from core.executors.pytorch import TorchModelExecutor, TorchPlacement
+from core.executors.pytorch import TorchModelExecutor, TorchPlacement, compile_model
 from core.running.distributed import ProcessContext
 
 #: samples a load generator may hold on the device at once, at most (MLPerf's "performance sample
@@ -57,7 +57,7 @@ class TorchInferenceExecutor(TorchModelExecutor):
             raise ValueError(f"TorchInferenceExecutor runs inference; a {config.mode!r} run takes torch_executor()")
         super().__init__(spec, config, placement, process, micro_steps=1)
         self._placed_model.eval()  # dropout off, batch norm on its running statistics
-        self._model = torch.compile(self._placed_model) if config.compile else self._placed_model
+        self._model = compile_model(self._placed_model, self._hooks) if config.compile else self._placed_model
         self._pool_inputs: torch.Tensor = spec.inputs  # on the host: what load() places
         self._loaded: torch.Tensor | None = None  # every loaded sample, on the device
         self._slots: dict[int, int] = {}  # a loaded sample's index -> its row in _loaded

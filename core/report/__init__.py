@@ -79,6 +79,7 @@ from core.report.document import (
     shorten,
     sweep_slugs,
 )
+from core.report.extensions import plugin_sections
 from core.report.plots import _pyplot, count_label, plot_against_batch, plot_pareto, plot_power_traces, plot_scaling
 from core.report.sections import environment_table, sweep_section
 from core.report.singles import SINGLE_RUNS_TITLE, single_runs_section
@@ -163,7 +164,7 @@ class ReportFiles:
     markdown: Path
     html: Path
     plots: list[Path]
-    warnings: list[str] = field(default_factory=list)  # what the database could not give (skipped rows)
+    warnings: list[str] = field(default_factory=list)  # skipped database rows, plugin sections left out
 
 
 _MAX_WARNINGS = 50  # shown in a report; the rest are counted
@@ -318,7 +319,19 @@ def build_report(
     comparison: ComparisonRequest | None = None,
 ) -> tuple[str, list[Block]]:
     """The report's title and blocks: one section per sweep of each database, and where two
-    platforms or hosts ran the same configurations, their comparison first (see compare.py)."""
+    platforms or hosts ran the same configurations, their comparison first (see compare.py);
+    the sections plugins add (core_report_sections) last."""
+    title, blocks, _ = _build_report(store, sweeps, training, comparison)
+    return title, blocks
+
+
+def _build_report(
+    store: ResultStore | Sequence[ResultStore],
+    sweeps: Sequence[str] | None = None,
+    training: TrainingPlan | None = None,
+    comparison: ComparisonRequest | None = None,
+) -> tuple[str, list[Block], list[str]]:
+    """:func:`build_report`, and the warnings of the plugin sections it left out."""
     stores = _stores(store)
     selected = select_sources(stores, sweeps)
     _pyplot()  # fail before any work when matplotlib is missing, plots or not
@@ -352,7 +365,10 @@ def build_report(
             sources.append(f" and {count} single run{'' if count == 1 else 's'}")
     blocks: list[Block] = [Paragraph(f"Generated {generated} from ", *sources, ".")]
     warnings = [warning for one in stores for warning in store_warnings(one)]
-    return "core benchmark report", blocks + _warning_blocks(warnings) + compared + sections
+    runs = sorted((run.result for one in sourced for run in one.cell.runs), key=lambda result: result.started_at)
+    figures = [block.file_name for block in [*compared, *sections] if isinstance(block, Figure)]
+    extensions, left_out = plugin_sections(runs, figures)
+    return "core benchmark report", blocks + _warning_blocks(warnings) + compared + sections + extensions, left_out
 
 
 def check_report_output(output: str | Path) -> None:
@@ -461,8 +477,8 @@ def write_report(
         select_sources(stores, sweeps)
         _pyplot()
         check_report_output(output)
-        title, blocks = build_report(stores, sweeps, training, comparison)
-        warnings = [warning for one in stores for warning in store_warnings(one)]
+        title, blocks, left_out = _build_report(stores, sweeps, training, comparison)
+        warnings = [warning for one in stores for warning in store_warnings(one)] + left_out
         plots = write_report_files(output, title, blocks)
     except BaseException:
         _remove_empty_directories(created)

@@ -22,6 +22,7 @@ from core.contract.manager import PluginManager
 from core.contract.pipeline import PipelineLayout
 from core.contract.workload import FRAMEWORK_LIBRARIES, Workload, module_installed
 from core.data import validate_data
+from core.energy.combined import Covers, device_meter_counted, devices_unmeasured
 from core.energy.meter import PowerMeterFactory
 from core.errors import ConfigError
 from core.machines.profile import MachineProfile, check_detail, detail_type_name
@@ -42,6 +43,8 @@ class RunPlan:
     warnings: tuple[str, ...] = ()  # planning's warnings (a dry run shows them; a run keeps them)
     #: the workload's pipeline blocks, asked for when a replica spans several devices
     pipeline_layout: PipelineLayout | None = None
+    #: the meters of the host read beside the device meter (config.node_meters), in that order
+    node_meter_factories: tuple[PowerMeterFactory, ...] = ()
 
     def context(self, process: ProcessContext) -> RunContext:
         """What the plugins are handed in ``process``: the configuration and the parsed options."""
@@ -147,13 +150,80 @@ def plan_run(
     else:
         _check_memory_fit(workload_obj, workload_options, config, machine, context)
         factory, meter_reason = None, f"planned for machine {machine.name!r}: its power meter is chosen there"
+    node_meters = choose_node_meters(manager, config, factory, check_available=machine is None)
+    if node_meters and machine is None:
+        device = None if factory is None else device_covers(factory)
+        unmeasured = devices_unmeasured(device, [node_covers(meter) for meter in node_meters], meter_reason)
+        if unmeasured:
+            context.warn(f"energy_joules will be null: {unmeasured}")
     return dataclasses.replace(
         plan,
         meter_factory=factory,
         meter_unavailable_reason=meter_reason,
         launcher=launcher,
         warnings=tuple(context.warnings),
+        node_meter_factories=node_meters,
     )
+
+
+def device_covers(factory: PowerMeterFactory) -> Covers:
+    """What the device meter covers, as its factory declares (``includes``; the devices by default)."""
+    includes = getattr(factory, "includes", ("devices",))
+    if not isinstance(includes, tuple) or not all(isinstance(name, str) and name for name in includes):
+        raise ValueError(
+            f"device meter {factory.name!r} declares includes={includes!r}, not a tuple of names: what it covers "
+            "is unknown, so no node meter can be added to it"
+        )
+    return Covers(factory.name, "device", includes)
+
+
+def node_covers(factory: PowerMeterFactory) -> Covers:
+    """What a node meter covers, as its factory declares (``node_includes``, checked in planning)."""
+    return Covers(factory.name, "node", tuple(factory.node_includes))
+
+
+def _declares_node_includes(factory: PowerMeterFactory) -> bool:
+    includes = getattr(factory, "node_includes", ())
+    return isinstance(includes, tuple) and bool(includes) and all(isinstance(i, str) and i for i in includes)
+
+
+def _node_meter(
+    manager: PluginManager, name: str, device_meter: PowerMeterFactory | None, check_available: bool
+) -> PowerMeterFactory:
+    """The registered meter ``name`` as a node meter; ValueError saying why it cannot be one."""
+    registered = manager.power_meters.get(name)
+    if registered is None:
+        known = ", ".join(sorted(manager.power_meters)) or "(none registered)"
+        raise ValueError(f"{name!r} is no registered power meter; registered: {known}")
+    factory = registered.item
+    if factory is device_meter:
+        raise ValueError(f"meter {name!r} is the run's device meter already; name it once")
+    if not _declares_node_includes(factory):
+        usable = [other for other, r in sorted(manager.power_meters.items()) if _declares_node_includes(r.item)]
+        raise ValueError(
+            f"meter {name!r} does not declare what it includes (node_includes), so it cannot be a node meter; "
+            f"node meters: {', '.join(usable) or 'none registered'}"
+        )
+    if check_available and not (availability := manager.availability(factory)).available:
+        raise ValueError(f"meter {name!r} is not available here: {availability.reason}")
+    return factory
+
+
+def choose_node_meters(
+    manager: PluginManager, config: RunConfig, device_meter: PowerMeterFactory | None, check_available: bool = True
+) -> tuple[PowerMeterFactory, ...]:
+    """The node meters ``config.node_meters`` names: registered, declaring what they include,
+    available here (``check_available``), none of them the device meter, and adding up without
+    counting anything twice. Raises ConfigError naming node_meters otherwise."""
+    if not config.node_meter_names:
+        return ()
+    try:
+        chosen = tuple(_node_meter(manager, name, device_meter, check_available) for name in config.node_meter_names)
+        device = None if device_meter is None else device_covers(device_meter)
+        device_meter_counted(device, [node_covers(factory) for factory in chosen])
+    except ValueError as error:
+        raise ConfigError("node_meters", config.node_meters, str(error)) from None
+    return chosen
 
 
 def check_machine(manager: PluginManager, machine: MachineProfile) -> None:

@@ -15,15 +15,17 @@ from pathlib import Path
 
 from core.config import LOADGEN_SCENARIOS, RunConfig
 from core.contract.accelerator import executor_for
+from core.contract.context import RunContext
 from core.contract.manager import innermost_location
 from core.data import loader_worker_death
-from core.energy.meter import PowerMeter, UnavailableMeter, meter_for
+from core.energy.combined import MeterSet
+from core.energy.meter import PowerMeter, PowerMeterFactory, UnavailableMeter, meter_for
 from core.energy.units import JOULES_PER_WATT_HOUR
 from core.errors import DataError, NonFiniteLossError
 from core.executors.base import Executor
 from core.running.distributed import ProcessContext
 from core.running.exchange import gather_through_files
-from core.running.planning import RunPlan
+from core.running.planning import RunPlan, device_covers, node_covers
 from core.storage.environment import collect_environment
 from core.storage.results import DeviceRecord, EnergyMeasurement, NodeEnergy, RunResult, RunState, Status
 
@@ -219,16 +221,14 @@ def execute(plan: RunPlan, process: ProcessContext, on_progress: ProgressCallbac
         report(result)
 
         phase = "window"
-        if plan.meter_factory is not None and process.reads_node_meter:
-            try:
-                meter = meter_for(plan.meter_factory, result.devices, plan.context(process))
-            except Exception as exc:  # a meter that cannot open costs the energy figure only
-                meter = UnavailableMeter(plan.meter_factory.name, f"meter failed to open: {type(exc).__name__}: {exc}")
+        if process.reads_node_meter:
+            meter = _open_meters(plan, result, process)
         if config.scenario in LOADGEN_SCENARIOS:
             energy = _loadgen_window(result, executor, meter, config)
         else:
             energy = _loop_window(result, executor, meter, config)
-        if process.meter_readers_gathered and plan.meter_factory is not None:  # every rank takes part
+        measures = plan.meter_factory is not None or plan.node_meter_factories
+        if process.meter_readers_gathered and measures:  # every rank takes part
             energy = _energy_over_nodes(result, executor, process, energy)
         if result.flops_per_sample is not None and result.throughput_per_second is not None:
             result.flops_per_second = result.flops_per_sample * result.throughput_per_second
@@ -262,6 +262,34 @@ def execute(plan: RunPlan, process: ProcessContext, on_progress: ProgressCallbac
             _close_quietly(executor.close)
     report(result)
     return result
+
+
+def _open_meter(factory: PowerMeterFactory, devices: list[DeviceRecord], context: RunContext) -> PowerMeter:
+    try:
+        return meter_for(factory, devices, context)
+    except Exception as exc:  # a meter that cannot open costs its figure only
+        return UnavailableMeter(factory.name, f"meter failed to open: {type(exc).__name__}: {exc}")
+
+
+def _open_meters(plan: RunPlan, result: RunResult, process: ProcessContext) -> PowerMeter | None:
+    """The meter this process reads over the window: the device meter alone, or with the node
+    meters as one :class:`MeterSet` (each node's meters once: only where one process reads a node's)."""
+    context = plan.context(process)
+    device = None if plan.meter_factory is None else _open_meter(plan.meter_factory, result.devices, context)
+    if not plan.node_meter_factories:
+        return device
+    if process.meter_per_process:
+        # Several processes of one host each read their own devices: a host's meter would count once each.
+        result.warnings.append(
+            "node meters are not read where each process reads its own devices' meter (poprun instances): "
+            "the energy is the devices' only"
+        )
+        return device
+    nodes = [
+        (node_covers(factory), _open_meter(factory, result.devices, context)) for factory in plan.node_meter_factories
+    ]
+    paired = None if device is None or plan.meter_factory is None else (device_covers(plan.meter_factory), device)
+    return MeterSet(paired, nodes, plan.meter_unavailable_reason)
 
 
 def _energy_over_nodes(

@@ -244,6 +244,7 @@ PRINTED_LINES: tuple[PrintedLine, ...] = (
     # Always: a run without energy says why, or that it was not measured (never "unavailable: None").
     PrintedLine("energy", "energy", always=True),
     PrintedLine("components", structural=True),
+    PrintedLine("meters", structural=True),
     PrintedLine("efficiency", "efficiency"),
     PrintedLine("nodes", structural=True),
     PrintedLine("epoch", "epoch", shown=_epoch_estimated, note="(estimate, extrapolated from the timed window)"),

@@ -29,7 +29,9 @@ from core.energy.units import JOULES_PER_WATT_HOUR, watt_hours
 #      memory_bytes_per_sample (the workload's analytical count), .memory_bandwidth_bytes_per_second,
 #      .memory_bandwidth_source, .memory_kind and .cache_bandwidths_bytes_per_second (summed datasheet
 #      figures of the devices used); the derived arithmetic_intensity (computed on read).
-SCHEMA_VERSION = "1.6"
+# 1.7: EnergyMeasurement.meters (empty by default): each meter of a run that read node meters beside its
+#      device meter (RunConfig.node_meters), what it includes and whether it is in the total.
+SCHEMA_VERSION = "1.7"
 # The error type of a document written by a newer core: ResultStore skips such a row with a warning.
 NEWER_SCHEMA_ERROR = "newer_schema"
 # A traceback kept in a result is cut to its end (where it broke) so a deep recursion stays small.
@@ -151,6 +153,23 @@ def _times(value: float | None, factor: int) -> float | None:
     return None if value is None else value * factor
 
 
+class MeterEnergy(BaseModel):
+    """One meter's reading of the window, as an item of a run's energy (device meter and node meters)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    meter: str
+    role: Literal["device", "node"] = Field(description="'device': the run's device meter; 'node': a node meter")
+    includes: list[str] = Field(description="what its figure covers: 'devices', 'cpu', 'dram', 'fans', ...")
+    counted: bool = Field(
+        description="added into the run's energy_joules; false where a node meter including it counts it"
+    )
+    method: str | None = None
+    energy_joules: float | None = None
+    unavailable_reason: str | None = None
+    components_joules: dict[str, float] = Field(default_factory=dict)
+
+
 class EnergyMeasurement(BaseModel):
     """Energy over exactly the steady window, or why there is none."""
 
@@ -178,6 +197,11 @@ class EnergyMeasurement(BaseModel):
     warnings: list[str] = Field(
         default_factory=list,
         description="what makes this figure less certain; the runner copies them into the result's warnings",
+    )
+    meters: list[MeterEnergy] = Field(
+        default_factory=list,
+        description="a run with node meters: each meter's figure, itemised; energy_joules is the sum of those "
+        "counted (empty for a run read by one meter)",
     )
 
     @computed_field  # type: ignore[prop-decorator]

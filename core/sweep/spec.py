@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from core.config import RunConfig
+from core.config import RunConfig, canonical_node_meters
 from core.errors import ConfigError, ConfigErrors, CoreError
 from core.storage.epochs import EpochDefinition
 from core.sweep.slurm_settings import SlurmSettings
@@ -269,11 +269,17 @@ def _flatten(grid: dict[str, Any]) -> Iterator[tuple[str, Any]]:
 
 def canonical_value(name: str, value: Any) -> Any:
     """One spelling of a value that can be written several ways, so that equal settings make one
-    cell: ``epoch_definition`` ``samples:1_000`` and ``samples: 1000`` are ``samples:1000``. A value
+    cell: ``epoch_definition`` ``samples:1_000`` and ``samples: 1000`` are ``samples:1000``, ``node_meters``
+    ``rapl, bmc`` is ``bmc,rapl``. A value
     that does not parse is left as written, for the cell's validation to refuse by name."""
     if name == "epoch_definition" and isinstance(value, str):
         try:
             return str(EpochDefinition.parse(value))
+        except ValueError:
+            return value
+    if name == "node_meters" and isinstance(value, str):
+        try:
+            return canonical_node_meters(value, sort=True)
         except ValueError:
             return value
     return value

@@ -50,6 +50,7 @@ _TOY_FIXED: dict[str, Any] = {
     "warmup_steps": 1,
     "compile": False,
     "power_meter": "none",
+    "node_meters": "",
     "data": "synthetic",
 }
 # Fields that only mean something on the file's machine.

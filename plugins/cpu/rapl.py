@@ -184,6 +184,10 @@ class RaplMeter(DeviceEnergyMeter):
 class RaplMeterFactory(PowerMeterFactory):
     name = "rapl"
     description = "CPU package and DRAM energy from Intel/AMD RAPL counters (Linux powercap sysfs)"
+    # On a CPU run the devices are these packages, and DRAM comes with them; beside other devices
+    # (--node-meters rapl on a GPU host) it measures the host's CPU and DRAM.
+    includes = ("devices", "cpu", "dram")
+    node_includes = ("cpu", "dram")
 
     def __init__(self, root: Path = POWERCAP_ROOT, *, read_text: ReadText = _read_text) -> None:
         self.root = Path(root)
