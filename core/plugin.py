@@ -36,6 +36,14 @@ from core.energy.sampling import FixedRateSampler
 from core.errors import ConfigError, NonFiniteLossError, PluginError, RegistrationError
 from core.executors.base import Executor, HostStepClock, StepClock
 from core.machines.profile import MachineProfile
+from core.precision import (
+    Bf16Policy,
+    Fp16Policy,
+    Fp32Policy,
+    MixedPrecisionPolicy,
+    PrecisionPolicy,
+    Tf32Policy,
+)
 from core.running.distributed import ProcessContext
 from core.storage.environment import processor_name
 from core.storage.results import DeviceRecord, EnergyMeasurement, RunResult
@@ -88,6 +96,14 @@ __all__ = [
     "Framework",
     "Precision",
     "ALL_PRECISIONS",
+    # precision policies: subclass one to add a precision (core_register_precisions) or to run a
+    # registered one in a device's own way (Accelerator.precision_policy)
+    "PrecisionPolicy",
+    "MixedPrecisionPolicy",
+    "Fp32Policy",
+    "Tf32Policy",
+    "Bf16Policy",
+    "Fp16Policy",
     "RunConfig",
     "ProcessContext",
     "RunContext",

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from core.contract.accelerator import Accelerator
     from core.contract.workload import Workload
     from core.energy.meter import PowerMeterFactory
+    from core.precision import PrecisionPolicy
     from core.storage.results import RunResult
 
 PROJECT_NAME = "core"
@@ -59,6 +60,21 @@ def core_register_power_meters(register: Callable[[PowerMeterFactory], None]) ->
     Fires once, when the plugin manager loads; validated like accelerators.
 
     :param register: callback taking one :class:`core.PowerMeterFactory` instance.
+    :returns: nothing; results of this hook are ignored.
+    """
+
+
+@hookspec
+def core_register_precisions(register: Callable[[type[PrecisionPolicy]], None]) -> None:
+    """Register precision policies by calling ``register(policy_class)`` once for each.
+
+    Fires once, when the plugin manager loads. ``register`` checks the class is a
+    :class:`core.plugin.PrecisionPolicy` subclass with a valid name no policy has (core's own
+    fp32, tf32, bf16 and fp16 included), a compute dtype and its size; a bad registration is
+    reported against this plugin and the rest load on. An accelerator then lists the name in its
+    ``precisions``; planning refuses a listed name that no registered policy has.
+
+    :param register: callback taking one :class:`core.plugin.PrecisionPolicy` subclass (the class).
     :returns: nothing; results of this hook are ignored.
     """
 
