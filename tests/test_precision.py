@@ -513,3 +513,18 @@ def test_the_enum_forms_of_precision_keep_working() -> None:
         Precision["fp8"]
     with pytest.warns(DeprecationWarning, match="core's own names only"):
         assert [p.value for p in Precision] == ["fp32", "tf32", "bf16", "fp16"]
+
+
+def test_run_context_hands_a_plugin_test_the_policy_planning_would() -> None:
+    from core.testing import run_context
+    from core_plugins.graphcore.accelerator import GraphcoreAccelerator
+    from core_plugins.graphcore.precision import PopTorchFp16Policy
+
+    ipu = GraphcoreAccelerator()
+    config = make_config(workload="fcnn", accelerator="graphcore", precision="fp16")
+    assert run_context(config, ipu).precision_policy is PopTorchFp16Policy  # PopTorch's own fp16
+    keras = make_config(workload="fcnn", accelerator="graphcore", precision="fp16", framework="tensorflow")
+    assert run_context(keras, ipu).precision_policy is Fp16Policy  # Keras's mixed_float16: core's
+    with registered_plugins(Fp64Plugin()):
+        fp64 = make_config(workload="fcnn", accelerator="cpu-fp64", precision="fp64")
+        assert run_context(fp64, Fp64Cpu()).precision_policy is Fp64Policy

@@ -281,7 +281,7 @@ class GraphcoreAccelerator(Accelerator):
             )
         if config.framework is Framework.torch:
             _check_data(config)
-            _check_numerics(config, options)
+            _check_numerics(config, options, context.precision_policy)
             if options.batch_norm_span > 1:
                 # PopTorch 3.3 has no batch norm across replicas (its supported operations list no
                 # SyncBatchNorm; its Options no replica groups for norms): each replica normalises alone.
@@ -588,10 +588,10 @@ def pipeline_split(context: RunContext, placement: IpuPlacement, workload: Workl
     return choice
 
 
-def _check_numerics(config: RunConfig, options: GraphcoreOptions) -> None:
+def _check_numerics(config: RunConfig, options: GraphcoreOptions, policy: type[PrecisionPolicy]) -> None:
     """PopTorch options that mean nothing for this run are refused rather than silently ignored
     (the IPU TensorFlow path's: tensorflow_settings.ipu_keras_settings)."""
-    if options.loss_scaling is not None and not (config.precision is Precision.fp16 and config.mode == "train"):
+    if options.loss_scaling is not None and not (policy.scales_loss and config.mode == "train"):
         raise ConfigError(
             "accelerator_options.loss_scaling",
             options.loss_scaling,
