@@ -310,7 +310,8 @@ def resolve_precision(
             "precision",
             requested.value,
             f"{where} lists it, but no precision policy of that name is registered (registered: "
-            f"{_choices(manager.precisions)}), so nothing would compute in it; {supports}",
+            f"{_choices(manager.precisions)}), so nothing would compute in it; it supports: "
+            f"{_choices(runnable) or 'none'}",
         )
     if not _runs_with(policy, framework):
         raise ConfigError(
