@@ -46,6 +46,8 @@ def _flag_help(info: Any) -> tuple[Any, str]:
     import types
     import typing
 
+    from core.precision import BUILTIN_POLICIES, Precision
+
     kind = info.annotation
     if typing.get_origin(kind) in (typing.Union, types.UnionType):  # "int | None": the int
         kind = next(k for k in typing.get_args(kind) if k is not type(None))
@@ -55,6 +57,9 @@ def _flag_help(info: Any) -> tuple[Any, str]:
         kind = str
     elif typing.get_origin(kind) is typing.Literal:
         text += f"; one of: {', '.join(str(value) for value in typing.get_args(kind))}"
+        kind = str
+    elif kind is Precision:  # open: core's names, and any a plugin registers a policy for
+        text += f"; core's: {', '.join(BUILTIN_POLICIES)}, and any a plugin registers"
         kind = str
     default = info.default.value if isinstance(info.default, enum.Enum) else info.default
     if default is not None and default != "":

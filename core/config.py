@@ -10,25 +10,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from core.errors import ConfigError, ConfigErrors
+from core.precision import Precision
 from core.storage.epochs import ALLOWED_EPOCH_DEFINITIONS, DEFAULT_EPOCH_DEFINITION, EpochDefinition
 
 
 class Framework(str, Enum):
     torch = "torch"
     tensorflow = "tensorflow"
-
-
-class Precision(str, Enum):
-    """Numeric policy for the training step.
-
-    fp32 means true fp32 (TF32 off for matmul and convolution); tf32 allows TF32 tensor cores;
-    bf16 and fp16 are autocast / mixed-precision policies (fp16 with loss scaling).
-    """
-
-    fp32 = "fp32"
-    tf32 = "tf32"
-    bf16 = "bf16"
-    fp16 = "fp16"
 
 
 OptionValue = bool | int | float | str
@@ -116,7 +104,11 @@ class RunConfig(BaseModel):
         le=1 << 16,
         description="weight updates per host call, where the accelerator supports it",
     )
-    precision: Precision = Field(default=Precision.fp32, strict=False, description="numeric precision policy")
+    precision: Precision = Field(
+        default=Precision.fp32,
+        description="numeric precision policy, by name (core.precision: fp32 is true fp32, tf32 allows TF32, bf16 "
+        "and fp16 autocast, fp16 with loss scaling); each accelerator lists the ones it runs",
+    )
     steps: int = Field(
         default=20,
         ge=1,

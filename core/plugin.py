@@ -37,6 +37,14 @@ from core.energy.sampling import Clock, FixedRateSampler
 from core.errors import ConfigError, NonFiniteLossError, PluginError, RegistrationError
 from core.executors.base import Executor, HostStepClock, StepClock
 from core.machines.profile import MachineProfile
+from core.precision import (
+    Bf16Policy,
+    Fp16Policy,
+    Fp32Policy,
+    MixedPrecisionPolicy,
+    PrecisionPolicy,
+    Tf32Policy,
+)
 from core.report.document import Block, Code, Figure, Heading, Paragraph, Preformatted, Table, Value
 from core.running.distributed import ProcessContext
 from core.storage.environment import processor_name
@@ -90,6 +98,14 @@ __all__ = [
     "Framework",
     "Precision",
     "ALL_PRECISIONS",
+    # precision policies: subclass one to add a precision (core_register_precisions) or to run a
+    # registered one in a device's own way (Accelerator.precision_policy)
+    "PrecisionPolicy",
+    "MixedPrecisionPolicy",
+    "Fp32Policy",
+    "Tf32Policy",
+    "Bf16Policy",
+    "Fp16Policy",
     "RunConfig",
     "ProcessContext",
     "RunContext",

@@ -24,7 +24,7 @@ from typing import Any
 from core.config import RunConfig
 from core.contract.accelerator import Accelerator
 from core.contract.context import RunContext
-from core.contract.manager import PluginManager, set_plugin_manager
+from core.contract.manager import PluginManager, get_plugin_manager, set_plugin_manager
 from core.contract.workload import Workload
 from core.executors.base import Executor, HostStepClock, StepClock
 from core.executors.stand_in import CpuStandIn
@@ -105,12 +105,17 @@ def run_context(
 
     For a test that calls ``executor_for``, ``validate_run`` or a meter's ``meter_for`` directly.
     Without ``accelerator`` (or ``workload``) those options are parsed as none (an empty model).
+    The precision policy is the one registered for ``config.precision`` (a plugin's too, within
+    :func:`registered_plugins`), as ``accelerator.precision_policy`` refines it.
     """
     from core.contract.workload import NoOptions
 
     workload_options = workload.parse_options(dict(config.workload_options)) if workload else NoOptions()
     accelerator_options = accelerator.parse_options(dict(config.accelerator_options)) if accelerator else NoOptions()
-    return RunContext(config, workload_options, accelerator_options, process)
+    policy = get_plugin_manager().precision_policy(config.precision)
+    if policy is not None and accelerator is not None:
+        policy = accelerator.precision_policy(policy, config.framework)
+    return RunContext(config, workload_options, accelerator_options, process, planned_precision=policy)
 
 
 def run_tiny(workload: str, accelerator: str, **options: Any) -> RunResult:

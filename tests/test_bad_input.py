@@ -19,7 +19,11 @@ BAD_CONFIGS = [
     (["fcnn", "--gradient-accumulation", "0"], "gradient_accumulation", "greater than or equal to 1"),
     (["fcnn", "--replicas", "0"], "replicas", "greater than or equal to 1"),
     (["fcnn", "--replicas", "4096"], "replicas", "can place at most"),
-    (["fcnn", "--precision", "fp8"], "precision", "'fp32', 'tf32', 'bf16' or 'fp16'"),
+    (
+        ["fcnn", "--precision", "fp8"],
+        "precision",
+        "no precision policy has this name (registered: fp32, tf32, bf16, fp16)",
+    ),
     (["fcnn", "--precision", "tf32"], "precision", "supports: fp32, bf16, fp16"),
     (["fcnn", "--framework", "jax"], "framework", "'torch' or 'tensorflow'"),
     (["resnet-9000"], "workload", "unknown workload; registered:"),

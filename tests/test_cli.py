@@ -190,4 +190,7 @@ def test_every_run_config_field_has_a_run_flag_that_sets_it() -> None:
         assert options == {name: True if kind is bool else kind(samples[kind])}, name
     run_parser = build_parser()._subparsers._group_actions[0].choices["run"]  # type: ignore[union-attr]
     help_text = " ".join(run_parser.format_help().split())
-    assert "--batch-size BATCH_SIZE" in help_text and "one of: fp32, tf32, bf16, fp16 (default: fp32)" in help_text
+    assert (
+        "--batch-size BATCH_SIZE" in help_text
+        and "core's: fp32, tf32, bf16, fp16, and any a plugin registers (default: fp32)" in help_text
+    )

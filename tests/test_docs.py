@@ -162,6 +162,15 @@ def _exercise(hook: str, manager: PluginManager, tmp_path: Path) -> None:
         meter = factory.meter_for([], run_context(config))
         meter.start()
         assert meter.stop().unavailable_reason
+    elif hook == "core_register_precisions":
+        import torch
+
+        policy = manager.precisions["fp64"].item
+        assert manager.plugin_of(policy) == "hooks_md_example_core_register_precisions"
+        step = policy("cpu")
+        model = step.convert_module(torch.nn.Linear(3, 2))
+        with step.forward_context():
+            assert model(step.convert_input(torch.ones(1, 3))).dtype == torch.float64
     elif hook == "core_select_power_meter":
         from core import Availability, PowerMeterFactory
 

@@ -17,6 +17,7 @@ from core.running.distributed import SINGLE_PROCESS
 from core.running.planning import plan_run
 from core_plugins.graphcore.executor import poptorch_optimizer
 from core_plugins.graphcore.options import OptionSettings
+from core_plugins.graphcore.precision import PopTorchFp16Policy
 
 pytestmark = pytest.mark.usefixtures("fake_sdk")
 
@@ -99,16 +100,15 @@ def test_recomputation_on_one_ipu_is_popart_standard(fake_sdk: Any) -> None:
 def test_adamw_keeps_its_hyperparameters_as_poptorchs_own(fake_sdk: Any) -> None:
     weights = [torch.nn.Parameter(torch.zeros(3))]
     torch_adamw = torch.optim.AdamW(weights, lr=6e-5, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.01)
-    settings = OptionSettings(seed=0, half_precision=True, loss_scaling=64.0)
+    settings = OptionSettings(seed=0, precision=PopTorchFp16Policy, loss_scaling=64.0)
     converted = poptorch_optimizer(fake_sdk.poptorch, torch_adamw, settings)
     assert isinstance(converted, fake_sdk.poptorch.optim.AdamW) and converted.loss_scaling == 64.0
     assert converted.defaults["betas"] == (0.8, 0.95) and converted.defaults["weight_decay"] == 0.01
     assert converted.first_order_momentum_accum_type == converted.second_order_momentum_accum_type == torch.float32
     assert converted.param_groups[0]["params"] == weights
     # Without a static scale the torch optimizer goes to PopTorch as it is.
-    assert (
-        poptorch_optimizer(fake_sdk.poptorch, torch_adamw, OptionSettings(seed=0, half_precision=True)) is torch_adamw
-    )
+    half = OptionSettings(seed=0, precision=PopTorchFp16Policy)
+    assert poptorch_optimizer(fake_sdk.poptorch, torch_adamw, half) is torch_adamw
 
 
 @pytest.mark.parametrize(

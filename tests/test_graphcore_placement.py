@@ -72,6 +72,7 @@ def aces_table_3_settings(bn_span: int, batch: int, instances: int, replicas: in
 
 @pytest.mark.parametrize("bn_span,batch,instances,replicas,total_ipus", ACES_TABLE_3)
 def test_aces_table_3_rows(bn_span: int, batch: int, instances: int, replicas: int, total_ipus: int) -> None:
+    from core.precision import BUILTIN_POLICIES
     from core_plugins.graphcore.accelerator import GraphcoreOptions
     from core_plugins.graphcore.tensorflow_settings import ipu_keras_settings
 
@@ -92,7 +93,7 @@ def test_aces_table_3_rows(bn_span: int, batch: int, instances: int, replicas: i
     config = make_config(
         workload="resnet50", accelerator="graphcore", **aces_table_3_settings(bn_span, batch, instances, replicas)
     )
-    settings = ipu_keras_settings(config, options, placement)
+    settings = ipu_keras_settings(config, options, placement, policy=BUILTIN_POLICIES[config.precision])
     assert settings.batch_norm_span * placement.ipus_per_replica == bn_span
     assert replicas % settings.batch_norm_span == 0
     assert batch * bn_span == (40 if bn_span == 2 else batch)

@@ -387,7 +387,9 @@ def test_the_executor_itself_refuses_a_second_configuration(fake_tf_ipu: Any) ->
     options = plan.accelerator_options.model_copy(update={"ipu_model": True})
     placement = plan.accelerator.placement(plan.config, options)
     with pytest.raises(ConfigError, match="once per process"):
-        create_keras_executor(plan.workload, plan.workload_options, plan.config, placement, options)
+        create_keras_executor(
+            plan.workload, plan.workload_options, plan.config, placement, options, precision=plan.precision_policy
+        )
     assert len(fake_tf_ipu.config.configured) == 1
 
 

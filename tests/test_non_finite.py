@@ -129,12 +129,12 @@ def test_torch_a_clean_window_passes(flag_kind: str) -> None:
 def test_torch_fp16_scaler_skips_are_not_reported_but_a_nan_loss_is() -> None:
     # An inf in the scaled gradients is loss scaling's business: the step is skipped, the scale halves.
     executor = torch_executor(Faults(inf_gradient_at=UPDATES), accumulation=1, precision="fp16")
-    assert executor._scaler is not None
+    assert executor.precision.scales_loss
     run_window(executor, UPDATES - 1)
-    before, scale = executor.model_state(), executor._scaler.get_scale()
+    before, scale = executor.model_state(), executor.precision.scaler.get_scale()
     run_window(executor, 1)
     assert all(torch.equal(before[k], v) for k, v in executor.model_state().items())
-    assert executor._scaler.get_scale() == scale / 2
+    assert executor.precision.scaler.get_scale() == scale / 2
     executor.check_finite()
 
     executor = torch_executor(Faults(nan_loss_at=2 * UPDATES), accumulation=2, precision="fp16")

@@ -575,7 +575,7 @@ def test_bf16_is_autocast_on_xla() -> None:
     executor: Any = accelerator.executor_for(Fcnn(), run_context(config, accelerator, Fcnn()))
     try:
         inputs, _ = executor._micro_batch(0)
-        with executor._autocast():
+        with executor.precision.forward_context():
             outputs = executor._placed_model(inputs)
         assert outputs.dtype == torch.bfloat16  # the matmuls ran in bfloat16
         assert executor.details()["autocast_dtype"] == "bfloat16"

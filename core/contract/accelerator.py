@@ -11,6 +11,7 @@ from pydantic import BaseModel
 from core.config import Framework, Precision, RunConfig
 from core.contract.peaks import MemoryBandwidth
 from core.contract.workload import NoOptions, parse_plugin_options
+from core.precision import PrecisionPolicy
 from core.storage.results import DeviceRecord
 
 if TYPE_CHECKING:
@@ -104,7 +105,16 @@ class Accelerator(ABC):
 
     @abstractmethod
     def precisions(self, framework: Framework) -> tuple[Precision, ...]:
-        """The precision policies this accelerator supports with that framework."""
+        """The names of the precision policies this accelerator runs with that framework (core's
+        ``Precision.fp32`` ..., or a name a plugin registered a policy for). Planning refuses a
+        listed name that no registered policy has, rather than run it as fp32."""
+
+    def precision_policy(self, policy: type[PrecisionPolicy], framework: Framework) -> type[PrecisionPolicy]:
+        """The policy a run of ``policy.name`` uses here: the registered ``policy`` itself (the
+        default), or a subclass of it that does the same in this device's own way (Graphcore's
+        fp16 under PopTorch keeps the weights in fp16). Called in planning; touches no device.
+        """
+        return policy
 
     @abstractmethod
     def max_replicas(self, config: RunConfig) -> int:

@@ -17,6 +17,7 @@ from pydantic import BaseModel
 from core.config import RunConfig
 from core.contract.pipeline import PipelineLayout
 from core.machines.profile import MachineProfile
+from core.precision import PrecisionPolicy, policy_for
 from core.running.distributed import ProcessContext
 
 OptionsModel = TypeVar("OptionsModel", bound=BaseModel)
@@ -38,6 +39,14 @@ class RunContext:
     #: where the workload's model may be cut into pipeline stages; planning asks the workload only
     #: for a replica over several devices (``devices_per_replica > 1``), else None
     pipeline_layout: PipelineLayout | None = None
+    #: the precision policy planning chose for this accelerator (None: core's policy of the name)
+    planned_precision: type[PrecisionPolicy] | None = None
+
+    @property
+    def precision_policy(self) -> type[PrecisionPolicy]:
+        """The policy ``config.precision`` runs under: planning's choice (the registered policy, or
+        the accelerator's subclass of it)."""
+        return self.planned_precision or policy_for(self.config.precision)
 
     def warn(self, message: str) -> None:
         if message not in self.warnings:

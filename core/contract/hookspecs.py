@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from core.contract.commands import Command
     from core.contract.workload import Workload
     from core.energy.meter import PowerMeterFactory
+    from core.precision import PrecisionPolicy
     from core.report.document import Block
     from core.storage.results import RunResult
 
@@ -74,6 +75,21 @@ def core_register_commands(register: Callable[[Command], None]) -> None:
     --help`` calls it, so the command's ``run`` imports what it needs, not the plugin's module.
 
     :param register: callback taking one :class:`core.plugin.Command`.
+    :returns: nothing; results of this hook are ignored.
+    """
+
+
+@hookspec
+def core_register_precisions(register: Callable[[type[PrecisionPolicy]], None]) -> None:
+    """Register precision policies by calling ``register(policy_class)`` once for each.
+
+    Fires once, when the plugin manager loads. ``register`` checks the class is a
+    :class:`core.plugin.PrecisionPolicy` subclass with a valid name no policy has (core's own
+    fp32, tf32, bf16 and fp16 included), a compute dtype and its size; a bad registration is
+    reported against this plugin and the rest load on. An accelerator then lists the name in its
+    ``precisions``; planning refuses a listed name that no registered policy has.
+
+    :param register: callback taking one :class:`core.plugin.PrecisionPolicy` subclass (the class).
     :returns: nothing; results of this hook are ignored.
     """
 

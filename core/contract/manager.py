@@ -34,6 +34,7 @@ from core.contract.hookspecs import hookimpl
 from core.contract.workload import Workload
 from core.energy.meter import PowerMeterFactory
 from core.errors import ConfigError, PluginError, RegistrationError
+from core.precision import BUILTIN_POLICIES, PrecisionPolicy, policy_problem
 
 ENTRY_POINT_GROUP = "core"
 ENV_ALLOW = "CORE_PLUGINS"
@@ -43,6 +44,8 @@ ENV_NO_AUTOLOAD = "CORE_DISABLE_PLUGIN_AUTOLOAD"
 # entry-point names are reserved, so a third party cannot stand in for `cpu` even when the
 # built-in failed to load.
 BUILTIN_DISTRIBUTION = "core"
+#: who registered core's own precision policies (no plugin: they are there before any loads)
+CORE_ITSELF = "core"
 
 T = TypeVar("T")
 
@@ -111,7 +114,19 @@ _REGISTRATION_HOOKS: dict[str, tuple[str, type]] = {
     "core_register_workloads": ("workloads", Workload),
     "core_register_power_meters": ("power_meters", PowerMeterFactory),
     "core_register_commands": ("commands", Command),
+    # classes, not instances: each run's executor makes its own (it holds fp16's gradient scaler)
+    "core_register_precisions": ("precisions", PrecisionPolicy),
 }
+
+
+def _type_problem(item: object, expected: type) -> str | None:
+    """Why ``item`` is not what a registration hook takes, or None: an instance of ``expected``,
+    or for precision policies a class (core.precision.policy_problem)."""
+    if expected is PrecisionPolicy:
+        return policy_problem(item)
+    if not isinstance(item, expected):
+        return f"expected a {expected.__name__} instance, got {type(item).__name__}"
+    return None
 
 
 def _names_from_env(variable: str) -> set[str] | None:
@@ -186,6 +201,9 @@ class PluginManager:
         self.power_meters: dict[str, Registered[PowerMeterFactory]] = {}
         #: sub-commands of ``core`` that plugins add (core_register_commands)
         self.commands: dict[str, Registered[Command]] = {}
+        self.precisions: dict[str, Registered[type[PrecisionPolicy]]] = {
+            policy.name: Registered(policy, CORE_ITSELF) for policy in BUILTIN_POLICIES.values()
+        }
 
     @property
     def hook(self) -> Any:
@@ -291,6 +309,13 @@ class PluginManager:
         entry point, none was registered in this process only (``register_plugin``)."""
         return all(record.entry_point for record in self.plugins.values() if record.state is PluginState.loaded)
 
+    def _owner(self, plugin: str) -> str:
+        """Who registered something, as an error says it: core itself, a built-in plugin or a plugin."""
+        if plugin == CORE_ITSELF and plugin not in self.plugins:
+            return "core itself"
+        builtin = self.plugins.get(plugin, PluginRecord(plugin, PluginState.loaded)).builtin
+        return f"{'built-in plugin' if builtin else 'plugin'} {plugin!r}"
+
     def is_registered(self, plugin: object) -> bool:
         return self._pluggy.is_registered(plugin)
 
@@ -311,19 +336,16 @@ class PluginManager:
                 _items: list[Any] = items,
                 _registry: dict[str, Registered[Any]] = registry,
             ) -> None:
-                if not isinstance(item, _type):
-                    raise RegistrationError(f"expected a {_type.__name__} instance, got {type(item).__name__}")
+                wrong_type = _type_problem(item, _type)
+                if wrong_type:
+                    raise RegistrationError(wrong_type)
                 name = getattr(item, "name", None)
                 if not isinstance(name, str) or not name:
                     raise RegistrationError(f"{type(item).__name__} has no name")
                 if name in _registry:
-                    owner = _registry[name].plugin
-                    kind = (
-                        "built-in plugin"
-                        if self.plugins.get(owner, PluginRecord(owner, PluginState.loaded)).builtin
-                        else "plugin"
+                    raise RegistrationError(
+                        f"{_type.__name__} {name!r} is already registered by {self._owner(_registry[name].plugin)}"
                     )
-                    raise RegistrationError(f"{_type.__name__} {name!r} is already registered by {kind} {owner!r}")
                 if not builtin and _type is Accelerator and name in self.reserved_names:
                     raise RegistrationError(
                         f"{_type.__name__} {name!r} is the name of a built-in plugin; choose another name"
@@ -359,6 +381,11 @@ class PluginManager:
                 "workload", name, f"unknown workload; registered: {', '.join(sorted(self.workloads)) or 'none'}"
             )
         return self.workloads[name].item
+
+    def precision_policy(self, name: str) -> type[PrecisionPolicy] | None:
+        """The registered policy of precision ``name``; None where no plugin (nor core) has one."""
+        registered = self.precisions.get(str(name))
+        return registered.item if registered is not None else None
 
     def power_meter_factory(self, accelerator: Accelerator, config: RunConfig) -> PowerMeterFactory | None:
         """The meter for a run: by name, none, or chosen through core_select_power_meter."""
@@ -414,8 +441,15 @@ class PluginManager:
     # --- calling plugin code -----------------------------------------------------------------
 
     def plugin_of(self, item: object) -> str:
-        """The plugin that registered ``item`` (an accelerator, workload or meter factory)."""
-        for registry in (self.accelerators, self.workloads, self.power_meters, self.commands):
+        """The plugin that registered ``item``: an accelerator, workload, meter factory, precision or command."""
+        registries: tuple[dict[str, Registered[Any]], ...] = (
+            self.accelerators,
+            self.workloads,
+            self.power_meters,
+            self.precisions,
+            self.commands,
+        )
+        for registry in registries:
             for registered in registry.values():
                 if registered.item is item:
                     return registered.plugin

@@ -16,10 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from core.config import Precision, RunConfig
+from core.config import RunConfig
 from core.contract.workload import KerasTrainingSpec
 from core.errors import DataError, NonFiniteLossError
 from core.executors.base import Executor, HostStepClock, StepClock
+from core.precision import PrecisionPolicy, policy_for
 
 
 def quiet_tensorflow_startup() -> None:
@@ -30,13 +31,6 @@ def quiet_tensorflow_startup() -> None:
 
 
 quiet_tensorflow_startup()
-
-_POLICY_BY_PRECISION = {
-    Precision.fp32: "float32",
-    Precision.tf32: "float32",
-    Precision.bf16: "mixed_bfloat16",
-    Precision.fp16: "mixed_float16",
-}
 
 
 @dataclass(frozen=True)
@@ -80,15 +74,6 @@ def split_host_cpu(logical_devices: int) -> list[str]:
     return [d.name for d in tf.config.list_logical_devices("CPU")]
 
 
-def _set_precision(tf: Any, keras: Any, precision: Precision) -> None:
-    # Layers read the global policy when constructed, so it must be set before make_model.
-    keras.mixed_precision.set_global_policy(_POLICY_BY_PRECISION[precision])
-    if precision is Precision.fp32:
-        tf.config.experimental.enable_tensor_float_32_execution(False)
-    elif precision is Precision.tf32:
-        tf.config.experimental.enable_tensor_float_32_execution(True)
-
-
 def _replica_sum(tf: Any) -> Any:
     """A float counter with one component per replica, summed when read in cross-replica context."""
     return tf.Variable(
@@ -123,6 +108,8 @@ class KerasExecutor(Executor):
         self._tf = tf
         self._micro = config.micro_batch_size
         self._accumulation = config.gradient_accumulation
+        #: the run's precision policy (its Keras policy, TF32 switch and loss scaling)
+        self.precision: type[PrecisionPolicy] = policy_for(config.precision)
 
         # Global state this executor changes; close() puts it back.
         self._previous_policy = keras.mixed_precision.global_policy()
@@ -132,7 +119,8 @@ class KerasExecutor(Executor):
         self._data_source = config.data
         self._data_wait_seconds = 0.0
         try:
-            _set_precision(tf, keras, config.precision)
+            # Layers read the global policy when constructed, so it is set before make_model.
+            self.precision.configure_keras(tf, keras)
             strategy = placement.make_strategy()
             local_devices = list(strategy.extended.worker_devices)
             if len(local_devices) != placement.replicas:
@@ -143,7 +131,7 @@ class KerasExecutor(Executor):
             self._strategy = strategy
             # Across processes (multi-worker strategies) the all-reduce spans every replica.
             self._global_replicas = strategy.num_replicas_in_sync
-            loss_fn = self._build_model(spec, config.precision)
+            loss_fn = self._build_model(spec)
             self._place_data(spec, config, local_devices)
             self._train_step = self._make_train_step(loss_fn, placement.jit_compile)
             self._details: dict[str, Any] = {
@@ -166,19 +154,16 @@ class KerasExecutor(Executor):
             self.close()
             raise
 
-    def _build_model(self, spec: KerasTrainingSpec, precision: Precision) -> Any:
-        """Model, optimizer (loss-scaled for fp16) and the replica-sum counters, in the strategy's
-        scope; returns the loss function."""
+    def _build_model(self, spec: KerasTrainingSpec) -> Any:
+        """Model, optimizer (as the precision policy trains: loss-scaled for fp16) and the
+        replica-sum counters, in the strategy's scope; returns the loss function."""
         tf = self._tf
         from tensorflow import keras
 
         with self._strategy.scope():
             self.model = spec.make_model()
             loss_fn = spec.make_loss()
-            optimizer = spec.make_optimizer()
-            if precision is Precision.fp16 and not isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer):
-                # fp16 gradients underflow without loss scaling (bf16 has fp32's range).
-                optimizer = keras.mixed_precision.LossScaleOptimizer(optimizer)
+            optimizer = self.precision.keras_optimizer(spec.make_optimizer(), keras)
             self.optimizer = optimizer
             self._loss_scaling = isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer)
             self._variables = list(self.model.trainable_variables)
@@ -421,7 +406,7 @@ class KerasInferenceExecutor(KerasExecutor):
     ``jit_compile``); no optimizer, no gradients. Replicas in one process each run their own batch.
     """
 
-    def _build_model(self, spec: KerasTrainingSpec, precision: Precision) -> Any:
+    def _build_model(self, spec: KerasTrainingSpec) -> Any:
         tf = self._tf
         with self._strategy.scope():
             self.model = spec.make_model()

@@ -1,5 +1,5 @@
-"""The PyTorch executor every vendor shares: device placement, precision policy, gradient
-accumulation, DDP replicas and torch.compile. A vendor plugin describes its device in a
+"""The PyTorch executor every vendor shares: device placement, the precision policy's step
+(core.precision), gradient accumulation, DDP replicas and torch.compile. A vendor plugin describes its device in a
 TorchPlacement; it does not write its own training loop.
 """
 
@@ -14,12 +14,13 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from core.config import Precision, RunConfig
+from core.config import RunConfig
 from core.contract.workload import TorchTrainingSpec
 from core.data import SYNTHETIC_ON_HOST, SYNTHETIC_SOURCES
 from core.errors import NonFiniteLossError
 from core.executors import stand_in
 from core.executors.base import Executor, HostStepClock, StepClock
+from core.precision import PrecisionPolicy, policy_for
 from core.running.distributed import ProcessContext
 
 if TYPE_CHECKING:
@@ -27,8 +28,6 @@ if TYPE_CHECKING:
 
 # A rank that dies must fail the run, not hang its peers for torch's default 30 minutes.
 DISTRIBUTED_TIMEOUT = datetime.timedelta(minutes=5)
-
-_AUTOCAST_DTYPES = {Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}
 
 
 class TorchDeviceHooks:
@@ -136,34 +135,6 @@ class DeviceEventStepClock(StepClock):
         return [a.elapsed_time(b) / 1000.0 for a, b in zip(self._events, self._events[1:])]
 
 
-def apply_precision_policy(precision: Precision) -> dict[str, Any]:
-    """Set PyTorch's global float32 switches; returns the effective flags for the result.
-
-    fp32 means true fp32: TF32 off for matmul and, separately, for cuDNN convolutions.
-    """
-    allow_tf32 = precision is Precision.tf32
-    torch.backends.cuda.matmul.allow_tf32 = allow_tf32
-    torch.backends.cudnn.allow_tf32 = allow_tf32
-    torch.set_float32_matmul_precision("high" if allow_tf32 else "highest")
-    return {
-        "precision": precision.value,
-        "autocast_dtype": str(_AUTOCAST_DTYPES[precision]).removeprefix("torch.")
-        if precision in _AUTOCAST_DTYPES
-        else None,
-        "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
-        "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
-        "grad_scaler": precision is Precision.fp16,
-    }
-
-
-def _grad_scaler(device: torch.device) -> Any:
-    # torch.amp.GradScaler(device_type) arrived in torch 2.3; older releases only scale on CUDA.
-    if hasattr(torch.amp, "GradScaler"):
-        return torch.amp.GradScaler(device.type)
-    return torch.cuda.amp.GradScaler()
-
-
 def _fused_finite_check_runs_on(device: torch.device) -> bool:
     """Whether GradScaler's fused non-finite kernel runs on ``device`` (CUDA, ROCm, CPU since torch 2.3)."""
     try:
@@ -259,9 +230,10 @@ def replicas_micro_batch_indices(
 
 
 class TorchModelExecutor(Executor):
-    """What training and inference share: the precision policy, the process group, the model on the
-    device (weights loaded, channels_last), the data (synthetic on the device or the host, or files),
-    autocast, and the runner's synchronisation, clocks and collectives.
+    """What training and inference share: the precision policy (``precision``, the run's
+    :class:`core.precision.PrecisionPolicy`), the process group, the model on the device (weights
+    loaded, channels_last, converted by the policy), the data (synthetic on the device or the host,
+    or files), and the runner's synchronisation, clocks and collectives.
 
     ``micro_steps`` is the micro-batches one step takes (gradient accumulation when training, 1 for
     inference). Subclasses wrap the model (DDP, torch.compile) and define ``step``.
@@ -283,7 +255,9 @@ class TorchModelExecutor(Executor):
         self._details: dict[str, Any] = dict(placement.details)
         if placement.configure is not None:
             self._details.update(placement.configure(config))
-        self._details.update(apply_precision_policy(config.precision))
+        #: the run's precision policy: the forward pass's context, backward and the optimizer step
+        self.precision: PrecisionPolicy = policy_for(config.precision)(self.device)
+        self._details.update(self.precision.configure_torch())
 
         self._hooks = placement.hooks
         self._host_group: Any = None  # None: the default group does the runner's collectives
@@ -307,6 +281,7 @@ class TorchModelExecutor(Executor):
         model = spec.model.to(self.device)
         if placement.channels_last:
             model = model.to(memory_format=memory_format)
+        model = self.precision.convert_module(model)
         self._hooks.model_placed(model)
         self._placed_model: torch.nn.Module = model
         self._memory_format = memory_format if placement.channels_last else None
@@ -337,12 +312,6 @@ class TorchModelExecutor(Executor):
         self._copy_each_step = on_host or self._files is not None
         self._details["data"] = config.data if config.data in SYNTHETIC_SOURCES else "files"
 
-        dtype = _AUTOCAST_DTYPES.get(config.precision)
-        self._autocast: Callable[[], AbstractContextManager[Any]] = (
-            (lambda: torch.autocast(device_type=self.device.type, dtype=dtype))
-            if dtype is not None
-            else contextlib.nullcontext
-        )
         self._non_finite = NonFiniteFlag(self.device)
         self._details.update(
             {
@@ -368,7 +337,7 @@ class TorchModelExecutor(Executor):
         inputs = inputs.to(self.device, non_blocking=non_blocking)
         if self._memory_format is not None and inputs.dim() == 4:
             inputs = inputs.contiguous(memory_format=self._memory_format)
-        return self._hooks.place_batch(inputs)
+        return self._hooks.place_batch(self.precision.convert_input(inputs))
 
     def _micro_batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self._files is not None:
@@ -492,9 +461,8 @@ class TorchExecutor(TorchModelExecutor):
         self._after_backward = overridden_after_backward(self._hooks)
         self._optimizer = spec.make_optimizer(model.parameters())
         self._loss_fn = spec.loss_fn
-        self._scaler = _grad_scaler(self.device) if config.precision is Precision.fp16 else None
         # Every update raises the non-finite flag on the device if any micro-step's loss, or
-        # (without a GradScaler) any gradient the optimizer step uses, is NaN/inf. Checking only
+        # (without loss scaling) any gradient the optimizer step uses, is NaN/inf. Checking only
         # the last loss is not enough: a kernel may map a NaN to a finite value on the way to the
         # loss (TensorFlow's fused oneDNN ReLU does), so a NaN can first show in the gradients,
         # and one entering in the window's last update would show in no later loss.
@@ -517,33 +485,25 @@ class TorchExecutor(TorchModelExecutor):
             # DDP all-reduces gradients only on the final micro-step of an update.
             sync_context = self._ddp.no_sync() if (self._ddp is not None and index < last) else contextlib.nullcontext()
             with sync_context:
-                with self._autocast():
+                with self.precision.forward_context():
                     loss = self._loss_fn(self._model(inputs), targets)
                     if accumulation > 1:
                         loss = loss / accumulation
-                if self._scaler is not None:
-                    self._scaler.scale(loss).backward()
-                else:
-                    loss.backward()
+                self.precision.backward(loss)
                 if self._after_backward is not None:
                     self._after_backward()
             checked.append(loss.detach())
         # Where the device averages the gradients itself (no DDP), it does so once per update.
         self._hooks.reduce_gradients(self._optimizer)
-        if self._scaler is not None:
-            # A NaN/inf in scaled gradients is loss scaling at work (the scaler skips the step
-            # and lowers the scale), not a fault: only the unscaled losses are checked.
-            self._non_finite.update(checked)
-            self._scaler.step(self._optimizer)
-            self._scaler.update()
-        else:
-            if not self._hooks.checks_weights_not_gradients:
-                # After the last backward, DDP's all-reduce has finished: these are the gradients
-                # this optimizer step applies, accumulated over every micro-step.
-                grads = [g for p in self._trained_parameters if (g := p.grad) is not None]
-                checked += [_dense(g) for g in grads] if self._sparse_gradients else grads
-            self._non_finite.update(checked)
-            self._optimizer.step()
+        # A NaN/inf in loss-scaled gradients is loss scaling at work (the policy skips the step
+        # and lowers the scale), not a fault: only the unscaled losses are checked then.
+        if not self.precision.scales_loss and not self._hooks.checks_weights_not_gradients:
+            # After the last backward, DDP's all-reduce has finished: these are the gradients
+            # this optimizer step applies, accumulated over every micro-step.
+            grads = [g for p in self._trained_parameters if (g := p.grad) is not None]
+            checked += [_dense(g) for g in grads] if self._sparse_gradients else grads
+        self._non_finite.update(checked)
+        self.precision.optimizer_step(self._optimizer)
         self._optimizer.zero_grad(set_to_none=True)
         # A lazy device compiles the update, every micro-step of it, as one graph.
         self._hooks.cut_graph()
@@ -551,7 +511,7 @@ class TorchExecutor(TorchModelExecutor):
         self._last_loss = loss
 
     def check_finite(self) -> None:
-        weights = self._hooks.checks_weights_not_gradients and self._scaler is None
+        weights = self._hooks.checks_weights_not_gradients and not self.precision.scales_loss
         if weights:
             # Any optimizer step with a NaN/inf gradient leaves a NaN/inf weight (or a moment that
             # makes one): the weights carry every gradient fault since the last check, the last

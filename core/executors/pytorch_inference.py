@@ -67,7 +67,7 @@ class TorchInferenceExecutor(TorchModelExecutor):
         self._details["ddp"] = False
 
     def _forward(self, inputs: torch.Tensor) -> Any:
-        with self._hooks.no_grad(), self._autocast():
+        with self._hooks.no_grad(), self.precision.forward_context():
             outputs = self._model(inputs)
             # Queued like the forward itself: no host sync. Inside the no-grad context, where the
             # fused check may write (by 1) into inference tensors.

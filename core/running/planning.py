@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from core.config import LOADGEN_SCENARIOS, Framework, Precision, RunConfig, make_config
+from core.config import LOADGEN_SCENARIOS, Framework, RunConfig, make_config
 from core.contract.accelerator import Accelerator, validate_run
 from core.contract.context import (
     ACCELERATOR_OLD_FORMS,
@@ -26,6 +26,7 @@ from core.energy.combined import Covers, device_meter_counted, devices_unmeasure
 from core.energy.meter import PowerMeterFactory
 from core.errors import ConfigError
 from core.machines.profile import MachineProfile, check_detail, detail_type_name
+from core.precision import Precision, PrecisionPolicy
 from core.running.distributed import SINGLE_PROCESS, ProcessContext
 
 
@@ -45,6 +46,9 @@ class RunPlan:
     pipeline_layout: PipelineLayout | None = None
     #: the meters of the host read beside the device meter (config.node_meters), in that order
     node_meter_factories: tuple[PowerMeterFactory, ...] = ()
+    #: the policy ``config.precision`` runs under: the registered one, or the accelerator's subclass
+    #: of it (None only in a plan not made by plan_run: core's policy of that name then)
+    precision_policy: type[PrecisionPolicy] | None = None
 
     def context(self, process: ProcessContext) -> RunContext:
         """What the plugins are handed in ``process``: the configuration and the parsed options."""
@@ -55,6 +59,7 @@ class RunPlan:
             process,
             machine=self.machine,
             pipeline_layout=self.pipeline_layout,
+            planned_precision=self.precision_policy,
         )
 
     @property
@@ -92,9 +97,7 @@ def plan_run(
     _check_available(manager, accelerator_obj, machine)
     framework = config.framework
     _check_framework(framework, workload_obj, accelerator_obj, machine, warnings)
-    with guard(accelerator_obj, f"{type(accelerator_obj).__name__}.precisions()"):
-        precisions = accelerator_obj.precisions(framework)
-    _check_precision(config, precisions, machine)
+    precision_policy = resolve_precision(manager, accelerator_obj, config, machine)
     with guard(workload_obj, f"{type(workload_obj).__name__}.data_formats_for()"):
         readable = workload_obj.data_formats_for(framework)
     validate_data(config.data, config.data_format, framework, readable, workload_name)
@@ -129,7 +132,7 @@ def plan_run(
         with guard(workload_obj, f"{type(workload_obj).__name__}.pipeline_layout()"):
             layout = workload_obj.pipeline_layout(workload_options, framework)
     plan = RunPlan(config, workload_obj, workload_options, accelerator_obj, accelerator_options, None, None)
-    plan = dataclasses.replace(plan, machine=machine, pipeline_layout=layout)
+    plan = dataclasses.replace(plan, machine=machine, pipeline_layout=layout, precision_policy=precision_policy)
     context = plan.context(SINGLE_PROCESS)
     context.warnings.extend(warnings)
     for message in old_form_warnings(accelerator_obj, ACCELERATOR_OLD_FORMS):
@@ -349,13 +352,62 @@ def _check_available(manager: PluginManager, accelerator: Accelerator, machine: 
         )
 
 
-def _check_precision(config: RunConfig, precisions: tuple[Precision, ...], machine: MachineProfile | None) -> None:
-    where = f"accelerator {config.accelerator!r} with {config.framework.value}"
+def resolve_precision(
+    manager: PluginManager, accelerator: Accelerator, config: RunConfig, machine: MachineProfile | None = None
+) -> type[PrecisionPolicy]:
+    """The policy the run's precision runs under, or a ConfigError naming ``precision``: the name
+    must be one the accelerator lists (and the machine has), and a registered policy must have it
+    (a listed name without one would run as fp32 under another name), with the run's framework."""
+    framework = config.framework
+    with manager.plugin_code(accelerator, f"{type(accelerator).__name__}.precisions()"):
+        # A misspelt name in the list is the plugin's fault, reported against it.
+        listed = tuple(Precision(name) for name in accelerator.precisions(framework))
+    where = f"accelerator {config.accelerator!r} with {framework.value}"
     if machine is not None:
-        precisions = tuple(p for p in precisions if p in machine.precisions)
+        listed = tuple(p for p in listed if p in machine.precisions)
         where += f" on {machine.name!r} ({machine.device})"
-    if config.precision not in precisions:
-        raise ConfigError("precision", config.precision.value, f"{where} supports: {_choices(precisions)}")
+    runnable = tuple(p for p in listed if _runs_with(manager.precision_policy(p), framework))
+    requested = config.precision
+    policy = manager.precision_policy(requested)
+    supports = f"{where} supports: {_choices(runnable) or 'none'}"
+    if requested not in listed:
+        unknown = (
+            f"no precision policy has this name (registered: {_choices(manager.precisions)}); "
+            if policy is None
+            else ""
+        )
+        raise ConfigError("precision", requested.value, unknown + supports)
+    if policy is None:
+        raise ConfigError(
+            "precision",
+            requested.value,
+            f"{where} lists it, but no precision policy of that name is registered (registered: "
+            f"{_choices(manager.precisions)}), so nothing would compute in it; it supports: "
+            f"{_choices(runnable) or 'none'}",
+        )
+    if not _runs_with(policy, framework):
+        raise ConfigError(
+            "precision",
+            requested.value,
+            f"its policy ({policy.__module__}.{policy.__qualname__}) has no Keras policy, so it runs with torch "
+            f"only; {supports}",
+        )
+    call = f"{type(accelerator).__name__}.precision_policy()"
+    with manager.plugin_code(accelerator, call):
+        chosen = accelerator.precision_policy(policy, framework)
+        # A refinement runs the same precision its own way: same name, same compute dtype.
+        same = isinstance(chosen, type) and issubclass(chosen, policy)
+        if not same or (chosen.name, chosen.compute_dtype) != (policy.name, policy.compute_dtype):
+            raise TypeError(
+                f"{call} returned {chosen!r}: {policy.__qualname__} or a subclass of it with its name "
+                f"({policy.name!r}) and compute dtype ({policy.compute_dtype}) is required"
+            )
+    return chosen
+
+
+def _runs_with(policy: type[PrecisionPolicy] | None, framework: Framework) -> bool:
+    """Whether ``policy`` exists and has a path for ``framework`` (every policy has PyTorch's)."""
+    return policy is not None and (framework is not Framework.tensorflow or policy.keras_policy is not None)
 
 
 # Bytes per parameter that training keeps on the device whatever the precision policy: fp32

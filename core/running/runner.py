@@ -23,6 +23,7 @@ from core.energy.meter import PowerMeter, PowerMeterFactory, UnavailableMeter, m
 from core.energy.units import JOULES_PER_WATT_HOUR
 from core.errors import DataError, NonFiniteLossError
 from core.executors.base import Executor
+from core.precision import policy_in_force
 from core.running.distributed import ProcessContext
 from core.running.exchange import gather_through_files
 from core.running.planning import RunPlan, device_covers, node_covers
@@ -185,6 +186,13 @@ def execute(plan: RunPlan, process: ProcessContext, on_progress: ProgressCallbac
     A fault becomes the result's status. KeyboardInterrupt (and SystemExit) propagate instead,
     after the meter and the executor are closed.
     """
+    # core's executors and workloads look the precision up by name (core.precision.policy_for):
+    # they get planning's policy, whichever accelerator builds the executor, and however.
+    with policy_in_force(plan.context(process).precision_policy):
+        return _execute(plan, process, on_progress)
+
+
+def _execute(plan: RunPlan, process: ProcessContext, on_progress: ProgressCallback | None) -> RunResult:
     config = plan.config
     result = new_result(plan, world_size=max(process.world_size, 1))
 

@@ -19,8 +19,9 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from core.config import Framework, Precision, RunConfig
+from core.config import Framework, RunConfig
 from core.contract.workload import KerasTrainingSpec, TorchTrainingSpec, Workload
+from core.precision import policy_for
 
 LEARNING_RATE = 0.01
 MOMENTUM = 0.9
@@ -47,10 +48,10 @@ def bias_count(o: FcnnOptions) -> int:
     return o.layers * o.hidden_width + o.output_width
 
 
-# Bytes per stored value. Parameters, gradients and optimizer state stay fp32 under every policy
-# (autocast and Keras' mixed precision keep fp32 variables); activations take the compute type.
+# Bytes per stored value. Parameters, gradients and optimizer state stay fp32 under core's policies
+# (autocast and Keras' mixed precision keep fp32 variables); activations take the compute type
+# (PrecisionPolicy.activation_bytes).
 PARAMETER_BYTES = 4
-ACTIVATION_BYTES = {Precision.fp32: 4, Precision.tf32: 4, Precision.bf16: 2, Precision.fp16: 2}
 # Per update, SGD with momentum reads the weight, its gradient and the momentum and writes the
 # momentum and the weight: 3 + 2 x (state values per parameter) values per parameter.
 MOMENTUM_STATE_VALUES = 1
@@ -84,7 +85,7 @@ def activation_values_per_sample(o: FcnnOptions, training: bool = True) -> int:
 
 
 def bytes_per_sample(
-    o: FcnnOptions, micro_batch_size: int, gradient_accumulation: int, precision: Precision, training: bool = True
+    o: FcnnOptions, micro_batch_size: int, gradient_accumulation: int, precision: str, training: bool = True
 ) -> float:
     """Bytes one device moves per sample (a lower bound: each tensor once per use, no re-reads).
 
@@ -95,7 +96,7 @@ def bytes_per_sample(
     micro-batch, and the forward activations.
     """
     phi = weight_count(o)
-    activations = activation_values_per_sample(o, training) * ACTIVATION_BYTES[precision]
+    activations = activation_values_per_sample(o, training) * policy_for(precision).activation_bytes()
     if not training:
         return phi * PARAMETER_BYTES / micro_batch_size + activations
     per_micro_batch = 3 * phi * PARAMETER_BYTES / micro_batch_size

@@ -27,10 +27,12 @@ from core.plugin import (
     Availability,
     ConfigError,
     DeviceRecord,
+    Fp16Policy,
     Framework,
     Launcher,
     MemoryBandwidth,
     Precision,
+    PrecisionPolicy,
     ProcessContext,
     RunConfig,
     RunContext,
@@ -40,6 +42,7 @@ from core.plugin import (
 from .peaks import GRAPHCORE_PEAKS, peak
 from .pipeline import DEFAULT_SPLIT, SplitChoice, choose_split_points, describe_split
 from .placement import IpuPlacement, PoprunProcess, format_command, plan_placement, poprun_command
+from .precision import PopTorchFp16Policy
 
 if TYPE_CHECKING:
     from core.plugin import Executor
@@ -204,6 +207,13 @@ class GraphcoreAccelerator(Accelerator):
         # IPUs compute in fp32 and fp16; no bf16, no TF32.
         return _PRECISIONS.get(framework, ())
 
+    def precision_policy(self, policy: type[PrecisionPolicy], framework: Framework) -> type[PrecisionPolicy]:
+        # PopTorch's fp16 halves the whole model (no fp32 master copy); TensorFlow's is Keras's
+        # mixed_float16, core's own policy.
+        if framework is Framework.torch and issubclass(policy, Fp16Policy):
+            return PopTorchFp16Policy
+        return policy
+
     def _options(self, config: RunConfig) -> GraphcoreOptions:
         parsed = self.parse_options(dict(config.accelerator_options))
         assert isinstance(parsed, GraphcoreOptions)
@@ -271,7 +281,7 @@ class GraphcoreAccelerator(Accelerator):
             )
         if config.framework is Framework.torch:
             _check_data(config)
-            _check_numerics(config, options)
+            _check_numerics(config, options, context.precision_policy)
             if options.batch_norm_span > 1:
                 # PopTorch 3.3 has no batch norm across replicas (its supported operations list no
                 # SyncBatchNorm; its Options no replica groups for norms): each replica normalises alone.
@@ -288,7 +298,12 @@ class GraphcoreAccelerator(Accelerator):
             from .tensorflow_settings import check_tensorflow_run
 
             check_tensorflow_run(
-                config, options, placement, this_process=context.machine is None, layout=context.pipeline_layout
+                config,
+                options,
+                placement,
+                this_process=context.machine is None,
+                layout=context.pipeline_layout,
+                policy=context.precision_policy,
             )
         if context.machine is not None:
             _check_on_machine(context, placement)
@@ -382,6 +397,7 @@ class GraphcoreAccelerator(Accelerator):
                 process=poprun,
                 popdist=popdist,
                 layout=context.pipeline_layout,
+                precision=context.precision_policy,
             )
         return self._poptorch_executor(workload, context, placement, options, poprun)
 
@@ -411,7 +427,7 @@ class GraphcoreAccelerator(Accelerator):
             seed=config.seed,
             ipu_model=options.ipu_model,
             executable_cache_dir=options.executable_cache_dir or None,
-            half_precision=config.precision is Precision.fp16,
+            precision=context.precision_policy,
             process=poprun,
             available_memory_proportion=options.available_memory_proportion,
             partials_type=options.partials_type,
@@ -572,10 +588,10 @@ def pipeline_split(context: RunContext, placement: IpuPlacement, workload: Workl
     return choice
 
 
-def _check_numerics(config: RunConfig, options: GraphcoreOptions) -> None:
+def _check_numerics(config: RunConfig, options: GraphcoreOptions, policy: type[PrecisionPolicy]) -> None:
     """PopTorch options that mean nothing for this run are refused rather than silently ignored
     (the IPU TensorFlow path's: tensorflow_settings.ipu_keras_settings)."""
-    if options.loss_scaling is not None and not (config.precision is Precision.fp16 and config.mode == "train"):
+    if options.loss_scaling is not None and not (policy.scales_loss and config.mode == "train"):
         raise ConfigError(
             "accelerator_options.loss_scaling",
             options.loss_scaling,

@@ -33,6 +33,7 @@ from core.plugin import (
     HostStepClock,
     NonFiniteLossError,
     PipelineLayout,
+    PrecisionPolicy,
     RunConfig,
     StepClock,
     TorchTrainingSpec,
@@ -92,9 +93,12 @@ def host_call_batch(
         drop_last=True,
     )
     inputs, targets = next(iter(loader))
-    if settings.half_precision and inputs.is_floating_point():
-        inputs = inputs.half()
-    return inputs, targets
+    return _host(settings).convert_input(inputs), targets
+
+
+def _host(settings: OptionSettings) -> PrecisionPolicy:
+    """The run's precision policy for the host-side tensors PopTorch takes (model and inputs)."""
+    return settings.precision(torch.device("cpu"))
 
 
 # PopTorch's optimizers: the torch hyper-parameters their constructors take, and the keyword arguments
@@ -143,13 +147,13 @@ def _pipelined_and_halved(
     split: SplitChoice,
     layout: PipelineLayout | None,
 ) -> StagePlan | None:
-    """Blocks per pipeline stage where a replica spans several IPUs, and fp16 weights where asked."""
+    """Blocks per pipeline stage where a replica spans several IPUs, and the weights in the type the
+    precision policy keeps them (float16 for fp16)."""
     stage_plan = None
     if placement.pipelined:
         stage_plan = plan_stages(model, placement.ipus_per_replica, split.split_points or (), layout, split.rule)
         assign_blocks(poptorch, model, stage_plan)
-    if settings.half_precision:
-        model.half()
+    _host(settings).convert_module(model)  # in place: PopTorch wraps this module
     return stage_plan
 
 
@@ -183,7 +187,7 @@ class _PopTorchExecutorBase(Executor):
         self.options = build_options(poptorch, placement, settings, popdist)
         self._details["poptorch_options"] = options_summary(self.options)
         self._details["numerics"] = numerics_summary(settings, placement.training)
-        self._half_inputs = settings.half_precision
+        self._precision = _host(settings)
         self._files: HostCallFiles | None = None
         if data in SYNTHETIC_SOURCES:
             self._inputs, self._targets = host_call_batch(poptorch, self.options, spec, placement, settings)
@@ -199,9 +203,7 @@ class _PopTorchExecutorBase(Executor):
     def _read_files(self) -> tuple[torch.Tensor, torch.Tensor]:
         assert self._files is not None
         inputs, targets = self._files.next()
-        if self._half_inputs and inputs.is_floating_point():
-            inputs = inputs.half()
-        return inputs, targets
+        return self._precision.convert_input(inputs), targets
 
     def _host_call(self) -> tuple[torch.Tensor, torch.Tensor]:
         """This host call's (inputs, targets): the synthetic batch again, or the files' next."""

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from core.plugin import Fp32Policy, PrecisionPolicy
+
 from .placement import IpuPlacement, PoprunProcess
 
 
@@ -23,12 +25,19 @@ class OptionSettings:
     seed: int
     ipu_model: bool = False
     executable_cache_dir: str | None = None
-    half_precision: bool = False
+    #: the run's precision policy (planning's: PopTorchFp16Policy for fp16), which converts the model
+    #: and its inputs
+    precision: type[PrecisionPolicy] = Fp32Policy
     process: PoprunProcess | None = None  # this process among poprun's instances
     available_memory_proportion: float | None = None  # per IPU of a replica; None: Poplar's default
     partials_type: str | None = None  # "float" or "half"; None: PopTorch's default (float)
     recomputation: bool = False
     loss_scaling: float | None = None  # static; None: automatic loss scaling for fp16 training
+
+    @property
+    def half_precision(self) -> bool:
+        """Whether the IPUs compute in float16 (loss scaling and stochastic rounding then)."""
+        return self.precision.compute_dtype == "float16"
 
 
 # PopART's RecomputationType (popart/sessionoptions.hpp: None 0, Standard 1, NormOnly 2, Pipeline 3):

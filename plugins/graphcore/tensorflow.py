@@ -54,6 +54,7 @@ from core.plugin import (
     KerasTrainingSpec,
     NonFiniteLossError,
     PipelineLayout,
+    PrecisionPolicy,
     RunConfig,
     StepClock,
     Workload,
@@ -526,14 +527,16 @@ def create_keras_executor(
     process: PoprunProcess | None = None,
     popdist: Any = None,
     layout: PipelineLayout | None = None,
+    precision: type[PrecisionPolicy],
 ) -> Executor:
     """The IPU Keras executor of ``config.mode``; ``popdist`` (with ``popdist.tensorflow`` imported)
-    for an instance that poprun started; ``layout`` the workload's Keras blocks for pipelining."""
+    for an instance that poprun started; ``layout`` the workload's Keras blocks for pipelining;
+    ``precision`` the run's precision policy (``RunContext.precision_policy``)."""
     from core.plugin import quiet_tensorflow_startup
 
     quiet_tensorflow_startup()  # before TensorFlow loads, as core's Keras executor does
 
-    settings = ipu_keras_settings(config, options, placement, layout)
+    settings = ipu_keras_settings(config, options, placement, layout, policy=precision)
     executor = KerasIpuInferenceExecutor if config.mode == "inference" else KerasIpuExecutor
     return executor(
         workload.build_keras(workload_options, config.seed),

@@ -35,15 +35,15 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from core.plugin import SYNTHETIC_SOURCES, ConfigError, PipelineLayout, Precision, RunConfig
+from core.plugin import SYNTHETIC_SOURCES, ConfigError, PipelineLayout, Precision, PrecisionPolicy, RunConfig
 
 from .pipeline import choose_split_points
 from .placement import IpuPlacement
 
 POPLAR_FLAGS = "TF_POPLAR_FLAGS"
 
-#: the Keras dtype policy of each precision the TensorFlow path runs
-KERAS_POLICIES = {Precision.fp32: "float32", Precision.fp16: "mixed_float16"}
+#: the dtypes IPUs compute in (no bfloat16, no TF32)
+IPU_COMPUTE_DTYPES = ("float32", "float16")
 
 #: the recomputation mode a pipelined model gets (``pipelining_ops.RecomputationMode`` member name):
 #: the SDK's default, which picks the strategy for the model and the pipeline schedule
@@ -128,7 +128,8 @@ def claim_process_configuration(requested: PoplarProcessConfiguration) -> None:
 class IpuKerasSettings:
     """The TensorFlow path's settings of one run, validated; build them with :func:`ipu_keras_settings`."""
 
-    precision: Precision
+    #: the run's precision policy: its Keras dtype policy and whether it scales the loss
+    policy: type[PrecisionPolicy]
     training: bool
     static_loss_scale: float | None  # None: fp16 training scales the loss dynamically (Keras)
     partials_type: str | None  # None: PopLibs' default, float
@@ -142,13 +143,19 @@ class IpuKerasSettings:
     pipeline_blocks: tuple[str, ...] = ()
 
     @property
+    def precision(self) -> Precision:
+        return Precision(self.policy.name)
+
+    @property
     def keras_policy(self) -> str:
-        return KERAS_POLICIES[self.precision]
+        # Planning let only a policy with a Keras path reach the TensorFlow path.
+        assert self.policy.keras_policy is not None, self.policy
+        return self.policy.keras_policy
 
     @property
     def loss_scaling(self) -> str | None:
         """How fp16 training scales its loss: "static", "dynamic", or None (fp32, inference)."""
-        if not self.training or self.precision is not Precision.fp16:
+        if not self.training or not self.policy.scales_loss:
             return None
         return "static" if self.static_loss_scale is not None else "dynamic"
 
@@ -184,15 +191,21 @@ def split_names(pipeline_splits: str) -> tuple[str, ...]:
 
 
 def ipu_keras_settings(
-    config: RunConfig, options: Any, placement: IpuPlacement, layout: PipelineLayout | None = None
+    config: RunConfig,
+    options: Any,
+    placement: IpuPlacement,
+    layout: PipelineLayout | None = None,
+    *,
+    policy: type[PrecisionPolicy],
 ) -> IpuKerasSettings:
     """The run's settings, or a ConfigError naming the option and what it may be; ``layout`` is the
-    workload's Keras blocks, against which pipeline splits are checked."""
+    workload's Keras blocks, against which pipeline splits are checked; ``policy`` the run's
+    precision policy (``RunContext.precision_policy``)."""
     training = config.mode == "train"
-    if config.precision not in KERAS_POLICIES:
-        allowed = ", ".join(p.value for p in KERAS_POLICIES)
-        raise ConfigError("precision", config.precision.value, f"IPU TensorFlow computes in: {allowed}")
-    if options.loss_scaling is not None and (config.precision is not Precision.fp16 or not training):
+    if policy.compute_dtype not in IPU_COMPUTE_DTYPES or policy.keras_policy is None:
+        dtypes = ", ".join(IPU_COMPUTE_DTYPES)
+        raise ConfigError("precision", config.precision.value, f"IPU TensorFlow computes in {dtypes}: fp32, fp16")
+    if options.loss_scaling is not None and (not policy.scales_loss or not training):
         raise ConfigError(
             "accelerator_options.loss_scaling",
             options.loss_scaling,
@@ -237,7 +250,7 @@ def ipu_keras_settings(
                 f"stages 2..{stages} begin, comma-separated",
             )
     return IpuKerasSettings(
-        precision=config.precision,
+        policy=policy,
         training=training,
         static_loss_scale=options.loss_scaling,
         partials_type=options.partials_type,
@@ -300,11 +313,12 @@ def check_tensorflow_run(
     *,
     this_process: bool = True,
     layout: PipelineLayout | None = None,
+    policy: type[PrecisionPolicy],
 ) -> IpuKerasSettings:
     """Everything the TensorFlow path refuses before compiling; ``this_process`` false when planning
     for a described machine, where this process's earlier configuration does not matter."""
     check_tensorflow_data(config)
-    settings = ipu_keras_settings(config, options, placement, layout)
+    settings = ipu_keras_settings(config, options, placement, layout, policy=policy)
     if options.ipu_model and placement.instances > 1:
         # config.py, _MultiReplicaDistributionConfig: "Multi-replica distribution is not supported on
         # the IPU model." The real SDK says so when the first instance configures its IPUs.
