@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import tarfile
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from core.data import IMAGE_SUFFIXES
+from core.deprecation import REMOVED_IN, warn_deprecated
 
 # ImageNet channel statistics: the normalisation every ImageNet-trained vision model expects.
 _MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
@@ -165,10 +165,10 @@ def __getattr__(name: str) -> Any:
     # ``make_dataset`` was this function's name until the plugin API exported it as
     # ``core.plugin.torch_dataset``; plugins that imported the old name keep working for a release.
     if name == "make_dataset":
-        warnings.warn(
-            "core.data.torch_datasets.make_dataset is now core.plugin.torch_dataset; the old name goes in core 0.3",
-            DeprecationWarning,
-            stacklevel=2,
+        warn_deprecated(
+            "core.data.torch_datasets.make_dataset is now core.plugin.torch_dataset; "
+            f"the old name goes in core {REMOVED_IN}",
+            removed_in=REMOVED_IN,
         )
         return torch_dataset
     raise AttributeError(f"module 'core.data.torch_datasets' has no attribute {name!r}")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from core.config import LOADGEN_SCENARIOS, RunConfig
-from core.contract.accelerator import executor_for
+from core.contract.accelerator import devices_used, executor_for
 from core.contract.manager import innermost_location
 from core.contract.peaks import MemoryBandwidth
 from core.energy.meter import PowerMeter, UnavailableMeter, meter_for
@@ -196,12 +196,13 @@ def execute(plan: RunPlan, process: ProcessContext, on_progress: ProgressCallbac
         executor.synchronize()
         executor.barrier()
         result.setup_seconds = executor.gather_max(time.perf_counter() - started)
-        result.devices = plan.accelerator.devices_for(config, process)
+        result.devices = devices_used(plan.accelerator, plan.context(process))
         result.executor_details = executor.details()
         result.environment = collect_environment(
             executor.framework_version(),
             plan.accelerator.driver_versions(),
             executor.host_threads(),
+            plan.packages,
         )
         report(result)
 

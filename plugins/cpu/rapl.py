@@ -184,13 +184,11 @@ class RaplMeter(DeviceEnergyMeter):
 class RaplMeterFactory(PowerMeterFactory):
     name = "rapl"
     description = "CPU package and DRAM energy from Intel/AMD RAPL counters (Linux powercap sysfs)"
+    accelerators = ("cpu",)
 
     def __init__(self, root: Path = POWERCAP_ROOT, *, read_text: ReadText = _read_text) -> None:
         self.root = Path(root)
         self._read_text = read_text
-
-    def reads(self, accelerator_name: str) -> bool:
-        return accelerator_name == "cpu"
 
     def _zones(self) -> tuple[list[RaplZone], str | None]:
         try:
