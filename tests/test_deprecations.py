@@ -55,18 +55,29 @@ def _removed_in(call: ast.Call, constants: dict[str, str]) -> str | None:
     return constants[value.id]
 
 
+_WARNERS = ("warn_deprecated", "warn_deprecated_at")
+
+
 @functools.cache
 def shims() -> list[Shim]:
-    """Every call of warn_deprecated / warn_deprecated_at in core's sources, with its release."""
+    """Every call of warn_deprecated / warn_deprecated_at in core's sources, with its release, and
+    every DeprecationWarning a built-in plugin raises (it imports core.plugin only), with the
+    release its message names."""
     constants = {"REMOVED_IN": REMOVED_IN}
     found = []
     for path in sorted(CORE.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
-            if isinstance(node, ast.Call) and getattr(node.func, "id", None) in (
-                "warn_deprecated",
-                "warn_deprecated_at",
-            ):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) in _WARNERS:
                 found.append(Shim(path.relative_to(ROOT).as_posix(), node.lineno, _removed_in(node, constants)))
+    for path in sorted((ROOT / "plugins").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Call) and any(
+                getattr(arg, "id", None) == "DeprecationWarning" for arg in node.args
+            ):
+                strings = [c.value for c in ast.walk(node) if isinstance(c, ast.Constant) and isinstance(c.value, str)]
+                named = re.search(r"removed in core (\d+\.\d+)", " ".join(strings))
+                assert named, f"{path.relative_to(ROOT)}:{node.lineno}: a deprecation says 'removed in core X.Y'"
+                found.append(Shim(path.relative_to(ROOT).as_posix(), node.lineno, named.group(1)))
     return found
 
 
@@ -92,6 +103,7 @@ def test_in_0_3_the_0_1_shims_are_overdue() -> None:
         "core/data/torch_datasets.py",  # make_dataset
     } <= overdue
     assert not due("0.2.9")
+    assert "plugins/graphcore/accelerator.py" in {shim.path for shim in due("0.4")}  # pipeline_split_points
 
 
 @pytest.mark.parametrize("version,expected", [("0.2.0", (0, 2, 0)), ("0.3", (0, 3)), ("0.3.0rc1", (0, 3, 0))])

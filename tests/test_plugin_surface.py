@@ -172,6 +172,37 @@ def test_core_plugins_prints_a_plugin_s_warnings(tmp_path: Path, monkeypatch: py
     assert all(row["warnings"] == [] for name, row in rows.items() if name != "reaching_plugin")
 
 
+def test_warnings_made_errors_fail_that_plugin_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # python -W error::DeprecationWarning: the reaching plugin fails as an import of it would; the rest load.
+    from core.contract.manager import PluginManager
+
+    make_plugin_package(tmp_path, "reaching_plugin", REACHING_PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    manager = PluginManager()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        manager.load_entry_points()
+    record = manager.plugins["reaching_plugin"]
+    assert record.state.value == "failed" and "DeprecationWarning" in (record.error or "")
+    assert "imports core.executors.pytorch" in (record.error or "")
+    assert manager.plugins["cpu"].state.value == "loaded" and "cpu" in manager.accelerators
+
+
+def test_a_plugin_module_registered_directly_is_read_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A vendor's own tests register the plugin module (core.testing.registered_plugins): warned there.
+    from core.testing import registered_plugins
+
+    make_plugin_package(tmp_path, "reaching_plugin", REACHING_PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    module = importlib.import_module("reaching_plugin.hooks")
+    with pytest.warns(DeprecationWarning, match="imports core.executors.pytorch") as caught:
+        with registered_plugins(module, entry_points=False) as manager:
+            assert len(manager.plugins["reaching_plugin.hooks"].warnings) == 4
+    assert {Path(w.filename).name for w in caught.list} == {"hooks.py", "executor.py"}
+
+
 def test_a_plugin_on_the_surface_is_not_warned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     make_plugin_package(
         tmp_path,

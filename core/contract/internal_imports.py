@@ -79,6 +79,11 @@ def _plugin_files(module: ModuleType) -> list[tuple[Path, str]]:
         return []
     root_module = sys.modules.get(package, module)
     roots = list(getattr(root_module, "__path__", None) or [])
+    if getattr(root_module, "__file__", None) is None and root_module is not module:
+        # A namespace package (acme.*) holds other distributions too: read the plugin's own module,
+        # or its own package.
+        roots = list(getattr(module, "__path__", None) or [])
+        package = name
     if not roots:  # a plugin that is one module, not a package
         source = getattr(module, "__file__", None)
         return [(Path(source), name)] if source and source.endswith(".py") else []

@@ -1,6 +1,6 @@
 """The plugin manager: loads entry-point plugins, validates what they register, reports failures.
 
-Built-in plugins (the CPU, NVIDIA, AMD and Graphcore accelerators, the workload zoo) load
+Built-in plugins (the CPU, NVIDIA, AMD, Graphcore and XLA accelerators, the workload zoo) load
 through the same ``core`` entry-point group as a third party's. A plugin that fails to import,
 to validate against the hook specs, or to register is recorded with its error and unloaded;
 every other plugin keeps working.
@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
 from importlib import metadata
+from types import ModuleType
 from typing import Any, Generic, TypeVar
 
 import pluggy
@@ -289,6 +290,9 @@ class PluginManager:
                 continue
             try:
                 plugin = entry_point.load()
+                if not record.builtin:
+                    # Here, so that a warning made an error (python -W error) fails this plugin alone.
+                    _warn_internal_imports(record, sys.modules.get(getattr(entry_point, "module", "")))
             except BaseException as exc:  # a plugin may raise anything at import, SystemExit included
                 if isinstance(exc, KeyboardInterrupt):
                     raise
@@ -298,13 +302,15 @@ class PluginManager:
                 self.plugins[name] = record
                 continue
             self._add(plugin, record)
-            if not record.builtin and record.state is PluginState.loaded:
-                _warn_internal_imports(record, getattr(entry_point, "module", entry_point.value.partition(":")[0]))
 
     def register_plugin(self, plugin: object, name: str, version: str | None = None) -> PluginRecord:
-        """Register a plugin object or module directly (tests, programmatic use)."""
+        """Register a plugin object or module directly (tests, programmatic use). A module's source
+        is read for imports of core's internals, as an entry point's is."""
         module = getattr(plugin, "__name__", type(plugin).__name__)
-        return self._add(plugin, PluginRecord(name=name, state=PluginState.loaded, module=module, version=version))
+        record = PluginRecord(name=name, state=PluginState.loaded, module=module, version=version)
+        if isinstance(plugin, ModuleType):
+            _warn_internal_imports(record, plugin)
+        return self._add(plugin, record)
 
     def _add(self, plugin: object, record: PluginRecord) -> PluginRecord:
         if record.name in self.plugins:
@@ -572,10 +578,9 @@ def _is_builtin(entry_point: metadata.EntryPoint) -> bool:
     return distribution is not None and distribution.metadata["Name"] == BUILTIN_DISTRIBUTION
 
 
-def _warn_internal_imports(record: PluginRecord, module_name: str) -> None:
+def _warn_internal_imports(record: PluginRecord, module: ModuleType | None) -> None:
     """A DeprecationWarning at each import of core's internals in the plugin's source, kept on its
     record for ``core plugins`` too: the plugin surface is what keeps working across releases."""
-    module = sys.modules.get(module_name)
     if module is None:
         return
     try:
