@@ -121,3 +121,33 @@ def test_every_deprecation_in_core_names_its_release() -> None:
         if isinstance(node, ast.Name) and node.id == "DeprecationWarning"
     ]
     assert not elsewhere, f"raise these through core.deprecation.warn_deprecated(..., removed_in=...): {elsewhere}"
+
+
+def old_forms_still_there() -> list[str]:
+    """The older forms of the plugin methods that the base classes still carry, and the old module
+    paths: what removing the 0.3 shims means beyond the warnings themselves."""
+    import importlib.util
+
+    from core.contract.context import ACCELERATOR_OLD_FORMS, METER_OLD_FORMS
+    from core.plugin import Accelerator, PowerMeterFactory, TorchGpuAccelerator
+
+    present = [
+        f"{base.__name__}.{old}"
+        for base, forms in (
+            (Accelerator, ACCELERATOR_OLD_FORMS),
+            (TorchGpuAccelerator, ACCELERATOR_OLD_FORMS),
+            (PowerMeterFactory, METER_OLD_FORMS),
+        )
+        for _, old in forms
+        if old in vars(base)
+    ]
+    return present + (["core._moved"] if importlib.util.find_spec("core._moved") else [])
+
+
+def test_the_old_forms_go_with_their_warnings() -> None:
+    present = old_forms_still_there()
+    if release(core_version()) >= release(REMOVED_IN):
+        assert not present, f"core is {core_version()}: remove {present} (see ACCELERATOR_OLD_FORMS, METER_OLD_FORMS)"
+    else:  # what 0.3 removes
+        assert {"Accelerator.create_executor", "Accelerator.max_replicas", "PowerMeterFactory.reads"} <= set(present)
+        assert {"TorchGpuAccelerator.configure_torch", "TorchGpuAccelerator.devices_for", "core._moved"} <= set(present)
