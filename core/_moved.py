@@ -18,10 +18,9 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import sys
-import warnings
 from types import ModuleType
 
-REMOVED_IN = "0.3"
+from core.deprecation import REMOVED_IN, warn_deprecated
 
 MOVED_MODULES: dict[str, str] = {
     "core.accelerator": "core.contract.accelerator",
@@ -70,11 +69,10 @@ class _AliasLoader(importlib.abc.Loader):
         return None  # the default module; exec_module swaps in the real one
 
     def exec_module(self, module: ModuleType) -> None:
-        warnings.warn(
+        warn_deprecated(
             f"{module.__name__} moved to {self.target} in core 0.2; import it from there"
             f" (plugins: from core.plugin). The old path goes in core {REMOVED_IN}.",
-            DeprecationWarning,
-            stacklevel=2,
+            removed_in=REMOVED_IN,
         )
         # The import system returns whatever sys.modules holds for the name once the loader is
         # done, so the old name becomes the moved module itself, not a copy.

@@ -827,6 +827,8 @@ def plugin_report() -> list[dict[str, Any]]:
                 if hasattr(item, "availability"):
                     availability = manager.availability(item)
                     entry.update(available=availability.available, reason=availability.reason)
+                if kind == "power_meters":
+                    entry["reads"] = [name for name in manager.accelerators if manager.meter_reads(item, name)]
                 entries.append(entry)
             provides[kind] = entries
         rows.append(
@@ -838,6 +840,7 @@ def plugin_report() -> list[dict[str, Any]]:
                 "builtin": record.builtin,
                 "state": record.state.value,
                 "error": record.error,
+                "warnings": record.warnings,
                 "traceback": record.traceback,
                 "hooks": record.hooks,
                 "registers": provides,
@@ -861,28 +864,34 @@ def _command_plugins(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     for row in rows:
-        version = f" {row['version']}" if row["version"] else ""
-        origin = ", built-in" if row["builtin"] else ""
-        print(f"{row['name']}{version} [{row['state']}] ({row['module']}{origin})")
-        if row["error"]:
-            print(f"  error: {row['error']}")
-            if args.verbose and row["traceback"]:
-                print(_indent(row["traceback"], "    "))
-        for kind, entries in row["registers"].items():
-            for entry in entries:
-                state = ""
-                if "available" in entry:
-                    state = ": available" if entry["available"] else f": unavailable: {entry['reason']}"
-                print(f"  {kind[:-1].replace('_', ' ')} {entry['name']}{state}")
-        if row["hooks"]:
-            print(f"  hooks: {', '.join(row['hooks'])}")
-        if args.verbose:
-            for fault in row["faults"]:
-                print(f"  fault: {fault['error']}")
-                print(_indent(fault["traceback"], "    "))
+        _print_plugin(row, args.verbose)
     if not args.verbose and any(row["traceback"] or row["faults"] for row in rows):
         print("(core plugins --verbose shows the tracebacks)")
     return 0
+
+
+def _print_plugin(row: dict[str, Any], verbose: bool) -> None:
+    version = f" {row['version']}" if row["version"] else ""
+    origin = ", built-in" if row["builtin"] else ""
+    print(f"{row['name']}{version} [{row['state']}] ({row['module']}{origin})")
+    if row["error"]:
+        print(f"  error: {row['error']}")
+        if verbose and row["traceback"]:
+            print(_indent(row["traceback"], "    "))
+    for kind, entries in row["registers"].items():
+        for entry in entries:
+            state = ""
+            if "available" in entry:
+                state = ": available" if entry["available"] else f": unavailable: {entry['reason']}"
+            print(f"  {kind[:-1].replace('_', ' ')} {entry['name']}{state}")
+    for warning in row["warnings"]:
+        print(f"  warning: {warning}")
+    if row["hooks"]:
+        print(f"  hooks: {', '.join(row['hooks'])}")
+    if verbose:
+        for fault in row["faults"]:
+            print(f"  fault: {fault['error']}")
+            print(_indent(fault["traceback"], "    "))
 
 
 def _indent(text: str, prefix: str) -> str:
@@ -1404,13 +1413,18 @@ def _command_results(args: argparse.Namespace) -> int:
 
 
 def _command_machines(args: argparse.Namespace) -> int:
-    from core.machines.catalog import MACHINES
+    from core.contract.manager import get_plugin_manager
 
+    manager = get_plugin_manager()
+    profiles = manager.machine_profiles()
     if args.json:
-        print(json.dumps([profile.model_dump(mode="json") for profile in MACHINES.values()], indent=2))
+        print(json.dumps([profile.model_dump(mode="json") for profile in profiles.values()], indent=2))
         return 0
-    width = max(len(name) for name in MACHINES)
-    for name, profile in sorted(MACHINES.items()):
+    if not profiles:
+        print("no machine profiles: no loaded plugin ships one (core plugins lists them)", file=sys.stderr)
+        return 0
+    width = max(len(name) for name in profiles)
+    for name, profile in profiles.items():
         print(f"{name:<{width}}  {profile.accelerator:<9} {profile.description}")
     return 0
 

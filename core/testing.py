@@ -136,7 +136,7 @@ class SimulatedExecutor(Executor):
 
     A vendor plugin's tests use it to run the whole of core (planning, the timed phases, the
     meter over exactly the window) against a fake SDK, where ``on_step`` moves the fake device's
-    clock or draws its power, without any device work. Return it from ``create_executor``.
+    clock or draws its power, without any device work. Return it from ``executor_for``.
     """
 
     def __init__(self, on_step: Callable[[], None] = lambda: None) -> None:

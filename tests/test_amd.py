@@ -91,6 +91,10 @@ def validate(amd: AmdAccelerator, config: RunConfig) -> None:
     amd.validate_run(run_context(config, amd))
 
 
+def devices_used(amd: AmdAccelerator, config: RunConfig, process: ProcessContext) -> list[DeviceRecord]:
+    return amd.devices_used(run_context(config, amd, process=process))
+
+
 def config(**options: Any) -> RunConfig:
     return make_config(
         workload="fcnn", accelerator="amd", micro_batch_size=4, power_sample_interval_seconds=0.01, **options
@@ -180,7 +184,8 @@ def test_visibility_variables_select_and_order_gcds(version: str, simulate: Call
         ROCR_VISIBLE_DEVICES="GPU-5A1F00000000BB02,0,2", HIP_VISIBLE_DEVICES="2,0"
     ).visible_devices()
     assert [(d.index, d.details["bdf"], d.details["hip_index"]) for d in devices] == [(0, BDF_A1, 2), (1, BDF_B1, 3)]
-    assert sim.accelerator(ROCR_VISIBLE_DEVICES="").max_replicas(config()) == 0
+    hidden = sim.accelerator(ROCR_VISIBLE_DEVICES="")
+    assert hidden.max_replicas_for(run_context(config(), hidden)) == 0
 
 
 def test_sibling_pairs_need_a_unique_mutual_strongest_link(simulate: Callable[..., Simulated]) -> None:
@@ -257,7 +262,7 @@ def test_package_mode_needs_whole_packages(simulate: Callable[..., Simulated]) -
 def test_package_mode_records_packages_and_their_peaks(simulate: Callable[..., Simulated]) -> None:
     amd = simulate().accelerator()
     process = ProcessContext(rank=0, local_rank=0, world_size=4)
-    packages = amd.devices_for(config(replicas=4, accelerator_options={"mode": "package"}), process)
+    packages = devices_used(amd, config(replicas=4, accelerator_options={"mode": "package"}), process)
     assert [(p.index, p.details["package"], p.details["unit"]) for p in packages] == [
         (0, "package-0", "package"),
         (1, "package-1", "package"),
@@ -265,7 +270,7 @@ def test_package_mode_records_packages_and_their_peaks(simulate: Callable[..., S
     assert [g["bdf"] for g in packages[0].details["gcds"]] == [BDF_A0, BDF_A1]
     assert [g["cuda_index"] for g in packages[1].details["gcds"]] == [1, 3]
     assert packages[0].memory_bytes == 2 * 68_702_699_520
-    gcds = amd.devices_for(config(replicas=4), process)
+    gcds = devices_used(amd, config(replicas=4), process)
     assert len(gcds) == 4 and gcds[0].details["unit"] == "gcd"
     package_peak = amd.peak_flops_per_second(packages[0], Precision.bf16)
     gcd_peak = amd.peak_flops_per_second(gcds[0], Precision.bf16)
@@ -343,8 +348,10 @@ def test_both_gcds_of_a_package_are_counted_once(simulate: Callable[..., Simulat
 
 def test_package_records_feed_the_meter(simulate: Callable[..., Simulated]) -> None:
     sim = simulate()
-    packages = sim.accelerator(HIP_VISIBLE_DEVICES="0,2").devices_for(
-        config(replicas=2, accelerator_options={"mode": "package"}), ProcessContext(rank=0, local_rank=0, world_size=2)
+    packages = devices_used(
+        sim.accelerator(HIP_VISIBLE_DEVICES="0,2"),
+        config(replicas=2, accelerator_options={"mode": "package"}),
+        ProcessContext(rank=0, local_rank=0, world_size=2),
     )
     meter = sim.open_meter(packages)
     try:

@@ -328,7 +328,8 @@ def test_missing_libamd_smi_gives_a_clear_reason(
     assert "cannot load ROCm's libamd_smi.so" in meter.reason and "ROCM_PATH" in meter.reason
     assert "Unable to find" in meter.reason  # what the module printed, kept as the reason
     with pytest.raises(ConfigError) as refused:
-        AmdAccelerator(probe=probe, environment={}).max_replicas(config())
+        amd = AmdAccelerator(probe=probe, environment={})
+        amd.max_replicas_for(run_context(config(), amd))
     assert "libamd_smi.so" in refused.value.allowed
     assert capsys.readouterr().out == ""  # nothing leaks onto stdout (it may carry --json output)
     assert "amdsmi" not in sys.modules

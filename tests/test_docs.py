@@ -158,7 +158,7 @@ def _exercise(hook: str, manager: PluginManager, tmp_path: Path) -> None:
         assert "example-mlp" in manager.workloads
     elif hook == "core_register_power_meters":
         factory = manager.power_meters["example-no-sensor"].item
-        assert factory.reads("example-cpu") and factory.availability().available
+        assert manager.meters_reading("example-cpu") == [factory] and factory.availability().available
         meter = factory.meter_for([], run_context(config))
         meter.start()
         assert meter.stop().unavailable_reason
@@ -176,9 +176,7 @@ def _exercise(hook: str, manager: PluginManager, tmp_path: Path) -> None:
 
         class WallPlug(PowerMeterFactory):
             name = "example-wall-plug"
-
-            def reads(self, accelerator_name: str) -> bool:
-                return False  # core's fallback would never pick it
+            accelerators = ("example-gpu",)  # not example-cpu: core's fallback would never pick it
 
             def availability(self) -> Availability:
                 return Availability.yes()
@@ -189,6 +187,13 @@ def _exercise(hook: str, manager: PluginManager, tmp_path: Path) -> None:
         wall_plug = WallPlug()
         select = manager.hook.core_select_power_meter
         assert select(accelerator=ExampleCpuAccelerator(), config=config, candidates=[wall_plug]) is wall_plug
+    elif hook == "core_register_machines":
+        from core.machines import load_machine
+
+        profile = load_machine("example-node", shipped=manager.machine_profiles())
+        assert profile.accelerator == "example-cpu" and profile.host_cores == 4
+    elif hook == "core_register_packages":
+        assert manager.package_names() == ["core-example-plugin"]
     elif hook == "core_run_started":
         manager.hook.core_run_started(config=config)
     elif hook == "core_register_commands":

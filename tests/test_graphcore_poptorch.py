@@ -400,7 +400,7 @@ def test_an_instance_under_poprun_takes_its_share(fake_sdk: Any, monkeypatch: py
     opts = executor.options
     assert opts.replication_factor == 2  # the replicas of this instance
     assert ("Distributed.configureProcessId", (1, 2)) in opts.calls
-    placement = plan.accelerator.placement(plan.config)
+    placement = plan.accelerator.placement(plan.config, plan.accelerator_options)
     assert placement.instances == 2 and placement.replicas_per_instance == 2
     from core.workloads.fcnn import Fcnn
 

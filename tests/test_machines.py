@@ -4,21 +4,21 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar
 
 import pytest
 from pydantic import BaseModel
 
-from core import ConfigError
+from core import ConfigError, hookimpl
 from core.cli import main
-from core.config import Precision
-from core.contract.manager import get_plugin_manager
+from core.config import Framework, Precision
+from core.contract.manager import PluginState, get_plugin_manager
 from core.contract.workload import Workload
 from core.machines import MachineProfile, load_machine, machine_names
-from core.machines.catalog import MACHINES
-from core.running.planning import plan_run
-from core.testing import TINY_FCNN
+from core.running.planning import check_machine, plan_run
+from core.testing import TINY_FCNN, registered_plugins
 
 PAPERS_MACHINES = {
     "a100-80gb-x1",
@@ -37,6 +37,7 @@ def plan(workload: str, accelerator: str, machine: str, **options: object):  # t
 
 
 def test_the_papers_machines_are_shipped_with_their_sources() -> None:
+    MACHINES = get_plugin_manager().machine_profiles()
     assert PAPERS_MACHINES <= set(machine_names())
     for profile in MACHINES.values():
         assert profile.source and profile.devices >= 1 and profile.precisions
@@ -350,3 +351,91 @@ def test_a_well_formed_compute_capability_is_read(tmp_path: Path) -> None:
             machine=profile,
         )
         assert not any("compute_capability" in warning for warning in planned.warnings)
+
+
+# --- the profiles come from the plugins of their vendors (core_register_machines) ----------------
+
+
+def test_each_vendor_s_machines_come_from_its_plugin() -> None:
+    manager = get_plugin_manager()
+    shipped = manager.machine_profiles()
+    assert PAPERS_MACHINES <= set(shipped)
+    for name, profile in shipped.items():
+        # The vendor that drives the devices ships the profile, and its rules accept it.
+        assert manager.machines[name].plugin == manager.accelerators[profile.accelerator].plugin, name
+        check_machine(manager, profile)
+        accelerator = manager.accelerator(profile.accelerator)
+        assert set(profile.precisions) <= set(accelerator.precisions(Framework.torch)), name
+    # The NVIDIA plugin derives precisions from the compute capability, as its validate_run does.
+    assert shipped["t4"].precisions == (Precision.fp32, Precision.fp16)
+    assert Precision.tf32 in shipped["gh200"].precisions and shipped["gh200"].details["compute_capability"] == "9.0"
+
+
+def test_without_the_vendor_plugins_there_are_no_named_machines(capsys: pytest.CaptureFixture[str]) -> None:
+    import core.workloads
+    import core_plugins.cpu
+
+    with registered_plugins(core_plugins.cpu, core.workloads, entry_points=False):
+        assert machine_names() == []
+        assert main(["machines"]) == 0  # not a crash on an empty listing
+        assert "no loaded plugin ships one" in capsys.readouterr().err
+        assert main(["machines", "--json"]) == 0 and json.loads(capsys.readouterr().out) == []
+        with pytest.raises(ConfigError, match="none: no loaded plugin ships one") as refused:
+            load_machine("a100-80gb-x1")
+        assert refused.value.field == "machine"
+
+
+def _lab_profile(name: str, accelerator: str = "cpu") -> MachineProfile:
+    return MachineProfile(
+        name=name,
+        description="a third party's node",
+        source="its vendor's datasheet",
+        accelerator=accelerator,
+        device="a CPU",
+        devices=1,
+        precisions=(Precision.fp32,),
+        host_cores=2,
+    )
+
+
+class MachinesPlugin:
+    def __init__(self, *profiles: object) -> None:
+        self.profiles = profiles
+
+    @hookimpl
+    def core_register_machines(self, register: Callable[[MachineProfile], None]) -> None:
+        for profile in self.profiles:
+            register(profile)  # type: ignore[arg-type]
+
+
+def test_a_third_party_s_profile_is_planned_for_by_name(capsys: pytest.CaptureFixture[str]) -> None:
+    with registered_plugins(MachinesPlugin(_lab_profile("lab-node"))) as manager:
+        assert manager.plugins["MachinesPlugin"].registered["machines"] == ["lab-node"]
+        assert "lab-node" in machine_names()
+        dry = ["run", "fcnn", "--dry-run", "--machine", "lab-node", "--json"]
+        assert main([*dry, "--threads", "2"]) == 0
+        assert json.loads(capsys.readouterr().out)["planned_for"] == "lab-node"
+        # The profile's host has 2 cores: the CPU plugin's rule reads them from it, not this host's.
+        assert main([*dry, "--threads", "3"]) == 2
+        assert "must not exceed the 2 usable cores" in capsys.readouterr().err
+        assert main(["machines"]) == 0
+        assert re.search(r"^lab-node +cpu +a third party's node$", capsys.readouterr().out, re.M)
+
+
+@pytest.mark.parametrize(
+    "profile,says",
+    [
+        (_lab_profile("t4"), "MachineProfile 't4' is already registered by built-in plugin 'nvidia'"),
+        (_lab_profile("lab.toml"), "not ending in .toml"),  # `--machine lab.toml` must stay the file
+        (_lab_profile("labs/node"), "a profile's name has letters, digits"),
+        (_lab_profile("../node"), "a profile's name has letters, digits"),
+        (_lab_profile("-node"), "beginning with a letter or digit"),  # would read as an option
+        ({"name": "lab-node", "accelerator": "cpu"}, "expected a MachineProfile instance, got dict"),
+    ],
+)
+def test_a_profile_that_would_shadow_a_name_or_a_file_is_refused(profile: object, says: str) -> None:
+    with registered_plugins(MachinesPlugin(_lab_profile("fine-node"), profile)) as manager:
+        record = manager.plugins["MachinesPlugin"]
+        assert record.state is PluginState.failed and says in (record.error or ""), record.error
+        assert "fine-node" not in manager.machines  # all or nothing
+        assert manager.machines["t4"].plugin == "nvidia"

@@ -72,7 +72,8 @@ def test_discovery_describes_each_visible_gpu(sim_nvml: Callable[..., Any], monk
     assert p100_record.details["energy_counter"] is False and h200_record.details["energy_counter"] is True
     assert h200_record.details["uuid"] == UUIDS[0] and h200_record.details["compute_capability"] == "9.0"
     assert h200_record.details["power_limit_watts"] == 700.0 and h200_record.memory_bytes == 150_754_820_096
-    assert NvidiaAccelerator().max_replicas(make_config(workload="fcnn", accelerator="nvidia")) == 2
+    nvidia = NvidiaAccelerator()
+    assert nvidia.max_replicas_for(run_context(make_config(workload="fcnn", accelerator="nvidia"), nvidia)) == 2
     inits, shutdowns = init_and_shutdown_calls(pynvml)
     assert inits == shutdowns > 0
 

@@ -13,7 +13,17 @@ from typing import Any, ClassVar
 
 import pytest
 
-from core import Accelerator, Workload, hookimpl
+from core import (
+    Accelerator,
+    Availability,
+    DeviceRecord,
+    PowerMeter,
+    PowerMeterFactory,
+    UnavailableMeter,
+    Workload,
+    hookimpl,
+)
+from core.contract.context import RunContext
 from core.contract.manager import PluginManager, PluginState
 from core.workloads.fcnn import Fcnn
 
@@ -195,3 +205,130 @@ def test_registering_an_installed_plugin_again_is_harmless() -> None:
     with registered_plugins(core_plugins.cpu) as manager:
         assert manager.plugins["cpu"].state is PluginState.loaded
         assert not [r for r in manager.plugins.values() if r.state is PluginState.failed]
+
+
+# --- what a plugin declares: the accelerators its meters read, the packages a result records ----
+
+
+class DeclaredMeter(PowerMeterFactory):
+    name: ClassVar[str] = "declared"
+    accelerators: ClassVar[tuple[str, ...]] = ("cpu", "third-party-gpu")
+
+    def availability(self) -> Availability:
+        return Availability.yes()
+
+    def meter_for(self, devices: list[DeviceRecord], context: RunContext) -> PowerMeter:
+        return UnavailableMeter(self.name, "declared, not measuring")
+
+
+class MeterPlugin:
+    def __init__(self, *meters: PowerMeterFactory) -> None:
+        self.meters = meters
+
+    @hookimpl
+    def core_register_power_meters(self, register: Callable[[PowerMeterFactory], None]) -> None:
+        for meter in self.meters:
+            register(meter)
+
+
+def _meter(declared: Any, name: str = "bad-meter") -> PowerMeterFactory:
+    return type("BadMeter", (DeclaredMeter,), {"name": name, "accelerators": declared})()
+
+
+def test_a_meter_reads_the_accelerators_it_declares(manager: PluginManager) -> None:
+    record = manager.register_plugin(MeterPlugin(DeclaredMeter()), name="meters")
+    assert record.state is PluginState.loaded, record.error
+    assert [m.name for m in manager.meters_reading("third-party-gpu")] == ["declared"]
+    assert "declared" in [m.name for m in manager.meters_reading("cpu")]  # beside RAPL
+    assert manager.meters_reading("nvidia") == [manager.power_meters["nvml"].item]
+    assert manager.meters_reading("cp") == [] and manager.meters_reading("CPU") == []  # names, not substrings
+    # Each built-in meter declares the one accelerator it reads.
+    assert {name: manager.power_meters[name].item.accelerators for name in ("nvml", "amdsmi", "rapl")} == {
+        "nvml": ("nvidia",),
+        "amdsmi": ("amd",),
+        "rapl": ("cpu",),
+    }
+
+
+def test_a_meter_may_declare_what_it_reads_per_instance(manager: PluginManager) -> None:
+    class Configurable(DeclaredMeter):
+        name: ClassVar[str] = "configurable"
+        accelerators: ClassVar[tuple[str, ...]] = ()
+
+        def __init__(self, accelerators: tuple[str, ...]) -> None:
+            self.accelerators = accelerators  # type: ignore[misc]
+
+    record = manager.register_plugin(MeterPlugin(Configurable(("amd",))), name="meters")
+    assert record.state is PluginState.loaded, record.error
+    assert [m.name for m in manager.meters_reading("amd")] == ["amdsmi", "configurable"]
+
+
+@pytest.mark.parametrize(
+    "declared,says",
+    [
+        ((), "declares neither accelerators (core 0.2) nor reads"),
+        ("cpu", "accelerators must be a tuple of accelerator names, e.g. ('nvidia',), not 'cpu'"),  # not c, p, u
+        (["cpu"], "must be a tuple of accelerator names"),
+        (("cpu", ""), "must be a tuple of accelerator names"),
+        (("cpu", 3), "must be a tuple of accelerator names"),
+    ],
+)
+def test_a_meter_that_declares_no_accelerators_is_refused(manager: PluginManager, declared: Any, says: str) -> None:
+    record = manager.register_plugin(MeterPlugin(DeclaredMeter(), _meter(declared)), name="meters")
+    assert record.state is PluginState.failed and says in (record.error or ""), record.error
+    assert "declared" not in manager.power_meters
+
+
+def test_a_meter_named_for_a_run_it_does_not_declare_is_refused() -> None:
+    from core import ConfigError, make_config
+    from core.testing import registered_plugins
+
+    with registered_plugins(MeterPlugin(_meter(("nvidia",), name="gpu-only"))) as manager:
+        config = make_config(workload="fcnn", accelerator="cpu", power_meter="gpu-only")
+        with pytest.raises(ConfigError, match="meter 'gpu-only' does not read accelerator 'cpu'; allowed: auto, none"):
+            manager.power_meter_factory(manager.accelerator("cpu"), config)
+
+
+class PackagesPlugin:
+    def __init__(self, *names: object) -> None:
+        self.names = names
+
+    @hookimpl
+    def core_register_packages(self, register: Callable[[str], None]) -> None:
+        for name in self.names:
+            register(name)  # type: ignore[arg-type]
+
+
+def test_each_vendor_registers_its_sdk_packages(manager: PluginManager) -> None:
+    assert {name: manager.packages[name].plugin for name in manager.packages} == {
+        "nvidia-ml-py": "nvidia",
+        "amdsmi": "amd",
+        "poptorch": "graphcore",
+        "torch-xla": "xla",
+    }
+
+
+def test_a_result_records_the_packages_the_plugins_register() -> None:
+    from core.testing import registered_plugins, run_tiny
+
+    with registered_plugins(PackagesPlugin("pytest", "Not_Installed.Anywhere")):
+        libraries = run_tiny("fcnn", "cpu").environment.library_versions  # type: ignore[union-attr]
+    assert libraries["pytest"] == pytest.__version__  # a plugin's package, found without importing it
+    assert "torch" in libraries and "pydantic" in libraries  # core's own
+    assert not {"Not_Installed.Anywhere", "not-installed-anywhere"} & set(libraries)  # not installed: left out
+
+
+def test_two_plugins_may_register_one_package(manager: PluginManager) -> None:
+    first = manager.register_plugin(PackagesPlugin("pytest", "PyTest", "py_test"), name="first")
+    second = manager.register_plugin(PackagesPlugin("pytest"), name="second")
+    assert first.state is second.state is PluginState.loaded, (first.error, second.error)
+    assert first.registered["packages"] == ["pytest", "py-test"] and second.registered["packages"] == ["pytest"]
+    assert manager.packages["pytest"].plugin == "first"
+
+
+@pytest.mark.parametrize("name", ["", "nvidia ml py", "../torch", "torch==2.0", "-torch", 3, None])
+def test_a_package_that_is_no_distribution_name_is_refused(manager: PluginManager, name: object) -> None:
+    record = manager.register_plugin(PackagesPlugin("pytest", name), name="packages")
+    assert record.state is PluginState.failed, name
+    assert "distribution name" in (record.error or "") or "a package name (a string)" in (record.error or "")
+    assert manager.packages["torch-xla"].plugin == "xla" and "pytest" not in manager.packages

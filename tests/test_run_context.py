@@ -1,8 +1,11 @@
-"""Plugins get the options parsed once (RunContext), and plugins written for 0.1 keep working.
+"""Plugins get the options parsed once (RunContext), and plugins written for 0.1 or 0.2 keep working.
 
-The 0.2 forms (``executor_for``, ``validate_run``, ``meter_for``) take the run context; the 0.1
-forms (``create_executor``, ``validate``, ``create``) take the raw configuration. core calls
-whichever form a plugin's class overrides last, and refuses a plugin that implements neither.
+The current forms (``executor_for``, ``validate_run``, ``max_replicas_for``, ``devices_used``,
+``configure_torch_for``, ``meter_for``, a meter's declared ``accelerators``) take the run context;
+the older forms (``create_executor``, ``validate``, ``create`` from 0.1; ``max_replicas``,
+``devices_for``, ``configure_torch``, ``reads`` from 0.2) take the raw configuration. core calls
+whichever form a plugin's class overrides last, warns that the old one goes in 0.3, and refuses a
+plugin that implements neither.
 """
 
 from __future__ import annotations
@@ -13,8 +16,9 @@ from typing import Any, ClassVar
 import pytest
 from pydantic import BaseModel, ConfigDict, field_validator
 
-from core import ConfigError, run
+from core import ConfigError, make_config, run
 from core.contract import context as context_module
+from core.contract.accelerator import devices_used, max_replicas_for
 from core.contract.launcher import Launcher, launcher_path, load_launcher
 from core.contract.manager import PluginState
 from core.plugin import (
@@ -149,8 +153,10 @@ def test_a_0_1_plugin_keeps_its_own_create_executor_validate_and_meter_create() 
     assert result.energy.unavailable_reason == "the old-style meter reads nothing"
     # The plugin's author is told, through Python's warnings, and its user, in the result.
     warned = sorted(str(w.message).split("()")[0].rsplit(".", 1)[-1] for w in deprecations.list)
-    assert warned == ["create", "create_executor", "validate"]
+    # reads() is the form from before a meter declared its accelerators (0.2's), kept as long.
+    assert warned == ["create", "create_executor", "reads", "validate"]
     assert sum("core 0.1's form" in warning and "removed in 0.3" in warning for warning in result.warnings) == 3
+    assert sum("reads() is core 0.2's form" in warning for warning in result.warnings) == 1
 
 
 class Incomplete(Accelerator):
@@ -193,7 +199,7 @@ def test_the_torchrun_launcher_reads_torchrun_s_variables() -> None:
     assert (process.rank, process.local_rank, process.world_size, process.local_world_size) == (2, 0, 4, 2)
 
 
-def test_no_built_in_plugin_uses_a_0_1_form() -> None:
+def test_no_built_in_plugin_uses_an_old_form() -> None:
     from core.contract.context import ACCELERATOR_OLD_FORMS, METER_OLD_FORMS, old_form_warnings
     from core.contract.manager import get_plugin_manager
 
@@ -204,3 +210,120 @@ def test_no_built_in_plugin_uses_a_0_1_form() -> None:
     used = [m for a in accelerators for m in old_form_warnings(a, ACCELERATOR_OLD_FORMS)]
     used += [m for meter in meters for m in old_form_warnings(meter, METER_OLD_FORMS)]
     assert not used, used
+
+
+# --- max_replicas and devices_for took the raw configuration until 0.2 ---------------------------
+
+
+class PlacingCpu(CpuAccelerator):
+    """The current forms: both read the parsed options from the context."""
+
+    name: ClassVar[str] = "placing-cpu"
+    options_model: ClassVar[type[BaseModel]] = CountedOptions
+    asked: ClassVar[list[str]] = []
+
+    def max_replicas_for(self, context: RunContext) -> int:
+        PlacingCpu.asked.append(f"max_replicas_for(lanes={context.accelerator_options_as(CountedOptions).lanes})")
+        return 1
+
+    def devices_used(self, context: RunContext) -> list[DeviceRecord]:
+        lanes = context.accelerator_options_as(CountedOptions).lanes
+        PlacingCpu.asked.append(f"devices_used(lanes={lanes}, rank {context.process.rank})")
+        return [DeviceRecord(index=0, name=f"{lanes}-lane CPU", kind=self.name)]
+
+    def executor_for(self, workload: Workload, context: RunContext) -> Any:
+        return SimulatedExecutor(lambda: None)
+
+
+class PlacingCpu02(CpuAccelerator):
+    """A plugin written against 0.2's docs: max_replicas(config) and devices_for(config, process)."""
+
+    name: ClassVar[str] = "placing-cpu-0-2"
+
+    def max_replicas(self, config: RunConfig) -> int:
+        return 1
+
+    def devices_for(self, config: RunConfig, process: ProcessContext) -> list[DeviceRecord]:
+        return [DeviceRecord(index=0, name=f"CPU of {config.workload}", kind=self.name)]
+
+    def executor_for(self, workload: Workload, context: RunContext) -> Any:
+        return SimulatedExecutor(lambda: None)
+
+
+def test_placement_reads_the_parsed_options_from_the_context() -> None:
+    PARSES.clear()
+    PlacingCpu.asked.clear()
+    with registered_plugins(Plugin(PlacingCpu())):
+        result = run("fcnn", "placing-cpu", workload_options=TINY_FCNN, accelerator_options={"lanes": 2}, steps=2)
+        with pytest.raises(ConfigError, match="can place at most 1 here"):
+            run("fcnn", "placing-cpu", workload_options=TINY_FCNN, replicas=2)
+    assert result.status.ok, result.status
+    assert PARSES == [{"lanes": 2}]  # parsed once, in planning
+    assert PlacingCpu.asked == [
+        "max_replicas_for(lanes=2)",
+        "devices_used(lanes=2, rank 0)",
+        "max_replicas_for(lanes=1)",
+    ]
+    assert result.devices[0].name == "2-lane CPU"
+    assert not [w for w in result.warnings if "form" in w]
+
+
+def test_a_0_2_plugin_keeps_its_max_replicas_and_devices_for() -> None:
+    context_module._warned.clear()
+    with registered_plugins(Plugin(PlacingCpu02())):
+        with pytest.warns(DeprecationWarning) as deprecations:
+            result = run("fcnn", "placing-cpu-0-2", workload_options=TINY_FCNN, steps=2, warmup_steps=0)
+        with pytest.raises(ConfigError, match="can place at most 1 here"):
+            run("fcnn", "placing-cpu-0-2", workload_options=TINY_FCNN, replicas=2)
+    assert result.status.ok, result.status
+    assert result.devices[0].name == "CPU of fcnn"  # its own devices_for, not CpuAccelerator's devices_used
+    warned = sorted(str(w.message).split("()")[0].rsplit(".", 1)[-1] for w in deprecations.list)
+    assert warned == ["devices_for", "max_replicas"]
+    moved = [w for w in result.warnings if "core 0.2's form" in w and "removed in 0.3" in w]
+    assert len(moved) == 2 and any("implement max_replicas_for() instead" in w for w in moved), result.warnings
+
+
+class NoReplicas(Incomplete):
+    name: ClassVar[str] = "no-replicas"
+    max_replicas = Accelerator.max_replicas  # as if it never implemented it
+
+    def executor_for(self, workload: Workload, context: RunContext) -> Any:
+        return SimulatedExecutor(lambda: None)
+
+
+def test_an_accelerator_with_neither_max_replicas_method_is_refused_at_registration() -> None:
+    with registered_plugins(entry_points=False) as manager:
+        record = manager.register_plugin(Plugin(NoReplicas()), name="no-replicas-plugin")
+    assert record.state is PluginState.failed
+    assert "implements neither max_replicas_for (core 0.2) nor max_replicas" in (record.error or ""), record.error
+
+
+def test_a_gpu_plugin_written_for_0_2_keeps_its_configure_torch_and_super_calls() -> None:
+    from core.contract.gpu import TorchGpuAccelerator, configure_torch_for
+    from core.testing import run_context
+
+    class Gpu02(TorchGpuAccelerator):
+        name: ClassVar[str] = "gpu-0-2"
+
+        def availability(self) -> Availability:
+            return Availability.yes()
+
+        def visible_devices(self) -> list[DeviceRecord]:
+            return [DeviceRecord(index=i, name="GPU", kind=self.name) for i in range(3)]
+
+        def max_replicas(self, config: RunConfig) -> int:
+            return min(super().max_replicas(config), 2)  # the base's old form still answers
+
+        def devices_for(self, config: RunConfig, process: ProcessContext) -> list[DeviceRecord]:
+            return super().devices_for(config, process)[:1]
+
+        def configure_torch(self, config: RunConfig) -> dict[str, Any]:
+            return {"vendor_switch": config.workload}
+
+    gpu = Gpu02()
+    context = run_context(make_config(workload="fcnn", accelerator="gpu-0-2", replicas=3), gpu)
+    context_module._warned.clear()
+    with pytest.warns(DeprecationWarning, match="configure_torch\\(\\) is core 0.2's form"):
+        assert configure_torch_for(gpu, context) == {"vendor_switch": "fcnn"}
+    assert max_replicas_for(gpu, context) == 2
+    assert [d.index for d in devices_used(gpu, context)] == [0]

@@ -55,7 +55,7 @@ class PrintingAccelerator(Accelerator):
     def precisions(self, framework: Framework) -> tuple[Precision, ...]:
         return (Precision.fp32,)
 
-    def max_replicas(self, config: RunConfig) -> int:
+    def max_replicas_for(self, context: RunContext) -> int:
         return 1
 
     def devices(self) -> list[DeviceRecord]:
@@ -94,8 +94,12 @@ class DisagreeingMeter(PowerMeter):
 class DisagreeingMeterFactory(PowerMeterFactory):
     name: ClassVar[str] = "disagreeing"
 
-    def reads(self, accelerator_name: str) -> bool:
-        return accelerator_name.startswith("printing")
+    accelerators: ClassVar[tuple[str, ...]] = (
+        "printing",
+        "printing-old-form",
+        "printing-broken",
+        "printing-reasonless",
+    )
 
     def availability(self) -> Availability:
         return Availability.yes()

@@ -358,3 +358,43 @@ def test_a_failing_tokens_per_sample_costs_only_the_token_figures() -> None:
     assert result.status.ok and result.throughput_per_second is not None
     assert result.tokens_per_sample is None
     assert any("tokens_per_sample raised KeyError" in warning for warning in result.warnings)
+
+
+class BadPeakTable(ScriptedAccelerator):
+    """An accelerator whose peak table has a bug: it raises, or answers something that is no figure."""
+
+    def __init__(self, peak: Any = None, bandwidth: Any = None) -> None:
+        super().__init__()
+        self.peak, self.bandwidth = peak, bandwidth
+
+    def peak_flops_per_second(self, device: DeviceRecord, precision: Precision) -> Any:
+        if isinstance(self.peak, BaseException):
+            raise self.peak
+        return self.peak
+
+    def memory_bandwidth(self, device: DeviceRecord) -> Any:
+        if isinstance(self.bandwidth, BaseException):
+            raise self.bandwidth
+        return self.bandwidth
+
+
+@pytest.mark.parametrize(
+    "peak,bandwidth,said",
+    [
+        (KeyError("A100-SXM4-80GB"), None, "peak_flops_per_second raised KeyError"),
+        (0.0, None, "peak_flops_per_second answered 0.0"),  # not a (figure, source) pair
+        ((0.0, "a datasheet with a typo"), None, "no datasheet figure"),  # the MFU would divide by zero
+        ((float("nan"), "NaN"), None, "no datasheet figure"),
+        ((3e12, "datasheet"), 900e9, "memory_bandwidth answered 900000000000.0"),  # not a MemoryBandwidth
+    ],
+)
+def test_a_broken_peak_table_costs_its_figures_not_the_measured_run(peak: Any, bandwidth: Any, said: str) -> None:
+    with registered_plugins():
+        result = run(ScriptedWorkload(), BadPeakTable(peak, bandwidth), steps=3, warmup_steps=0, micro_batch_size=8)
+    assert result.status.ok, result.status
+    assert result.throughput_per_second and result.flops_per_second  # what was measured stays
+    assert any(said in warning for warning in result.warnings), result.warnings
+    if "memory_bandwidth" in said:
+        assert result.peak_flops_per_second == 3e12 and result.memory_bandwidth_bytes_per_second is None
+    else:
+        assert result.peak_flops_per_second is None and result.model_flops_utilization is None

@@ -547,7 +547,9 @@ def test_a_run_records_one_device_per_replica_for_its_mfu() -> None:
         config = make_config(
             workload="fcnn", accelerator="xla", replicas=2, accelerator_options={"parallelism": parallelism}
         )
-        devices = XlaAccelerator().devices_for(config, ProcessContext(rank=0, world_size=2, local_world_size=2))
+        xla = XlaAccelerator()
+        process = ProcessContext(rank=0, world_size=2, local_world_size=2)
+        devices = xla.devices_used(run_context(config, xla, process=process))
         assert [d.index for d in devices] == [0, 1]
         assert {d.details["parallelism"] for d in devices} == {parallelism}
 

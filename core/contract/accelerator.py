@@ -57,6 +57,24 @@ def validate_run(accelerator: Accelerator, context: RunContext) -> None:
         accelerator.validate_run(context)
 
 
+def max_replicas_for(accelerator: Accelerator, context: RunContext) -> int:
+    """``accelerator``'s most replicas for the run, in whichever form its class overrides last."""
+    from core.contract.context import overrides_old_form
+
+    if overrides_old_form(accelerator, "max_replicas_for", "max_replicas"):
+        return accelerator.max_replicas(context.config)
+    return accelerator.max_replicas_for(context)
+
+
+def devices_used(accelerator: Accelerator, context: RunContext) -> list[DeviceRecord]:
+    """The devices the run uses, asked of ``accelerator`` in whichever form its class overrides last."""
+    from core.contract.context import overrides_old_form
+
+    if overrides_old_form(accelerator, "devices_used", "devices_for"):
+        return accelerator.devices_for(context.config, context.process)
+    return accelerator.devices_used(context)
+
+
 class Accelerator(ABC):
     """A kind of device that runs workloads. One instance is registered per plugin.
 
@@ -116,9 +134,20 @@ class Accelerator(ABC):
         """
         return policy
 
-    @abstractmethod
+    def max_replicas_for(self, context: RunContext) -> int:
+        """The largest ``replicas`` this host can place for the run (``context.config`` and the
+        parsed ``context.accelerator_options``). Called in planning, on this host only (a plan for
+        a machine profile counts the profile's devices instead).
+
+        Accelerators written before the run context implement :meth:`max_replicas` instead, which
+        this default calls.
+        """
+        return self.max_replicas(context.config)
+
     def max_replicas(self, config: RunConfig) -> int:
-        """The largest ``replicas`` this host can place for ``config``."""
+        """The form of :meth:`max_replicas_for` before the run context (options unparsed); implement
+        one of the two."""
+        raise NotImplementedError(f"accelerator {self.name!r} implements neither max_replicas_for nor max_replicas")
 
     @abstractmethod
     def devices(self) -> list[DeviceRecord]:
@@ -163,8 +192,15 @@ class Accelerator(ABC):
         """
         self.validate(context.config)
 
+    def devices_used(self, context: RunContext) -> list[DeviceRecord]:
+        """The devices the run uses in ``context.process``, as recorded in its result. Called once
+        the executor is set up; the default calls :meth:`devices_for`, which accelerators written
+        before the run context override instead."""
+        return self.devices_for(context.config, context.process)
+
     def devices_for(self, config: RunConfig, process: ProcessContext) -> list[DeviceRecord]:
-        """The devices a run with ``config`` uses, as recorded in its result."""
+        """The form of :meth:`devices_used` before the run context: by default the first
+        ``replicas_per_node x devices_per_replica`` of :meth:`devices`."""
         return self.devices()[: config.replicas_per_node * config.devices_per_replica]
 
     def placement_summary(self, context: RunContext) -> dict[str, Any]:

@@ -8,7 +8,6 @@ instead of parsing the raw dictionary again in every method that needs it.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -16,6 +15,7 @@ from pydantic import BaseModel
 
 from core.config import RunConfig
 from core.contract.pipeline import PipelineLayout
+from core.deprecation import REMOVED_IN, warn_deprecated
 from core.machines.profile import MachineProfile
 from core.precision import PrecisionPolicy, policy_for
 from core.running.distributed import ProcessContext
@@ -68,7 +68,7 @@ def _as(options: BaseModel, model: type[OptionsModel], field: str) -> OptionsMod
 
 
 def overrides_old_form(plugin: object, new: str, old: str) -> bool:
-    """Whether ``plugin``'s class last overrides the pre-0.2 form ``old`` of a method, not ``new``.
+    """Whether ``plugin``'s class last overrides the older form ``old`` of a method, not ``new``.
 
     A plugin class may derive from a base that implements the new form (``executor_for``) and
     itself override the old one (``create_executor``), as plugins written against 0.1 do when they
@@ -83,7 +83,8 @@ def overrides_old_form(plugin: object, new: str, old: str) -> bool:
 
 def old_form_class(plugin: object, new: str, old: str) -> type | None:
     """The class whose override of the old form ``old`` is nearest ``plugin``'s, or None where
-    ``new`` is overridden nearer (or neither is)."""
+    ``new`` is overridden nearer (or neither is). ``new`` may be a class attribute (a meter's
+    ``accelerators``) as well as a method."""
     for cls in type(plugin).__mro__:
         if new in vars(cls):
             return None
@@ -92,10 +93,20 @@ def old_form_class(plugin: object, new: str, old: str) -> type | None:
     return None
 
 
-#: (new, old) forms of the Accelerator methods that changed in 0.2
-ACCELERATOR_OLD_FORMS = (("validate_run", "validate"), ("executor_for", "create_executor"))
-#: ... and of PowerMeterFactory's
-METER_OLD_FORMS = (("meter_for", "create"),)
+#: (new, old) forms of the Accelerator methods that take the parsed run context now: the 0.1 forms
+#: took the raw configuration; ``max_replicas`` and ``devices_for`` kept it until 0.2
+ACCELERATOR_OLD_FORMS = (
+    ("validate_run", "validate"),
+    ("executor_for", "create_executor"),
+    ("max_replicas_for", "max_replicas"),
+    ("devices_used", "devices_for"),
+    ("configure_torch_for", "configure_torch"),  # TorchGpuAccelerator's
+)
+#: ... and of PowerMeterFactory's: a meter declares the accelerators it reads instead of answering
+#: ``reads(name)`` by comparing strings
+METER_OLD_FORMS = (("meter_for", "create"), ("accelerators", "reads"))
+#: the release whose form each old one is (what a plugin was written against)
+_OLD_FORM_RELEASE = {"max_replicas": "0.2", "devices_for": "0.2", "configure_torch": "0.2", "reads": "0.2"}
 
 
 def old_form_warnings(plugin: object, forms: tuple[tuple[str, str], ...]) -> list[str]:
@@ -109,9 +120,10 @@ def old_form_warnings(plugin: object, forms: tuple[tuple[str, str], ...]) -> lis
 
 
 def old_form_message(cls: type, new: str, old: str) -> str:
+    replacement = f"{new}()" if callable(getattr(cls, new, None)) else f"the class attribute {new}"
     return (
-        f"{cls.__module__}.{cls.__qualname__}.{old}() is core 0.1's form, still called in 0.2 and to be removed "
-        f"in 0.3: implement {new}() instead (docs/writing-a-plugin.md)"
+        f"{cls.__module__}.{cls.__qualname__}.{old}() is core {_OLD_FORM_RELEASE.get(old, '0.1')}'s form, still "
+        f"called and to be removed in {REMOVED_IN}: implement {replacement} instead (docs/writing-a-plugin.md)"
     )
 
 
@@ -124,4 +136,4 @@ def _warn_old_form(cls: type, new: str, old: str) -> None:
     if (cls, old) in _warned:
         return
     _warned.add((cls, old))
-    warnings.warn(old_form_message(cls, new, old), DeprecationWarning, stacklevel=3)
+    warn_deprecated(old_form_message(cls, new, old), removed_in=REMOVED_IN, stacklevel=3)

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from core.contract.commands import Command
     from core.contract.workload import Workload
     from core.energy.meter import PowerMeterFactory
+    from core.machines.profile import MachineProfile
     from core.precision import PrecisionPolicy
     from core.report.document import Block
     from core.storage.results import RunResult
@@ -80,6 +81,23 @@ def core_register_commands(register: Callable[[Command], None]) -> None:
 
 
 @hookspec
+def core_register_machines(register: Callable[[MachineProfile], None]) -> None:
+    """Register the machine profiles this plugin ships by calling ``register(profile)`` once for each.
+
+    Fires once, when the plugin manager loads. A profile describes a machine that is not at hand
+    (its device model and count, memory, precisions, host, vendor ``details``), so that
+    ``--dry-run --machine NAME`` plans a run or a sweep for it and ``core machines`` lists it. The
+    vendor that knows a device ships its machines. ``register`` checks the object is a
+    :class:`core.plugin.MachineProfile` whose name no other plugin registered and that cannot be
+    read as a profile file's path; the profile is checked against its accelerator's
+    ``machine_details`` when a run is planned for it.
+
+    :param register: callback taking one :class:`core.plugin.MachineProfile`.
+    :returns: nothing; results of this hook are ignored.
+    """
+
+
+@hookspec
 def core_register_precisions(register: Callable[[type[PrecisionPolicy]], None]) -> None:
     """Register precision policies by calling ``register(policy_class)`` once for each.
 
@@ -94,6 +112,20 @@ def core_register_precisions(register: Callable[[type[PrecisionPolicy]], None]) 
     """
 
 
+@hookspec
+def core_register_packages(register: Callable[[str], None]) -> None:
+    """Register the Python distributions whose installed versions a run's result records.
+
+    Fires once, when the plugin manager loads. Call ``register(name)`` once for each distribution
+    name as pip spells it (``"nvidia-ml-py"``): a vendor's SDK bindings and runtime. A result's
+    ``environment.library_versions`` holds each registered package that is installed, found
+    through ``importlib.metadata`` without importing it. Several plugins may register the same name.
+
+    :param register: callback taking one distribution name.
+    :returns: nothing; results of this hook are ignored.
+    """
+
+
 # --- selection: firstresult hooks -----------------------------------------------------------
 
 
@@ -104,8 +136,8 @@ def core_select_power_meter(
     """Choose the power meter for a run whose ``config.power_meter`` is ``"auto"``.
 
     Fires before the run's devices are touched. Stops at first non-None result. Core's own
-    fallback (``trylast``) takes the first available candidate that ``reads`` the accelerator,
-    so a plugin implementing this hook wins over it.
+    fallback (``trylast``) takes the first available candidate whose ``accelerators`` name the
+    accelerator, so a plugin implementing this hook wins over it.
 
     :param accelerator: the accelerator the run uses.
     :param config: the validated run configuration.

@@ -1,6 +1,6 @@
 """The plugin manager: loads entry-point plugins, validates what they register, reports failures.
 
-Built-in plugins (the CPU, NVIDIA, AMD and Graphcore accelerators, the workload zoo) load
+Built-in plugins (the CPU, NVIDIA, AMD, Graphcore and XLA accelerators, the workload zoo) load
 through the same ``core`` entry-point group as a third party's. A plugin that fails to import,
 to validate against the hook specs, or to register is recorded with its error and unloaded;
 every other plugin keeps working.
@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import sys
 import threading
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -22,6 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
 from importlib import metadata
+from types import ModuleType
 from typing import Any, Generic, TypeVar
 
 import pluggy
@@ -30,10 +33,14 @@ from core.config import RunConfig
 from core.contract import hookspecs
 from core.contract.accelerator import Accelerator, Availability
 from core.contract.commands import Command, command_problem
+from core.contract.context import old_form_class, overrides_old_form
 from core.contract.hookspecs import hookimpl
+from core.contract.internal_imports import internal_imports
 from core.contract.workload import Workload
+from core.deprecation import warn_deprecated_at
 from core.energy.meter import PowerMeterFactory
 from core.errors import ConfigError, PluginError, RegistrationError
+from core.machines.profile import MachineProfile
 from core.precision import BUILTIN_POLICIES, PrecisionPolicy, policy_problem
 
 ENTRY_POINT_GROUP = "core"
@@ -74,6 +81,8 @@ class PluginRecord:
     entry_point: bool = False
     #: every time this plugin's code raised after loading: (what it was asked, error, traceback)
     faults: list[PluginFault] = field(default_factory=list)
+    #: what the plugin should change, though it loaded (an import of core's internals)
+    warnings: list[str] = field(default_factory=list)
 
 
 class PluginFault(PluginError):
@@ -108,14 +117,26 @@ class Registered(Generic[T]):
     plugin: str
 
 
-# What each registration hook accepts, and the registry it fills.
-_REGISTRATION_HOOKS: dict[str, tuple[str, type]] = {
-    "core_register_accelerators": ("accelerators", Accelerator),
-    "core_register_workloads": ("workloads", Workload),
-    "core_register_power_meters": ("power_meters", PowerMeterFactory),
-    "core_register_commands": ("commands", Command),
+@dataclass(frozen=True)
+class _Registration:
+    """What one registration hook accepts and the registry it fills."""
+
+    registry: str  # the PluginManager attribute, and the key of PluginRecord.registered
+    kind: type
+    #: True where several plugins may register the same name (a Python package two vendors both
+    #: depend on); the first keeps it, and each plugin's record lists what it registered
+    shared: bool = False
+
+
+_REGISTRATION_HOOKS: dict[str, _Registration] = {
+    "core_register_accelerators": _Registration("accelerators", Accelerator),
+    "core_register_workloads": _Registration("workloads", Workload),
+    "core_register_power_meters": _Registration("power_meters", PowerMeterFactory),
+    "core_register_machines": _Registration("machines", MachineProfile),
+    "core_register_packages": _Registration("packages", str, shared=True),
+    "core_register_commands": _Registration("commands", Command),
     # classes, not instances: each run's executor makes its own (it holds fp16's gradient scaler)
-    "core_register_precisions": ("precisions", PrecisionPolicy),
+    "core_register_precisions": _Registration("precisions", PrecisionPolicy),
 }
 
 
@@ -125,7 +146,8 @@ def _type_problem(item: object, expected: type) -> str | None:
     if expected is PrecisionPolicy:
         return policy_problem(item)
     if not isinstance(item, expected):
-        return f"expected a {expected.__name__} instance, got {type(item).__name__}"
+        wanted = "a package name (a string)" if expected is str else f"a {expected.__name__} instance"
+        return f"expected {wanted}, got {type(item).__name__}"
     return None
 
 
@@ -163,27 +185,71 @@ class _DefaultPowerMeterSelection:
         return None
 
 
-# Methods of which a plugin's class must implement one: the 0.2 form (with the parsed run context)
-# or the older one. The base classes' defaults call each other's way, so neither is abstract.
-_ONE_OF: dict[type, tuple[str, str]] = {
-    Accelerator: ("executor_for", "create_executor"),
-    PowerMeterFactory: ("meter_for", "create"),
+# Methods of which a plugin's class must implement one: the form with the parsed run context or the
+# older one. The base classes' defaults call each other's way, so neither is abstract.
+_ONE_OF: dict[type, tuple[tuple[str, str], ...]] = {
+    Accelerator: (("executor_for", "create_executor"), ("max_replicas_for", "max_replicas")),
+    PowerMeterFactory: (("meter_for", "create"), ("accelerators", "reads")),
 }
 
 
 def _missing_method(item: object, base: type) -> str | None:
-    names = _ONE_OF.get(base)
-    if names is None or any(getattr(type(item), n) is not getattr(base, n) for n in names):
-        return None
-    return f"implements neither {names[0]} (core 0.2) nor {names[1]}"
+    for new, old in _ONE_OF.get(base, ()):
+        if not any(_overrides(item, base, name) for name in (new, old)):
+            verb = "implements" if callable(getattr(base, new)) else "declares"
+            return f"{verb} neither {new} (core 0.2) nor {old}"
+    return None
 
 
-def _registration_problem(item: object, base: type) -> str | None:
-    """What makes a registered item unusable beyond its type and name, or None."""
+def _overrides(item: object, base: type, name: str) -> bool:
+    """Whether ``item`` implements (a method) or declares (an attribute, on its class or itself)
+    ``name`` other than ``base`` does."""
+    default = getattr(base, name)
+    return (getattr(type(item), name) if callable(default) else getattr(item, name)) is not default
+
+
+# A distribution name as PEP 508 spells one (what importlib.metadata.version looks up).
+_PACKAGE_NAME = re.compile(r"^([A-Z0-9]|[A-Z0-9][A-Z0-9._-]*[A-Z0-9])$", re.IGNORECASE)
+# A machine profile's name is what `--machine NAME` selects, where a path to a profile file is
+# allowed too: a name that reads as a path would hide the file.
+_MACHINE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def _key(item: Any) -> Any:
+    """The name ``item`` is registered under: its ``name``; a package's canonical name (PEP 503:
+    ``torch_xla`` and ``Torch-XLA`` are one distribution)."""
+    if isinstance(item, str):
+        return re.sub(r"[-_.]+", "-", item).lower()
+    return getattr(item, "name", None)
+
+
+def _registration_problem(item: Any, registration: _Registration) -> str | None:
+    """What is wrong with one registered item beyond its type and name, or None."""
     if isinstance(item, Command):
         return command_problem(item)
-    missing = _missing_method(item, base)
-    return f"{base.__name__} {getattr(item, 'name', '?')!r} {missing}" if missing else None
+    if isinstance(item, PowerMeterFactory) and not old_form_class(item, "accelerators", "reads"):
+        return _accelerators_problem(item)
+    if isinstance(item, MachineProfile) and (not _MACHINE_NAME.match(item.name) or item.name.endswith(".toml")):
+        return (
+            f"MachineProfile {item.name!r}: a profile's name has letters, digits, '.', '_' and '-', beginning "
+            "with a letter or digit and not ending in .toml (a name that reads as a profile file's path would hide "
+            "the file)"
+        )
+    if registration.kind is str and not _PACKAGE_NAME.match(item):
+        return f"package {item!r} is not a distribution name (letters, digits, '.', '_' and '-', as pip spells one)"
+    return None
+
+
+def _accelerators_problem(meter: PowerMeterFactory) -> str | None:
+    declared = meter.accelerators
+    if not isinstance(declared, tuple) or not all(isinstance(name, str) and name for name in declared):
+        return (
+            f"PowerMeterFactory {meter.name!r}: accelerators must be a tuple of accelerator names, "
+            f"e.g. ('nvidia',), not {declared!r}"
+        )
+    if not declared:
+        return f"PowerMeterFactory {meter.name!r} declares no accelerators it reads (accelerators = ('name', ...))"
+    return None
 
 
 class PluginManager:
@@ -204,6 +270,10 @@ class PluginManager:
         self.precisions: dict[str, Registered[type[PrecisionPolicy]]] = {
             policy.name: Registered(policy, CORE_ITSELF) for policy in BUILTIN_POLICIES.values()
         }
+        #: the machine profiles plugins ship (``--machine NAME``), by name
+        self.machines: dict[str, Registered[MachineProfile]] = {}
+        #: the Python distributions whose versions a result records, by canonical name
+        self.packages: dict[str, Registered[str]] = {}
 
     @property
     def hook(self) -> Any:
@@ -248,6 +318,9 @@ class PluginManager:
                 continue
             try:
                 plugin = entry_point.load()
+                if not record.builtin:
+                    # Here, so that a warning made an error (python -W error) fails this plugin alone.
+                    _warn_internal_imports(record, sys.modules.get(getattr(entry_point, "module", "")))
             except BaseException as exc:  # a plugin may raise anything at import, SystemExit included
                 if isinstance(exc, KeyboardInterrupt):
                     raise
@@ -259,9 +332,13 @@ class PluginManager:
             self._add(plugin, record)
 
     def register_plugin(self, plugin: object, name: str, version: str | None = None) -> PluginRecord:
-        """Register a plugin object or module directly (tests, programmatic use)."""
+        """Register a plugin object or module directly (tests, programmatic use). A module's source
+        is read for imports of core's internals, as an entry point's is."""
         module = getattr(plugin, "__name__", type(plugin).__name__)
-        return self._add(plugin, PluginRecord(name=name, state=PluginState.loaded, module=module, version=version))
+        record = PluginRecord(name=name, state=PluginState.loaded, module=module, version=version)
+        if isinstance(plugin, ModuleType):
+            _warn_internal_imports(record, plugin)
+        return self._add(plugin, record)
 
     def _add(self, plugin: object, record: PluginRecord) -> PluginRecord:
         if record.name in self.plugins:
@@ -300,8 +377,8 @@ class PluginManager:
         for registry_name, items in collected.items():
             registry = getattr(self, registry_name)
             for item in items:
-                registry[item.name] = Registered(item, record.name)
-            record.registered[registry_name] = [item.name for item in items]
+                registry.setdefault(_key(item), Registered(item, record.name))
+            record.registered[registry_name] = [_key(item) for item in items]
         return record
 
     def loads_in_every_process(self) -> bool:
@@ -326,43 +403,49 @@ class PluginManager:
 
     def _collect_registrations(self, plugin_name: str, builtin: bool = False) -> dict[str, list[Any]]:
         collected: dict[str, list[Any]] = {}
-        for hook_name, (registry_name, expected_type) in _REGISTRATION_HOOKS.items():
+        for hook_name, registration in _REGISTRATION_HOOKS.items():
             items: list[Any] = []
-            registry: dict[str, Registered[Any]] = getattr(self, registry_name)
 
-            def register(
-                item: Any,
-                _type: type = expected_type,
-                _items: list[Any] = items,
-                _registry: dict[str, Registered[Any]] = registry,
-            ) -> None:
-                wrong_type = _type_problem(item, _type)
-                if wrong_type:
-                    raise RegistrationError(wrong_type)
-                name = getattr(item, "name", None)
-                if not isinstance(name, str) or not name:
-                    raise RegistrationError(f"{type(item).__name__} has no name")
-                if name in _registry:
-                    raise RegistrationError(
-                        f"{_type.__name__} {name!r} is already registered by {self._owner(_registry[name].plugin)}"
-                    )
-                if not builtin and _type is Accelerator and name in self.reserved_names:
-                    raise RegistrationError(
-                        f"{_type.__name__} {name!r} is the name of a built-in plugin; choose another name"
-                    )
-                if any(existing.name == name for existing in _items):
-                    raise RegistrationError(f"{_type.__name__} {name!r} registered twice")
-                problem = _registration_problem(item, _type)
-                if problem:
-                    raise RegistrationError(problem)
-                _items.append(item)
+            def register(item: Any, _registration: _Registration = registration, _items: list[Any] = items) -> None:
+                if self._check_registration(item, _registration, _items, builtin):
+                    _items.append(item)
 
             for impl in getattr(self._pluggy.hook, hook_name).get_hookimpls():
                 if impl.plugin_name == plugin_name:
                     impl.function(**{arg: register for arg in impl.argnames if arg == "register"})
             if items:
-                collected[registry_name] = items
+                collected[registration.registry] = items
         return collected
+
+    def _check_registration(self, item: Any, registration: _Registration, items: list[Any], builtin: bool) -> bool:
+        """Whether ``item`` is new to this plugin's registrations (False: a shared name it registered
+        already); RegistrationError for anything a plugin may not register."""
+        kind = registration.kind
+        wrong_type = _type_problem(item, kind)
+        if wrong_type:
+            raise RegistrationError(wrong_type)
+        name = _key(item)
+        if not isinstance(name, str) or not name:
+            raise RegistrationError(_registration_problem(item, registration) or f"{kind.__name__} has no name")
+        missing = _missing_method(item, kind)
+        if missing:
+            raise RegistrationError(f"{kind.__name__} {name!r} {missing}")
+        problem = _registration_problem(item, registration)
+        if problem:
+            raise RegistrationError(problem)
+        again = any(_key(existing) == name for existing in items)
+        if registration.shared:
+            return not again  # another plugin's registration of it stands; this record lists it too
+        registry: dict[str, Registered[Any]] = getattr(self, registration.registry)
+        if name in registry:
+            raise RegistrationError(
+                f"{kind.__name__} {name!r} is already registered by {self._owner(registry[name].plugin)}"
+            )
+        if again:
+            raise RegistrationError(f"{kind.__name__} {name!r} registered twice")
+        if not builtin and kind is Accelerator and name in self.reserved_names:
+            raise RegistrationError(f"{kind.__name__} {name!r} is the name of a built-in plugin; choose another name")
+        return True
 
     # --- look-ups ------------------------------------------------------------------------
 
@@ -448,6 +531,7 @@ class PluginManager:
             self.power_meters,
             self.precisions,
             self.commands,
+            self.machines,
         )
         for registry in registries:
             for registered in registry.values():
@@ -508,12 +592,29 @@ class PluginManager:
         return answer
 
     def meter_reads(self, meter: PowerMeterFactory, accelerator_name: str) -> bool:
-        """``meter.reads(name)``; a meter that raises reads nothing."""
+        """Whether ``meter`` declares it reads ``accelerator_name`` (its ``accelerators``, checked
+        when it registered). A meter class that still overrides ``reads`` is asked that instead,
+        with a DeprecationWarning; one whose ``reads`` raises reads nothing."""
+        if not overrides_old_form(meter, "accelerators", "reads"):
+            return accelerator_name in meter.accelerators
         try:
             with self.plugin_code(meter, f"{type(meter).__name__}.reads()"):
                 return bool(meter.reads(accelerator_name))
         except PluginFault:
             return False
+
+    def meters_reading(self, accelerator_name: str) -> list[PowerMeterFactory]:
+        """Every registered meter that reads ``accelerator_name``, in registration order."""
+        meters = [registered.item for registered in self.power_meters.values()]
+        return [meter for meter in meters if self.meter_reads(meter, accelerator_name)]
+
+    def machine_profiles(self) -> dict[str, MachineProfile]:
+        """The machine profiles the plugins registered, by name (``core machines``, ``--machine NAME``)."""
+        return {name: registered.item for name, registered in sorted(self.machines.items())}
+
+    def package_names(self) -> list[str]:
+        """The Python distributions whose versions a run's result records, as the plugins named them."""
+        return [registered.item for registered in self.packages.values()]
 
 
 _manager: PluginManager | None = None
@@ -544,11 +645,26 @@ def _is_builtin(entry_point: metadata.EntryPoint) -> bool:
     return distribution is not None and distribution.metadata["Name"] == BUILTIN_DISTRIBUTION
 
 
+def _warn_internal_imports(record: PluginRecord, module: ModuleType | None) -> None:
+    """A DeprecationWarning at each import of core's internals in the plugin's source, kept on its
+    record for ``core plugins`` too: the plugin surface is what keeps working across releases."""
+    if module is None:
+        return
+    try:
+        found = internal_imports(module)
+    except Exception:  # reading a plugin's source is advice, never a reason for it not to load
+        return
+    for found_import in found:
+        message = found_import.message(record.name)
+        record.warnings.append(message)
+        warn_deprecated_at(
+            message, removed_in=None, filename=found_import.path, lineno=found_import.line, module=found_import.importer
+        )
+
+
 def call_observers(notify: Callable[[], None], what: str) -> None:
     """Run an observer hook; an observer's failure is a warning, never a changed result."""
     try:
         notify()
     except Exception as exc:  # observers must not break a run
-        import sys
-
         print(f"core: warning: a {what} observer failed: {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -5,7 +5,6 @@ so a model runs unchanged on either."""
 from __future__ import annotations
 
 import tarfile
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -23,6 +22,7 @@ from core.data.files import (
     read_data_file,
 )
 from core.data.listing import image_folder, shard_files
+from core.deprecation import REMOVED_IN, warn_deprecated
 from core.errors import DataError
 
 # ImageNet channel statistics: the normalisation every ImageNet-trained vision model expects.
@@ -217,10 +217,10 @@ def __getattr__(name: str) -> Any:
     # ``make_dataset`` was this function's name until the plugin API exported it as
     # ``core.plugin.torch_dataset``; plugins that imported the old name keep working for a release.
     if name == "make_dataset":
-        warnings.warn(
-            "core.data.torch_datasets.make_dataset is now core.plugin.torch_dataset; the old name goes in core 0.3",
-            DeprecationWarning,
-            stacklevel=2,
+        warn_deprecated(
+            "core.data.torch_datasets.make_dataset is now core.plugin.torch_dataset; "
+            f"the old name goes in core {REMOVED_IN}",
+            removed_in=REMOVED_IN,
         )
         return torch_dataset
     raise AttributeError(f"module 'core.data.torch_datasets' has no attribute {name!r}")

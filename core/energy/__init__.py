@@ -7,8 +7,9 @@ energy counters or sampled power; ``sampling`` fixed-rate power sampling and the
 from __future__ import annotations
 
 import importlib
-import warnings
 from typing import Any
+
+from core.deprecation import REMOVED_IN, warn_deprecated
 
 
 def __getattr__(name: str) -> Any:
@@ -16,11 +17,10 @@ def __getattr__(name: str) -> Any:
     # reachable here for a release. Plugins import them from core.plugin.
     meters = importlib.import_module("core.energy.meters")
     if not name.startswith("_") and hasattr(meters, name):
-        warnings.warn(
+        warn_deprecated(
             f"core.energy.{name} moved to core.energy.meters.{name} (plugins: core.plugin.{name});"
-            " the old path goes in core 0.3",
-            DeprecationWarning,
-            stacklevel=2,
+            f" the old path goes in core {REMOVED_IN}",
+            removed_in=REMOVED_IN,
         )
         return getattr(meters, name)
     raise AttributeError(f"module 'core.energy' has no attribute {name!r}")

@@ -35,10 +35,13 @@ class PowerMeter(ABC):
 
 
 class PowerMeterFactory(ABC):
-    """What plugins register: knows which accelerators it reads and makes meters for a run."""
+    """What plugins register: declares which accelerators it reads and makes meters for a run."""
 
     name: ClassVar[str]
     description: ClassVar[str] = ""
+    #: the names of the accelerators whose devices this meter measures (``("nvidia",)``): core binds
+    #: a meter to a run's accelerator by this list, checked when the meter registers
+    accelerators: ClassVar[tuple[str, ...]] = ()
     #: what the meter's figure covers as a run's device meter: "devices" (the run's devices), and
     #: what else it measures with them (RAPL on the CPU: "cpu" and "dram")
     includes: ClassVar[tuple[str, ...]] = ("devices",)
@@ -47,9 +50,13 @@ class PowerMeterFactory(ABC):
     #: default) where it cannot be one. The run adds no two meters that include the same thing.
     node_includes: ClassVar[tuple[str, ...]] = ()
 
-    @abstractmethod
     def reads(self, accelerator_name: str) -> bool:
-        """True if this meter measures devices of that accelerator."""
+        """Whether this meter measures devices of that accelerator: the form before ``accelerators``.
+
+        Core reads the declared ``accelerators``; it calls this only for a meter class that
+        overrides it (with a DeprecationWarning), as meters written before the declaration do.
+        """
+        return accelerator_name in self.accelerators
 
     @abstractmethod
     def availability(self) -> Availability:

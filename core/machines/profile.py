@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import sys
 import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -74,22 +75,31 @@ class MachineProfile(BaseModel):
         return None if self.memory_gib_per_device is None else int(self.memory_gib_per_device * GIB)
 
 
+def shipped_machines() -> dict[str, MachineProfile]:
+    """The machine profiles the loaded plugins ship (core_register_machines), by name."""
+    # At call time: the plugin manager sits above the plain types here.
+    from core.contract.manager import get_plugin_manager
+
+    return get_plugin_manager().machine_profiles()
+
+
 def machine_names() -> list[str]:
-    from core.machines.catalog import MACHINES
+    """The names ``--machine`` takes besides a profile file: the plugins' profiles."""
+    return sorted(shipped_machines())
 
-    return sorted(MACHINES)
 
-
-def load_machine(name_or_path: str | Path, relative_to: Path | None = None) -> MachineProfile:
+def load_machine(
+    name_or_path: str | Path, relative_to: Path | None = None, shipped: Mapping[str, MachineProfile] | None = None
+) -> MachineProfile:
     """A shipped profile by name, or one read from a TOML file; ConfigError on the field ``machine``.
 
     :param relative_to: the folder a relative profile path is read from (a sweep file's own folder,
         so the file works from any working directory); None: the working directory.
+    :param shipped: the profiles a name may select; None: those the loaded plugins registered.
     """
-    from core.machines.catalog import MACHINES
-
-    if isinstance(name_or_path, str) and name_or_path in MACHINES:
-        return MACHINES[name_or_path]
+    profiles = shipped_machines() if shipped is None else shipped
+    if isinstance(name_or_path, str) and name_or_path in profiles:
+        return profiles[name_or_path]
     path = Path(name_or_path)
     if relative_to is not None and not path.is_absolute():
         path = relative_to / path
@@ -97,7 +107,8 @@ def load_machine(name_or_path: str | Path, relative_to: Path | None = None) -> M
         raise ConfigError(
             "machine",
             str(name_or_path),
-            f"a shipped profile ({', '.join(machine_names())}) or a profile file (.toml)",
+            f"a shipped profile ({', '.join(sorted(profiles)) or 'none: no loaded plugin ships one'}) "
+            "or a profile file (.toml)",
         )
     if not path.is_file():
         found = "a folder" if path.is_dir() else "nothing"

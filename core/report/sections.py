@@ -403,9 +403,8 @@ def _power_blocks(sweep: SweepData) -> list[Block]:
     if not traces:
         return _not_drawn(
             title,
-            "no run recorded a power timeline (meters that sample power record one: "
-            "NVML, amdsmi, gcipuinfo; RAPL reads counters only; --power-timeline-points 0 "
-            "turns it off)",
+            "no run recorded a power timeline (a meter that samples power records one, a meter that "
+            "reads energy counters only does not; --power-timeline-points 0 turns it off)",
         )
     shown = traces[:_MAX_POWER_TRACES]
     caption = (

@@ -9,11 +9,12 @@ from typing import Any
 from pydantic import BaseModel
 
 from core.config import LOADGEN_SCENARIOS, Framework, RunConfig, make_config
-from core.contract.accelerator import Accelerator, validate_run
+from core.contract.accelerator import Accelerator, max_replicas_for, validate_run
 from core.contract.context import (
     ACCELERATOR_OLD_FORMS,
     METER_OLD_FORMS,
     RunContext,
+    old_form_class,
     old_form_warnings,
     overrides_old_form,
 )
@@ -49,6 +50,8 @@ class RunPlan:
     #: the policy ``config.precision`` runs under: the registered one, or the accelerator's subclass
     #: of it (None only in a plan not made by plan_run: core's policy of that name then)
     precision_policy: type[PrecisionPolicy] | None = None
+    #: the plugins' packages whose versions the result records (core_register_packages)
+    packages: tuple[str, ...] = ()
 
     def context(self, process: ProcessContext) -> RunContext:
         """What the plugins are handed in ``process``: the configuration and the parsed options."""
@@ -124,7 +127,8 @@ def plan_run(
     if config.scenario in LOADGEN_SCENARIOS:
         _check_loadgen(config, machine, warnings)
 
-    _check_placement_limits(manager, accelerator_obj, config, machine)
+    placing = RunContext(config, workload_options, accelerator_options, SINGLE_PROCESS, machine=machine)
+    _check_placement_limits(manager, accelerator_obj, placing)
     if config.nodes > 1:
         _check_nodes(accelerator_obj, config, machine)
     layout = None
@@ -132,7 +136,13 @@ def plan_run(
         with guard(workload_obj, f"{type(workload_obj).__name__}.pipeline_layout()"):
             layout = workload_obj.pipeline_layout(workload_options, framework)
     plan = RunPlan(config, workload_obj, workload_options, accelerator_obj, accelerator_options, None, None)
-    plan = dataclasses.replace(plan, machine=machine, pipeline_layout=layout, precision_policy=precision_policy)
+    plan = dataclasses.replace(
+        plan,
+        machine=machine,
+        pipeline_layout=layout,
+        precision_policy=precision_policy,
+        packages=tuple(manager.package_names()),
+    )
     context = plan.context(SINGLE_PROCESS)
     context.warnings.extend(warnings)
     for message in old_form_warnings(accelerator_obj, ACCELERATOR_OLD_FORMS):
@@ -517,12 +527,12 @@ def _check_framework(
         )
 
 
-def _check_placement_limits(
-    manager: PluginManager, accelerator: Accelerator, config: RunConfig, machine: MachineProfile | None = None
-) -> None:
+def _check_placement_limits(manager: PluginManager, accelerator: Accelerator, context: RunContext) -> None:
+    config, machine = context.config, context.machine
     if machine is None:
-        with manager.plugin_code(accelerator, f"{type(accelerator).__name__}.max_replicas()"):
-            max_replicas = accelerator.max_replicas(config)
+        form = "max_replicas" if old_form_class(accelerator, "max_replicas_for", "max_replicas") else "max_replicas_for"
+        with manager.plugin_code(accelerator, f"{type(accelerator).__name__}.{form}()"):
+            max_replicas = max_replicas_for(accelerator, context)
         where = "here"
     else:
         max_replicas = machine.devices // config.devices_per_replica
@@ -599,7 +609,7 @@ def _choose_meter(
         return None, f"meter {factory.name!r} unavailable: {meter_availability.reason}"
     if config.power_meter == "none":
         return None, "energy measurement disabled (power_meter='none')"
-    readers = [r.item for r in manager.power_meters.values() if manager.meter_reads(r.item, config.accelerator)]
+    readers = manager.meters_reading(config.accelerator)
     reasons = [
         f"{meter.name}: {availability.reason}"
         for meter in readers

@@ -12,11 +12,13 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from core.config import LOADGEN_SCENARIOS, RunConfig
-from core.contract.accelerator import executor_for
+from core.contract.accelerator import devices_used, executor_for
 from core.contract.context import RunContext
 from core.contract.manager import innermost_location
+from core.contract.peaks import MemoryBandwidth
 from core.data import loader_worker_death
 from core.energy.combined import MeterSet
 from core.energy.meter import PowerMeter, PowerMeterFactory, UnavailableMeter, meter_for
@@ -209,12 +211,13 @@ def _execute(plan: RunPlan, process: ProcessContext, on_progress: ProgressCallba
         executor.synchronize()
         executor.barrier()
         result.setup_seconds = executor.gather_max(time.perf_counter() - started)
-        result.devices = plan.accelerator.devices_for(config, process)
+        result.devices = devices_used(plan.accelerator, plan.context(process))
         result.executor_details = executor.details()
         result.environment = collect_environment(
             executor.framework_version(),
             plan.accelerator.driver_versions(),
             executor.host_threads(),
+            plan.packages,
         )
         report(result)
 
@@ -475,25 +478,20 @@ def _record_epoch(result: RunResult, plan: RunPlan, dataset_samples: int | None)
 
 def _record_utilization(result: RunResult, plan: RunPlan) -> None:
     """MFU against the summed datasheet peaks of the devices used, where every one is known."""
-    peaks = [plan.accelerator.peak_flops_per_second(device, plan.config.precision) for device in result.devices]
-    if not peaks or any(peak is None for peak in peaks) or result.flops_per_second is None:
+    peaks = _device_figures(result, plan, "peak_flops_per_second", _is_peak, plan.config.precision)
+    if not peaks or result.flops_per_second is None:
         return
-    result.peak_flops_per_second = sum(peak[0] for peak in peaks if peak is not None)
-    result.peak_flops_source = "; ".join(sorted({peak[1] for peak in peaks if peak is not None}))
+    result.peak_flops_per_second = sum(peak[0] for peak in peaks)
+    result.peak_flops_source = "; ".join(sorted({peak[1] for peak in peaks}))
     result.model_flops_utilization = result.flops_per_second / result.peak_flops_per_second
 
 
 def _record_bandwidth(result: RunResult, plan: RunPlan) -> None:
     """The summed datasheet memory bandwidths of the devices used (the roofline's slope), where
     every one is known; with the peaks, a report places the run on its device's roofline."""
-    try:
-        bandwidths = [plan.accelerator.memory_bandwidth(device) for device in result.devices]
-    except Exception as exc:  # a peak table's bug costs the roofline, not the run
-        result.warnings.append(f"the accelerator's memory_bandwidth raised {type(exc).__name__}: {exc}; no bandwidth")
+    known = _device_figures(result, plan, "memory_bandwidth", _is_bandwidth)
+    if not known:
         return
-    if not bandwidths or any(bandwidth is None for bandwidth in bandwidths):
-        return
-    known = [bandwidth for bandwidth in bandwidths if bandwidth is not None]
     result.memory_bandwidth_bytes_per_second = sum(bandwidth.bytes_per_second for bandwidth in known)
     result.memory_bandwidth_source = "; ".join(sorted({bandwidth.source for bandwidth in known}))
     result.memory_kind = ", ".join(sorted({bandwidth.memory for bandwidth in known}))
@@ -501,6 +499,44 @@ def _record_bandwidth(result: RunResult, plan: RunPlan) -> None:
     result.cache_bandwidths_bytes_per_second = {
         cache: sum(bandwidth.caches_bytes_per_second[cache] for bandwidth in known) for cache in sorted(caches)
     }
+
+
+def _device_figures(
+    result: RunResult, plan: RunPlan, method: str, valid: Callable[[Any], bool], *args: Any
+) -> list[Any]:
+    """The accelerator's ``method(device, *args)`` for every device the run used, or [] where one is
+    unknown (None). A peak table's bug (it raises, or answers something that is no figure: a bare
+    number, zero, NaN) costs these figures with a warning saying so, never the measured run."""
+    try:
+        figures = [getattr(plan.accelerator, method)(device, *args) for device in result.devices]
+    except Exception as exc:
+        result.warnings.append(
+            f"the accelerator's {method} raised {type(exc).__name__}: {exc} (at {innermost_location(exc)}); "
+            "the run has no such figure"
+        )
+        return []
+    if any(figure is None for figure in figures):
+        return []
+    invalid = [figure for figure in figures if not valid(figure)]
+    if invalid:
+        result.warnings.append(
+            f"the accelerator's {method} answered {invalid[0]!r}, which is no datasheet figure; the run has none"
+        )
+        return []
+    return figures
+
+
+def _is_peak(peak: Any) -> bool:
+    """(FLOP/s, source): a finite positive number and a text."""
+    return isinstance(peak, tuple) and len(peak) == 2 and _positive(peak[0]) and isinstance(peak[1], str)
+
+
+def _is_bandwidth(bandwidth: Any) -> bool:
+    return isinstance(bandwidth, MemoryBandwidth) and _positive(bandwidth.bytes_per_second)
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
 def _record_energy(result: RunResult, energy: EnergyMeasurement) -> None:

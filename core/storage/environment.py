@@ -5,24 +5,14 @@ from __future__ import annotations
 import platform
 import socket
 import sys
+from collections.abc import Sequence
 from importlib import metadata
 
 from core.storage.results import EnvironmentInfo
 
-# Versions worth recording when the package is present; none is imported to find them.
-_LIBRARIES = (
-    "torch",
-    "tensorflow",
-    "tensorflow-cpu",
-    "keras",
-    "numpy",
-    "pydantic",
-    "pluggy",
-    "nvidia-ml-py",
-    "amdsmi",
-    "poptorch",
-    "torch-xla",
-)
+# What core itself runs on, recorded when present; a vendor's packages come from its plugin
+# (core_register_packages). None is imported to find its version.
+CORE_PACKAGES = ("torch", "tensorflow", "tensorflow-cpu", "keras", "numpy", "pydantic", "pluggy")
 
 
 def _version(distribution: str) -> str | None:
@@ -44,9 +34,15 @@ def processor_name() -> str | None:
 
 
 def collect_environment(
-    framework_version: str | None, driver_versions: dict[str, str], host_threads: dict[str, int]
+    framework_version: str | None,
+    driver_versions: dict[str, str],
+    host_threads: dict[str, int],
+    packages: Sequence[str] = (),
 ) -> EnvironmentInfo:
-    libraries = {name: version for name in _LIBRARIES if (version := _version(name)) is not None}
+    """:param packages: the plugins' packages (core_register_packages), recorded beside core's own
+    where installed."""
+    names = dict.fromkeys([*CORE_PACKAGES, *packages])
+    libraries = {name: version for name in names if (version := _version(name)) is not None}
     return EnvironmentInfo(
         hostname=socket.gethostname(),
         platform=platform.platform(),

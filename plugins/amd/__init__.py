@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from core.plugin import Accelerator, PowerMeterFactory, hookimpl
+from core.plugin import Accelerator, MachineProfile, PowerMeterFactory, hookimpl
 
 from .accelerator import AmdAccelerator
+from .machines import amd_machines
 from .meter import AmdsmiMeterFactory
 
 
@@ -19,3 +20,14 @@ def core_register_accelerators(register: Callable[[Accelerator], None]) -> None:
 @hookimpl
 def core_register_power_meters(register: Callable[[PowerMeterFactory], None]) -> None:
     register(AmdsmiMeterFactory())
+
+
+@hookimpl
+def core_register_machines(register: Callable[[MachineProfile], None]) -> None:
+    for profile in amd_machines():
+        register(profile)
+
+
+@hookimpl
+def core_register_packages(register: Callable[[str], None]) -> None:
+    register("amdsmi")  # the ROCm SMI bindings the meter and the device listing use

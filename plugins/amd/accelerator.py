@@ -29,7 +29,6 @@ from core.plugin import (
     MachineProfile,
     MemoryBandwidth,
     Precision,
-    ProcessContext,
     RunConfig,
     RunContext,
     TorchGpuAccelerator,
@@ -47,7 +46,7 @@ PROBE = SdkProbe(
 
 # TF32 is absent from MI100/MI200, and whether PyTorch's TF32 switch reaches MI300's hipBLASLt
 # depends on the build; it is not offered until a run on MI300 shows it does.
-_PRECISIONS = (Precision.fp32, Precision.bf16, Precision.fp16)
+PRECISIONS = (Precision.fp32, Precision.bf16, Precision.fp16)
 
 
 class AmdOptions(BaseModel):
@@ -151,13 +150,10 @@ class AmdAccelerator(TorchGpuAccelerator):
     # --- planning ---------------------------------------------------------------------------------
 
     def precisions(self, framework: Framework) -> tuple[Precision, ...]:
-        return _PRECISIONS
+        return PRECISIONS
 
-    def max_replicas(self, config: RunConfig) -> int:
+    def max_replicas_for(self, context: RunContext) -> int:
         return len(self._visible_or_refuse())
-
-    def mode(self, config: RunConfig) -> str:
-        return self.parse_options(dict(config.accelerator_options)).mode  # type: ignore[attr-defined]
 
     def validate_run(self, context: RunContext) -> None:
         config = context.config
@@ -186,9 +182,9 @@ class AmdAccelerator(TorchGpuAccelerator):
                 "and make sibling GCDs visible together (ROCR_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES)",
             )
 
-    def devices_for(self, config: RunConfig, process: ProcessContext) -> list[DeviceRecord]:
-        gcds = self.visible_devices()[: config.replicas]
-        if self.mode(config) == "gcd":
+    def devices_used(self, context: RunContext) -> list[DeviceRecord]:
+        gcds = self.visible_devices()[: context.config.replicas]
+        if context.accelerator_options_as(AmdOptions).mode == "gcd":
             return gcds
         packages: dict[str, list[DeviceRecord]] = {}
         for record in gcds:
@@ -212,7 +208,7 @@ class AmdAccelerator(TorchGpuAccelerator):
 
     # --- running ----------------------------------------------------------------------------------
 
-    def configure_torch(self, config: RunConfig) -> dict[str, Any]:
+    def configure_torch_for(self, context: RunContext) -> dict[str, Any]:
         import torch
 
         expected = len(self.visible_devices())
@@ -223,7 +219,7 @@ class AmdAccelerator(TorchGpuAccelerator):
             )
         properties = torch.cuda.get_device_properties(torch.cuda.current_device())
         return {
-            "mode": self.mode(config),
+            "mode": context.accelerator_options_as(AmdOptions).mode,
             "hip_device_name": properties.name,
             "gcn_arch_name": getattr(properties, "gcnArchName", None),
             "miopen_version": torch.backends.cudnn.version(),

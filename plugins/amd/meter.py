@@ -244,6 +244,7 @@ class AmdsmiMeterFactory(PowerMeterFactory):
         "AMD GPU energy per physical package from amdsmi's energy counter, validated "
         "against power; sampled power where the counter is off"
     )
+    accelerators: ClassVar[tuple[str, ...]] = ("amd",)
 
     def __init__(
         self,
@@ -261,9 +262,6 @@ class AmdsmiMeterFactory(PowerMeterFactory):
         self._clock = clock
         self._sleep = sleep
         self._kfd_topology = kfd_topology
-
-    def reads(self, accelerator_name: str) -> bool:
-        return accelerator_name == "amd"
 
     def availability(self) -> Availability:
         # Cheap and import-free: whether libamd_smi.so loads is known only at create().

@@ -17,7 +17,6 @@ from core.plugin import (
     Framework,
     MemoryBandwidth,
     Precision,
-    ProcessContext,
     RunConfig,
     RunContext,
     Workload,
@@ -64,7 +63,7 @@ class CpuAccelerator(Accelerator):
         # tf32 is a tensor-core mode of NVIDIA GPUs; a CPU has nothing to switch.
         return _PRECISIONS
 
-    def max_replicas(self, config: RunConfig) -> int:
+    def max_replicas_for(self, context: RunContext) -> int:
         return usable_cores()
 
     def validate_run(self, context: RunContext) -> None:
@@ -102,7 +101,8 @@ class CpuAccelerator(Accelerator):
             )
         ]
 
-    def devices_for(self, config: RunConfig, process: ProcessContext) -> list[DeviceRecord]:
+    def devices_used(self, context: RunContext) -> list[DeviceRecord]:
+        config = context.config
         device = self.devices()[0]
         device.details.update({"replicas": config.replicas, "threads_per_replica": self.threads_per_replica(config)})
         return [device]

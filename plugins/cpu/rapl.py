@@ -184,6 +184,7 @@ class RaplMeter(DeviceEnergyMeter):
 class RaplMeterFactory(PowerMeterFactory):
     name = "rapl"
     description = "CPU package and DRAM energy from Intel/AMD RAPL counters (Linux powercap sysfs)"
+    accelerators = ("cpu",)
     # On a CPU run the devices are these packages, and DRAM comes with them; beside other devices
     # (--node-meters rapl on a GPU host) it measures the host's CPU and DRAM.
     includes = ("devices", "cpu", "dram")
@@ -192,9 +193,6 @@ class RaplMeterFactory(PowerMeterFactory):
     def __init__(self, root: Path = POWERCAP_ROOT, *, read_text: ReadText = _read_text) -> None:
         self.root = Path(root)
         self._read_text = read_text
-
-    def reads(self, accelerator_name: str) -> bool:
-        return accelerator_name == "cpu"
 
     def _zones(self) -> tuple[list[RaplZone], str | None]:
         try:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from core.plugin import Accelerator, PowerMeterFactory, hookimpl
+from core.plugin import Accelerator, MachineProfile, PowerMeterFactory, hookimpl
 
 from .accelerator import POPLAR_SDK_INSTRUCTIONS, GraphcoreAccelerator
+from .machines import graphcore_machines
 from .meter import GcipuinfoMeterFactory
 
 __all__ = ["GraphcoreAccelerator", "GcipuinfoMeterFactory", "POPLAR_SDK_INSTRUCTIONS"]
@@ -26,3 +27,14 @@ def core_register_accelerators(register: Callable[[Accelerator], None]) -> None:
 @hookimpl
 def core_register_power_meters(register: Callable[[PowerMeterFactory], None]) -> None:
     register(GcipuinfoMeterFactory())
+
+
+@hookimpl
+def core_register_machines(register: Callable[[MachineProfile], None]) -> None:
+    for profile in graphcore_machines():
+        register(profile)
+
+
+@hookimpl
+def core_register_packages(register: Callable[[str], None]) -> None:
+    register("poptorch")  # the Poplar SDK's PyTorch

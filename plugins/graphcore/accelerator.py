@@ -33,7 +33,6 @@ from core.plugin import (
     MemoryBandwidth,
     Precision,
     PrecisionPolicy,
-    ProcessContext,
     RunConfig,
     RunContext,
     Workload,
@@ -68,7 +67,7 @@ _DRY_RUN_PLACEMENT = (
     "placement_notes",
 )
 #: tensorflow fp16 is Graphcore's 16.32 mixed precision (Keras mixed_float16): tensorflow_settings.py
-_PRECISIONS = {
+PRECISIONS = {
     Framework.torch: (Precision.fp32, Precision.fp16),
     Framework.tensorflow: (Precision.fp32, Precision.fp16),
 }
@@ -205,7 +204,7 @@ class GraphcoreAccelerator(Accelerator):
 
     def precisions(self, framework: Framework) -> tuple[Precision, ...]:
         # IPUs compute in fp32 and fp16; no bf16, no TF32.
-        return _PRECISIONS.get(framework, ())
+        return PRECISIONS.get(framework, ())
 
     def precision_policy(self, policy: type[PrecisionPolicy], framework: Framework) -> type[PrecisionPolicy]:
         # PopTorch's fp16 halves the whole model (no fp32 master copy); TensorFlow's is Keras's
@@ -214,13 +213,8 @@ class GraphcoreAccelerator(Accelerator):
             return PopTorchFp16Policy
         return policy
 
-    def _options(self, config: RunConfig) -> GraphcoreOptions:
-        parsed = self.parse_options(dict(config.accelerator_options))
-        assert isinstance(parsed, GraphcoreOptions)
-        return parsed
-
-    def max_replicas(self, config: RunConfig) -> int:
-        options = self._options(config)
+    def max_replicas_for(self, context: RunContext) -> int:
+        config, options = context.config, context.accelerator_options_as(GraphcoreOptions)
         ipus = None if options.ipu_model else count_ipus()
         if not ipus:
             # The IPU Model; an IPU-POD whose size only the SDK knows; or no IPU at all, which
@@ -229,10 +223,9 @@ class GraphcoreAccelerator(Accelerator):
         # At least 1: a replica too large for the host is refused by validate(), which says why.
         return max(ipus // config.devices_per_replica, 1)
 
-    def placement(self, config: RunConfig, options: GraphcoreOptions | None = None) -> IpuPlacement:
-        """The validated placement of ``config`` (ConfigError naming the rule otherwise); ``options``
-        when the caller has them parsed (a RunContext's), else parsed here."""
-        options = options if options is not None else self._options(config)
+    def placement(self, config: RunConfig, options: GraphcoreOptions) -> IpuPlacement:
+        """The validated placement of ``config`` with the accelerator ``options`` a RunContext holds
+        (ConfigError naming the rule otherwise)."""
         instances, _ = resolve_instances(options)
         assert config.micro_batch_size is not None
         return plan_placement(
@@ -346,8 +339,8 @@ class GraphcoreAccelerator(Accelerator):
             )
         return records
 
-    def devices_for(self, config: RunConfig, process: ProcessContext) -> list[DeviceRecord]:
-        options = self._options(config)
+    def devices_used(self, context: RunContext) -> list[DeviceRecord]:
+        config, options = context.config, context.accelerator_options_as(GraphcoreOptions)
         if options.ipu_model:
             placement = self.placement(config, options)
             return [

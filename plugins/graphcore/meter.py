@@ -289,13 +289,11 @@ class GcipuinfoMeter(DeviceEnergyMeter):
 class GcipuinfoMeterFactory(PowerMeterFactory):
     name: ClassVar[str] = "gcipuinfo"
     description: ClassVar[str] = "Graphcore IPU power from gcipuinfo, sampled and integrated (no energy counter)"
+    accelerators: ClassVar[tuple[str, ...]] = ("graphcore",)
 
     def __init__(self, *, clock: Clock | None = None) -> None:
         """:param clock: the meters' time (None: the real clock), for tests in simulated time."""
         self._clock = clock
-
-    def reads(self, accelerator_name: str) -> bool:
-        return accelerator_name == "graphcore"
 
     def availability(self) -> Availability:
         if importlib.util.find_spec("gcipuinfo") is None:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from core.plugin import Accelerator, PowerMeterFactory, hookimpl
+from core.plugin import Accelerator, MachineProfile, PowerMeterFactory, hookimpl
 
 from .accelerator import NvidiaAccelerator
+from .machines import nvidia_machines
 from .meter import NvmlMeterFactory
 
 
@@ -18,3 +19,14 @@ def core_register_accelerators(register: Callable[[Accelerator], None]) -> None:
 @hookimpl
 def core_register_power_meters(register: Callable[[PowerMeterFactory], None]) -> None:
     register(NvmlMeterFactory())
+
+
+@hookimpl
+def core_register_machines(register: Callable[[MachineProfile], None]) -> None:
+    for profile in nvidia_machines():
+        register(profile)
+
+
+@hookimpl
+def core_register_packages(register: Callable[[str], None]) -> None:
+    register("nvidia-ml-py")  # pynvml, the NVML bindings the meter and the device listing use

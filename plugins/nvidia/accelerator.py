@@ -11,7 +11,6 @@ from core.plugin import (
     DeviceRecord,
     MemoryBandwidth,
     Precision,
-    RunConfig,
     RunContext,
     TorchGpuAccelerator,
 )
@@ -26,6 +25,18 @@ PROBE = SdkProbe(
     device_globs=("/dev/nvidia[0-9]*",),
     device_hint="no NVIDIA GPU or driver found (no /dev/nvidia* device nodes)",
 )
+
+
+#: TF32 and bf16 arrived with Ampere, compute capability 8.0; older GPUs (a T4 is 7.5) compute fp32 and fp16
+_AMPERE = (8, 0)
+_ALL = (Precision.fp32, Precision.tf32, Precision.bf16, Precision.fp16)
+_BEFORE_AMPERE = (Precision.fp32, Precision.fp16)
+
+
+def precisions_for_compute_capability(capability: str) -> tuple[Precision, ...]:
+    """The precisions a GPU of ``capability`` ("MAJOR.MINOR", as NVML reports it) computes."""
+    major, _, minor = capability.partition(".")
+    return _ALL if (int(major), int(minor or 0)) >= _AMPERE else _BEFORE_AMPERE
 
 
 class NvidiaAccelerator(TorchGpuAccelerator):
@@ -64,7 +75,7 @@ class NvidiaAccelerator(TorchGpuAccelerator):
         ]
 
     def precisions(self, framework: Any) -> tuple[Precision, ...]:
-        return (Precision.fp32, Precision.tf32, Precision.bf16, Precision.fp16)
+        return _ALL
 
     def validate_run(self, context: RunContext) -> None:
         from core.plugin import ConfigError
@@ -86,7 +97,11 @@ class NvidiaAccelerator(TorchGpuAccelerator):
             capabilities = [
                 (d.name, str(d.details["compute_capability"])) for d in self.visible_devices()[: config.replicas]
             ]
-        old = [(name, capability) for name, capability in capabilities if float(capability) < 8.0]
+        old = [
+            (name, capability)
+            for name, capability in capabilities
+            if config.precision not in precisions_for_compute_capability(capability)
+        ]
         if old:
             raise ConfigError(
                 "precision",
@@ -95,7 +110,7 @@ class NvidiaAccelerator(TorchGpuAccelerator):
                 "tf32 and bf16 need compute capability 8.0 or newer",
             )
 
-    def configure_torch(self, config: RunConfig) -> dict[str, Any]:
+    def configure_torch_for(self, context: RunContext) -> dict[str, Any]:
         import torch
 
         # cuDNN picks the fastest convolution algorithm once per shape: the first step pays for it.

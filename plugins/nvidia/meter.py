@@ -97,14 +97,12 @@ class NvmlMeter(DeviceEnergyMeter):
 class NvmlMeterFactory(PowerMeterFactory):
     name: ClassVar[str] = "nvml"
     description: ClassVar[str] = "NVIDIA GPU energy counter (Volta+) and sampled instantaneous power via NVML"
+    accelerators: ClassVar[tuple[str, ...]] = ("nvidia",)
 
     def __init__(self, *, clock: Clock | None = None) -> None:
         """:param clock: the meters' time (None: the real clock); a test's simulated one moves the
         simulated driver's time with it (tests/simnvml.py)."""
         self._clock = clock
-
-    def reads(self, accelerator_name: str) -> bool:
-        return accelerator_name == "nvidia"
 
     def availability(self) -> Availability:
         if importlib.util.find_spec("pynvml") is None:

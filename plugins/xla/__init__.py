@@ -26,3 +26,8 @@ def core_register_accelerators(register: Callable[[Accelerator], None]) -> None:
 @hookimpl
 def core_register_power_meters(register: Callable[[PowerMeterFactory], None]) -> None:
     register(XlaEnergyFactory())
+
+
+@hookimpl
+def core_register_packages(register: Callable[[str], None]) -> None:
+    register("torch-xla")

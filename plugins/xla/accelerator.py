@@ -33,7 +33,6 @@ from core.plugin import (
     Launcher,
     MemoryBandwidth,
     Precision,
-    ProcessContext,
     RunConfig,
     RunContext,
     Workload,
@@ -99,7 +98,7 @@ class XlaAccelerator(Accelerator):
         device = self._device()
         return resolve_parallelism(options, device, discovery.processes_possible(device or ""))
 
-    def max_replicas(self, config: RunConfig) -> int:
+    def max_replicas_for(self, context: RunContext) -> int:
         # The devices there are; what a placement needs beyond that, validate_run says with the reason.
         device = self._device()
         return max(1, discovery.device_count(device)) if device is not None else 1
@@ -190,12 +189,12 @@ class XlaAccelerator(Accelerator):
 
         return probed_devices()
 
-    def devices_for(self, config: RunConfig, process: ProcessContext) -> list[DeviceRecord]:
+    def devices_used(self, context: RunContext) -> list[DeviceRecord]:
         from .devices import run_devices
 
-        options = XlaOptions.model_validate(config.accelerator_options)
-        parallelism = self._parallelism(options) if config.replicas > 1 else None
-        return run_devices(config.replicas, parallelism)
+        replicas = context.config.replicas
+        parallelism = self._parallelism(context.accelerator_options_as(XlaOptions)) if replicas > 1 else None
+        return run_devices(replicas, parallelism)
 
     def executor_for(self, workload: Workload, context: RunContext) -> Executor:
         from .placement import xla_executor

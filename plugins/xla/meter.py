@@ -45,9 +45,7 @@ def unavailable_reason(device: str | None) -> str:
 class XlaEnergyFactory(PowerMeterFactory):
     name: ClassVar[str] = "xla-energy"
     description: ClassVar[str] = "energy of XLA devices: none readable (Cloud TPU VMs have no per-chip power interface)"
-
-    def reads(self, accelerator_name: str) -> bool:
-        return accelerator_name == "xla"
+    accelerators: ClassVar[tuple[str, ...]] = ("xla",)
 
     def availability(self) -> Availability:
         return Availability.no(unavailable_reason(discovery.pjrt_device()))

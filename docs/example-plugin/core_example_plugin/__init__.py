@@ -57,7 +57,7 @@ class ExampleCpuAccelerator(Accelerator):
     name: ClassVar[str] = "example-cpu"
     description: ClassVar[str] = "example plugin: PyTorch on one host CPU thread, via core's TorchExecutor"
     frameworks: ClassVar[tuple[Framework, ...]] = (Framework.torch,)
-    # launcher stays None: with max_replicas 1 there is never a second process to start.
+    # launcher stays None: with max_replicas_for 1 there is never a second process to start.
 
     def availability(self) -> Availability:
         # `core plugins` calls this: it must be cheap and import no framework. A vendor checks for
@@ -68,7 +68,7 @@ class ExampleCpuAccelerator(Accelerator):
         # fp16 autocast on a CPU is slow and tf32 does not exist there; offer what is worth running.
         return (Precision.fp32, Precision.bf16)
 
-    def max_replicas(self, config: RunConfig) -> int:
+    def max_replicas_for(self, context: RunContext) -> int:
         return 1
 
     def devices(self) -> list[DeviceRecord]:
