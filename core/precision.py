@@ -19,11 +19,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
-import warnings
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, ClassVar
+
+from core.deprecation import REMOVED_IN, warn_deprecated
 
 if TYPE_CHECKING:
     import torch
@@ -40,11 +41,10 @@ class _OpenNames(type):
     and look one up by name (``Precision["bf16"]``)."""
 
     def __iter__(cls) -> Iterator[Precision]:
-        warnings.warn(
-            "iterating core.plugin.Precision gives core's own names only since 0.3 (plugins register more): a "
-            "run's allowed names are its accelerator's precisions(framework)",
-            DeprecationWarning,
-            stacklevel=2,
+        warn_deprecated(
+            "iterating core.plugin.Precision gives core's own names only (plugins register more): a run's "
+            "allowed names are its accelerator's precisions(framework)",
+            removed_in=REMOVED_IN,
         )
         return iter([Precision(name) for name in BUILTIN_POLICIES])
 

@@ -105,7 +105,7 @@ REACHING_PLUGIN = {
         "from core import hookimpl\n"
         "from core.plugin import Accelerator\n"
         "import core.testing\n"
-        "from core.executors.pytorch import TorchExecutor, _grad_scaler\n"
+        "from core.executors.pytorch import TorchExecutor, compile_model\n"
     ),
     # Imported by no one yet (a lazily loaded part of the plugin): read all the same.
     "gpu/executor.py": (
@@ -147,7 +147,7 @@ def test_a_plugin_importing_core_internals_is_warned_at_each_import(
     messages = {Path(w.filename).name + f":{w.lineno}": str(w.message) for w in deprecations}
     assert (
         "imports core.executors.pytorch, an internal module of core" in messages["hooks.py:4"]
-        and "import TorchExecutor from core.plugin instead; _grad_scaler not on the plugin surface"
+        and "import TorchExecutor from core.plugin instead; compile_model not on the plugin surface"
         in messages["hooks.py:4"]
     )
     assert "imports core.config" in messages["executor.py:3"]
