@@ -5,12 +5,10 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from core.running.distributed import SINGLE_PROCESS
-
 if TYPE_CHECKING:
     from core.contract.accelerator import Accelerator
     from core.contract.workload import Workload
-    from core.running.runner import ProgressCallback
+    from core.running.observe import ProgressCallback
     from core.storage.results import RunResult
 
 
@@ -42,15 +40,16 @@ def run(
 
         raise ConfigError("on_progress", on_progress, "a callable taking the partial RunResult, or None")
     _check_timeout(timeout_seconds)
-    from core.contract.manager import call_observers, get_plugin_manager
+    from core.contract.manager import get_plugin_manager
     from core.running import processes
-    from core.running.launch import launch, run_in_child
+    from core.running.launch import run_here, run_in_child
+    from core.running.observe import ObserverGroup, PluginHooks, ProgressCallbackObserver
     from core.running.planning import check_findable_by_workers, plan_run
-    from core.running.runner import execute
 
     manager = get_plugin_manager()
     plan = plan_run(manager, workload, accelerator, options)
-    if timeout_seconds is not None and not plan.launches_processes:
+    in_child = timeout_seconds is not None and not plan.launches_processes
+    if in_child:
         check_findable_by_workers(
             manager,
             plan.workload,
@@ -60,22 +59,16 @@ def run(
             timeout_seconds,
             "a run with a time limit runs in a child process",
         )
-        # The child process runs core.run itself, observers included: they are told once.
+    # This process tells the observers, once, wherever the run runs: a child process or a rank
+    # only writes what it measured, read back here.
+    observer = ObserverGroup([PluginHooks(manager), ProgressCallbackObserver(on_progress) if on_progress else None])
+    observer.run_starting(plan.config)
+    if in_child:
         with processes.work_directory("core-run-") as work:
-            result, _ = run_in_child(
-                plan.config.model_dump(mode="json"),
-                plan.config,
-                timeout_seconds=timeout_seconds,
-                work_dir=work,
-                on_progress=on_progress,
-            )
-        return result
-    call_observers(lambda: manager.hook.core_run_started(config=plan.config), "run-started")
-    if plan.launcher is not None:
-        result = launch(plan.launcher, plan, on_progress, timeout_seconds=timeout_seconds)
+            result, _ = run_in_child(plan.document(), timeout_seconds=timeout_seconds, work_dir=work, observer=observer)
     else:
-        result = execute(plan, SINGLE_PROCESS, on_progress)
-    call_observers(lambda: manager.hook.core_result_ready(result=result), "result-ready")
+        result = run_here(plan, observer, timeout_seconds=timeout_seconds)
+    observer.result_ready(result)
     return result
 
 

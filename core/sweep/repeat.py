@@ -1,4 +1,4 @@
-"""One repeat of one cell, in its own process (``core.sweep.worker``) with a time limit: a crash,
+"""One repeat of one cell, in its own process (``core.running.child``) with a time limit: a crash,
 an out-of-memory error or a hang becomes a recorded result.
 
 The process is forked from the sweep's warm parent (core.running.forkserver: core and PyTorch
@@ -39,7 +39,7 @@ WARM_IMPORTS = (
     "torch.optim",
     "torch._dynamo",  # torch.optim.Optimizer imports it on first use: a second of every run
     "core.api",
-    "core.sweep.worker",
+    "core.running.child",
     "core.running.runner",
     "core.executors.pytorch",
     "core.workloads",
@@ -49,7 +49,7 @@ WARM_IMPORTS = (
 
 _log = logging.getLogger(__name__)
 
-# The command that runs one repeat (see core/sweep/worker.py); a name of its own, so tests can swap it.
+# The command that runs one repeat (see core/running/child.py); a name of its own, so tests can swap it.
 worker_command = child_command
 
 
@@ -177,11 +177,10 @@ def run_in_process(
     :param workers: the sweep's warm workers: the run is forked from its fork server where safe.
         None: a fresh interpreter.
     """
-    assert cell.config is not None, "only validated cells run"
+    assert cell.planned is not None, "only validated cells run"
     starter = workers.start_for(cell) if workers is not None else None
     result, seconds = run_in_child(
-        cell.options,
-        cell.config,
+        cell.planned,
         timeout_seconds=timeout_seconds,
         work_dir=work_dir,
         on_wait=on_wait,
