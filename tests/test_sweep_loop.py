@@ -236,6 +236,33 @@ def test_the_child_runs_the_plan_it_is_given_without_planning(tmp_path: Path, mo
     assert child_command(Path("q"), Path("r"))[1:3] == ["-m", "core.running.child"]
 
 
+@pytest.mark.parametrize(
+    ("damage", "said"),
+    [
+        (lambda plan: {**plan, "config": {**plan["config"], "steps": "two"}}, "invalid plan = 'config.steps'"),
+        (lambda plan: {**plan, "surprise": 1}, "invalid plan = 'surprise'"),
+        (lambda plan: {**plan, "config": {**plan["config"], "workload": "gone"}}, "invalid workload = 'gone'"),
+        (lambda plan: {**plan, "launcher": "nowhere:Launcher"}, "invalid launcher = 'nowhere:Launcher'"),
+        (lambda plan: {**plan, "workload_options": {"layers": "many"}}, "invalid workload_options"),
+        (lambda plan: {**plan, "meter": "no-such-meter"}, "invalid power_meter = 'no-such-meter'"),
+    ],
+)
+def test_a_child_given_a_plan_it_cannot_run_says_why_and_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: Callable[[dict[str, Any]], dict[str, Any]], said: str
+) -> None:
+    plan = plan_run(get_plugin_manager(), "fcnn", "cpu", {"micro_batch_size": 4, **TINY})
+    request = tmp_path / "request.json"
+    write_request(request, plan.document(), parent_pid=None)
+    document = json.loads(request.read_text())
+    request.write_text(json.dumps({**document, "plan": damage(document["plan"])}))
+
+    assert child_main([str(request), str(tmp_path / "result.json")]) == 2
+
+    err = capsys.readouterr().err
+    assert "core: error: the run was refused: " in err and said in err, err
+    assert not (tmp_path / "result.json").exists()
+
+
 class ShapedOptions(FcnnOptions):
     """Options whose JSON form is not their Python form: an enum, a float given as an integer."""
 

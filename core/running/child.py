@@ -51,7 +51,7 @@ def _plan_of(request: dict[str, Any]) -> RunPlan:
     manager = get_plugin_manager()
     if request.get("plan") is not None:
         # Validated as JSON: the configuration's enums and tuples are JSON values there.
-        return PlannedRun.model_validate_json(json.dumps(request["plan"])).rebuild(manager)
+        return PlannedRun.read(json.dumps(request["plan"])).rebuild(manager)
     options = dict(request["options"])
     return plan_run(manager, options.pop("workload"), options.pop("accelerator"), options)
 

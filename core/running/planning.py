@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from core.config import LOADGEN_SCENARIOS, Framework, Precision, RunConfig, make_config
 from core.contract.accelerator import Accelerator, validate_run
@@ -100,7 +100,8 @@ class PlannedRun(BaseModel):
     def rebuild(self, manager: PluginManager) -> RunPlan:
         """The plan again, in this process: the plugins looked up by name, their options rebuilt.
 
-        :raises ConfigError: a plugin the plan names is not registered in this process, or the
+        :raises ConfigError: a plugin the plan names is not registered in this process (nor its
+            launcher importable), its options do not fit the plugin's options model here, or the
             plan was made for a machine profile (a dry run), not for running here.
         """
         if self.machine is not None:
@@ -119,20 +120,43 @@ class PlannedRun(BaseModel):
         return RunPlan(
             config=self.config,
             workload=workload,
-            workload_options=_rebuild_options(workload.options_model, self.workload_options),
+            workload_options=_rebuild_options(workload.options_model, self.workload_options, "workload_options"),
             accelerator=accelerator,
-            accelerator_options=_rebuild_options(accelerator.options_model, self.accelerator_options),
+            accelerator_options=_rebuild_options(
+                accelerator.options_model, self.accelerator_options, "accelerator_options"
+            ),
             meter_factory=meter,
             meter_unavailable_reason=self.meter_unavailable_reason,
-            launcher=load_launcher(self.launcher) if self.launcher is not None else None,
+            launcher=_rebuild_launcher(self.launcher) if self.launcher is not None else None,
             warnings=self.warnings,
             pipeline_layout=self.pipeline_layout,
         )
 
+    @classmethod
+    def read(cls, text: str) -> PlannedRun:
+        """A plan from its JSON text; ConfigError names what is wrong (a file damaged, or written by
+        another version of core)."""
+        try:
+            return cls.model_validate_json(text)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first["loc"]) or "the document"
+            raise ConfigError("plan", where, f"a validated plan as core writes it ({first['msg']})") from None
 
-def _rebuild_options(model: type[BaseModel], dumped: dict[str, Any]) -> BaseModel:
+
+def _rebuild_options(model: type[BaseModel], dumped: dict[str, Any], field: str) -> BaseModel:
     """A plugin's options model from its own JSON dump (as JSON: enums, tuples and dates come back)."""
-    return model.model_validate_json(json.dumps(dumped))
+    try:
+        return model.model_validate_json(json.dumps(dumped))
+    except ValidationError as exc:  # the plugin's model changed since the plan was made
+        raise ConfigError(field, dumped, f"options {model.__name__} takes here ({exc.errors()[0]['msg']})") from None
+
+
+def _rebuild_launcher(path: str) -> Launcher:
+    try:
+        return load_launcher(path)
+    except (ImportError, AttributeError, ValueError, TypeError) as exc:
+        raise ConfigError("launcher", path, f"a Launcher class this process can import ({exc})") from None
 
 
 def _choices(values: Any) -> str:

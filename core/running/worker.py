@@ -35,7 +35,7 @@ def main(argv: list[str]) -> int:
     processes.die_with_parent(sig=signal.SIGKILL)
     plan_path, result_path = Path(argv[0]), Path(argv[1])
     launcher = load_launcher(argv[3]) if argv[2:3] == ["--launcher"] else None
-    planned = PlannedRun.model_validate_json(plan_path.read_text(encoding="utf-8"))
+    planned = PlannedRun.read(plan_path.read_text(encoding="utf-8"))
     plan = planned.rebuild(get_plugin_manager())
     config = plan.config
     writer = ResultWriter(result_path, "the worker's result")

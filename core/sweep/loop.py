@@ -240,6 +240,7 @@ class _SweepLoop:
                 failed = [item.repeat.cell.key for item in ended if not self._record(item)]
                 for cell_key in dict.fromkeys(failed):
                     self.backend.cancel_cell(cell_key)
+                    self.announced = {key: left for key, left in self.announced.items() if key[0] != cell_key}
         return SweepOutcome(
             name=self.spec.name,
             database=self.store.path,
