@@ -236,6 +236,16 @@ def test_the_child_runs_the_plan_it_is_given_without_planning(tmp_path: Path, mo
     assert child_command(Path("q"), Path("r"))[1:3] == ["-m", "core.running.child"]
 
 
+def test_a_request_written_by_an_older_core_is_still_run(tmp_path: Path) -> None:
+    # A Slurm job submitted before an upgrade carries options only (and runs `-m core.sweep.worker`).
+    from core.sweep.worker import main as old_name
+
+    options = {"workload": "fcnn", "accelerator": "cpu", "micro_batch_size": 4, **TINY}
+    (tmp_path / "request.json").write_text(json.dumps({"options": options, "parent_pid": None}))
+    assert old_name([str(tmp_path / "request.json"), str(tmp_path / "result.json")]) == 0
+    assert RunResult.model_validate_json((tmp_path / "result.json").read_text()).status.ok
+
+
 @pytest.mark.parametrize(
     ("damage", "said"),
     [
