@@ -10,8 +10,8 @@ if TYPE_CHECKING:
     from core.contract.accelerator import Accelerator
     from core.contract.manager import PluginManager
     from core.contract.workload import Workload
+    from core.running.observe import ObserverGroup, ProgressCallback
     from core.running.planning import RunPlan
-    from core.running.runner import ProgressCallback
     from core.storage.results import RunResult
 
 
@@ -70,39 +70,6 @@ def run(
     return result
 
 
-def _run_apart_or_here(
-    manager: PluginManager, plan: RunPlan, on_progress: ProgressCallback | None, timeout_seconds: float | None
-) -> RunResult:
-    """The run as planned: in a child process where it has a time limit or measures under LoadGen
-    (:func:`_loadgen_apart`), else here or under its launcher."""
-    from core.running import processes
-    from core.running.launch import run_in_child
-    from core.running.planning import check_findable_by_workers
-
-    if not plan.launches_processes and (timeout_seconds is not None or _loadgen_apart(manager, plan)):
-        if timeout_seconds is not None:
-            check_findable_by_workers(
-                manager,
-                plan.workload,
-                plan.accelerator,
-                plan.config,
-                "timeout_seconds",
-                timeout_seconds,
-                "a run with a time limit runs in a child process",
-            )
-        # The child process runs the run itself (core.sweep.worker), observers included: they are told once.
-        with processes.work_directory("core-run-") as work:
-            result, _ = run_in_child(
-                plan.config.model_dump(mode="json"),
-                plan.config,
-                timeout_seconds=timeout_seconds,
-                work_dir=work,
-                on_progress=on_progress,
-            )
-        return result
-    return _run_planned(manager, plan, on_progress, timeout_seconds)
-
-
 def run_here(
     workload: str | Workload,
     accelerator: str | Accelerator,
@@ -110,29 +77,57 @@ def run_here(
     on_progress: ProgressCallback | None = None,
     **options: Any,
 ) -> RunResult:
-    """:func:`run` in this process, whatever the scenario: what a run's own process
-    (``core.sweep.worker``, started by a sweep or by :func:`run`) calls."""
+    """:func:`run` in this process, whatever the scenario (a LoadGen scenario too): for a caller
+    that patches this process and needs the run to see it, as tests do."""
     from core.contract.manager import get_plugin_manager
+    from core.running.launch import run_here as run_plan_here
     from core.running.planning import plan_run
 
     manager = get_plugin_manager()
-    return _run_planned(manager, plan_run(manager, workload, accelerator, options), on_progress, None)
+    plan = plan_run(manager, workload, accelerator, options)
+    observer = _observers(manager, on_progress)
+    observer.run_starting(plan.config)
+    result = run_plan_here(plan, observer)
+    observer.result_ready(result)
+    return result
 
 
-def _run_planned(
+def _observers(manager: PluginManager, on_progress: ProgressCallback | None) -> ObserverGroup:
+    from core.running.observe import ObserverGroup, PluginHooks, ProgressCallbackObserver
+
+    return ObserverGroup([PluginHooks(manager), ProgressCallbackObserver(on_progress) if on_progress else None])
+
+
+def _run_apart_or_here(
     manager: PluginManager, plan: RunPlan, on_progress: ProgressCallback | None, timeout_seconds: float | None
 ) -> RunResult:
-    from core.contract.manager import call_observers
-    from core.running.distributed import SINGLE_PROCESS
-    from core.running.launch import launch
-    from core.running.runner import execute
+    """The run as planned: in a child process where it has a time limit or measures under LoadGen
+    (:func:`_loadgen_apart`), else here or under its launcher. This process tells the observers,
+    once, wherever the run runs: a child process or a rank only writes what it measured, read back here."""
+    from core.running import processes
+    from core.running.launch import run_here as run_plan_here
+    from core.running.launch import run_in_child
+    from core.running.planning import check_findable_by_workers
 
-    call_observers(lambda: manager.hook.core_run_started(config=plan.config), "run-started")
-    if plan.launcher is not None:
-        result = launch(plan.launcher, plan, on_progress, timeout_seconds=timeout_seconds)
+    in_child = not plan.launches_processes and (timeout_seconds is not None or _loadgen_apart(manager, plan))
+    if in_child and timeout_seconds is not None:
+        check_findable_by_workers(
+            manager,
+            plan.workload,
+            plan.accelerator,
+            plan.config,
+            "timeout_seconds",
+            timeout_seconds,
+            "a run with a time limit runs in a child process",
+        )
+    observer = _observers(manager, on_progress)
+    observer.run_starting(plan.config)
+    if in_child:
+        with processes.work_directory("core-run-") as work:
+            result, _ = run_in_child(plan.document(), timeout_seconds=timeout_seconds, work_dir=work, observer=observer)
     else:
-        result = execute(plan, SINGLE_PROCESS, on_progress)
-    call_observers(lambda: manager.hook.core_result_ready(result=result), "result-ready")
+        result = run_plan_here(plan, observer, timeout_seconds=timeout_seconds)
+    observer.result_ready(result)
     return result
 
 

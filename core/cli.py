@@ -13,6 +13,7 @@ from typing import Any
 from core.contract.commands import BUILTIN_COMMANDS
 from core.energy.units import JOULES_PER_WATT_HOUR
 from core.errors import ConfigError
+from core.sweep.loop import SweepObserver
 
 _GIB = 1024**3
 
@@ -987,8 +988,9 @@ def _error(message: str, code: int = 2) -> int:
     return code
 
 
-class _SweepDisplay:
-    """The sweep's progress line on stderr (terminals only) and one line per finished run on stdout."""
+class _SweepDisplay(SweepObserver):
+    """The sweep's progress line on stderr (terminals only) and one line per finished run on stdout:
+    a sweep observer (core.sweep.SweepObserver)."""
 
     def __init__(self) -> None:
         from core.running.progress import ProgressLine

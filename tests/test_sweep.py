@@ -439,7 +439,7 @@ def fcnn_sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             # A fresh interpreter per run, or runs forked from the sweep's fork server (warm workers).
             servers = _children(sweep.pid, "core.running.forkserver")
             forked = [run for server in servers for run in _children(server, "core.running.forkserver")]
-            workers = _children(sweep.pid, "core.sweep.worker") + forked + (servers if forked else [])
+            workers = _children(sweep.pid, "core.running.child") + forked + (servers if forked else [])
             if len(_rows(database)) >= 3 and workers:
                 break
             time.sleep(0.05)

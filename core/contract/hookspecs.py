@@ -153,7 +153,8 @@ def core_select_power_meter(
 def core_run_started(config: RunConfig) -> None:
     """A run passed validation and is about to set up its devices.
 
-    Fires in the process that called :func:`core.run` (once per run, not per rank). An
+    Fires in the process that called :func:`core.run` (once per run, not per rank, nor in the
+    child process of a run with a time limit), or that runs a sweep (once per repeat). An
     exception raised here is reported as a warning on stderr and does not stop the run.
 
     :param config: the validated run configuration, with the micro-batch size resolved.
@@ -165,8 +166,9 @@ def core_run_started(config: RunConfig) -> None:
 def core_result_ready(result: RunResult) -> None:
     """A run finished (successfully or not) and its result is complete.
 
-    Fires in the process that called :func:`core.run`, before ``run`` returns. An exception
-    raised here is reported as a warning on stderr and does not change the result.
+    Fires in the process that called :func:`core.run`, before ``run`` returns (a run stopped by
+    its time limit included), or that runs a sweep (once per repeat, as it is recorded). An
+    exception raised here is reported as a warning on stderr and does not change the result.
 
     :param result: the final result.
     :returns: nothing; results of this hook are ignored.

@@ -54,18 +54,28 @@ class Launcher(ABC):
         return "Signal 9" in output or "SIGKILL" in output
 
 
-def launcher_path(launcher: Launcher) -> str:
-    """``module:QualifiedName`` of the launcher's class, for a started process to rebuild it."""
-    cls = type(launcher)
+def class_path(cls: type) -> str:
+    """``module:QualifiedName`` of a class, for a started process to import it again (:func:`load_class`)."""
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
-def load_launcher(path: str) -> Launcher:
-    """The launcher that :func:`launcher_path` named (raises ValueError if it names none)."""
+def load_class(path: str) -> object:
+    """What :func:`class_path` named (ImportError, AttributeError where it names nothing)."""
     module_name, _, qualified_name = path.partition(":")
     target: object = importlib.import_module(module_name)
     for part in qualified_name.split("."):
         target = getattr(target, part)
+    return target
+
+
+def launcher_path(launcher: Launcher) -> str:
+    """``module:QualifiedName`` of the launcher's class, for a started process to rebuild it."""
+    return class_path(type(launcher))
+
+
+def load_launcher(path: str) -> Launcher:
+    """The launcher that :func:`launcher_path` named (raises ValueError if it names none)."""
+    target = load_class(path)
     if not (isinstance(target, type) and issubclass(target, Launcher)):
         raise ValueError(f"{path} is not a Launcher class")
     return target()

@@ -1,10 +1,12 @@
 """Runs as several processes: one launch for every launcher (torchrun here, poprun in the Graphcore
-plugin), and one run in a child process (a time limit, a sweep's repeat).
+plugin), and one run in a child process (a time limit, a sweep's repeat; the child's side is
+core.running.child). Either way the processes receive the validated plan (a
+:class:`core.running.planning.PlannedRun` document) and run it as it is: nothing is planned twice.
 
 The workers write the main process's result after every phase; the launch reads it while the
-launcher runs and passes each new phase on (``on_progress``), so a launch that is killed, times out
-or is interrupted later still leaves what was measured. The launchers stop the remaining workers
-when one dies.
+launcher runs and tells its observer of each new phase (:meth:`core.running.observe.Observer.phase_ended`),
+so a launch that is killed, times out or is interrupted later still leaves what was measured. The
+launchers stop the remaining workers when one dies.
 
 Supervision (see core.running.processes): the launcher runs in a session of its own under
 ``python -m core.running.processes``, which ends it when core dies (``kill -9`` included) and then
@@ -21,15 +23,15 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from core.config import RunConfig
 from core.contract.context import RunContext
 from core.contract.launcher import Launcher, launcher_path
 from core.running import processes
 from core.running.distributed import SINGLE_PROCESS, ProcessContext
-from core.running.planning import RunPlan
-from core.running.runner import new_result, observe_progress
+from core.running.observe import Observer, tell_phase
+from core.running.planning import PlannedRun, RunPlan
+from core.running.runner import execute, new_result
 from core.running.slurm import SlurmAllocation
 from core.storage.results import RunResult, RunState
 
@@ -140,14 +142,14 @@ def multinode_torchrun_arguments(
     ]
 
 
-def worker_command(config_path: Path, result_path: Path, launcher: Launcher | None = None) -> list[str]:
-    """One worker process: ``python -m core.running.worker CONFIG RESULT [--launcher module:Class]``."""
-    command = [sys.executable, "-m", "core.running.worker", str(config_path), str(result_path)]
+def worker_command(plan_path: Path, result_path: Path, launcher: Launcher | None = None) -> list[str]:
+    """One worker process: ``python -m core.running.worker PLAN RESULT [--launcher module:Class]``."""
+    command = [sys.executable, "-m", "core.running.worker", str(plan_path), str(result_path)]
     return command + (["--launcher", launcher_path(launcher)] if launcher is not None else [])
 
 
-class _MainResult:
-    """The main process's result file, read again whenever it changes (the worker replaces it whole)."""
+class ResultFile:
+    """A result another process writes, read again whenever it changes (the writer replaces it whole)."""
 
     def __init__(self, path: Path, initial: RunResult) -> None:
         self.path = path
@@ -169,36 +171,52 @@ class _MainResult:
         return True
 
 
+def run_here(plan: RunPlan, observer: Observer | None = None, *, timeout_seconds: float | None = None) -> RunResult:
+    """Run a validated plan from this process: in it, or as the processes of its launcher.
+
+    The observer is told of each phase; telling it that the run starts and ends is the caller's
+    (the process that owns the run), so that it is told once however the run is placed.
+
+    :param timeout_seconds: a launched run's time limit (a run in this process has none: give it a
+        child process, :func:`run_in_child`).
+    """
+    if plan.launcher is not None:
+        return launch(plan.launcher, plan, observer, timeout_seconds=timeout_seconds)
+    return execute(plan, SINGLE_PROCESS, observer)
+
+
 def launch(
     launcher: Launcher,
     plan: RunPlan,
-    on_progress: Callable[[RunResult], None] | None = None,
+    observer: Observer | None = None,
     *,
     timeout_seconds: float | None = None,
 ) -> RunResult:
     """Run ``plan`` as the processes ``launcher`` starts; the main process's (rank 0's) result is the run's.
 
-    :param on_progress: called with the main process's result after each phase, as it writes it.
+    Every process receives the plan as a document (``plan.json``) and rebuilds it: none plans again.
+
+    :param observer: told of the main process's result after each phase, as it writes it.
     :param timeout_seconds: stop the launch after this long; the result then has a ``timeout``
         status and keeps the phases measured before it.
     :raises KeyboardInterrupt: on Ctrl-C, after the launcher and its workers were stopped.
     """
     parent = launcher.work_parent(plan.context(SINGLE_PROCESS))
     with processes.sigterm_exits(), processes.work_directory(_WORK_DIRECTORY_PREFIX, parent=parent) as work:
-        config_path, result_path, log_path = work / "config.json", work / "result.json", work / "launcher.log"
-        config_path.write_text(plan.config.model_dump_json(), encoding="utf-8")
-        main = _MainResult(result_path, new_result(plan, world_size=plan.config.replicas))
+        plan_path, result_path, log_path = work / "plan.json", work / "result.json", work / "launcher.log"
+        plan_path.write_text(plan.document().model_dump_json(), encoding="utf-8")
+        main = ResultFile(result_path, new_result(plan, world_size=plan.config.replicas))
         launcher_work = work / "launcher"
         launcher_work.mkdir()
         command = launcher.command(
-            plan.context(SINGLE_PROCESS), worker_command(config_path, result_path, launcher), launcher_work
+            plan.context(SINGLE_PROCESS), worker_command(plan_path, result_path, launcher), launcher_work
         )
         callback_warnings: list[str] = []
 
         def watch(_elapsed: float) -> None:
-            if main.refresh() and on_progress is not None:
+            if main.refresh() and observer is not None:
                 # The warnings are kept apart: the next read of the main result replaces it.
-                observe_progress(on_progress, main.result, callback_warnings)
+                tell_phase(observer, main.result, callback_warnings)
 
         ended = processes.supervise(
             processes.guarded_command(command, remove_when_orphaned=work),
@@ -245,8 +263,22 @@ RESULT_FILE = "result.json"
 
 
 def child_command(request: Path, result_path: Path) -> list[str]:
-    """The command that runs one run in a child process (see core/sweep/worker.py)."""
-    return [sys.executable, "-m", "core.sweep.worker", str(request), str(result_path)]
+    """The command that runs one run in a child process (see core/running/child.py)."""
+    return [sys.executable, "-m", "core.running.child", str(request), str(result_path)]
+
+
+def write_request(path: Path, planned: PlannedRun, parent_pid: int | None) -> None:
+    """The child's request (core/running/child.py): the validated plan, and the process it must not outlive.
+
+    ``options`` repeats the plan's configuration as RunConfig fields, for whoever reads a request
+    without rebuilding its plan (a person looking into a job's folder, a test's stand-in worker).
+    """
+    document = {
+        "plan": planned.model_dump(mode="json"),
+        "options": planned.config.model_dump(mode="json"),
+        "parent_pid": parent_pid,
+    }
+    path.write_text(json.dumps(document), encoding="utf-8")
 
 
 def _tail(path: Path) -> str:
@@ -265,43 +297,44 @@ def _read_result(path: Path) -> RunResult | None:
 
 
 def run_in_child(
-    options: dict[str, Any],
-    config: RunConfig,
+    planned: PlannedRun,
     *,
     timeout_seconds: float | None,
     work_dir: Path,
     on_wait: Callable[[float], None] | None = None,
-    on_progress: Callable[[RunResult], None] | None = None,
+    observer: Observer | None = None,
     command: Callable[[Path, Path], list[str]] = child_command,
     grace_seconds: float = processes.STOP_GRACE_SECONDS,
     clock: Callable[[], float] = time.monotonic,
     names: tuple[str, str] = ("the run's process", "the run's time limit"),
     starter: processes.ChildStarter | None = None,
 ) -> tuple[RunResult, float]:
-    """Run ``options`` (a validated run, ``config``) in a fresh process under ``core.running.processes``
-    supervision; returns its result and the process's seconds.
+    """Run a validated plan in a process of its own under ``core.running.processes`` supervision;
+    returns its result and the process's seconds.
 
-    A sweep runs each repeat this way, and ``core.run`` a single-process run with a time limit.
+    A sweep runs each repeat this way, and ``core.run`` a single-process run with a time limit. The
+    child receives ``planned`` and runs it as it is (core.running.child): it plans nothing again.
     Never raises for what happens inside the process: a crash, a kill or a timeout comes back as
     the result's status, keeping the phases measured before it (the child writes them to
-    RESULT.partial after each phase, and ``on_progress`` gets them as they come). KeyboardInterrupt
+    RESULT.partial after each phase, and ``observer`` is told of them as they come). KeyboardInterrupt
     stops the process and propagates.
 
     :param starter: starts the process some other way than as a fresh interpreter (a sweep's fork
         server, core.running.forkserver); supervision, the time limit and the result are the same.
     """
+    config = planned.config
     work_dir.mkdir(parents=True, exist_ok=True)
     request, result_path, log_path = (work_dir / "request.json", work_dir / RESULT_FILE, work_dir / "output.log")
     partial_path = result_path.with_name(result_path.name + ".partial")
     for stale in (result_path, partial_path):
         stale.unlink(missing_ok=True)
-    request.write_text(json.dumps({"options": options, "parent_pid": os.getpid()}), encoding="utf-8")
-    partial = _MainResult(partial_path, RunResult.of_config(config, world_size=config.replicas))
+    write_request(request, planned, parent_pid=os.getpid())
+    partial = ResultFile(partial_path, RunResult.of_config(config, world_size=config.replicas))
     callback_warnings: list[str] = []
 
     def wait(elapsed: float) -> None:
-        if on_progress is not None and partial.refresh():
-            observe_progress(on_progress, partial.result, callback_warnings)
+        if observer is not None and partial.refresh():
+            tell_phase(observer, partial.result, callback_warnings)
         if on_wait is not None:
             on_wait(elapsed)
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from core.config import LOADGEN_SCENARIOS, Framework, RunConfig, make_config
 from core.contract.accelerator import Accelerator, max_replicas_for, validate_run
@@ -18,7 +19,7 @@ from core.contract.context import (
     old_form_warnings,
     overrides_old_form,
 )
-from core.contract.launcher import Launcher
+from core.contract.launcher import Launcher, class_path, launcher_path, load_class, load_launcher
 from core.contract.manager import PluginManager
 from core.contract.pipeline import PipelineLayout
 from core.contract.workload import FRAMEWORK_LIBRARIES, Workload, module_installed
@@ -69,6 +70,124 @@ class RunPlan:
     def launches_processes(self) -> bool:
         """Whether a launcher starts the run's processes (torchrun: one per replica)."""
         return self.launcher is not None
+
+    def document(self) -> PlannedRun:
+        """This plan as a document that travels to the run's child process and ranks (as JSON):
+        they rebuild the plan from it (:meth:`PlannedRun.rebuild`) instead of planning again."""
+        return PlannedRun(
+            config=self.config,
+            workload_options=self.workload_options.model_dump(mode="json"),
+            accelerator_options=self.accelerator_options.model_dump(mode="json"),
+            meter=self.meter_factory.name if self.meter_factory is not None else None,
+            meter_unavailable_reason=self.meter_unavailable_reason,
+            launcher=launcher_path(self.launcher) if self.launcher is not None else None,
+            machine=self.machine.name if self.machine is not None else None,
+            warnings=self.warnings,
+            pipeline_layout=self.pipeline_layout,
+            node_meters=tuple(factory.name for factory in self.node_meter_factories),
+            precision_policy=class_path(self.precision_policy) if self.precision_policy is not None else None,
+            packages=self.packages,
+        )
+
+
+class PlannedRun(BaseModel):
+    """A validated plan as a document: what :func:`plan_run` decided, for another process to run
+    without planning again (a child process with a time limit, a sweep's repeat, a Slurm job, every
+    rank of a launched run). The plugins are named, not sent: each process finds them by name.
+
+    The options are the plugins' own models as parsed in planning (dumped as JSON, rebuilt by the
+    same model): no plugin check runs again.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    config: RunConfig  # micro_batch_size resolved
+    workload_options: dict[str, Any]  # the workload's options_model, as parsed
+    accelerator_options: dict[str, Any]  # the accelerator's options_model, as parsed
+    meter: str | None = None  # the power meter chosen in planning, by its registered name
+    meter_unavailable_reason: str | None = None
+    launcher: str | None = None  # ``module:Class`` of the launcher that starts the run's processes
+    machine: str | None = None  # planned for this machine profile, not this host: a dry run's, not runnable
+    warnings: tuple[str, ...] = ()
+    pipeline_layout: PipelineLayout | None = None
+    node_meters: tuple[str, ...] = ()  # the node meters chosen in planning, by their registered names
+    #: ``module:Class`` of the policy chosen in planning (the accelerator's own subclass, where it has one)
+    precision_policy: str | None = None
+    packages: tuple[str, ...] = ()
+
+    def rebuild(self, manager: PluginManager) -> RunPlan:
+        """The plan again, in this process: the plugins looked up by name, their options rebuilt.
+
+        :raises ConfigError: a plugin the plan names is not registered in this process (nor its
+            launcher importable), its options do not fit the plugin's options model here, or the
+            plan was made for a machine profile (a dry run), not for running here.
+        """
+        if self.machine is not None:
+            raise ConfigError(
+                "machine", self.machine, "a plan for this host (one made for a machine profile only validates)"
+            )
+        workload = manager.workload(self.config.workload)
+        accelerator = manager.accelerator(self.config.accelerator)
+        meter = _registered_meter(manager, self.meter, "power_meter") if self.meter is not None else None
+        return RunPlan(
+            config=self.config,
+            workload=workload,
+            workload_options=_rebuild_options(workload.options_model, self.workload_options, "workload_options"),
+            accelerator=accelerator,
+            accelerator_options=_rebuild_options(
+                accelerator.options_model, self.accelerator_options, "accelerator_options"
+            ),
+            meter_factory=meter,
+            meter_unavailable_reason=self.meter_unavailable_reason,
+            launcher=_rebuild_launcher(self.launcher) if self.launcher is not None else None,
+            warnings=self.warnings,
+            pipeline_layout=self.pipeline_layout,
+            node_meter_factories=tuple(_registered_meter(manager, name, "node_meters") for name in self.node_meters),
+            precision_policy=_rebuild_policy(self.precision_policy) if self.precision_policy is not None else None,
+            packages=self.packages,
+        )
+
+    @classmethod
+    def read(cls, text: str) -> PlannedRun:
+        """A plan from its JSON text; ConfigError names what is wrong (a file damaged, or written by
+        another version of core)."""
+        try:
+            return cls.model_validate_json(text)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first["loc"]) or "the document"
+            raise ConfigError("plan", where, f"a validated plan as core writes it ({first['msg']})") from None
+
+
+def _rebuild_options(model: type[BaseModel], dumped: dict[str, Any], field: str) -> BaseModel:
+    """A plugin's options model from its own JSON dump (as JSON: enums, tuples and dates come back)."""
+    try:
+        return model.model_validate_json(json.dumps(dumped))
+    except ValidationError as exc:  # the plugin's model changed since the plan was made
+        raise ConfigError(field, dumped, f"options {model.__name__} takes here ({exc.errors()[0]['msg']})") from None
+
+
+def _registered_meter(manager: PluginManager, name: str, field: str) -> PowerMeterFactory:
+    if name not in manager.power_meters:
+        raise ConfigError(field, name, f"a registered power meter ({', '.join(sorted(manager.power_meters))})")
+    return manager.power_meters[name].item
+
+
+def _rebuild_policy(path: str) -> type[PrecisionPolicy]:
+    try:
+        policy = load_class(path)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ConfigError("precision", path, f"a precision policy class this process can import ({exc})") from None
+    if not (isinstance(policy, type) and issubclass(policy, PrecisionPolicy)):
+        raise ConfigError("precision", path, "a PrecisionPolicy class")
+    return policy
+
+
+def _rebuild_launcher(path: str) -> Launcher:
+    try:
+        return load_launcher(path)
+    except (ImportError, AttributeError, ValueError, TypeError) as exc:
+        raise ConfigError("launcher", path, f"a Launcher class this process can import ({exc})") from None
 
 
 def _choices(values: Any) -> str:

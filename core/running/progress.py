@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TextIO
 
+from core.running.observe import Observer
+
 _CLEAR_LINE = "\r\x1b[2K"
 
 # What a terminal acts on instead of showing: C0 controls but tab and newline (ESC starts colour,
@@ -115,8 +117,9 @@ class ProgressLine:
         print(printable(text), file=stream if stream is not None else sys.stdout, flush=True)
 
 
-class RunProgress:
-    """``core run``'s display: phases done so far, and the window's expected length after warm-up."""
+class RunProgress(Observer):
+    """``core run``'s display: phases done so far, and the window's expected length after warm-up.
+    A run's observer; called, it is ``core.run``'s ``on_progress``."""
 
     def __init__(self, line: ProgressLine, title: str, steps: int, warmup_steps: int) -> None:
         self._line, self._title, self._steps, self._warmup_steps = line, title, steps, warmup_steps
@@ -125,6 +128,9 @@ class RunProgress:
         self._line.show(f"{self._title}: setting up")
 
     def __call__(self, result: Any) -> None:
+        self.phase_ended(result)
+
+    def phase_ended(self, result: Any) -> None:
         done = [
             f"{name} {seconds:.3g} s"
             for name, seconds in (

@@ -28,14 +28,13 @@ from core.executors.base import Executor
 from core.precision import policy_in_force
 from core.running.distributed import ProcessContext
 from core.running.exchange import gather_through_files
+from core.running.observe import Observer
 from core.running.planning import RunPlan, device_covers, node_covers
 from core.storage.environment import collect_environment
 from core.storage.results import DeviceRecord, EnergyMeasurement, NodeEnergy, RunResult, RunState, Status
 
 # Above this share of the window spent waiting for data, the run measures storage, not the device.
 DATA_BOUND_FRACTION = 0.10
-
-ProgressCallback = Callable[[RunResult], None]
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -134,18 +133,6 @@ def _sample_figures(plan: RunPlan, warnings: list[str]) -> tuple[str | None, int
     return (unit if isinstance(unit, str) and unit else None), tokens
 
 
-def observe_progress(on_progress: ProgressCallback, partial: RunResult, warnings: list[str]) -> None:
-    """Pass a partial result to the caller's callback. One that raises is the caller's problem, not
-    a fault of a healthy run: it becomes a warning in ``warnings`` (once per message).
-    KeyboardInterrupt and SystemExit still propagate."""
-    try:
-        on_progress(partial)
-    except Exception as exc:
-        warning = f"on_progress callback failed: {type(exc).__name__}: {exc}"
-        if warning not in warnings:
-            warnings.append(warning)
-
-
 def new_result(plan: RunPlan, world_size: int) -> RunResult:
     config = plan.config
     warnings: list[str] = list(plan.warnings)
@@ -182,25 +169,27 @@ class _Phase:
         return self._executor.gather_max(elapsed)
 
 
-def execute(plan: RunPlan, process: ProcessContext, on_progress: ProgressCallback | None = None) -> RunResult:
+def execute(plan: RunPlan, process: ProcessContext, observer: Observer | None = None) -> RunResult:
     """Run the plan in this process. Every rank calls it; rank 0's result is the run's.
 
     A fault becomes the result's status. KeyboardInterrupt (and SystemExit) propagate instead,
     after the meter and the executor are closed.
+
+    :param observer: told of each phase's partial result, in the main process (rank 0) only.
     """
     # core's executors and workloads look the precision up by name (core.precision.policy_for):
     # they get planning's policy, whichever accelerator builds the executor, and however.
     with policy_in_force(plan.context(process).precision_policy):
-        return _execute(plan, process, on_progress)
+        return _execute(plan, process, observer)
 
 
-def _execute(plan: RunPlan, process: ProcessContext, on_progress: ProgressCallback | None) -> RunResult:
+def _execute(plan: RunPlan, process: ProcessContext, observer: Observer | None) -> RunResult:
     config = plan.config
     result = new_result(plan, world_size=max(process.world_size, 1))
 
     def report(partial: RunResult) -> None:
-        if on_progress is not None and process.is_main:
-            observe_progress(on_progress, partial, partial.warnings)
+        if observer is not None and process.is_main:
+            observer.phase_ended(partial)
 
     executor: Executor | None = None
     meter: PowerMeter | None = None

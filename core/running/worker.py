@@ -1,8 +1,10 @@
-"""One process of a launched run: ``python -m core.running.worker CONFIG RESULT [--launcher PATH]``.
+"""One process of a launched run: ``python -m core.running.worker PLAN RESULT [--launcher PATH]``.
 
-The launcher that started it (``module:Class``; torchrun's environment without one) says where
-this process stands (rank, local rank, world size). Rank 0 rewrites RESULT atomically after every
-phase, so nothing measured is lost if a process dies later; the launch reads it as it changes.
+PLAN is the run's validated plan as a document (:class:`core.running.planning.PlannedRun`): every
+process rebuilds it, none plans the run again. The launcher that started it (``module:Class``;
+torchrun's environment without one) says where this process stands (rank, local rank, world
+size). Rank 0 rewrites RESULT atomically after every phase, so nothing measured is lost if a
+process dies later; the launch reads it as it changes.
 
 A worker ends with its launcher (under ``python -m core.running.processes``): the kernel kills it
 when the launcher dies, whatever killed it. It ends without interpreter finalization
@@ -18,34 +20,30 @@ import sys
 import traceback
 from pathlib import Path
 
-from core.config import RunConfig
 from core.contract.launcher import load_launcher
 from core.contract.manager import get_plugin_manager
 from core.running import processes
 from core.running.distributed import ProcessContext
 from core.running.launch import NODE_RESULTS_VARIABLE
-from core.running.planning import plan_run
+from core.running.observe import ResultWriter
+from core.running.planning import PlannedRun
 from core.running.runner import execute
-from core.storage.files import write_atomically
-from core.storage.results import RunResult
 
 
 def main(argv: list[str]) -> int:
     # A worker holds nothing to clean up: SIGKILL, so one stuck in a collective ends too.
     processes.die_with_parent(sig=signal.SIGKILL)
-    config_path, result_path = Path(argv[0]), Path(argv[1])
+    plan_path, result_path = Path(argv[0]), Path(argv[1])
     launcher = load_launcher(argv[3]) if argv[2:3] == ["--launcher"] else None
-    config = RunConfig.model_validate_json(config_path.read_text(encoding="utf-8"))
-    options = config.model_dump(mode="json", exclude={"workload", "accelerator"})
-    plan = plan_run(get_plugin_manager(), config.workload, config.accelerator, options)
-
-    def save(result: RunResult) -> None:
-        write_atomically(result_path, result.model_dump_json(), "the worker's result")
+    planned = PlannedRun.read(plan_path.read_text(encoding="utf-8"))
+    plan = planned.rebuild(get_plugin_manager())
+    config = plan.config
+    writer = ResultWriter(result_path, "the worker's result")
 
     process = launcher.process_context(os.environ) if launcher else ProcessContext.from_environment()
     # The launch's work directory, seen by every process the launch started (one host, or shared).
     process = dataclasses.replace(process, exchange_dir=str(result_path.parent))
-    result = execute(plan, process, on_progress=save)
+    result = execute(plan, process, writer)
     if not process.is_main and process.local_rank == 0 and os.environ.get(NODE_RESULTS_VARIABLE) == "1":
         # Outside Slurm each node's core reads its own node's files: it gets this node's copy of
         # the run's figures (throughput and energy are gathered over every node already).
@@ -53,7 +51,7 @@ def main(argv: list[str]) -> int:
             f"node {process.node_rank} of {config.nodes}: global rank 0 ran on another node, whose result is the "
             "run's; the figures here are the same, the devices this node's"
         )
-        save(result)
+        writer.save(result)
     return 0 if result.status.ok else 1
 
 

@@ -1,6 +1,7 @@
-"""A sweep on a Slurm cluster (``core sweep FILE --executor slurm``): every pending repeat is a
-batch job running the same worker a local sweep runs as a child (``python -m core.sweep.worker
-REQUEST RESULT``), and the submitting process commits each result, once, as its job ends.
+"""A sweep on a Slurm cluster (``core sweep FILE --executor slurm``): the sweep loop's Slurm backend
+(core.sweep.loop). Every pending repeat is a batch job running the same child a local sweep runs
+(``python -m core.running.child REQUEST RESULT``, with the cell's validated plan), and the
+submitting process commits each result, once, as its job ends.
 
 The database stays the one record of results; the jobs in flight are listed in a ledger,
 ``<jobs directory>/<sweep>/jobs.json`` (written atomically after every change), so the submitting
@@ -22,25 +23,22 @@ import os
 import shlex
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from core.errors import CoreError
 from core.running import processes
+from core.running.launch import write_request
 from core.storage.files import OutputError, describe_os_error, write_atomically
 from core.storage.results import RunResult, RunState, Status
-from core.storage.summary import summarise
+from core.sweep.loop import EndedRepeat, Repeat, RepeatKey, SweepBackend, SweepNotStarted
+from core.sweep.plan import Cell
 from core.sweep.slurm_jobs import ACTIVE_STATES, Scheduler, SlurmError, SlurmScheduler, log_path_pattern
 from core.sweep.slurm_settings import SlurmSettings
-from core.sweep.spec import SweepError
-
-if TYPE_CHECKING:
-    from core.storage.store import ResultStore
-    from core.sweep.plan import Cell, SweepPlan
-    from core.sweep.run import SweepObserver, SweepOutcome
-    from core.sweep.spec import SweepSpec
+from core.sweep.spec import SweepError, SweepSpec
 
 #: how a cluster sweep reaches Slurm; a name of its own, so tests can swap in a simulated scheduler
 make_scheduler: Callable[[], Scheduler] = SlurmScheduler
@@ -60,7 +58,7 @@ _ENDED_BY_SLURM = {
 }
 
 
-class NotSubmitted(SweepError):
+class NotSubmitted(SweepError, SweepNotStarted):
     """The sweep's jobs directory or ledger cannot take this sweep: nothing was submitted."""
 
 
@@ -70,7 +68,7 @@ class SubmissionRefused(NotSubmitted):
     and their folders removed, so no half-made sweep stays."""
 
 
-class SubmissionFailed(SlurmError):
+class SubmissionFailed(SlurmError, SweepNotStarted):
     """A job could not be submitted (sbatch gave no answer, its folder could not be written): as for
     :class:`SubmissionRefused`, nothing this call submitted stays."""
 
@@ -190,7 +188,7 @@ def batch_script(request: Path, result: Path, ended: Path) -> str:
         "#!/bin/bash\n"
         "# One repeat of a core sweep (core/sweep/cluster.py); the submitting sweep reads what it leaves.\n"
         "started=$(date +%s%N)\n"
-        f"{python} -m core.sweep.worker {shlex.quote(str(request))} {shlex.quote(str(result))}\n"
+        f"{python} -m core.running.child {shlex.quote(str(request))} {shlex.quote(str(result))}\n"
         "code=$?\n"
         "ended=$(date +%s%N)\n"
         # A file the sweep reads only once it is whole: written aside, then renamed.
@@ -287,92 +285,61 @@ def job_result(
     return base, seconds
 
 
-def run_cells_on_slurm(
-    store: ResultStore,
-    plan: SweepPlan,
-    spec: SweepSpec,
-    finished: dict[tuple[str, int], str],
-    retry_failed: bool,
-    observer: SweepObserver,
-    database: Path,
-    settings: SlurmSettings,
-    scheduler: Scheduler | None = None,
-) -> SweepOutcome:
-    """Submit every pending repeat as a Slurm job and record each result as its job ends.
+class SlurmBackend(SweepBackend):
+    """The sweep's repeats as Slurm jobs: every pending repeat submitted at once, their states polled
+    every ``poll_seconds``, a failed cell's jobs still running cancelled.
 
-    A cell stops at its first failed repeat, as in a local sweep: its jobs still running are
-    cancelled; every job that had ended by then is recorded, however many end in one poll.
-    KeyboardInterrupt leaves the jobs running (the ledger lists them for ``--resume``) and propagates.
-
-    :param scheduler: how Slurm is asked (default :data:`make_scheduler`'s).
-    :raises NotSubmitted: the jobs directory or ledger cannot take the sweep (SubmissionRefused:
-        sbatch refused a job); nothing this call submitted stays.
-    :raises SubmissionFailed: a job could not be submitted; nothing this call submitted stays.
+    The jobs in flight are kept in the ledger, so a sweep killed while they run waits for them when
+    resumed. KeyboardInterrupt (and any error that stops the sweep) leaves the jobs running: the
+    ledger lists them for ``--resume``, and a line on stderr names them.
     """
-    from core.sweep.run import SweepOutcome
 
-    sweep = _ClusterSweep(store, plan, spec, finished, observer, database, settings, scheduler or make_scheduler())
-    sweep.make_folder()
-    sweep.forget_settled(retry_failed)
-    wanted = sweep.pending()
-    already = sum(1 for cell in plan.valid_cells for repeat in range(spec.repeats) if (cell.key, repeat) in sweep.kept)
-    in_database = sum(1 for key, _ in sweep.kept if key in sweep.cells)
-    total = already + len(wanted)
-    observer.started(plan, runs_total=total, runs_finished=already, runs_recorded=in_database)
-    try:
-        sweep.submit(wanted, already, total)
-        while sweep.ledger.entries:
-            sweep.poll()
-            if sweep.ledger.entries:
-                sweep.scheduler.sleep(settings.poll_seconds)
-    except BaseException:  # Ctrl-C, SIGTERM, a result the database refused: the jobs go on
-        if sweep.ledger.entries:
-            entries = sweep.ledger.entries.values()
-            print(
-                f"core: {len(entries)} job(s) of sweep {spec.name} stay in Slurm "
-                f"({', '.join(entry.job_id for entry in entries)}); --resume waits for them "
-                "and records their results, scancel stops them",
-                file=sys.stderr,
-            )
-        raise
-    return SweepOutcome(
-        name=spec.name,
-        database=database,
-        runs_done=sweep.runs_done,
-        runs_already_finished=already,
-        skipped_invalid=plan.invalid_cells,
-        cells=summarise(store.runs(sweep=spec.name)),
-    )
-
-
-class _ClusterSweep:
-    """One call's bookkeeping of a cluster sweep: the ledger of jobs in flight, what is recorded."""
-
-    def __init__(
-        self,
-        store: ResultStore,
-        plan: SweepPlan,
-        spec: SweepSpec,
-        finished: dict[tuple[str, int], str],
-        observer: SweepObserver,
-        database: Path,
-        settings: SlurmSettings,
-        scheduler: Scheduler,
-    ) -> None:
-        self.store, self.spec, self.finished, self.observer = store, spec, finished, observer
-        self.database, self.settings, self.scheduler = database, settings, scheduler
-        self.cells = {cell.key: cell for cell in plan.valid_cells}
-        self.plan = plan
-        self.jobs_root = jobs_directory(database, settings)
+    def __init__(self, spec: SweepSpec, database: Path, scheduler: Scheduler | None = None) -> None:
+        self.spec, self.database = spec, database
+        self.settings = spec.slurm or SlurmSettings()
+        self.scheduler = scheduler or make_scheduler()
+        self.jobs_root = jobs_directory(database, self.settings)
         self.root = self.jobs_root / spec.name
+        self.time_limit = self.settings.job_time_limit_minutes(spec.timeout_seconds)
+        self.ledger = JobLedger(self.root / LEDGER_NAME, spec.name, database)
+        self.cells: Mapping[str, Cell] = {}
+        self.made: list[Path] = []
+        self._polled = False
+
+    @classmethod
+    def checked(cls, spec: SweepSpec, database: Path) -> SlurmBackend:
+        """The backend for a sweep this machine can submit, its jobs directory able to hold the jobs'
+        folders; SweepError otherwise, before anything is written."""
+        from core.sweep.slurm_jobs import unavailable_reason
+
+        why = unavailable_reason()
+        if why is not None:
+            raise SweepError(f"--executor slurm: this machine cannot submit Slurm jobs: {why}")
+        check_jobs_directory(database, spec.slurm or SlurmSettings())
+        return cls(spec, database)
+
+    @contextmanager
+    def running(self, settled: Collection[RepeatKey], cells: Mapping[str, Cell]) -> Iterator[None]:
+        self.cells = cells
         # What existed before this call, so a refused submission removes only what it made.
         self.made = [path for path in (self.jobs_root, self.root, self.root / LEDGER_NAME) if not path.exists()]
-        self.ledger = JobLedger.load(self.root / LEDGER_NAME, spec.name, database)
-        self.time_limit = settings.job_time_limit_minutes(spec.timeout_seconds)
-        self.kept: dict[tuple[str, int], str] = {}
-        self.runs_done = 0
+        self.ledger = JobLedger.load(self.root / LEDGER_NAME, self.spec.name, self.database)
+        self._make_folder()
+        self._forget_settled(settled)
+        try:
+            yield
+        except BaseException:  # Ctrl-C, SIGTERM, a result the database refused: the jobs go on
+            if self.ledger.entries:
+                entries = self.ledger.entries.values()
+                print(
+                    f"core: {len(entries)} job(s) of sweep {self.spec.name} stay in Slurm "
+                    f"({', '.join(entry.job_id for entry in entries)}); --resume waits for them "
+                    "and records their results, scancel stops them",
+                    file=sys.stderr,
+                )
+            raise
 
-    def make_folder(self) -> None:
+    def _make_folder(self) -> None:
         """The sweep's folder in the jobs directory (check_jobs_directory looked, this makes it)."""
         try:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -383,46 +350,96 @@ class _ClusterSweep:
                 f"{describe_os_error(error)}"
             ) from None
 
-    def forget_settled(self, retry_failed: bool) -> None:
+    def _forget_settled(self, settled: Collection[RepeatKey]) -> None:
         """Drop the ledger's entries for repeats the database holds (the sweep was killed between
         the commit and the ledger's update) or for cells the grid no longer runs."""
-        ok = RunState.ok.value
-        self.kept = {key: status for key, status in self.finished.items() if not (retry_failed and status != ok)}
-        settled = [key for key in self.ledger.entries if key in self.finished or key[0] not in self.cells]
-        if settled:
-            gone = [key for key in settled if key not in self.finished]
+        stale = [key for key in self.ledger.entries if key in settled or key[0] not in self.cells]
+        if stale:
+            gone = [key for key in stale if key not in settled]
             self._cancel([self.ledger.entries[key].job_id for key in gone], "jobs of cells this sweep no longer runs")
-            for key in settled:
+            for key in stale:
                 shutil.rmtree(self.ledger.entries.pop(key).folder, ignore_errors=True)
         self._save_ledger()
 
-    def pending(self) -> list[tuple[int, Cell]]:
-        """Each repeat with neither a result to keep nor a job in flight, round by round."""
-        stopped = {key for (key, _), status in self.kept.items() if status != RunState.ok.value}
-        return [
-            (repeat, cell)
-            for repeat in range(self.spec.repeats)
-            for cell in self.plan.valid_cells
-            if (cell.key, repeat) not in self.kept and cell.key not in stopped
+    def submit(self, repeats: Sequence[Repeat]) -> list[Repeat]:
+        """Submit every repeat without a job (one listed in the ledger is waited for, not submitted
+        again); on any failure, withdraw those this call submitted."""
+        submitted: list[RepeatKey] = []
+        for repeat in repeats:
+            if repeat.key in self.ledger.entries:
+                continue
+            try:
+                self.ledger.entries[repeat.key] = self._submit_one(repeat)
+                submitted.append(repeat.key)
+                self._save_ledger()
+            except (SlurmError, OSError, CoreError) as error:
+                self._withdraw(submitted)
+                raise self._submission_error(error, repeat, len(submitted)) from None
+        return list(repeats)
+
+    def in_flight(self) -> bool:
+        return bool(self.ledger.entries)
+
+    def wait(self, on_wait: Callable[[Repeat, float], None]) -> list[EndedRepeat]:
+        """Ask Slurm every ``poll_seconds`` until a poll finds jobs ended; every one of them."""
+        while True:
+            if self._polled:
+                self.scheduler.sleep(self.settings.poll_seconds)
+            self._polled = True
+            ended = self._poll()
+            if ended:
+                return ended
+
+    def forget(self, ended: EndedRepeat) -> None:
+        """Once its repeat is recorded, a job leaves the ledger and its folder goes (in this order:
+        a kill between the two leaves an entry the database holds, dropped unread on resume)."""
+        entry = self.ledger.entries.pop(ended.repeat.key)
+        self._save_ledger()
+        shutil.rmtree(entry.folder, ignore_errors=True)
+
+    def cancel_cell(self, cell_key: str) -> None:
+        """A failed repeat stops its cell: its jobs still running are cancelled and forgotten, never
+        recorded. A job whose worker has already written its result is left to end and recorded."""
+        doomed = [
+            key
+            for key, entry in self.ledger.entries.items()
+            if key[0] == cell_key and not (Path(entry.folder) / "result.json").exists()
         ]
+        if not doomed:
+            return
+        self._cancel([self.ledger.entries[key].job_id for key in doomed], "the failed cell's other jobs")
+        for key in doomed:
+            shutil.rmtree(self.ledger.entries.pop(key).folder, ignore_errors=True)
+        self._save_ledger()
 
-    def submit(self, wanted: list[tuple[int, Cell]], already: int, total: int) -> None:
-        """Submit every wanted repeat without a job; on any failure, withdraw those this call submitted."""
-        submitted: list[tuple[str, int]] = []
-        for repeat, cell in wanted:
-            key = (cell.key, repeat)
-            if key not in self.ledger.entries:
-                try:
-                    self.ledger.entries[key] = self._submit_one(cell, repeat)
-                    submitted.append(key)
-                    self._save_ledger()
-                except (SlurmError, OSError, CoreError) as error:
-                    self._withdraw(submitted)
-                    raise self._submission_error(error, cell, repeat, len(submitted)) from None
-            self.observer.run_started(cell, repeat, already, total, None)
+    def _poll(self) -> list[EndedRepeat]:
+        """Ask Slurm once: every job that ended, with how it is recorded (none when Slurm did not answer)."""
+        try:
+            answer = self.scheduler.states([entry.job_id for entry in self.ledger.entries.values()])
+        except SlurmError as error:
+            _log.warning("core: warning: %s; asking again in %g s", error, self.settings.poll_seconds)
+            return []
+        ended = []
+        for (cell_key, index), entry in self.ledger.entries.items():
+            state = answer.get(entry.job_id)
+            if self._has_ended(state, entry):
+                cell = self.cells[cell_key]
+                result, seconds = job_result(Path(entry.folder), entry.job_id, state, cell.config, self.time_limit)
+                ended.append(EndedRepeat(Repeat(cell, index), result, seconds))
+        return ended
 
-    def _submission_error(self, error: Exception, cell: Cell, repeat: int, withdrawn: int) -> CoreError:
-        what = f"repeat {repeat + 1} of cell {cell.label!r}"
+    def _has_ended(self, state: str | None, entry: JobEntry) -> bool:
+        """Whether a job is over: Slurm says so, or it no longer knows the job."""
+        if state in ACTIVE_STATES:
+            return False
+        if state is None and not (Path(entry.folder) / ENDED_NAME).exists():
+            # Forgotten by squeue (MinJobAge) with no end written: give a slow shared filesystem
+            # another poll before calling the job lost.
+            return self.scheduler.now() - entry.submitted_at >= 2 * self.settings.poll_seconds
+        return True
+
+    def _submission_error(self, error: Exception, repeat: Repeat, withdrawn: int) -> CoreError:
+        what = f"repeat {repeat.index + 1} of cell {repeat.cell.label!r}"
         undone = ""
         if withdrawn:
             undone = f"; the {withdrawn} job(s) submitted before it were cancelled and their folders removed"
@@ -432,7 +449,7 @@ class _ClusterSweep:
             return SubmissionRefused(message)
         return SubmissionFailed(message)
 
-    def _withdraw(self, keys: list[tuple[str, int]]) -> None:
+    def _withdraw(self, keys: list[RepeatKey]) -> None:
         """Cancel the jobs of ``keys`` and remove their folders and entries, and whatever folder or
         ledger this call made that now holds nothing."""
         self._cancel([self.ledger.entries[key].job_id for key in keys], "the jobs submitted before the refusal")
@@ -466,91 +483,26 @@ class _ClusterSweep:
                 f"cannot write the sweep's job ledger {self.ledger.path}: {describe_os_error(error)}"
             ) from None
 
-    def poll(self) -> None:
-        """Ask Slurm once; record every job that ended (all of them, before stopping any cell)."""
-        try:
-            answer = self.scheduler.states([entry.job_id for entry in self.ledger.entries.values()])
-        except SlurmError as error:
-            _log.warning("core: warning: %s; asking again in %g s", error, self.settings.poll_seconds)
-            return
-        ended = [
-            (key, entry, answer.get(entry.job_id))
-            for key, entry in self.ledger.entries.items()
-            if self._has_ended(answer.get(entry.job_id), entry)
-        ]
-        failed_cells = []
-        for key, entry, state in ended:
-            if not self._record(key, entry, state):
-                failed_cells.append(entry.cell_key)
-        for cell_key in dict.fromkeys(failed_cells):
-            self._stop_cell(cell_key)
-
-    def _has_ended(self, state: str | None, entry: JobEntry) -> bool:
-        """Whether a job is over: Slurm says so, or it no longer knows the job."""
-        if state in ACTIVE_STATES:
-            return False
-        if state is None and not (Path(entry.folder) / ENDED_NAME).exists():
-            # Forgotten by squeue (MinJobAge) with no end written: give a slow shared filesystem
-            # another poll before calling the job lost.
-            return self.scheduler.now() - entry.submitted_at >= 2 * self.settings.poll_seconds
-        return True
-
-    def _record(self, key: tuple[str, int], entry: JobEntry, state: str | None) -> bool:
-        """Record one ended job's repeat, then forget its entry and folder; returns whether it was ok."""
-        from core.sweep.run import record_repeat
-
-        cell = self.cells[entry.cell_key]
-        folder = Path(entry.folder)
-        result, seconds = job_result(folder, entry.job_id, state, cell.config, self.time_limit)
-        record_repeat(
-            self.store,
-            self.database,
-            self.spec.name,
-            cell,
-            entry.repeat,
-            result,
-            seconds,
-            replace=key in self.finished,
-            observer=self.observer,
-        )
-        del self.ledger.entries[key]
-        self._save_ledger()
-        shutil.rmtree(folder, ignore_errors=True)
-        self.runs_done += 1
-        self.observer.run_finished(cell, entry.repeat, result, seconds or 0.0)
-        return result.status.ok
-
-    def _stop_cell(self, cell_key: str) -> None:
-        """A failed repeat stops its cell: its jobs still running are cancelled and forgotten, never
-        recorded. A job whose worker has already written its result is left to end and recorded."""
-        doomed = [
-            key
-            for key, entry in self.ledger.entries.items()
-            if key[0] == cell_key and not (Path(entry.folder) / "result.json").exists()
-        ]
-        if not doomed:
-            return
-        self._cancel([self.ledger.entries[key].job_id for key in doomed], "the failed cell's other jobs")
-        for key in doomed:
-            shutil.rmtree(self.ledger.entries.pop(key).folder, ignore_errors=True)
-        self._save_ledger()
-
-    def _submit_one(self, cell: Cell, repeat: int) -> JobEntry:
+    def _submit_one(self, repeat: Repeat) -> JobEntry:
         """Write one repeat's folder (request, batch script) and submit it; a refused job's folder is removed."""
-        assert cell.config is not None, "only validated cells run"
-        folder = (self.root / f"cell{cell.index + 1}-repeat{repeat + 1}").resolve()
+        cell = repeat.cell
+        assert cell.planned is not None, "only validated cells run"
+        folder = (self.root / f"cell{cell.index + 1}-repeat{repeat.index + 1}").resolve()
         if folder.exists():
             shutil.rmtree(folder)  # a lost job's leftovers: its result must not pass for the new job's
         folder.mkdir(parents=True)
         try:
             request, result, ended = folder / "request.json", folder / "result.json", folder / ENDED_NAME
-            request.write_text(json.dumps({"options": cell.options, "parent_pid": None}), encoding="utf-8")
+            write_request(request, cell.planned, parent_pid=None)
             script = folder / "job.sh"
             script.write_text(batch_script(request, result, ended), encoding="utf-8")
+            options = self.settings.sbatch_options(
+                nodes=cell.planned.config.nodes, timeout_seconds=self.spec.timeout_seconds
+            )
             job_id = self.scheduler.submit(
                 script,
-                self.settings.sbatch_options(nodes=cell.config.nodes, timeout_seconds=self.spec.timeout_seconds),
-                job_name=f"core-{self.spec.name}-c{cell.index + 1}r{repeat + 1}"[:120],
+                options,
+                job_name=f"core-{self.spec.name}-c{cell.index + 1}r{repeat.index + 1}"[:120],
                 log=log_path_pattern(folder, "slurm-%j.out"),
                 directory=folder,
             )
@@ -558,5 +510,9 @@ class _ClusterSweep:
             shutil.rmtree(folder, ignore_errors=True)
             raise
         return JobEntry(
-            cell_key=cell.key, repeat=repeat, job_id=job_id, folder=str(folder), submitted_at=self.scheduler.now()
+            cell_key=cell.key,
+            repeat=repeat.index,
+            job_id=job_id,
+            folder=str(folder),
+            submitted_at=self.scheduler.now(),
         )

@@ -5,12 +5,15 @@ from __future__ import annotations
 import itertools
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from core.config import RunConfig
 from core.errors import ConfigError, PluginError
 from core.machines.profile import MachineProfile
 from core.sweep.spec import SweepSpec, _flatten, _shorten, _too_many, shown
+
+if TYPE_CHECKING:
+    from core.config import RunConfig
+    from core.running.planning import PlannedRun
 
 _LABEL_VALUE_CHARS = 60  # of one value in a cell's label
 
@@ -23,14 +26,25 @@ class Cell:
     key: str  # canonical JSON of the options: the cell's identity in the database
     label: str  # the axis values only, for people
     options: dict[str, Any]  # RunConfig fields, workload and accelerator included
-    config: RunConfig | None = None  # validated, micro-batch resolved; None when refused
+    #: the cell's validated plan, planned once for the whole sweep: each repeat's process runs it
+    #: as it is (core.running.child); None when validation refused the cell
+    planned: PlannedRun | None = None
     invalid_reason: str | None = None
-    warnings: tuple[str, ...] = ()  # what planning warned of (a dry run for a machine shows them)
     toy: bool = False  # shrunk by ``core sweep --toy`` (core.sweep.toy)
 
     @property
     def valid(self) -> bool:
         return self.invalid_reason is None
+
+    @property
+    def config(self) -> RunConfig | None:
+        """The validated configuration, micro-batch resolved; None when refused."""
+        return self.planned.config if self.planned is not None else None
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """What planning warned of (a dry run for a machine shows them)."""
+        return self.planned.warnings if self.planned is not None else ()
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -146,8 +160,7 @@ def plan_sweep(
         options = dict(cell.options)
         workload, accelerator = options.pop("workload"), options.pop("accelerator")
         try:
-            planned = plan_run(manager, workload, accelerator, options, machine=machine)
-            cell.config, cell.warnings = planned.config, planned.warnings
+            cell.planned = plan_run(manager, workload, accelerator, options, machine=machine).document()
         except ConfigError as error:
             cell.invalid_reason = describe_config_error(error)
         except PluginError as fault:  # a plugin's own bug makes its cells invalid, not the sweep crash

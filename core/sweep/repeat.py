@@ -1,4 +1,4 @@
-"""One repeat of one cell, in its own process (``core.sweep.worker``) with a time limit: a crash,
+"""One repeat of one cell, in its own process (``core.running.child``) with a time limit: a crash,
 an out-of-memory error or a hang becomes a recorded result.
 
 The process is forked from the sweep's warm parent (core.running.forkserver: core and PyTorch
@@ -47,7 +47,7 @@ WARM_IMPORTS = (
     "torch.optim",
     "torch._dynamo",  # torch.optim.Optimizer imports it on first use: a second of every run
     "core.api",
-    "core.sweep.worker",
+    "core.running.child",
     "core.running.runner",
     "core.executors.pytorch",
     "core.workloads",
@@ -57,7 +57,7 @@ WARM_IMPORTS = (
 
 _log = logging.getLogger(__name__)
 
-# The command that runs one repeat (see core/sweep/worker.py); a name of its own, so tests can swap it.
+# The command that runs one repeat (see core/running/child.py); a name of its own, so tests can swap it.
 worker_command = child_command
 
 
@@ -215,7 +215,7 @@ def run_in_process(
         result is the machinery's fault, not the cell's: it runs again, in a fresh interpreter,
         under the same time limit.
     """
-    assert cell.config is not None, "only validated cells run"
+    assert cell.planned is not None, "only validated cells run"
     starter = workers.start_for(cell, timeout_seconds) if workers is not None else None
     result, seconds = _run_once(cell, timeout_seconds, work_dir, on_wait, starter)
     if workers is not None and starter is not None:
@@ -237,10 +237,9 @@ def _run_once(
     on_wait: Callable[[float], None] | None,
     starter: CellStart | None,
 ) -> tuple[RunResult, float]:
-    assert cell.config is not None, "only validated cells run"
+    assert cell.planned is not None, "only validated cells run"
     return run_in_child(
-        cell.options,
-        cell.config,
+        cell.planned,
         timeout_seconds=timeout_seconds,
         work_dir=work_dir,
         on_wait=on_wait,

@@ -1,0 +1,137 @@
+"""Who watches a run: one observer interface, told of each event once, by the process that owns the run.
+
+Events of one run (``core.run``, and each repeat of a sweep):
+
+- :meth:`Observer.run_starting`: the run passed validation and its devices are about to be set up;
+- :meth:`Observer.phase_ended`: a phase ended, with the result measured so far;
+- :meth:`Observer.result_ready`: the run is over (successfully or not) and its result complete.
+
+A sweep adds its own events (:class:`core.sweep.SweepObserver`). The plugins' lifecycle hooks
+(``core_run_started``, ``core_result_ready``), ``core.run(on_progress=...)`` and the CLI's progress
+displays are adapters of this interface, so each is told in the same places: the process that called
+``core.run`` (or runs the sweep) tells them; a child process or a rank only writes what it measured,
+which that process reads and passes on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from core.config import RunConfig
+    from core.contract.manager import PluginManager
+    from core.storage.results import RunResult
+
+
+class Observer:
+    """Whoever watches a run. Every method is a no-op: subclass it and implement the events you need."""
+
+    def run_starting(self, config: RunConfig) -> None:
+        """The run passed validation and is about to set up its devices.
+
+        :param config: the validated configuration, ``micro_batch_size`` resolved.
+        """
+
+    def phase_ended(self, partial: RunResult) -> None:
+        """A phase ended (setup, first step, warm-up, the window).
+
+        :param partial: the result so far; a warning appended to ``partial.warnings`` is kept in the
+            run's final result.
+        """
+
+    def result_ready(self, result: RunResult) -> None:
+        """The run is over, successfully or not, and ``result`` is final (its status says how it ended)."""
+
+
+class ObserverGroup(Observer):
+    """Several observers told of each event in turn. A member may be any object with some of the
+    events' methods (an older sweep observer, say): an event it has no method for passes it by."""
+
+    def __init__(self, observers: Iterable[object | None] = ()) -> None:
+        self.observers = [observer for observer in observers if observer is not None]
+
+    def tell(self, event: str, *arguments: Any) -> None:
+        for observer in self.observers:
+            method = getattr(observer, event, None)
+            if method is not None:
+                method(*arguments)
+
+    def run_starting(self, config: RunConfig) -> None:
+        self.tell("run_starting", config)
+
+    def phase_ended(self, partial: RunResult) -> None:
+        self.tell("phase_ended", partial)
+
+    def result_ready(self, result: RunResult) -> None:
+        self.tell("result_ready", result)
+
+
+class PluginHooks(Observer):
+    """The plugins' lifecycle hooks as an observer: ``core_run_started`` and ``core_result_ready``.
+
+    A hook implementation that raises is a warning on stderr (``core: warning: a run-started observer
+    failed: ...``), never a changed run.
+    """
+
+    def __init__(self, manager: PluginManager) -> None:
+        self._manager = manager
+
+    def run_starting(self, config: RunConfig) -> None:
+        from core.contract.manager import call_observers
+
+        call_observers(lambda: self._manager.hook.core_run_started(config=config), "run-started")
+
+    def result_ready(self, result: RunResult) -> None:
+        from core.contract.manager import call_observers
+
+        call_observers(lambda: self._manager.hook.core_result_ready(result=result), "result-ready")
+
+
+ProgressCallback = Callable[["RunResult"], None]
+
+
+class ProgressCallbackObserver(Observer):
+    """``core.run(on_progress=callback)`` as an observer: the callback gets each phase's partial result.
+
+    A callback that raises is the caller's problem, not a fault of a healthy run: it becomes a warning
+    in the result (``on_progress callback failed: ...``, once per message). KeyboardInterrupt and
+    SystemExit still propagate.
+    """
+
+    def __init__(self, callback: ProgressCallback) -> None:
+        self._callback = callback
+
+    def phase_ended(self, partial: RunResult) -> None:
+        try:
+            self._callback(partial)
+        except Exception as exc:
+            warning = f"on_progress callback failed: {type(exc).__name__}: {exc}"
+            if warning not in partial.warnings:
+                partial.warnings.append(warning)
+
+
+def tell_phase(observer: Observer, partial: RunResult, kept: list[str]) -> None:
+    """Tell ``observer`` of a phase's partial result read from another process, keeping in ``kept``
+    the warnings it added: the next read replaces ``partial``, and the final result must have them."""
+    before = list(partial.warnings)
+    observer.phase_ended(partial)
+    kept.extend(warning for warning in partial.warnings if warning not in before and warning not in kept)
+
+
+class ResultWriter(Observer):
+    """Writes each phase's result to a file, whole (atomically), for the process that watches it: how
+    a child process or a rank passes its phases to the process that owns the run."""
+
+    def __init__(self, path: Path, what: str) -> None:
+        self.path = path
+        self.what = what
+
+    def phase_ended(self, partial: RunResult) -> None:
+        self.save(partial)
+
+    def save(self, result: RunResult) -> None:
+        from core.storage.files import write_atomically
+
+        write_atomically(self.path, result.model_dump_json(), self.what)
