@@ -213,3 +213,45 @@ def test_tfrecord_images_feed_the_keras_executor(tmp_path: Path) -> None:
     assert result.status.ok, result.status
     assert result.executor_details["data"] == "files" and result.executor_details["data_format"] == "tfrecord"
     assert result.data_wait_seconds is not None and result.data_wait_seconds >= 0
+
+
+@pytest.mark.slow
+def test_a_tfrecord_image_over_the_pixel_bound_is_refused_before_it_is_decoded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 26 (F8): TensorFlow decoded whatever a record's header declared (a 12000 x 12000 PNG of
+    # 140 KB took 1.7 GB). The header is read first, with the same bound as the image folders'
+    # (lowered here, so that a 20 x 20 image stands for the bomb), and the record file is named.
+    tf = pytest.importorskip("tensorflow")
+    import core.data.files
+
+    monkeypatch.setattr(core.data.files, "MAX_IMAGE_PIXELS", 399)
+    path = tmp_path / "train-00000.tfrecord"
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        feature = {
+            "image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(value=[png((0, 0, 0))])),
+            "image/class/label": tf.train.Feature(int64_list=tf.train.Int64List(value=[0])),
+        }
+        writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+    with registered_plugins():
+        result = run(
+            TinyKerasCnn(),
+            "cpu",
+            framework="tensorflow",
+            data=str(tmp_path),
+            steps=1,
+            warmup_steps=0,
+            power_meter="none",
+        )
+    assert result.status.state is RunState.error, result.status
+    declared = f"{path}: a record's image: its header declares 20 x 20 = 400 pixels"
+    assert result.status.message.startswith(declared), result.status.message
+
+
+def test_a_tfrecord_pipeline_failure_is_one_line_naming_the_file() -> None:
+    from core.data.tf_records import pipeline_failure
+
+    raised = Exception("{{function_node __wrapped__IteratorGetNext_1}} DataError: a.tfrecord: too big\nTraceback")
+    assert pipeline_failure(raised, "data") == "a.tfrecord: too big"
+    damaged = ValueError("{{function_node x}} corrupted record at 12\n\t [[{{node y}}]]")
+    assert pipeline_failure(damaged, "data") == "reading data: ValueError: corrupted record at 12"

@@ -117,6 +117,22 @@ def open_image(data: bytes, source: str) -> Any:
     """The image encoded in ``data``, decoded (a loaded ``PIL.Image.Image``); ``source`` names where
     the bytes came from in every error. Its size is checked from the header first, so a
     decompression bomb is refused without decoding it."""
+    image = image_header(data, source)
+    try:
+        image.load()
+    except MemoryError:
+        raise DataError(f"{source}: out of memory decoding this {image.width} x {image.height} image") from None
+    except Exception as error:
+        raise DataError(
+            f"{source}: a damaged or truncated {image.format or ''} image ({type(error).__name__}: {error})"
+        ) from None
+    return image
+
+
+def image_header(data: bytes, source: str) -> Any:
+    """The image encoded in ``data`` with only its header read (a lazy ``PIL.Image.Image``), its
+    declared size checked against :data:`MAX_IMAGE_PIXELS`: what any decoder (Pillow's, TensorFlow's)
+    may be given. ``source`` names where the bytes came from in every error."""
     from PIL import Image, UnidentifiedImageError
 
     if not data:
@@ -137,12 +153,4 @@ def open_image(data: bytes, source: str) -> Any:
     except Exception as error:  # Pillow's plugins raise many types on a damaged header
         raise DataError(f"{source}: a damaged or truncated image header ({type(error).__name__}: {error})") from None
     check_image_size(*image.size, source)
-    try:
-        image.load()
-    except MemoryError:
-        raise DataError(f"{source}: out of memory decoding this {image.width} x {image.height} image") from None
-    except Exception as error:
-        raise DataError(
-            f"{source}: a damaged or truncated {image.format or ''} image ({type(error).__name__}: {error})"
-        ) from None
     return image

@@ -330,8 +330,9 @@ class KerasExecutor(Executor):
         try:
             inputs, targets = next(self._files)
         except Exception as error:  # a damaged record, memory exhausted decoding one: the data's fault
-            message = str(error).strip().splitlines()[0] if str(error).strip() else ""
-            raise DataError(f"reading {self._data_source}: {type(error).__name__}: {message}") from error
+            from core.data.tf_records import pipeline_failure
+
+            raise DataError(pipeline_failure(error, self._data_source)) from error
         self._data_wait_seconds += time.perf_counter() - started
         self._train_step(inputs, targets)
 
