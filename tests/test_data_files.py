@@ -293,6 +293,27 @@ def test_a_damaged_or_cut_off_shard_is_named(tmp_path: Path) -> None:
         assert str(refused.value).startswith(str(shard))
 
 
+def test_a_loader_workers_error_reaches_the_run_whole(tmp_path: Path) -> None:
+    # Issue 26 (F7): torch rebuilds a worker's exception from its traceback's text, and the message
+    # kept only its last line: tarfile's ReadError spans lines ("- method tar: ReadError(...)"),
+    # and the shard's own name was lost; a file name with a newline in it was cut at the newline.
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    shard = shards / "train-0000.tar"
+    shard.write_bytes(np.random.default_rng(0).bytes(2200))
+    result = train(shards, workers=2)
+    assert_data_fault(result, shard, "not a readable tar file")
+    assert "DataLoader worker process" in result.status.message
+    folder = write_image_folder(tmp_path / "images")
+    for image in folder.rglob("*.png"):
+        image.rename(image.with_name(f"x\nevil-{image.name}"))
+    for image in folder.rglob("*.png"):
+        image.write_bytes(b"not a picture")
+    result = train(folder, workers=2)
+    assert_data_fault(result, folder, "not an image Pillow can read")
+    assert any(str(image) in result.status.message for image in folder.rglob("*.png")), result.status.message
+
+
 # --- memory exhausted while reading: a data fault ---------------------------------------------------
 
 

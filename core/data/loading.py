@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import multiprocessing
 import os
 import shutil
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, get_worker_info
 
 from core.config import RunConfig
 from core.data import detect_format, loader_worker_death
@@ -118,14 +119,92 @@ class LoaderWorkers:
             self._folders = None
 
 
+class WorkerFailure(Exception):
+    """A dataset's failure in a loader worker, on its way to the main process whole.
+
+    torch rebuilds a worker's exception in the main process from the text of its traceback
+    (``ExceptionWrapper``: "Caught <type> in DataLoader worker process <n>.\nOriginal Traceback
+    ...", the exception's own text last), so a message over several lines (tarfile's ReadError lists
+    each compression it tried; a file name may hold a newline) used to keep only its last line. This
+    one's text is the message as one line of JSON, read back by :func:`loader_failure`."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+
+
+class ReportedDataset(Dataset):
+    """``dataset`` as the DataLoader reads it: a sample that cannot be read raises, in a worker, a
+    :class:`WorkerFailure` carrying the whole message (naming the file); in the main process the
+    original exception."""
+
+    def __init__(self, dataset: Any, source: str) -> None:
+        self.dataset, self.source = dataset, source
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        with _reported(self.source):
+            return self.dataset[index]
+
+
+class ReportedStream(IterableDataset):
+    """:class:`ReportedDataset` for a streamed dataset (WebDataset shards)."""
+
+    def __init__(self, dataset: IterableDataset, source: str) -> None:
+        self.dataset, self.source = dataset, source
+
+    def __iter__(self) -> Iterator[Any]:
+        with _reported(self.source):
+            samples = iter(self.dataset)
+        while True:
+            with _reported(self.source):
+                sample = next(samples, _END)
+            if sample is _END:
+                return
+            yield sample
+
+
+_END = object()
+
+
+@contextlib.contextmanager
+def _reported(source: str) -> Iterator[None]:
+    try:
+        yield
+    except Exception as error:
+        worker = get_worker_info()
+        if worker is None:
+            raise
+        where = f"DataLoader worker process {worker.id}"
+        raise WorkerFailure(json.dumps(f"{failure_message(error, source, where)} ({where})")) from None
+
+
+def failure_message(error: BaseException, source: str, where: str = "the data loader") -> str:
+    """What reading the data raised, as a DataError's message: its own where it is one (it names the
+    file); out of memory as a fault of the data, never the model's; anything else with its type."""
+    text = str(error).strip()
+    if isinstance(error, DataError):
+        return text
+    if isinstance(error, MemoryError):
+        return f"reading {source}: out of memory in {where} (MemoryError{': ' + text if text else ''})"
+    return f"reading {source}: {type(error).__name__}: {text}"
+
+
 def loader_failure(error: BaseException, source: str) -> str:
     """What a DataLoader's failure says, without the worker's traceback torch folds into it.
 
     A worker's exception reaches the main process rebuilt by torch (``ExceptionWrapper.reraise``)
     with the message "Caught <type> in DataLoader worker process <n>.\nOriginal Traceback ...",
-    the original's last line at the end."""
+    the original's last line at the end: the whole message where it is a :class:`WorkerFailure`'s
+    (one line of JSON); otherwise (a failure outside the dataset: collating a batch) its last line."""
     text = str(error).strip()
     lines = text.splitlines()
+    if isinstance(error, WorkerFailure):
+        with contextlib.suppress(ValueError):
+            message = json.loads(lines[-1].partition(": ")[2])
+            if isinstance(message, str):
+                return message
     if len(lines) > 1 and lines[0].startswith("Caught ") and " in " in lines[0]:
         worker = lines[0].split(" in ", 1)[1].rstrip(".")
         kind, _, message = lines[-1].partition(": ")
@@ -135,14 +214,10 @@ def loader_failure(error: BaseException, source: str) -> str:
         if kind == "MemoryError":
             return f"reading {source}: out of memory in {worker} (MemoryError{': ' + message if message else ''})"
         return f"reading {source}: {kind}: {message} ({worker})"
-    if isinstance(error, DataError):
-        return text
-    if isinstance(error, MemoryError):
-        return f"reading {source}: out of memory in the data loader (MemoryError{': ' + text if text else ''})"
     died = loader_worker_death(error, source)
     if died is not None:
         return str(died)
-    return f"reading {source}: {type(error).__name__}: {text}"
+    return failure_message(error, source)
 
 
 class FileBatches:
@@ -169,7 +244,7 @@ class FileBatches:
             common["prefetch_factor"] = 4
         if isinstance(self.dataset, IterableDataset):
             self.samples: int | None = None  # shards are streamed; their length is unknown up front
-            self._loader = DataLoader(self.dataset, **common)
+            self._loader = DataLoader(ReportedStream(self.dataset, str(path)), **common)
         else:
             self.samples = len(self.dataset)
             # Shuffled, and split so each rank reads a disjoint part of every epoch.
@@ -181,7 +256,7 @@ class FileBatches:
                 seed=config.seed,
                 drop_last=True,
             )
-            self._loader = DataLoader(self.dataset, sampler=self._sampler, **common)
+            self._loader = DataLoader(ReportedDataset(self.dataset, str(path)), sampler=self._sampler, **common)
             if len(self._loader) == 0:
                 raise ValueError(
                     f"{path}: {self.samples} samples are fewer than one micro-batch of "
