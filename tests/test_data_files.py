@@ -128,6 +128,46 @@ def test_a_tfrecord_file_that_is_a_fifo_is_refused_in_planning(tmp_path: Path, n
 
 
 @pytest.mark.parametrize(
+    "layout,target,fragment",
+    [
+        ("annotations/instances_train2017.json", "/dev/zero", "a character device (a link to /dev/zero)"),
+        ("annotations/instances_train2017.json", "/nonexistent", "a broken link"),
+        ("tokens.bin", "/dev/zero", "a character device (a link to /dev/zero)"),
+        ("tokens.npy", "/nonexistent", "a broken link"),
+        ("train.tfrecord", "/dev/null", "a character device (a link to /dev/null)"),
+    ],
+)
+def test_the_file_that_tells_the_format_is_named_when_it_is_no_regular_file(
+    layout: str, target: str, fragment: str, tmp_path: Path
+) -> None:
+    # Issue 26 (F9): detection skipped a path that failed is_file(): a COCO folder whose annotations
+    # link to /dev/zero became "an image-folder dataset", a token file linked to a device "not a dataset".
+    from core.data import detect_format
+
+    link = tmp_path / "data" / layout
+    link.parent.mkdir(parents=True)
+    (tmp_path / "data" / "train2017").mkdir()
+    link.symlink_to(target)
+    data = link if "/" not in layout else tmp_path / "data"
+    with pytest.raises(ConfigError) as refused:
+        detect_format(data)
+    assert refused.value.field == "data" and str(link) in str(refused.value), refused.value
+    assert fragment in str(refused.value) and "must be a regular file" in str(refused.value)
+
+
+def test_a_data_link_to_a_device_is_refused_by_core_run_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from core.cli import main
+
+    (tmp_path / "tok.bin").symlink_to("/dev/zero")
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "gpt2-124m", "--data", "tok.bin", "--dry-run"]) == 2
+    error = capsys.readouterr().err
+    assert "tok.bin" in error and "a character device" in error and "not a dataset" not in error, error
+
+
+@pytest.mark.parametrize(
     "name,content,fragment",
     [
         ("fifo.bin", None, "FIFO"),

@@ -10,9 +10,11 @@ during planning, before any device is touched.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from core.config import Framework
+from core.data.files import file_problem
 from core.errors import ConfigError, DataError
 
 SYNTHETIC_ON_DEVICE = "synthetic"
@@ -21,6 +23,14 @@ SYNTHETIC_SOURCES = (SYNTHETIC_ON_DEVICE, SYNTHETIC_ON_HOST)
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 TOKEN_SUFFIXES = (".bin", ".npy")
+# A dataset that is one file, by its suffix.
+_FILE_FORMATS = {
+    ".bin": "tokens",
+    ".npy": "tokens",
+    ".tfrecord": "tfrecord",
+    ".tfrecords": "tfrecord",
+    ".tar": "webdataset",
+}
 
 # format -> frameworks whose executor reads it
 FORMAT_FRAMEWORKS: dict[str, tuple[Framework, ...]] = {
@@ -34,32 +44,46 @@ FORMAT_FRAMEWORKS: dict[str, tuple[Framework, ...]] = {
 
 
 def detect_format(path: Path) -> str:
-    """The dataset format at ``path``; raises ConfigError(data, ...) when it is none of them."""
-    if path.is_file():
-        if path.suffix in TOKEN_SUFFIXES:
-            return "tokens"
-        if path.suffix in (".tfrecord", ".tfrecords"):
-            return "tfrecord"
-        if path.suffix == ".tar":
-            return "webdataset"
-    elif path.is_dir():
-        if (path / "annotations" / "instances_train2017.json").is_file():
-            return "coco"
-        if (path / "leftImg8bit" / "train").is_dir():
-            return "cityscapes"
-        entries = sorted(path.iterdir())
-        if any(e.suffix == ".tar" for e in entries):
-            return "webdataset"
-        if any(e.suffix in (".tfrecord", ".tfrecords") for e in entries):
-            return "tfrecord"
-        if any(e.is_dir() for e in entries):
-            return "image-folder"
-    raise ConfigError(
-        "data",
-        str(path),
-        "not a dataset: expected a folder of class folders of images, a COCO or Cityscapes folder, "
-        ".tar shards (WebDataset), .tfrecord files, or a .bin/.npy token file",
-    )
+    """The dataset format at ``path``; raises ConfigError(data, ...) when it is none of them, or when
+    the file that tells the format is no regular file (a link to a device, a FIFO): named, not
+    skipped for another format or for none."""
+    if path.is_dir():
+        return _folder_format(path)
+    found = _FILE_FORMATS.get(path.suffix)
+    if found is not None and os.path.lexists(path):
+        _check_regular(path, path, {"tokens": "a token file", "tfrecord": "a TFRecord file"}.get(found, "a shard"))
+        return found
+    raise ConfigError("data", str(path), _NOT_A_DATASET)
+
+
+def _check_regular(data: Path, file: Path, what: str) -> None:
+    problem = file_problem(file)
+    if problem is not None:
+        named = "" if file == data else f"{file}: "
+        raise ConfigError("data", str(data), f"{named}{problem}; {what} must be a regular file")
+
+
+def _folder_format(path: Path) -> str:
+    annotations = path / "annotations" / "instances_train2017.json"
+    if os.path.lexists(annotations):  # a link to /dev/zero there is a broken COCO folder, not another format
+        _check_regular(path, annotations, "a COCO dataset's annotations file")
+        return "coco"
+    if (path / "leftImg8bit" / "train").is_dir():
+        return "cityscapes"
+    entries = sorted(path.iterdir())
+    if any(e.suffix == ".tar" for e in entries):
+        return "webdataset"
+    if any(e.suffix in (".tfrecord", ".tfrecords") for e in entries):
+        return "tfrecord"
+    if any(e.is_dir() for e in entries):
+        return "image-folder"
+    raise ConfigError("data", str(path), _NOT_A_DATASET)
+
+
+_NOT_A_DATASET = (
+    "not a dataset: expected a folder of class folders of images, a COCO or Cityscapes folder, "
+    ".tar shards (WebDataset), .tfrecord files, or a .bin/.npy token file"
+)
 
 
 def validate_data(
