@@ -90,9 +90,11 @@ def _option_pair(text: str) -> tuple[str, Any]:
     if "=" not in text:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
     key, raw = text.split("=", 1)
+    from core.storage.files import parse_json
+
     try:
-        value = json.loads(raw)
-    except json.JSONDecodeError:
+        value = parse_json(raw)
+    except ValueError:  # not JSON (or nested too deeply to read as JSON): the text itself
         value = raw
     return key.strip(), value
 

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from core.errors import ConfigError, ConfigErrors
 from core.precision import Precision
 from core.storage.epochs import ALLOWED_EPOCH_DEFINITIONS, DEFAULT_EPOCH_DEFINITION, EpochDefinition
+from core.storage.files import parse_json
 
 
 class Framework(str, Enum):
@@ -268,7 +269,7 @@ def _bounds(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> str:
 def _unquoted(text: str, required: str) -> str | None:
     """How to write the value a string spells, where it spells one of the required type ("8" -> "8")."""
     try:
-        value = json.loads(text.strip().lower())
+        value = parse_json(text.strip().lower())
     except ValueError:
         return None
     fits = {_REQUIRED["int_type"]: (int,), _REQUIRED["float_type"]: (int, float), _REQUIRED["bool_type"]: (bool,)}
@@ -309,7 +310,7 @@ def _given(document: Any) -> dict[str, Any]:
     """The keys and values a model was given (a JSON document is read back), or {}."""
     if isinstance(document, (str, bytes)):
         try:
-            document = json.loads(document)
+            document = parse_json(document)
         except ValueError:
             return {}
     return dict(document) if isinstance(document, dict) else {}

@@ -12,7 +12,6 @@ Nothing here imports a framework.
 from __future__ import annotations
 
 import functools
-import json
 import math
 import os
 import stat
@@ -23,6 +22,7 @@ from typing import Any, TypeGuard
 from core.data import IMAGE_SUFFIXES
 from core.data.files import file_problem
 from core.errors import ConfigError
+from core.storage.files import parse_json
 
 SHARD_SUFFIXES = (".tar",)
 RECORD_SUFFIXES = (".tfrecord", ".tfrecords")
@@ -161,11 +161,11 @@ def _coco_samples(root_text: str, modified: int, size: int) -> CocoSamples:
     document = root / COCO_ANNOTATIONS
     try:
         with open(document, "rb") as stream:
-            content = json.load(stream)
+            content = parse_json(stream.read())
     except MemoryError:
-        raise _refuse(document, f"out of memory parsing its {size:,} bytes of JSON") from None
+        raise _refuse(document, f"out of memory reading its {size:,} bytes of JSON") from None
     except (ValueError, OSError) as error:
-        raise _refuse(document, f"not a JSON document: {error}") from None
+        raise _refuse(document, f"not a JSON document core reads: {error}") from None
     if not isinstance(content, dict):
         raise _refuse(document, "a JSON object with images, annotations and categories (COCO's instances layout)")
     for key in ("images", "annotations", "categories"):

@@ -119,6 +119,8 @@ def load_machine(
         document: dict[str, Any] = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
         raise ConfigError("machine", str(path), f"a readable TOML profile ({error})") from None
+    except RecursionError:  # tomllib parses nested arrays and tables recursively
+        raise ConfigError("machine", str(path), "a readable TOML profile (arrays or tables nest too deeply)") from None
     try:
         return MachineProfile.model_validate(document)
     except ValidationError as error:

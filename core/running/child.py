@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from core.errors import ConfigError, PluginError
 from core.running import processes
 from core.running.observe import ResultWriter
-from core.storage.files import write_atomically
+from core.storage.files import parse_json, write_atomically
 from core.storage.results import RunResult, RunState, Status
 
 if TYPE_CHECKING:
@@ -81,7 +81,13 @@ def _interrupted(latest: RunResult) -> RunResult:
 
 def main(argv: list[str]) -> int:
     request_path, result_path = Path(argv[0]), Path(argv[1])
-    request = json.loads(request_path.read_text(encoding="utf-8"))
+    try:
+        request = parse_json(request_path.read_text(encoding="utf-8"))
+        if not isinstance(request, dict):
+            raise ValueError(f"a JSON {type(request).__name__}, not an object")
+    except (OSError, ValueError) as error:  # a damaged request in a Slurm job's folder, say
+        print(f"core: error: cannot read the run's request {request_path}: {error}", file=sys.stderr)
+        return 2
     # A Slurm job's request names no parent (core.sweep.cluster): the sweep that submitted it may
     # be killed and resumed while the job runs on, and Slurm, not a parent, ends it (its time limit, scancel).
     # Otherwise the parent is the sweep (or the run with a time limit) that wrote the request, or the

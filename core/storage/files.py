@@ -12,9 +12,11 @@ nothing that was measured.
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 import math
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -42,6 +44,58 @@ def json_text(value: Any, **dumps: Any) -> str:
     """``json.dumps`` of :func:`finite_json` (``value``) with ``allow_nan=False``, so that a
     non-finite number that slips past cannot be written as ``NaN`` (it raises instead)."""
     return json.dumps(finite_json(value), allow_nan=False, **dumps)
+
+
+#: The deepest nesting of arrays and objects in a JSON document core reads. Nothing core writes or
+#: reads (results, sweep records, job ledgers, safetensors headers, COCO annotations) nests more than a
+#: few levels; a document nested thousands deep, which a user or an earlier run could leave in a file or
+#: a database, would exhaust Python's recursion limit in the parser or in whatever walks the document
+#: next (printing its value, validating it), an internal error instead of a message naming the file.
+MAX_JSON_DEPTH = 100
+
+# What is not a bracket of JSON text: a string (brackets inside it nest nothing; one left open runs to
+# the end, so that no quote is tried twice) or a run of anything else. Removed, it leaves the brackets.
+_JSON_NOT_BRACKETS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?|[^\[\]{}"]+', re.DOTALL)
+_NESTING = {"[": 1, "{": 1, "]": -1, "}": -1}
+
+
+class JsonError(ValueError):
+    """Text that is not a JSON document core reads: not JSON, not UTF-8, nested deeper than
+    :data:`MAX_JSON_DEPTH`, or too large for the memory left. The message says which, without the
+    file's name: the caller names the file, as it does for its other problems (a ValueError, so code
+    that handled ``json.JSONDecodeError`` handles this too)."""
+
+
+def json_depth(text: str) -> int:
+    """How deeply the arrays and objects of JSON ``text`` nest, counted without parsing it (with C
+    loops only: fast enough for a COCO annotation file of hundreds of megabytes)."""
+    brackets = _JSON_NOT_BRACKETS.sub("", text)
+    return max(itertools.accumulate(map(_NESTING.__getitem__, brackets)), default=0)
+
+
+def parse_json(text: str | bytes) -> Any:
+    """The JSON document ``text`` (bytes are read as UTF-8), or :class:`JsonError` saying why not.
+
+    Every JSON a user or an earlier run controls goes through this (a file, a database row, a header):
+    whatever the parser raises on hostile input (a RecursionError, a MemoryError, an integer of more
+    digits than Python converts) becomes the one error the caller reports with the file's name."""
+    try:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8")
+        depth = json_depth(text)
+        if depth > MAX_JSON_DEPTH:
+            raise JsonError(f"arrays and objects nested {depth} deep, more than the {MAX_JSON_DEPTH} levels allowed")
+        return json.loads(text)
+    except JsonError:
+        raise
+    except UnicodeDecodeError as error:
+        raise JsonError(f"not UTF-8 text ({error.reason} at byte {error.start})") from None
+    except RecursionError:  # the depth counted is always lower than this needs; kept for safety
+        raise JsonError("nested too deeply for Python's JSON parser") from None
+    except MemoryError:
+        raise JsonError(f"out of memory parsing its {len(text):,} characters of JSON") from None
+    except ValueError as error:  # json.JSONDecodeError; an integer of more digits than Python converts
+        raise JsonError(str(error)) from None
 
 
 def describe_os_error(error: OSError) -> str:

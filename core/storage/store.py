@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from core.errors import CoreError
-from core.storage.files import describe_os_error, json_text
+from core.storage.files import describe_os_error, json_text, parse_json
 from core.storage.metrics import EXPORT_COLUMNS, flat_record
 from core.storage.results import NEWER_SCHEMA_ERROR, RunResult
 
@@ -748,7 +748,7 @@ class _Transaction:
 
 
 def _sweep_record(row: tuple[Any, ...]) -> SweepRecord:
-    spec, cells = json.loads(row[2]), json.loads(row[3])
+    spec, cells = parse_json(row[2]), parse_json(row[3])
     if not isinstance(spec, dict):
         raise TypeError("spec_json is not a JSON object")
     if not isinstance(cells, list) or not all(isinstance(cell, dict) for cell in cells):
@@ -868,7 +868,7 @@ class SweepLock:
 
 def _read_holder(descriptor: int) -> dict[str, Any]:
     try:
-        note = json.loads(os.pread(descriptor, 4096, 0).decode("utf-8", errors="replace"))
+        note = parse_json(os.pread(descriptor, 4096, 0).decode("utf-8", errors="replace"))
     except (OSError, ValueError):
         return {}
     return note if isinstance(note, dict) else {}

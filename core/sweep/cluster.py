@@ -32,7 +32,7 @@ from typing import Any
 from core.errors import CoreError
 from core.running import processes
 from core.running.launch import write_request
-from core.storage.files import OutputError, describe_os_error, write_atomically
+from core.storage.files import OutputError, describe_os_error, parse_json, write_atomically
 from core.storage.results import RunResult, RunState, Status
 from core.sweep.loop import EndedRepeat, Repeat, RepeatKey, SweepBackend, SweepNotStarted
 from core.sweep.plan import Cell
@@ -85,7 +85,7 @@ def jobs_in_flight(database: Path, settings: SlurmSettings | None, sweep: str) -
     ``[slurm]`` table's jobs directory, else beside the database); None where there is none."""
     path = jobs_directory(database, settings or SlurmSettings()) / sweep / LEDGER_NAME
     try:
-        jobs = json.loads(path.read_text(encoding="utf-8"))["jobs"]
+        jobs = parse_json(path.read_text(encoding="utf-8"))["jobs"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return (path, len(jobs)) if isinstance(jobs, list) and jobs else None
@@ -150,7 +150,7 @@ class JobLedger:
         if not path.exists():
             return ledger
         try:
-            document = json.loads(path.read_text(encoding="utf-8"))
+            document = parse_json(path.read_text(encoding="utf-8"))
             owner = document.get("database", ledger.database)
             for item in document["jobs"]:
                 entry = JobEntry(**item)
@@ -208,7 +208,7 @@ def _read_result(path: Path) -> RunResult | None:
 
 def _read_ended(path: Path) -> tuple[int, float] | None:
     try:
-        document = json.loads(path.read_text(encoding="utf-8"))
+        document = parse_json(path.read_text(encoding="utf-8"))
         return int(document["exit_code"]), float(document["seconds"])
     except (OSError, ValueError, KeyError, TypeError):
         return None

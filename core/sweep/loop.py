@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from core.running.observe import Observer, ObserverGroup
+from core.storage.files import parse_json
 from core.storage.results import RunResult, RunState
 from core.storage.store import StoreError, unsaved_directory
 from core.storage.summary import CellSummary, summarise
@@ -369,7 +370,7 @@ def record_unsaved(store: ResultStore, plan: SweepPlan, finished: dict[RepeatKey
     recovered = 0
     for path in sorted(directory.glob(f"{name}-cell*-repeat*.json")):
         try:
-            document = json.loads(path.read_text(encoding="utf-8"))
+            document = parse_json(path.read_text(encoding="utf-8"))
             if document.get("sweep") != name:
                 continue  # another sweep whose name starts like this one's
             key, repeat = document["cell_key"], document["repeat"]

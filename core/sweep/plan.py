@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from core.errors import ConfigError, PluginError
 from core.machines.profile import MachineProfile
+from core.storage.files import parse_json
 from core.sweep.spec import SweepSpec, _flatten, _shorten, _too_many, shown
 
 if TYPE_CHECKING:
@@ -119,7 +120,7 @@ def _label_value(value: Any) -> str:
     text = str(value)
     if isinstance(value, str):
         try:
-            json.loads(value)
+            parse_json(value)
             text = json.dumps(value)
         except ValueError:
             pass

@@ -8,7 +8,6 @@ LoadGen reports latencies in nanoseconds; here they are seconds.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -18,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from core.errors import CoreError
 from core.running.loadgen.settings import Scenario
+from core.storage.files import parse_json
 
 SUMMARY_FILE = "mlperf_log_summary.txt"
 DETAIL_FILE = "mlperf_log_detail.txt"
@@ -110,7 +110,7 @@ def read_detail_log(path: Path) -> DetailLog:
         if not line.startswith(_MLLOG_PREFIX):
             continue
         try:
-            entry = json.loads(line[len(_MLLOG_PREFIX) :])
+            entry = parse_json(line[len(_MLLOG_PREFIX) :])
         except ValueError:
             continue  # a line cut short (LoadGen killed mid-write) is not worth failing the run over
         if not isinstance(entry, dict) or not isinstance(entry.get("key"), str):
