@@ -110,9 +110,62 @@ def _safetensors_bad_offsets(path: Path) -> None:
     path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 8)
 
 
+def _safetensors_with(path: Path, entries: dict[str, Any], data: bytes) -> None:
+    header = json.dumps(entries).encode()
+    path.write_bytes(struct.pack("<Q", len(header)) + header + data)
+
+
+def _safetensors_unknown_dtype(path: Path) -> None:
+    _safetensors_with(path, {"0.weight": {"dtype": "XYZ", "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 8)
+
+
+def _safetensors_complex(path: Path) -> None:
+    _safetensors_with(path, {"0.weight": {"dtype": "C64", "shape": [2], "data_offsets": [0, 16]}}, b"\0" * 16)
+
+
+def _safetensors_overlapping(path: Path) -> None:
+    entries = {name: {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]} for name in ("0.weight", "0.bias")}
+    _safetensors_with(path, entries, b"\0" * 8)
+
+
+def _safetensors_trailing_bytes(path: Path) -> None:
+    _safetensors_with(path, {"0.weight": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 12)
+
+
+def _safetensors_nested_header(path: Path) -> None:
+    header = b'{"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    path.write_bytes(struct.pack("<Q", len(header)) + header)
+
+
+def _meta_tensors(path: Path) -> None:
+    torch.save({name: tensor.to("meta") for name, tensor in fcnn_state().items()}, path)
+
+
+def _a_sparse_tensor(path: Path) -> None:
+    state = fcnn_state()
+    name = next(iter(state))
+    torch.save({**state, name: state[name].to_sparse()}, path)
+
+
+def _a_complex_tensor(path: Path) -> None:
+    state = fcnn_state()
+    name = next(iter(state))
+    torch.save({**state, name: state[name].to(torch.complex64)}, path)
+
+
 @pytest.mark.parametrize(
     "make,fragment",
     [
+        # Issue 26 (F10, F11): each of these got past planning, and failed the run in setup (rc 1),
+        # crashed with a RecursionError, or (complex) ran with the imaginary part dropped.
+        (_safetensors_unknown_dtype, "dtype 'XYZ', not one PyTorch loads"),
+        (_safetensors_complex, "is complex (C64)"),
+        (_safetensors_overlapping, "it overlaps"),
+        (_safetensors_trailing_bytes, "its tensors take 8 bytes of data, the file holds 12"),
+        (_safetensors_nested_header, "nested 100001 deep"),
+        (_meta_tensors, "on the meta device"),
+        (_a_sparse_tensor, "sparse_coo"),
+        (_a_complex_tensor, "complex (complex64)"),
         (_pickled_model, "pickled"),
         (_pickled_model_legacy, "pickled"),
         (_torchscript, "TorchScript archive"),

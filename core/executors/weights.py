@@ -11,7 +11,6 @@ Nothing here imports a framework at module import.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import struct
@@ -22,6 +21,7 @@ from typing import Any, TypeGuard
 
 from core.data.files import file_problem
 from core.errors import ConfigError
+from core.storage.files import parse_json
 
 #: what ``weights`` accepts, in every refusal
 ACCEPTED = "a safetensors file, or a PyTorch state dict saved with torch.save(model.state_dict(), path)"
@@ -31,14 +31,17 @@ ACCEPTED = "a safetensors file, or a PyTorch state dict saved with torch.save(mo
 # then the tensors' bytes, each at its [begin, end) offsets from the end of the header.
 _SAFETENSORS_LENGTH = struct.Struct("<Q")
 _SAFETENSORS_MAX_HEADER_BYTES = 100 << 20  # the library's own limit (100 MB)
-# Bytes per element of the safetensors dtypes (the library's Dtype enum); a newer dtype not listed
-# here is let through with its offsets checked, not its size.
+# Bytes per element of the safetensors dtypes that safetensors.torch loads into PyTorch (its _TYPES)
+# and a model's real-valued tensors take. Any other is refused in planning: a dtype the format does
+# not define (a typo, a newer format) or PyTorch cannot load (the sub-byte F4, F6_*) would fail the
+# run in setup, and a complex one (C64) would lose its imaginary part in the model.
 _SAFETENSORS_DTYPE_BYTES = {
-    "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1,
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E5M2FNUZ": 1, "F8_E4M3FNUZ": 1,
     "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
     "I32": 4, "U32": 4, "F32": 4,
-    "I64": 8, "U64": 8, "F64": 8, "C64": 8,
+    "I64": 8, "U64": 8, "F64": 8,
 }  # fmt: skip
+_SAFETENSORS_COMPLEX = ("C64", "C128")
 _ZIP_MAGIC = b"PK\x03\x04"  # torch.save's archive format (the default since 1.6)
 _PICKLE_PROTOCOL_2 = b"\x80\x02"  # torch.save's legacy format (_use_new_zipfile_serialization=False)
 
@@ -77,14 +80,18 @@ def safetensors_shapes(path: Path) -> Shapes:
     if len(text) != length:
         raise WeightsFileError(f"cut off inside its safetensors header ({len(text)} of {length} bytes)")
     try:
-        header = json.loads(text)
+        header = parse_json(text)
     except ValueError as error:
-        raise WeightsFileError(f"its safetensors header is not JSON ({error})") from None
+        raise WeightsFileError(f"its safetensors header is not JSON core reads ({error})") from None
     if not isinstance(header, dict):
         raise WeightsFileError("its safetensors header is not a JSON object")
-    return {
-        name: _safetensors_shape(name, entry, data_bytes) for name, entry in header.items() if name != "__metadata__"
-    }
+    metadata = header.get("__metadata__", {})
+    if not isinstance(metadata, dict) or not all(isinstance(value, str) for value in metadata.values()):
+        raise WeightsFileError("the __metadata__ of its safetensors header is not an object of strings")
+    entries = {name: entry for name, entry in header.items() if name != "__metadata__"}
+    shapes = {name: _safetensors_shape(name, entry, data_bytes) for name, entry in entries.items()}
+    _check_safetensors_layout(entries, data_bytes)
+    return shapes
 
 
 def _safetensors_shape(name: str, entry: Any, data_bytes: int) -> tuple[int, ...]:
@@ -100,13 +107,39 @@ def _safetensors_shape(name: str, entry: Any, data_bytes: int) -> tuple[int, ...
         raise WeightsFileError(
             f"tensor {name!r} has data_offsets {offsets!r}, outside the file's {data_bytes} bytes of data (cut off?)"
         )
+    if dtype in _SAFETENSORS_COMPLEX:
+        raise WeightsFileError(f"tensor {name!r} is complex ({dtype}); a model's weights are real numbers")
     width = _SAFETENSORS_DTYPE_BYTES.get(dtype)
-    if width is not None and offsets[1] - offsets[0] != math.prod(shape) * width:
+    if width is None:
+        raise WeightsFileError(
+            f"tensor {name!r} has dtype {dtype!r}, not one PyTorch loads from safetensors "
+            f"({', '.join(_SAFETENSORS_DTYPE_BYTES)})"
+        )
+    if offsets[1] - offsets[0] != math.prod(shape) * width:
         raise WeightsFileError(
             f"tensor {name!r} ({dtype} {shape}) needs {math.prod(shape) * width} bytes, "
             f"its data_offsets give {offsets[1] - offsets[0]}"
         )
     return tuple(shape)
+
+
+def _check_safetensors_layout(entries: dict[str, Any], data_bytes: int) -> None:
+    """The tensors' data lies back to back from the data's first byte to its last, as the safetensors
+    library requires (its Metadata::validate): offsets that overlap or leave a gap, or bytes after the
+    last tensor, are refused here instead of in setup."""
+    end, previous = 0, None
+    for name, entry in sorted(entries.items(), key=lambda item: tuple(item[1]["data_offsets"])):
+        begin = entry["data_offsets"][0]
+        if begin != end:
+            after = f"after tensor {previous!r}, which ends at byte {end}" if previous else "at the data's first byte"
+            relation = "overlaps" if begin < end else "leaves a gap"
+            raise WeightsFileError(
+                f"tensor {name!r} begins at byte {begin} of the data, {after}: it {relation} "
+                "(safetensors stores tensors back to back)"
+            )
+        end, previous = entry["data_offsets"][1], name
+    if end != data_bytes:
+        raise WeightsFileError(f"its tensors take {end} bytes of data, the file holds {data_bytes} after its header")
 
 
 def _whole_numbers(value: Any) -> TypeGuard[list[int]]:
@@ -128,20 +161,28 @@ def _check_torch_archive(path: Path) -> None:
         raise WeightsFileError("a zip archive, but not one torch.save writes (no data.pkl)")
 
 
-def _torch_load(path: Path, device: str) -> Any:
+def _torch_load(path: Path, device: str | None) -> Any:
     """torch.load with ``weights_only=True``: no code in the file runs. Its refusals become one
     WeightsFileError saying what the file holds, without PyTorch's advice to load it with
-    ``weights_only=False`` (which would run any code a pickled object brings)."""
+    ``weights_only=False`` (which would run any code a pickled object brings).
+
+    :param device: where the tensors go; None: where they were saved, on the host (a tensor saved on
+        the meta device stays there, which mapping everything onto the meta device would hide), read
+        from the file only when used where the format allows it (a torch.save archive is
+        memory-mapped; the legacy format is read whole)."""
     import torch
 
     with open(path, "rb") as stream:
         archive = stream.read(len(_ZIP_MAGIC)) == _ZIP_MAGIC
     if archive:
         _check_torch_archive(path)
+    options: dict[str, Any] = {"map_location": device}
+    if device is None:
+        options = {"map_location": _in_place, "mmap": archive}
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch's own advice about weights_only among them
-            return torch.load(path, map_location=device, weights_only=True)
+            return torch.load(path, weights_only=True, **options)
     except MemoryError:
         raise
     except Exception as error:
@@ -170,10 +211,16 @@ def _torch_load_failure(error: Exception) -> str:
     return f"a damaged torch.save file ({type(error).__name__}{': ' + first if first else ''})"
 
 
+def _in_place(storage: Any, location: str) -> Any:
+    # torch.load's map_location: each storage stays as read (memory-mapped), wherever it was saved
+    # (a CUDA device this host lacks included); nothing is copied.
+    return storage
+
+
 def torch_state_dict_shapes(path: Path) -> Shapes:
-    """Name -> shape of every tensor in a ``torch.save``d state dict, mapped onto the meta device
-    (``weights_only=True``: no code in the file runs; no tensor data is read)."""
-    return {name: tuple(tensor.shape) for name, tensor in _state_dict(_torch_load(path, "meta")).items()}
+    """Name -> shape of every tensor in a ``torch.save``d state dict (``weights_only=True``: no code
+    in the file runs), read in place: no tensor data is read."""
+    return {name: tuple(tensor.shape) for name, tensor in _state_dict(_torch_load(path, None)).items()}
 
 
 def _state_dict(state: Any) -> dict[str, Any]:
@@ -187,7 +234,26 @@ def _state_dict(state: Any) -> dict[str, Any]:
                 f"not a state dict: its entry {name!r} is of type {type(tensor).__name__}, not a tensor "
                 "(a checkpoint holding a state dict? save the model's state_dict() alone)"
             )
+        problem = _tensor_problem(tensor)
+        if problem is not None:
+            raise WeightsFileError(f"tensor {name!r} is {problem}; a model's weights are dense real numbers")
     return state
+
+
+def _tensor_problem(tensor: Any) -> str | None:
+    """Why a model cannot take ``tensor`` as weights (load_state_dict would fail in setup, or copy it
+    losing part of it), or None."""
+    import torch
+
+    if tensor.layout != torch.strided:
+        return f"{str(tensor.layout).removeprefix('torch.')} (a sparse or otherwise non-dense layout)"
+    if tensor.is_meta and tensor.numel() > 0:
+        return "on the meta device: it was saved without its values"
+    if tensor.dtype.is_complex:
+        return f"complex ({str(tensor.dtype).removeprefix('torch.')}): loaded, its imaginary part would be lost"
+    if tensor.is_quantized:
+        return f"quantized ({str(tensor.dtype).removeprefix('torch.')})"
+    return None
 
 
 def file_shapes(path: Path) -> Shapes:
