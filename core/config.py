@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import re
 from enum import Enum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from core.errors import ConfigError, ConfigErrors
 from core.precision import Precision
@@ -20,7 +20,30 @@ class Framework(str, Enum):
     tensorflow = "tensorflow"
 
 
-OptionValue = bool | int | float | str
+#: What a value of a plugin's or LoadGen's option is in words, as pydantic's four errors for the
+#: union's members would otherwise say it, once per member.
+OPTION_VALUE_TYPES = "a boolean, a number or text"
+_JSON_KINDS = {type(None): "null", list: "a list", tuple: "a list", dict: "an object"}
+
+
+def _option_value(value: Any) -> Any:
+    # Before the union's check: a list, an object or null is refused once, at the option's own name
+    # (workload_options.layers), not by each member of the union at a name of its own (layers.bool).
+    if not isinstance(value, (bool, int, float, str)):
+        kind = _JSON_KINDS.get(type(value), type(value).__name__)
+        raise ValueError(f"{OPTION_VALUE_TYPES} is required ({kind} is none of them)")
+    return value
+
+
+def _option_names(options: dict[str, Any]) -> dict[str, Any]:
+    if "" in options:
+        raise ValueError("each option needs a name (NAME=VALUE); one has an empty name")
+    return options
+
+
+OptionValue = Annotated[bool | int | float | str, BeforeValidator(_option_value)]
+#: Options by name (a plugin's, LoadGen's): each name given, each value a boolean, number or text.
+Options = Annotated[dict[str, OptionValue], AfterValidator(_option_names)]
 
 #: what a run does with the model: "train" (forward, backward, optimizer step per update) or
 #: "inference" (one forward pass per micro-batch, no gradients, no optimizer)
@@ -174,7 +197,7 @@ class RunConfig(BaseModel):
         "LoadGen scenario: 'offline' (throughput), 'single-stream' (per-sample latency), 'server' (latency under "
         "Poisson arrivals)",
     )
-    loadgen: dict[str, OptionValue] = Field(
+    loadgen: Options = Field(
         default_factory=dict,
         description="LoadGen settings for a LoadGen scenario (min_duration_seconds, min_query_count, "
         "server_target_samples_per_second, ...; docs/inference.md)",
@@ -184,10 +207,10 @@ class RunConfig(BaseModel):
         description="with mode 'inference' and labelled image data (--data FOLDER): top-1 accuracy over the "
         "whole folder, measured after the timed window",
     )
-    workload_options: dict[str, OptionValue] = Field(
+    workload_options: Options = Field(
         default_factory=dict, description="workload hyper-parameters, validated by the workload"
     )
-    accelerator_options: dict[str, OptionValue] = Field(
+    accelerator_options: Options = Field(
         default_factory=dict, description="vendor placement options (e.g. MI250 'mode'), validated by the accelerator"
     )
 

@@ -196,6 +196,37 @@ def test_cli_refuses_a_boolean_layer_count(tmp_path: Path, capsys: pytest.Captur
     assert "invalid workload_options.layers (-o layers) = 8.0: an integer is required" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "flag,option,field,kind",
+    [
+        ("-o", "layers=[1,2]", "workload_options.layers (-o layers) = [1, 2]", "a list"),
+        ("-o", 'layers={"a":1}', "workload_options.layers (-o layers) = {'a': 1}", "an object"),
+        ("-o", "layers=null", "workload_options.layers (-o layers) = None", "null"),
+        ("-a", "mode=[1]", "accelerator_options.mode (-a mode) = [1]", "a list"),
+        ("-l", "min_query_count=[1]", "loadgen.min_query_count (-l min_query_count) = [1]", "a list"),
+    ],
+)
+def test_an_option_value_that_is_no_scalar_is_refused_once_at_its_own_name(
+    flag: str, option: str, field: str, kind: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 26 (F12): each member of the option's union (bool | int | float | str) refused it at a
+    # name of its own: four errors naming workload_options.layers.bool, .int, .float and .str.
+    assert main(["run", "fcnn", flag, option, "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert f"invalid {field}: a boolean, a number or text is required ({kind} is none of them)" in err, err
+    assert err.count("invalid ") == 1 and ".bool" not in err and ".str" not in err, err
+
+
+def test_an_option_without_a_name_is_refused_as_such(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "fcnn", "-o", "=3", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "invalid workload_options (-o) = {'': 3}: each option needs a name (NAME=VALUE)" in err, err
+    assert "config" not in err
+    with pytest.raises(ConfigError) as caught:
+        run("fcnn", "cpu", workload_options={"layers": [1, 2]})
+    assert caught.value.field == "workload_options.layers" and caught.value.value == [1, 2]
+
+
 def test_cli_integers_stay_integers() -> None:
     from core.cli import build_parser
 
