@@ -302,6 +302,9 @@ def _unquoted(text: str, required: str) -> str | None:
     return json.dumps(value)
 
 
+_SPELLED_INTEGER_BOUND = 1e15
+
+
 def describe_type_error(error: Any, model: type[BaseModel] | None = None) -> str | None:
     """What a strictly typed field allows, when ``error`` (a pydantic error dict) refused a value of
     the wrong type; None for any other error. Types are strict: see docs/concepts.md."""
@@ -313,7 +316,9 @@ def describe_type_error(error: Any, model: type[BaseModel] | None = None) -> str
     if isinstance(value, bool):
         why = "a boolean is not a number" if required != _REQUIRED["string_type"] else "a boolean is not a string"
     elif isinstance(value, float) and required == _REQUIRED["int_type"]:
-        why = f"a float is not an integer; write {int(value)}" if value.is_integer() else "a float is not an integer"
+        # The integer to write, where it is one a person would type (1e308 is 309 digits long).
+        typeable = value.is_integer() and abs(value) < _SPELLED_INTEGER_BOUND
+        why = f"a float is not an integer; write {int(value)}" if typeable else "a float is not an integer"
     elif isinstance(value, (int, float)) and required == _REQUIRED["bool_type"]:
         why = "a number is not a boolean"
     elif isinstance(value, str):

@@ -293,6 +293,16 @@ def test_a_profile_refuses_absurd_figures(tmp_path: Path, line: str, field: str,
     assert refused.value.field == field and f"(in profile {tmp_path / 'node.toml'})" in refused.value.allowed
 
 
+def test_a_huge_float_for_an_integer_is_refused_without_spelling_it_out(tmp_path: Path) -> None:
+    # Issue 26 (O6): "write 1000...0" quoted a 309-digit integer, past the docs' 200-character limit.
+    with pytest.raises(ConfigError) as refused:
+        _profile(tmp_path, details="host_cores = 1e308\n")
+    assert "a float is not an integer)" in str(refused.value) and "write" not in str(refused.value)
+    assert len(str(refused.value)) < 300, str(refused.value)
+    with pytest.raises(ConfigError, match="a float is not an integer; write 64"):
+        _profile(tmp_path, details="host_cores = 64.0\n")
+
+
 def test_a_profile_refuses_a_device_count_no_node_has(tmp_path: Path) -> None:
     path = tmp_path / "node.toml"
     _profile(tmp_path)
