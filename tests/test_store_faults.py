@@ -420,6 +420,23 @@ def test_names_from_the_database_reach_the_terminal_escaped(tmp_path: Path, caps
     assert not _raw_controls(captured.out + captured.err)
 
 
+def test_controls_in_database_text_are_escaped_as_the_docs_show_not_replaced(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 26 (F13): the table's one_line/clean_text replaced ESC with U+FFFD before the terminal
+    # filter saw it, so `core results` showed "\ufffd[31mX" where the docs (and the CSV) show \x1b[31m.
+    database = tmp_path / "r.db"
+    with ResultStore(database) as store:
+        store.add(synthetic_result(), sweep="s", cell_key="k", cell_label="\x1b[31mX\u202e", repeat=0)
+    assert main(["results", "--database", str(database)]) == 0
+    out = capsys.readouterr().out
+    assert "\\x1b[31mX\\u202e" in out and "\ufffd" not in out, out
+    from core.report.document import clean_text, one_line
+
+    assert clean_text("bell\x07\ttab\n") == "bell\\x07\ttab\n"
+    assert one_line("two\nlines\x1b[2J") == "two lines\\x1b[2J"
+
+
 # --- 8. equal epoch definitions are one cell ---------------------------------------------------------
 
 EPOCH_GRID = """

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.errors import CoreError
+from core.running.progress import escape_character
 
 REPORT_MARKDOWN = "report.md"
 REPORT_HTML = "report.html"
@@ -149,15 +150,19 @@ def shorten(text: str, limit: int = _TEXT_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-# Characters that no file may carry: C0 and C1 controls but tab and line ends, and lone surrogates
-# (which cannot even be encoded as UTF-8). Newlines are folded where text must stay on one line.
-_CONTROLS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x84\x86-\x9f\ud800-\udfff]")
+# Characters that no file may carry, written out as the terminal filter writes them: C0 and C1
+# controls but tab and line ends, the bidirectional overrides and isolates (text shown in another
+# order than it is), and lone surrogates (which cannot even be encoded as UTF-8). Newlines are folded
+# where text must stay on one line.
+_CONTROLS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x84\x86-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 _LINE_BREAKS = re.compile(r"[\t\n\r\x0b\x0c\x85\u2028\u2029]+")
 
 
 def clean_text(text: Any) -> str:
-    """Printable text: controls and lone surrogates become U+FFFD; tabs and line ends stay."""
-    return _CONTROLS.sub("\ufffd", str(text))
+    """Printable text: controls, bidirectional overrides and lone surrogates written out as the
+    terminal shows them (``\\x1b``, ``\\u202e``: docs/sweeps.md, "What reaches the terminal"), not
+    replaced, so a report and ``core results`` name the same character; tabs and line ends stay."""
+    return _CONTROLS.sub(escape_character, str(text))
 
 
 def one_line(text: Any) -> str:

@@ -26,14 +26,16 @@ _CLEAR_LINE = "\r\x1b[2K"
 _UNPRINTABLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 
 
-def _escape(match: re.Match[str]) -> str:
+def escape_character(match: re.Match[str]) -> str:
+    """The matched character written out (``\\x1b``, ``\\u202e``): the one spelling core shows a
+    control character in, on a terminal and in a report (core.report.document.clean_text)."""
     code = ord(match.group(0))
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 def printable(text: str) -> str:
     """``text`` with what a terminal would act on written out as ``\\x1b``, ``\\u202e``: shown, not obeyed."""
-    return _UNPRINTABLE.sub(_escape, text)
+    return _UNPRINTABLE.sub(escape_character, text)
 
 
 class EscapingStream:
