@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from core.base.errors import DataError
 from core.data.files import MAX_IMAGE_FILE_BYTES, open_image, read_data_file
 from core.data.listing import (
     CITYSCAPES_IMAGE_SUFFIX,
@@ -24,7 +25,6 @@ from core.data.listing import (
     CITYSCAPES_LABELS,
     cityscapes_pairs,
 )
-from core.errors import DataError
 
 IMAGES = CITYSCAPES_IMAGES
 LABELS = CITYSCAPES_LABELS
