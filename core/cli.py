@@ -10,9 +10,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from core.base.errors import ConfigError
+from core.base.units import JOULES_PER_WATT_HOUR
 from core.contract.commands import BUILTIN_COMMANDS
-from core.energy.units import JOULES_PER_WATT_HOUR
-from core.errors import ConfigError
 from core.sweep.loop import SweepObserver
 
 _GIB = 1024**3
@@ -35,7 +35,7 @@ _OWN_SYNTAX = {
 
 def run_flags() -> dict[str, str]:
     """RunConfig field -> the ``core run`` flag that sets it (so an error can name both)."""
-    from core.config import RunConfig
+    from core.base.config import RunConfig
 
     flags = {name: _FLAG_NAMES.get(name, "--" + name.replace("_", "-")) for name in RunConfig.model_fields}
     return {**flags, **_OWN_SYNTAX}
@@ -47,7 +47,7 @@ def _flag_help(info: Any) -> tuple[Any, str]:
     import types
     import typing
 
-    from core.precision import BUILTIN_POLICIES, Precision
+    from core.base.precision import BUILTIN_POLICIES, Precision
 
     kind = info.annotation
     if typing.get_origin(kind) in (typing.Union, types.UnionType):  # "int | None": the int
@@ -70,7 +70,7 @@ def _flag_help(info: Any) -> tuple[Any, str]:
 
 def _add_run_flags(run: argparse.ArgumentParser) -> None:
     """One flag per RunConfig field, generated: a new field gets its flag, help and error naming."""
-    from core.config import RunConfig
+    from core.base.config import RunConfig
 
     flags = run_flags()
     for name, info in RunConfig.model_fields.items():
@@ -613,7 +613,7 @@ def _command_run_dry(args: argparse.Namespace, options: dict[str, Any]) -> int:
         return _error(_describe_config_error(error))
     except PluginFault as fault:
         return _error(str(fault))
-    from core.running.distributed import SINGLE_PROCESS
+    from core.base.distributed import SINGLE_PROCESS
 
     manager = get_plugin_manager()
     context = plan.context(SINGLE_PROCESS)
@@ -729,9 +729,9 @@ def _plan_lines(described: dict[str, Any]) -> list[tuple[str, str]]:
 
 def _command_run(args: argparse.Namespace) -> int:
     from core.api import run
+    from core.base.files import OutputError, check_writable
     from core.contract.manager import PluginFault
     from core.running.progress import ProgressLine, RunProgress
-    from core.storage.files import OutputError, check_writable
     from core.storage.single_runs import UnrecordedRunError
     from core.storage.store import StoreError
 
@@ -785,7 +785,7 @@ def _command_run(args: argparse.Namespace) -> int:
 
 def _show_run_result(args: argparse.Namespace, result: Any, unrecorded: Exception | None) -> int:
     """Print the result, write --output, and say what could not be kept where it was asked."""
-    from core.storage.files import OutputError, write_atomically
+    from core.base.files import OutputError, write_atomically
 
     text = result.to_json()
     # The result first: whatever happens to the files, what was measured reaches the terminal.
@@ -1225,7 +1225,7 @@ def _command_sweep(args: argparse.Namespace) -> int:
     except UnsavedResultError as error:  # mid-sweep, the database refused a result: keep what was measured
         display.line.clear()
         if error.saved_to is None:
-            from core.storage.files import json_text
+            from core.base.files import json_text
 
             print(json_text(error.document), flush=True)  # JSON any reader takes: null, never NaN
         return _error(f"{error}. Once the database can be written: {resume_command(args, database, spec)}", code=1)
@@ -1308,8 +1308,8 @@ def format_cells(cells: Sequence[Any], sweep_column: bool | None = None) -> str:
 
 
 def _command_report(args: argparse.Namespace) -> int:
+    from core.base.files import OutputError
     from core.report import ComparisonRequest, ReportError, ReportWriteError, TrainingPlan, write_report
-    from core.storage.files import OutputError
     from core.storage.store import StoreError, default_database
 
     databases = ([args.database] if args.database else []) + list(args.databases)
@@ -1335,8 +1335,8 @@ def _command_report(args: argparse.Namespace) -> int:
 
 def _status_filter(status: str | None) -> None:
     """An unknown --status is an error listing the states a run can end in."""
-    from core.errors import CoreError
-    from core.storage.results import RunState
+    from core.base.errors import CoreError
+    from core.base.results import RunState
 
     allowed = [state.value for state in RunState]
     if status is not None and status not in allowed:
@@ -1345,7 +1345,7 @@ def _status_filter(status: str | None) -> None:
 
 def _sweep_filter(sweep: str | None, store: Any) -> None:
     """An unknown --sweep is an error listing the sweeps in the database."""
-    from core.errors import CoreError
+    from core.base.errors import CoreError
     from core.report import list_names
 
     if sweep is not None and not store.matching_sweeps(sweep):  # "é" composed or not, as --name
@@ -1374,9 +1374,9 @@ def _results_content(args: argparse.Namespace, store: Any, filters: dict[str, st
 
 
 def _command_results(args: argparse.Namespace) -> int:
-    from core.errors import CoreError
+    from core.base.errors import CoreError
+    from core.base.files import OutputError, check_writable, describe_os_error, write_atomically
     from core.report import store_warnings
-    from core.storage.files import OutputError, check_writable, describe_os_error, write_atomically
     from core.storage.store import ResultStore, default_database
 
     database = args.database or default_database()
@@ -1478,7 +1478,7 @@ def _main(args: argparse.Namespace) -> int:
     except Exception as error:
         if args.debug:
             raise
-        from core.errors import CoreError
+        from core.base.errors import CoreError
 
         kind = "error" if isinstance(error, CoreError) else f"internal error ({type(error).__name__})"
         print(f"core: {kind}: {error} (--debug shows the traceback)", file=sys.stderr)

@@ -12,8 +12,8 @@ import pytest
 from pydantic import BaseModel
 
 from core import ConfigError, hookimpl
+from core.base.config import Framework, Precision
 from core.cli import main
-from core.config import Framework, Precision
 from core.contract.manager import PluginState, get_plugin_manager
 from core.contract.workload import Workload
 from core.machines import MachineProfile, load_machine, machine_names

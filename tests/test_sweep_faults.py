@@ -30,8 +30,8 @@ from synthetic import synthetic_result
 import core.storage.store
 import core.sweep.run
 from core import ConfigError
+from core.base.results import RunResult
 from core.cli import main
-from core.storage.results import RunResult
 from core.storage.store import ResultStore, StoreError, SweepLock
 from core.sweep import SweepError, load_sweep, make_sweep_spec, plan_sweep, run_sweep
 
@@ -392,14 +392,14 @@ def test_a_result_the_full_database_refuses_is_saved_beside_it_and_recorded_on_r
 def test_when_nothing_beside_the_database_can_be_written_the_result_is_printed_as_json(
     tmp_path: Path, fake_runs: FakeRuns, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from core.storage.files import OutputError
+    from core.base.files import OutputError
 
     def no_space(path: Path, data: Any, what: str = "output") -> None:
         raise OutputError(f"cannot write {what} {path}: no space left on the device (ENOSPC)")
 
     database = tmp_path / "r.db"
     fill_disk_after(monkeypatch, succeed=0)
-    monkeypatch.setattr("core.storage.files.write_atomically", no_space)
+    monkeypatch.setattr("core.base.files.write_atomically", no_space)
     assert main(["sweep", str(grid(tmp_path / "s.toml")), "--database", str(database)]) == 1
     captured = capsys.readouterr()
     printed = json.loads(captured.out.strip().splitlines()[-1])

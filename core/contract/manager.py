@@ -29,19 +29,19 @@ from typing import Any, Generic, TypeVar
 
 import pluggy
 
-from core.config import RunConfig
+from core.base.config import RunConfig
+from core.base.deprecation import warn_deprecated_at
+from core.base.errors import ConfigError, PluginError, RegistrationError
+from core.base.machine import MachineProfile
+from core.base.precision import BUILTIN_POLICIES, PrecisionPolicy, policy_problem
 from core.contract import hookspecs
 from core.contract.accelerator import Accelerator, Availability
 from core.contract.commands import Command, command_problem
 from core.contract.context import old_form_class, overrides_old_form
 from core.contract.hookspecs import hookimpl
 from core.contract.internal_imports import internal_imports
+from core.contract.meter import PowerMeterFactory
 from core.contract.workload import Workload
-from core.deprecation import warn_deprecated_at
-from core.energy.meter import PowerMeterFactory
-from core.errors import ConfigError, PluginError, RegistrationError
-from core.machines.profile import MachineProfile
-from core.precision import BUILTIN_POLICIES, PrecisionPolicy, policy_problem
 
 ENTRY_POINT_GROUP = "core"
 ENV_ALLOW = "CORE_PLUGINS"
@@ -142,7 +142,7 @@ _REGISTRATION_HOOKS: dict[str, _Registration] = {
 
 def _type_problem(item: object, expected: type) -> str | None:
     """Why ``item`` is not what a registration hook takes, or None: an instance of ``expected``,
-    or for precision policies a class (core.precision.policy_problem)."""
+    or for precision policies a class (core.base.precision.policy_problem)."""
     if expected is PrecisionPolicy:
         return policy_problem(item)
     if not isinstance(item, expected):

@@ -9,7 +9,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from core.config import LOADGEN_SCENARIOS, Framework, RunConfig, make_config
+from core.base.config import LOADGEN_SCENARIOS, Framework, RunConfig, make_config
+from core.base.distributed import SINGLE_PROCESS, ProcessContext
+from core.base.errors import ConfigError
+from core.base.machine import MachineProfile, check_detail, detail_type_name
+from core.base.precision import Precision, PrecisionPolicy
 from core.contract.accelerator import Accelerator, max_replicas_for, validate_run
 from core.contract.context import (
     ACCELERATOR_OLD_FORMS,
@@ -21,15 +25,11 @@ from core.contract.context import (
 )
 from core.contract.launcher import Launcher, class_path, launcher_path, load_class, load_launcher
 from core.contract.manager import PluginManager
+from core.contract.meter import PowerMeterFactory
 from core.contract.pipeline import PipelineLayout
 from core.contract.workload import FRAMEWORK_LIBRARIES, Workload, module_installed
 from core.data import validate_data
 from core.energy.combined import Covers, device_meter_counted, devices_unmeasured
-from core.energy.meter import PowerMeterFactory
-from core.errors import ConfigError
-from core.machines.profile import MachineProfile, check_detail, detail_type_name
-from core.precision import Precision, PrecisionPolicy
-from core.running.distributed import SINGLE_PROCESS, ProcessContext
 
 
 @dataclass(frozen=True)

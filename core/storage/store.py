@@ -31,10 +31,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
-from core.errors import CoreError
-from core.storage.files import describe_os_error, json_text
+from core.base.errors import CoreError
+from core.base.files import describe_os_error, json_text
+from core.base.results import NEWER_SCHEMA_ERROR, RunResult
 from core.storage.metrics import EXPORT_COLUMNS, flat_record
-from core.storage.results import NEWER_SCHEMA_ERROR, RunResult
 
 DEFAULT_DATABASE = Path("results") / "core.db"
 DATABASE_ENVIRONMENT_VARIABLE = "CORE_DATABASE"

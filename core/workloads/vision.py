@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field
 
-from core.config import Framework
+from core.base.config import Framework
 from core.contract.pipeline import RecommendedSplit
 from core.contract.workload import KerasTrainingSpec, TorchTrainingSpec
 from core.workloads.counting import Tally, conv_output
