@@ -117,6 +117,11 @@ def test_an_unknown_flag_names_the_closest_flag_of_its_command(
     assert "unrecognized arguments:" in said and said.endswith(meant), said
 
 
+def test_cores_own_option_after_the_command_is_said_to_go_before_it(capsys: pytest.CaptureFixture[str]) -> None:
+    said = refused(capsys, "run", "fcnn", "--version")
+    assert said.endswith("unrecognized arguments: --version (--version goes before the command: core --version)")
+
+
 def test_an_unknown_flag_like_none_is_refused_without_a_guess(capsys: pytest.CaptureFixture[str]) -> None:
     said = refused(capsys, "run", "fcnn", "--zzzzzzzz", "1")
     assert "unrecognized arguments: --zzzzzzzz 1" in said and "did you mean" not in said
@@ -162,6 +167,11 @@ def test_an_unknown_command_is_matched_against_the_plugins_commands_too(capsys: 
         (["fcnn", "--accelerator", "cpux"], "accelerator", "unknown accelerator (did you mean 'cpu'?); registered: "),
         (["fcnn", "--accelerator", "Nvidia"], "accelerator", "(did you mean 'nvidia'?)"),
         (["fcnn", "--power-meter", "rapll"], "power_meter", "unknown power meter (did you mean 'rapl'?); allowed: "),
+        (
+            ["fcnn", "--node-meters", "rapll"],
+            "node_meters",
+            "'rapll' is no registered power meter (did you mean 'rapl'?)",
+        ),
         (
             ["fcnn", "-o", "layer=8"],
             "workload_options.layer",

@@ -54,19 +54,24 @@ class CoreParser(argparse.ArgumentParser):
 
     def refuse_unrecognized(self, args: argparse.Namespace, unrecognized: Sequence[str]) -> NoReturn:
         """argparse's error for arguments no parser took, with the closest option of the command for
-        each misspelt flag (``--batchsize`` -> ``--batch-size``)."""
-        known = _option_strings(self) + _option_strings(_subcommand_parser(self, args))
+        each misspelt flag (``--batchsize`` -> ``--batch-size``); an option of ``core`` itself given
+        after the command (``core run fcnn --version``) is said to go before it."""
+        own = _option_strings(self)
+        known = own + _option_strings(_subcommand_parser(self, args))
         meant = {}  # misspelt flag -> the closest known one
+        misplaced = []
         for word in unrecognized:
             flag = word.split("=", 1)[0]
-            name = closest_name(flag, known) if flag.startswith("-") and len(flag) > 1 else None
-            if name is not None:
+            if flag in own:
+                misplaced.append(flag)
+            elif flag.startswith("-") and len(flag) > 1 and (name := closest_name(flag, known)) is not None:
                 meant[flag] = name
-        hint = ""
+        hints = [f"{flag} goes before the command: core {flag}" for flag in misplaced]
         if len(meant) == 1:
-            hint = f" (did you mean {next(iter(meant.values()))}?)"
+            hints.append(f"did you mean {next(iter(meant.values()))}?")
         elif meant:
-            hint = f" (did you mean {', '.join(f'{name} for {flag}' for flag, name in meant.items())}?)"
+            hints.append(f"did you mean {', '.join(f'{name} for {flag}' for flag, name in meant.items())}?")
+        hint = f" ({'; '.join(hints)})" if hints else ""
         self.error(f"unrecognized arguments: {' '.join(unrecognized)}{hint}")
 
 
