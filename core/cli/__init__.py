@@ -1,8 +1,8 @@
 """The ``core`` command (``core = "core.cli:main"``; ``python -m core.cli``). ``core --help``,
 ``core --version`` and ``core plugins`` import no framework or vendor SDK.
 
-One module per concern: ``parser`` (the argument tree, ``--version``, "did you mean"),
-``run_arguments`` (``core run``'s flags, generated from RunConfig, in groups), ``run`` and
+One module per concern: ``parser`` (the argument tree: core's commands, then the plugins'),
+``argparser`` (argparse with "did you mean" and ``--version``), ``run_arguments`` (``core run``'s flags, generated from RunConfig, in groups), ``run`` and
 ``dry_run`` (one run, or its plan), ``sweep`` with ``sweep_arguments``, ``sweep_display`` and
 ``resume``, ``report``, ``results``, ``listing`` (plugins, devices, workloads, machines),
 ``plugin_commands`` (the sub-commands plugins add), ``text`` (a result and cell summaries as text)
