@@ -27,6 +27,7 @@ import pytest
 from resume_command import resume_words
 from synthetic import synthetic_result
 
+import core.storage.database
 import core.storage.store
 import core.sweep.run
 from core import ConfigError
@@ -308,7 +309,7 @@ def test_a_database_that_cannot_be_opened_is_refused_before_anything_runs(
         no_traceback(err)
     assert (tmp_path / "garbage.db").read_bytes() == b"this is not a database\n" * 100  # untouched
     # A disk without room: refused at open, not after the first run has been measured.
-    monkeypatch.setattr(core.storage.store.shutil, "disk_usage", lambda path: type("Usage", (), {"free": 4096})())
+    monkeypatch.setattr(core.storage.database.shutil, "disk_usage", lambda path: type("Usage", (), {"free": 4096})())
     assert main(["sweep", str(sweep_file), "--database", str(tmp_path / "full.db")]) == 2
     err = capsys.readouterr().err
     assert "its disk is full (4,096 bytes free)" in err

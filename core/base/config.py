@@ -10,7 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from core.base.epochs import ALLOWED_EPOCH_DEFINITIONS, DEFAULT_EPOCH_DEFINITION, EpochDefinition
-from core.base.errors import ConfigError, ConfigErrors
+from core.base.errors import ConfigError, ConfigErrors, did_you_mean
 from core.base.precision import Precision
 
 
@@ -366,7 +366,10 @@ def config_errors(
         where = ".".join(str(part) for part in error.get("loc", ())) or nameless
         value = error.get("input")
         if error.get("type") == "extra_forbidden":
-            allowed = f"{unknown}: {', '.join(model.model_fields) or 'none'}"
+            # The closest known key right after "unknown option", before the list of them all.
+            what, semicolon, rest = unknown.partition(";")
+            hint = did_you_mean(str(error.get("loc", ("",))[-1]), model.model_fields)
+            allowed = f"{what}{hint}{semicolon}{rest}: {', '.join(model.model_fields) or 'none'}"
         elif error.get("type") == "missing":
             # pydantic's input here is the whole document the field is missing from: not worth quoting.
             value = None

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, TypeAdapter, Validati
 from pydantic.fields import FieldInfo
 
 from core.base.config import Precision, config_errors
-from core.base.errors import ConfigError, ConfigErrors
+from core.base.errors import ConfigError, ConfigErrors, did_you_mean
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -95,7 +95,7 @@ def find_machine(
             "machine",
             str(name_or_path),
             f"a shipped profile ({', '.join(sorted(profiles)) or 'none: no loaded plugin ships one'}) "
-            "or a profile file (.toml)",
+            f"or a profile file (.toml){did_you_mean(str(name_or_path), profiles)}",
         )
     if not path.is_file():
         found = "a folder" if path.is_dir() else "nothing"

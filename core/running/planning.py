@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from core.base.config import LOADGEN_SCENARIOS, Framework, RunConfig, make_config
 from core.base.distributed import SINGLE_PROCESS, ProcessContext
-from core.base.errors import ConfigError
+from core.base.errors import ConfigError, did_you_mean
 from core.base.machine import MachineProfile, check_detail, detail_type_name
 from core.base.precision import Precision, PrecisionPolicy
 from core.contract.accelerator import Accelerator, max_replicas_for, validate_run
@@ -326,7 +326,9 @@ def _node_meter(
     registered = manager.power_meters.get(name)
     if registered is None:
         known = ", ".join(sorted(manager.power_meters)) or "(none registered)"
-        raise ValueError(f"{name!r} is no registered power meter; registered: {known}")
+        raise ValueError(
+            f"{name!r} is no registered power meter{did_you_mean(name, manager.power_meters)}; registered: {known}"
+        )
     factory = registered.item
     if factory is device_meter:
         raise ValueError(f"meter {name!r} is the run's device meter already; name it once")
@@ -365,7 +367,8 @@ def check_machine(manager: PluginManager, machine: MachineProfile) -> None:
         raise ConfigError(
             "machine.accelerator",
             machine.accelerator,
-            f"a registered accelerator ({', '.join(sorted(manager.accelerators)) or 'none'})",
+            f"a registered accelerator ({', '.join(sorted(manager.accelerators)) or 'none'})"
+            + did_you_mean(machine.accelerator, manager.accelerators),
         )
     expected = manager.accelerator(machine.accelerator).machine_details
     for key, value in machine.details.items():
