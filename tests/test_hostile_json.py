@@ -1,5 +1,5 @@
 """JSON that a user or an earlier run controls (a file, a database row, a header) is read by one
-helper, ``core.storage.files.parse_json``: a document nested thousands deep, not UTF-8, or with an
+helper, ``core.base.files.parse_json``: a document nested thousands deep, not UTF-8, or with an
 integer too long to convert is an error naming the file, never an internal RecursionError (issue
 26, F11). Each surface that reads such JSON is tried here with a hostile document."""
 
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from core import ConfigError
+from core.base.files import MAX_JSON_DEPTH, JsonError, json_depth, parse_json
 from core.cli import main
-from core.storage.files import MAX_JSON_DEPTH, JsonError, json_depth, parse_json
 from core.storage.store import ResultStore
 from core.sweep import make_sweep_spec, plan_sweep
 
@@ -27,11 +27,12 @@ def test_parse_json_refuses_what_the_parser_cannot_read_with_one_error_type() ->
         (DEEP, "nested 100001 deep, more than the 100 levels allowed"),
         (b"\xff\xfe{}", "not UTF-8 text"),
         ("1" * 5000, "digits"),  # more digits than Python converts to an int
-        ("{", "Expecting property name"),
     ]:
         with pytest.raises(JsonError, match=fragment):
             parse_json(text)
     assert isinstance(JsonError("x"), ValueError)  # what callers of json.loads already catch
+    with pytest.raises(json.JSONDecodeError, match="Expecting property name"):  # as json.loads says it
+        parse_json("{")
 
 
 def test_parse_json_counts_only_the_brackets_that_nest() -> None:
@@ -115,7 +116,7 @@ def test_a_workload_option_nested_too_deeply_for_json_is_text(capsys: pytest.Cap
 
 
 def test_a_machine_profile_nested_too_deeply_is_refused_naming_it(tmp_path: Path) -> None:
-    from core.machines.profile import load_machine
+    from core.machines import load_machine
 
     profile = tmp_path / "deep.toml"
     profile.write_text("a = " + "[" * 100_000 + "]" * 100_000 + "\n")

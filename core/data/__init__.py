@@ -13,9 +13,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from core.config import Framework
+from core.base.config import Framework
+from core.base.errors import ConfigError, DataError
 from core.data.files import file_problem
-from core.errors import ConfigError, DataError
 
 SYNTHETIC_ON_DEVICE = "synthetic"
 SYNTHETIC_ON_HOST = "synthetic-host"

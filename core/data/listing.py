@@ -19,10 +19,10 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any, TypeGuard
 
+from core.base.errors import ConfigError
+from core.base.files import parse_json
 from core.data import IMAGE_SUFFIXES
 from core.data.files import file_problem
-from core.errors import ConfigError
-from core.storage.files import parse_json
 
 SHARD_SUFFIXES = (".tar",)
 RECORD_SUFFIXES = (".tfrecord", ".tfrecords")

@@ -15,9 +15,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from core.errors import CoreError
+from core.base.errors import CoreError
+from core.base.files import parse_json
 from core.running.loadgen.settings import Scenario
-from core.storage.files import parse_json
 
 SUMMARY_FILE = "mlperf_log_summary.txt"
 DETAIL_FILE = "mlperf_log_detail.txt"

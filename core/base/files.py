@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from core.errors import CoreError
+from core.base.errors import CoreError
 
 
 class OutputError(CoreError):
@@ -60,10 +60,11 @@ _NESTING = {"[": 1, "{": 1, "]": -1, "}": -1}
 
 
 class JsonError(ValueError):
-    """Text that is not a JSON document core reads: not JSON, not UTF-8, nested deeper than
-    :data:`MAX_JSON_DEPTH`, or too large for the memory left. The message says which, without the
-    file's name: the caller names the file, as it does for its other problems (a ValueError, so code
-    that handled ``json.JSONDecodeError`` handles this too)."""
+    """Text that is JSON but not a document core reads: not UTF-8, nested deeper than
+    :data:`MAX_JSON_DEPTH`, with an integer too long to convert, or too large for the memory left.
+    The message says which, without the file's name: the caller names the file, as it does for its
+    other problems (a ValueError, like ``json.JSONDecodeError``, so code that handled that handles
+    this too)."""
 
 
 def json_depth(text: str) -> int:
@@ -74,11 +75,13 @@ def json_depth(text: str) -> int:
 
 
 def parse_json(text: str | bytes) -> Any:
-    """The JSON document ``text`` (bytes are read as UTF-8), or :class:`JsonError` saying why not.
+    """The JSON document ``text`` (bytes are read as UTF-8), or a ValueError saying why not:
+    ``json.JSONDecodeError`` for text that is not JSON (as json.loads says it), :class:`JsonError`
+    for the rest.
 
     Every JSON a user or an earlier run controls goes through this (a file, a database row, a header):
-    whatever the parser raises on hostile input (a RecursionError, a MemoryError, an integer of more
-    digits than Python converts) becomes the one error the caller reports with the file's name."""
+    whatever else the parser raises on hostile input (a RecursionError, a MemoryError, an integer of
+    more digits than Python converts) becomes a ValueError the caller reports with the file's name."""
     try:
         if isinstance(text, bytes):
             text = text.decode("utf-8")
@@ -86,7 +89,7 @@ def parse_json(text: str | bytes) -> Any:
         if depth > MAX_JSON_DEPTH:
             raise JsonError(f"arrays and objects nested {depth} deep, more than the {MAX_JSON_DEPTH} levels allowed")
         return json.loads(text)
-    except JsonError:
+    except (JsonError, json.JSONDecodeError):
         raise
     except UnicodeDecodeError as error:
         raise JsonError(f"not UTF-8 text ({error.reason} at byte {error.start})") from None
@@ -94,7 +97,7 @@ def parse_json(text: str | bytes) -> Any:
         raise JsonError("nested too deeply for Python's JSON parser") from None
     except MemoryError:
         raise JsonError(f"out of memory parsing its {len(text):,} characters of JSON") from None
-    except ValueError as error:  # json.JSONDecodeError; an integer of more digits than Python converts
+    except ValueError as error:  # an integer of more digits than Python converts
         raise JsonError(str(error)) from None
 
 
