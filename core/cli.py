@@ -1154,12 +1154,13 @@ def _core_program() -> list[str]:
     return [sys.executable, "-m", "core.cli"]
 
 
-def resume_command(args: argparse.Namespace, database: Path, spec: Any) -> str:
+def resume_command(args: argparse.Namespace, database: Path, spec: Any, *, resume: bool = True) -> str:
     """The shell command that resumes this sweep, word for word: the same file, database, executor
-    and every option that shapes the sweep, paths made absolute, each word quoted for a POSIX shell."""
+    and every option that shapes the sweep, paths made absolute, each word quoted for a POSIX shell.
+    ``resume=False``: the command that starts it (a sweep stopped before it was recorded)."""
     import shlex
 
-    words = [*_core_program(), "sweep", os.path.abspath(args.file), "--resume"]
+    words = [*_core_program(), "sweep", os.path.abspath(args.file), *(["--resume"] if resume else [])]
     words += ["--database", os.path.abspath(database), "--executor", args.executor]
     for dest, flag in _RESUMED_FLAGS.items():
         value = getattr(args, dest)
@@ -1186,6 +1187,7 @@ def _command_sweep(args: argparse.Namespace) -> int:
 
     from core.storage.store import StoreError, default_database
     from core.sweep import SweepError, UnsavedResultError, load_sweep, make_sweep_spec, plan_sweep, run_sweep
+    from core.sweep.run import sweep_in_database
 
     try:
         spec = load_sweep(args.file)
@@ -1233,6 +1235,13 @@ def _command_sweep(args: argparse.Namespace) -> int:
         return _error(str(error))
     except KeyboardInterrupt:
         display.line.clear()
+        if not sweep_in_database(database, spec.name):  # stopped before it was recorded: nothing to resume
+            command = resume_command(args, database, spec, resume=False)
+            print(
+                f"core: sweep {spec.name} interrupted before it was recorded in {database}; start it with: {command}",
+                file=sys.stderr,
+            )
+            return 130
         print(
             f"core: sweep {spec.name} interrupted; finished runs are in {database}. "
             f"Continue with: {resume_command(args, database, spec)}",

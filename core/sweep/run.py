@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from core.running import processes
-from core.storage.store import ResultStore, default_database
+from core.storage.store import ResultStore, StoreError, default_database
 from core.sweep.loop import (
     EndedRepeat,
     Repeat,
@@ -35,7 +35,15 @@ from core.sweep.repeat import (
 )
 from core.sweep.spec import SweepError, SweepSpec, load_sweep, make_sweep_spec
 
-__all__ = ["EXECUTORS", "LocalBackend", "SweepObserver", "SweepOutcome", "run_sweep", "unknown_sweep_message"]
+__all__ = [
+    "EXECUTORS",
+    "LocalBackend",
+    "SweepObserver",
+    "SweepOutcome",
+    "run_sweep",
+    "sweep_in_database",
+    "unknown_sweep_message",
+]
 
 Executor = Literal["local", "slurm"]
 EXECUTORS: tuple[Executor, ...] = ("local", "slurm")
@@ -214,6 +222,19 @@ def _check_database(store: ResultStore, plan: SweepPlan, resume: bool) -> dict[t
                 "resume it with its original file, or give the changed grid another name"
             )
     return finished
+
+
+def sweep_in_database(database: Path, name: str) -> bool:
+    """Whether ``--resume`` finds sweep ``name`` in ``database`` (its record or a run of it): a sweep
+    stopped before it was recorded is started again, not resumed. A database that cannot be read
+    counts as holding it (resume then says what is wrong with the file)."""
+    if not database.exists():
+        return False
+    try:
+        with ResultStore(database, create=False) as store:
+            return bool(store.finished(name)) or store.sweep(name) is not None
+    except StoreError:
+        return True
 
 
 def unknown_sweep_message(store: ResultStore, name: str) -> str:
