@@ -1100,7 +1100,7 @@ def _sweep_dry_run(args: argparse.Namespace, plan: Any, machine: Any, database: 
             from core.sweep.cluster import check_jobs_directory
             from core.sweep.slurm_settings import SlurmSettings
 
-            check_jobs_directory(database, spec.slurm or SlurmSettings())
+            check_jobs_directory(database, spec.slurm or SlurmSettings(), spec.name)
         if args.resume and not database.exists():
             raise SweepError(f"--resume: no results database at {database}, so no sweep {spec.name!r} to resume")
         if database.exists():

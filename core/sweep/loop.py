@@ -169,6 +169,7 @@ def run_repeats(
     retry_failed: bool,
     observer: SweepObserver,
     backend: SweepBackend,
+    on_accepted: Callable[[], None] | None = None,
 ) -> SweepOutcome:
     """Run every pending repeat of the plan's valid cells on ``backend``, recording each as it ends.
 
@@ -177,9 +178,11 @@ def run_repeats(
     is recorded once, with its phases, before any cell is stopped.
 
     :param finished: the repeats the database holds (their state), from resume's check.
+    :param on_accepted: called once the backend's first :meth:`~SweepBackend.submit` returned (it
+        took the sweep rather than refuse it), before anything is recorded.
     :raises UnsavedResultError: the database refused a result (saved beside it where it can be).
     """
-    return _SweepLoop(store, plan, spec, finished, retry_failed, observer, backend).run()
+    return _SweepLoop(store, plan, spec, finished, retry_failed, observer, backend).run(on_accepted)
 
 
 class _SweepLoop:
@@ -221,7 +224,7 @@ class _SweepLoop:
             and cell.key not in self.stopped
         ]
 
-    def run(self) -> SweepOutcome:
+    def run(self, on_accepted: Callable[[], None] | None = None) -> SweepOutcome:
         # The cells' runs in the database, those beyond a lowered --repeats too.
         in_database = sum(1 for cell_key, _ in self.recorded if cell_key in self.cells)
         with self.backend.running(set(self.finished), self.cells):
@@ -233,7 +236,11 @@ class _SweepLoop:
             )
             while True:
                 queue = self.pending()
-                self._announce(self.backend.submit(queue), len(queue))
+                taken = self.backend.submit(queue)
+                if on_accepted is not None:
+                    accepted, on_accepted = on_accepted, None
+                    accepted()
+                self._announce(taken, len(queue))
                 if not self.backend.in_flight():
                     break
                 ended = self.backend.wait(self._waiting)

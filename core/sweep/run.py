@@ -104,12 +104,24 @@ def run_sweep(
             if executor == "local":
                 _refuse_slurm_jobs_in_flight(database, spec)
             recorded = store.sweep(spec.name)
-            store.save_sweep(
-                spec.name, _spec_record(spec, recorded), [cell.describe() for cell in plan.cells], plan.source
-            )
+
+            def save_record() -> None:
+                store.save_sweep(
+                    spec.name, _spec_record(spec, recorded), [cell.describe() for cell in plan.cells], plan.source
+                )
+
+            if recorded is None:
+                # A new sweep is recorded before anything is submitted, so that a sweep killed once
+                # its jobs are in Slurm resumes (and waits for them).
+                save_record()
             recovered = record_unsaved(store, plan, finished) if resume else 0
             try:
-                outcome = run_repeats(store, plan, spec, finished, retry_failed, observers, backend)
+                # A resumed sweep's record (its repeats raised, the resume in its history) changes
+                # only once the backend took the sweep: a refused resume leaves it as it was.
+                resumed_record = save_record if recorded is not None else None
+                outcome = run_repeats(
+                    store, plan, spec, finished, retry_failed, observers, backend, on_accepted=resumed_record
+                )
             except SweepNotStarted:
                 if recorded is None:  # a new sweep none of whose repeats started is not begun: no record
                     store.forget_sweep(spec.name)
