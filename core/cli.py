@@ -1200,7 +1200,7 @@ def _command_sweep(args: argparse.Namespace) -> int:
         if args.toy and args.machine is not None:
             raise ConfigError("--machine", args.machine, "a toy sweep runs on this CPU: leave --machine out")
         machine = _load_machine_argument(args, relative_to=Path(args.file).parent if machine_from_file else None)
-        plan = plan_sweep(spec, source=str(args.file), machine=machine, toy=args.toy)
+        plan = plan_sweep(spec, source=str(args.file), machine=machine, toy=args.toy, executor=args.executor)
         spec = plan.spec
     except ConfigError as error:
         return _error(f"{args.file}: {_describe_config_error(error)}")

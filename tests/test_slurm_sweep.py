@@ -799,6 +799,41 @@ def test_two_databases_cannot_share_one_sweeps_jobs(tmp_path: Path, simulated_sl
         assert store.sweep_names() == []  # refused before anything was submitted: no half-made sweep
 
 
+# --- a multi-node cell is a Slurm job of its nodes ------------------------------------------------
+
+
+def test_a_multi_node_cell_is_planned_for_its_own_slurm_job(
+    tmp_path: Path, simulated_slurm: SimulatedSlurm, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Planned here (outside any allocation), a cell of 2 nodes would need a rendezvous; as a Slurm
+    # job of 2 nodes it meets inside that job's allocation (docs/cluster.md): valid, submitted so.
+    for variable in ("SLURM_JOB_ID", "SLURM_JOB_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
+        monkeypatch.delenv(variable, raising=False)
+    sweep = tmp_path / "sim.toml"
+    sweep.write_text(
+        'name = "sim"\nrepeats = 1\n[grid]\nworkload = "fcnn"\naccelerator = "cpu"\nnodes = [1, 2]\n'
+        "replicas = 2\nsteps = 2\nmicro_batch_size = 4\nworkload_options = {layers = 1, hidden_width = 8}\n"
+    )
+    database = tmp_path / "results.db"
+    command = ["sweep", str(sweep), "--database", str(database)]
+
+    assert main([*command, "--executor", "slurm", "--dry-run"]) == 0
+    assert "2 cells (2 valid, 0 invalid)" in capsys.readouterr().out
+    assert main([*command, "--dry-run"]) == 2  # run here, the cell still needs its rendezvous
+    assert "rendezvous = None: HOST:PORT is required" in capsys.readouterr().out
+
+    simulated_slurm.on_poll = _complete_pending
+    assert main([*command, "--executor", "slurm"]) == 0
+
+    submitted = {job["name"]: job["options"] for job in simulated_slurm.jobs.values()}
+    assert "--nodes=1" in submitted["core-sim-c1r1"] and "--nodes=2" in submitted["core-sim-c2r1"]
+    with ResultStore(database, create=False) as store:
+        assert sorted(result.config.nodes for result in store.results(sweep="sim")) == [1, 2]
+    planned_for_slurm = core.sweep.plan_sweep(core.sweep.load_sweep(sweep), executor="slurm")
+    with pytest.raises(SweepError, match="cells 'nodes=2' were planned as Slurm jobs of several nodes"):
+        run_sweep(planned_for_slurm, database=tmp_path / "other.db", executor="local")
+
+
 # --- sbatch's options: none of core's own, in any spelling; logs inside the jobs directory ---------
 
 

@@ -83,7 +83,7 @@ def run_sweep(
         raise SweepError(f"invalid workers {workers!r}; allowed: {', '.join(WORKER_STARTS)}")
     if executor not in EXECUTORS:
         raise SweepError(f"invalid executor {executor!r}; allowed: {', '.join(EXECUTORS)}")
-    plan = _plan_of(sweep)
+    plan = _plan_of(sweep, executor)
     spec = _spec_with(plan.spec, repeats=repeats, timeout_seconds=timeout_seconds)
     _check_cells(plan, skip_invalid)
     database = Path(database) if database is not None else default_database()
@@ -132,7 +132,7 @@ def run_sweep(
         store.close()
 
 
-def _plan_of(sweep: str | Path | SweepSpec | SweepPlan) -> SweepPlan:
+def _plan_of(sweep: str | Path | SweepSpec | SweepPlan, executor: Executor) -> SweepPlan:
     """The sweep's plan: each cell validated once, here, for every repeat to run as it is."""
     if isinstance(sweep, SweepPlan):
         if any(cell.planned is not None and cell.planned.machine is not None for cell in sweep.valid_cells):
@@ -141,9 +141,22 @@ def _plan_of(sweep: str | Path | SweepSpec | SweepPlan) -> SweepPlan:
                 f"this sweep's cells were planned for machine {machine!r}, not this host: such a plan is for "
                 "--dry-run only; plan it again without the machine to run it"
             )
+        _check_planned_for(sweep, executor)
         return sweep
     spec = sweep if isinstance(sweep, SweepSpec) else load_sweep(sweep)
-    return plan_sweep(spec, source=None if isinstance(sweep, SweepSpec) else str(sweep))
+    return plan_sweep(spec, source=None if isinstance(sweep, SweepSpec) else str(sweep), executor=executor)
+
+
+def _check_planned_for(plan: SweepPlan, executor: Executor) -> None:
+    """A multi-node cell planned as a Slurm job of its own needs that job's allocation: run here,
+    it would have neither an allocation nor a rendezvous."""
+    if plan.executor == "slurm" and executor != "slurm":
+        needing = [cell.label for cell in plan.valid_cells if cell.config is not None and cell.config.nodes > 1]
+        if needing:
+            raise SweepError(
+                f"cells {', '.join(repr(label) for label in needing[:5])} were planned as Slurm jobs of several "
+                f"nodes (plan_sweep(executor='slurm')), not for executor {executor!r}; plan the sweep again for it"
+            )
 
 
 def _spec_with(spec: SweepSpec, *, repeats: int | None, timeout_seconds: float | None) -> SweepSpec:
