@@ -385,6 +385,30 @@ def test_every_repeat_of_a_cell_ending_in_one_poll_is_recorded_once_with_its_pha
     assert "4 runs now" in capsys.readouterr().out
 
 
+def test_the_line_of_each_ended_job_says_how_it_ended_without_a_dangling_label(
+    tmp_path: Path, simulated_slurm: SimulatedSlurm, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A job Slurm cancelled leaves no end record (its seconds are unknown, not 0.0); a failed
+    # worker's message ends its first line with the label of its output, which the line leaves out.
+    def poll(slurm: SimulatedSlurm, number: int) -> None:
+        slurm.end(slurm.job(1, 1), "CANCELLED")
+        slurm.end(slurm.job(2, 1), "FAILED", exit_code=1)
+
+    simulated_slurm.on_poll = poll
+    sweep, database = _simulated_sweep(tmp_path, cells=2, repeats=1), tmp_path / "results.db"
+
+    assert main(["sweep", str(sweep), "--executor", "slurm", "--database", str(database)]) == 0
+
+    lines = [line for line in capsys.readouterr().out.splitlines() if " repeat 1: " in line]
+    assert lines == [
+        "steps=2 repeat 1: killed in first_step: the job was cancelled (scancel, or the cluster's administrator) "
+        "(Slurm job 100, state CANCELLED).",
+        "steps=3 repeat 1: error in first_step: the worker of Slurm job 101 exited with code 1 without a result."
+        " (2.5 s)",
+    ]
+    assert "job 100's output" in (_recorded(database)[(1, 1)].status.message or "")  # the tail stays recorded
+
+
 def test_a_failed_repeat_stops_only_the_jobs_of_its_cell_that_had_not_ended(
     tmp_path: Path, simulated_slurm: SimulatedSlurm
 ) -> None:
