@@ -258,6 +258,37 @@ def _recorded(database: Path) -> int:
         return 0
 
 
+def test_a_resumes_summary_says_which_rows_it_could_not_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A result a newer core wrote is left out of the cells' summaries, as core results and core
+    # report leave it out: with a warning naming it, never silently.
+    monkeypatch.setattr(core.sweep.run, "run_in_process", InterruptedRuns(interrupt_at=None))
+    sweep, database = _sweep_file(tmp_path), tmp_path / "r.db"
+    assert main(["sweep", str(sweep), "--database", str(database), "--repeats", "1"]) == 0
+    with sqlite3.connect(database) as connection:
+        connection.execute(
+            "UPDATE runs SET result_json = json_set(result_json, '$.schema_version', '9.0') WHERE id = 2"
+        )
+
+    resumed = subprocess.run(
+        [sys.executable, "-m", "core.cli", "sweep", str(sweep), "--database", str(database), "--repeats", "1"]
+        + ["--resume"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"core: warning: skipped run 2 of sweep 'from-file' in {database}: written by a newer core" in (
+        resumed.stderr
+    )
+    assert "0 runs now, 2 before" in resumed.stdout
+    outcome = run_sweep(sweep, database=database, resume=True, repeats=1)
+    assert [row.split(":")[0] for row in outcome.skipped_rows] == [f"skipped run 2 of sweep 'from-file' in {database}"]
+
+
 # --- --resume of a sweep the database has never seen --------------------------------------------
 
 

@@ -46,6 +46,9 @@ class SweepOutcome:
     skipped_invalid: list[Cell]
     cells: list[CellSummary] = field(default_factory=list)
     runs_recovered: int = 0  # results a failed write had left in <database>.unsaved/, now recorded
+    #: database rows the summaries could not read (a result of a newer core, a damaged row), each
+    #: as a line of text; each was also logged as a warning
+    skipped_rows: list[str] = field(default_factory=list)
 
 
 class SweepObserver(Observer):
@@ -248,13 +251,20 @@ class _SweepLoop:
                 for cell_key in dict.fromkeys(failed):
                     self.backend.cancel_cell(cell_key)
                     self.announced = {key: left for key, left in self.announced.items() if key[0] != cell_key}
+        cells = summarise(self.store.runs(sweep=self.spec.name))
+        # A row the summaries leave out (a newer core's result, a damaged row) is said, as core
+        # results and core report say it, never dropped silently from a cell's counts.
+        skipped = [str(row) for row in self.store.skipped_rows]
+        for row in skipped:
+            logging.getLogger(__name__).warning("core: warning: %s", row)
         return SweepOutcome(
             name=self.spec.name,
             database=self.store.path,
             runs_done=self.runs_done,
             runs_already_finished=self.already,
             skipped_invalid=self.plan.invalid_cells,
-            cells=summarise(self.store.runs(sweep=self.spec.name)),
+            cells=cells,
+            skipped_rows=skipped,
         )
 
     def _announce(self, taken: list[Repeat], queued: int) -> None:
