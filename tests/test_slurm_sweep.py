@@ -110,6 +110,15 @@ def test_a_job_past_its_slurm_time_limit_is_recorded_as_timeout(tmp_path: Path) 
     assert result.status.phase == "window" and result.warmup_seconds is not None
 
 
+def _answered_jobs(ledger_path: Path) -> list[dict[str, Any]]:
+    """The ledger's jobs once sbatch has answered for each (a job is listed by name before sbatch
+    is asked, with no id until it answers); none while one is still unanswered."""
+    if not ledger_path.exists():
+        return []
+    jobs: list[dict[str, Any]] = json.loads(ledger_path.read_text())["jobs"]
+    return jobs if all(job["job_id"] is not None for job in jobs) else []
+
+
 @pytest.mark.slow
 @needs_slurm
 def test_a_killed_submitter_resumes_waiting_for_its_jobs_without_duplicates(tmp_path: Path) -> None:
@@ -120,7 +129,7 @@ def test_a_killed_submitter_resumes_waiting_for_its_jobs_without_duplicates(tmp_
     submitter = subprocess.Popen([*command, str(database)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 240  # a hang guard: another user's jobs may hold the queue
     while time.monotonic() < deadline:
-        if ledger_path.exists() and len(json.loads(ledger_path.read_text())["jobs"]) == 3:
+        if len(_answered_jobs(ledger_path)) == 3:
             break
         time.sleep(0.1)
     else:
@@ -165,7 +174,7 @@ def test_repeats_of_one_cell_cancelled_together_are_each_recorded_once(tmp_path:
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and submitter.poll() is None:
-            if ledger_path.exists() and len(json.loads(ledger_path.read_text())["jobs"]) == 3:
+            if len(_answered_jobs(ledger_path)) == 3:
                 break
             time.sleep(0.05)
         cancel([job["job_id"] for job in json.loads(ledger_path.read_text())["jobs"]])
