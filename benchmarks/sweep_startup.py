@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from core.storage.results import RunResult
+from core.base.results import RunResult
 from core.storage.store import ResultStore
 from core.sweep import Cell, SweepObserver, make_sweep_spec, run_sweep
 

@@ -11,14 +11,10 @@ from __future__ import annotations
 
 from core import _moved
 from core.api import run
-from core.config import Framework, Precision, RunConfig, make_config
-from core.contract.accelerator import Accelerator, Availability
-from core.contract.hookspecs import hookimpl, hookspec
-from core.contract.workload import KerasTrainingSpec, TorchTrainingSpec, Workload
-from core.energy.meter import PowerMeter, PowerMeterFactory, UnavailableMeter
-from core.errors import ConfigError, CoreError, DataError, NonFiniteLossError, PluginError, RegistrationError
-from core.running.distributed import ProcessContext
-from core.storage.results import (
+from core.base.config import Framework, Precision, RunConfig, make_config
+from core.base.distributed import ProcessContext
+from core.base.errors import ConfigError, CoreError, DataError, NonFiniteLossError, PluginError, RegistrationError
+from core.base.results import (
     SCHEMA_VERSION,
     DeviceRecord,
     EnergyMeasurement,
@@ -27,6 +23,10 @@ from core.storage.results import (
     RunState,
     Status,
 )
+from core.contract.accelerator import Accelerator, Availability
+from core.contract.hookspecs import hookimpl, hookspec
+from core.contract.meter import PowerMeter, PowerMeterFactory, UnavailableMeter
+from core.contract.workload import KerasTrainingSpec, TorchTrainingSpec, Workload
 from core.storage.store import ResultStore
 from core.sweep import SweepSpec, load_sweep, run_sweep
 

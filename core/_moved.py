@@ -20,31 +20,48 @@ import importlib.util
 import sys
 from types import ModuleType
 
-from core.deprecation import REMOVED_IN, warn_deprecated
+from core.base.deprecation import REMOVED_IN, warn_deprecated
 
 MOVED_MODULES: dict[str, str] = {
+    # 0.1's flat modules (each straight to where it lives now: one warning, not one per move)
     "core.accelerator": "core.contract.accelerator",
-    "core.gpu": "core.contract.gpu",
+    "core.gpu": "core.executors.gpu",
     "core.hookspecs": "core.contract.hookspecs",
-    "core.peaks": "core.contract.peaks",
+    "core.peaks": "core.base.peaks",
     "core.plugins": "core.contract.manager",
     "core.sdk": "core.contract.sdk",
     "core.workload": "core.contract.workload",
-    "core.power": "core.energy.meter",
+    "core.power": "core.contract.meter",
     "core.sampling": "core.energy.sampling",
-    "core.distributed": "core.running.distributed",
+    "core.distributed": "core.base.distributed",
     "core.launch": "core.running.launch",
     "core.planning": "core.running.planning",
     "core.processes": "core.running.processes",
     "core.progress": "core.running.progress",
     "core.runner": "core.running.runner",
     "core.worker": "core.running.worker",
-    "core.environment": "core.storage.environment",
-    "core.files": "core.storage.files",
-    "core.results": "core.storage.results",
+    "core.environment": "core.running.environment",
+    "core.files": "core.base.files",
+    "core.results": "core.base.results",
     "core.store": "core.storage.store",
     "core.summary": "core.storage.summary",
     "core.sweep_worker": "core.sweep.worker",
+    # the layers (docs/layout.md#layers): plain types down to core.base, the meter interface into the
+    # contract, what a run needs out of the layers above it
+    "core.config": "core.base.config",
+    "core.errors": "core.base.errors",
+    "core.precision": "core.base.precision",
+    "core.deprecation": "core.base.deprecation",
+    "core.storage.results": "core.base.results",
+    "core.storage.files": "core.base.files",
+    "core.storage.epochs": "core.base.epochs",
+    "core.energy.units": "core.base.units",
+    "core.running.distributed": "core.base.distributed",
+    "core.contract.peaks": "core.base.peaks",
+    "core.machines.profile": "core.machines",
+    "core.energy.meter": "core.contract.meter",
+    "core.contract.gpu": "core.executors.gpu",
+    "core.storage.environment": "core.running.environment",
 }
 
 # The built-in plugins' old top-level package: ``plugins.X`` is now ``core_plugins.X``.

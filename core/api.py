@@ -7,12 +7,12 @@ import os
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from core.base.results import RunResult
     from core.contract.accelerator import Accelerator
     from core.contract.manager import PluginManager
     from core.contract.workload import Workload
     from core.running.observe import ObserverGroup, ProgressCallback
     from core.running.planning import RunPlan
-    from core.storage.results import RunResult
 
 
 def run(
@@ -50,7 +50,7 @@ def run(
         measured before it), not the end of this process.
     """
     if on_progress is not None and not callable(on_progress):
-        from core.errors import ConfigError
+        from core.base.errors import ConfigError
 
         raise ConfigError("on_progress", on_progress, "a callable taking the partial RunResult, or None")
     _check_timeout(timeout_seconds)
@@ -134,8 +134,8 @@ def _run_apart_or_here(
 def _loadgen_apart(manager: PluginManager, plan: RunPlan) -> bool:
     """Whether the run measures under LoadGen in a process of its own: a LoadGen scenario whose
     workload, accelerator and plugins a fresh process finds again (else it runs here)."""
-    from core.config import LOADGEN_SCENARIOS
-    from core.errors import ConfigError
+    from core.base.config import LOADGEN_SCENARIOS
+    from core.base.errors import ConfigError
     from core.running.planning import check_findable_by_workers
 
     if plan.config.scenario not in LOADGEN_SCENARIOS or not manager.loads_in_every_process():
@@ -148,7 +148,7 @@ def _loadgen_apart(manager: PluginManager, plan: RunPlan) -> bool:
 
 
 def _check_timeout(timeout_seconds: object) -> None:
-    from core.errors import ConfigError
+    from core.base.errors import ConfigError
 
     if timeout_seconds is None:
         return

@@ -17,27 +17,12 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from core.config import Framework, Precision, RunConfig
-from core.contract.accelerator import Accelerator, Availability
-from core.contract.commands import Command
-from core.contract.context import RunContext
-from core.contract.gpu import ALL_PRECISIONS, TorchGpuAccelerator
-from core.contract.hookspecs import hookimpl
-from core.contract.launcher import Launcher
-from core.contract.peaks import GIGA, TERA, MemoryBandwidth, PeakEntry, PeakTable
-from core.contract.pipeline import PipelineLayout, RecommendedSplit
-from core.contract.sdk import SharedLibrarySession
-from core.contract.workload import KerasTrainingSpec, TorchTrainingSpec, Workload, parse_plugin_options
-from core.data import SYNTHETIC_SOURCES
-from core.data import detect_format as detect_data_format
-from core.data.tf_records import image_dataset as tfrecord_image_dataset
-from core.energy.meter import PowerMeter, PowerMeterFactory, UnavailableMeter
-from core.energy.meters import DeviceEnergyMeter, EnergyCounter, EnergySource
-from core.energy.sampling import Clock, FixedRateSampler
-from core.errors import ConfigError, NonFiniteLossError, PluginError, RegistrationError
-from core.executors.base import Executor, HostStepClock, StepClock
-from core.machines.profile import MachineProfile
-from core.precision import (
+from core.base.config import Framework, Precision, RunConfig
+from core.base.distributed import ProcessContext
+from core.base.errors import ConfigError, NonFiniteLossError, PluginError, RegistrationError
+from core.base.machine import MachineProfile
+from core.base.peaks import GIGA, TERA, MemoryBandwidth, PeakEntry, PeakTable
+from core.base.precision import (
     Bf16Policy,
     Fp16Policy,
     Fp32Policy,
@@ -45,10 +30,25 @@ from core.precision import (
     PrecisionPolicy,
     Tf32Policy,
 )
+from core.base.results import DeviceRecord, EnergyMeasurement, RunResult
+from core.contract.accelerator import Accelerator, Availability
+from core.contract.commands import Command
+from core.contract.context import RunContext
+from core.contract.hookspecs import hookimpl
+from core.contract.launcher import Launcher
+from core.contract.meter import PowerMeter, PowerMeterFactory, UnavailableMeter
+from core.contract.pipeline import PipelineLayout, RecommendedSplit
+from core.contract.sdk import SharedLibrarySession
+from core.contract.workload import KerasTrainingSpec, TorchTrainingSpec, Workload, parse_plugin_options
+from core.data import SYNTHETIC_SOURCES
+from core.data import detect_format as detect_data_format
+from core.data.tf_records import image_dataset as tfrecord_image_dataset
+from core.energy.meters import DeviceEnergyMeter, EnergyCounter, EnergySource
+from core.energy.sampling import Clock, FixedRateSampler
+from core.executors.base import Executor, HostStepClock, StepClock
+from core.executors.gpu import ALL_PRECISIONS, TorchGpuAccelerator
 from core.report.document import Block, Code, Figure, Heading, Paragraph, Preformatted, Table, Value
-from core.running.distributed import ProcessContext
-from core.storage.environment import processor_name
-from core.storage.results import DeviceRecord, EnergyMeasurement, RunResult
+from core.running.environment import processor_name
 
 if TYPE_CHECKING:
     from core.data.torch_datasets import torch_dataset

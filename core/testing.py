@@ -21,15 +21,15 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from core.config import RunConfig
+from core.base.config import RunConfig
+from core.base.distributed import SINGLE_PROCESS, ProcessContext
+from core.base.results import RunResult
 from core.contract.accelerator import Accelerator
 from core.contract.context import RunContext
 from core.contract.manager import PluginManager, get_plugin_manager, set_plugin_manager
 from core.contract.workload import Workload
 from core.executors.base import Executor, HostStepClock, StepClock
 from core.executors.stand_in import CpuStandIn
-from core.running.distributed import SINGLE_PROCESS, ProcessContext
-from core.storage.results import RunResult
 
 TINY_FCNN = {"layers": 2, "hidden_width": 32, "input_width": 16, "output_width": 8, "synthetic_pool_samples": 64}
 

@@ -11,7 +11,7 @@ tests/test_torch_executor.py::test_two_torchrun_replicas_equal_one_process_with_
 with torchrun exactly as that test does. Under load one rank used to die at exit with SIGABRT
 ("terminate called without an active exception"): gloo's worker thread released the last
 gradient all-reduce, which holds a Python object, while the interpreter was finalizing (see
-core.running.distributed.release_finished_collectives). ``--without-fix`` turns that wait off in the
+core.base.distributed.release_finished_collectives). ``--without-fix`` turns that wait off in the
 workers, to show the failure rate without it.
 
 Exit status: 0 when every run passed, 1 otherwise. The output of failed runs is kept with --logs.
@@ -35,8 +35,7 @@ from core.running import processes  # noqa: E402
 
 _HOG = "from core.running.processes import die_with_parent\ndie_with_parent()\nwhile True:\n    pass\n"
 _NO_FIX = (
-    "import core.running.distributed\n"
-    "core.running.distributed.release_finished_collectives = lambda *args, **kwargs: None\n"
+    "import core.base.distributed\ncore.base.distributed.release_finished_collectives = lambda *args, **kwargs: None\n"
 )
 
 

@@ -1,4 +1,4 @@
-"""The resume command a stopped sweep prints (core/cli.py resume_command), read back for the tests."""
+"""The resume command a stopped sweep prints (core/cli/resume.py, resume_command), read back for the tests."""
 
 from __future__ import annotations
 

@@ -9,8 +9,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from core.config import RunConfig
-from core.storage.results import RunResult, RunState, Status
+from core.base.config import RunConfig
+from core.base.results import RunResult, RunState, Status
 from core.sweep.cluster import ENDED_NAME
 from core.sweep.slurm_jobs import ACTIVE_STATES, SlurmError
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.config import make_config
-from core.storage.results import DeviceRecord, EnergyMeasurement, PowerTimeline, RunResult, RunState, Status
+from core.base.config import make_config
+from core.base.results import DeviceRecord, EnergyMeasurement, PowerTimeline, RunResult, RunState, Status
 
 FLOPS_PER_SAMPLE = 6.0e6
 

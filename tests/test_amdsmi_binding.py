@@ -28,7 +28,7 @@ from amdsmi_native import (
 )
 
 from core import ConfigError, RunConfig, make_config
-from core.energy.meter import UnavailableMeter
+from core.contract.meter import UnavailableMeter
 from core.testing import run_context
 from core_plugins.amd.accelerator import AmdAccelerator
 from core_plugins.amd.meter import AmdsmiMeter, AmdsmiMeterFactory

@@ -26,7 +26,7 @@ BAD_CONFIGS = [
     ),
     (["fcnn", "--precision", "tf32"], "precision", "supports: fp32, bf16, fp16"),
     (["fcnn", "--framework", "jax"], "framework", "'torch' or 'tensorflow'"),
-    (["resnet-9000"], "workload", "unknown workload; registered:"),
+    (["resnet-9000"], "workload", "unknown workload (did you mean 'resnet50'?); registered:"),
     (["fcnn", "--accelerator", "tpu"], "accelerator", "registered: amd, cpu, graphcore, nvidia"),
     (["fcnn", "--accelerator", "nvidia"], "accelerator", "not available here"),
     (["fcnn", "--accelerator", "graphcore"], "accelerator", "Poplar SDK"),

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from launching import SMALL_FCNN, start_long_run
 
-from core.storage.results import SCHEMA_VERSION, RunResult
+from core.base.results import SCHEMA_VERSION, RunResult
 
 SMALL = SMALL_FCNN
 
@@ -173,8 +173,8 @@ def test_a_killed_worker_is_reported_and_earlier_phases_kept() -> None:
 
 def test_every_run_config_field_has_a_run_flag_that_sets_it() -> None:
     # The run command's flags are generated from RunConfig: a new field cannot be forgotten.
+    from core.base.config import RunConfig
     from core.cli import _OWN_SYNTAX, _run_options, build_parser, run_flags
-    from core.config import RunConfig
 
     flags = run_flags()
     assert set(flags) == set(RunConfig.model_fields)

@@ -145,7 +145,7 @@ def test_a_run_failing_in_plugin_code_names_the_file_and_line(capsys: pytest.Cap
 
 
 def test_updates_and_host_calls_are_labelled_apart() -> None:
-    from core.storage.results import RunResult
+    from core.base.results import RunResult
 
     with registered_plugins():
         from core.api import run

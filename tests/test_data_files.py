@@ -22,12 +22,12 @@ import torch
 from data_support import png, write_image_folder, write_shards
 
 from core import ConfigError, RunState, Workload, run
+from core.base.errors import DataError
 from core.contract.manager import get_plugin_manager
 from core.contract.workload import TorchTrainingSpec
 from core.data.coco import CocoDetection
 from core.data.files import MAX_IMAGE_PIXELS, open_image
 from core.data.torch_datasets import WebDatasetShards
-from core.errors import DataError
 from core.running.runner import classify_fault
 from core.testing import registered_plugins
 

@@ -1,6 +1,6 @@
 """Compatibility kept for code written against older releases goes when it promised to.
 
-Every ``DeprecationWarning`` core raises goes through ``core.deprecation.warn_deprecated`` with the
+Every ``DeprecationWarning`` core raises goes through ``core.base.deprecation.warn_deprecated`` with the
 release that removes what it warns about; this test reads core's version from pyproject.toml and
 fails once that release is reached with the shim still in core's sources (the 0.1 module paths of
 core/_moved.py, the 0.1 and 0.2 forms of the plugin methods, the old names of core.energy and
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from core.deprecation import REMOVED_IN
+from core.base.deprecation import REMOVED_IN
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -116,11 +116,11 @@ def test_every_deprecation_in_core_names_its_release() -> None:
     elsewhere = [
         f"{path.relative_to(ROOT)}:{node.lineno}"
         for path in sorted(CORE.rglob("*.py"))
-        if path != CORE / "deprecation.py"
+        if path != CORE / "base" / "deprecation.py"
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
         if isinstance(node, ast.Name) and node.id == "DeprecationWarning"
     ]
-    assert not elsewhere, f"raise these through core.deprecation.warn_deprecated(..., removed_in=...): {elsewhere}"
+    assert not elsewhere, f"raise these through core.base.deprecation.warn_deprecated(..., removed_in=...): {elsewhere}"
 
 
 def old_forms_still_there() -> list[str]:

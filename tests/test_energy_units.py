@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from synthetic import synthetic_result
 
+from core.base.config import make_config
+from core.base.epochs import EpochDefinition
+from core.base.errors import ConfigError
+from core.base.results import SCHEMA_VERSION, DeviceRecord, EnergyMeasurement, RunResult
 from core.cli import format_result
-from core.config import make_config
-from core.errors import ConfigError
-from core.storage.epochs import EpochDefinition
-from core.storage.results import SCHEMA_VERSION, DeviceRecord, EnergyMeasurement, RunResult
 from core.storage.store import EXPORT_COLUMNS, ResultStore
 from core.sweep import make_sweep_spec, plan_sweep
 

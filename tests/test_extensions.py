@@ -27,6 +27,7 @@ import pytest
 from synthetic import synthetic_result
 
 from core import ConfigError, hookimpl, make_config, run
+from core.base.results import RunResult
 from core.cli import _COMMANDS, build_parser, format_result, main
 from core.contract.commands import BUILTIN_COMMANDS, Command
 from core.contract.manager import PluginManager, PluginState
@@ -46,7 +47,6 @@ from core.plugin import (
     Value,
 )
 from core.report import write_report
-from core.storage.results import RunResult
 from core.storage.store import ResultStore
 from core.testing import TINY_FCNN, registered_plugins, run_on_cpu_as, run_tiny
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from core import ConfigError
+from core.base.distributed import SINGLE_PROCESS
 from core.contract.manager import get_plugin_manager
-from core.machines.profile import load_machine
-from core.running.distributed import SINGLE_PROCESS
+from core.machines import load_machine
 from core.running.planning import plan_run
 from core_plugins.graphcore.executor import poptorch_optimizer
 from core_plugins.graphcore.options import OptionSettings

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from core import ConfigError, run
+from core.base.distributed import SINGLE_PROCESS
 from core.contract.manager import get_plugin_manager
 from core.contract.pipeline import PipelineLayout, RecommendedSplit
-from core.running.distributed import SINGLE_PROCESS
 from core.running.planning import plan_run
 from core.workloads.fcnn import Fcnn
 from core_plugins.graphcore.pipeline import choose_split_points
@@ -269,7 +269,7 @@ def test_a_workload_still_naming_split_points_the_old_way_works_with_a_warning(
 
 
 def test_a_dry_run_shows_the_layers_per_ipu_and_where_they_come_from() -> None:
-    from core.machines.profile import load_machine
+    from core.machines import load_machine
 
     plan = plan_run(
         get_plugin_manager(),

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from core import ConfigError
-from core.config import make_config
+from core.base.config import make_config
+from core.base.distributed import SINGLE_PROCESS
 from core.contract.manager import get_plugin_manager
 from core.machines import load_machine
-from core.running.distributed import SINGLE_PROCESS
 from core.running.planning import plan_run
 from core_plugins.graphcore.pipeline import balance, pipeline_layers, plan_stages, split_at
 from core_plugins.graphcore.placement import (
@@ -72,7 +72,7 @@ def aces_table_3_settings(bn_span: int, batch: int, instances: int, replicas: in
 
 @pytest.mark.parametrize("bn_span,batch,instances,replicas,total_ipus", ACES_TABLE_3)
 def test_aces_table_3_rows(bn_span: int, batch: int, instances: int, replicas: int, total_ipus: int) -> None:
-    from core.precision import BUILTIN_POLICIES
+    from core.base.precision import BUILTIN_POLICIES
     from core_plugins.graphcore.accelerator import GraphcoreOptions
     from core_plugins.graphcore.tensorflow_settings import ipu_keras_settings
 

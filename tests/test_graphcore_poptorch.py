@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from core import ConfigError, run
+from core.base.distributed import SINGLE_PROCESS
 from core.contract.manager import get_plugin_manager
-from core.running.distributed import SINGLE_PROCESS
 from core.running.planning import plan_run
 from core.testing import TINY_FCNN, registered_plugins, run_context
 from core_plugins.graphcore.executor import host_call_indices
@@ -269,7 +269,7 @@ def test_invalid_runs_are_refused_before_anything_compiles(fake_sdk: Any, option
 
 def test_a_dataset_poptorch_cannot_feed_is_refused_not_ignored(fake_sdk: Any, tmp_path: Any) -> None:
     # COCO's boxes differ per image; a compiled IPU program takes one shape: refused while planning.
-    from core.config import RunConfig
+    from core.base.config import RunConfig
 
     accelerator = get_plugin_manager().accelerator("graphcore")
     config = RunConfig(

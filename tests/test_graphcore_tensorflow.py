@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from core import run
+from core.base.distributed import SINGLE_PROCESS
 from core.contract.manager import get_plugin_manager
-from core.running.distributed import SINGLE_PROCESS
 from core.running.planning import plan_run
 from core.testing import TINY_FCNN
 from core_plugins.graphcore import accelerator as graphcore_accelerator
@@ -696,7 +696,7 @@ class _TinyImages:
     def workload() -> Any:
         from typing import ClassVar
 
-        from core.config import Framework
+        from core.base.config import Framework
         from core.contract.workload import KerasTrainingSpec, Workload
 
         class TinyImages(Workload):

@@ -13,16 +13,16 @@ import pytest
 import torch
 
 from core import ConfigError, Workload, run
-from core.config import make_config
+from core.base.config import make_config
+from core.base.distributed import SINGLE_PROCESS
+from core.base.results import RunResult
 from core.contract.manager import get_plugin_manager
 from core.contract.workload import TorchTrainingSpec
 from core.data.torch_datasets import ImageFolder
 from core.executors.pytorch import TorchExecutor, TorchPlacement, torch_executor
 from core.executors.pytorch_inference import TorchInferenceExecutor
-from core.running.distributed import SINGLE_PROCESS
 from core.running.loadgen import QuerySource
 from core.running.planning import plan_run
-from core.storage.results import RunResult
 from core.storage.store import ResultStore
 from core.testing import TINY_FCNN, registered_plugins
 
@@ -143,7 +143,7 @@ def test_a_nan_output_is_reported_at_the_phase_boundary() -> None:
     with torch.no_grad():
         executor._placed_model[5].bias.fill_(float("nan"))
     executor.step()
-    from core.errors import NonFiniteLossError
+    from core.base.errors import NonFiniteLossError
 
     with pytest.raises(NonFiniteLossError, match="NaN/inf"):
         executor.check_finite()

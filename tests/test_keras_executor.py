@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.config import Precision, make_config
-from core.errors import NonFiniteLossError
+from core.base.config import Precision, make_config
+from core.base.errors import NonFiniteLossError
 from core.executors.keras import KerasExecutor, KerasPlacement  # imports TensorFlow lazily
 from core.workloads.fcnn import Fcnn, FcnnOptions
 
@@ -160,7 +160,7 @@ _REPLICA_SCRIPT = textwrap.dedent(
     names = split_host_cpu(2)
     import tensorflow as tf
     from tensorflow import keras
-    from core.config import make_config
+    from core.base.config import make_config
     from core.executors.keras import KerasExecutor, KerasPlacement
     from core.workloads.fcnn import Fcnn, FcnnOptions
 

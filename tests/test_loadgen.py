@@ -17,8 +17,9 @@ import pytest
 
 import core.running.loadgen.run
 import core.running.loadgen.settings
-from core.config import make_config
-from core.errors import ConfigError
+from core.base.config import make_config
+from core.base.errors import ConfigError
+from core.base.results import RunState
 from core.running.loadgen import (
     LoadGenError,
     LoadGenOutcome,
@@ -30,7 +31,6 @@ from core.running.loadgen import (
 from core.running.loadgen.outcome import DETAIL_FILE, LOG_FILES, SUMMARY_FILE, read_detail_log, read_outcome
 from core.running.loadgen.settings import settings_for_run
 from core.running.runner import classify_fault
-from core.storage.results import RunState
 
 needs_loadgen = pytest.mark.skipif(
     importlib.util.find_spec("mlperf_loadgen") is None,

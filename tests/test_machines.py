@@ -12,8 +12,8 @@ import pytest
 from pydantic import BaseModel
 
 from core import ConfigError, hookimpl
+from core.base.config import Framework, Precision
 from core.cli import main
-from core.config import Framework, Precision
 from core.contract.manager import PluginState, get_plugin_manager
 from core.contract.workload import Workload
 from core.machines import MachineProfile, load_machine, machine_names
@@ -190,7 +190,7 @@ def test_a_profile_is_checked_against_the_accelerator_that_drives_it(tmp_path: P
 
     with pytest.raises(ConfigError) as typo:
         dry_run(_profile(tmp_path, accelerator="nvdia"))
-    assert typo.value.field == "machine.accelerator" and "nvidia" in typo.value.allowed
+    assert typo.value.field == "machine.accelerator" and "(did you mean 'nvidia'?)" in typo.value.allowed
     with pytest.raises(ConfigError) as unread:
         dry_run(_profile(tmp_path, details='[details]\ncompute_capabilty = "8.0"\n'))
     assert unread.value.field == "machine.details.compute_capabilty"

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from core.config import make_config
-from core.storage.results import DeviceRecord, EnergyMeasurement, LoadGenFigures, RunResult, RunState, Status
+from core.base.config import make_config
+from core.base.results import DeviceRecord, EnergyMeasurement, LoadGenFigures, RunResult, RunState, Status
 from core.storage.store import EXPORT_COLUMNS, ResultStore
 from core.storage.summary import summarise
 

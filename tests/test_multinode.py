@@ -19,8 +19,8 @@ from launching import ROOT
 from test_torch_executor import OPTIONS, one_update, relative_difference
 
 from core import ConfigError
+from core.base.distributed import SINGLE_PROCESS
 from core.contract.manager import get_plugin_manager
-from core.running.distributed import SINGLE_PROCESS
 from core.running.launch import TorchrunLauncher, multinode_torchrun_arguments
 from core.running.planning import plan_run
 from core.running.slurm import SlurmAllocation
@@ -58,8 +58,8 @@ def start_nodes(commands: list[list[str]], env: dict[str, str] | None = None) ->
 
 WORKER = textwrap.dedent("""
     import sys, torch
-    from core.config import make_config
-    from core.running.distributed import ProcessContext
+    from core.base.config import make_config
+    from core.base.distributed import ProcessContext
     from core.executors.pytorch import TorchExecutor, TorchPlacement
     from core.workloads.fcnn import Fcnn, FcnnOptions
     options = {options!r}

@@ -22,11 +22,11 @@ from launching import torchrun_two_ranks
 
 import core.executors.pytorch as pytorch_executor
 from core import RunState, Workload, run
-from core.config import make_config
+from core.base.config import make_config
+from core.base.distributed import SINGLE_PROCESS
+from core.base.errors import NonFiniteLossError
 from core.contract.workload import TorchTrainingSpec
-from core.errors import NonFiniteLossError
 from core.executors.pytorch import TorchExecutor, TorchPlacement
-from core.running.distributed import SINGLE_PROCESS
 from core.testing import TINY_FCNN, registered_plugins
 from core.workloads.fcnn import Fcnn, FcnnOptions
 
@@ -175,8 +175,8 @@ def test_a_nan_gradient_in_the_windows_last_update_fails_the_run() -> None:
 
 DDP_WORKER = textwrap.dedent("""
     import gc, json, sys, torch
-    from core.config import make_config
-    from core.running.distributed import ProcessContext
+    from core.base.config import make_config
+    from core.base.distributed import ProcessContext
     from core.executors.pytorch import TorchExecutor, TorchPlacement
     from core.workloads.fcnn import Fcnn, FcnnOptions
     options = {options!r}

@@ -20,8 +20,8 @@ from simnvml import INSTANT_ABSENT, SimNode, a100, h200, init_and_shutdown_calls
 
 import core.workloads
 from core import Availability, Precision, RunConfig, hookimpl, make_config, run
+from core.base.results import DeviceRecord
 from core.executors.base import Executor
-from core.storage.results import DeviceRecord
 from core.testing import SimulatedClock, SimulatedExecutor, registered_plugins, run_context
 from core_plugins.nvidia import nvml
 from core_plugins.nvidia.accelerator import NvidiaAccelerator

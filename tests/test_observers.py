@@ -14,10 +14,10 @@ import pytest
 import core.running.launch
 import core.sweep.run
 from core import run
-from core.config import RunConfig
+from core.base.config import RunConfig
+from core.base.results import RunResult, RunState, Status
 from core.plugin import hookimpl
 from core.running.observe import Observer, ObserverGroup, ProgressCallbackObserver
-from core.storage.results import RunResult, RunState, Status
 from core.sweep import SweepObserver, make_sweep_spec, run_sweep
 from core.testing import TINY_FCNN, registered_plugins
 

@@ -15,10 +15,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import core
 from core import ConfigError, Framework, Precision, hookimpl, make_config
+from core.base.precision import BUILTIN_POLICIES, policy_for, policy_in_force
 from core.cli import main
 from core.contract.manager import PluginFault, PluginManager, PluginState
 from core.plugin import Accelerator, Bf16Policy, Fp16Policy, Fp32Policy, PrecisionPolicy
-from core.precision import BUILTIN_POLICIES, policy_for, policy_in_force
 from core.running.planning import plan_run
 from core.testing import registered_plugins
 from core.workloads.fcnn import FcnnOptions, bytes_per_sample
@@ -222,7 +222,7 @@ def test_the_cli_refuses_a_listed_precision_without_a_policy(
 
 
 def test_a_machine_listing_a_precision_without_a_policy_is_refused_on_a_dry_run(tmp_path: Path) -> None:
-    from core.machines.profile import load_machine
+    from core.machines import load_machine
 
     profile = tmp_path / "fp8-box.toml"
     profile.write_text(

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from core.config import RunConfig
-from core.energy.meter import UnavailableMeter
+from core.base.config import RunConfig
+from core.contract.meter import UnavailableMeter
 from core.testing import SimulatedClock, run_context
 from core_plugins.cpu.rapl import RaplMeter, RaplMeterFactory, RaplZone, discover_zones
 

@@ -11,10 +11,10 @@ import pytest
 from synthetic import synthetic_result
 from test_report import check_page_in_chromium, parse_html
 
+from core.base.results import DeviceRecord, EnvironmentInfo, RunResult
 from core.cli import main
 from core.report import ComparisonRequest, ReportError, TrainingPlan, write_report
 from core.report.compare import relative
-from core.storage.results import DeviceRecord, EnvironmentInfo, RunResult
 from core.storage.store import ResultStore
 
 # GH200 paper, Table I (a), ResNet50 on CIFAR-100: minutes to train. The same work, so throughput

@@ -22,6 +22,7 @@ import pytest
 from filesystems import mounted_tmpfs
 from synthetic import synthetic_result
 
+from core.base.results import DeviceRecord, EnvironmentInfo, PowerTimeline, RunResult, RunState
 from core.cli import format_cells, main
 from core.report import (
     PLOTS_DIRECTORY,
@@ -33,7 +34,6 @@ from core.report import (
     sweep_slugs,
     write_report,
 )
-from core.storage.results import DeviceRecord, EnvironmentInfo, PowerTimeline, RunResult, RunState
 from core.storage.store import ResultStore
 from core.storage.summary import summarise
 

@@ -12,8 +12,8 @@ from test_report import PLOT_KINDS, check_page_in_chromium, check_plots, parse_h
 
 import core
 import core.report.sections
+from core.base.results import LoadGenFigures, RunResult
 from core.report import is_inference, write_report
-from core.storage.results import LoadGenFigures, RunResult
 from core.storage.store import ResultStore
 from core.testing import TINY_FCNN
 

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from synthetic import synthetic_result
 
-from core.config import Precision, make_config
+from core.base.config import Precision, make_config
+from core.base.results import DeviceRecord, RunResult
 from core.report import write_report
 from core.report.heatmap import build_heatmap
 from core.report.roofline import Roofs, rooflines
-from core.storage.results import DeviceRecord, RunResult
 from core.storage.store import ResultStore
 from core.storage.summary import summarise
 from core.workloads.fcnn import Fcnn, FcnnOptions, activation_values_per_sample, bytes_per_sample, weight_count

@@ -299,7 +299,7 @@ def test_an_accelerator_with_neither_max_replicas_method_is_refused_at_registrat
 
 
 def test_a_gpu_plugin_written_for_0_2_keeps_its_configure_torch_and_super_calls() -> None:
-    from core.contract.gpu import TorchGpuAccelerator, configure_torch_for
+    from core.executors.gpu import TorchGpuAccelerator, configure_torch_for
     from core.testing import run_context
 
     class Gpu02(TorchGpuAccelerator):

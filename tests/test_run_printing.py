@@ -27,12 +27,12 @@ from core import (
     Workload,
     hookimpl,
 )
+from core.base.results import RunResult, RunState, Status
 from core.cli import format_result, main
 from core.contract.context import RunContext
 from core.contract.manager import get_plugin_manager
 from core.executors.base import Executor
 from core.running.planning import plan_run
-from core.storage.results import RunResult, RunState, Status
 from core.testing import TINY_FCNN, SimulatedExecutor, registered_plugins
 
 RECOMPILED = "recompiled 2 times in the window: the figures include compilation"
@@ -335,7 +335,7 @@ def test_threads_an_accelerator_does_not_set_are_refused(accelerator: str, capsy
 
 
 def test_the_builtin_accelerators_say_whether_they_set_threads() -> None:
-    from core.contract.gpu import TorchGpuAccelerator
+    from core.executors.gpu import TorchGpuAccelerator
     from core_plugins.cpu.accelerator import CpuAccelerator
     from core_plugins.graphcore.accelerator import GraphcoreAccelerator
     from core_plugins.xla.accelerator import XlaAccelerator
@@ -370,8 +370,8 @@ def test_threads_on_a_gpu_are_applied_to_pytorch(monkeypatch: pytest.MonkeyPatch
     import torch
 
     import core.executors.pytorch as pytorch_executors
-    from core.contract.gpu import TorchGpuAccelerator
-    from core.running.distributed import SINGLE_PROCESS
+    from core.base.distributed import SINGLE_PROCESS
+    from core.executors.gpu import TorchGpuAccelerator
 
     class FakeGpu(TorchGpuAccelerator):
         name: ClassVar[str] = "fake-gpu"

@@ -24,7 +24,7 @@ from core import (
     hookimpl,
     run,
 )
-from core.errors import NonFiniteLossError
+from core.base.errors import NonFiniteLossError
 from core.executors.base import Executor, HostStepClock, StepClock
 from core.testing import registered_plugins
 

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
+from core.base.results import PowerTimeline
 from core.energy.sampling import FixedRateSampler, MonotonicClock, PowerTimelineRecorder, SampledEnergy
-from core.storage.results import PowerTimeline
 
 
 class SimClock:

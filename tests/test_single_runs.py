@@ -17,9 +17,9 @@ import pytest
 
 from core import Accelerator, Availability, Precision, hookimpl
 from core.api import run
+from core.base.errors import ConfigError
+from core.base.results import RunResult, RunState
 from core.cli import main
-from core.errors import ConfigError
-from core.storage.results import RunResult, RunState
 from core.storage.store import DatabaseInUseError, ResultStore, StoreWriteError, SweepLock
 from core.testing import SimulatedExecutor, registered_plugins
 

@@ -25,9 +25,9 @@ from slurm_support import SimulatedSlurm
 
 import core.sweep.cluster
 import core.sweep.slurm_jobs
+from core.base.config import RunConfig
+from core.base.results import RunResult, RunState
 from core.cli import main
-from core.config import RunConfig
-from core.storage.results import RunResult, RunState
 from core.storage.store import ResultStore
 from core.sweep import SweepError, run_sweep
 from core.sweep.cluster import ENDED_NAME, LEDGER_NAME, job_result

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from synthetic import synthetic_result
 
+from core.base.results import RunResult
 from core.cli import main
-from core.storage.results import RunResult
 from core.storage.store import EXPORT_COLUMNS, ResultStore, StoreError
 from core.storage.summary import SPREAD_FLAG_FRACTION, summarise
 

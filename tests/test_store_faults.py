@@ -21,8 +21,8 @@ import pytest
 from synthetic import synthetic_result
 
 import core.sweep.run
+from core.base.results import SCHEMA_VERSION, EnvironmentInfo, RunResult
 from core.cli import main
-from core.storage.results import SCHEMA_VERSION, EnvironmentInfo, RunResult
 from core.storage.store import ResultStore, StoreError
 
 SWEEP_FILE = """

@@ -23,12 +23,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from synthetic import synthetic_result
 
 from core import ConfigError, Framework, Workload, run
+from core.base.config import Precision, RunConfig, make_config
+from core.base.results import RunResult
 from core.cli import main
-from core.config import Precision, RunConfig, make_config
 from core.contract.manager import get_plugin_manager
 from core.contract.workload import parse_plugin_options
 from core.running.planning import plan_run
-from core.storage.results import RunResult
 from core.testing import TINY_FCNN, registered_plugins
 
 # --- 4: strict types -------------------------------------------------------------------------

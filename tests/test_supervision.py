@@ -36,11 +36,11 @@ from core import (
     RunState,
     Workload,
     hookimpl,
-    processes,
     run,
 )
+from core.base.results import RunResult
 from core.executors.base import Executor
-from core.storage.results import RunResult
+from core.running import processes
 from core.sweep import make_sweep_spec, plan_sweep, run_in_process
 from core.testing import SimulatedExecutor, registered_plugins
 
@@ -52,7 +52,7 @@ needs_proc = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="fi
 
 
 def bare(**figures: Any) -> RunResult:
-    from core.config import make_config
+    from core.base.config import make_config
 
     config = make_config(workload="fcnn", accelerator="cpu", micro_batch_size=8)
     return RunResult(

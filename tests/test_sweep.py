@@ -221,8 +221,8 @@ def test_a_sweep_in_the_database_continues_only_with_resume(tmp_path: Path) -> N
 
 FAKE_OK = """
 import json, sys
-from core.config import make_config
-from core.storage.results import RunResult
+from core.base.config import make_config
+from core.base.results import RunResult
 request = json.load(open(sys.argv[1]))
 config = make_config(**request["options"])
 result = RunResult(workload=config.workload, accelerator=config.accelerator, framework="torch", config=config,

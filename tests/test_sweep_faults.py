@@ -27,11 +27,12 @@ import pytest
 from resume_command import resume_words
 from synthetic import synthetic_result
 
+import core.storage.database
 import core.storage.store
 import core.sweep.run
 from core import ConfigError
+from core.base.results import RunResult
 from core.cli import main
-from core.storage.results import RunResult
 from core.storage.store import ResultStore, StoreError, SweepLock
 from core.sweep import SweepError, load_sweep, make_sweep_spec, plan_sweep, run_sweep
 
@@ -308,7 +309,7 @@ def test_a_database_that_cannot_be_opened_is_refused_before_anything_runs(
         no_traceback(err)
     assert (tmp_path / "garbage.db").read_bytes() == b"this is not a database\n" * 100  # untouched
     # A disk without room: refused at open, not after the first run has been measured.
-    monkeypatch.setattr(core.storage.store.shutil, "disk_usage", lambda path: type("Usage", (), {"free": 4096})())
+    monkeypatch.setattr(core.storage.database.shutil, "disk_usage", lambda path: type("Usage", (), {"free": 4096})())
     assert main(["sweep", str(sweep_file), "--database", str(tmp_path / "full.db")]) == 2
     err = capsys.readouterr().err
     assert "its disk is full (4,096 bytes free)" in err
@@ -392,14 +393,14 @@ def test_a_result_the_full_database_refuses_is_saved_beside_it_and_recorded_on_r
 def test_when_nothing_beside_the_database_can_be_written_the_result_is_printed_as_json(
     tmp_path: Path, fake_runs: FakeRuns, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from core.storage.files import OutputError
+    from core.base.files import OutputError
 
     def no_space(path: Path, data: Any, what: str = "output") -> None:
         raise OutputError(f"cannot write {what} {path}: no space left on the device (ENOSPC)")
 
     database = tmp_path / "r.db"
     fill_disk_after(monkeypatch, succeed=0)
-    monkeypatch.setattr("core.storage.files.write_atomically", no_space)
+    monkeypatch.setattr("core.base.files.write_atomically", no_space)
     assert main(["sweep", str(grid(tmp_path / "s.toml")), "--database", str(database)]) == 1
     captured = capsys.readouterr()
     printed = json.loads(captured.out.strip().splitlines()[-1])

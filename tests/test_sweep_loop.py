@@ -15,14 +15,14 @@ from pydantic import BaseModel
 
 import core.running.planning
 import core.sweep.run
-from core.config import Precision
+from core.base.config import Precision
+from core.base.errors import ConfigError
+from core.base.results import RunResult, RunState, Status
 from core.contract.manager import get_plugin_manager
-from core.errors import ConfigError
 from core.plugin import Availability, PowerMeterFactory, hookimpl
 from core.running.child import main as child_main
 from core.running.launch import child_command, write_request
 from core.running.planning import PlannedRun, plan_run
-from core.storage.results import RunResult, RunState, Status
 from core.storage.store import ResultStore
 from core.sweep import SweepError, SweepObserver, make_sweep_spec, plan_sweep, run_sweep
 from core.sweep.loop import EndedRepeat, Repeat, SweepBackend, run_repeats

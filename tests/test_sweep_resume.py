@@ -22,8 +22,8 @@ import core.cli
 import core.sweep.cluster
 import core.sweep.run
 import core.sweep.slurm_jobs
+from core.base.results import RunResult
 from core.cli import build_parser, main, resume_command
-from core.storage.results import RunResult
 from core.storage.store import ResultStore
 from core.sweep import SweepError, run_sweep
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 from launching import torchrun_two_ranks
 
-from core.config import make_config
+from core.base.config import make_config
+from core.base.distributed import SINGLE_PROCESS
 from core.executors.pytorch import TorchExecutor, TorchPlacement, micro_batch_indices
-from core.running.distributed import SINGLE_PROCESS
 from core.workloads.fcnn import Fcnn, FcnnOptions
 
 OPTIONS = {"layers": 3, "hidden_width": 32, "input_width": 20, "output_width": 10}
@@ -63,8 +63,8 @@ def test_precision_flags_are_recorded() -> None:
 
 WORKER = textwrap.dedent("""
     import sys, torch
-    from core.config import make_config
-    from core.running.distributed import ProcessContext
+    from core.base.config import make_config
+    from core.base.distributed import ProcessContext
     from core.executors.pytorch import TorchExecutor, TorchPlacement
     from core.workloads.fcnn import Fcnn, FcnnOptions
     options = {options!r}

@@ -44,8 +44,8 @@ TINY_FCNN = {
 
 FAKE_OK = """
 import json, os, sys
-from core.config import make_config
-from core.storage.results import RunResult
+from core.base.config import make_config
+from core.base.results import RunResult
 request = json.load(open(sys.argv[1]))
 config = make_config(**request["options"])
 open(os.path.join(os.environ["CORE_TEST_PIDS"], str(os.getpid())), "w").close()  # for the orphan checks

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from core import ConfigError, run
-from core.config import make_config
+from core.base.config import make_config
 from core.contract.manager import get_plugin_manager
 from core.running.planning import plan_run
 from core.testing import run_context
@@ -364,8 +364,8 @@ def one_update(**config: Any) -> dict[str, torch.Tensor]:
 
 def cpu_update(**config: Any) -> dict[str, torch.Tensor]:
     """The same update through core's executor on the plain CPU (eager PyTorch)."""
+    from core.base.distributed import SINGLE_PROCESS
     from core.executors.pytorch import TorchExecutor, TorchPlacement
-    from core.running.distributed import SINGLE_PROCESS
 
     run_config = make_config(workload="fcnn", accelerator="cpu", workload_options=FCNN, **config)
     executor = TorchExecutor(
@@ -433,7 +433,7 @@ def test_xla_trains_the_weights_eager_pytorch_trains() -> None:
 
 SPMD_WORKER = textwrap.dedent("""
     import sys, torch, torch_xla
-    from core.config import make_config
+    from core.base.config import make_config
     from core.testing import run_context
     from core.workloads.fcnn import Fcnn
     from core_plugins.xla import XlaAccelerator
@@ -481,8 +481,8 @@ def test_two_spmd_replicas_equal_one_process_with_the_whole_batch(tmp_path: Path
 
 PROCESSES_WORKER = textwrap.dedent("""
     import sys
-    from core.config import make_config
-    from core.running.distributed import ProcessContext
+    from core.base.config import make_config
+    from core.base.distributed import ProcessContext
     from core.workloads.fcnn import Fcnn
     from core_plugins.xla.placement import xla_executor
     from core.testing import run_context

@@ -21,8 +21,8 @@ from typing import Any, ClassVar
 import pytest
 
 from core import ConfigError, Framework, Workload, hookimpl, run
+from core.base.results import RunResult
 from core.contract.manager import get_plugin_manager
-from core.storage.results import RunResult
 from core.testing import registered_plugins
 from core.workloads.autoencoder import AcesAutoencoder
 from core.workloads.language import LANGUAGE_WORKLOADS, LanguageWorkload, masked_positions

@@ -8,18 +8,18 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel
 
-from core.config import Framework, Precision, RunConfig
-from core.contract.peaks import MemoryBandwidth
+from core.base.config import Framework, Precision, RunConfig
+from core.base.peaks import MemoryBandwidth
+from core.base.precision import PrecisionPolicy
+from core.base.results import DeviceRecord
 from core.contract.workload import NoOptions, parse_plugin_options
-from core.precision import PrecisionPolicy
-from core.storage.results import DeviceRecord
 
 if TYPE_CHECKING:
+    from core.base.distributed import ProcessContext
     from core.contract.context import RunContext
     from core.contract.launcher import Launcher
     from core.contract.workload import Workload
     from core.executors.base import Executor
-    from core.running.distributed import ProcessContext
 
 
 @dataclass(frozen=True)
@@ -176,6 +176,8 @@ class Accelerator(ABC):
         config = context.config
         several = config.replicas > 1 or config.nodes > 1
         if self.launcher == "torchrun" and several and config.framework is Framework.torch:
+            # At call time: core's torchrun launcher is part of the running layer above the contract
+            # (Slurm, the worker module), needed only once a run asks for several processes.
             from core.running.launch import TorchrunLauncher
 
             return TorchrunLauncher()

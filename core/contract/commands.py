@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-#: the commands of core itself: no plugin may register one of these names (core/cli.py's table of
+#: the commands of core itself: no plugin may register one of these names (core/cli/__init__.py's table of
 #: commands is checked against it by tests/test_extensions.py)
 BUILTIN_COMMANDS = frozenset({"run", "machines", "plugins", "devices", "workloads", "sweep", "report", "results"})
 

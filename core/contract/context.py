@@ -13,12 +13,12 @@ from typing import TypeVar
 
 from pydantic import BaseModel
 
-from core.config import RunConfig
+from core.base.config import RunConfig
+from core.base.deprecation import REMOVED_IN, warn_deprecated
+from core.base.distributed import ProcessContext
+from core.base.machine import MachineProfile
+from core.base.precision import PrecisionPolicy, policy_for
 from core.contract.pipeline import PipelineLayout
-from core.deprecation import REMOVED_IN, warn_deprecated
-from core.machines.profile import MachineProfile
-from core.precision import PrecisionPolicy, policy_for
-from core.running.distributed import ProcessContext
 
 OptionsModel = TypeVar("OptionsModel", bound=BaseModel)
 

@@ -13,15 +13,15 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:
-    from core.config import RunConfig
+    from core.base.config import RunConfig
+    from core.base.machine import MachineProfile
+    from core.base.precision import PrecisionPolicy
+    from core.base.results import RunResult
     from core.contract.accelerator import Accelerator
     from core.contract.commands import Command
+    from core.contract.meter import PowerMeterFactory
     from core.contract.workload import Workload
-    from core.energy.meter import PowerMeterFactory
-    from core.machines.profile import MachineProfile
-    from core.precision import PrecisionPolicy
     from core.report.document import Block
-    from core.storage.results import RunResult
 
 PROJECT_NAME = "core"
 

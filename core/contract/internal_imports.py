@@ -47,6 +47,8 @@ class InternalImport:
 
 
 def _instead(names: tuple[str, ...]) -> str:
+    # At call time: the plugin surface re-exports every layer, the contract among them; it is read
+    # only once a plugin has been found reaching past it.
     import core.plugin
 
     surface = [name for name in names if name in core.plugin.__all__]

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
+    from core.base.distributed import ProcessContext
     from core.contract.context import RunContext
-    from core.running.distributed import ProcessContext
 
 
 class Launcher(ABC):

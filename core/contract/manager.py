@@ -19,7 +19,7 @@ import re
 import sys
 import threading
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
@@ -29,19 +29,19 @@ from typing import Any, Generic, TypeVar
 
 import pluggy
 
-from core.config import RunConfig
+from core.base.config import RunConfig
+from core.base.deprecation import warn_deprecated_at
+from core.base.errors import ConfigError, PluginError, RegistrationError, did_you_mean
+from core.base.machine import MachineProfile
+from core.base.precision import BUILTIN_POLICIES, PrecisionPolicy, policy_problem
 from core.contract import hookspecs
 from core.contract.accelerator import Accelerator, Availability
 from core.contract.commands import Command, command_problem
 from core.contract.context import old_form_class, overrides_old_form
 from core.contract.hookspecs import hookimpl
 from core.contract.internal_imports import internal_imports
+from core.contract.meter import PowerMeterFactory
 from core.contract.workload import Workload
-from core.deprecation import warn_deprecated_at
-from core.energy.meter import PowerMeterFactory
-from core.errors import ConfigError, PluginError, RegistrationError
-from core.machines.profile import MachineProfile
-from core.precision import BUILTIN_POLICIES, PrecisionPolicy, policy_problem
 
 ENTRY_POINT_GROUP = "core"
 ENV_ALLOW = "CORE_PLUGINS"
@@ -142,7 +142,7 @@ _REGISTRATION_HOOKS: dict[str, _Registration] = {
 
 def _type_problem(item: object, expected: type) -> str | None:
     """Why ``item`` is not what a registration hook takes, or None: an instance of ``expected``,
-    or for precision policies a class (core.precision.policy_problem)."""
+    or for precision policies a class (core.base.precision.policy_problem)."""
     if expected is PrecisionPolicy:
         return policy_problem(item)
     if not isinstance(item, expected):
@@ -238,6 +238,11 @@ def _registration_problem(item: Any, registration: _Registration) -> str | None:
     if registration.kind is str and not _PACKAGE_NAME.match(item):
         return f"package {item!r} is not a distribution name (letters, digits, '.', '_' and '-', as pip spells one)"
     return None
+
+
+def _unknown(kind: str, name: str, registered: Mapping[str, object]) -> str:
+    """What a look-up of an unregistered ``kind`` says: the closest registered name, then them all."""
+    return f"unknown {kind}{did_you_mean(name, registered)}; registered: {', '.join(sorted(registered)) or 'none'}"
 
 
 def _accelerators_problem(meter: PowerMeterFactory) -> str | None:
@@ -451,18 +456,12 @@ class PluginManager:
 
     def accelerator(self, name: str) -> Accelerator:
         if name not in self.accelerators:
-            raise ConfigError(
-                "accelerator",
-                name,
-                f"unknown accelerator; registered: {', '.join(sorted(self.accelerators)) or 'none'}",
-            )
+            raise ConfigError("accelerator", name, _unknown("accelerator", name, self.accelerators))
         return self.accelerators[name].item
 
     def workload(self, name: str) -> Workload:
         if name not in self.workloads:
-            raise ConfigError(
-                "workload", name, f"unknown workload; registered: {', '.join(sorted(self.workloads)) or 'none'}"
-            )
+            raise ConfigError("workload", name, _unknown("workload", name, self.workloads))
         return self.workloads[name].item
 
     def precision_policy(self, name: str) -> type[PrecisionPolicy] | None:
@@ -479,8 +478,8 @@ class PluginManager:
                 raise ConfigError(
                     "power_meter",
                     config.power_meter,
-                    "unknown power meter; allowed: auto, none, "
-                    + (", ".join(sorted(self.power_meters)) or "(none registered)"),
+                    f"unknown power meter{did_you_mean(config.power_meter, ['auto', 'none', *self.power_meters])}; "
+                    "allowed: auto, none, " + (", ".join(sorted(self.power_meters)) or "(none registered)"),
                 )
             chosen = self.power_meters[config.power_meter].item
             if not self.meter_reads(chosen, accelerator.name):

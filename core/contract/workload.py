@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from core.config import Framework, RunConfig, config_errors
+from core.base.config import Framework, RunConfig, config_errors
 from core.contract.pipeline import PipelineLayout
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from core.config import Framework
-from core.errors import ConfigError, DataError
+from core.base.config import Framework
+from core.base.errors import ConfigError, DataError
 
 SYNTHETIC_ON_DEVICE = "synthetic"
 SYNTHETIC_ON_HOST = "synthetic-host"

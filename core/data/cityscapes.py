@@ -16,27 +16,13 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from core.base.errors import DataError
 from core.data.files import MAX_IMAGE_FILE_BYTES, open_image, read_data_file
-from core.data.listing import (
-    CITYSCAPES_IMAGE_SUFFIX,
-    CITYSCAPES_IMAGES,
-    CITYSCAPES_LABEL_SUFFIX,
-    CITYSCAPES_LABELS,
-    cityscapes_pairs,
-)
-from core.errors import DataError
+from core.data.listing import cityscapes_pairs
 
-IMAGES = CITYSCAPES_IMAGES
-LABELS = CITYSCAPES_LABELS
-IMAGE_SUFFIX = CITYSCAPES_IMAGE_SUFFIX
-LABEL_SUFFIX = CITYSCAPES_LABEL_SUFFIX
 IGNORE_INDEX = 255
 _MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
 _STD = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
-
-
-def is_cityscapes(path: Path) -> bool:
-    return (path / IMAGES).is_dir()
 
 
 class CityscapesSegmentation(Dataset):

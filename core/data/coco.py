@@ -17,18 +17,12 @@ import torch
 from torch.utils.data import Dataset
 
 from core.data.files import MAX_IMAGE_FILE_BYTES, open_image, read_data_file
-from core.data.listing import COCO_ANNOTATIONS, COCO_IMAGES, coco_samples
+from core.data.listing import coco_samples
 
-ANNOTATIONS = COCO_ANNOTATIONS
-IMAGES = COCO_IMAGES
 #: rows per target; objects beyond it are dropped (COCO images rarely have more annotations)
 MAX_OBJECTS = 100
 _MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
 _STD = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
-
-
-def is_coco(path: Path) -> bool:
-    return (path / ANNOTATIONS).is_file()
 
 
 class CocoDetection(Dataset):

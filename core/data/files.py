@@ -5,7 +5,7 @@ an image, a FIFO among the shards, a PNG whose header claims 100,000 x 100,000 p
 member of 50 GB would otherwise hang a loader worker or exhaust the host's memory, and the run would
 be recorded as the model's out-of-memory. So each file is checked to be a regular file after its
 links are followed, read only up to a bound, and an image's size is read from its header and
-checked before a pixel is decoded. A problem raises :class:`core.errors.DataError` naming the file.
+checked before a pixel is decoded. A problem raises :class:`core.base.errors.DataError` naming the file.
 
 Nothing here imports a framework; Pillow is imported where an image is decoded.
 """
@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from core.errors import DataError
+from core.base.errors import DataError
 
 #: The most pixels an image may have: Pillow's own default bound (``PIL.Image.MAX_IMAGE_PIXELS``,
 #: 1024**3 // 4 // 3, an RGB bitmap of 256 MiB), applied here whatever Pillow's setting, since a

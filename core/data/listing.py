@@ -20,9 +20,9 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any, TypeGuard
 
+from core.base.errors import ConfigError
 from core.data import IMAGE_SUFFIXES
 from core.data.files import file_problem
-from core.errors import ConfigError
 
 SHARD_SUFFIXES = (".tar",)
 RECORD_SUFFIXES = (".tfrecord", ".tfrecords")

@@ -2,7 +2,7 @@
 endless epochs, and the time the training loop spends waiting for them.
 
 Whatever goes wrong while reading (a broken file, memory exhausted in a worker, a worker killed)
-reaches the runner as one :class:`core.errors.DataError` naming the file where it is known: a fault
+reaches the runner as one :class:`core.base.errors.DataError` naming the file where it is known: a fault
 of the data, never the model's out-of-memory. The loader's worker processes are stopped and their
 temporary folders removed on every way out (:meth:`LoaderWorkers.close`).
 """
@@ -24,11 +24,11 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
-from core.config import RunConfig
+from core.base.config import RunConfig
+from core.base.distributed import ProcessContext
+from core.base.errors import DataError
 from core.data import detect_format, loader_worker_death
 from core.data.torch_datasets import torch_dataset
-from core.errors import DataError
-from core.running.distributed import ProcessContext
 
 
 def _prepare_worker(folders: Connection, worker_id: int) -> None:

@@ -13,6 +13,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
+from core.base.deprecation import REMOVED_IN, warn_deprecated
+from core.base.errors import DataError
 from core.data.files import (
     MAX_IMAGE_FILE_BYTES,
     MAX_SAMPLE_MEMBERS,
@@ -22,8 +24,6 @@ from core.data.files import (
     read_data_file,
 )
 from core.data.listing import image_folder, shard_files
-from core.deprecation import REMOVED_IN, warn_deprecated
-from core.errors import DataError
 
 # ImageNet channel statistics: the normalisation every ImageNet-trained vision model expects.
 _MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)

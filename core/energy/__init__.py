@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from core.deprecation import REMOVED_IN, warn_deprecated
+from core.base.deprecation import REMOVED_IN, warn_deprecated
 
 
 def __getattr__(name: str) -> Any:

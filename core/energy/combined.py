@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from core.energy.meter import PowerMeter, UnavailableMeter
-from core.storage.results import EnergyMeasurement, MeterEnergy
+from core.base.results import EnergyMeasurement, MeterEnergy
+from core.contract.meter import PowerMeter, UnavailableMeter
 
 DEVICES = "devices"
 

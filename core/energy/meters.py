@@ -20,9 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from core.energy.meter import PowerMeter
+from core.base.results import EnergyMeasurement
+from core.contract.meter import PowerMeter
 from core.energy.sampling import DEFAULT_TIMELINE_SPANS, Clock, FixedRateSampler, as_clock
-from core.storage.results import EnergyMeasurement
 
 # Counter and sampled integral further apart than this get a warning in the result. Both measure
 # the same window; a gap this size means the window is short against the counter's update period,

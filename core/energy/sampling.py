@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from core.storage.results import EnergyMeasurement, PowerTimeline
+from core.base.results import EnergyMeasurement, PowerTimeline
 
 # A reading: watts per component; None (or a missing key, or NaN) means "N/A" for that component.
 Reading = Mapping[str, float | None]

@@ -16,11 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from core.config import RunConfig
+from core.base.config import RunConfig
+from core.base.errors import DataError, NonFiniteLossError
+from core.base.precision import PrecisionPolicy, policy_for
 from core.contract.workload import KerasTrainingSpec
-from core.errors import DataError, NonFiniteLossError
 from core.executors.base import Executor, HostStepClock, StepClock
-from core.precision import PrecisionPolicy, policy_for
 
 
 def quiet_tensorflow_startup() -> None:

@@ -1,5 +1,5 @@
 """The PyTorch executor every vendor shares: device placement, the precision policy's step
-(core.precision), gradient accumulation, DDP replicas and torch.compile. A vendor plugin describes its device in a
+(core.base.precision), gradient accumulation, DDP replicas and torch.compile. A vendor plugin describes its device in a
 TorchPlacement; it does not write its own training loop.
 """
 
@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from core.config import RunConfig
+from core.base.config import RunConfig
+from core.base.distributed import ProcessContext
+from core.base.errors import NonFiniteLossError
+from core.base.precision import PrecisionPolicy, policy_for
 from core.contract.workload import TorchTrainingSpec
 from core.data import SYNTHETIC_ON_HOST, SYNTHETIC_SOURCES
-from core.errors import NonFiniteLossError
 from core.executors import stand_in
 from core.executors.base import Executor, HostStepClock, StepClock
-from core.precision import PrecisionPolicy, policy_for
-from core.running.distributed import ProcessContext
 
 if TYPE_CHECKING:
     from core.data.loading import FileBatches
@@ -231,7 +231,7 @@ def replicas_micro_batch_indices(
 
 class TorchModelExecutor(Executor):
     """What training and inference share: the precision policy (``precision``, the run's
-    :class:`core.precision.PrecisionPolicy`), the process group, the model on the device (weights
+    :class:`core.base.precision.PrecisionPolicy`), the process group, the model on the device (weights
     loaded, channels_last, converted by the policy), the data (synthetic on the device or the host,
     or files), and the runner's synchronisation, clocks and collectives.
 
@@ -437,7 +437,7 @@ class TorchModelExecutor(Executor):
             torch.distributed.destroy_process_group()
             # gloo's worker thread may still hold the Context a gradient all-reduce captured in
             # backward(); released during interpreter exit, it aborts the process. Wait for it.
-            from core.running.distributed import release_finished_collectives
+            from core.base.distributed import release_finished_collectives
 
             release_finished_collectives()
 

@@ -25,11 +25,11 @@ from typing import Any
 
 import torch
 
-from core.config import RunConfig
+from core.base.config import RunConfig
+from core.base.distributed import ProcessContext
+from core.base.errors import DataError, NonFiniteLossError
 from core.contract.workload import TorchTrainingSpec
-from core.errors import DataError, NonFiniteLossError
 from core.executors.pytorch import TorchModelExecutor, TorchPlacement, compile_model
-from core.running.distributed import ProcessContext
 
 #: samples a load generator may hold on the device at once, at most (MLPerf's "performance sample
 #: count": ResNet-50's is 1024); a smaller pool or dataset gives its own size

@@ -20,8 +20,8 @@ import zipfile
 from pathlib import Path
 from typing import Any, TypeGuard
 
+from core.base.errors import ConfigError
 from core.data.files import file_problem
-from core.errors import ConfigError
 
 #: what ``weights`` accepts, in every refusal
 ACCEPTED = "a safetensors file, or a PyTorch state dict saved with torch.save(model.state_dict(), path)"

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from core.base.files import OutputError, check_writable, describe_os_error, write_atomically
 from core.report.analysis import (
     group_series,
     is_inference,
@@ -85,7 +86,6 @@ from core.report.sections import environment_table, sweep_section
 from core.report.singles import SINGLE_RUNS_TITLE, single_runs_section
 from core.report.tables import batch_table, cells_table, inference_table, loadgen_verdict
 from core.report.to_train import TrainingPlan, time_to_train_measure, training_blocks
-from core.storage.files import OutputError, check_writable, describe_os_error, write_atomically
 from core.storage.store import ResultStore
 from core.storage.summary import CellSummary, summarise
 
@@ -463,7 +463,7 @@ def write_report(
 
     ``database`` is one database or several (their sweeps side by side, and compared where they
     ran the same configurations on different platforms or hosts). The output directory is checked
-    before any plot is drawn (:class:`~core.storage.files.OutputError`), and the files are written
+    before any plot is drawn (:class:`~core.base.files.OutputError`), and the files are written
     whole or not at all (:class:`ReportWriteError`).
     """
     output = Path(output)

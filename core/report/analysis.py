@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeGuard
 
-from core.config import RunConfig
+from core.base.config import RunConfig
 from core.storage.summary import CellSummary
 
 _BATCH = "micro_batch_size"

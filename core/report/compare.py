@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeGuard
 
 from core.report.analysis import _plottable, _short, is_inference
@@ -517,7 +516,3 @@ def _baseline_note(comparison: Comparison, request: ComparisonRequest) -> str:
     if request.baseline is None or baseline_side(comparison.sides, request.baseline) is not None:
         return ""
     return f" (--baseline {request.baseline!r} ran none of these configurations)"
-
-
-def read_sourced_cells(database: str | Path, sweep: str, cells: Sequence[CellSummary]) -> list[SourcedCell]:
-    return [SourcedCell(cell, str(database), sweep) for cell in cells]

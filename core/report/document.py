@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.errors import CoreError
+from core.base.errors import CoreError
 
 REPORT_MARKDOWN = "report.md"
 REPORT_HTML = "report.html"

@@ -14,6 +14,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from core.base.results import RunResult
 from core.report.document import (
     _FILE_NAME,
     Code,
@@ -26,7 +27,6 @@ from core.report.document import (
     one_line,
     shorten,
 )
-from core.storage.results import RunResult
 
 HOOK = "core_report_sections"
 _TITLE_CHARS = 200
@@ -126,8 +126,8 @@ def plugin_sections(runs: Sequence[RunResult], taken_file_names: Sequence[str] =
 
     :param taken_file_names: the plot files of core's own sections, which no plugin figure may take.
     """
+    from core.base.errors import ConfigError
     from core.contract.manager import PluginFault, get_plugin_manager
-    from core.errors import ConfigError
 
     manager = get_plugin_manager()
     blocks: list[Any] = []

@@ -23,13 +23,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from core.energy.units import JOULES_PER_WATT_HOUR
+from core.base.epochs import EpochDefinition
+from core.base.results import RunResult
+from core.base.units import JOULES_PER_WATT_HOUR
 from core.report.analysis import _short
 from core.report.compare import Measure
 from core.report.document import Block, Heading, Paragraph, Table, Value, format_number, one_line, shorten
 from core.report.tables import sample_unit
-from core.storage.epochs import EpochDefinition
-from core.storage.results import RunResult
 from core.storage.summary import CellSummary
 
 _SECONDS_PER_MINUTE = 60.0

@@ -30,11 +30,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from core.errors import ConfigError, PluginError
+from core.base.errors import ConfigError, PluginError
+from core.base.files import write_atomically
+from core.base.results import RunResult, RunState, Status
 from core.running import processes
 from core.running.observe import ResultWriter
-from core.storage.files import write_atomically
-from core.storage.results import RunResult, RunState, Status
 
 if TYPE_CHECKING:
     from core.running.planning import RunPlan

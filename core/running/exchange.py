@@ -10,7 +10,7 @@ import json
 import time
 from pathlib import Path
 
-from core.storage.files import write_atomically
+from core.base.files import write_atomically
 
 _POLL_SECONDS = 0.05
 

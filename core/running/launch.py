@@ -25,15 +25,15 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar
 
+from core.base.distributed import SINGLE_PROCESS, ProcessContext
+from core.base.results import RunResult, RunState
 from core.contract.context import RunContext
 from core.contract.launcher import Launcher, launcher_path
 from core.running import processes
-from core.running.distributed import SINGLE_PROCESS, ProcessContext
 from core.running.observe import Observer, tell_phase
 from core.running.planning import PlannedRun, RunPlan
 from core.running.runner import execute, new_result
 from core.running.slurm import SlurmAllocation
-from core.storage.results import RunResult, RunState
 
 _POLL_SECONDS = 0.2  # how often the launch looks for the launcher's end and the main process's progress
 _WORK_DIRECTORY_PREFIX = "core-launch-"

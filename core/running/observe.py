@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from core.config import RunConfig
+    from core.base.config import RunConfig
+    from core.base.results import RunResult
     from core.contract.manager import PluginManager
-    from core.storage.results import RunResult
 
 
 class Observer:
@@ -132,6 +132,6 @@ class ResultWriter(Observer):
         self.save(partial)
 
     def save(self, result: RunResult) -> None:
-        from core.storage.files import write_atomically
+        from core.base.files import write_atomically
 
         write_atomically(self.path, result.model_dump_json(), self.what)

@@ -9,7 +9,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from core.config import LOADGEN_SCENARIOS, Framework, RunConfig, make_config
+from core.base.config import LOADGEN_SCENARIOS, Framework, RunConfig, make_config
+from core.base.distributed import SINGLE_PROCESS, ProcessContext
+from core.base.errors import ConfigError, did_you_mean
+from core.base.machine import MachineProfile, check_detail, detail_type_name
+from core.base.precision import Precision, PrecisionPolicy
 from core.contract.accelerator import Accelerator, max_replicas_for, validate_run
 from core.contract.context import (
     ACCELERATOR_OLD_FORMS,
@@ -21,15 +25,11 @@ from core.contract.context import (
 )
 from core.contract.launcher import Launcher, class_path, launcher_path, load_class, load_launcher
 from core.contract.manager import PluginManager
+from core.contract.meter import PowerMeterFactory
 from core.contract.pipeline import PipelineLayout
 from core.contract.workload import FRAMEWORK_LIBRARIES, Workload, module_installed
 from core.data import validate_data
 from core.energy.combined import Covers, device_meter_counted, devices_unmeasured
-from core.energy.meter import PowerMeterFactory
-from core.errors import ConfigError
-from core.machines.profile import MachineProfile, check_detail, detail_type_name
-from core.precision import Precision, PrecisionPolicy
-from core.running.distributed import SINGLE_PROCESS, ProcessContext
 
 
 @dataclass(frozen=True)
@@ -330,7 +330,9 @@ def _node_meter(
     registered = manager.power_meters.get(name)
     if registered is None:
         known = ", ".join(sorted(manager.power_meters)) or "(none registered)"
-        raise ValueError(f"{name!r} is no registered power meter; registered: {known}")
+        raise ValueError(
+            f"{name!r} is no registered power meter{did_you_mean(name, manager.power_meters)}; registered: {known}"
+        )
     factory = registered.item
     if factory is device_meter:
         raise ValueError(f"meter {name!r} is the run's device meter already; name it once")
@@ -369,7 +371,8 @@ def check_machine(manager: PluginManager, machine: MachineProfile) -> None:
         raise ConfigError(
             "machine.accelerator",
             machine.accelerator,
-            f"a registered accelerator ({', '.join(sorted(manager.accelerators)) or 'none'})",
+            f"a registered accelerator ({', '.join(sorted(manager.accelerators)) or 'none'})"
+            + did_you_mean(machine.accelerator, manager.accelerators),
         )
     expected = manager.accelerator(machine.accelerator).machine_details
     for key, value in machine.details.items():

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol
 
-from core.storage.results import RunResult, RunState, Status
+from core.base.results import RunResult, RunState, Status
 
 PARENT_PID_VARIABLE = "CORE_PARENT_PID"  # the pid of the process that started this one (see start)
 STOP_GRACE_SECONDS = 10.0  # between SIGTERM and SIGKILL when a child's group is stopped

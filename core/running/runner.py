@@ -14,24 +14,24 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from core.config import LOADGEN_SCENARIOS, RunConfig
+from core.base.config import LOADGEN_SCENARIOS, RunConfig
+from core.base.distributed import ProcessContext
+from core.base.errors import DataError, NonFiniteLossError
+from core.base.peaks import MemoryBandwidth
+from core.base.precision import policy_in_force
+from core.base.results import DeviceRecord, EnergyMeasurement, NodeEnergy, RunResult, RunState, Status
+from core.base.units import JOULES_PER_WATT_HOUR
 from core.contract.accelerator import devices_used, executor_for
 from core.contract.context import RunContext
 from core.contract.manager import innermost_location
-from core.contract.peaks import MemoryBandwidth
+from core.contract.meter import PowerMeter, PowerMeterFactory, UnavailableMeter, meter_for
 from core.data import loader_worker_death
 from core.energy.combined import MeterSet
-from core.energy.meter import PowerMeter, PowerMeterFactory, UnavailableMeter, meter_for
-from core.energy.units import JOULES_PER_WATT_HOUR
-from core.errors import DataError, NonFiniteLossError
 from core.executors.base import Executor
-from core.precision import policy_in_force
-from core.running.distributed import ProcessContext
+from core.running.environment import collect_environment
 from core.running.exchange import gather_through_files
 from core.running.observe import Observer
 from core.running.planning import RunPlan, device_covers, node_covers
-from core.storage.environment import collect_environment
-from core.storage.results import DeviceRecord, EnergyMeasurement, NodeEnergy, RunResult, RunState, Status
 
 # Above this share of the window spent waiting for data, the run measures storage, not the device.
 DATA_BOUND_FRACTION = 0.10
@@ -177,7 +177,7 @@ def execute(plan: RunPlan, process: ProcessContext, observer: Observer | None = 
 
     :param observer: told of each phase's partial result, in the main process (rank 0) only.
     """
-    # core's executors and workloads look the precision up by name (core.precision.policy_for):
+    # core's executors and workloads look the precision up by name (core.base.precision.policy_for):
     # they get planning's policy, whichever accelerator builds the executor, and however.
     with policy_in_force(plan.context(process).precision_policy):
         return _execute(plan, process, observer)

@@ -20,10 +20,10 @@ import sys
 import traceback
 from pathlib import Path
 
+from core.base.distributed import ProcessContext
 from core.contract.launcher import load_launcher
 from core.contract.manager import get_plugin_manager
 from core.running import processes
-from core.running.distributed import ProcessContext
 from core.running.launch import NODE_RESULTS_VARIABLE
 from core.running.observe import ResultWriter
 from core.running.planning import PlannedRun

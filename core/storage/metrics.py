@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from core.storage.files import finite_json
-from core.storage.results import RunResult
+from core.base.files import finite_json
+from core.base.results import RunResult
 
 if TYPE_CHECKING:
     from core.storage.store import StoredRun

@@ -23,8 +23,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from core.errors import ConfigError
-from core.storage.results import RunResult
+from core.base.errors import ConfigError
+from core.base.results import RunResult
 from core.storage.store import DatabaseInUseError, ResultStore, StoreError, StoreWriteError, SweepLock
 
 _LABEL_VALUE_CHARS = 60  # of one option's value in a single run's label

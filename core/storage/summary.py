@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.base.results import RunResult, RunState
 from core.storage.metrics import METRICS, METRICS_BY_NAME, Metric, Summary
-from core.storage.results import RunResult, RunState
 from core.storage.store import StoredRun
 
 SPREAD_FLAG_FRACTION = 0.10  # a cell whose throughput spread exceeds 10 % is flagged

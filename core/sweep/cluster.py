@@ -31,11 +31,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from core.errors import CoreError
+from core.base.errors import CoreError
+from core.base.files import OutputError, describe_os_error, write_atomically
+from core.base.results import RunResult, RunState, Status
 from core.running import processes
 from core.running.launch import write_request
-from core.storage.files import OutputError, describe_os_error, write_atomically
-from core.storage.results import RunResult, RunState, Status
 from core.sweep.loop import EndedRepeat, Repeat, RepeatKey, SweepBackend, SweepNotStarted
 from core.sweep.plan import Cell
 from core.sweep.slurm_jobs import ACTIVE_STATES, Scheduler, SlurmError, SlurmScheduler, log_path_pattern

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from core.base.results import RunResult, RunState
 from core.running.observe import Observer, ObserverGroup
-from core.storage.results import RunResult, RunState
 from core.storage.store import StoreError, unsaved_directory
 from core.storage.summary import CellSummary, summarise
 from core.sweep.spec import UnsavedResultError, _shorten
@@ -327,7 +327,7 @@ def _unsaved_file(database: Path, sweep: str, cell: Cell, repeat: int) -> Path:
 
 def _save_unsaved(path: Path, document: dict[str, Any]) -> str | None:
     """Write ``document`` whole to ``path`` (None) or say why it could not be written."""
-    from core.storage.files import OutputError, write_atomically
+    from core.base.files import OutputError, write_atomically
 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -336,7 +336,7 @@ def _save_unsaved(path: Path, document: dict[str, Any]) -> str | None:
     except OutputError as error:
         why = str(error)
     except OSError as exc:
-        from core.storage.files import describe_os_error
+        from core.base.files import describe_os_error
 
         why = f"cannot create {path.parent}: {describe_os_error(exc)}"
     try:

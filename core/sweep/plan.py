@@ -7,12 +7,12 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from core.errors import ConfigError, PluginError
-from core.machines.profile import MachineProfile
+from core.base.errors import ConfigError, PluginError
+from core.base.machine import MachineProfile
 from core.sweep.spec import SweepSpec, _flatten, _shorten, _too_many, shown
 
 if TYPE_CHECKING:
-    from core.config import RunConfig
+    from core.base.config import RunConfig
     from core.running.planning import PlannedRun
 
 _LABEL_VALUE_CHARS = 60  # of one value in a cell's label

@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Literal
 
-from core.config import Framework
+from core.base.config import Framework
+from core.base.results import ProcessStart, RunResult
 from core.running import processes
 from core.running.forkserver import (
     ANSWER_TIMEOUT_SECONDS,
@@ -29,7 +30,6 @@ from core.running.forkserver import (
     start_fork_server,
 )
 from core.running.launch import RESULT_FILE, child_command, run_in_child
-from core.storage.results import ProcessStart, RunResult
 from core.sweep.plan import Cell
 
 STOP_GRACE_SECONDS = 10.0  # between SIGTERM and SIGKILL when a cell is stopped
@@ -174,8 +174,8 @@ class CellStart:
 
 
 def _accelerator_refusal(name: str) -> str | None:
+    from core.base.errors import ConfigError
     from core.contract.manager import get_plugin_manager
-    from core.errors import ConfigError
 
     try:
         accelerator = get_plugin_manager().accelerator(name)

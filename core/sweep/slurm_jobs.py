@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
-from core.errors import CoreError
+from core.base.errors import CoreError
 
 #: states of a job that has not ended; any other state is final
 ACTIVE_STATES = frozenset(

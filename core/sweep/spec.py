@@ -12,9 +12,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from core.config import RunConfig, canonical_node_meters
-from core.errors import ConfigError, ConfigErrors, CoreError
-from core.storage.epochs import EpochDefinition
+from core.base.config import RunConfig, canonical_node_meters
+from core.base.epochs import EpochDefinition
+from core.base.errors import ConfigError, ConfigErrors, CoreError
 from core.sweep.slurm_settings import SlurmSettings
 
 DEFAULT_REPEATS = 3
@@ -112,7 +112,7 @@ def read_sweep_document(path: Path) -> dict[str, Any]:
     A file over 1 MiB is refused, and so are YAML aliases (``*name``, ``<<: *name``): a few hundred
     bytes of nested aliases expand to billions of values.
     """
-    from core.storage.files import describe_os_error
+    from core.base.files import describe_os_error
 
     suffix = path.suffix.lower()
     if suffix not in (".toml", ".yaml", ".yml", ".json"):
@@ -215,7 +215,7 @@ def _too_many(errors: list[ConfigError]) -> list[ConfigError]:
 
 def make_sweep_spec(document: dict[str, Any], default_name: str | None = None) -> SweepSpec:
     """Validate a sweep document. Raises ConfigError naming the setting (``grid.precision``)."""
-    from core.config import config_errors
+    from core.base.config import config_errors
 
     document = dict(document)
     if default_name is not None and "name" not in document:

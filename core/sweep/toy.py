@@ -26,10 +26,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.config import LOADGEN_SCENARIOS
+from core.base.config import LOADGEN_SCENARIOS
+from core.base.errors import ConfigError
+from core.base.results import RunResult
 from core.contract.manager import PluginManager
-from core.errors import ConfigError
-from core.storage.results import RunResult
 from core.sweep.plan import Cell, cell_key
 
 TOY_MAX_CELLS = 4

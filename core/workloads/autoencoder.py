@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field
 
-from core.config import Framework
+from core.base.config import Framework
 from core.contract.workload import KerasTrainingSpec, TorchTrainingSpec
 from core.workloads.counting import Tally
 from core.workloads.datasets import IMAGE_DATASETS, ImageDatasetName

@@ -13,18 +13,12 @@ Pure Python: ``core workloads`` reports these figures without importing a framew
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 
 def conv_output(size: int, kernel: int, stride: int = 1, padding: int = 0) -> int:
     """Output length of a convolution or pooling window with ``padding`` added in total."""
     return (size + padding - kernel) // stride + 1
-
-
-def same_output(size: int, stride: int) -> int:
-    """Output length with TensorFlow's 'same' padding."""
-    return math.ceil(size / stride)
 
 
 @dataclass

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field
 
-from core.config import Framework
+from core.base.config import Framework
 from core.contract.workload import TorchTrainingSpec
 from core.workloads.counting import Tally, conv_output
 from core.workloads.zoo import Source, ZooOptions, ZooWorkload, seeded, torchvision_source, transformers_source

@@ -19,9 +19,9 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from core.config import Framework, RunConfig
+from core.base.config import Framework, RunConfig
+from core.base.precision import policy_for
 from core.contract.workload import KerasTrainingSpec, TorchTrainingSpec, Workload
-from core.precision import policy_for
 
 LEARNING_RATE = 0.01
 MOMENTUM = 0.9

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field
 
-from core.config import Framework
+from core.base.config import Framework
 from core.contract.pipeline import RecommendedSplit
 from core.contract.workload import TorchTrainingSpec
 from core.workloads.counting import Tally

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field
 
-from core.config import Framework
+from core.base.config import Framework
 from core.contract.workload import TorchTrainingSpec
 from core.workloads.counting import Tally, conv_output
 from core.workloads.zoo import Source, ZooOptions, ZooWorkload, option_error, seeded, transformers_source

@@ -19,10 +19,10 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from core.config import Framework
+from core.base.config import Framework
+from core.base.errors import ConfigError, CoreError
 from core.contract.pipeline import PipelineLayout, RecommendedSplit
 from core.contract.workload import Workload, module_installed
-from core.errors import ConfigError, CoreError
 from core.workloads.counting import Tally
 
 

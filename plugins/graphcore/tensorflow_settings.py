@@ -88,11 +88,6 @@ class PoplarProcessConfiguration:
 _configured: PoplarProcessConfiguration | None = None
 
 
-def configured_in_this_process() -> PoplarProcessConfiguration | None:
-    """The configuration IPU TensorFlow was first configured with in this process, if any."""
-    return _configured
-
-
 def check_one_configuration_per_process(requested: PoplarProcessConfiguration) -> None:
     """Refuse ``requested`` when this process already configured IPU TensorFlow differently."""
     first = _configured

@@ -1,4 +1,4 @@
-"""NVIDIA GPUs: the shared CUDA-API placement of core.contract.gpu, discovered and described through NVML."""
+"""NVIDIA GPUs: the shared CUDA-API placement of core.executors.gpu, discovered and described through NVML."""
 
 from __future__ import annotations
 

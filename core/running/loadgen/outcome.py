@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from core.errors import CoreError
+from core.base.errors import CoreError
 from core.running.loadgen.settings import Scenario
 
 SUMMARY_FILE = "mlperf_log_summary.txt"

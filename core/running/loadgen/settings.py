@@ -16,8 +16,8 @@ from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from core.config import RunConfig, config_errors
-from core.errors import ConfigError, ConfigErrors
+from core.base.config import RunConfig, config_errors
+from core.base.errors import ConfigError, ConfigErrors
 
 Scenario = Literal["offline", "single-stream", "server"]
 

@@ -14,16 +14,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from core.config import RunConfig
-from core.energy.meter import PowerMeter, UnavailableMeter
-from core.errors import CoreError
+from core.base.config import RunConfig
+from core.base.errors import CoreError
+from core.base.results import EnergyMeasurement, LoadGenFigures
+from core.contract.meter import PowerMeter, UnavailableMeter
 from core.executors.base import Executor
 from core.running import processes
 from core.running.loadgen.outcome import LoadGenOutcome
 from core.running.loadgen.run import run_scenario
 from core.running.loadgen.settings import settings_for_run
 from core.running.loadgen.sut import QuerySource
-from core.storage.results import EnergyMeasurement, LoadGenFigures
 
 #: where a run's LoadGen logs are written, read and removed (a work directory of core's)
 LOG_DIRECTORY_PREFIX = f"{processes.WORK_DIRECTORY_PREFIX}loadgen-"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from typing import Any
 
 
@@ -54,3 +56,20 @@ class DataError(CoreError):
 
 class NonFiniteLossError(CoreError, ArithmeticError):
     """The loss became NaN or infinite during a measured phase."""
+
+
+def closest_name(word: str, names: Iterable[str]) -> str | None:
+    """The name ``word`` most likely misspells, or None where none is close (difflib's ratio of at
+    least 0.6, as Python's own suggestions use): for the "did you mean" of an unknown command, flag,
+    workload, accelerator or option. Case is ignored, so ``FCNN`` finds ``fcnn``."""
+    folded: dict[str, str] = {}
+    for name in names:
+        folded.setdefault(name.casefold(), name)
+    found = difflib.get_close_matches(word.casefold(), list(folded), n=1, cutoff=0.6)
+    return folded[found[0]] if found else None
+
+
+def did_you_mean(word: str, names: Iterable[str]) -> str:
+    """`` (did you mean 'resnet50'?)`` to follow what refuses ``word``, or "" where no name is close."""
+    name = closest_name(word, names)
+    return f" (did you mean {name!r}?)" if name is not None else ""

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from core.errors import CoreError
+from core.base.errors import CoreError
 
 
 class OutputError(CoreError):

@@ -24,7 +24,7 @@ from contextlib import AbstractContextManager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from core.deprecation import REMOVED_IN, warn_deprecated
+from core.base.deprecation import REMOVED_IN, warn_deprecated
 
 if TYPE_CHECKING:
     import torch

@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from core.config import Precision
+from core.base.config import Precision
 
 TERA = 1e12
 GIGA = 1e9

@@ -13,12 +13,12 @@ from __future__ import annotations
 from abc import abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from core.config import Framework, Precision, RunConfig
+from core.base.config import Framework, Precision, RunConfig
+from core.base.distributed import ProcessContext
+from core.base.results import DeviceRecord
 from core.contract.accelerator import Accelerator
 from core.contract.context import RunContext, overrides_old_form
 from core.contract.workload import Workload
-from core.running.distributed import ProcessContext
-from core.storage.results import DeviceRecord
 
 if TYPE_CHECKING:
     from core.executors.base import Executor

@@ -9,9 +9,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, ClassVar
 
-from core.config import RunConfig
+from core.base.config import RunConfig
+from core.base.results import DeviceRecord, EnergyMeasurement
 from core.contract.accelerator import Availability
-from core.storage.results import DeviceRecord, EnergyMeasurement
 
 if TYPE_CHECKING:
     from core.contract.context import RunContext

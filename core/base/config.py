@@ -9,9 +9,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from core.errors import ConfigError, ConfigErrors
-from core.precision import Precision
-from core.storage.epochs import ALLOWED_EPOCH_DEFINITIONS, DEFAULT_EPOCH_DEFINITION, EpochDefinition
+from core.base.epochs import ALLOWED_EPOCH_DEFINITIONS, DEFAULT_EPOCH_DEFINITION, EpochDefinition
+from core.base.errors import ConfigError, ConfigErrors, did_you_mean
+from core.base.precision import Precision
 
 
 class Framework(str, Enum):
@@ -106,7 +106,7 @@ class RunConfig(BaseModel):
     )
     precision: Precision = Field(
         default=Precision.fp32,
-        description="numeric precision policy, by name (core.precision: fp32 is true fp32, tf32 allows TF32, bf16 "
+        description="numeric precision policy, by name (core.base.precision: fp32 is true fp32, tf32 allows TF32, bf16 "
         "and fp16 autocast, fp16 with loss scaling); each accelerator lists the ones it runs",
     )
     steps: int = Field(
@@ -366,7 +366,10 @@ def config_errors(
         where = ".".join(str(part) for part in error.get("loc", ())) or nameless
         value = error.get("input")
         if error.get("type") == "extra_forbidden":
-            allowed = f"{unknown}: {', '.join(model.model_fields) or 'none'}"
+            # The closest known key right after "unknown option", before the list of them all.
+            what, semicolon, rest = unknown.partition(";")
+            hint = did_you_mean(str(error.get("loc", ("",))[-1]), model.model_fields)
+            allowed = f"{what}{hint}{semicolon}{rest}: {', '.join(model.model_fields) or 'none'}"
         elif error.get("type") == "missing":
             # pydantic's input here is the whole document the field is missing from: not worth quoting.
             value = None

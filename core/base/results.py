@@ -9,8 +9,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 from pydantic_core import PydanticCustomError
 
-from core.config import RunConfig
-from core.energy.units import JOULES_PER_WATT_HOUR, watt_hours
+from core.base.config import RunConfig
+from core.base.units import JOULES_PER_WATT_HOUR, watt_hours
 
 # 1.1: EnergyMeasurement.power_timeline and .warnings (optional, so 1.0 documents still load).
 # 1.2: Status.location and .traceback (optional).

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from importlib import metadata
 
-from core.storage.results import EnvironmentInfo
+from core.base.results import EnvironmentInfo
 
 # What core itself runs on, recorded when present; a vendor's packages come from its plugin
 # (core_register_packages). None is imported to find its version.

@@ -12,8 +12,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, Strict, TypeAdapter, ValidationError, field_validator
 from pydantic.fields import FieldInfo
 
-from core.config import Precision, config_errors
-from core.errors import ConfigError, ConfigErrors
+from core.base.config import Precision, config_errors
+from core.base.errors import ConfigError, ConfigErrors, did_you_mean
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -75,29 +75,16 @@ class MachineProfile(BaseModel):
         return None if self.memory_gib_per_device is None else int(self.memory_gib_per_device * GIB)
 
 
-def shipped_machines() -> dict[str, MachineProfile]:
-    """The machine profiles the loaded plugins ship (core_register_machines), by name."""
-    # At call time: the plugin manager sits above the plain types here.
-    from core.contract.manager import get_plugin_manager
-
-    return get_plugin_manager().machine_profiles()
-
-
-def machine_names() -> list[str]:
-    """The names ``--machine`` takes besides a profile file: the plugins' profiles."""
-    return sorted(shipped_machines())
-
-
-def load_machine(
-    name_or_path: str | Path, relative_to: Path | None = None, shipped: Mapping[str, MachineProfile] | None = None
+def find_machine(
+    name_or_path: str | Path, profiles: Mapping[str, MachineProfile], relative_to: Path | None = None
 ) -> MachineProfile:
-    """A shipped profile by name, or one read from a TOML file; ConfigError on the field ``machine``.
+    """A profile of ``profiles`` by name, or one read from a TOML file; ConfigError on the field
+    ``machine``. (:func:`core.machines.load_machine` looks the name up among the plugins' profiles.)
 
+    :param profiles: the profiles a name may select, by name.
     :param relative_to: the folder a relative profile path is read from (a sweep file's own folder,
         so the file works from any working directory); None: the working directory.
-    :param shipped: the profiles a name may select; None: those the loaded plugins registered.
     """
-    profiles = shipped_machines() if shipped is None else shipped
     if isinstance(name_or_path, str) and name_or_path in profiles:
         return profiles[name_or_path]
     path = Path(name_or_path)
@@ -108,7 +95,7 @@ def load_machine(
             "machine",
             str(name_or_path),
             f"a shipped profile ({', '.join(sorted(profiles)) or 'none: no loaded plugin ships one'}) "
-            "or a profile file (.toml)",
+            f"or a profile file (.toml){did_you_mean(str(name_or_path), profiles)}",
         )
     if not path.is_file():
         found = "a folder" if path.is_dir() else "nothing"

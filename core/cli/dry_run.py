@@ -1,0 +1,172 @@
+"""``core run --dry-run``: the plan of one run, validated and shown, nothing run; ``--machine``
+(also ``core sweep``'s) plans for a machine profile instead of this host."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from core.base.errors import ConfigError
+from core.cli.errors import config_error, error
+from core.cli.text import count
+
+if TYPE_CHECKING:
+    from core.machines import MachineProfile
+    from core.running.planning import RunPlan
+
+_GIB = 1024**3
+
+MACHINE_HELP = (
+    "with --dry-run: validate for this machine instead of this host: a shipped profile (see `core machines`) "
+    "or a profile file (.toml)"
+)
+
+
+def load_machine_argument(args: argparse.Namespace, relative_to: Path | None = None) -> MachineProfile | None:
+    """The --machine profile (None without one); ConfigError when it is unknown or used without --dry-run.
+
+    :param relative_to: where a relative profile path is read from (a sweep file's folder, for the
+        file's own ``machine`` key); None: the working directory, as for any path on the command line.
+    """
+    if args.machine is None:
+        return None
+    if not args.dry_run:
+        raise ConfigError("--machine", args.machine, "plans for a machine not at hand: use it with --dry-run")
+    from core.machines import load_machine
+
+    return load_machine(args.machine, relative_to=relative_to)
+
+
+def command_run_dry(args: argparse.Namespace, options: dict[str, Any]) -> int:
+    """Plan the run as ``core run`` would (for ``--machine`` where given) and show the plan."""
+    from core.base.distributed import SINGLE_PROCESS
+    from core.contract.manager import PluginFault, get_plugin_manager
+    from core.running.planning import plan_run
+
+    manager = get_plugin_manager()
+    try:
+        machine = load_machine_argument(args)
+        plan = plan_run(manager, args.workload, args.accelerator, options, machine=machine)
+        _check_database_for_dry_run(args.database)
+        with manager.plugin_code(plan.accelerator, f"{type(plan.accelerator).__name__}.placement_summary()"):
+            extra_placement = plan.accelerator.placement_summary(plan.context(SINGLE_PROCESS))
+    except ConfigError as problem:
+        return config_error(problem)
+    except PluginFault as fault:
+        return error(str(fault))
+    described = describe_plan(plan, extra_placement)
+    if args.json:
+        print(json.dumps(described, indent=2))
+    else:
+        for label, text in plan_lines(described):
+            print(f"  {label:<15} {text}")
+    return 0
+
+
+def _check_database_for_dry_run(database: Path | None) -> None:
+    """A dry run writes nothing: an existing --database is opened read-only to check it is one."""
+    from core.storage.single_runs import database_path
+    from core.storage.store import ResultStore, StoreError
+
+    if database is None:
+        return
+    path = database_path(database)
+    if not path.exists() and not path.is_symlink():
+        return
+    try:
+        ResultStore(path, create=False).close()
+    except StoreError as problem:
+        raise ConfigError("database", str(path), str(problem)) from None
+
+
+def describe_plan(plan: RunPlan, extra_placement: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What a dry run of one run shows, as data (``--json``): where it was planned for, its
+    placement, a memory estimate where the model's size is known, and what it warns of."""
+    from core.running.planning import memory_estimate
+
+    config = plan.config
+    machine = plan.machine
+    estimate = memory_estimate(plan.workload, plan.workload_options, config)
+    memory: dict[str, Any] | None = None
+    if estimate is not None:
+        memory = {
+            "kept": estimate["kept"],
+            "model_state_gib": round(estimate["weights_and_gradients_bytes"] / _GIB, 3),
+            "optimizer_state_gib": round(estimate["optimizer_state_bytes"] / _GIB, 3),
+            "optimizer_state_assumed": estimate["optimizer_state_assumed"],
+            "activations": "not counted",
+            "device_memory_gib": machine.memory_gib_per_device if machine is not None else None,
+        }
+    return {
+        "planned_for": machine.name if machine is not None else None,
+        "workload": config.workload,
+        "accelerator": config.accelerator,
+        "framework": config.framework.value,
+        "mode": config.mode,
+        "placement": {
+            "replicas": config.replicas,
+            "devices_per_replica": config.devices_per_replica,
+            "micro_batch_size": config.micro_batch_size,
+            "gradient_accumulation": config.gradient_accumulation,
+            **(extra_placement or {}),
+        },
+        "precision": config.precision.value,
+        "launcher": plan.launcher.name if plan.launcher is not None else None,
+        "parameters": estimate["parameters"] if estimate is not None else None,
+        "memory_per_device": memory,
+        "power_meter": plan.meter_factory.name if plan.meter_factory is not None else None,
+        "energy_unavailable_reason": None if plan.meter_factory is not None else plan.meter_unavailable_reason,
+        "node_meters": [factory.name for factory in plan.node_meter_factories],
+        "warnings": list(plan.warnings),
+        "config": config.model_dump(mode="json"),
+    }
+
+
+def plan_lines(described: dict[str, Any]) -> list[tuple[str, str]]:
+    """The text view of :func:`describe_plan`: one labelled line per item, warnings last."""
+    parameters = described["parameters"]
+    placement, notes = _placement_text(described["placement"])
+    lines = [
+        ("planned for", described["planned_for"] or "this host"),
+        ("workload", described["workload"]),
+        ("accelerator", f"{described['accelerator']} ({described['framework']})"),
+        ("placement", placement),
+        *[("", note) for note in notes],
+        ("precision", described["precision"]),
+        ("launcher", described["launcher"] or "none (one process)"),
+        ("parameters", f"{parameters:,}" if parameters else "unknown"),
+    ]
+    memory = described["memory_per_device"]
+    if memory is not None:
+        lines.append(("memory", _memory_text(memory)))
+    lines.append(("energy", described["power_meter"] or described["energy_unavailable_reason"]))
+    if described["node_meters"]:
+        lines.append(("node meters", ", ".join(described["node_meters"])))
+    lines.extend(("warning", warning) for warning in described["warnings"])
+    return lines
+
+
+def _placement_text(placement: dict[str, Any]) -> tuple[str, list[str]]:
+    """The placement line (replicas, devices, batch arithmetic, the accelerator's own figures) and
+    the accelerator's notes under it."""
+    placement = dict(placement)
+    replicas, per_replica = placement.pop("replicas"), placement.pop("devices_per_replica")
+    text = (
+        f"{count(replicas, 'replica')} x {count(per_replica, 'device')}, micro-batch "
+        f"{placement.pop('micro_batch_size')}, gradient accumulation {placement.pop('gradient_accumulation')}"
+    )
+    notes = placement.pop("placement_notes", None) or []
+    if placement:
+        text += "; " + ", ".join(f"{key.replace('_', ' ')} {value}" for key, value in placement.items())
+    return text, list(notes)
+
+
+def _memory_text(memory: dict[str, Any]) -> str:
+    state = "an optimizer state like Adam's, assumed" if memory["optimizer_state_assumed"] else "optimizer state"
+    of = f" of {memory['device_memory_gib']:.1f} GiB" if memory["device_memory_gib"] is not None else ""
+    kept = f"{memory['model_state_gib']:.2f} GiB {memory['kept']}"
+    if memory["optimizer_state_gib"]:
+        kept += f" + {memory['optimizer_state_gib']:.2f} GiB {state}"
+    return f"{kept} per device{of} (activations not counted)"

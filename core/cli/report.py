@@ -1,0 +1,84 @@
+"""``core report``: a Markdown and HTML report with plots from one or several results databases."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from core.cli.errors import FAULT, error
+from core.cli.sweep_arguments import DATABASE_HELP
+
+
+def add_report_arguments(report: argparse.ArgumentParser) -> None:
+    report.add_argument(
+        "databases",
+        nargs="*",
+        type=Path,
+        metavar="DATABASE",
+        help="results databases to report together, compared where they ran the same configurations on "
+        "different platforms or hosts (default: --database, else $CORE_DATABASE, else results/core.db)",
+    )
+    report.add_argument("--database", type=Path, help=DATABASE_HELP)
+    report.add_argument(
+        "--epochs",
+        type=int,
+        help="add the estimated time and energy to train this many epochs (and the measured ones where a run "
+        "did whole epochs)",
+    )
+    report.add_argument(
+        "--epoch-definition",
+        metavar="DEFINITION",
+        help="with --epochs: what an epoch is (dataset, samples:N, global-batches:N, host-calls:N); default: "
+        "each run's own epoch_definition",
+    )
+    report.add_argument(
+        "--compare-ignore",
+        action="append",
+        default=[],
+        metavar="OPTION",
+        help="an option not matched when comparing platforms, which becomes part of what is compared, e.g. "
+        "replicas for 1x A100 against 4x A100 (repeatable)",
+    )
+    report.add_argument(
+        "--baseline", metavar="TEXT", help="compare against the side whose label (host: devices) contains TEXT"
+    )
+    report.add_argument(
+        "--sweep",
+        action="append",
+        dest="sweeps",
+        metavar="NAME",
+        help="report this sweep (repeatable; default: every sweep)",
+    )
+    report.add_argument(
+        "--output",
+        type=Path,
+        default=Path("results") / "report",
+        help="directory for report.md, report.html and plots/ (default: results/report)",
+    )
+
+
+def command_report(args: argparse.Namespace) -> int:
+    from core.base.files import OutputError
+    from core.report import ComparisonRequest, ReportError, ReportWriteError, TrainingPlan, write_report
+    from core.storage.store import StoreError, default_database
+
+    databases = ([args.database] if args.database else []) + list(args.databases)
+    database = databases or [default_database()]
+    if args.epoch_definition is not None and args.epochs is None:
+        return error("--epoch-definition needs --epochs N")
+    try:
+        training = None if args.epochs is None else TrainingPlan(args.epochs, args.epoch_definition)
+    except ValueError as problem:
+        return error(f"--epochs {args.epochs} --epoch-definition {args.epoch_definition}: {problem}")
+    try:
+        comparison = ComparisonRequest(tuple(args.compare_ignore), args.baseline)
+        files = write_report(database, args.output, args.sweeps, training, comparison)
+    except ReportWriteError as problem:  # after the work: the report was built, the disk refused it
+        return error(str(problem), code=FAULT)
+    except (ReportError, StoreError, OutputError) as problem:  # before the work, or a damaged database
+        return error(str(problem))
+    for warning in files.warnings:
+        print(f"core: warning: {warning}", file=sys.stderr)
+    print(f"wrote {files.markdown}, {files.html} and {len(files.plots)} plots in {files.markdown.parent / 'plots'}")
+    return 0

@@ -1,0 +1,177 @@
+"""``core sweep``: a grid file planned (the flags override the file), shown (``--dry-run``) or run
+cell by cell into the results database; an interrupted or refused sweep prints its resume command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from core.base.errors import ConfigError
+from core.cli.dry_run import load_machine_argument
+from core.cli.errors import FAULT, INTERRUPTED, describe_config_error, error
+from core.cli.resume import resume_command
+from core.cli.sweep_arguments import SLURM_FLAGS
+from core.cli.sweep_display import SweepDisplay, print_plan
+from core.cli.text import count, format_cells
+
+if TYPE_CHECKING:
+    from core.machines import MachineProfile
+    from core.sweep import SweepOutcome
+    from core.sweep.plan import SweepPlan
+    from core.sweep.spec import SweepSpec
+
+
+def sweep_overrides(args: argparse.Namespace, spec: SweepSpec) -> dict[str, Any]:
+    """What the flags change in the sweep file: ``--repeats``, ``--name``..., ``--slurm-*`` as [slurm] fields."""
+    overrides: dict[str, Any] = {
+        key: value
+        for key, value in (("repeats", args.repeats), ("timeout_seconds", args.timeout_seconds), ("name", args.name))
+        if value is not None
+    }
+    fields = [flag for flag, _, _ in SLURM_FLAGS] + ["extra_options"]
+    slurm = {name: getattr(args, f"slurm_{name}") for name in fields if getattr(args, f"slurm_{name}") is not None}
+    if slurm:
+        overrides["slurm"] = {**(spec.slurm.model_dump() if spec.slurm is not None else {}), **slurm}
+    return overrides
+
+
+def _plan(args: argparse.Namespace) -> tuple[SweepPlan, MachineProfile | None]:
+    """The sweep file with the flags' overrides, planned for --machine (or the file's ``machine``
+    in a dry run) or this host; a toy sweep for this CPU."""
+    from core.sweep import load_sweep, make_sweep_spec, plan_sweep
+
+    spec = load_sweep(args.file)
+    overrides = sweep_overrides(args, spec)
+    if overrides:
+        spec = make_sweep_spec({**spec.model_dump(), **overrides})
+    machine_from_file = args.machine is None and args.dry_run and not args.toy and spec.machine is not None
+    if machine_from_file:
+        args.machine = spec.machine
+    if args.toy and args.machine is not None:
+        raise ConfigError("--machine", args.machine, "a toy sweep runs on this CPU: leave --machine out")
+    machine = load_machine_argument(args, relative_to=Path(args.file).parent if machine_from_file else None)
+    return plan_sweep(spec, source=str(args.file), machine=machine, toy=args.toy, executor=args.executor), machine
+
+
+def sweep_dry_run(args: argparse.Namespace, plan: SweepPlan, machine: MachineProfile | None, database: Path) -> int:
+    """``core sweep --dry-run``: the cells, validated, and what the database already holds; what a
+    sweep would refuse before running (its jobs directory, a --resume of an unknown sweep) too."""
+    from core.storage.store import ResultStore, StoreError
+    from core.sweep import SweepError
+    from core.sweep.run import unknown_sweep_message
+
+    spec = plan.spec
+    finished: dict[tuple[str, int], str] = {}
+    try:
+        if args.executor == "slurm":
+            from core.sweep.cluster import check_jobs_directory
+            from core.sweep.slurm_settings import SlurmSettings
+
+            check_jobs_directory(database, spec.slurm or SlurmSettings(), spec.name)
+        if args.resume and not database.exists():
+            raise SweepError(f"--resume: no results database at {database}, so no sweep {spec.name!r} to resume")
+        if database.exists():
+            with ResultStore(database, create=False) as store:  # read only: a dry run writes nothing
+                finished = store.finished(spec.name)
+                if args.resume and not finished and store.sweep(spec.name) is None:
+                    raise SweepError(unknown_sweep_message(store, spec.name))
+    except (StoreError, SweepError) as problem:
+        return error(str(problem))
+    target = f", planned for machine {machine.name!r}" if machine is not None else ""
+    print(f"sweep {spec.name} ({args.file}), database {database}{target}")
+    print_plan(plan, spec.repeats, finished)
+    if plan.invalid_cells and not args.skip_invalid:
+        return error(
+            f"{count(len(plan.invalid_cells), 'invalid cell')}: fix the grid, exclude them, or pass --skip-invalid"
+        )
+    return 0
+
+
+def command_sweep(args: argparse.Namespace) -> int:
+    from core.storage.store import default_database
+    from core.sweep import SweepError
+
+    try:
+        plan, machine = _plan(args)
+    except ConfigError as problem:
+        return error(f"{args.file}: {describe_config_error(problem)}")
+    except SweepError as problem:
+        return error(str(problem))
+    database = args.database or default_database()
+    if args.dry_run:
+        return sweep_dry_run(args, plan, machine, database)
+    return _run(args, plan, database)
+
+
+def _run(args: argparse.Namespace, plan: SweepPlan, database: Path) -> int:
+    """Run the sweep with its progress shown; a result the database refused is printed, an interrupt
+    or a refusal says how to resume."""
+    import signal
+
+    from core.storage.store import StoreError
+    from core.sweep import SweepError, UnsavedResultError, run_sweep
+    from core.sweep.run import sweep_in_database
+
+    spec = plan.spec
+    # SIGTERM ends the sweep the way Ctrl-C does: the running cell is stopped, nothing half-done is stored.
+    previous_handler = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    display = SweepDisplay()
+    try:
+        outcome = run_sweep(
+            plan,
+            database=database,
+            resume=args.resume,
+            retry_failed=args.retry_failed,
+            skip_invalid=args.skip_invalid,
+            observer=display,
+            executor=args.executor,
+            workers=args.workers,
+        )
+    except UnsavedResultError as problem:  # mid-sweep, the database refused a result: keep what was measured
+        display.line.clear()
+        if problem.saved_to is None:
+            from core.base.files import json_text
+
+            print(json_text(problem.document), flush=True)  # JSON any reader takes: null, never NaN
+        return error(f"{problem}. Once the database can be written: {resume_command(args, database, spec)}", FAULT)
+    except (SweepError, StoreError) as problem:  # before anything ran: the grid, the database, its lock
+        return error(str(problem))
+    except KeyboardInterrupt:
+        display.line.clear()
+        if not sweep_in_database(database, spec.name):  # stopped before it was recorded: nothing to resume
+            command = resume_command(args, database, spec, resume=False)
+            print(
+                f"core: sweep {spec.name} interrupted before it was recorded in {database}; start it with: {command}",
+                file=sys.stderr,
+            )
+            return INTERRUPTED
+        print(
+            f"core: sweep {spec.name} interrupted; finished runs are in {database}. "
+            f"Continue with: {resume_command(args, database, spec)}",
+            file=sys.stderr,
+        )
+        return INTERRUPTED
+    finally:
+        display.line.clear()
+        signal.signal(signal.SIGTERM, previous_handler)
+    _print_outcome(outcome)
+    return 0
+
+
+def _print_outcome(outcome: SweepOutcome) -> None:
+    """What the sweep recorded: results recovered from an earlier run, each cell's summary, the counts."""
+    if outcome.runs_recovered:
+        print(
+            f"recorded {outcome.runs_recovered} result(s) that an earlier run of this sweep could not write to "
+            f"{outcome.database}"
+        )
+    print()
+    print(format_cells(outcome.cells))
+    failed = sum(1 for cell in outcome.cells if cell.status != "ok")
+    print(
+        f"sweep {outcome.name}: {count(outcome.runs_done, 'run')} now, {outcome.runs_already_finished} before; "
+        f"{count(len(outcome.cells), 'cell')}, {failed} failed, {sum(c.flagged for c in outcome.cells)} flagged; "
+        f"results in {outcome.database}"
+    )
