@@ -27,3 +27,13 @@ def mounted_tmpfs(tmp_path: Path, kilobytes: int = 4096) -> Iterator[Path]:
         yield mount_point
     finally:
         subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def fill(path: Path) -> None:
+    """Write ``path`` until its file system is full (the kernel's ENOSPC)."""
+    with open(path, "wb", buffering=0) as stream:
+        try:
+            while True:
+                stream.write(b"x" * 1024)
+        except OSError:
+            pass

@@ -219,3 +219,22 @@ def sim_nvml(
     _reset(pynvml, None)
     # The next test may want another release under the same name.
     sys.modules.pop("pynvml", None)
+
+
+def measure_nvml(clock: SimulatedClock, devices: list[Any], window_seconds: float) -> Any:
+    """The NVIDIA plugin's meter over ``devices`` for ``window_seconds`` of the simulated library's
+    time (``clock``, made right after the node was installed): its figures do not depend on how
+    busy the machine is."""
+    from core import make_config
+    from core.testing import run_context
+    from core_plugins.nvidia.meter import NvmlMeterFactory
+
+    config = make_config(workload="fcnn", accelerator="nvidia", power_sample_interval_seconds=0.01)
+    meter = NvmlMeterFactory(clock=clock).meter_for(devices, run_context(config))
+    try:
+        meter.start()
+        clock.wait_for_waiters(1)  # the power sampler
+        clock.run_for(window_seconds, config.power_sample_interval_seconds)
+        return meter.stop()
+    finally:
+        meter.close()

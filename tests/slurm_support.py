@@ -24,15 +24,29 @@ class SimulatedSlurm:
         self.polls = 0
         self.clock = 1_000_000.0
         self.refuse_submission = refuse_submission  # the n-th sbatch (1-based) is refused
+        #: the n-th sbatch (1-based) submits its job, then its answer is lost: this is raised instead
+        #: (KeyboardInterrupt: Ctrl-C while sbatch answered; SlurmError: sbatch timed out)
+        self.lose_answer: dict[int, BaseException] = {}
+        self.find_fails = False  # squeue cannot be asked for a job by its name
+        self.on_submit: Callable[[SimulatedSlurm, int], None] = lambda slurm, number: None
         self.on_poll: Callable[[SimulatedSlurm, int], None] = lambda slurm, poll: None
 
     def submit(self, script: Path, options: Sequence[str], *, job_name: str, log: str, directory: Path) -> str:
-        if self.refuse_submission is not None and len(self.jobs) + 1 == self.refuse_submission:
+        number = len(self.jobs) + 1
+        self.on_submit(self, number)
+        if self.refuse_submission is not None and number == self.refuse_submission:
             raise SlurmError("sbatch refused the job: sbatch: error: invalid partition specified: nope", refused=True)
         job_id = str(100 + len(self.jobs))
         self.jobs[job_id] = {"folder": directory, "name": job_name, "log": log, "state": "PENDING", "options": options}
         assert script.parent == directory and (directory / "request.json").exists()
+        if number in self.lose_answer:
+            raise self.lose_answer[number]
         return job_id
+
+    def find(self, job_name: str, directory: Path) -> list[str]:
+        if self.find_fails:
+            raise SlurmError("squeue failed: slurm_load_jobs error: Unable to contact slurm controller")
+        return [job_id for job_id, job in self.jobs.items() if job["name"] == job_name and job["folder"] == directory]
 
     def states(self, job_ids: Sequence[str]) -> dict[str, str | None]:
         self.polls += 1

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-from filesystems import mounted_tmpfs
+from filesystems import fill, mounted_tmpfs
 
 from core import Accelerator, Availability, Precision, hookimpl
 from core.cli import format_result, main
@@ -93,16 +93,6 @@ def test_a_full_disk_keeps_the_result_and_leaves_no_partial_file(
     assert "no space left on the device (ENOSPC)" in captured.err and "the result is printed above" in captured.err
     assert json.loads(captured.out)["status"]["state"] == "ok"  # what was measured reached the terminal
     assert left == ["filler"]  # neither the result nor a temporary file
-
-
-def fill(path: Path) -> None:
-    """Write until the disk is full."""
-    with open(path, "wb", buffering=0) as stream:
-        try:
-            while True:
-                stream.write(b"x" * 1024)
-        except OSError:
-            pass
 
 
 class _BrokenExecutorAccelerator(Accelerator):

@@ -272,6 +272,84 @@ def test_every_device_hook_and_meter_declaration_is_documented() -> None:
     assert not missing, f"docs/writing-a-plugin.md does not name: {missing}"
 
 
+def _public_members(cls: type) -> list[str]:
+    """What a plugin author can override, set or read on ``cls``: its public attributes and methods,
+    dataclass fields included, less what every object has."""
+    import dataclasses
+
+    names = {name for name in dir(cls) if not name.startswith("_") and name not in dir(object)}
+    if dataclasses.is_dataclass(cls):
+        names |= {f.name for f in dataclasses.fields(cls)}
+    return sorted(names)
+
+
+def test_every_member_of_a_plugin_base_is_documented() -> None:
+    """Each member of what a plugin subclasses or is handed is named in the guide (or hooks.md, or
+    inference.md for the inference members): an undocumented override point does not exist for a
+    third party writing from the docs."""
+    from core.base.precision import PrecisionPolicy
+    from core.contract.accelerator import Accelerator
+    from core.contract.commands import Command
+    from core.contract.context import RunContext
+    from core.contract.launcher import Launcher
+    from core.contract.meter import PowerMeter, PowerMeterFactory
+    from core.contract.workload import Workload
+    from core.executors.keras import KerasPlacement
+    from core.executors.pytorch import TorchPlacement
+    from core.executors.stand_in import CpuStandIn
+
+    guides = ("writing-a-plugin.md", "hooks.md", "inference.md")
+    docs = "".join((DOCS / name).read_text(encoding="utf-8") for name in guides)
+    bases = (Accelerator, PowerMeterFactory, PowerMeter, Workload, RunContext, Launcher, PrecisionPolicy)
+    missing = [
+        f"{cls.__name__}.{name}"
+        for cls in (*bases, TorchPlacement, KerasPlacement, Command, CpuStandIn)
+        for name in _public_members(cls)
+        if f"`{name}" not in docs and f".{name}" not in docs
+    ]
+    assert not missing, f"docs/writing-a-plugin.md does not name: {missing}"
+
+
+def test_every_test_helper_is_documented() -> None:
+    import core.testing
+
+    guide = (DOCS / "writing-a-plugin.md").read_text(encoding="utf-8")
+    testing = guide[guide.index("## Testing") :]
+    helpers = [
+        name
+        for name, value in vars(core.testing).items()
+        if not name.startswith("_") and callable(value) and getattr(value, "__module__", None) == "core.testing"
+    ]
+    signature = inspect.signature(core.testing.registered_plugins)
+    parameters = [f"{name}=" for name in signature.parameters if name != "plugins"]
+    assert "run_on_cpu_as" in helpers
+    missing = [f"core.testing.{name}" for name in helpers if f"core.testing.{name}" not in testing]
+    missing += [f"registered_plugins({name}...)" for name in parameters if name not in testing]
+    assert not missing, f"docs/writing-a-plugin.md#testing does not describe: {missing}"
+
+
+def test_plugins_json_fields_documented() -> None:
+    """hooks.md lists the fields of `core plugins --json` exactly (`traceback` only with --verbose)."""
+    from core.cli.listing import plugin_report
+    from core.testing import registered_plugins
+
+    with registered_plugins(types.ModuleType("empty"), entry_points=False):
+        (row,) = plugin_report()
+    text = " ".join(HOOKS_MD.read_text(encoding="utf-8").split())
+    listed = re.search(r"`core plugins --json`, with the fields (.+?)\)", text)
+    assert listed, "hooks.md no longer lists the fields of `core plugins --json`"
+    assert sorted(re.findall(r"`(\w+)`", listed.group(1))) == sorted(row)
+
+
+def test_builtin_command_names_documented() -> None:
+    from core.contract.commands import BUILTIN_COMMANDS
+
+    section = " ".join(hook_section("core_register_commands").split())
+    reserved = re.search(r"it may not be one of core's own commands \((.+?)\)", section)
+    assert reserved, "hooks.md no longer lists core's own command names"
+    assert sorted(re.findall(r"`([a-z-]+)`", reserved.group(1))) == sorted(BUILTIN_COMMANDS)
+
+
 # --- links, names and commands in every document ---------------------------------------------
 
 
@@ -330,6 +408,81 @@ def test_core_names_in_backticks_exist(document: Path) -> None:
         except (ImportError, AttributeError):
             broken.append(name)
     assert not broken, f"{document.relative_to(ROOT)} names what core does not have: {broken}"
+
+
+#: the modules a reader is meant to import from: a name they re-export is cited through them
+PUBLIC_SURFACES = ("core", "core.plugin", "core.testing")
+
+
+def _defined_at_top_level(module: types.ModuleType, name: str) -> bool:
+    """Whether ``module``'s own source defines ``name`` (def, class or assignment), not imports it."""
+    source = inspect.getsource(module)
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            return True
+        targets = (
+            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        )
+        if any(isinstance(target, ast.Name) and target.id == name for target in targets):
+            return True
+    return False
+
+
+def _cited_away_from_home(dotted: str) -> str | None:
+    """Why ``core.x.y.Name`` is not how the docs should cite ``Name``, or None where it is.
+
+    A name on the plugin surface is cited as ``core.plugin.Name`` (internal paths may move); any
+    other name at the module that defines it, not at one that merely imports it (a re-export left
+    behind when a module was split keeps working, but sends a reader to the wrong file), or at a
+    package that declares it in ``__all__``."""
+    import core.plugin
+
+    parts = dotted.split(".")
+    for split in range(len(parts) - 1, 0, -1):
+        module_name = ".".join(parts[:split])
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError:
+            continue
+        name = parts[split]
+        if module_name in PUBLIC_SURFACES or not hasattr(module, name) or inspect.ismodule(getattr(module, name)):
+            return None
+        if name in core.plugin.__all__:
+            return f"{dotted}: cite it as core.plugin.{name}, the plugin surface"
+        if hasattr(module, "__path__") and name in getattr(module, "__all__", ()):
+            return None  # a package's declared face (core.sweep.SweepObserver)
+        if not _defined_at_top_level(module, name):
+            home = getattr(getattr(module, name), "__module__", None)
+            where = f" (defined in {home})" if isinstance(home, str) and home.startswith("core") else ""
+            return f"{dotted}: {module_name} only imports {name}{where}"
+        return None
+    return None
+
+
+@pytest.mark.parametrize("document", MARKDOWN_FILES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_core_names_cited_at_their_home(document: Path) -> None:
+    if document.name == "changes.md":
+        pytest.skip("the change log cites names as they were when each change was made")
+    names = set(re.findall(r"`(core(?:\.[A-Za-z_]\w*)+)(?:\(\))?`", document.read_text(encoding="utf-8")))
+    wrong = [why for name in sorted(names) if (why := _cited_away_from_home(name))]
+    assert not wrong, f"{document.relative_to(ROOT)} cites names away from their home: {wrong}"
+
+
+_REPOSITORY_PATH = re.compile(r"`((?:core|plugins|tests|scripts|examples|benchmarks|docs)/[\w./-]*\w/?)`")
+
+
+@pytest.mark.parametrize("document", MARKDOWN_FILES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_repository_paths_in_backticks_exist(document: Path) -> None:
+    """A file or folder named in backticks (not a link, which test_local_links_resolve checks) exists,
+    unless the sentence says it is gone."""
+    if document.name == "changes.md":
+        pytest.skip("the change log names files as they were")
+    missing = []
+    for line in document.read_text(encoding="utf-8").splitlines():
+        for path in _REPOSITORY_PATH.findall(line):
+            if not (ROOT / path).exists() and not re.search(r"removed|none any more|no longer", line):
+                missing.append(path)
+    assert not missing, f"{document.relative_to(ROOT)} names paths the repository does not have: {missing}"
 
 
 def _shell_commands(document: Path) -> Iterator[list[str]]:

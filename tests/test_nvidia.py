@@ -16,7 +16,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from simnvml import INSTANT_ABSENT, SimNode, a100, h200, init_and_shutdown_calls, lose_gpu, p100, simulated_time
+from simnvml import (
+    INSTANT_ABSENT,
+    SimNode,
+    a100,
+    h200,
+    init_and_shutdown_calls,
+    lose_gpu,
+    measure_nvml,
+    p100,
+    simulated_time,
+)
 
 import core.workloads
 from core import Availability, Precision, RunConfig, hookimpl, make_config, run
@@ -83,21 +93,6 @@ def test_driver_versions(sim_nvml: Callable[..., Any]) -> None:
     assert NvidiaAccelerator().driver_versions() == {"nvidia_driver": "570.124.06", "cuda_driver": "12.8"}
 
 
-def run_meter(clock: SimulatedClock, window_seconds: float, config: RunConfig | None = None) -> Any:
-    """The plugin's meter over ``window_seconds`` of the simulated library's time (``clock``): what
-    it reads depends on that time alone, not on how busy the machine is."""
-    config = config or make_config(workload="fcnn", accelerator="nvidia", power_sample_interval_seconds=0.01)
-    devices = NvidiaAccelerator().visible_devices()
-    meter = NvmlMeterFactory(clock=clock).meter_for(devices, run_context(config))
-    try:
-        meter.start()
-        clock.wait_for_waiters(1)  # the power sampler
-        clock.run_for(window_seconds, config.power_sample_interval_seconds)
-        return meter.stop()
-    finally:
-        meter.close()
-
-
 def test_counter_energy_per_gpu_with_sampled_cross_check_and_sampled_fallback(
     sim_nvml: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -112,7 +107,7 @@ def test_counter_energy_per_gpu_with_sampled_cross_check_and_sampled_fallback(
         return int(value)
 
     monkeypatch.setattr(pynvml, "nvmlDeviceGetTotalEnergyConsumption", recording)
-    measurement = run_meter(clock, 0.5)
+    measurement = measure_nvml(clock, NvidiaAccelerator().visible_devices(), 0.5)
     assert measurement.energy_joules is not None, measurement.unavailable_reason
     details = measurement.details
     assert details["methods"] == {"gpu0": "counter", "gpu1": "counter", "gpu2": "sampled"}
@@ -147,7 +142,7 @@ def test_missing_instant_power_falls_back_to_the_average(sim_nvml: Callable[...,
     for gpu in simulated.gpus:
         gpu.instant = INSTANT_ABSENT
     clock = simulated_time(sim_nvml(simulated))
-    measurement = run_meter(clock, 0.2)
+    measurement = measure_nvml(clock, NvidiaAccelerator().visible_devices(), 0.2)
     # The averaged reading of a steady 150 W, integrated over exactly 0.2 s of simulated time.
     assert measurement.components_joules["gpu2"] == pytest.approx(150.0 * 0.2, rel=1e-9)
     assert measurement.details["power_reading"]["gpu0"].startswith("nvmlDeviceGetPowerUsage")
@@ -160,7 +155,7 @@ def test_instant_power_is_preferred_and_a_binding_without_the_field_falls_back(
     simulated.gpus[1].instant = INSTANT_ABSENT  # a driver without the field on one GPU
     pynvml = sim_nvml(simulated)
     clock = simulated_time(pynvml)
-    measurement = run_meter(clock, 0.1)
+    measurement = measure_nvml(clock, NvidiaAccelerator().visible_devices(), 0.1)
     assert measurement.details["power_reading"] == {
         "gpu0": "NVML_FI_DEV_POWER_INSTANT",
         "gpu1": nvml.AVERAGED_POWER,
@@ -169,7 +164,7 @@ def test_instant_power_is_preferred_and_a_binding_without_the_field_falls_back(
     # A binding without the field: every release this project supports has it (11.525.150 on), so
     # the real module, minus that one constant, stands in for an older or trimmed one.
     monkeypatch.delattr(pynvml, "NVML_FI_DEV_POWER_INSTANT")
-    measurement = run_meter(clock, 0.1)
+    measurement = measure_nvml(clock, NvidiaAccelerator().visible_devices(), 0.1)
     assert set(measurement.details["power_reading"].values()) == {nvml.AVERAGED_POWER}
     assert measurement.components_joules["gpu2"] == pytest.approx(150.0 * 0.1, rel=1e-9)
 

@@ -23,15 +23,13 @@ from simnvml import (
     a100,
     h200,
     installed_pynvml_file,
+    measure_nvml,
     simulated_time,
     v100,
 )
 
-from core import make_config
-from core.testing import SimulatedClock, run_context
 from core_plugins.nvidia import nvml
 from core_plugins.nvidia.accelerator import NvidiaAccelerator
-from core_plugins.nvidia.meter import NvmlMeterFactory
 
 H200_A = "GPU-0a1b2c3d-0000-4000-8000-000000000001"
 H200_B = "GPU-0a1b2c3d-0000-4000-8000-000000000002"
@@ -54,20 +52,6 @@ def with_migs() -> SimNode:
         SimMig(MIG_B, 2, 0, 10_737_418_240, "NVIDIA A100-SXM4-80GB MIG 1g.10gb"),
     ]
     return simulated
-
-
-def measure(clock: SimulatedClock, devices: list[Any], window_seconds: float) -> Any:
-    """The plugin's meter over ``window_seconds`` of the simulated library's time (``clock``, made
-    right after the node was installed): its figures do not depend on how busy the machine is."""
-    config = make_config(workload="fcnn", accelerator="nvidia", power_sample_interval_seconds=0.01)
-    meter = NvmlMeterFactory(clock=clock).meter_for(devices, run_context(config))
-    try:
-        meter.start()
-        clock.wait_for_waiters(1)  # the power sampler
-        clock.run_for(window_seconds, config.power_sample_interval_seconds)
-        return meter.stop()
-    finally:
-        meter.close()
 
 
 def test_pynvml_loads_the_simulated_library_by_its_own_loader(
@@ -125,7 +109,7 @@ def test_an_older_driver_without_get_architecture_still_lists_the_gpus(sim_nvml:
     devices = NvidiaAccelerator().visible_devices()
     assert [d.name for d in devices] == ["NVIDIA H200", "NVIDIA H200", "NVIDIA A100-SXM4-80GB", "Tesla V100-SXM2-16GB"]
     assert all(d.details["energy_counter"] for d in devices)
-    measurement = measure(clock, devices[3:], 0.2)
+    measurement = measure_nvml(clock, devices[3:], 0.2)
     assert measurement.details["methods"] == {"gpu3": "counter"}
     assert measurement.components_joules["gpu3"] == pytest.approx(150.0 * 0.2, abs=0.002)
 
@@ -133,7 +117,7 @@ def test_an_older_driver_without_get_architecture_still_lists_the_gpus(sim_nvml:
 def test_counter_energy_and_instant_power_through_the_real_binding(sim_nvml: Callable[..., Any]) -> None:
     clock = simulated_time(sim_nvml(node()))
     devices = NvidiaAccelerator().visible_devices()
-    measurement = measure(clock, devices, 0.4)
+    measurement = measure_nvml(clock, devices, 0.4)
     assert measurement.energy_joules is not None, measurement.unavailable_reason
     assert measurement.details["methods"] == {f"gpu{i}": "counter" for i in range(4)}
     assert set(measurement.details["power_reading"].values()) == {nvml.INSTANT_POWER}
@@ -149,7 +133,7 @@ def test_instant_power_is_read_as_the_value_type_the_driver_names(sim_nvml: Call
     simulated.gpus[3].architecture = 4  # a counterless part, so the sampled power is the energy
     clock = simulated_time(sim_nvml(simulated))
     devices = NvidiaAccelerator().visible_devices()[3:]
-    measurement = measure(clock, devices, 0.3)
+    measurement = measure_nvml(clock, devices, 0.3)
     assert measurement.details["power_reading"] == {"gpu3": nvml.INSTANT_POWER}
     assert measurement.details["methods"] == {"gpu3": "sampled"}
     assert measurement.components_joules["gpu3"] == pytest.approx(150.0 * 0.3, rel=1e-9)
@@ -159,7 +143,7 @@ def test_a_driver_without_the_instant_field_falls_back_to_the_averaged_reading(s
     simulated = node()
     simulated.gpus[0].instant = INSTANT_ABSENT
     clock = simulated_time(sim_nvml(simulated))
-    measurement = measure(clock, NvidiaAccelerator().visible_devices()[:2], 0.2)
+    measurement = measure_nvml(clock, NvidiaAccelerator().visible_devices()[:2], 0.2)
     assert measurement.details["power_reading"] == {"gpu0": nvml.AVERAGED_POWER, "gpu1": nvml.INSTANT_POWER}
     assert measurement.details["counter_over_sampled"]["gpu0"] == pytest.approx(1.0, abs=1e-4)
 
@@ -169,7 +153,7 @@ def test_an_instant_field_that_fails_per_read_leaves_holes_not_numbers(sim_nvml:
     simulated.gpus[3].instant = INSTANT_FAILS_LATER  # supported when probed, failing from 50 ms on
     simulated.gpus[3].architecture = 4
     clock = simulated_time(sim_nvml(simulated))
-    measurement = measure(clock, NvidiaAccelerator().visible_devices()[3:], 0.3)
+    measurement = measure_nvml(clock, NvidiaAccelerator().visible_devices()[3:], 0.3)
     assert measurement.energy_joules is None
     assert "gpu3" in (measurement.unavailable_reason or "")
 
@@ -190,7 +174,7 @@ def test_a_mig_device_in_cuda_visible_devices_is_placed_on_and_measured_by_its_p
 
     assert NvidiaAccelerator().peak_flops_per_second(device, Precision.bf16) is None
     # Energy: the parent A100's counter (200 W), said to be shared by the MIG instances on it.
-    measurement = measure(clock, [device], 0.3)
+    measurement = measure_nvml(clock, [device], 0.3)
     assert measurement.details["methods"] == {"gpu0": "counter"}
     assert measurement.components_joules["gpu0"] == pytest.approx(200.0 * 0.3, abs=0.002)
     assert measurement.details["mig_parent_gpu"] == {"gpu0": A100}
@@ -205,7 +189,7 @@ def test_two_mig_devices_on_one_gpu_count_its_energy_once(
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"{MIG_B},MIG-{A100}/1/0,0")
     devices = NvidiaAccelerator().visible_devices()
     assert [d.details["uuid"] for d in devices] == [MIG_B, MIG_A, H200_A]
-    measurement = measure(clock, devices, 0.3)
+    measurement = measure_nvml(clock, devices, 0.3)
     assert set(measurement.components_joules) == {"gpu0", "gpu2"}
     assert measurement.energy_joules == pytest.approx((200.0 + 400.0) * 0.3, abs=0.004)
     assert any(w.startswith("gpu1: MIG device") and "already measured as gpu0" in w for w in measurement.warnings)

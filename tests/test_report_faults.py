@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from filesystems import mounted_tmpfs
+from filesystems import fill, mounted_tmpfs
 from synthetic import synthetic_result
 
 from core.base.results import DeviceRecord, EnvironmentInfo, PowerTimeline, RunResult, RunState
@@ -90,15 +90,6 @@ def make_read_only(directory: Path) -> None:
     else:
         for path in [directory, *directory.rglob("*")]:
             path.chmod(0o555 if path.is_dir() else 0o444)
-
-
-def fill(path: Path) -> None:
-    with open(path, "wb", buffering=0) as stream:
-        try:
-            while True:
-                stream.write(b"x" * 1024)
-        except OSError:
-            pass
 
 
 # --- 9: report and export outputs ----------------------------------------------------------------

@@ -235,6 +235,7 @@ def test_core_run_database_stores_the_run_and_report_and_results_show_it(
     assert main(["report", str(database), "--output", str(output)]) == 0, capsys.readouterr().err
     markdown = (output / "report.md").read_text()
     assert "## Single runs" in markdown and "and 2 single runs" in markdown
+    assert "2 runs stored by `core run --database` (1 error, 1 ok)" in markdown
     assert "the device fell over" in markdown  # the failed run among the failures
     html = (output / "report.html").read_text()
     assert 'data-value="' in html and "single-runs" in html
@@ -253,6 +254,7 @@ def test_core_report_shows_single_runs_beside_sweeps_and_sweep_selects_sweeps_on
     assert main(["report", str(database), "--output", str(tmp_path / "both")]) == 0, capsys.readouterr().err
     both = (tmp_path / "both" / "report.md").read_text()
     assert "## Sweep grid" in both and "## Single runs" in both
+    assert "1 run stored by `core run --database` (1 ok)" in both  # one run, not "1 runs"
     assert main(["report", str(database), "--sweep", "grid", "--output", str(tmp_path / "one")]) == 0
     assert "Single runs" not in (tmp_path / "one" / "report.md").read_text()
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -29,7 +31,7 @@ from core.cli import main
 from core.storage.store import ResultStore
 from core.sweep import SweepError, run_sweep
 from core.sweep.cluster import ENDED_NAME, LEDGER_NAME, job_result
-from core.sweep.slurm_jobs import cancel, log_path_pattern, unavailable_reason
+from core.sweep.slurm_jobs import SlurmError, cancel, log_path_pattern, unavailable_reason
 from core.sweep.slurm_settings import SlurmSettings
 
 SLURM_MISSING = unavailable_reason()
@@ -108,6 +110,15 @@ def test_a_job_past_its_slurm_time_limit_is_recorded_as_timeout(tmp_path: Path) 
     assert result.status.phase == "window" and result.warmup_seconds is not None
 
 
+def _answered_jobs(ledger_path: Path) -> list[dict[str, Any]]:
+    """The ledger's jobs once sbatch has answered for each (a job is listed by name before sbatch
+    is asked, with no id until it answers); none while one is still unanswered."""
+    if not ledger_path.exists():
+        return []
+    jobs: list[dict[str, Any]] = json.loads(ledger_path.read_text())["jobs"]
+    return jobs if all(job["job_id"] is not None for job in jobs) else []
+
+
 @pytest.mark.slow
 @needs_slurm
 def test_a_killed_submitter_resumes_waiting_for_its_jobs_without_duplicates(tmp_path: Path) -> None:
@@ -118,7 +129,7 @@ def test_a_killed_submitter_resumes_waiting_for_its_jobs_without_duplicates(tmp_
     submitter = subprocess.Popen([*command, str(database)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 240  # a hang guard: another user's jobs may hold the queue
     while time.monotonic() < deadline:
-        if ledger_path.exists() and len(json.loads(ledger_path.read_text())["jobs"]) == 3:
+        if len(_answered_jobs(ledger_path)) == 3:
             break
         time.sleep(0.1)
     else:
@@ -163,7 +174,7 @@ def test_repeats_of_one_cell_cancelled_together_are_each_recorded_once(tmp_path:
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and submitter.poll() is None:
-            if ledger_path.exists() and len(json.loads(ledger_path.read_text())["jobs"]) == 3:
+            if len(_answered_jobs(ledger_path)) == 3:
                 break
             time.sleep(0.05)
         cancel([job["job_id"] for job in json.loads(ledger_path.read_text())["jobs"]])
@@ -180,6 +191,51 @@ def test_repeats_of_one_cell_cancelled_together_are_each_recorded_once(tmp_path:
         err,
     )
     assert "3 runs now" in out and json.loads(ledger_path.read_text())["jobs"] == []
+
+
+@pytest.mark.slow
+@needs_slurm
+def test_a_sweep_interrupted_while_sbatch_answers_leaves_no_job_unlisted(tmp_path: Path) -> None:
+    # The second sbatch submits its job, then takes its time to answer; SIGINT lands meanwhile.
+    # The job is in Slurm: the ledger lists it with its id (found by squeue), and the way out names it.
+    shim = tmp_path / "shim" / "sbatch"
+    shim.parent.mkdir()
+    shim.write_text(
+        "#!/bin/bash\n"
+        f"count={tmp_path}/sbatch-calls\n"
+        'n=$(( $(cat "$count" 2>/dev/null || echo 0) + 1 )); echo "$n" > "$count"\n'
+        f'if [ "$n" -eq 2 ]; then answer=$({shutil.which("sbatch")} "$@") || exit $?; '
+        f'touch {tmp_path}/submitted; sleep 120; echo "$answer"; exit 0; fi\n'
+        f'exec {shutil.which("sbatch")} "$@"\n'
+    )
+    shim.chmod(0o755)
+    name = f"answering-{os.getpid()}-{time.monotonic_ns()}"  # no job of an earlier run has its jobs' names
+    sweep = _sweep_file(tmp_path, name, steps="[16777215, 16777216]")
+    database = tmp_path / "results.db"
+    environment = {**os.environ, "PATH": f"{shim.parent}:{os.environ['PATH']}"}
+    command = [sys.executable, "-m", "core.cli", "sweep", str(sweep), "--executor", "slurm", "--database"]
+    submitter = subprocess.Popen([*command, str(database)], env=environment, stderr=subprocess.PIPE, text=True)
+    ledger_path = tmp_path / "results.db.jobs" / name / LEDGER_NAME
+    try:
+        deadline = time.monotonic() + 120  # a hang guard
+        while time.monotonic() < deadline and submitter.poll() is None and not (tmp_path / "submitted").exists():
+            time.sleep(0.05)
+        submitter.send_signal(signal.SIGINT)
+        _, err = submitter.communicate(timeout=120)
+    finally:
+        if submitter.poll() is None:
+            submitter.kill()
+        listed = subprocess.run(
+            ["squeue", "--noheader", "--states=all", f"--name=core-{name}-c1r1,core-{name}-c2r1", "--format=%i"],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.split()
+        cancel(listed)  # leave none running
+    assert submitter.returncode == 130, err
+    in_ledger = sorted(job["job_id"] for job in json.loads(ledger_path.read_text())["jobs"])
+    assert len(listed) == 2 and in_ledger == sorted(listed), (listed, in_ledger, err)
+    assert f"2 job(s) of sweep {name} stay in Slurm ({', '.join(in_ledger)})" in err
 
 
 @pytest.mark.slow
@@ -338,6 +394,30 @@ def test_every_repeat_of_a_cell_ending_in_one_poll_is_recorded_once_with_its_pha
     assert "4 runs now" in capsys.readouterr().out
 
 
+def test_the_line_of_each_ended_job_says_how_it_ended_without_a_dangling_label(
+    tmp_path: Path, simulated_slurm: SimulatedSlurm, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A job Slurm cancelled leaves no end record (its seconds are unknown, not 0.0); a failed
+    # worker's message ends its first line with the label of its output, which the line leaves out.
+    def poll(slurm: SimulatedSlurm, number: int) -> None:
+        slurm.end(slurm.job(1, 1), "CANCELLED")
+        slurm.end(slurm.job(2, 1), "FAILED", exit_code=1)
+
+    simulated_slurm.on_poll = poll
+    sweep, database = _simulated_sweep(tmp_path, cells=2, repeats=1), tmp_path / "results.db"
+
+    assert main(["sweep", str(sweep), "--executor", "slurm", "--database", str(database)]) == 0
+
+    lines = [line for line in capsys.readouterr().out.splitlines() if " repeat 1: " in line]
+    assert lines == [
+        "steps=2 repeat 1: killed in first_step: the job was cancelled (scancel, or the cluster's administrator) "
+        "(Slurm job 100, state CANCELLED).",
+        "steps=3 repeat 1: error in first_step: the worker of Slurm job 101 exited with code 1 without a result."
+        " (2.5 s)",
+    ]
+    assert "job 100's output" in (_recorded(database)[(1, 1)].status.message or "")  # the tail stays recorded
+
+
 def test_a_failed_repeat_stops_only_the_jobs_of_its_cell_that_had_not_ended(
     tmp_path: Path, simulated_slurm: SimulatedSlurm
 ) -> None:
@@ -423,6 +503,168 @@ def test_a_refused_sbatch_leaves_no_half_made_sweep(
     assert len(_recorded(database)) == 4
 
 
+@pytest.mark.parametrize("left", ["result", "partial", "ended"])
+def test_a_refused_sbatch_keeps_the_jobs_that_already_measured(
+    tmp_path: Path, simulated_slurm: SimulatedSlurm, capsys: pytest.CaptureFixture[str], left: str
+) -> None:
+    # Job 1 ended (its result, or only its end) or is measuring (its phases so far) when sbatch
+    # refuses job 3: what it measured is not thrown away. It stays in Slurm and in the ledger, the
+    # sweep stays in the database, and --resume records it; job 2, still pending, is withdrawn.
+    def first_job_runs(slurm: SimulatedSlurm, number: int) -> None:
+        if number == 3:
+            first = slurm.job(1, 1)
+            if left == "result":
+                slurm.end(first, "COMPLETED", result="ok", exit_code=0)
+            elif left == "ended":
+                slurm.end(first, "FAILED", exit_code=1)
+                (Path(slurm.jobs[first]["folder"]) / "result.json.partial").unlink()
+            else:
+                slurm.end(first, "RUNNING")
+
+    simulated_slurm.on_submit = first_job_runs
+    simulated_slurm.refuse_submission = 3
+    sweep, database = _simulated_sweep(tmp_path, cells=2, repeats=2), tmp_path / "results.db"
+    command = ["sweep", str(sweep), "--executor", "slurm", "--database", str(database)]
+
+    assert main(command) == 2
+
+    err = capsys.readouterr().err
+    assert "sweep sim stopped submitting: repeat 2 of cell" in err and "invalid partition specified: nope" in err
+    assert "the 1 job(s) submitted before it were cancelled" in err and "the 1 job(s) that had begun measuring" in err
+    assert "1 job(s) of sweep sim stay in Slurm (100)" in err
+    assert simulated_slurm.cancelled == ["101"]
+    ledger = json.loads((tmp_path / "results.db.jobs" / "sim" / LEDGER_NAME).read_text())
+    assert [job["job_id"] for job in ledger["jobs"]] == ["100"] and Path(ledger["jobs"][0]["folder"]).is_dir()
+    with ResultStore(database, create=False) as store:
+        assert store.sweep_names() == ["sim"]  # resumable: not taken out as a sweep that never began
+    assert main([*command, "--dry-run", "--resume"]) == 0
+
+    simulated_slurm.refuse_submission = None
+    simulated_slurm.on_submit = lambda slurm, number: None
+    simulated_slurm.on_poll = _complete_pending
+    if left == "partial":
+        simulated_slurm.end("100", "COMPLETED", result="ok", exit_code=0)
+    assert main([*command, "--resume"]) == 0
+
+    recorded = _recorded(database)
+    assert len(recorded) == 4 and len(simulated_slurm.jobs) == 5  # job 100 waited for, not submitted again
+    if left == "ended":
+        assert recorded[(1, 1)].status.state is RunState.error and "Slurm job 100" in (
+            recorded[(1, 1)].status.message or ""
+        )
+    else:
+        assert recorded[(1, 1)].status.state is RunState.ok and recorded[(1, 1)].setup_seconds == 100.0
+
+
+# --- a job whose sbatch answer was lost: found by its name and folder, never left unlisted ---------
+
+
+def _ledger_jobs(tmp_path: Path) -> list[dict[str, Any]]:
+    jobs: list[dict[str, Any]] = json.loads((tmp_path / "results.db.jobs" / "sim" / LEDGER_NAME).read_text())["jobs"]
+    return jobs
+
+
+@pytest.mark.parametrize("squeue_answers", [True, False])
+def test_a_sweep_stopped_while_sbatch_answered_lists_the_job_it_submitted(
+    tmp_path: Path, simulated_slurm: SimulatedSlurm, capsys: pytest.CaptureFixture[str], squeue_answers: bool
+) -> None:
+    # Ctrl-C (SIGTERM is the same KeyboardInterrupt) while the second sbatch runs: Slurm has the
+    # job, the sweep never read its id. It is listed all the same (found by squeue, or by its name
+    # until Slurm answers), the way out names it, and --resume waits for it rather than run the
+    # repeat twice.
+    simulated_slurm.lose_answer = {2: KeyboardInterrupt()}
+    simulated_slurm.find_fails = not squeue_answers
+    sweep, database = _simulated_sweep(tmp_path, cells=2, repeats=2), tmp_path / "results.db"
+    command = ["sweep", str(sweep), "--executor", "slurm", "--database", str(database)]
+
+    assert main(command) == 130
+
+    err = capsys.readouterr().err
+    assert [job["job_id"] for job in _ledger_jobs(tmp_path)] == ["100", "101" if squeue_answers else None]
+    assert _ledger_jobs(tmp_path)[1]["job_name"] == "core-sim-c2r1"
+    listed = "100, 101" if squeue_answers else "100, core-sim-c2r1 (sbatch gave no id)"
+    assert f"2 job(s) of sweep sim stay in Slurm ({listed})" in err and "Continue with: " in err
+    assert simulated_slurm.cancelled == [] and Path(_ledger_jobs(tmp_path)[1]["folder"]).is_dir()
+
+    simulated_slurm.lose_answer, simulated_slurm.find_fails = {}, False
+    simulated_slurm.on_poll = _complete_pending
+    assert main([*command, "--resume"]) == 0
+
+    assert len(_recorded(database)) == 4 and len(simulated_slurm.jobs) == 4  # none submitted twice
+    assert _recorded(database)[(2, 1)].setup_seconds == 101.0
+    assert _ledger_jobs(tmp_path) == []
+
+
+def test_the_job_found_for_a_lost_answer_is_the_latest_of_its_folder(
+    tmp_path: Path, simulated_slurm: SimulatedSlurm
+) -> None:
+    # A refusal withdrew job 100 of cell 1's folder; Slurm still lists it (squeue keeps ended jobs a
+    # while) when the next sweep's sbatch for the same folder loses its answer: 101 is that job.
+    simulated_slurm.refuse_submission = 2
+    sweep, database = _simulated_sweep(tmp_path, cells=2, repeats=1), tmp_path / "results.db"
+    command = ["sweep", str(sweep), "--executor", "slurm", "--database", str(database)]
+    assert main(command) == 2
+    assert simulated_slurm.cancelled == ["100"]
+    simulated_slurm.refuse_submission, simulated_slurm.lose_answer = None, {2: KeyboardInterrupt()}
+
+    assert main(command) == 130
+
+    assert [job["job_id"] for job in _ledger_jobs(tmp_path)] == ["101"]
+    assert simulated_slurm.cancelled == ["100"] and simulated_slurm.jobs["101"]["state"] == "PENDING"
+
+
+def test_a_job_whose_sbatch_timed_out_but_was_submitted_is_the_repeats_job(
+    tmp_path: Path, simulated_slurm: SimulatedSlurm
+) -> None:
+    # sbatch gave no answer in time (or printed no id), yet Slurm has the job: it is not submitted again.
+    simulated_slurm.lose_answer = {1: SlurmError("sbatch gave no answer in 60 s")}
+    simulated_slurm.on_poll = _complete_pending
+    sweep, database = _simulated_sweep(tmp_path, cells=2, repeats=1), tmp_path / "results.db"
+
+    assert main(["sweep", str(sweep), "--executor", "slurm", "--database", str(database)]) == 0
+
+    assert len(simulated_slurm.jobs) == 2 and _recorded(database)[(1, 1)].setup_seconds == 100.0
+
+
+def test_a_submission_stopped_before_slurm_had_the_job_is_submitted_again(
+    tmp_path: Path, simulated_slurm: SimulatedSlurm, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Ctrl-C before sbatch reached Slurm: nothing of that repeat stays (entry, folder), and a sweep
+    # killed outright (kill -9) in the same place leaves an entry without an id that --resume drops.
+    def ctrl_c_before_slurm(slurm: SimulatedSlurm, number: int) -> None:
+        if number == 2:
+            listed = _ledger_jobs(tmp_path)  # written before sbatch was asked
+            assert [job["job_id"] for job in listed] == ["100", None] and listed[1]["job_name"] == "core-sim-c2r1"
+            raise KeyboardInterrupt
+
+    simulated_slurm.on_submit = ctrl_c_before_slurm
+    sweep, database = _simulated_sweep(tmp_path, cells=2, repeats=1), tmp_path / "results.db"
+    command = ["sweep", str(sweep), "--executor", "slurm", "--database", str(database)]
+
+    assert main(command) == 130
+
+    assert "1 job(s) of sweep sim stay in Slurm (100)" in capsys.readouterr().err
+    assert [job["job_id"] for job in _ledger_jobs(tmp_path)] == ["100"]
+    assert sorted(path.name for path in (tmp_path / "results.db.jobs" / "sim").iterdir()) == [
+        "cell1-repeat1",
+        LEDGER_NAME,
+    ]
+    ledger_path = tmp_path / "results.db.jobs" / "sim" / LEDGER_NAME
+    ledger = json.loads(ledger_path.read_text())
+    lost_folder = tmp_path / "results.db.jobs" / "sim" / "cell2-repeat1"
+    lost_folder.mkdir()
+    second_cell = ledger["jobs"][0]["cell_key"].replace('"steps":2', '"steps":3')
+    unanswered = {"cell_key": second_cell, "job_id": None, "job_name": "core-sim-c2r1", "folder": str(lost_folder)}
+    ledger["jobs"].append({**ledger["jobs"][0], **unanswered})
+    ledger_path.write_text(json.dumps(ledger))  # as kill -9 while sbatch was asked would leave it
+
+    simulated_slurm.on_submit = lambda slurm, number: None
+    simulated_slurm.on_poll = _complete_pending
+    assert main([*command, "--resume"]) == 0
+
+    assert len(_recorded(database)) == 2 and len(simulated_slurm.jobs) == 2 and _ledger_jobs(tmp_path) == []
+
+
 def test_a_refused_sbatch_on_resume_keeps_the_jobs_already_in_flight(
     tmp_path: Path, simulated_slurm: SimulatedSlurm, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -447,6 +689,45 @@ def test_a_refused_sbatch_on_resume_keeps_the_jobs_already_in_flight(
     assert Path(ledger["jobs"][0]["folder"]).is_dir() and not any(Path(job["folder"]).exists() for job in lost)
     with ResultStore(database, create=False) as store:
         assert store.sweep_names() == ["sim"]
+
+
+def _complete_pending(slurm: SimulatedSlurm, poll: int) -> None:
+    for job_id, job in list(slurm.jobs.items()):
+        if job["state"] == "PENDING":
+            slurm.end(job_id, "COMPLETED", result="ok", exit_code=0)
+
+
+def _sweep_rows(database: Path) -> list[tuple[Any, ...]]:
+    connection = sqlite3.connect(f"file:{database}?mode=ro", uri=True)
+    try:
+        return connection.execute("SELECT * FROM sweeps").fetchall()
+    finally:
+        connection.close()
+
+
+@pytest.mark.parametrize("changed", [["--repeats", "2"], ["--repeats", "2", "--timeout-seconds", "90"], []])
+def test_a_refused_resume_leaves_the_sweeps_record_as_it_was(
+    tmp_path: Path, simulated_slurm: SimulatedSlurm, capsys: pytest.CaptureFixture[str], changed: list[str]
+) -> None:
+    simulated_slurm.on_poll = _complete_pending
+    sweep, database = _simulated_sweep(tmp_path, cells=2, repeats=1), tmp_path / "results.db"
+    command = ["sweep", str(sweep), "--executor", "slurm", "--database", str(database)]
+    assert main(command) == 0
+    before = _sweep_rows(database)
+    simulated_slurm.refuse_submission = 3  # the first job the resume submits
+    if not changed:  # nothing new to run: a job lost from the ledger is what is submitted again
+        with sqlite3.connect(database) as connection:
+            connection.execute("DELETE FROM runs WHERE repeat = 0 AND id = (SELECT MAX(id) FROM runs)")
+
+    assert main([*command, "--resume", *changed]) == 2
+
+    assert "invalid partition specified: nope" in capsys.readouterr().err
+    assert _sweep_rows(database) == before  # neither its repeats, its resumes nor its updated_at changed
+    simulated_slurm.refuse_submission = None
+    assert main([*command, "--resume", *changed]) == 0
+    (row,) = _sweep_rows(database)
+    spec = json.loads(row[2])
+    assert spec["repeats"] == (2 if changed else 1) and ("resumed" in spec) == bool(changed)
 
 
 @pytest.mark.parametrize(
@@ -477,6 +758,54 @@ def test_a_bad_jobs_directory_is_refused_before_anything_is_written(
     assert not (tmp_path / "missing").exists()
 
 
+@pytest.mark.parametrize(
+    ("in_sweeps_folder", "target", "expected"),
+    [
+        (False, "/nonexistent", "{link} is a link to /nonexistent, which leads nowhere"),
+        (False, "{self}", "{link} is a link to {self}, which leads nowhere (a dangling link, or a loop of links)"),
+        (False, "a-file", "{link} is a file, not a folder"),
+        (True, "/nonexistent", "the sweep's folder: {link} is a link to /nonexistent, which leads nowhere"),
+        (True, "../a-file", "the sweep's folder: {link} is a file, not a folder"),
+    ],
+)
+@pytest.mark.parametrize("default_directory", [False, True])
+def test_a_jobs_directory_that_is_a_link_leading_nowhere_is_refused(
+    tmp_path: Path,
+    simulated_slurm: SimulatedSlurm,
+    capsys: pytest.CaptureFixture[str],
+    in_sweeps_folder: bool,
+    target: str,
+    expected: str,
+    default_directory: bool,
+) -> None:
+    # A dangling or looping link (or a file) where the jobs directory or the sweep's folder in it
+    # would be: --dry-run and the sweep refuse it alike, naming it, and tidy nothing they did not make.
+    (tmp_path / "a-file").write_text("not a folder")
+    jobs = tmp_path / ("r.db.jobs" if default_directory else "jobs")
+    link = jobs / "sim" if in_sweeps_folder else jobs
+    link.parent.mkdir(exist_ok=True)
+    link.symlink_to(target.format(self=link.name))
+    sweep = _simulated_sweep(tmp_path, cells=1, repeats=1)
+    command = ["sweep", str(sweep), "--executor", "slurm", "--database", str(tmp_path / "r.db")]
+    command += [] if default_directory else ["--slurm-jobs-directory", str(jobs)]
+    for extra in (["--dry-run"], []):
+        assert main([*command, *extra]) == 2
+        err = capsys.readouterr().err
+        assert expected.format(link=link, self=link.name) in err and "cannot tidy" not in err
+    assert simulated_slurm.jobs == {} and link.is_symlink() and not (tmp_path / "r.db").exists()
+
+
+def test_a_jobs_directory_linked_to_a_folder_is_used(tmp_path: Path, simulated_slurm: SimulatedSlurm) -> None:
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "jobs").symlink_to(tmp_path / "elsewhere")
+    simulated_slurm.on_poll = _complete_pending
+    sweep = _simulated_sweep(tmp_path, cells=1, repeats=1, slurm_table=f'jobs_directory = "{tmp_path / "jobs"}"')
+
+    assert main(["sweep", str(sweep), "--executor", "slurm", "--database", str(tmp_path / "r.db")]) == 0
+
+    assert [path.name for path in (tmp_path / "elsewhere" / "sim").iterdir()] == [LEDGER_NAME]
+
+
 def test_an_unwritable_jobs_directory_is_refused(
     tmp_path: Path, simulated_slurm: SimulatedSlurm, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -501,6 +830,41 @@ def test_two_databases_cannot_share_one_sweeps_jobs(tmp_path: Path, simulated_sl
         run_sweep(sweep, database=tmp_path / "b.db", executor="slurm")
     with ResultStore(tmp_path / "b.db", create=False) as store:
         assert store.sweep_names() == []  # refused before anything was submitted: no half-made sweep
+
+
+# --- a multi-node cell is a Slurm job of its nodes ------------------------------------------------
+
+
+def test_a_multi_node_cell_is_planned_for_its_own_slurm_job(
+    tmp_path: Path, simulated_slurm: SimulatedSlurm, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Planned here (outside any allocation), a cell of 2 nodes would need a rendezvous; as a Slurm
+    # job of 2 nodes it meets inside that job's allocation (docs/cluster.md): valid, submitted so.
+    for variable in ("SLURM_JOB_ID", "SLURM_JOB_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
+        monkeypatch.delenv(variable, raising=False)
+    sweep = tmp_path / "sim.toml"
+    sweep.write_text(
+        'name = "sim"\nrepeats = 1\n[grid]\nworkload = "fcnn"\naccelerator = "cpu"\nnodes = [1, 2]\n'
+        "replicas = 2\nsteps = 2\nmicro_batch_size = 4\nworkload_options = {layers = 1, hidden_width = 8}\n"
+    )
+    database = tmp_path / "results.db"
+    command = ["sweep", str(sweep), "--database", str(database)]
+
+    assert main([*command, "--executor", "slurm", "--dry-run"]) == 0
+    assert "2 cells (2 valid, 0 invalid)" in capsys.readouterr().out
+    assert main([*command, "--dry-run"]) == 2  # run here, the cell still needs its rendezvous
+    assert "rendezvous = None: HOST:PORT is required" in capsys.readouterr().out
+
+    simulated_slurm.on_poll = _complete_pending
+    assert main([*command, "--executor", "slurm"]) == 0
+
+    submitted = {job["name"]: job["options"] for job in simulated_slurm.jobs.values()}
+    assert "--nodes=1" in submitted["core-sim-c1r1"] and "--nodes=2" in submitted["core-sim-c2r1"]
+    with ResultStore(database, create=False) as store:
+        assert sorted(result.config.nodes for result in store.results(sweep="sim")) == [1, 2]
+    planned_for_slurm = core.sweep.plan_sweep(core.sweep.load_sweep(sweep), executor="slurm")
+    with pytest.raises(SweepError, match="cells 'nodes=2' were planned as Slurm jobs of several nodes"):
+        run_sweep(planned_for_slurm, database=tmp_path / "other.db", executor="local")
 
 
 # --- sbatch's options: none of core's own, in any spelling; logs inside the jobs directory ---------
@@ -528,6 +892,12 @@ def test_two_databases_cannot_share_one_sweeps_jobs(tmp_path: Path, simulated_sl
         ("--wait", "sbatch must return at once"),
         ("--test-only", "nothing would be submitted"),
         ("--clu=other", "--clu abbreviates --clusters"),
+        ("--hold", "the sweep would wait for it forever"),
+        ("--ho", "--ho abbreviates --hold"),
+        ("--begin=now+1hour", "start the sweep itself later instead"),
+        ("--beg=16:00", "--beg abbreviates --begin"),
+        ("-H", "short for --hold"),
+        ("-bnow+60", "short for --begin"),
         ("-o", "'-o' is sbatch's -o, short for --output"),
         ("-o/tmp/x", "short for --output"),
         ("-e", "short for --error"),

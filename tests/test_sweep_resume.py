@@ -188,6 +188,37 @@ def test_a_slurm_sweep_interrupted_resumes_waiting_for_the_same_jobs(
     assert _runs(tmp_path / "here" / "r.db", "from-file") == [("micro_batch_size=4", 0), ("micro_batch_size=8", 0)]
 
 
+@pytest.mark.parametrize("stopped_in", ["lock", "save_sweep", "check"])
+def test_a_sweep_interrupted_before_it_was_recorded_prints_the_command_that_starts_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], stopped_in: str
+) -> None:
+    # Ctrl-C (or SIGTERM) lands after the database was made but before the sweep's record is
+    # written: there is nothing to resume (--resume would say so). The command printed starts the
+    # sweep, and run word for word, it does.
+    runs = InterruptedRuns(interrupt_at=None)
+    monkeypatch.setattr(core.sweep.run, "run_in_process", runs)
+    sweep, database = _sweep_file(tmp_path), tmp_path / "r.db"
+
+    def interrupt(*args: Any, **kwargs: Any) -> Any:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patched:
+        if stopped_in == "check":
+            patched.setattr(core.sweep.run, "_check_database", interrupt)
+        else:
+            patched.setattr(ResultStore, stopped_in, interrupt)
+        given = ["sweep", str(sweep), "--database", str(database), "--repeats", "1", "--workers", "fresh"]
+        assert main(given) == 130
+
+    err = capsys.readouterr().err
+    assert f"sweep from-file interrupted before it was recorded in {database}; start it with: " in err
+    assert "Continue with" not in err
+    words = resume_words(err, prefix="start it with: ")
+    assert "--resume" not in words and words[words.index("--database") + 1] == str(database)
+    assert main(words) == 0
+    assert _runs(database, "from-file") == [("micro_batch_size=4", 0), ("micro_batch_size=8", 0)]
+
+
 @pytest.mark.slow
 def test_the_command_printed_after_sigterm_run_in_a_shell_resumes_the_sweep(tmp_path: Path) -> None:
     folder = tmp_path / "it's $HOME"
@@ -225,6 +256,37 @@ def _recorded(database: Path) -> int:
             connection.close()
     except sqlite3.Error:
         return 0
+
+
+def test_a_resumes_summary_says_which_rows_it_could_not_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A result a newer core wrote is left out of the cells' summaries, as core results and core
+    # report leave it out: with a warning naming it, never silently.
+    monkeypatch.setattr(core.sweep.run, "run_in_process", InterruptedRuns(interrupt_at=None))
+    sweep, database = _sweep_file(tmp_path), tmp_path / "r.db"
+    assert main(["sweep", str(sweep), "--database", str(database), "--repeats", "1"]) == 0
+    with sqlite3.connect(database) as connection:
+        connection.execute(
+            "UPDATE runs SET result_json = json_set(result_json, '$.schema_version', '9.0') WHERE id = 2"
+        )
+
+    resumed = subprocess.run(
+        [sys.executable, "-m", "core.cli", "sweep", str(sweep), "--database", str(database), "--repeats", "1"]
+        + ["--resume"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"core: warning: skipped run 2 of sweep 'from-file' in {database}: written by a newer core" in (
+        resumed.stderr
+    )
+    assert "0 runs now, 2 before" in resumed.stdout
+    outcome = run_sweep(sweep, database=database, resume=True, repeats=1)
+    assert [row.split(":")[0] for row in outcome.skipped_rows] == [f"skipped run 2 of sweep 'from-file' in {database}"]
 
 
 # --- --resume of a sweep the database has never seen --------------------------------------------

@@ -57,7 +57,7 @@ class _OpenNames(type):
 class Precision(str, metaclass=_OpenNames):
     """The name of a precision policy, as a run's ``precision`` holds it.
 
-    Open, unlike the enum it was before 0.3: core's names are attributes (``Precision.fp32``,
+    Open, unlike the enum it was in 0.2.0: core's names are attributes (``Precision.fp32``,
     ``.tf32``, ``.bf16``, ``.fp16``) and a plugin that registers a policy adds its own name. The
     name is checked for its spelling here and against the registered policies in planning. Equal
     names are one object (``Precision("bf16") is Precision.bf16``), so comparisons written with

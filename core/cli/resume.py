@@ -32,12 +32,13 @@ def core_program() -> list[str]:
     return [sys.executable, "-m", "core.cli"]
 
 
-def resume_command(args: argparse.Namespace, database: Path, spec: SweepSpec) -> str:
+def resume_command(args: argparse.Namespace, database: Path, spec: SweepSpec, *, resume: bool = True) -> str:
     """The shell command that resumes this sweep, word for word: the same file, database, executor
-    and every option that shapes the sweep, paths made absolute, each word quoted for a POSIX shell."""
+    and every option that shapes the sweep, paths made absolute, each word quoted for a POSIX shell.
+    ``resume=False``: the command that starts it (a sweep stopped before it was recorded)."""
     import shlex
 
-    words = [*core_program(), "sweep", os.path.abspath(args.file), "--resume"]
+    words = [*core_program(), "sweep", os.path.abspath(args.file), *(["--resume"] if resume else [])]
     words += ["--database", os.path.abspath(database), "--executor", args.executor]
     for dest, flag in RESUMED_FLAGS.items():
         value = getattr(args, dest)

@@ -52,7 +52,7 @@ def _plan(args: argparse.Namespace) -> tuple[SweepPlan, MachineProfile | None]:
     if args.toy and args.machine is not None:
         raise ConfigError("--machine", args.machine, "a toy sweep runs on this CPU: leave --machine out")
     machine = load_machine_argument(args, relative_to=Path(args.file).parent if machine_from_file else None)
-    return plan_sweep(spec, source=str(args.file), machine=machine, toy=args.toy), machine
+    return plan_sweep(spec, source=str(args.file), machine=machine, toy=args.toy, executor=args.executor), machine
 
 
 def sweep_dry_run(args: argparse.Namespace, plan: SweepPlan, machine: MachineProfile | None, database: Path) -> int:
@@ -69,7 +69,7 @@ def sweep_dry_run(args: argparse.Namespace, plan: SweepPlan, machine: MachinePro
             from core.sweep.cluster import check_jobs_directory
             from core.sweep.slurm_settings import SlurmSettings
 
-            check_jobs_directory(database, spec.slurm or SlurmSettings())
+            check_jobs_directory(database, spec.slurm or SlurmSettings(), spec.name)
         if args.resume and not database.exists():
             raise SweepError(f"--resume: no results database at {database}, so no sweep {spec.name!r} to resume")
         if database.exists():
@@ -112,6 +112,7 @@ def _run(args: argparse.Namespace, plan: SweepPlan, database: Path) -> int:
 
     from core.storage.store import StoreError
     from core.sweep import SweepError, UnsavedResultError, run_sweep
+    from core.sweep.run import sweep_in_database
 
     spec = plan.spec
     # SIGTERM ends the sweep the way Ctrl-C does: the running cell is stopped, nothing half-done is stored.
@@ -139,6 +140,13 @@ def _run(args: argparse.Namespace, plan: SweepPlan, database: Path) -> int:
         return error(str(problem))
     except KeyboardInterrupt:
         display.line.clear()
+        if not sweep_in_database(database, spec.name):  # stopped before it was recorded: nothing to resume
+            command = resume_command(args, database, spec, resume=False)
+            print(
+                f"core: sweep {spec.name} interrupted before it was recorded in {database}; start it with: {command}",
+                file=sys.stderr,
+            )
+            return INTERRUPTED
         print(
             f"core: sweep {spec.name} interrupted; finished runs are in {database}. "
             f"Continue with: {resume_command(args, database, spec)}",

@@ -51,13 +51,16 @@ class SweepDisplay(SweepObserver):
         )
 
     def run_finished(self, cell: Cell, repeat: int, result: RunResult, process_seconds: float) -> None:
+        from core.running.processes import summary_line
+
         if result.status.ok:
             what = f"ok, {result.throughput_per_second:.6g} {result.sample_unit or 'samples'}/s"
         else:
-            first_line = ((result.status.message or "").strip().splitlines() or [""])[0]
+            first_line = summary_line(result.status.message or "")
             where = f" in {result.status.phase}" if result.status.phase else ""
             what = f"{result.status.state.value}{where}" + (f": {first_line[:200]}" if first_line else "")
-        self.line.print(f"{cell.label} repeat {repeat + 1}: {what} ({process_seconds:.1f} s)")
+        took = f" ({process_seconds:.1f} s)" if process_seconds > 0 else ""  # 0: unknown (a job Slurm ended)
+        self.line.print(f"{cell.label} repeat {repeat + 1}: {what}{took}")
 
 
 def print_plan(plan: SweepPlan, repeats: int, finished: dict[tuple[str, int], str]) -> None:

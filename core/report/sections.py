@@ -238,79 +238,88 @@ def _table_blocks(sweep: SweepData) -> list[Block]:
     return blocks
 
 
-def _throughput_blocks(sweep: SweepData) -> list[Block]:
-    title = sweep.titled("Throughput against batch size")
-    drawable = drawable_against_batch(sweep.cells, lambda cell: cell.throughput_per_second)
+@dataclass(frozen=True)
+class _BatchPlot:
+    """A plot of each cell's figure against the micro-batch size, with the table of what it draws."""
+
+    figure_of: Callable[[CellSummary], float | None]
+    ylabel: str
+    plot_title: str
+    kind: str  # names the PNG: <slug>-<kind>.png
+    caption: str
+    header: str  # the data table's column
+    table: str  # names the data table: <table>-<slug>
+    spread_of: Callable[[CellSummary], tuple[float, float] | None] | None = None
+    log_y: bool = True
+
+
+def _against_batch_blocks(
+    sweep: SweepData, title: str, plot: _BatchPlot, no_figure: Callable[[], str], *before: Block
+) -> list[Block]:
+    """``plot`` under ``title`` (``before`` between them), or why it is not drawn: ``no_figure()``
+    where no cell has a figure to draw, or that the sweep does not vary the micro-batch size."""
+    drawable = drawable_against_batch(sweep.cells, plot.figure_of, log_y=plot.log_y)
     if not (sweep.batch_varies and drawable):
-        return _not_drawn(
-            title,
-            _no_figure_reason(sweep.cells, "throughput_per_second", "throughput")
-            if not drawable
-            else "the sweep does not vary the micro-batch size",
-        )
+        return _not_drawn(title, no_figure() if not drawable else "the sweep does not vary the micro-batch size")
     png = plot_against_batch(
         sweep.cells,
         sweep.series_names,
-        lambda cell: cell.throughput_per_second,
-        lambda cell: (
-            (cell.throughput_min, cell.throughput_max)
-            if cell.throughput_min is not None and cell.throughput_max is not None
-            else None
-        ),
-        f"throughput ({sample_unit(sweep.cells)}/s)",
-        "Throughput against micro-batch size (median, bars: min-max)",
+        plot.figure_of,
+        plot.spread_of,
+        plot.ylabel,
+        plot.plot_title,
+        log_y=plot.log_y,
         xlabel=sweep.batch_label,
     )
-    return [
-        Heading(3, title),
-        sweep.figure(
-            "throughput-vs-batch-size",
-            png,
-            "Throughput against micro-batch size, log-log; bars span the repeats; crosses mark cells without a figure",
-            data=against_batch_table(
-                sweep.cells,
-                sweep.series_names,
-                lambda cell: cell.throughput_per_second,
-                f"throughput ({sample_unit(sweep.cells)}/s, median)",
-                f"throughput-data-{sweep.slug}",
-            ),
-        ),
-    ]
+    data = against_batch_table(
+        sweep.cells, sweep.series_names, plot.figure_of, plot.header, f"{plot.table}-{sweep.slug}"
+    )
+    return [Heading(3, title), *before, sweep.figure(plot.kind, png, plot.caption, data=data)]
+
+
+def _throughput_spread(cell: CellSummary) -> tuple[float, float] | None:
+    if cell.throughput_min is None or cell.throughput_max is None:
+        return None
+    return (cell.throughput_min, cell.throughput_max)
+
+
+def _throughput_blocks(sweep: SweepData) -> list[Block]:
+    unit = sample_unit(sweep.cells)
+    plot = _BatchPlot(
+        lambda cell: cell.throughput_per_second,
+        f"throughput ({unit}/s)",
+        "Throughput against micro-batch size (median, bars: min-max)",
+        "throughput-vs-batch-size",
+        "Throughput against micro-batch size, log-log; bars span the repeats; crosses mark cells without a figure",
+        f"throughput ({unit}/s, median)",
+        "throughput-data",
+        spread_of=_throughput_spread,
+    )
+    return _against_batch_blocks(
+        sweep,
+        sweep.titled("Throughput against batch size"),
+        plot,
+        lambda: _no_figure_reason(sweep.cells, "throughput_per_second", "throughput"),
+    )
 
 
 def _energy_blocks(sweep: SweepData) -> list[Block]:
-    title = sweep.titled("Samples per Wh against batch size")
-    drawable = drawable_against_batch(sweep.cells, lambda cell: cell.samples_per_watt_hour)
-    if not (sweep.batch_varies and drawable):
-        return _not_drawn(
-            title,
-            f"no energy figures ({_energy_reason(sweep.cells)})"
-            if not drawable
-            else "the sweep does not vary the micro-batch size",
-        )
-    png = plot_against_batch(
-        sweep.cells,
-        sweep.series_names,
+    unit = sample_unit(sweep.cells)
+    plot = _BatchPlot(
         lambda cell: cell.samples_per_watt_hour,
-        None,
-        f"{sample_unit(sweep.cells)} per Wh",
+        f"{unit} per Wh",
         "Energy efficiency against micro-batch size (median)",
+        "samples-per-wh-vs-batch-size",
+        "Samples per Wh against micro-batch size, log-log",
+        f"{unit} per Wh (median)",
+        "energy-data",
     )
-    return [
-        Heading(3, title),
-        sweep.figure(
-            "samples-per-wh-vs-batch-size",
-            png,
-            "Samples per Wh against micro-batch size, log-log",
-            data=against_batch_table(
-                sweep.cells,
-                sweep.series_names,
-                lambda cell: cell.samples_per_watt_hour,
-                f"{sample_unit(sweep.cells)} per Wh (median)",
-                f"energy-data-{sweep.slug}",
-            ),
-        ),
-    ]
+    return _against_batch_blocks(
+        sweep,
+        sweep.titled("Samples per Wh against batch size"),
+        plot,
+        lambda: f"no energy figures ({_energy_reason(sweep.cells)})",
+    )
 
 
 def _scaling_blocks(sweep: SweepData) -> list[Block]:
@@ -328,56 +337,38 @@ def _teraflops(cell: CellSummary) -> float | None:
     return None if cell.flops_per_second is None else cell.flops_per_second / 1e12
 
 
+_MFU_PLOT = _BatchPlot(
+    _mfu_percent,
+    "MFU (% of datasheet peak)",
+    "Model FLOP utilisation against micro-batch size",
+    "mfu-vs-batch-size",
+    "MFU: achieved FLOP/s over the devices' datasheet peak",
+    "MFU (%, median)",
+    "mfu-data",
+    log_y=False,
+)
+_FLOPS_PLOT = _BatchPlot(
+    _teraflops,
+    "achieved TFLOP/s",
+    "Achieved FLOP rate against micro-batch size",
+    "flops-vs-batch-size",
+    "Achieved TFLOP/s against micro-batch size, log-log",
+    "achieved TFLOP/s (median)",
+    "flops-data",
+)
+
+
 def _mfu_blocks(sweep: SweepData) -> list[Block]:
+    """MFU where the devices' peak is known, else the achieved FLOP rate, saying why."""
     title = sweep.titled("MFU against batch size")
     if sweep.batch_varies and drawable_against_batch(sweep.cells, _mfu_percent, log_y=False):
-        png = plot_against_batch(
-            sweep.cells,
-            sweep.series_names,
-            _mfu_percent,
-            None,
-            "MFU (% of datasheet peak)",
-            "Model FLOP utilisation against micro-batch size",
-            log_y=False,
-        )
-        return [
-            Heading(3, title),
-            sweep.figure(
-                "mfu-vs-batch-size",
-                png,
-                "MFU: achieved FLOP/s over the devices' datasheet peak",
-                data=against_batch_table(
-                    sweep.cells, sweep.series_names, _mfu_percent, "MFU (%, median)", f"mfu-data-{sweep.slug}"
-                ),
-            ),
-        ]
-    drawable = drawable_against_batch(sweep.cells, _teraflops)
-    if sweep.batch_varies and drawable:
-        png = plot_against_batch(
-            sweep.cells,
-            sweep.series_names,
-            _teraflops,
-            None,
-            "achieved TFLOP/s",
-            "Achieved FLOP rate against micro-batch size",
-        )
-        return [
-            Heading(3, title),
-            Paragraph(_peak_reason(sweep.cells) + "."),
-            sweep.figure(
-                "flops-vs-batch-size",
-                png,
-                "Achieved TFLOP/s against micro-batch size, log-log",
-                data=against_batch_table(
-                    sweep.cells, sweep.series_names, _teraflops, "achieved TFLOP/s (median)", f"flops-data-{sweep.slug}"
-                ),
-            ),
-        ]
-    return _not_drawn(
+        return _against_batch_blocks(sweep, title, _MFU_PLOT, lambda: "")
+    return _against_batch_blocks(
+        sweep,
         title,
-        _no_figure_reason(sweep.cells, "flops_per_second", "FLOP", " (the workload declares no FLOP count)")
-        if not drawable
-        else "the sweep does not vary the micro-batch size",
+        _FLOPS_PLOT,
+        lambda: _no_figure_reason(sweep.cells, "flops_per_second", "FLOP", " (the workload declares no FLOP count)"),
+        Paragraph(_peak_reason(sweep.cells) + "."),
     )
 
 
@@ -507,40 +498,22 @@ def _p90_milliseconds(cell: CellSummary) -> float | None:
 
 
 def _latency_blocks(sweep: SweepData) -> list[Block]:
-    title = sweep.titled("p90 latency against batch size")
-    drawable = drawable_against_batch(sweep.cells, _p90_milliseconds)
-    if not (sweep.batch_varies and drawable):
-        return _not_drawn(
-            title,
-            "no cell has a p90 latency that can be drawn (offline has none: LoadGen sends it a single query)"
-            if not drawable
-            else "the sweep does not vary the micro-batch size",
-        )
-    png = plot_against_batch(
-        sweep.cells,
-        sweep.series_names,
+    plot = _BatchPlot(
         _p90_milliseconds,
-        None,
         "p90 latency (ms)",
         "p90 latency against micro-batch size (median of the repeats)",
-        xlabel=sweep.batch_label,
+        "p90-latency-vs-batch-size",
+        "p90 latency against micro-batch size, log-log: in the loop a micro-batch's, under LoadGen's "
+        "single-stream and server a query's; crosses mark cells without a figure",
+        "p90 latency (ms, median)",
+        "latency-data",
     )
-    return [
-        Heading(3, title),
-        sweep.figure(
-            "p90-latency-vs-batch-size",
-            png,
-            "p90 latency against micro-batch size, log-log: in the loop a micro-batch's, under LoadGen's "
-            "single-stream and server a query's; crosses mark cells without a figure",
-            data=against_batch_table(
-                sweep.cells,
-                sweep.series_names,
-                _p90_milliseconds,
-                "p90 latency (ms, median)",
-                f"latency-data-{sweep.slug}",
-            ),
-        ),
-    ]
+    return _against_batch_blocks(
+        sweep,
+        sweep.titled("p90 latency against batch size"),
+        plot,
+        lambda: "no cell has a p90 latency that can be drawn (offline has none: LoadGen sends it a single query)",
+    )
 
 
 # Each part of a section with plots, in order. A part that raises is replaced by a note: one

@@ -30,7 +30,7 @@ def single_runs_section(cells: Sequence[CellSummary], store_path: Path, suffix: 
     blocks: list[Block] = [
         Heading(2, SINGLE_RUNS_TITLE),
         Paragraph(
-            f"{len(cells)} runs stored by ",
+            f"{len(cells)} run{'' if len(cells) == 1 else 's'} stored by ",
             Code("core run --database"),
             " ("
             + ", ".join(f"{count} {state}" for state, count in sorted(states.items()))

@@ -200,11 +200,15 @@ def plan_run(
     accelerator: str | Accelerator,
     options: dict[str, Any],
     machine: MachineProfile | None = None,
+    *,
+    in_slurm_job: bool = False,
 ) -> RunPlan:
     """Validate a run. Raises ConfigError naming the field, the value and what is allowed.
 
     :param machine: plan for the machine this profile describes instead of this host (a dry run):
         its devices, precisions and memory stand in for what would be probed here.
+    :param in_slurm_job: the run will be a Slurm job of its own, of ``nodes`` nodes (a cell of a
+        Slurm sweep): its nodes' agents meet inside that job's allocation, not this process's.
     """
     workload_name = workload.name if isinstance(workload, Workload) else workload
     accelerator_name = accelerator.name if isinstance(accelerator, Accelerator) else accelerator
@@ -249,7 +253,7 @@ def plan_run(
     placing = RunContext(config, workload_options, accelerator_options, SINGLE_PROCESS, machine=machine)
     _check_placement_limits(manager, accelerator_obj, placing)
     if config.nodes > 1:
-        _check_nodes(accelerator_obj, config, machine)
+        _check_nodes(accelerator_obj, config, machine, in_slurm_job)
     layout = None
     if config.devices_per_replica > 1:
         with guard(workload_obj, f"{type(workload_obj).__name__}.pipeline_layout()"):
@@ -380,9 +384,12 @@ def check_machine(manager: PluginManager, machine: MachineProfile) -> None:
         check_detail(key, value, expected[key])
 
 
-def _check_nodes(accelerator: Accelerator, config: RunConfig, machine: MachineProfile | None) -> None:
+def _check_nodes(
+    accelerator: Accelerator, config: RunConfig, machine: MachineProfile | None, in_slurm_job: bool
+) -> None:
     """A multi-node run starts torchrun agents, one per node, that meet at a rendezvous: inside a
-    Slurm allocation of enough nodes, or at the endpoint the run names."""
+    Slurm allocation of enough nodes (this process's, or the job the run will be), or at the
+    endpoint the run names."""
     from core.running.slurm import SlurmAllocation
 
     if accelerator.launcher != "torchrun" or config.framework is not Framework.torch:
@@ -392,8 +399,8 @@ def _check_nodes(accelerator: Accelerator, config: RunConfig, machine: MachinePr
             f"several nodes run as torchrun agents with PyTorch; accelerator {accelerator.name!r} with "
             f"{config.framework.value}: 1",
         )
-    if machine is not None:
-        return  # planned for a machine: the allocation is the one it will run in
+    if machine is not None or in_slurm_job:
+        return  # the allocation is the one it will run in: the machine's, or the job's own of `nodes` nodes
     allocation = SlurmAllocation.from_environment()
     if allocation is None:
         if config.rendezvous is None:

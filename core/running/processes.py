@@ -76,10 +76,20 @@ def signal_name(number: int) -> str:
         return f"signal {number}"
 
 
+_OUTPUT_LABEL = "Output tail:"
+
+
 def describe_output(output: str) -> str:
-    """The tail of what a child printed, for a status message."""
+    """The tail of what a child printed, for a status message (:func:`summary_line` leaves it out)."""
     tail = output[-OUTPUT_TAIL_CHARS:].strip()
-    return f"Output tail:\n{tail}" if tail else "The process printed nothing."
+    return f"{_OUTPUT_LABEL}\n{tail}" if tail else "The process printed nothing."
+
+
+def summary_line(message: str) -> str:
+    """A status message's first line, for a one-line account of a run: without the label of the
+    output tail that :func:`describe_output` puts after it (the tail itself is on the lines below)."""
+    first = (message.strip().splitlines() or [""])[0]
+    return first.removesuffix(_OUTPUT_LABEL).rstrip()
 
 
 _OOM_HINT = " (the kernel's out-of-memory killer sends SIGKILL)"

@@ -13,7 +13,7 @@ Adding a figure is one entry here (and, for a measured one, its field on ``RunRe
 (tests/test_metrics.py) fails when a scalar field of ``RunResult``, computed ones included, reaches
 no export column, and when an entry reads a field that does not exist.
 
-The export's first columns keep the order and names they had before 0.3 (readers by position and
+The export's first columns keep the order and names they had in 0.2.0 (readers by position and
 by name keep working); figures added since come after ``run_id``.
 """
 

@@ -8,7 +8,9 @@ The database stays the one record of results; the jobs in flight are listed in a
 process may be killed: ``--resume`` waits for the jobs still queued or running, records those that
 ended, and submits again the repeats whose jobs were lost. A repeat is recorded before its ledger
 entry is dropped, and an entry for a repeat the database already holds is dropped unread, so a kill
-between the two never records a run twice.
+between the two never records a run twice. A job is listed (by its name and folder) before sbatch
+is asked for it, so one whose answer never arrived (the sweep stopped while sbatch answered) is
+found in Slurm and waited for, or cancelled, never left running unlisted.
 
 Each job's folder (request.json, result.json and its .partial, the Slurm output, job-ended.json
 written by the batch script) lives under the jobs directory, beside the database by default: on a
@@ -73,6 +75,15 @@ class SubmissionFailed(SlurmError, SweepNotStarted):
     :class:`SubmissionRefused`, nothing this call submitted stays."""
 
 
+class SubmissionStopped(SweepError):
+    """sbatch refused a job after jobs of this call had begun to measure (or ended): those stay in
+    Slurm and in the ledger, for ``--resume`` to record; only the others were withdrawn."""
+
+
+class SubmissionStoppedByFault(SlurmError):
+    """As :class:`SubmissionStopped`, for a submission that failed rather than was refused."""
+
+
 def jobs_directory(database: Path, settings: SlurmSettings) -> Path:
     """Where a cluster sweep's job folders and ledgers live: the table's, else ``<database>.jobs``;
     an absolute path (the nodes, and a resume from another folder, must find the same one)."""
@@ -91,12 +102,13 @@ def jobs_in_flight(database: Path, settings: SlurmSettings | None, sweep: str) -
     return (path, len(jobs)) if isinstance(jobs, list) and jobs else None
 
 
-def check_jobs_directory(database: Path, settings: SlurmSettings) -> None:
+def check_jobs_directory(database: Path, settings: SlurmSettings, sweep: str | None = None) -> None:
     """Refuse, before anything is written, a jobs directory that cannot hold the jobs' folders.
 
     The directory itself may be made, and the default one (``<database>.jobs``) with the database's
     folder; one the ``[slurm]`` table names must be inside a folder that exists, so a mistyped path
-    on a shared filesystem is an error rather than a new tree.
+    on a shared filesystem is an error rather than a new tree. A link that leads nowhere (dangling,
+    or a loop) is refused, as is sweep ``sweep``'s own folder in it where that is not a folder.
 
     :raises SweepError: naming the directory and what is wrong with it.
     """
@@ -109,15 +121,28 @@ def check_jobs_directory(database: Path, settings: SlurmSettings) -> None:
     if "\\" in str(path):
         raise SweepError(f"{what}: a path with a backslash, which sbatch's log paths cannot hold; choose another")
     try:
-        existing = next(folder for folder in (path, *path.parents) if folder.exists())
+        # lexists: a link is there even where it leads nowhere, and mkdir would fail on it.
+        existing = next(folder for folder in (path, *path.parents) if os.path.lexists(folder))
+        _check_folder(what, existing)
+        if sweep is not None and existing == path and os.path.lexists(path / sweep):
+            _check_folder(f"{what}: the sweep's folder", path / sweep)
     except OSError as error:
         raise SweepError(f"{what}: cannot be looked at: {describe_os_error(error)}") from None
-    if not existing.is_dir():
-        raise SweepError(f"{what}: {existing} is a file, not a folder")
     if existing != path and settings.jobs_directory and existing != path.parent:
         raise SweepError(f"{what}: its folder {path.parent} does not exist; create it, on a filesystem every node sees")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise SweepError(f"{what}: {existing} cannot be written (no permission, or a read-only filesystem)")
+
+
+def _check_folder(what: str, folder: Path) -> None:
+    """Refuse ``folder`` (which exists, as a link at least) where it is not a folder one can enter."""
+    if folder.is_symlink() and not folder.exists():
+        raise SweepError(
+            f"{what}: {folder} is a link to {os.readlink(folder)}, which leads nowhere (a dangling link, or a loop "
+            "of links); remove it or point it at a folder"
+        )
+    if not folder.is_dir():
+        raise SweepError(f"{what}: {folder} is a file, not a folder")
 
 
 @dataclass
@@ -126,9 +151,16 @@ class JobEntry:
 
     cell_key: str
     repeat: int
-    job_id: str
+    #: None while sbatch has not answered: the entry is written before sbatch is asked, so a job
+    #: whose answer is lost is looked up by its name and folder (SlurmBackend._find_unanswered)
+    job_id: str | None
     folder: str
     submitted_at: float  # seconds since the epoch (the scheduler's clock) at submission
+    job_name: str | None = None  # absent from a ledger written by an older core
+
+    def described(self) -> str:
+        """The job as a person finds it in squeue: its id, or its name while sbatch has not answered."""
+        return self.job_id if self.job_id is not None else f"{self.job_name} (sbatch gave no id)"
 
 
 class JobLedger:
@@ -315,29 +347,72 @@ class SlurmBackend(SweepBackend):
         why = unavailable_reason()
         if why is not None:
             raise SweepError(f"--executor slurm: this machine cannot submit Slurm jobs: {why}")
-        check_jobs_directory(database, spec.slurm or SlurmSettings())
+        check_jobs_directory(database, spec.slurm or SlurmSettings(), spec.name)
         return cls(spec, database)
 
     @contextmanager
     def running(self, settled: Collection[RepeatKey], cells: Mapping[str, Cell]) -> Iterator[None]:
         self.cells = cells
-        # What existed before this call, so a refused submission removes only what it made.
-        self.made = [path for path in (self.jobs_root, self.root, self.root / LEDGER_NAME) if not path.exists()]
+        # What existed before this call (a link counts, even one leading nowhere), so a refused
+        # submission removes only what it made.
+        made = (self.jobs_root, self.root, self.root / LEDGER_NAME)
+        self.made = [path for path in made if not os.path.lexists(path)]
         self.ledger = JobLedger.load(self.root / LEDGER_NAME, self.spec.name, self.database)
         self._make_folder()
+        self._find_unanswered()
         self._forget_settled(settled)
         try:
             yield
         except BaseException:  # Ctrl-C, SIGTERM, a result the database refused: the jobs go on
-            if self.ledger.entries:
-                entries = self.ledger.entries.values()
-                print(
-                    f"core: {len(entries)} job(s) of sweep {self.spec.name} stay in Slurm "
-                    f"({', '.join(entry.job_id for entry in entries)}); --resume waits for them "
-                    "and records their results, scancel stops them",
-                    file=sys.stderr,
-                )
+            self._tell_jobs_stay()
             raise
+
+    def _tell_jobs_stay(self) -> None:
+        """On the way out of a stopped sweep: the ledger written as it stands (a stop may land
+        between a submission and the ledger's update), and a line naming the jobs that go on."""
+        if not self.ledger.entries:
+            return
+        try:
+            self.ledger.save()
+        except (OSError, CoreError) as error:
+            _log.warning("core: warning: cannot write the sweep's job ledger %s: %s", self.ledger.path, error)
+        entries = self.ledger.entries.values()
+        print(
+            f"core: {len(entries)} job(s) of sweep {self.spec.name} stay in Slurm "
+            f"({', '.join(entry.described() for entry in entries)}); --resume waits for them "
+            "and records their results, scancel stops them",
+            file=sys.stderr,
+        )
+
+    def _find_unanswered(self) -> None:
+        """Entries whose sbatch never answered (the sweep stopped, or was killed, while it did):
+        the job is looked up by its name and folder and waited for; where Slurm has none, the
+        entry and its folder go and the repeat is submitted again."""
+        unanswered = [key for key, entry in self.ledger.entries.items() if entry.job_id is None]
+        for key in unanswered:
+            entry = self.ledger.entries[key]
+            try:
+                found = self._lookup(entry)
+            except SlurmError as error:
+                raise SubmissionFailed(
+                    f"sweep {self.spec.name} not resumed: cannot tell whether job {entry.job_name} (in "
+                    f"{entry.folder}) was submitted: {error}; try again once Slurm answers"
+                ) from None
+            if found is None:
+                shutil.rmtree(self.ledger.entries.pop(key).folder, ignore_errors=True)
+            else:
+                entry.job_id = found
+        if unanswered:
+            self._save_ledger()
+
+    def _lookup(self, entry: JobEntry) -> str | None:
+        """The id of ``entry``'s job where Slurm has it. An earlier job of the same folder (one a
+        refusal withdrew, say) may still be listed beside it; Slurm numbers jobs in the order they
+        are submitted, so the last is this one."""
+        if entry.job_name is None:
+            return None
+        found = self.scheduler.find(entry.job_name, Path(entry.folder))
+        return max(found, key=int) if found else None
 
     def _make_folder(self) -> None:
         """The sweep's folder in the jobs directory (check_jobs_directory looked, this makes it)."""
@@ -356,7 +431,7 @@ class SlurmBackend(SweepBackend):
         stale = [key for key in self.ledger.entries if key in settled or key[0] not in self.cells]
         if stale:
             gone = [key for key in stale if key not in settled]
-            self._cancel([self.ledger.entries[key].job_id for key in gone], "jobs of cells this sweep no longer runs")
+            self._cancel(self._job_ids(gone), "jobs of cells this sweep no longer runs")
             for key in stale:
                 shutil.rmtree(self.ledger.entries.pop(key).folder, ignore_errors=True)
         self._save_ledger()
@@ -369,12 +444,13 @@ class SlurmBackend(SweepBackend):
             if repeat.key in self.ledger.entries:
                 continue
             try:
-                self.ledger.entries[repeat.key] = self._submit_one(repeat)
+                self._submit_one(repeat)
                 submitted.append(repeat.key)
-                self._save_ledger()
             except (SlurmError, OSError, CoreError) as error:
-                self._withdraw(submitted)
-                raise self._submission_error(error, repeat, len(submitted)) from None
+                if repeat.key in self.ledger.entries:  # sbatch's answer was lost and Slurm could not be asked
+                    submitted.append(repeat.key)
+                kept = self._withdraw(submitted)
+                raise self._submission_error(error, repeat, len(submitted) - len(kept), kept) from None
         return list(repeats)
 
     def in_flight(self) -> bool:
@@ -407,7 +483,7 @@ class SlurmBackend(SweepBackend):
         ]
         if not doomed:
             return
-        self._cancel([self.ledger.entries[key].job_id for key in doomed], "the failed cell's other jobs")
+        self._cancel(self._job_ids(doomed), "the failed cell's other jobs")
         for key in doomed:
             shutil.rmtree(self.ledger.entries.pop(key).folder, ignore_errors=True)
         self._save_ledger()
@@ -415,12 +491,14 @@ class SlurmBackend(SweepBackend):
     def _poll(self) -> list[EndedRepeat]:
         """Ask Slurm once: every job that ended, with how it is recorded (none when Slurm did not answer)."""
         try:
-            answer = self.scheduler.states([entry.job_id for entry in self.ledger.entries.values()])
+            answer = self.scheduler.states(self._job_ids(list(self.ledger.entries)))
         except SlurmError as error:
             _log.warning("core: warning: %s; asking again in %g s", error, self.settings.poll_seconds)
             return []
         ended = []
         for (cell_key, index), entry in self.ledger.entries.items():
+            if entry.job_id is None:
+                continue  # found before the sweep waits (_find_unanswered), or the submission stopped it
             state = answer.get(entry.job_id)
             if self._has_ended(state, entry):
                 cell = self.cells[cell_key]
@@ -438,22 +516,33 @@ class SlurmBackend(SweepBackend):
             return self.scheduler.now() - entry.submitted_at >= 2 * self.settings.poll_seconds
         return True
 
-    def _submission_error(self, error: Exception, repeat: Repeat, withdrawn: int) -> CoreError:
+    def _submission_error(self, error: Exception, repeat: Repeat, withdrawn: int, kept: list[JobEntry]) -> CoreError:
         what = f"repeat {repeat.index + 1} of cell {repeat.cell.label!r}"
         undone = ""
         if withdrawn:
             undone = f"; the {withdrawn} job(s) submitted before it were cancelled and their folders removed"
         detail = describe_os_error(error) if isinstance(error, OSError) else str(error)
+        refused = isinstance(error, SlurmError) and error.refused
+        if kept:
+            # What a job measured is never thrown away: those jobs stay, and the sweep with them.
+            message = (
+                f"sweep {self.spec.name} stopped submitting: {what}: {detail}{undone}; the {len(kept)} job(s) "
+                f"that had begun measuring or ended ({', '.join(entry.described() for entry in kept)}) stay in "
+                "Slurm: --resume records them and submits the rest"
+            )
+            return SubmissionStopped(message) if refused else SubmissionStoppedByFault(message)
         message = f"sweep {self.spec.name} not submitted: {what}: {detail}{undone}"
-        if isinstance(error, SlurmError) and error.refused:
-            return SubmissionRefused(message)
-        return SubmissionFailed(message)
+        return SubmissionRefused(message) if refused else SubmissionFailed(message)
 
-    def _withdraw(self, keys: list[RepeatKey]) -> None:
+    def _withdraw(self, keys: list[RepeatKey]) -> list[JobEntry]:
         """Cancel the jobs of ``keys`` and remove their folders and entries, and whatever folder or
-        ledger this call made that now holds nothing."""
-        self._cancel([self.ledger.entries[key].job_id for key in keys], "the jobs submitted before the refusal")
-        for key in keys:
+        ledger this call made that now holds nothing; returns the entries kept instead: jobs whose
+        worker has left figures (its result, the phases measured so far, its end) or whose
+        submission Slurm could not confirm either way."""
+        kept = [self.ledger.entries[key] for key in keys if self._must_keep(self.ledger.entries[key])]
+        withdrawn = [key for key in keys if self.ledger.entries[key] not in kept]
+        self._cancel(self._job_ids(withdrawn), "the jobs submitted before the refusal")
+        for key in withdrawn:
             shutil.rmtree(self.ledger.entries.pop(key).folder, ignore_errors=True)
         ledger_file = self.root / LEDGER_NAME
         try:
@@ -462,10 +551,21 @@ class SlurmBackend(SweepBackend):
             else:
                 ledger_file.unlink(missing_ok=True)
             for folder in (self.root, self.jobs_root):
-                if folder in self.made:
+                if folder in self.made and not self.ledger.entries:
                     folder.rmdir()  # only when empty
         except (OSError, CoreError) as error:
             _log.warning("core: warning: cannot tidy the jobs directory %s: %s", self.jobs_root, error)
+        return kept
+
+    @staticmethod
+    def _must_keep(entry: JobEntry) -> bool:
+        folder = Path(entry.folder)
+        measured = ("result.json", "result.json.partial", ENDED_NAME)
+        return entry.job_id is None or any((folder / name).exists() for name in measured)
+
+    def _job_ids(self, keys: list[RepeatKey]) -> list[str]:
+        """The Slurm ids of the entries of ``keys`` that have one (sbatch answered)."""
+        return [job_id for key in keys if (job_id := self.ledger.entries[key].job_id) is not None]
 
     def _cancel(self, job_ids: list[str], what: str) -> None:
         if not job_ids:
@@ -483,8 +583,14 @@ class SlurmBackend(SweepBackend):
                 f"cannot write the sweep's job ledger {self.ledger.path}: {describe_os_error(error)}"
             ) from None
 
-    def _submit_one(self, repeat: Repeat) -> JobEntry:
-        """Write one repeat's folder (request, batch script) and submit it; a refused job's folder is removed."""
+    def _submit_one(self, repeat: Repeat) -> None:
+        """Write one repeat's folder (request, batch script), list it in the ledger and submit it.
+
+        The entry is written before sbatch is asked and its id added once sbatch answers; where the
+        answer is lost (Ctrl-C or SIGTERM while sbatch ran, no answer in time, no id printed), Slurm
+        is asked for the job by its name and folder: found, it is the repeat's job, and a stop then
+        leaves it listed for ``--resume``; not found, or refused, the entry and folder go.
+        """
         cell = repeat.cell
         assert cell.planned is not None, "only validated cells run"
         folder = (self.root / f"cell{cell.index + 1}-repeat{repeat.index + 1}").resolve()
@@ -499,20 +605,48 @@ class SlurmBackend(SweepBackend):
             options = self.settings.sbatch_options(
                 nodes=cell.planned.config.nodes, timeout_seconds=self.spec.timeout_seconds
             )
-            job_id = self.scheduler.submit(
-                script,
-                options,
+            entry = JobEntry(
+                cell_key=cell.key,
+                repeat=repeat.index,
+                job_id=None,
+                folder=str(folder),
+                submitted_at=self.scheduler.now(),
                 job_name=f"core-{self.spec.name}-c{cell.index + 1}r{repeat.index + 1}"[:120],
-                log=log_path_pattern(folder, "slurm-%j.out"),
-                directory=folder,
             )
+            self.ledger.entries[repeat.key] = entry
+            self._save_ledger()
         except BaseException:
+            self.ledger.entries.pop(repeat.key, None)
             shutil.rmtree(folder, ignore_errors=True)
             raise
-        return JobEntry(
-            cell_key=cell.key,
-            repeat=repeat.index,
-            job_id=job_id,
-            folder=str(folder),
-            submitted_at=self.scheduler.now(),
-        )
+        assert entry.job_name is not None
+        try:
+            entry.job_id = self.scheduler.submit(
+                script, options, job_name=entry.job_name, log=log_path_pattern(folder, "slurm-%j.out"), directory=folder
+            )
+        except BaseException as error:
+            if not self._adopt_unanswered(repeat.key, refused=isinstance(error, SlurmError) and error.refused):
+                raise
+            if not isinstance(error, Exception):
+                raise  # stopped: the job found stays listed, and the sweep says so on its way out
+        self._save_ledger()
+
+    def _adopt_unanswered(self, key: RepeatKey, *, refused: bool) -> bool:
+        """After sbatch gave no job id for ``key``'s entry: whether Slurm has the job anyway (then
+        the entry gets its id). Where it has none, or sbatch refused, the entry and folder go; where
+        Slurm cannot be asked, the entry stays without an id, for ``--resume`` to look up."""
+        entry = self.ledger.entries[key]
+        found: str | None = None
+        if not refused:
+            try:
+                found = self._lookup(entry)
+            except SlurmError as error:
+                _log.warning("core: warning: cannot ask Slurm for job %s: %s", entry.job_name, error)
+                return False
+        if found is None:
+            shutil.rmtree(self.ledger.entries.pop(key).folder, ignore_errors=True)
+            self._save_ledger()
+            return False
+        entry.job_id = found
+        self._save_ledger()
+        return True

@@ -47,6 +47,9 @@ class SweepOutcome:
     skipped_invalid: list[Cell]
     cells: list[CellSummary] = field(default_factory=list)
     runs_recovered: int = 0  # results a failed write had left in <database>.unsaved/, now recorded
+    #: database rows the summaries could not read (a result of a newer core, a damaged row), each
+    #: as a line of text; each was also logged as a warning
+    skipped_rows: list[str] = field(default_factory=list)
 
 
 class SweepObserver(Observer):
@@ -170,6 +173,7 @@ def run_repeats(
     retry_failed: bool,
     observer: SweepObserver,
     backend: SweepBackend,
+    on_accepted: Callable[[], None] | None = None,
 ) -> SweepOutcome:
     """Run every pending repeat of the plan's valid cells on ``backend``, recording each as it ends.
 
@@ -178,9 +182,11 @@ def run_repeats(
     is recorded once, with its phases, before any cell is stopped.
 
     :param finished: the repeats the database holds (their state), from resume's check.
+    :param on_accepted: called once the backend's first :meth:`~SweepBackend.submit` returned (it
+        took the sweep rather than refuse it), before anything is recorded.
     :raises UnsavedResultError: the database refused a result (saved beside it where it can be).
     """
-    return _SweepLoop(store, plan, spec, finished, retry_failed, observer, backend).run()
+    return _SweepLoop(store, plan, spec, finished, retry_failed, observer, backend).run(on_accepted)
 
 
 class _SweepLoop:
@@ -222,7 +228,7 @@ class _SweepLoop:
             and cell.key not in self.stopped
         ]
 
-    def run(self) -> SweepOutcome:
+    def run(self, on_accepted: Callable[[], None] | None = None) -> SweepOutcome:
         # The cells' runs in the database, those beyond a lowered --repeats too.
         in_database = sum(1 for cell_key, _ in self.recorded if cell_key in self.cells)
         with self.backend.running(set(self.finished), self.cells):
@@ -234,7 +240,11 @@ class _SweepLoop:
             )
             while True:
                 queue = self.pending()
-                self._announce(self.backend.submit(queue), len(queue))
+                taken = self.backend.submit(queue)
+                if on_accepted is not None:
+                    accepted, on_accepted = on_accepted, None
+                    accepted()
+                self._announce(taken, len(queue))
                 if not self.backend.in_flight():
                     break
                 ended = self.backend.wait(self._waiting)
@@ -242,13 +252,20 @@ class _SweepLoop:
                 for cell_key in dict.fromkeys(failed):
                     self.backend.cancel_cell(cell_key)
                     self.announced = {key: left for key, left in self.announced.items() if key[0] != cell_key}
+        cells = summarise(self.store.runs(sweep=self.spec.name))
+        # A row the summaries leave out (a newer core's result, a damaged row) is said, as core
+        # results and core report say it, never dropped silently from a cell's counts.
+        skipped = [str(row) for row in self.store.skipped_rows]
+        for row in skipped:
+            logging.getLogger(__name__).warning("core: warning: %s", row)
         return SweepOutcome(
             name=self.spec.name,
             database=self.store.path,
             runs_done=self.runs_done,
             runs_already_finished=self.already,
             skipped_invalid=self.plan.invalid_cells,
-            cells=summarise(self.store.runs(sweep=self.spec.name)),
+            cells=cells,
+            skipped_rows=skipped,
         )
 
     def _announce(self, taken: list[Repeat], queued: int) -> None:

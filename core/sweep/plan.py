@@ -63,6 +63,9 @@ class SweepPlan:
     spec: SweepSpec
     cells: list[Cell]
     source: str | None = None
+    #: where the cells were planned to run: "local" (here), or "slurm" (each repeat a job of its
+    #: cell's nodes, so a multi-node cell needs no allocation or rendezvous here)
+    executor: str = "local"
 
     @property
     def valid_cells(self) -> list[Cell]:
@@ -138,12 +141,16 @@ def plan_sweep(
     source: str | None = None,
     machine: MachineProfile | None = None,
     toy: bool = False,
+    executor: str = "local",
 ) -> SweepPlan:
     """Expand the grid and validate every cell against the plugins, touching no device.
 
     :param machine: validate for the machine this profile describes instead of this host.
     :param toy: shrink the cells to toy scale, to run on this CPU (core.sweep.toy); the sweep's
         name gets the ``-toy`` suffix so that its results never mix with the file's own.
+    :param executor: where the repeats will run (core.sweep.run.EXECUTORS): with "slurm" each
+        repeat is a job of its cell's ``nodes`` nodes, so a multi-node cell is planned for that
+        job's allocation rather than this process's.
     """
     from core.contract.manager import get_plugin_manager
     from core.running.planning import check_machine, plan_run
@@ -161,9 +168,12 @@ def plan_sweep(
         options = dict(cell.options)
         workload, accelerator = options.pop("workload"), options.pop("accelerator")
         try:
-            cell.planned = plan_run(manager, workload, accelerator, options, machine=machine).document()
+            in_slurm_job = executor == "slurm"
+            cell.planned = plan_run(
+                manager, workload, accelerator, options, machine=machine, in_slurm_job=in_slurm_job
+            ).document()
         except ConfigError as error:
             cell.invalid_reason = describe_config_error(error)
         except PluginError as fault:  # a plugin's own bug makes its cells invalid, not the sweep crash
             cell.invalid_reason = str(fault)
-    return SweepPlan(spec=spec, cells=cells, source=source)
+    return SweepPlan(spec=spec, cells=cells, source=source, executor=executor)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from core.running import processes
-from core.storage.store import ResultStore, default_database
+from core.storage.store import ResultStore, StoreError, default_database
 from core.sweep.loop import (
     EndedRepeat,
     Repeat,
@@ -35,7 +35,15 @@ from core.sweep.repeat import (
 )
 from core.sweep.spec import SweepError, SweepSpec, load_sweep, make_sweep_spec
 
-__all__ = ["EXECUTORS", "LocalBackend", "SweepObserver", "SweepOutcome", "run_sweep", "unknown_sweep_message"]
+__all__ = [
+    "EXECUTORS",
+    "LocalBackend",
+    "SweepObserver",
+    "SweepOutcome",
+    "run_sweep",
+    "sweep_in_database",
+    "unknown_sweep_message",
+]
 
 Executor = Literal["local", "slurm"]
 EXECUTORS: tuple[Executor, ...] = ("local", "slurm")
@@ -75,7 +83,7 @@ def run_sweep(
         raise SweepError(f"invalid workers {workers!r}; allowed: {', '.join(WORKER_STARTS)}")
     if executor not in EXECUTORS:
         raise SweepError(f"invalid executor {executor!r}; allowed: {', '.join(EXECUTORS)}")
-    plan = _plan_of(sweep)
+    plan = _plan_of(sweep, executor)
     spec = _spec_with(plan.spec, repeats=repeats, timeout_seconds=timeout_seconds)
     _check_cells(plan, skip_invalid)
     database = Path(database) if database is not None else default_database()
@@ -96,12 +104,24 @@ def run_sweep(
             if executor == "local":
                 _refuse_slurm_jobs_in_flight(database, spec)
             recorded = store.sweep(spec.name)
-            store.save_sweep(
-                spec.name, _spec_record(spec, recorded), [cell.describe() for cell in plan.cells], plan.source
-            )
+
+            def save_record() -> None:
+                store.save_sweep(
+                    spec.name, _spec_record(spec, recorded), [cell.describe() for cell in plan.cells], plan.source
+                )
+
+            if recorded is None:
+                # A new sweep is recorded before anything is submitted, so that a sweep killed once
+                # its jobs are in Slurm resumes (and waits for them).
+                save_record()
             recovered = record_unsaved(store, plan, finished) if resume else 0
             try:
-                outcome = run_repeats(store, plan, spec, finished, retry_failed, observers, backend)
+                # A resumed sweep's record (its repeats raised, the resume in its history) changes
+                # only once the backend took the sweep: a refused resume leaves it as it was.
+                resumed_record = save_record if recorded is not None else None
+                outcome = run_repeats(
+                    store, plan, spec, finished, retry_failed, observers, backend, on_accepted=resumed_record
+                )
             except SweepNotStarted:
                 if recorded is None:  # a new sweep none of whose repeats started is not begun: no record
                     store.forget_sweep(spec.name)
@@ -112,7 +132,7 @@ def run_sweep(
         store.close()
 
 
-def _plan_of(sweep: str | Path | SweepSpec | SweepPlan) -> SweepPlan:
+def _plan_of(sweep: str | Path | SweepSpec | SweepPlan, executor: Executor) -> SweepPlan:
     """The sweep's plan: each cell validated once, here, for every repeat to run as it is."""
     if isinstance(sweep, SweepPlan):
         if any(cell.planned is not None and cell.planned.machine is not None for cell in sweep.valid_cells):
@@ -121,9 +141,22 @@ def _plan_of(sweep: str | Path | SweepSpec | SweepPlan) -> SweepPlan:
                 f"this sweep's cells were planned for machine {machine!r}, not this host: such a plan is for "
                 "--dry-run only; plan it again without the machine to run it"
             )
+        _check_planned_for(sweep, executor)
         return sweep
     spec = sweep if isinstance(sweep, SweepSpec) else load_sweep(sweep)
-    return plan_sweep(spec, source=None if isinstance(sweep, SweepSpec) else str(sweep))
+    return plan_sweep(spec, source=None if isinstance(sweep, SweepSpec) else str(sweep), executor=executor)
+
+
+def _check_planned_for(plan: SweepPlan, executor: Executor) -> None:
+    """A multi-node cell planned as a Slurm job of its own needs that job's allocation: run here,
+    it would have neither an allocation nor a rendezvous."""
+    if plan.executor == "slurm" and executor != "slurm":
+        needing = [cell.label for cell in plan.valid_cells if cell.config is not None and cell.config.nodes > 1]
+        if needing:
+            raise SweepError(
+                f"cells {', '.join(repr(label) for label in needing[:5])} were planned as Slurm jobs of several "
+                f"nodes (plan_sweep(executor='slurm')), not for executor {executor!r}; plan the sweep again for it"
+            )
 
 
 def _spec_with(spec: SweepSpec, *, repeats: int | None, timeout_seconds: float | None) -> SweepSpec:
@@ -214,6 +247,19 @@ def _check_database(store: ResultStore, plan: SweepPlan, resume: bool) -> dict[t
                 "resume it with its original file, or give the changed grid another name"
             )
     return finished
+
+
+def sweep_in_database(database: Path, name: str) -> bool:
+    """Whether ``--resume`` finds sweep ``name`` in ``database`` (its record or a run of it): a sweep
+    stopped before it was recorded is started again, not resumed. A database that cannot be read
+    counts as holding it (resume then says what is wrong with the file)."""
+    if not database.exists():
+        return False
+    try:
+        with ResultStore(database, create=False) as store:
+            return bool(store.finished(name)) or store.sweep(name) is not None
+    except StoreError:
+        return True
 
 
 def unknown_sweep_message(store: ResultStore, name: str) -> str:

@@ -1,5 +1,6 @@
 """The Slurm commands a cluster sweep uses: ``sbatch`` to submit a job, ``sacct`` to follow it (or,
-where the cluster keeps no accounting, ``squeue --states=all``), ``scancel`` to stop it.
+where the cluster keeps no accounting, ``squeue --states=all``), ``scancel`` to stop it, and
+``squeue`` to find a job whose ``sbatch`` answer was lost.
 
 Facts relied on (Slurm 22.05): ``sbatch --parsable`` prints ``JOBID`` or ``JOBID;CLUSTER``;
 ``sacct`` exits non-zero with "Slurm accounting storage is disabled" where
@@ -153,6 +154,35 @@ def submit(script: Path, options: Sequence[str], *, job_name: str, log: str, dir
     return job_id
 
 
+def find(job_name: str, directory: Path) -> list[str]:
+    """The ids of this user's jobs named ``job_name`` that run in ``directory``: a job sbatch
+    submitted although its answer never arrived (the sweep was interrupted while sbatch answered,
+    or sbatch gave no answer in time). ``directory`` is the job's own folder, so no other sweep's
+    job of the same name is taken for it.
+
+    :raises SlurmError: when Slurm could not be asked.
+    """
+    listed = _run(
+        [
+            "squeue",
+            "--noheader",
+            "--states=all",
+            f"--user={os.getuid()}",
+            f"--name={job_name}",
+            "--format=%i|%j|%Z",
+        ]
+    )
+    if listed.returncode != 0:
+        raise SlurmError(f"squeue failed: {listed.stderr.strip() or f'exit code {listed.returncode}'}")
+    wanted = os.path.normpath(directory)
+    found = []
+    for line in listed.stdout.splitlines():
+        job_id, name, work_directory = (line.strip().split("|", 2) + ["", ""])[:3]
+        if job_id.isdigit() and name == job_name and os.path.normpath(work_directory) == wanted:
+            found.append(job_id)
+    return found
+
+
 class JobStates:
     """Asks Slurm how jobs stand: sacct where the cluster keeps accounting, else squeue.
 
@@ -248,6 +278,10 @@ class Scheduler(Protocol):
 
     def cancel(self, job_ids: Sequence[str]) -> None: ...
 
+    def find(self, job_name: str, directory: Path) -> list[str]:
+        """The jobs named ``job_name`` running in ``directory`` (see :func:`find`)."""
+        ...
+
     def now(self) -> float:
         """Seconds since the epoch (``JobEntry.submitted_at`` is on this clock)."""
         ...
@@ -269,6 +303,9 @@ class SlurmScheduler:
 
     def cancel(self, job_ids: Sequence[str]) -> None:
         cancel(job_ids)
+
+    def find(self, job_name: str, directory: Path) -> list[str]:
+        return find(job_name, directory)
 
     def now(self) -> float:
         return time.time()

@@ -38,6 +38,8 @@ RESERVED_OPTIONS: dict[str, str] = {
     "wait": "the sweep follows its jobs itself: sbatch must return at once",
     "test-only": "nothing would be submitted",
     "clusters": "the sweep follows its jobs on the cluster it submits from",
+    "hold": "a held job never starts by itself, and the sweep would wait for it forever",
+    "begin": "the sweep waits for its jobs from the moment it submits them: start the sweep itself later instead",
 }
 #: sbatch's one-letter forms of the reserved options (sbatch --help)
 _SHORT_FORMS = {
@@ -54,6 +56,8 @@ _SHORT_FORMS = {
     "c": "cpus-per-task",
     "W": "wait",
     "M": "clusters",
+    "H": "hold",
+    "b": "begin",
 }
 #: sbatch options whose whole name begins a reserved one's: given whole, sbatch takes them as they
 #: are (getopt_long prefers an exact match), so they are no abbreviation

@@ -27,6 +27,7 @@ from pydantic import BaseModel, Field
 from core.base.config import Framework
 from core.contract.workload import TorchTrainingSpec
 from core.workloads.counting import Tally, conv_output
+from core.workloads.swin_counting import swin_tally
 from core.workloads.zoo import Source, ZooOptions, ZooWorkload, seeded, torchvision_source, transformers_source
 
 COCO_CLASSES = 80  # the object categories of COCO's detection task
@@ -177,7 +178,17 @@ class DinoSwinL(DetectionWorkload):
     def tally(self, o: Any, framework: Framework) -> Tally:
         swin, deformable = self.shapes(o)
         t = DetachedTally()
-        stages = swin_backbone_tally(t, swin, self.padded_shape(o))
+        stages = swin_tally(
+            t,
+            channels=3,
+            embed=swin.embed,
+            depths=swin.depths,
+            heads=swin.heads,
+            window=swin.window,
+            patch=swin.patch,
+            image=self.padded_shape(o),
+            stage_norms=True,  # transformers' SwinBackbone with every stage as an output
+        )
         deformable_detr_tally(t, deformable, stages, COCO_CLASSES)
         return t
 
@@ -238,49 +249,6 @@ class DetachedTally(Tally):
     @property
     def training_flops(self) -> int:
         return 2 * (3 * self.macs - self.input_macs - 2 * self.forward_only_macs)
-
-
-def swin_stage_resolutions(swin: SwinShape, image: tuple[int, int]) -> list[tuple[int, int]]:
-    """Token grid of each stage: the image padded to whole patches, halved (rounded up) per merge."""
-    resolution = (math.ceil(image[0] / swin.patch), math.ceil(image[1] / swin.patch))
-    resolutions = []
-    for _ in swin.depths:
-        resolutions.append(resolution)
-        resolution = (math.ceil(resolution[0] / 2), math.ceil(resolution[1] / 2))
-    return resolutions
-
-
-def swin_backbone_tally(t: Tally, swin: SwinShape, image: tuple[int, int]) -> list[tuple[int, int, int]]:
-    """transformers' SwinBackbone with every stage as an output (each with its layer norm); returns
-    (channels, height, width) of each stage's output."""
-    resolutions = swin_stage_resolutions(swin, image)
-    t.conv(3, swin.embed, swin.patch, *resolutions[0], bias=True, reads_input=True)
-    t.params(2 * swin.embed)  # layer norm of the patch embeddings
-    dim = swin.embed
-    outputs = []
-    for stage, (depth, heads) in enumerate(zip(swin.depths, swin.heads)):
-        height, width = resolutions[stage]
-        window = min(swin.window, height, width)  # transformers shrinks the window to a smaller map
-        tokens = height * width
-        padded = math.ceil(height / window) * window * math.ceil(width / window) * window
-        for _ in range(depth):
-            t.params(2 * dim)
-            for _ in range(4):  # query, key, value, output: on the window-padded map
-                t.linear(dim, dim, tokens=padded)
-            t.params((2 * swin.window - 1) ** 2 * heads)  # relative position bias table, built for the window
-            t.matmul(2 * padded * window * window * dim)
-            t.params(2 * dim)
-            t.linear(dim, 4 * dim, tokens=tokens)
-            t.linear(4 * dim, dim, tokens=tokens)
-        outputs.append((dim, height, width))
-        t.params(2 * dim)  # the output's layer norm
-        if stage < len(swin.depths) - 1:
-            merged = resolutions[stage + 1][0] * resolutions[stage + 1][1]
-            t.params(2 * 4 * dim)
-            t.linear(4 * dim, 2 * dim, tokens=merged, bias=False)
-            dim *= 2
-    t.params(2 * dim)  # the classifier's final layer norm: built, unused by the backbone
-    return outputs
 
 
 def _box_mlp(t: Tally, width: int, tokens: int, *, reused: bool = False) -> None:

@@ -22,7 +22,15 @@ from pydantic import BaseModel, Field
 from core.base.config import Framework
 from core.contract.workload import TorchTrainingSpec
 from core.workloads.counting import Tally, conv_output
-from core.workloads.zoo import Source, ZooOptions, ZooWorkload, option_error, seeded, transformers_source
+from core.workloads.zoo import (
+    Source,
+    ZooOptions,
+    ZooWorkload,
+    logits_module,
+    option_error,
+    seeded,
+    transformers_source,
+)
 
 CITYSCAPES_CLASSES = 19  # the train ids of Cityscapes' evaluation classes
 IGNORE_INDEX = 255  # Cityscapes' train id for unlabelled pixels, skipped by the loss
@@ -195,7 +203,8 @@ class SegformerB4(SegmentationWorkload):
             num_labels=CITYSCAPES_CLASSES,
             semantic_loss_ignore_index=IGNORE_INDEX,
         )
-        return _segformer_logits(transformers.SegformerForSemanticSegmentation(config))
+        # the decode head's logits at 1/4 resolution (the loss upsamples them)
+        return logits_module(transformers.SegformerForSemanticSegmentation(config), "pixel_values")
 
     def make_optimizer(self, parameters: Any) -> Any:
         import torch
@@ -224,21 +233,6 @@ def _segformer_block(t: Tally, hidden: int, height: int, width: int, reduction: 
     t.linear(hidden, expanded, tokens=tokens)
     t.conv(expanded, expanded, 3, height, width, groups=expanded, bias=True)
     t.linear(expanded, hidden, tokens=tokens)
-
-
-def _segformer_logits(model: Any) -> Any:
-    """``module(images)`` -> the decode head's logits at 1/4 resolution (the loss upsamples them)."""
-    from torch import nn
-
-    class SegformerLogits(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, images: Any) -> Any:
-            return self.model(pixel_values=images).logits
-
-    return SegformerLogits()
 
 
 # --- DeepLabV3+ R101 -------------------------------------------------------------------------

@@ -283,6 +283,21 @@ def seeded(seed: int, build: Callable[[], Any]) -> Any:
         return build()
 
 
+def logits_module(model: Any, keyword: str) -> Any:
+    """Wrap a transformers model so that ``module(x)`` returns its logits: ``model(**{keyword: x}).logits``."""
+    from torch import nn
+
+    class Logits(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, inputs: Any) -> Any:
+            return self.model(**{keyword: inputs}).logits
+
+    return Logits()
+
+
 def float32_logits(model: Any) -> Any:
     """A Keras model whose outputs are float32, so mixed-precision policies keep a stable softmax."""
     from tensorflow import keras

@@ -121,35 +121,31 @@ class LoadGenSettings(BaseModel):
         description="seeds LoadGen's choice of the loaded samples, their order and the server arrival times",
     )
 
-    @field_validator("max_duration_seconds")
+    @field_validator("max_duration_seconds", "max_query_count")
     @classmethod
-    def _max_duration_after_min(cls, value: float | None, info: ValidationInfo) -> float | None:
-        minimum = info.data.get("min_duration_seconds")
+    def _maximum_after_minimum(cls, value: float | None, info: ValidationInfo) -> float | None:
+        # each max_X is checked against its min_X, declared (and so validated) before it; a field
+        # validator's info always names its field
+        minimum_field = "min_" + str(info.field_name).removeprefix("max_")
+        minimum = info.data.get(minimum_field)
         if value is not None and minimum is not None and value < minimum:
-            raise ValueError(f"at least min_duration_seconds ({minimum}), or None for no limit")
+            raise ValueError(f"at least {minimum_field} ({minimum}), or None for no limit")
         return value
 
-    @field_validator("max_query_count")
+    @field_validator("offline_expected_samples_per_second", "server_target_samples_per_second")
     @classmethod
-    def _max_queries_after_min(cls, value: int | None, info: ValidationInfo) -> int | None:
-        minimum = info.data.get("min_query_count")
-        if value is not None and minimum is not None and value < minimum:
-            raise ValueError(f"at least min_query_count ({minimum}), or None for no limit")
+    def _scenario_needs_a_rate(cls, value: float | None, info: ValidationInfo) -> float | None:
+        scenario, rate = _RATE_OF_SCENARIO[str(info.field_name)]
+        if value is None and info.data.get("scenario") == scenario:
+            raise ValueError(f"a number above 0 is required for the {scenario} scenario ({rate})")
         return value
 
-    @field_validator("offline_expected_samples_per_second")
-    @classmethod
-    def _offline_needs_a_rate(cls, value: float | None, info: ValidationInfo) -> float | None:
-        if value is None and info.data.get("scenario") == "offline":
-            raise ValueError("a number above 0 is required for the offline scenario (the throughput expected)")
-        return value
 
-    @field_validator("server_target_samples_per_second")
-    @classmethod
-    def _server_needs_a_rate(cls, value: float | None, info: ValidationInfo) -> float | None:
-        if value is None and info.data.get("scenario") == "server":
-            raise ValueError("a number above 0 is required for the server scenario (the arrival rate)")
-        return value
+#: the rate field each scenario needs, and what that rate is
+_RATE_OF_SCENARIO = {
+    "offline_expected_samples_per_second": ("offline", "the throughput expected"),
+    "server_target_samples_per_second": ("server", "the arrival rate"),
+}
 
 
 def make_loadgen_settings(**options: Any) -> LoadGenSettings:

@@ -180,21 +180,6 @@ class VisionWorkload(ZooWorkload):
         )
 
 
-def logits_module(model: Any, keyword: str) -> Any:
-    """Wrap a transformers model so that ``module(x)`` returns the logits tensor."""
-    from torch import nn
-
-    class Logits(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, inputs: Any) -> Any:
-            return self.model(**{keyword: inputs}).logits
-
-    return Logits()
-
-
 def make_divisible(value: float, divisor: int = 8) -> int:
     """Channel rounding of MobileNet and EfficientNet (torchvision's _make_divisible, Keras' _depth)."""
     rounded = max(divisor, int(value + divisor / 2) // divisor * divisor)

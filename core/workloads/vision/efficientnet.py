@@ -9,8 +9,8 @@ from typing import Any, ClassVar
 from core.base.config import Framework
 from core.contract.pipeline import RecommendedSplit
 from core.workloads.counting import Tally
-from core.workloads.vision.base import VisionOptions, VisionWorkload, logits_module, make_divisible
-from core.workloads.zoo import Source, keras_source, transformers_source
+from core.workloads.vision.base import VisionOptions, VisionWorkload, make_divisible
+from core.workloads.zoo import Source, keras_source, logits_module, transformers_source
 
 # The B0 baseline (Tan and Le 2019), scaled in width and depth for B1..B7.
 _EFFICIENTNET_BLOCKS = (  # kernel, repeats, in, out, expand ratio, stride

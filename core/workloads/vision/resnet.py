@@ -8,8 +8,8 @@ from pydantic import BaseModel, Field
 
 from core.base.config import Framework
 from core.workloads.counting import Tally, conv_output
-from core.workloads.vision.base import VisionOptions, VisionWorkload, logits_module
-from core.workloads.zoo import Source, keras_source, option_error, transformers_source
+from core.workloads.vision.base import VisionOptions, VisionWorkload
+from core.workloads.zoo import Source, keras_source, logits_module, option_error, transformers_source
 
 ResNetVersion = Literal["v1.5", "v1", "v2"]
 

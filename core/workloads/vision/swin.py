@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any, ClassVar, Literal
 
 from core.base.config import Framework
 from core.workloads.counting import Tally
-from core.workloads.vision.base import VisionOptions, VisionWorkload, logits_module
-from core.workloads.zoo import Source, option_error, transformers_source
+from core.workloads.swin_counting import swin_stage_resolutions, swin_tally
+from core.workloads.vision.base import VisionOptions, VisionWorkload
+from core.workloads.zoo import Source, logits_module, option_error, transformers_source
 
 
 class SwinTransformer(VisionWorkload):
@@ -30,12 +30,7 @@ class SwinTransformer(VisionWorkload):
     def stage_resolutions(self, o: VisionOptions) -> list[tuple[int, int]]:
         _, depths, _, _, patch = self.dimensions(o)
         _, height, width = self.input_shape(o)
-        resolution = (math.ceil(height / patch), math.ceil(width / patch))  # the image is padded to whole patches
-        resolutions = []
-        for _ in depths:
-            resolutions.append(resolution)
-            resolution = (math.ceil(resolution[0] / 2), math.ceil(resolution[1] / 2))  # patch merging pads to even
-        return resolutions
+        return swin_stage_resolutions((height, width), patch, len(depths))
 
     def check_options(self, o: VisionOptions) -> None:
         super().check_options(o)
@@ -57,32 +52,21 @@ class SwinTransformer(VisionWorkload):
 
     def tally(self, o: Any, framework: Framework) -> Tally:
         embed, depths, heads, window, patch = self.dimensions(o)
-        channels, _, _ = self.input_shape(o)
-        resolutions = self.stage_resolutions(o)
+        channels, height, width = self.input_shape(o)
         t = Tally()
-        t.conv(channels, embed, patch, *resolutions[0], bias=True, reads_input=True)
-        t.params(2 * embed)  # layer norm of the patch embeddings
-        dim = embed
-        for stage, (depth, stage_heads) in enumerate(zip(depths, heads)):
-            height, width = resolutions[stage]
-            tokens = height * width
-            padded = math.ceil(height / window) * window * math.ceil(width / window) * window
-            for _ in range(depth):
-                t.params(2 * dim)
-                for _ in range(4):  # query, key, value, output: on the window-padded map
-                    t.linear(dim, dim, tokens=padded)
-                t.params((2 * window - 1) ** 2 * stage_heads)  # relative position bias table
-                t.matmul(2 * padded * window * window * dim)  # scores and weighted values in every window
-                t.params(2 * dim)
-                t.linear(dim, 4 * dim, tokens=tokens)
-                t.linear(4 * dim, dim, tokens=tokens)
-            if stage < len(depths) - 1:
-                merged = resolutions[stage + 1][0] * resolutions[stage + 1][1]
-                t.params(2 * 4 * dim)
-                t.linear(4 * dim, 2 * dim, tokens=merged, bias=False)
-                dim *= 2
-        t.params(2 * dim)  # final layer norm
-        t.linear(dim, self.num_classes(o))
+        stages = swin_tally(
+            t,
+            channels=channels,
+            embed=embed,
+            depths=depths,
+            heads=heads,
+            window=window,
+            patch=patch,
+            image=(height, width),
+            stage_norms=False,
+        )
+        last_dim, _, _ = stages[-1]
+        t.linear(last_dim, self.num_classes(o))
         return t
 
     def torch_model(self, o: VisionOptions) -> Any:

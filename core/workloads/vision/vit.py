@@ -6,8 +6,8 @@ from typing import Any, ClassVar, Literal
 
 from core.base.config import Framework
 from core.workloads.counting import Tally
-from core.workloads.vision.base import VisionOptions, VisionWorkload, logits_module
-from core.workloads.zoo import Source, transformers_source
+from core.workloads.vision.base import VisionOptions, VisionWorkload
+from core.workloads.zoo import Source, logits_module, transformers_source
 
 
 class VisionTransformer(VisionWorkload):
