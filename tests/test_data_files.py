@@ -478,6 +478,42 @@ def own_processes_with(marker: str) -> list[int]:
 
 
 @pytest.mark.slow
+def test_sigterm_to_core_run_stops_it_as_ctrl_c_does_and_says_so(tmp_path: Path) -> None:
+    """A batch system's time limit or `kill` sends SIGTERM: the run's loader workers are stopped and
+    their folders removed before `core run` exits 143, saying what stopped it, without a traceback."""
+    import signal
+    import time
+
+    folder = write_image_folder(tmp_path / "images")
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    marker = f"CORE_TEST_MARKER={tmp_path.name}"
+    environment = {**os.environ, "TMPDIR": str(temporary), marker.split("=")[0]: marker.split("=")[1]}
+    command = [sys.executable, "-m", "core.cli", "run", "aces-autoencoder", "--data", str(folder)]
+    command += ["--data-workers", "2", "--batch-size", "2", "--steps", "10000000", "--warmup-steps", "1"]
+    command += ["--power-meter", "none"]
+    process = subprocess.Popen(
+        command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
+    )
+    try:
+        for _ in range(3000):  # a hang guard only: until the loader's workers have started
+            if len(list(temporary.glob("pymp-*"))) == 2 or process.poll() is not None:
+                break
+            time.sleep(0.2)
+        assert process.poll() is None, process.communicate()
+        process.send_signal(signal.SIGTERM)
+        stdout, stderr = process.communicate(timeout=600)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 128 + signal.SIGTERM, stdout + stderr
+    assert "stopped by SIGTERM; nothing was recorded" in stderr and "Traceback" not in stderr, stderr
+    assert [path.name for path in temporary.iterdir() if "pymp-" in path.name] == []
+    assert own_processes_with(marker) == []
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("broken", [False, True])
 def test_loader_workers_leave_no_process_and_no_temporary_folder(broken: bool, tmp_path: Path) -> None:
     folder = write_image_folder(tmp_path / "images")

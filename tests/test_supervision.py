@@ -352,6 +352,7 @@ def test_ctrl_c_or_sigterm_of_core_run_with_two_replicas_stops_everything_first(
         assert launcher.returncode == (130 if how == "ctrl-c" else 128 + signal.SIGTERM), stderr
         assert "Traceback" not in stderr, stderr
         assert ("interrupted" in stderr) is (how == "ctrl-c"), stderr
+        assert ("stopped by SIGTERM" in stderr) is (how == "sigterm"), stderr
         assert stdout == ""
     finally:
         kill_all(launcher, tree)

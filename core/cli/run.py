@@ -60,19 +60,23 @@ def _run_and_show(args: argparse.Namespace, options: dict[str, Any], line: Progr
     bad input (exit 2), a plugin's fault (1) or an interrupt (130)."""
     from core.api import run
     from core.contract.manager import PluginFault
+    from core.running.processes import Terminated, sigterm_exits
     from core.storage.single_runs import UnrecordedRunError
     from core.storage.store import StoreError
 
     unrecorded: UnrecordedRunError | None = None
     try:
-        result = run(
-            args.workload,
-            args.accelerator,
-            on_progress=_progress(args, options, line),
-            timeout_seconds=args.timeout_seconds,
-            database=args.database,
-            **options,
-        )
+        # SIGTERM (a batch system's time limit, kill) stops the run the way Ctrl-C does: its
+        # executor, meter, loader workers and child processes are stopped before the command exits.
+        with sigterm_exits():
+            result = run(
+                args.workload,
+                args.accelerator,
+                on_progress=_progress(args, options, line),
+                timeout_seconds=args.timeout_seconds,
+                database=args.database,
+                **options,
+            )
     except UnrecordedRunError as problem:  # measured, but the database refused it: print it all the same
         unrecorded, result = problem, problem.result
     except ConfigError as problem:
@@ -90,6 +94,13 @@ def _run_and_show(args: argparse.Namespace, options: dict[str, Any], line: Progr
         line.clear()
         print(f"core: run of {args.workload} on {args.accelerator} interrupted; nothing was recorded", file=sys.stderr)
         return INTERRUPTED
+    except Terminated as stop:
+        line.clear()
+        print(
+            f"core: run of {args.workload} on {args.accelerator} stopped by SIGTERM; nothing was recorded",
+            file=sys.stderr,
+        )
+        return int(stop.code or 0)
     line.clear()
     return show_run_result(args, result, unrecorded)
 
