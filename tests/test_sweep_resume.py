@@ -323,3 +323,33 @@ def test_the_resume_command_is_json_free_of_surprises() -> None:
     spec = core.sweep.make_sweep_spec(json.loads('{"name": "s", "grid": {"workload": "fcnn"}}'))
     words = resume_words(f"Continue with: {resume_command(args, Path('d b.db'), spec)}")
     assert words[1].endswith("/a b.toml") and "--name=x'; rm -rf ~" in words
+
+
+@pytest.mark.parametrize("column", ["result_json", "cell_label", "recorded_at", "status", "cell_key"])
+def test_a_resume_past_a_row_whose_text_is_not_utf8_measures_and_keeps_every_run(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    column: str,
+) -> None:
+    # Issue 26 (r3 A): sqlite3 decodes every TEXT value as UTF-8 and raised OperationalError for the
+    # whole query, so a resume measured and stored its new run, then ended with exit 2 and no summary.
+    runs = InterruptedRuns(interrupt_at=None)
+    monkeypatch.setattr(core.sweep.run, "run_in_process", runs)
+    sweep, database = _sweep_file(tmp_path), tmp_path / "r.db"
+    assert main(["sweep", str(sweep), "--database", str(database), "--repeats", "1"]) == 0
+    with sqlite3.connect(database) as connection:
+        connection.execute(f"UPDATE runs SET {column} = CAST(x'7b22ff' AS TEXT) WHERE id = 1")
+    capsys.readouterr()
+
+    assert main(["sweep", str(sweep), "--database", str(database), "--repeats", "2", "--resume"]) == 0
+    captured = capsys.readouterr()
+    assert len(runs.calls) == 2 + 2 + (column == "cell_key"), runs.calls  # a key of no cell runs again
+    with ResultStore(database, create=False) as store:
+        assert store.count(sweep="from-file") == 4 + (column == "cell_key")
+    warned = captured.err + caplog.text  # the closing summary's warning is logged (stderr in a shell)
+    if column != "status":  # a status is only counted, never shown: the row is read whole
+        assert f"core: warning: skipped run 1 of sweep 'from-file' in {database}: {column} is not UTF-8" in warned
+        assert "\\xff" in warned
+    assert "\ufffd" not in warned + captured.out

@@ -73,6 +73,53 @@ CREATE TABLE IF NOT EXISTS sweeps (
 """
 
 
+class UndecodableText(bytes):
+    """A TEXT value of the database that is not UTF-8 (a bit flipped in a page, another program's
+    write): its raw bytes. sqlite3's own decoding raised for the whole query, so one such row made
+    the whole database unreadable; with this, the reader skips the one row, naming it."""
+
+    @property
+    def shown(self) -> EscapedText:
+        """The text as UTF-8 where it is, each byte that is not written as ``\\xNN`` (never U+FFFD)."""
+        return EscapedText(self.decode("utf-8", errors="backslashreplace"))
+
+    def describe(self, column: str) -> str:
+        """``result_json is not UTF-8 text (byte 0xff at offset 2: '{"\\xff')``: where it breaks."""
+        try:
+            self.decode("utf-8")
+        except UnicodeDecodeError as error:
+            start = error.start
+        else:  # pragma: no cover - made only from text that does not decode
+            start = 0
+        around = UndecodableText(self[max(0, start - 24) : start + 24]).shown
+        return f"{column} is not UTF-8 text (byte 0x{self[start]:02x} at offset {start}: '{around}')"
+
+
+class EscapedText(str):
+    """Text decoded from bytes that were not all UTF-8, each such byte written ``\\xNN``: shown
+    between quotes as it is (``repr`` would double the backslashes)."""
+
+    def quoted(self) -> str:
+        return f"'{self}'"
+
+
+def decode_text(data: bytes) -> str | UndecodableText:
+    """The connections' ``text_factory``: a TEXT value as str, or, where it is not UTF-8, its bytes
+    for the reader to skip the row it is in (see :class:`UndecodableText`)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return UndecodableText(data)
+
+
+def quoted_name(name: object, limit: int | None = None) -> str:
+    """A sweep's name between quotes for a message (its first ``limit`` characters): ``repr``, or
+    an :class:`EscapedText` as it is."""
+    if isinstance(name, EscapedText):
+        return EscapedText(name[:limit]).quoted()
+    return repr(str(name)[:limit])
+
+
 class StoreError(CoreError):
     """The database cannot be opened or read, or an export needs a library that is missing."""
 
@@ -143,6 +190,7 @@ def open_for_writing(path: Path) -> sqlite3.Connection:
     connection = None
     try:
         connection = sqlite3.connect(path, timeout=60.0, isolation_level=None)
+        connection.text_factory = decode_text  # the store reads through this connection too
         # Checked before anything is written: another application's database is left as it was.
         check_database(path, connection, writing=True)
         connection.execute("PRAGMA journal_mode=WAL")
@@ -195,6 +243,7 @@ def open_for_reading(path: Path) -> sqlite3.Connection:
 
 def _connect_read_only(path: Path, uri: str) -> sqlite3.Connection:
     connection = sqlite3.connect(uri, uri=True, timeout=60.0, isolation_level=None)
+    connection.text_factory = decode_text
     try:
         check_database(path, connection, writing=False)
     except BaseException:

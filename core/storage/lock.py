@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from core.base.files import describe_os_error, parse_json
-from core.storage.database import StoreError, now
+from core.storage.database import EscapedText, StoreError, UndecodableText, now, quoted_name
 
 
 class DatabaseInUseError(StoreError):
@@ -104,10 +104,28 @@ class SweepLock:
 
 def _read_holder(descriptor: int) -> dict[str, Any]:
     try:
-        note = parse_json(os.pread(descriptor, 4096, 0).decode("utf-8", errors="replace"))
+        # surrogateescape: a byte that is not UTF-8 (a damaged note) survives parsing, to be shown
+        # escaped below, not as U+FFFD, and the rest of the note is still read.
+        note = parse_json(os.pread(descriptor, 4096, 0).decode("utf-8", errors="surrogateescape"))
     except (OSError, ValueError):
         return {}
-    return note if isinstance(note, dict) else {}
+    if not isinstance(note, dict):
+        return {}
+    return {key: _escaped(value) if isinstance(value, str) else value for key, value in note.items()}
+
+
+def _escaped(text: str) -> str:
+    """Text read with surrogateescape, each byte that was not UTF-8 written ``\\xNN``."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a byte surrogateescape kept, or a lone surrogate the JSON spelt \\udNNN
+        pass
+    else:
+        return text
+    try:
+        return UndecodableText(text.encode("utf-8", errors="surrogateescape")).shown
+    except UnicodeEncodeError:
+        return EscapedText(text.encode("utf-8", errors="backslashreplace").decode("utf-8"))
 
 
 def _in_use_message(database: Path, holder: dict[str, Any], refused: str = "a second sweep") -> str:
@@ -117,7 +135,7 @@ def _in_use_message(database: Path, holder: dict[str, Any], refused: str = "a se
         f"since {holder['since']}" if holder.get("since") else "",
     ]
     if holder.get("sweep"):
-        who = f"sweep {str(holder['sweep'])[:200]!r}"
+        who = f"sweep {quoted_name(holder['sweep'], limit=200)}"
     elif holder.get("run"):
         who = f"a run of {str(holder['run'])[:200]}"
     else:

@@ -37,11 +37,13 @@ from core.storage.database import (
     StoreError,
     StoreWriteError,
     Transaction,
+    UndecodableText,
     check_writable,
     explain,
     now,
     open_for_reading,
     open_for_writing,
+    quoted_name,
 )
 from core.storage.lock import DatabaseInUseError, SweepLock, lock_path
 from core.storage.metrics import EXPORT_COLUMNS
@@ -80,9 +82,9 @@ class SkippedRow:
 
     def __str__(self) -> str:
         what = (
-            f"run {self.row}" + (f" of sweep {self.sweep!r}" if self.sweep is not None else "")
+            f"run {self.row}" + (f" of sweep {quoted_name(self.sweep)}" if self.sweep is not None else "")
             if self.table == "runs"
-            else f"the settings of sweep {self.row!r}"
+            else f"the settings of sweep {quoted_name(self.row)}"
         )
         return f"skipped {what} in {self.database}: {self.reason}"
 
@@ -321,16 +323,32 @@ class ResultStore:
             try:
                 records.append(_sweep_record(row))
             except (ValueError, TypeError, AttributeError) as exc:
-                self._skip("sweeps", row[0], row[0], exc)
+                self._skip("sweeps", _name(row[0]) or "", _name(row[0]), exc)
         return records
 
     def sweep_names(self) -> list[str]:
-        """Sweeps with a spec or with at least one run, in the order they were first seen."""
-        names = [name for (name,) in self._rows("SELECT name FROM sweeps ORDER BY created_at, name")]
+        """Sweeps with a spec or with at least one run, in the order they were first seen.
+
+        A name that is not UTF-8 text (a damaged page) names no sweep anyone can ask for: its
+        record and each of its runs are left out, each in :attr:`skipped_rows`."""
+        names = []
+        for (name,) in self._rows("SELECT name FROM sweeps ORDER BY created_at, name"):
+            if isinstance(name, UndecodableText):
+                self._skip("sweeps", name.shown, name.shown, UnreadableRow(name.describe("name")))
+            elif name not in names:
+                names.append(name)
         for (name,) in self._rows("SELECT sweep FROM runs WHERE sweep IS NOT NULL GROUP BY sweep ORDER BY MIN(id)"):
-            if name not in names:
+            if isinstance(name, UndecodableText):
+                self._skip_runs_of(name)
+            elif name not in names:
                 names.append(name)
         return names
+
+    def _skip_runs_of(self, sweep: UndecodableText) -> None:
+        """Each run of a sweep whose name is not UTF-8, in :attr:`skipped_rows`."""
+        # Bound as a BLOB and cast: the same bytes, compared byte for byte with the TEXT column.
+        for (run_id,) in self._rows("SELECT id FROM runs WHERE sweep = CAST(? AS TEXT) ORDER BY id", (bytes(sweep),)):
+            self._skip("runs", run_id, sweep.shown, UnreadableRow(sweep.describe("sweep")))
 
     def matching_sweeps(self, name: str) -> list[str]:
         """The sweeps recorded under ``name`` as Unicode spells it either way: composed (NFC, as
@@ -340,9 +358,31 @@ class ResultStore:
         return [known for known in self.sweep_names() if unicodedata.normalize("NFC", known) == wanted]
 
     def finished(self, sweep: str) -> dict[tuple[str, int], str]:
-        """(cell_key, repeat) -> status of every run recorded for ``sweep``."""
-        rows = self._rows("SELECT cell_key, repeat, status FROM runs WHERE sweep = ?", (sweep,))
-        return {(cell_key, repeat): status for cell_key, repeat, status in rows}
+        """(cell_key, repeat) -> status of every run recorded for ``sweep``.
+
+        A run whose cell key is not UTF-8 text (a damaged page) is of no cell: it is left out, in
+        :attr:`skipped_rows`, and its repeat runs again beside it. One whose status is not UTF-8
+        still holds its repeat, with the status its result gives (escaped where that cannot be read)."""
+        rows = self._rows("SELECT id, cell_key, repeat, status FROM runs WHERE sweep = ?", (sweep,))
+        finished = {}
+        for run_id, cell_key, repeat, status in rows:
+            if isinstance(cell_key, UndecodableText):
+                self._skip("runs", run_id, sweep, UnreadableRow(cell_key.describe("cell_key")))
+                continue
+            finished[(cell_key, repeat)] = self._status_of(run_id, status)
+        return finished
+
+    def _status_of(self, run_id: int, status: str | UndecodableText) -> str:
+        """A run's status, from its result where the column is not UTF-8 (so a run that ended well
+        does not stop its cell as a failure would)."""
+        if not isinstance(status, UndecodableText):
+            return status
+        (text,) = self._rows("SELECT result_json FROM runs WHERE id = ?", (run_id,))[0]
+        try:
+            _check_columns((text,), (("result_json", (str, bytes)),))
+            return RunResult.model_validate_json(text).status.state.value
+        except (ValueError, TypeError):
+            return status.shown
 
     def process_seconds(self, sweep: str) -> list[float]:
         rows = self._rows(
@@ -403,12 +443,11 @@ class ResultStore:
         runs = []
         for row in rows:
             try:
-                if not isinstance(row[7], (str, bytes)):
-                    raise TypeError(f"result_json is {type(row[7]).__name__}, not text")
+                _check_run_row(row)
                 result = RunResult.model_validate_json(row[7])
                 recorded_at = datetime.fromisoformat(row[6])
             except (ValueError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
-                self._skip("runs", row[0], row[1], exc)
+                self._skip("runs", row[0], _name(row[1]), exc)
                 continue
             runs.append(
                 StoredRun(
@@ -466,7 +505,59 @@ class ResultStore:
         self.close()
 
 
+class UnreadableRow(ValueError):
+    """A row's value that is no value of its column (text that is not UTF-8, a number where text
+    belongs): its message is the reason a skipped row gives."""
+
+
+# runs() reads: id, sweep, cell_key, cell_label, repeat, process_seconds, recorded_at, result_json
+_RUN_COLUMNS: tuple[tuple[str, tuple[type, ...]], ...] = (
+    ("id", (int,)),
+    ("sweep", (str, type(None))),
+    ("cell_key", (str, type(None))),
+    ("cell_label", (str, type(None))),
+    ("repeat", (int, type(None))),
+    ("process_seconds", (int, float, type(None))),
+    ("recorded_at", (str,)),
+    ("result_json", (str, bytes)),
+)
+_SWEEP_COLUMNS: tuple[tuple[str, tuple[type, ...]], ...] = (
+    ("name", (str,)),
+    ("source", (str, type(None))),
+    ("spec_json", (str, bytes)),
+    ("cells_json", (str, bytes)),
+    ("created_at", (str,)),
+    ("updated_at", (str,)),
+)
+
+
+_SQL_TYPES = {str: "text", bytes: "a blob", int: "an integer", float: "a real", type(None): "NULL"}
+
+
+def _check_columns(row: tuple[Any, ...], columns: tuple[tuple[str, tuple[type, ...]], ...]) -> None:
+    """Refuse a row with a value that is not of its column: text that is not UTF-8 (a damaged page),
+    an integer where text belongs (a bit flipped in a record's header)."""
+    for (column, types), value in zip(columns, row):
+        if isinstance(value, UndecodableText):
+            raise UnreadableRow(value.describe(column))
+        if not isinstance(value, types):
+            allowed = " or ".join(_SQL_TYPES[kind] for kind in types)
+            raise UnreadableRow(f"{column} is {_SQL_TYPES.get(type(value), type(value).__name__)}, not {allowed}")
+
+
+def _check_run_row(row: tuple[Any, ...]) -> None:
+    _check_columns(row, _RUN_COLUMNS)
+
+
+def _name(value: Any) -> str | None:
+    """A sweep's name read from a row, for a skipped row's message: escaped where it is not UTF-8."""
+    if isinstance(value, UndecodableText):
+        return value.shown
+    return value if value is None or isinstance(value, str) else str(value)
+
+
 def _sweep_record(row: tuple[Any, ...]) -> SweepRecord:
+    _check_columns(row, _SWEEP_COLUMNS)
     spec, cells = parse_json(row[2]), parse_json(row[3])
     if not isinstance(spec, dict):
         raise TypeError("spec_json is not a JSON object")
@@ -485,7 +576,9 @@ def _sweep_record(row: tuple[Any, ...]) -> SweepRecord:
 def _reason(error: BaseException) -> str:
     """Why a row could not be parsed, on one line and short."""
     errors = getattr(error, "errors", None)
-    if callable(errors):  # pydantic: the first problem, where it is, and how many more
+    if isinstance(error, UnreadableRow):
+        text = str(error)
+    elif callable(errors):  # pydantic: the first problem, where it is, and how many more
         problems = errors()
         first = problems[0] if problems else {}
         where = ".".join(str(part) for part in first.get("loc", ()))
