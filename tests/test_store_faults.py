@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sqlite3
 import unicodedata
 from collections.abc import Callable
@@ -575,3 +576,30 @@ def test_a_lock_holders_note_that_is_not_utf8_is_shown_escaped(tmp_path: Path) -
     message = str(refused.value)
     assert "in use by sweep 's\\xfe' (pid 12 on h\\xff since now)" in message, message
     assert "\ufffd" not in message
+
+
+# --- 7. a database named twice is refused naming it ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "spelling", ["./a/core.db", "a//core.db", "link/core.db", "a/link.db", "hard.db", "--database a/core.db"]
+)
+def test_a_database_named_twice_is_refused_naming_both_spellings_and_the_file(
+    tmp_path: Path, spelling: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a").mkdir()
+    filled(tmp_path / "a" / "core.db", runs=1)
+    (tmp_path / "link").symlink_to("a")
+    (tmp_path / "a" / "link.db").symlink_to("core.db")
+    os.link(tmp_path / "a" / "core.db", tmp_path / "hard.db")
+    second = spelling.split()
+    assert main(["report", "a/core.db", *second, "--output", "r"]) == 2
+    err = capsys.readouterr().err
+    named = second[-1]
+    first, then = ("a/core.db", named) if not spelling.startswith("--") else (named, "a/core.db")
+    resolved = (tmp_path / "a" / "core.db").resolve()
+    if spelling == "hard.db":
+        resolved = (tmp_path / "hard.db").resolve()
+    assert f"results database {first} and {then} are the same file ({resolved}); name each once" in err, err
+    assert not (tmp_path / "r").exists()

@@ -14,12 +14,12 @@ def add_report_arguments(report: argparse.ArgumentParser) -> None:
     report.add_argument(
         "databases",
         nargs="*",
-        type=Path,
+        type=str,  # as typed: a database named twice is refused naming both spellings
         metavar="DATABASE",
         help="results databases to report together, compared where they ran the same configurations on "
         "different platforms or hosts (default: --database, else $CORE_DATABASE, else results/core.db)",
     )
-    report.add_argument("--database", type=Path, help=DATABASE_HELP)
+    report.add_argument("--database", type=str, help=DATABASE_HELP)
     report.add_argument(
         "--epochs",
         type=int,
@@ -63,7 +63,7 @@ def command_report(args: argparse.Namespace) -> int:
     from core.report import ComparisonRequest, ReportError, ReportWriteError, TrainingPlan, write_report
     from core.storage.store import StoreError, default_database
 
-    databases = ([args.database] if args.database else []) + list(args.databases)
+    databases = ([args.database] if args.database is not None else []) + list(args.databases)
     database = databases or [default_database()]
     if args.epoch_definition is not None and args.epochs is None:
         return error("--epoch-definition needs --epochs N")

@@ -275,8 +275,7 @@ def select_sources(stores: Sequence[ResultStore], sweeps: Sequence[str] | None =
     those asked for that each one has (every one of them must be in some database), else all."""
     if len(stores) == 1:
         return [select_sweeps(stores[0], sweeps)]
-    if len({store.path.resolve() for store in stores}) != len(stores):
-        raise ReportError("a database is named twice; name each once")
+    check_named_once([store.path for store in stores])
     missing = [name for name in sweeps or () if not any(store.matching_sweeps(name) for store in stores)]
     if missing:
         raise ReportError(
@@ -287,6 +286,30 @@ def select_sources(stores: Sequence[ResultStore], sweeps: Sequence[str] | None =
     if not any(selected) and (sweeps or not any(store.count_single_runs() for store in stores)):
         raise _nothing_to_report("none of the databases has")
     return selected
+
+
+def check_named_once(paths: Sequence[str | Path]) -> None:
+    """Refuse one database file named twice (``a/core.db ./a/core.db``, a link to it, a hard link),
+    naming the paths as given and the file they both are."""
+    seen: dict[object, str | Path] = {}
+    for path in paths:
+        identity = _file_identity(Path(path))
+        if identity in seen:
+            first = seen[identity]
+            raise ReportError(
+                f"results database {first} and {path} are the same file ({Path(path).resolve()}); name each once"
+            )
+        seen[identity] = path
+
+
+def _file_identity(path: Path) -> object:
+    """What tells one file from another: its device and inode (links and other spellings alike),
+    else, where it cannot be read, its resolved path."""
+    try:
+        status = path.stat()
+    except OSError:
+        return str(path.resolve())
+    return (status.st_dev, status.st_ino)
 
 
 def database_labels(paths: Sequence[Path]) -> list[str]:
@@ -472,6 +495,8 @@ def write_report(
     # Folders this report may create (plots/, the output, missing parents), innermost first.
     created = [directory for directory in (output / PLOTS_DIRECTORY, output, *output.parents) if not directory.exists()]
     try:
+        # As typed (a/core.db, ./a/core.db), before ResultStore's Path makes them one spelling.
+        check_named_once([one.path if isinstance(one, ResultStore) else one for one in given])
         for one in given:
             stores.append(one if isinstance(one, ResultStore) else ResultStore(one, create=False))
         select_sources(stores, sweeps)
