@@ -54,6 +54,14 @@ class SimulatedSlurm:
         self.on_poll(self, self.polls)
         return {job_id: self.jobs[job_id]["state"] for job_id in job_ids}
 
+    def pending_reasons(self, job_ids: Sequence[str]) -> dict[str, str]:
+        """squeue's reason for each pending job: a job's ``reason`` (set by a test), else Priority."""
+        return {
+            job_id: self.jobs[job_id].get("reason", "Priority")
+            for job_id in job_ids
+            if self.jobs[job_id]["state"] == "PENDING"
+        }
+
     def cancel(self, job_ids: Sequence[str]) -> None:
         self.cancelled += job_ids
         for job_id in job_ids:

@@ -110,6 +110,35 @@ def test_a_job_past_its_slurm_time_limit_is_recorded_as_timeout(tmp_path: Path) 
     assert result.status.phase == "window" and result.warmup_seconds is not None
 
 
+@pytest.mark.slow
+@needs_slurm
+def test_a_job_asking_more_nodes_than_the_cluster_has_ends_as_an_error(tmp_path: Path) -> None:
+    # sbatch accepts it where EnforcePartLimits=NO (the default); it would pend forever.
+    listed = subprocess.run(["sinfo", "--noheader", "--format=%D"], capture_output=True, text=True, check=True)
+    nodes = sum(int(count) for count in listed.stdout.split()) + 1
+    sweep = tmp_path / "many.toml"
+    sweep.write_text(
+        f'name = "many"\nrepeats = 1\n[grid]\nworkload = "fcnn"\nnodes = {nodes}\nreplicas = {nodes}\n'
+        "steps = 2\nwarmup_steps = 1\nworkload_options = {layers = 1, hidden_width = 8}\n"
+        "[slurm]\npoll_seconds = 1\nexclusive = false\n"
+    )
+    database = tmp_path / "results.db"
+    command = [sys.executable, "-m", "core.cli", "sweep", str(sweep), "--executor", "slurm", "--database"]
+
+    folder = tmp_path / "results.db.jobs" / "many" / "cell1-repeat1"
+    try:
+        ended = subprocess.run([*command, str(database)], capture_output=True, text=True, timeout=180, check=False)
+    finally:  # a sweep that waited past the hang guard leaves no job pending in the shared Slurm
+        cancel(core.sweep.slurm_jobs.find("core-many-c1r1", folder))
+
+    assert ended.returncode == 0, ended.stderr
+    with ResultStore(database, create=False) as store:
+        (result,) = store.results(sweep="many")
+    assert result.status.state is RunState.error and "can never start" in (result.status.message or "")
+    listed = subprocess.run(["squeue", "--noheader", "--name=core-many-c1r1"], capture_output=True, text=True)
+    assert "core-many" not in listed.stdout  # cancelled, not left pending
+
+
 def _answered_jobs(ledger_path: Path) -> list[dict[str, Any]]:
     """The ledger's jobs once sbatch has answered for each (a job is listed by name before sbatch
     is asked, with no id until it answers); none while one is still unanswered."""
@@ -474,6 +503,161 @@ def test_a_job_slurm_forgets_is_lost_after_two_polls_by_the_injected_clock(
     assert answers == [1, 2, 3]  # submitted at t, lost at t + 2 polls of 5 s on the sweep's clock
 
 
+# --- a job that can never start, and one that waits its turn -------------------------------------
+
+#: Slurm's reasons (squeue %r) for a pending job that never starts as it is: the sweep cancels it
+_NEVER_STARTS = [
+    "PartitionNodeLimit",
+    "PartitionTimeLimit",
+    "PartitionConfig",
+    "BadConstraints",
+    "DependencyNeverSatisfied",
+    "InvalidAccount",
+    "InvalidQOS",
+    "AccountNotAllowed",
+    "QOSNotAllowed",
+    "ReservationDeleted",
+    "AssocMaxNodePerJobLimit",
+    "AssocMaxWallDurationPerJobLimit",
+    "QOSMaxCpuPerNode",
+    "QOSMinGRES",
+]
+#: reasons that clear without changing the job (other jobs end, a hold is released, a node comes back)
+_WAITS_ITS_TURN = [
+    "Priority",
+    "Resources",
+    "None",
+    "JobHeldUser",
+    "JobHeldAdmin",
+    "PartitionDown",
+    "NodeDown",
+    "ReqNodeNotAvail, UnavailableNodes:node1",
+    "AssocGrpNodeLimit",
+    "QOSMaxNodePerUserLimit",
+    "AssocMaxJobsLimit",
+    "MaxJobsPerAccount",
+    "BeginTime",
+]
+
+
+@pytest.mark.parametrize("reason", _NEVER_STARTS)
+def test_a_job_slurm_says_can_never_start_ends_its_repeat_and_the_sweep_goes_on(
+    tmp_path: Path, simulated_slurm: SimulatedSlurm, capsys: pytest.CaptureFixture[str], reason: str
+) -> None:
+    # Cell 1's two jobs pend for `reason` (a 2-node job on a 1-node partition, accepted where
+    # EnforcePartLimits=NO): each is cancelled and recorded as an error naming the job and the
+    # reason; cell 2, which waited its turn, completes. Without this the sweep polled forever.
+    def poll(slurm: SimulatedSlurm, number: int) -> None:
+        for repeat in (1, 2):
+            slurm.jobs[slurm.job(1, repeat)]["reason"] = reason
+        if number == 2:
+            for repeat in (1, 2):
+                slurm.end(slurm.job(2, repeat), "COMPLETED", result="ok", exit_code=0)
+
+    simulated_slurm.on_poll = poll
+    sweep, database = _simulated_sweep(tmp_path, cells=2, repeats=2), tmp_path / "results.db"
+
+    assert main(["sweep", str(sweep), "--executor", "slurm", "--database", str(database)]) == 0
+
+    recorded = _recorded(database)
+    assert {key: result.status.state for key, result in recorded.items()} == {
+        (1, 1): RunState.error,
+        (1, 2): RunState.error,
+        (2, 1): RunState.ok,
+        (2, 2): RunState.ok,
+    }
+    first, second = simulated_slurm.job(1, 1), simulated_slurm.job(1, 2)
+    message = recorded[(1, 1)].status.message or ""
+    assert f"Slurm job {first} can never start: it is pending with reason {reason}: " in message, message
+    assert "core cancelled it" in message and recorded[(1, 1)].status.error_type == "JobCannotStart"
+    assert f"Slurm job {second} can never start" in (recorded[(1, 2)].status.message or "")
+    assert sorted(simulated_slurm.cancelled) == sorted([first, second])
+    assert simulated_slurm.jobs[first]["state"] == "CANCELLED"  # nothing left pending in Slurm
+    assert json.loads((tmp_path / "results.db.jobs" / "sim" / LEDGER_NAME).read_text())["jobs"] == []
+    out = capsys.readouterr().out
+    assert f"steps=2 repeat 1: error in setup: Slurm job {first} can never start" in out and "4 runs now" in out
+
+
+@pytest.mark.parametrize("reason", _WAITS_ITS_TURN)
+def test_a_job_waiting_its_turn_is_waited_for_and_its_reason_is_shown(
+    tmp_path: Path, simulated_slurm: SimulatedSlurm, capsys: pytest.CaptureFixture[str], reason: str
+) -> None:
+    def poll(slurm: SimulatedSlurm, number: int) -> None:
+        slurm.jobs[slurm.job(1, 1)]["reason"] = reason
+        if number == 4:
+            slurm.end(slurm.job(1, 1), "COMPLETED", result="ok", exit_code=0)
+
+    simulated_slurm.on_poll = poll
+    told: list[tuple[str, int, str, str]] = []
+
+    class Watcher(core.sweep.SweepObserver):
+        def queued(self, cell: Any, repeat: int, job: str, why: str) -> None:
+            told.append((cell.label, repeat, job, why))
+
+    sweep, database = _simulated_sweep(tmp_path, cells=1, repeats=1), tmp_path / "results.db"
+    run_sweep(sweep, database=database, executor="slurm", observer=Watcher())
+
+    assert {key: result.status.state for key, result in _recorded(database).items()} == {(1, 1): RunState.ok}
+    assert simulated_slurm.cancelled == []
+    assert told == [("steps=2", 0, simulated_slurm.job(1, 1), reason)] * 3  # each poll while it waited
+
+    # The command's display says it too: a hold, a partition or node down... once per job on stderr
+    # (a sweep off a terminal is never silent while it waits on one), the ordinary queue not at all.
+    simulated_slurm.jobs.clear()
+    simulated_slurm.polls = 0
+    capsys.readouterr()
+    assert main(["sweep", str(sweep), "--executor", "slurm", "--database", str(tmp_path / "cli.db")]) == 0
+    said = [line for line in capsys.readouterr().err.splitlines() if "pending" in line]
+    if reason.split(",")[0] in ("Priority", "Resources", "None", "BeginTime"):
+        assert said == []
+    else:
+        job = simulated_slurm.job(1, 1)
+        assert len(said) == 1, said  # once, not at every poll
+        assert said[0].startswith(f"core: steps=2 repeat 1: Slurm job {job} pending: {reason}")
+        assert said[0].endswith(f"; the sweep waits for it (scancel {job} stops it)")
+
+
+def test_the_progress_line_says_a_job_is_pending_and_why(capsys: pytest.CaptureFixture[str]) -> None:
+    from core.cli.sweep_display import SweepDisplay
+    from core.running.progress import ProgressLine
+
+    display = SweepDisplay()
+    display.line = ProgressLine(sys.stderr, enabled=True)
+    plan = core.sweep.plan_sweep(
+        core.sweep.make_sweep_spec(
+            {"name": "p", "repeats": 1, "grid": {"workload": "fcnn", "steps": 2, "accelerator": "cpu"}}
+        )
+    )
+    display.started(plan, 1, 0)
+    display.queued(plan.cells[0], 0, "123", "Resources")
+    assert "Slurm job 123 pending: Resources (the nodes it needs are busy)" in capsys.readouterr().err
+
+
+def test_only_reasons_that_never_clear_end_a_job() -> None:
+    from core.sweep.slurm_jobs import never_starts
+
+    assert all(never_starts(reason) for reason in _NEVER_STARTS)
+    assert not any(never_starts(reason) for reason in [*_WAITS_ITS_TURN, "", None, "(null)", "Dependency"])
+
+
+def test_the_pending_reasons_are_asked_of_squeue(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[list[str]] = []
+
+    def squeue(command: list[str], environment: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        asked.append(command)
+        return subprocess.CompletedProcess(
+            command, 0, stdout="7|PartitionNodeLimit\n8|ReqNodeNotAvail, UnavailableNodes:n1\n", stderr=""
+        )
+
+    monkeypatch.setattr(core.sweep.slurm_jobs, "_run", squeue)
+
+    assert core.sweep.slurm_jobs.pending_reasons(["7", "8", "9"]) == {
+        "7": "PartitionNodeLimit",
+        "8": "ReqNodeNotAvail, UnavailableNodes:n1",
+    }
+    assert asked == [["squeue", "--noheader", "--states=PENDING", "--format=%i|%r", "--jobs=7,8,9"]]
+
+
 # --- a refused submission, a bad jobs directory ---------------------------------------------------
 
 
@@ -806,19 +990,71 @@ def test_a_jobs_directory_linked_to_a_folder_is_used(tmp_path: Path, simulated_s
     assert [path.name for path in (tmp_path / "elsewhere" / "sim").iterdir()] == [LEDGER_NAME]
 
 
-def test_an_unwritable_jobs_directory_is_refused(
-    tmp_path: Path, simulated_slurm: SimulatedSlurm, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("jobs", "expected"),
+    [
+        # root passes os.access on sysfs and procfs, where mkdir fails: only trying tells
+        ("/sys", "slurm.jobs_directory /sys: cannot make a folder in /sys: "),
+        ("/proc", "slurm.jobs_directory /proc: cannot make a folder in /proc: "),
+        ("{tmp}/read-only", "cannot make a folder in {tmp}/read-only: "),
+        ("{tmp}/read-only/jobs", "cannot make a folder in {tmp}/read-only: "),
+    ],
+)
+def test_a_jobs_directory_where_no_folder_can_be_made_is_refused_by_the_dry_run_too(
+    tmp_path: Path,
+    simulated_slurm: SimulatedSlurm,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    jobs: str,
+    expected: str,
 ) -> None:
-    jobs = tmp_path / "jobs"
-    jobs.mkdir()
-    real_access = os.access
-    # chmod does not stop root (these tests may run as root): the check asks os.access, as here.
-    monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != jobs and real_access(path, mode))
-    sweep = _simulated_sweep(tmp_path, cells=1, repeats=1, slurm_table=f'jobs_directory = "{jobs}"')
+    # A folder whose filesystem refuses new entries, whatever its permission bits say to root (a
+    # chmod'ed one stands for a read-only filesystem where these tests run as a user).
+    read_only = tmp_path / "read-only"
+    read_only.mkdir()
+    if jobs.startswith("{tmp}") and os.geteuid() == 0:
+        pytest.skip("root writes to a folder whatever its mode")
+    read_only.chmod(0o555)
+    sweep = _simulated_sweep(tmp_path, cells=1, repeats=1)
+    command = ["sweep", str(sweep), "--executor", "slurm", "--database", str(tmp_path / "r.db")]
+    directory = jobs.format(tmp=tmp_path)
+    try:
+        for extra in (["--dry-run"], []):
+            assert main([*command, f"--slurm-jobs-directory={directory}", *extra]) == 2
+            err = capsys.readouterr().err
+            assert expected.format(tmp=tmp_path) in err and "cannot tidy" not in err + caplog.text, err
+    finally:
+        read_only.chmod(0o755)
+    assert simulated_slurm.jobs == {} and not (tmp_path / "r.db").exists()
+    assert list(read_only.iterdir()) == []  # the probe left nothing
+
+
+def test_a_refused_sweep_tidies_only_the_folders_it_made(
+    tmp_path: Path,
+    simulated_slurm: SimulatedSlurm,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Past the checks, mkdir of the sweep's folder fails (another process took the place, a quota
+    # reached in between): the folder was never made, so nothing is said about tidying it.
+    monkeypatch.setattr(core.sweep.cluster, "check_jobs_directory", lambda *args, **kwargs: None)
+    real_mkdir = Path.mkdir
+
+    def refuse(path: Path, *args: Any, **kwargs: Any) -> None:
+        if path.name == "sim":
+            raise PermissionError(1, "Operation not permitted", str(path))
+        real_mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", refuse)
+    (tmp_path / "jobs").mkdir()
+    sweep = _simulated_sweep(tmp_path, cells=1, repeats=1, slurm_table=f'jobs_directory = "{tmp_path / "jobs"}"')
 
     assert main(["sweep", str(sweep), "--executor", "slurm", "--database", str(tmp_path / "r.db")]) == 2
 
-    assert f"slurm.jobs_directory {jobs}: {jobs} cannot be written" in capsys.readouterr().err
+    assert "cannot make its folder" in capsys.readouterr().err
+    assert "cannot tidy" not in caplog.text, caplog.text  # warnings go through logging
+    assert (tmp_path / "jobs").is_dir() and list((tmp_path / "jobs").iterdir()) == []
 
 
 def test_two_databases_cannot_share_one_sweeps_jobs(tmp_path: Path, simulated_slurm: SimulatedSlurm) -> None:
@@ -916,7 +1152,10 @@ def test_sbatch_options_core_sets_are_refused_in_every_spelling(
         SlurmSettings(extra_options=["--qos=high", option])
     sweep = _simulated_sweep(tmp_path, cells=1, repeats=1)
     assert main(["sweep", str(sweep), "--executor", "slurm", f"--slurm-option={option}", "--dry-run"]) == 2
-    assert "invalid slurm.extra_options" in capsys.readouterr().err
+    # named by the flag the user typed, not as a field of the file, which holds no such option
+    said = capsys.readouterr().err
+    assert re.search(r"core: error: invalid slurm\.extra_options(\.0)? \(--slurm-option\) = ", said), said
+    assert str(sweep) not in said
 
 
 @pytest.mark.parametrize(

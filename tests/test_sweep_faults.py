@@ -369,7 +369,9 @@ def test_a_result_the_full_database_refuses_is_saved_beside_it_and_recorded_on_r
     printed = resume_words(captured.err, "Once the database can be written: ")
     assert printed[:4] == ["sweep", str(sweep_file), "--resume", "--database"]
     no_traceback(captured.err)
-    assert "micro_batch_size=16 repeat 1: ok" in captured.out  # the measured figure was shown
+    # The measured figure is shown, and said not to be recorded (the error follows on stderr).
+    (line,) = [line for line in captured.out.splitlines() if "micro_batch_size=16 repeat 1: ok" in line]
+    assert line.endswith("; not recorded: the database refused it (see below)"), line
     assert len(fake_runs.calls) == 2  # the sweep stopped at the first result it could not record
     document = json.loads(saved.read_text(encoding="utf-8"))
     measured = document["result"]["throughput_per_second"]

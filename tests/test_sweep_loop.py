@@ -72,7 +72,9 @@ class ScriptedBackend(SweepBackend):
     def in_flight(self) -> bool:
         return bool(self.flight)
 
-    def wait(self, on_wait: Callable[[Repeat, float], None]) -> list[EndedRepeat]:
+    def wait(
+        self, on_wait: Callable[[Repeat, float], None], on_queued: Callable[[Repeat, str, str], None] | None = None
+    ) -> list[EndedRepeat]:
         ending = self.script.pop(0)
         return [
             EndedRepeat(self.flight[where], _result(self.flight[where], state), 1.5)

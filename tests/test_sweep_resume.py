@@ -105,8 +105,10 @@ def test_the_resume_command_parses_back_to_the_same_sweep(tmp_path: Path, execut
     words = resume_words(f"Continue with: {resume_command(args, database, spec)}")
     again = build_parser().parse_args(words)
 
-    for dest in ("toy", "skip_invalid", "retry_failed", "name", "repeats", "timeout_seconds", "workers", "executor"):
+    for dest in ("toy", "skip_invalid", "retry_failed", "name", "repeats", "timeout_seconds", "executor"):
         assert getattr(again, dest) == getattr(args, dest), dest
+    # A Slurm sweep's jobs start no fork server: --workers says nothing there, and is left out.
+    assert (again.workers, "--workers=fresh" in words) == (("fresh", True) if executor == "local" else ("warm", False))
     assert again.resume and not again.dry_run
     assert again.file == sweep and again.database == Path.cwd() / "relative.db"
     assert again.slurm_partition == "gpu" and again.slurm_poll_seconds == 0.5

@@ -319,6 +319,28 @@ def test_a_fork_server_stuck_in_its_imports_costs_a_run_no_more_than_its_time_li
     assert children_of(os.getpid()) == []
 
 
+@pytest.mark.slow  # waits out the server's grace before core kills it
+def test_a_fork_server_stuck_past_sigterm_is_said_to_be_not_ready_not_killed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Stuck in its imports and deaf to SIGTERM (as one stopped by SIGSTOP is), the server ends by
+    # core's own SIGKILL: that -9 is not how it ended, and the message says what happened.
+    (tmp_path / "core_test_deaf_import.py").write_text(
+        "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(600)\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    with pytest.raises(forkserver.ForkServerError) as raised:
+        forkserver.start_fork_server(["core_test_deaf_import"], tmp_path / "server.log", ready_timeout=1)
+    assert "was not ready in 1 s" in str(raised.value) and "core stopped it" in str(raised.value)
+    assert "exited with code" not in str(raised.value)
+    assert children_of(os.getpid()) == []
+
+
+def test_a_fork_server_that_exits_before_it_is_ready_says_its_own_exit_code(tmp_path: Path) -> None:
+    with pytest.raises(forkserver.ForkServerError, match=r"(?s)the fork server exited with code 1: .*no_such_module"):
+        forkserver.start_fork_server(["core.no_such_module_here"], tmp_path / "server.log", ready_timeout=60)
+
+
 # --- faults become results, as for fresh interpreters ------------------------------------------------
 
 

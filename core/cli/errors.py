@@ -39,13 +39,16 @@ def flag_of(field: str) -> str | None:
     return run_flags().get(field) or _OTHER_RUN_FLAGS.get(field)
 
 
-def describe_config_error(problem: ConfigError) -> str:
-    """One line per invalid field: its name, the flag that sets it, the value and what is allowed."""
+def describe_config_error(problem: ConfigError, flags_of: Callable[[str], str | None] = flag_of) -> str:
+    """One line per invalid field: its name, the flag that sets it, the value and what is allowed.
+
+    :param flags_of: the flag that sets a field (``core run``'s by default; ``core sweep`` names its own).
+    """
     errors: list[ConfigError] = getattr(problem, "errors", [problem])
     lines = []
     for each in errors:
         # A rule over several fields names each one's flag (getattr: a plugin's own subclass may lack fields).
-        flags = ", ".join(flag for flag in map(flag_of, getattr(each, "fields", (each.field,))) if flag)
+        flags = ", ".join(flag for flag in map(flags_of, getattr(each, "fields", (each.field,))) if flag)
         lines.append(f"invalid {each.field}{f' ({flags})' if flags else ''} = {each.value!r}: {each.allowed}")
     return "\n".join(lines)
 

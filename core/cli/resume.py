@@ -41,6 +41,8 @@ def resume_command(args: argparse.Namespace, database: Path, spec: SweepSpec, *,
     words = [*core_program(), "sweep", os.path.abspath(args.file), *(["--resume"] if resume else [])]
     words += ["--database", os.path.abspath(database), "--executor", args.executor]
     for dest, flag in RESUMED_FLAGS.items():
+        if dest == "workers" and args.executor == "slurm":
+            continue  # a Slurm job runs one repeat in its own interpreter: no fork server to choose
         value = getattr(args, dest)
         if value is True:
             words.append(flag)

@@ -37,6 +37,36 @@ def sweep_overrides(args: argparse.Namespace, spec: SweepSpec) -> dict[str, Any]
     return overrides
 
 
+def sweep_flags_given(args: argparse.Namespace) -> dict[str, str]:
+    """The sweep file's fields the command line set, each with the flag that set it
+    (``slurm.extra_options`` -> ``--slurm-option``)."""
+    given = {
+        field: f"--{field.replace('_', '-')}"
+        for field in ("repeats", "timeout_seconds", "name")
+        if getattr(args, field) is not None
+    }
+    for name, _, _ in SLURM_FLAGS:
+        if getattr(args, f"slurm_{name}") is not None:
+            given[f"slurm.{name}"] = f"--slurm-{name.replace('_', '-')}"
+    if args.slurm_extra_options is not None:
+        given["slurm.extra_options"] = "--slurm-option"
+    return given
+
+
+def _describe_sweep_error(args: argparse.Namespace, problem: ConfigError) -> str:
+    """An invalid sweep: each field with the flag the user typed where a flag set it, else the file's."""
+    given = sweep_flags_given(args)
+
+    def flag(field: str) -> str | None:  # slurm.extra_options.0, an item of the list, is the flag's too
+        return next((flag for name, flag in given.items() if field == name or field.startswith(f"{name}.")), None)
+
+    described = describe_config_error(problem, flag)
+    errors: list[ConfigError] = getattr(problem, "errors", [problem])
+    if all(flag(field) for each in errors for field in getattr(each, "fields", (each.field,))):
+        return described  # the command line's values, not the file's
+    return f"{args.file}: {described}"
+
+
 def _plan(args: argparse.Namespace) -> tuple[SweepPlan, MachineProfile | None]:
     """The sweep file with the flags' overrides, planned for --machine (or the file's ``machine``
     in a dry run) or this host; a toy sweep for this CPU."""
@@ -96,7 +126,7 @@ def command_sweep(args: argparse.Namespace) -> int:
     try:
         plan, machine = _plan(args)
     except ConfigError as problem:
-        return error(f"{args.file}: {describe_config_error(problem)}")
+        return error(_describe_sweep_error(args, problem))
     except SweepError as problem:
         return error(str(problem))
     database = args.database or default_database()

@@ -3,6 +3,7 @@ line on stderr (terminals only) and one line per finished run on stdout."""
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING
 
 from core.cli.text import count
@@ -11,6 +12,25 @@ from core.sweep.loop import SweepObserver
 if TYPE_CHECKING:
     from core.base.results import RunResult
     from core.sweep.plan import Cell, SweepPlan
+
+
+#: Slurm's reasons for a job that waits its turn (https://slurm.schedmd.com/job_reason_codes.html):
+#: shown on the progress line only
+_ORDINARY_QUEUE_REASONS = frozenset(
+    {"None", "Priority", "Resources", "BeginTime", "Dependency", "Prolog", "Cleaning", "Licenses", "Reservation"}
+)
+#: what the common reasons mean, for a person who does not know Slurm's codes
+_QUEUE_REASONS = {
+    "Priority": "jobs of higher priority go first",
+    "Resources": "the nodes it needs are busy",
+    "None": "not yet considered by the scheduler",
+    "JobHeldUser": "held by its user: scontrol release lets it start",
+    "JobHeldAdmin": "held by an administrator",
+    "PartitionDown": "its partition is down",
+    "PartitionInactive": "its partition is inactive",
+    "NodeDown": "a node it needs is down",
+    "ReqNodeNotAvail": "a node it needs is unavailable (down, drained or reserved)",
+}
 
 
 class SweepDisplay(SweepObserver):
@@ -22,6 +42,7 @@ class SweepDisplay(SweepObserver):
         self.line = ProgressLine()
         self._position = ""
         self._cells = 0
+        self._told_pending: dict[str, str] = {}  # job -> the reason last printed for it
 
     def started(self, plan: SweepPlan, runs_total: int, runs_finished: int, runs_recorded: int | None = None) -> None:
         self._cells = len(plan.valid_cells)
@@ -50,7 +71,29 @@ class SweepDisplay(SweepObserver):
             f"{self._position} | {format_duration(elapsed_seconds)} in this run | ~{format_duration(seconds_left)} left"
         )
 
+    def queued(self, cell: Cell, repeat: int, job: str, reason: str) -> None:
+        """The progress line says which job waits and why; a reason past the queue's ordinary
+        waiting (a hold, a partition or node down...) is also printed once per job, so a sweep that
+        waits on it is never silent, off a terminal too."""
+        meaning = _QUEUE_REASONS.get(reason.split(",", 1)[0], "")
+        said = f"Slurm job {job} pending: {reason}" + (f" ({meaning})" if meaning else "")
+        self.line.show(f"[cell {cell.index + 1}/{self._cells} {cell.label} repeat {repeat + 1}] {said}")
+        if reason.split(",", 1)[0] not in _ORDINARY_QUEUE_REASONS and self._told_pending.get(job) != reason:
+            self._told_pending[job] = reason
+            self.line.print(
+                f"core: {cell.label} repeat {repeat + 1}: {said}; the sweep waits for it (scancel {job} stops it)",
+                stream=sys.stderr,
+            )
+
+    def run_not_recorded(self, cell: Cell, repeat: int, result: RunResult, process_seconds: float) -> None:
+        line = self._run_line(cell, repeat, result, process_seconds)
+        self.line.print(f"{line}; not recorded: the database refused it (see below)")
+
     def run_finished(self, cell: Cell, repeat: int, result: RunResult, process_seconds: float) -> None:
+        self.line.print(self._run_line(cell, repeat, result, process_seconds))
+
+    @staticmethod
+    def _run_line(cell: Cell, repeat: int, result: RunResult, process_seconds: float) -> str:
         from core.running.processes import summary_line
 
         if result.status.ok:
@@ -60,7 +103,7 @@ class SweepDisplay(SweepObserver):
             where = f" in {result.status.phase}" if result.status.phase else ""
             what = f"{result.status.state.value}{where}" + (f": {first_line[:200]}" if first_line else "")
         took = f" ({process_seconds:.1f} s)" if process_seconds > 0 else ""  # 0: unknown (a job Slurm ended)
-        self.line.print(f"{cell.label} repeat {repeat + 1}: {what}{took}")
+        return f"{cell.label} repeat {repeat + 1}: {what}{took}"
 
 
 def print_plan(plan: SweepPlan, repeats: int, finished: dict[tuple[str, int], str]) -> None:

@@ -315,19 +315,29 @@ def start_fork_server(
     finally:
         theirs.close()
     channel = _Channel(ours)
+    silent = False  # no word in ready_timeout: still importing, stuck, or stopped (SIGSTOP)
     try:
         received = channel.receive(ready_timeout)
+        silent = received is None
     except (EOFError, OSError, ValueError):
         received = None
+        # The channel closed: the server is ending on its own; its exit code says how.
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=_SERVER_EXIT_GRACE_SECONDS)
     if received is None or "ready" not in received[0]:
+        # Read before core stops it: a code after that (-9 for a server that ignored SIGTERM or was
+        # stopped) would be core's own kill, not how the server ended.
+        own_exit = process.poll()
         processes.stop_process_group(process, grace_seconds=_SERVER_EXIT_GRACE_SECONDS)
         ours.close()
         if received is not None:
             ended = "answered nonsense"
-        elif process.returncode is not None and process.returncode != -signal.SIGTERM:
-            ended = f"exited with code {process.returncode}"
+        elif silent:
+            ended = f"was not ready in {ready_timeout:g} s (its imports hung, or it was stopped), so core stopped it"
+        elif own_exit is None:
+            ended = "closed its channel before it was ready but did not exit, so core stopped it"
         else:
-            ended = f"was not ready in {ready_timeout:g} s"
+            ended = f"exited with code {own_exit}"
         tail = log_path.read_text(encoding="utf-8", errors="replace")[-2000:].strip()
         raise ForkServerError(f"the fork server {ended}" + (f": {tail}" if tail else ""))
     return ForkServer(process, channel, log_path, received[0])

@@ -25,6 +25,7 @@ import os
 import shlex
 import shutil
 import sys
+import tempfile
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -38,7 +39,14 @@ from core.running import processes
 from core.running.launch import write_request
 from core.sweep.loop import EndedRepeat, Repeat, RepeatKey, SweepBackend, SweepNotStarted
 from core.sweep.plan import Cell
-from core.sweep.slurm_jobs import ACTIVE_STATES, Scheduler, SlurmError, SlurmScheduler, log_path_pattern
+from core.sweep.slurm_jobs import (
+    ACTIVE_STATES,
+    Scheduler,
+    SlurmError,
+    SlurmScheduler,
+    log_path_pattern,
+    never_starts,
+)
 from core.sweep.slurm_settings import SlurmSettings
 from core.sweep.spec import SweepError, SweepSpec
 
@@ -130,8 +138,25 @@ def check_jobs_directory(database: Path, settings: SlurmSettings, sweep: str | N
         raise SweepError(f"{what}: cannot be looked at: {describe_os_error(error)}") from None
     if existing != path and settings.jobs_directory and existing != path.parent:
         raise SweepError(f"{what}: its folder {path.parent} does not exist; create it, on a filesystem every node sees")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise SweepError(f"{what}: {existing} cannot be written (no permission, or a read-only filesystem)")
+    if sweep is not None and existing == path and os.path.isdir(path / sweep):
+        existing = path / sweep  # where the sweep writes: its ledger and its jobs' folders
+    _probe_folder(what, existing)
+
+
+def _probe_folder(what: str, folder: Path) -> None:
+    """Make and remove a folder with a file in ``folder``, as the sweep will: permission bits say
+    nothing of what a filesystem refuses (root may "write" to /sys or /proc by os.access, and
+    mkdir there fails), nor of a full disk or an exhausted quota. Leaves nothing behind."""
+    try:
+        probe = Path(tempfile.mkdtemp(prefix=".core-jobs-probe-", dir=folder))
+    except OSError as error:
+        raise SweepError(f"{what}: cannot make a folder in {folder}: {describe_os_error(error)}") from None
+    try:
+        (probe / "probe").write_bytes(b"")
+    except OSError as error:
+        raise SweepError(f"{what}: cannot write a file in {folder}: {describe_os_error(error)}") from None
+    finally:
+        shutil.rmtree(probe, ignore_errors=True)
 
 
 def _check_folder(what: str, folder: Path) -> None:
@@ -317,6 +342,21 @@ def job_result(
     return base, seconds
 
 
+def never_started(config: Any, job_id: str, reason: str, meaning: str) -> RunResult:
+    """How a job that Slurm says can never start (pending for ``reason``) is recorded, once core has
+    cancelled it: an error naming the job, Slurm's reason and what it means."""
+    result = RunResult.of_config(config, world_size=config.replicas)
+    result.status = Status(
+        state=RunState.error,
+        phase="setup",
+        error_type="JobCannotStart",
+        message=f"Slurm job {job_id} can never start: it is pending with reason {reason}: {meaning} "
+        "(https://slurm.schedmd.com/job_reason_codes.html); core cancelled it. Change the cell (its nodes, the "
+        "[slurm] table's time limit, partition, account or QOS) or ask the cluster's administrator",
+    )
+    return result
+
+
 class SlurmBackend(SweepBackend):
     """The sweep's repeats as Slurm jobs: every pending repeat submitted at once, their states polled
     every ``poll_seconds``, a failed cell's jobs still running cancelled.
@@ -456,13 +496,17 @@ class SlurmBackend(SweepBackend):
     def in_flight(self) -> bool:
         return bool(self.ledger.entries)
 
-    def wait(self, on_wait: Callable[[Repeat, float], None]) -> list[EndedRepeat]:
-        """Ask Slurm every ``poll_seconds`` until a poll finds jobs ended; every one of them."""
+    def wait(
+        self, on_wait: Callable[[Repeat, float], None], on_queued: Callable[[Repeat, str, str], None] | None = None
+    ) -> list[EndedRepeat]:
+        """Ask Slurm every ``poll_seconds`` until a poll finds jobs ended; every one of them. A job
+        pending for a reason that means it can never start is cancelled and ends there, as an error;
+        ``on_queued`` hears of every other pending job after each poll, with its id and Slurm's reason."""
         while True:
             if self._polled:
                 self.scheduler.sleep(self.settings.poll_seconds)
             self._polled = True
-            ended = self._poll()
+            ended = self._poll(on_queued)
             if ended:
                 return ended
 
@@ -488,22 +532,57 @@ class SlurmBackend(SweepBackend):
             shutil.rmtree(self.ledger.entries.pop(key).folder, ignore_errors=True)
         self._save_ledger()
 
-    def _poll(self) -> list[EndedRepeat]:
-        """Ask Slurm once: every job that ended, with how it is recorded (none when Slurm did not answer)."""
+    def _poll(self, on_queued: Callable[[Repeat, str, str], None] | None = None) -> list[EndedRepeat]:
+        """Ask Slurm once: every job that ended, with how it is recorded (none when Slurm did not
+        answer), and every pending job that can never start, cancelled."""
         try:
             answer = self.scheduler.states(self._job_ids(list(self.ledger.entries)))
         except SlurmError as error:
             _log.warning("core: warning: %s; asking again in %g s", error, self.settings.poll_seconds)
             return []
         ended = []
+        pending: list[tuple[Repeat, str]] = []
         for (cell_key, index), entry in self.ledger.entries.items():
             if entry.job_id is None:
                 continue  # found before the sweep waits (_find_unanswered), or the submission stopped it
             state = answer.get(entry.job_id)
-            if self._has_ended(state, entry):
-                cell = self.cells[cell_key]
-                result, seconds = job_result(Path(entry.folder), entry.job_id, state, cell.config, self.time_limit)
-                ended.append(EndedRepeat(Repeat(cell, index), result, seconds))
+            repeat = Repeat(self.cells[cell_key], index)
+            if state == "PENDING":
+                pending.append((repeat, entry.job_id))
+            elif self._has_ended(state, entry):
+                result, seconds = job_result(
+                    Path(entry.folder), entry.job_id, state, repeat.cell.config, self.time_limit
+                )
+                ended.append(EndedRepeat(repeat, result, seconds))
+        return ended + self._never_starting(pending, on_queued)
+
+    def _never_starting(
+        self, pending: list[tuple[Repeat, str]], on_queued: Callable[[Repeat, str, str], None] | None
+    ) -> list[EndedRepeat]:
+        """The pending jobs Slurm says can never start, cancelled, each as an ended repeat; the
+        others are told to ``on_queued`` with their reason. Every PENDING job would otherwise keep
+        the sweep waiting forever (a multi-node cell on a smaller partition, say), saying nothing."""
+        if not pending:
+            return []
+        try:
+            reasons = self.scheduler.pending_reasons([job_id for _, job_id in pending])
+        except SlurmError as error:
+            _log.warning("core: warning: cannot ask Slurm why jobs wait: %s", error)
+            return []
+        ended = []
+        for repeat, job_id in pending:
+            reason = reasons.get(job_id, "")
+            meaning = never_starts(reason)
+            if meaning is None:
+                if on_queued is not None:
+                    on_queued(repeat, job_id, reason or "None")
+                continue
+            try:
+                self.scheduler.cancel([job_id])
+            except SlurmError as error:  # left listed: cancelled at a later poll, never left pending unlisted
+                _log.warning("core: warning: cannot cancel Slurm job %s, which can never start: %s", job_id, error)
+                continue
+            ended.append(EndedRepeat(repeat, never_started(repeat.cell.config, job_id, reason, meaning), None))
         return ended
 
     def _has_ended(self, state: str | None, entry: JobEntry) -> bool:
@@ -551,7 +630,9 @@ class SlurmBackend(SweepBackend):
             else:
                 ledger_file.unlink(missing_ok=True)
             for folder in (self.root, self.jobs_root):
-                if folder in self.made and not self.ledger.entries:
+                # Only what this call made: absent before, and there now (a mkdir that failed made
+                # nothing, or only the folders above the one it could not make).
+                if folder in self.made and not self.ledger.entries and os.path.lexists(folder):
                     folder.rmdir()  # only when empty
         except (OSError, CoreError) as error:
             _log.warning("core: warning: cannot tidy the jobs directory %s: %s", self.jobs_root, error)

@@ -73,9 +73,19 @@ class SweepObserver(Observer):
         """A repeat running here has run ``elapsed_seconds`` so far (told about twice a second)."""
         return None
 
-    def run_finished(self, cell: Cell, repeat: int, result: RunResult, process_seconds: float) -> None:
-        """A repeat ended and was recorded (or the database refused it: the sweep then stops)."""
+    def queued(self, cell: Cell, repeat: int, job: str, reason: str) -> None:
+        """Repeat ``repeat`` of ``cell`` waits in the cluster's queue as job ``job``, for ``reason``
+        (Slurm's: ``Priority``, ``Resources``, ``JobHeldUser`` ...); told after every poll while it waits."""
         return None
+
+    def run_finished(self, cell: Cell, repeat: int, result: RunResult, process_seconds: float) -> None:
+        """A repeat ended and was recorded."""
+        return None
+
+    def run_not_recorded(self, cell: Cell, repeat: int, result: RunResult, process_seconds: float) -> None:
+        """A repeat ended but the database refused its result (kept beside it; the sweep then stops).
+        By default told as :meth:`run_finished`, as it was before this event existed."""
+        self.run_finished(cell, repeat, result, process_seconds)
 
 
 class SweepObservers(ObserverGroup, SweepObserver):
@@ -90,8 +100,18 @@ class SweepObservers(ObserverGroup, SweepObserver):
     def waiting(self, cell: Cell, repeat: int, elapsed_seconds: float, seconds_left: float | None) -> None:
         self.tell("waiting", cell, repeat, elapsed_seconds, seconds_left)
 
+    def queued(self, cell: Cell, repeat: int, job: str, reason: str) -> None:
+        self.tell("queued", cell, repeat, job, reason)
+
     def run_finished(self, cell: Cell, repeat: int, result: RunResult, process_seconds: float) -> None:
         self.tell("run_finished", cell, repeat, result, process_seconds)
+
+    def run_not_recorded(self, cell: Cell, repeat: int, result: RunResult, process_seconds: float) -> None:
+        for observer in self.observers:
+            # An observer written before this event hears of the run as finished, as it did then.
+            method = getattr(observer, "run_not_recorded", None) or getattr(observer, "run_finished", None)
+            if method is not None:
+                method(cell, repeat, result, process_seconds)
 
 
 class SweepNotStarted(Exception):  # noqa: N818 - a marker a backend's refusal also derives from
@@ -145,10 +165,14 @@ class SweepBackend(ABC):
         """Whether a repeat started (now or before this call) has not been seen to end."""
 
     @abstractmethod
-    def wait(self, on_wait: Callable[[Repeat, float], None]) -> list[EndedRepeat]:
+    def wait(
+        self, on_wait: Callable[[Repeat, float], None], on_queued: Callable[[Repeat, str, str], None] | None = None
+    ) -> list[EndedRepeat]:
         """Wait until repeats in flight end; returns every one that did (at least one).
 
         :param on_wait: called while a repeat runs here, with its seconds so far.
+        :param on_queued: called while a repeat's job waits in a cluster's queue, with the job's id
+            and the scheduler's reason.
         """
 
     def forget(self, ended: EndedRepeat) -> None:
@@ -247,7 +271,7 @@ class _SweepLoop:
                 self._announce(taken, len(queue))
                 if not self.backend.in_flight():
                     break
-                ended = self.backend.wait(self._waiting)
+                ended = self.backend.wait(self._waiting, self._queued)
                 failed = [item.repeat.cell.key for item in ended if not self._record(item)]
                 for cell_key in dict.fromkeys(failed):
                     self.backend.cancel_cell(cell_key)
@@ -285,6 +309,9 @@ class _SweepLoop:
         left = self.announced.get(repeat.key, 1)
         self.observer.waiting(repeat.cell, repeat.index, elapsed, self._seconds_left(left, elapsed))
 
+    def _queued(self, repeat: Repeat, job: str, reason: str) -> None:
+        self.observer.queued(repeat.cell, repeat.index, job, reason)
+
     def _record(self, ended: EndedRepeat) -> bool:
         """Record one ended repeat, then let the backend forget it; returns whether it was ok."""
         cell, index, result = ended.repeat.cell, ended.repeat.index, ended.result
@@ -301,7 +328,8 @@ class _SweepLoop:
                 replace=ended.repeat.key in self.finished,
             )
         except StoreError as error:
-            self._tell_ended(ended)
+            self.observer.result_ready(ended.result)
+            self.observer.run_not_recorded(cell, index, result, ended.seconds or 0.0)
             raise unsaved_result(self.store.path, self.spec.name, ended, error) from None
         self.backend.forget(ended)
         self.announced.pop(ended.repeat.key, None)

@@ -306,7 +306,10 @@ class LocalBackend(SweepBackend):
     def in_flight(self) -> bool:
         return self._next is not None
 
-    def wait(self, on_wait: Callable[[Repeat, float], None]) -> list[EndedRepeat]:
+    def wait(
+        self, on_wait: Callable[[Repeat, float], None], on_queued: Callable[[Repeat, str, str], None] | None = None
+    ) -> list[EndedRepeat]:
+        del on_queued  # a repeat here starts at once: nothing waits in a queue
         repeat, self._next = self._next, None
         assert repeat is not None and self._scratch is not None, "wait() follows submit(), while running()"
         result, seconds = run_in_process(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -43,6 +44,45 @@ ACTIVE_STATES = frozenset(
         "UPDATE_DB",  # ending: its record is being sent to the database
     }
 )
+#: Why a pending job waits, where the reason means it never starts until an administrator changes the
+#: cluster or the job is changed (Slurm's job reason codes, https://slurm.schedmd.com/job_reason_codes.html):
+#: the job asks more than its partition, account or QOS allows any one job, names what the cluster does
+#: not have, or waits for what will never happen. Limits on aggregates (AssocGrp*, QOSGrp*), on a user's
+#: or an account's jobs together (*PerUser*, *PerAccount, AssocMaxJobsLimit), holds, down nodes and
+#: partitions clear as other jobs end or an administrator's routine work is done: those are waited for.
+#: Slurm sets such a reason on a job sbatch accepted where EnforcePartLimits=NO (the default) lets it.
+NEVER_STARTS = {
+    "PartitionNodeLimit": "it asks for more (or fewer) nodes than its partition allows a job",
+    "PartitionTimeLimit": "its time limit exceeds its partition's",
+    "PartitionConfig": "it violates a limit of its partition",
+    "BadConstraints": "its requirements cannot be satisfied by any node of the cluster",
+    "DependencyNeverSatisfied": "it depends on a job whose outcome can no longer satisfy it",
+    "InvalidAccount": "its account is invalid",
+    "InvalidQOS": "its QOS is invalid",
+    "AccountNotAllowed": "its account may not use the partition",
+    "QOSNotAllowed": "its QOS is not allowed by its association or partition",
+    "ReservationDeleted": "the reservation it asks for no longer exists",
+    "MaxMemPerLimit": "it asks for more memory per CPU or per node than the cluster allows",
+}
+#: a per-job (or per-node) maximum, or a minimum, of the job's association or QOS: AssocMaxNodePerJobLimit,
+#: QOSMaxWallDurationPerJobLimit, AssocMaxCpuPerNode, QOSMinGRES... (not *PerUser*, *PerAccount, Grp*)
+_PER_JOB_LIMIT = re.compile(r"(Assoc|QOS)Max\w*Per(Job|Node)\w*|QOSMin\w+")
+
+
+def never_starts(reason: str | None) -> str | None:
+    """What ``reason`` (squeue's ``%r`` of a pending job) means where the job can never start as it
+    is (see :data:`NEVER_STARTS`); None where it may yet start."""
+    if not reason:
+        return None
+    code = reason.split(",", 1)[0].strip()  # "ReqNodeNotAvail, UnavailableNodes:n1" -> its code
+    if code in NEVER_STARTS:
+        return NEVER_STARTS[code]
+    if _PER_JOB_LIMIT.fullmatch(code):
+        what = "association" if code.startswith("Assoc") else "QOS"
+        return f"it asks for more (or less) than its {what} allows any one job"
+    return None
+
+
 #: sbatch's environment variables for options core sets itself or that break how a sweep follows its
 #: jobs: they would apply to every job beside the command line's options (core passes its own)
 _SBATCH_ENVIRONMENT_CORE_OVERRIDES = (
@@ -256,6 +296,27 @@ class JobStates:
         return states
 
 
+def pending_reasons(job_ids: Sequence[str]) -> dict[str, str]:
+    """Why each of ``job_ids`` that is pending waits: squeue's reason (``Priority``, ``Resources``,
+    ``PartitionNodeLimit`` ...); jobs that are not pending, or that Slurm no longer knows, are left out.
+
+    :raises SlurmError: when Slurm could not be asked.
+    """
+    reasons: dict[str, str] = {}
+    for start in range(0, len(job_ids), _IDS_PER_QUERY):
+        chunk = list(job_ids[start : start + _IDS_PER_QUERY])
+        listed = _run(["squeue", "--noheader", "--states=PENDING", "--format=%i|%r", f"--jobs={','.join(chunk)}"])
+        if listed.returncode != 0:
+            if "invalid job id" in listed.stderr.lower():
+                continue  # none of them is known any more
+            raise SlurmError(f"squeue failed: {listed.stderr.strip() or f'exit code {listed.returncode}'}")
+        for line in listed.stdout.splitlines():
+            job_id, _, reason = line.strip().partition("|")
+            if job_id in chunk and reason.strip():
+                reasons[job_id] = reason.strip()
+    return reasons
+
+
 def _state_name(state: str) -> str:
     """``CANCELLED by 0`` -> ``CANCELLED``: sacct appends who cancelled."""
     return state.strip().split(" ", 1)[0].rstrip("+")
@@ -277,6 +338,10 @@ class Scheduler(Protocol):
     def states(self, job_ids: Sequence[str]) -> dict[str, str | None]: ...
 
     def cancel(self, job_ids: Sequence[str]) -> None: ...
+
+    def pending_reasons(self, job_ids: Sequence[str]) -> dict[str, str]:
+        """Why each pending job of ``job_ids`` waits (see :func:`pending_reasons`)."""
+        ...
 
     def find(self, job_name: str, directory: Path) -> list[str]:
         """The jobs named ``job_name`` running in ``directory`` (see :func:`find`)."""
@@ -303,6 +368,9 @@ class SlurmScheduler:
 
     def cancel(self, job_ids: Sequence[str]) -> None:
         cancel(job_ids)
+
+    def pending_reasons(self, job_ids: Sequence[str]) -> dict[str, str]:
+        return pending_reasons(job_ids)
 
     def find(self, job_name: str, directory: Path) -> list[str]:
         return find(job_name, directory)
