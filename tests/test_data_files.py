@@ -452,6 +452,51 @@ def test_loader_workers_stopped_by_a_signal_leave_no_temporary_folder(
     assert list(temporary.iterdir()) == [] and multiprocessing.active_children() == []
 
 
+class StuckPastSigterm(torch.utils.data.Dataset):
+    """In a worker, every sample after the first ignores SIGTERM and never returns: a worker stuck in
+    native code (a decoder, a parser) that torch's teardown cannot end with its SIGTERM."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        import signal
+        import time
+
+        if index >= 2 and torch.utils.data.get_worker_info() is not None:
+            # A worker stuck in native code never runs its Python SIGTERM handler: here, none runs.
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            while True:
+                time.sleep(0.05)
+        return torch.zeros(2)
+
+
+@pytest.mark.slow
+def test_a_loader_worker_stuck_past_sigterm_is_killed_and_its_folder_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import multiprocessing
+    import tempfile
+
+    from core.data.loading import LoaderWorkers
+
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))  # the workers' pymp-* folders go here
+    loader = torch.utils.data.DataLoader(StuckPastSigterm(), batch_size=1, num_workers=2, persistent_workers=True)
+    workers = LoaderWorkers(loader, "stuck")
+    try:
+        batches = workers.iterate()
+        assert workers.next(batches) is not None  # sample 0; each worker then sticks on its next one
+    finally:
+        workers.close()
+    left = multiprocessing.active_children()
+    for worker in left:  # killed here too, so that a failure does not hang the session at its exit
+        worker.kill()
+    assert left == []
+    assert list(temporary.iterdir()) == []
+
+
 def wait_for_exit(process: Any) -> None:
     """Join a loader worker; torch's SIGCHLD handler raises in this (the main) thread when one dies."""
     for _ in range(100):  # a hang guard only

@@ -31,6 +31,10 @@ from core.base.errors import DataError
 from core.data import detect_format, loader_worker_death
 from core.data.torch_datasets import torch_dataset
 
+#: how long a loader worker has to end after it was told to stop (torch's own teardown joins each
+#: for 5 s, then sends SIGTERM) before it is killed
+WORKER_STOP_GRACE_SECONDS = 2.0
+
 
 def _prepare_worker(folders: Connection, worker_id: int) -> None:
     """A loader worker's ``worker_init_fn``: make this worker's multiprocessing temporary folder
@@ -103,11 +107,15 @@ class LoaderWorkers:
         # joined, and terminated if it does not. Waiting for garbage collection is not enough: at
         # interpreter exit multiprocessing terminates daemonic workers first, leaving their files.
         shutdown = getattr(self._iterator, "_shutdown_workers", None)
+        workers = list(getattr(self._iterator, "_workers", None) or ())
         self._iterator = None
         try:
             if callable(shutdown):
                 shutdown()
         finally:
+            # torch's teardown ends with SIGTERM, which a worker stuck in native code (a decoder, a
+            # parser) or one that blocks the signal outlives: it would spin on as an orphan.
+            _kill_survivors(workers)
             self._receive()
             # The folders the stopped workers sent (one that ended normally removed its own already).
             for folder in self._sent:
@@ -117,6 +125,16 @@ class LoaderWorkers:
             for end in self._folders or ():
                 end.close()
             self._folders = None
+
+
+def _kill_survivors(workers: list[Any], grace_seconds: float = WORKER_STOP_GRACE_SECONDS) -> None:
+    """SIGKILL each of a loader's worker processes still alive ``grace_seconds`` after its stop."""
+    for worker in workers:
+        with contextlib.suppress(Exception):  # a worker already reaped, or never started
+            worker.join(timeout=grace_seconds)
+            if worker.is_alive():
+                worker.kill()
+                worker.join(timeout=grace_seconds)
 
 
 class WorkerFailure(Exception):
