@@ -24,6 +24,7 @@ from core.data.files import (
     read_data_file,
 )
 from core.data.listing import image_folder, shard_files
+from core.data.tar_headers import BoundedTarInfo, ExtendedHeaderError
 
 # ImageNet channel statistics: the normalisation every ImageNet-trained vision model expects.
 _MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
@@ -130,14 +131,15 @@ def _shard_members(shard: Path) -> Iterator[tuple[str, bytes]]:
 
 
 def _tar_members(shard: Path, stream: IO[bytes]) -> Iterator[tuple[str, bytes]]:
-    name = "(its first member)"
+    name, first = "(its first member)", True
     try:
         # Read front to back, compressed or not; nothing is held but the current member (tarfile's
-        # list of the members seen is emptied as it goes).
-        with tarfile.open(fileobj=stream, mode="r:*") as archive:
+        # list of the members seen is emptied as it goes); extended headers are bounded before
+        # tarfile parses them.
+        with tarfile.open(fileobj=stream, mode="r:*", tarinfo=BoundedTarInfo) as archive:
             for member in archive:
                 archive.members = []  # type: ignore[attr-defined]  # tarfile's own list, not in its stubs
-                name = member.name
+                name, first = member.name, False
                 if not member.isfile():
                     continue
                 if member.size > MAX_SHARD_MEMBER_BYTES:
@@ -150,6 +152,9 @@ def _tar_members(shard: Path, stream: IO[bytes]) -> Iterator[tuple[str, bytes]]:
             _check_archive_end(shard, archive, name)
     except DataError:
         raise
+    except ExtendedHeaderError as error:
+        where = "" if first else f" after member {name!r}:"
+        raise DataError(f"{shard}:{where} {error}") from None
     except MemoryError:
         raise DataError(f"{shard}: out of memory reading member {name!r}") from None
     except Exception as error:  # tarfile.ReadError, and what a damaged compressed stream raises
