@@ -786,8 +786,10 @@ def test_a_name_with_a_path_or_control_character_is_refused(
     assert main(["sweep", str(sweep_file), f"--name={name}", "--database", str(tmp_path / "r.db")]) == 2
     err = capsys.readouterr().err
     # --name is the user's flag, not the file's field: the message names the flag (and not the file)
-    assert "invalid name (--name) = " in err and str(sweep_file) not in err and (
-        "a sweep name is letters and digits" in err or "at least 1 character" in err or "at most 200" in err
+    assert (
+        "invalid name (--name) = " in err
+        and str(sweep_file) not in err
+        and ("a sweep name is letters and digits" in err or "at least 1 character" in err or "at most 200" in err)
     ), err
     no_traceback(err)
     assert not (tmp_path / "r.db").exists()
