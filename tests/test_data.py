@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import warnings
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -10,7 +12,7 @@ import pytest
 import torch
 from data_support import png
 
-from core import ConfigError, Framework, KerasTrainingSpec, RunState, Workload, run
+from core import ConfigError, DataError, Framework, KerasTrainingSpec, RunState, Workload, run
 from core.contract.workload import TorchTrainingSpec
 from core.data import detect_format
 from core.data.torch_datasets import TokenFile, WebDatasetShards
@@ -148,10 +150,78 @@ def test_bad_data_options_are_refused(options: dict[str, Any], field: str, fragm
     assert caught.value.field == field and fragment in str(caught.value)
 
 
-def test_a_dataset_smaller_than_a_micro_batch_fails_in_setup(image_folder: Path) -> None:
-    result = train(TinyCnn(), data=str(image_folder), micro_batch_size=64, data_workers=0)
-    assert result.status.state is RunState.error and result.status.phase == "setup"
-    assert "fewer than one micro-batch" in result.status.message
+def test_a_dataset_smaller_than_a_micro_batch_is_refused_in_planning(image_folder: Path) -> None:
+    # Bad input, not a fault of the run: it used to pass planning and fail in setup with exit 1.
+    with pytest.raises(ConfigError) as caught:
+        train(TinyCnn(), data=str(image_folder), micro_batch_size=64, data_workers=0)
+    assert caught.value.field == "data" and caught.value.value == str(image_folder)
+    assert "12 samples, fewer than one micro-batch of 64 for each of 1 replica(s): needs at least 64" in str(
+        caught.value
+    )
+    with pytest.raises(ConfigError, match="needs at least 14"):  # every replica takes a micro-batch
+        train(TinyCnn(), data=str(image_folder), micro_batch_size=7, replicas=2, data_workers=0)
+
+
+class SequenceLanguageModel(TinyLanguageModel):
+    """Declares its sequence length, as the built-in language models do."""
+
+    name: ClassVar[str] = "tiny-lm-declared"
+
+    def tokens_per_sample(self, options: Any) -> int:
+        return 6
+
+
+def test_a_token_file_shorter_than_a_sequence_or_a_micro_batch_is_refused_in_planning(tmp_path: Path) -> None:
+    path = tmp_path / "short.bin"
+    np.arange(4, dtype=np.uint16).tofile(path)
+    with pytest.raises(ConfigError, match="4 token\\(s\\), fewer than one sequence of 6 tokens") as caught:
+        train(SequenceLanguageModel(), data=str(path), data_workers=0)
+    assert caught.value.field == "data" and caught.value.value == str(path)
+    npy = tmp_path / "short.npy"
+    np.save(npy, np.arange(6 * 3, dtype=np.int64))  # 3 sequences, a micro-batch of 2 for each of 2 replicas
+    with pytest.raises(ConfigError, match="3 sequences of 6 tokens, fewer than one micro-batch of 2 for each of 2"):
+        train(SequenceLanguageModel(), data=str(npy), replicas=2, data_workers=0)
+
+
+def test_token_ids_outside_the_vocabulary_are_a_data_error_naming_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "ids.npy"
+    ids = np.arange(60, dtype=np.int64) % 50
+    ids[40] = -3
+    np.save(path, ids)
+    dataset = TokenFile(path, sequence_length=6, vocabulary=100)
+    assert dataset[0][0].tolist() == list(range(6))
+    with pytest.raises(DataError, match=f"{path}: token id -3 at token offset 40 is outside the vocabulary of 100"):
+        dataset[6]
+    huge = tmp_path / "huge.npy"
+    np.save(huge, np.full(12, 2**63 + 5, dtype=np.uint64))  # would wrap to a negative int64
+    with pytest.raises(DataError, match=f"token id {2**63 + 5} at token offset 0"):
+        TokenFile(huge, sequence_length=6, vocabulary=100)[0]
+    ids[40] = 7
+    np.save(path, ids)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch.from_numpy warned of the read-only memory map
+        assert TokenFile(path, sequence_length=6, vocabulary=100)[6][0].tolist() == [36, 37, 38, 39, 7, 41]
+
+
+def test_a_run_on_token_ids_its_model_cannot_embed_fails_naming_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "big.bin"
+    np.full(600, 65535, dtype=np.uint16).tofile(path)
+    with registered_plugins():
+        result = run(
+            "gpt2-124m",
+            "cpu",
+            steps=1,
+            warmup_steps=0,
+            power_meter="none",
+            micro_batch_size=2,
+            workload_options={"variant": "small"},
+            data=str(path),
+            data_workers=0,
+        )
+    assert result.status.state is RunState.error
+    assert result.status.error_type == "DataError"  # not the model's IndexError, naming no file
+    pattern = f"{re.escape(str(path))}: token id 65535 at token offset [0-9,]+ is outside the vocabulary of 50,257"
+    assert re.match(pattern, result.status.message or ""), result.status.message
 
 
 class TinyKerasCnn(Workload):

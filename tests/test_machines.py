@@ -170,7 +170,7 @@ def test_a_profile_file_and_bad_profiles(tmp_path: Path) -> None:
     assert missing.value.field == "machine.device" and missing.value.value is None
     assert (
         str(missing.value)
-        == "invalid machine.device = None: required, and missing (the device model, e.g. 'NVIDIA A100-SXM4-80GB') "
+        == "invalid machine.device (missing): required (the device model, e.g. 'NVIDIA A100-SXM4-80GB') "
         f"(in profile {profile})"
     )
 
@@ -198,6 +198,10 @@ def test_a_profile_is_checked_against_the_accelerator_that_drives_it(tmp_path: P
     with pytest.raises(ConfigError, match="a string is required, got a number; a TOML string is quoted") as unquoted:
         dry_run(_profile(tmp_path, details="[details]\ncompute_capability = 8.0\n"))
     assert unquoted.value.field == "machine.details.compute_capability" and unquoted.value.value == 8.0
+    # Issue 26, second tester: errors of [details] and of the accelerator name the profile's file, as
+    # the errors of reading it do.
+    for error in (typo, unread, unquoted):
+        assert str(error.value).endswith(f"(in profile {tmp_path / 'node.toml'})"), error.value
     with pytest.raises(ConfigError, match="an integer is required, got a string"):
         dry_run(_profile(tmp_path, accelerator="amd", details='[details]\ngcds_per_package = "2"\n'), "amd")
     # Where the profile leaves the capability out, bf16 is not checked, and the dry run says so.

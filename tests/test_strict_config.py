@@ -350,9 +350,13 @@ def test_workloads_refuse_formats_they_cannot_read(token_file: Path, image_folde
 
 @pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="transformers is not installed")
 def test_workloads_accept_the_formats_they_read(token_file: Path, image_folder: Path) -> None:
-    assert plan("gpt2-124m", data=str(token_file)).config.data == str(token_file)
-    assert plan("resnet50", data=str(image_folder)).config.data == str(image_folder)
-    assert plan("aces-autoencoder", data=str(image_folder)).config.data == str(image_folder)
+    # The fixtures hold 4 sequences of GPT-2's 1024 tokens and 2 images: the workloads' default
+    # micro-batches would not fit them (refused in planning since issue 26), smaller ones do.
+    assert plan("gpt2-124m", data=str(token_file), micro_batch_size=4).config.data == str(token_file)
+    assert plan("resnet50", data=str(image_folder), micro_batch_size=2).config.data == str(image_folder)
+    assert plan("aces-autoencoder", data=str(image_folder), micro_batch_size=2).config.data == str(image_folder)
+    with pytest.raises(ConfigError, match="2 samples, fewer than one micro-batch of 64"):
+        plan("resnet50", data=str(image_folder))  # its default micro-batch of 64
 
 
 class Undeclared(Workload):

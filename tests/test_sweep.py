@@ -28,6 +28,7 @@ from core.running.progress import ProgressLine, RunProgress, format_duration
 from core.running.runner import classify_fault
 from core.storage.store import ResultStore
 from core.sweep import SweepError, SweepObserver, expand_cells, load_sweep, make_sweep_spec, plan_sweep, run_sweep
+from core.sweep.plan import describe_config_error
 
 TINY = {"hidden_width": 32, "input_width": 64, "output_width": 10}
 
@@ -142,6 +143,16 @@ def test_a_bad_grid_file_names_the_setting(document: dict[str, Any], field: str,
     with pytest.raises(ConfigError) as caught:
         make_sweep_spec(document, default_name="sweep")
     assert caught.value.field == field and says in caught.value.allowed
+
+
+@pytest.mark.parametrize("document", [{"grid": {"micro_batch_size": [8]}}, {"grid": {"workload": "fcnn"}}])
+def test_a_missing_setting_reads_missing_not_none(document: dict[str, Any]) -> None:
+    # Issue 26, second tester: "invalid machine.description = None: required" read as if None had
+    # been written; the sweep file's missing grid.workload and name likewise.
+    with pytest.raises(ConfigError) as caught:
+        make_sweep_spec(document)
+    assert caught.value.missing and " (missing): required" in str(caught.value), caught.value
+    assert "= None" not in str(caught.value) and "= None" not in describe_config_error(caught.value)
 
 
 def test_an_unreadable_grid_file_is_refused(tmp_path: Path) -> None:

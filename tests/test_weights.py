@@ -79,6 +79,18 @@ def _non_tensor_values(path: Path) -> None:
     torch.save({**fcnn_state(), "step": 5}, path)
 
 
+def _non_str_key(path: Path) -> None:
+    torch.save({**fcnn_state(), 5: torch.zeros(8)}, path)
+
+
+def _plain_pickle_protocol_5(path: Path) -> None:
+    path.write_bytes(pickle.dumps(fcnn_state(), protocol=5))
+
+
+def _pickled_model_legacy_protocol_4(path: Path) -> None:
+    torch.save(WholeModel(), path, _use_new_zipfile_serialization=False, pickle_protocol=4)
+
+
 def _checkpoint(path: Path) -> None:
     torch.save({"model": fcnn_state(), "epoch": 3}, path)
 
@@ -175,6 +187,10 @@ def _a_complex_tensor(path: Path) -> None:
         (_zip_cut_off, "damaged zip archive"),
         (_non_tensor_values, "its entry 'step' is of type int"),
         (_checkpoint, "its entry 'model'"),
+        # Issue 26, second tester: the key, not its tensor, is what is wrong.
+        (_non_str_key, "its key 5 is of type int, not a str"),
+        (_pickled_model_legacy_protocol_4, "a pickle in protocol 4"),
+        (_plain_pickle_protocol_5, "a pickle in protocol 5"),
         (_a_list, "not a state dict"),
         (_plain_pickle, "pickled torch.storage"),  # tensors pickled by pickle itself, not torch.save
         (_legacy_cut_off, "cut off"),
@@ -203,6 +219,18 @@ def test_a_file_that_is_not_weights_is_refused_in_planning(
     assert refused.value.field == "weights" and refused.value.value == str(path)
     assert fragment in message, message
     assert "weights_only" not in message and "trusted source" not in message, message
+
+
+@pytest.mark.parametrize("protocol", [2, 3])
+def test_a_legacy_torch_save_file_loads_in_the_pickle_protocols_torch_reads(protocol: int, tmp_path: Path) -> None:
+    # Issue 26, second tester: only protocol 2's first bytes were known, so torch.save(...,
+    # _use_new_zipfile_serialization=False, pickle_protocol=3) was "neither ... nor a torch.save file".
+    # Protocols 4 and 5, which torch.load(weights_only=True) cannot read, are refused saying so (above).
+    path = tmp_path / "legacy.pt"
+    state = {name: torch.full_like(tensor, 0.5) for name, tensor in fcnn_state().items()}
+    torch.save(state, path, _use_new_zipfile_serialization=False, pickle_protocol=protocol)
+    result = run("fcnn", "cpu", weights=str(path), **QUICK)
+    assert result.status.ok, result.status
 
 
 def test_core_run_refuses_a_pickled_model_as_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -404,12 +404,13 @@ def config_errors(
             value = None
             field_info = model.model_fields.get(str(error.get("loc", ("",))[-1]))
             described = f" ({field_info.description})" if field_info is not None and field_info.description else ""
-            allowed = f"required, and missing{described}"
+            allowed = f"required{described}"
         else:
             allowed = describe_type_error(error, model) or str(error.get("msg", "invalid"))
             allowed = allowed.removeprefix("Value error, ")
         located = bool(error.get("loc"))
-        errors.append(ConfigError(f"{prefix}.{where}" if prefix and located else prefix or where, value, allowed))
+        field = f"{prefix}.{where}" if prefix and located else prefix or where
+        errors.append(ConfigError(field, value, allowed, missing=error.get("type") == "missing"))
     return errors
 
 

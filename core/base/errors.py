@@ -19,12 +19,21 @@ class ConfigError(CoreError, ValueError):
     ``field`` then lists them, and ``value`` holds each one's value by name.
     """
 
-    def __init__(self, field: str, value: Any, allowed: str, *, fields: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, field: str, value: Any, allowed: str, *, fields: tuple[str, ...] = (), missing: bool = False
+    ) -> None:
         self.fields = tuple(fields) or (field,)
         self.field = field if not fields else ", ".join(self.fields)
         self.value = value
         self.allowed = allowed
-        super().__init__(f"invalid {self.field} = {value!r}: {allowed}")
+        self.missing = missing
+        super().__init__(f"invalid {self.field}{shown_value(self)}: {allowed}")
+
+
+def shown_value(error: ConfigError) -> str:
+    """`` = value`` as an error message quotes it; `` (missing)`` for a field left out, whose "= None"
+    would read as if None had been written."""
+    return " (missing)" if getattr(error, "missing", False) else f" = {error.value!r}"
 
 
 class ConfigErrors(ConfigError):

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, TypeAdapter, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, Strict, TypeAdapter, ValidationError, field_validator
 from pydantic.fields import FieldInfo
 
 from core.base.config import Precision, config_errors
@@ -70,6 +70,23 @@ class MachineProfile(BaseModel):
                 raise ValueError(f"{key} = {str(value).lower()}: a string or a number is required, not a boolean")
         return details
 
+    #: the TOML file this profile was read from; None for a profile a plugin ships
+    _file: Path | None = PrivateAttr(default=None)
+
+    def __eq__(self, other: object) -> bool:
+        # The figures make a profile, not the file they were read from (pydantic compares that too).
+        if not isinstance(other, MachineProfile):
+            return NotImplemented
+        return self.model_dump() == other.model_dump()
+
+    def __hash__(self) -> int:
+        return hash(self.model_dump_json())
+
+    @property
+    def in_file(self) -> str:
+        """`` (in profile FILE)`` for a profile read from a file, which its errors end with; else ""."""
+        return "" if self._file is None else f" (in profile {self._file})"
+
     @property
     def memory_bytes_per_device(self) -> int | None:
         return None if self.memory_gib_per_device is None else int(self.memory_gib_per_device * GIB)
@@ -109,15 +126,17 @@ def find_machine(
     except RecursionError:  # tomllib parses nested arrays and tables recursively
         raise ConfigError("machine", str(path), "a readable TOML profile (arrays or tables nest too deeply)") from None
     try:
-        return MachineProfile.model_validate(document)
+        profile = MachineProfile.model_validate(document)
     except ValidationError as error:
         errors = [
-            ConfigError(problem.field, problem.value, f"{problem.allowed} (in profile {path})")
+            ConfigError(problem.field, problem.value, f"{problem.allowed} (in profile {path})", missing=problem.missing)
             for problem in config_errors(
                 error, MachineProfile, unknown="unknown profile key; allowed", prefix="machine"
             )
         ]
         raise (errors[0] if len(errors) == 1 else ConfigErrors(errors)) from None
+    profile._file = path
+    return profile
 
 
 _TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean"}

@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from core.base.errors import ConfigError
+from core.base.errors import ConfigError, shown_value
 
 BAD_INPUT = 2
 FAULT = 1
@@ -49,7 +49,7 @@ def describe_config_error(problem: ConfigError, flags_of: Callable[[str], str | 
     for each in errors:
         # A rule over several fields names each one's flag (getattr: a plugin's own subclass may lack fields).
         flags = ", ".join(flag for flag in map(flags_of, getattr(each, "fields", (each.field,))) if flag)
-        lines.append(f"invalid {each.field}{f' ({flags})' if flags else ''} = {each.value!r}: {each.allowed}")
+        lines.append(f"invalid {each.field}{f' ({flags})' if flags else ''}{shown_value(each)}: {each.allowed}")
     return "\n".join(lines)
 
 

@@ -75,6 +75,9 @@ class TorchTrainingSpec:
     make_optimizer: Callable[[Any], Any]  # parameters -> torch.optim.Optimizer
     inputs: Any  # torch.Tensor [pool, ...]
     targets: Any  # torch.Tensor [pool, ...]
+    #: where the inputs are token ids, the vocabulary size: ids read from a token file are checked
+    #: against it, so an id the model cannot embed is a data error naming the file
+    vocabulary: int | None = None
 
 
 @dataclass

@@ -303,3 +303,45 @@ def check_dataset(path: Path, data_format: str) -> None:
     listing = _LISTINGS.get(data_format)
     if listing is not None:
         listing(path)
+
+
+def token_count(path: Path) -> int:
+    """Token ids in a token file :func:`check_token_file` accepted, from its size or its header."""
+    if path.suffix != ".npy":
+        return path.stat().st_size // 2
+    import numpy as np
+
+    return len(np.load(path, mmap_mode="r", allow_pickle=False))
+
+
+def dataset_samples(path: Path, data_format: str, tokens_per_sample: int | None) -> int | None:
+    """Samples the dataset at ``path`` holds; None where only reading it tells (shards, records)."""
+    if data_format == "image-folder":
+        return len(image_folder(path)[1])
+    if data_format == "coco":
+        return len(coco_samples(path))
+    if data_format == "cityscapes":
+        return len(cityscapes_pairs(path))
+    if data_format == "tokens" and tokens_per_sample:
+        tokens = token_count(path)
+        if tokens < tokens_per_sample:
+            raise _refuse(path, f"{tokens:,} token(s), fewer than one sequence of {tokens_per_sample:,} tokens")
+        return tokens // tokens_per_sample
+    return None
+
+
+def check_dataset_size(
+    path: Path, data_format: str, micro_batch_size: int, replicas: int, tokens_per_sample: int | None
+) -> None:
+    """Every replica reads a disjoint part of each epoch and drops an incomplete micro-batch, so a
+    dataset of fewer than micro-batch x replicas samples yields no batch at all: refused here, in
+    planning, instead of failing in setup."""
+    samples = dataset_samples(path, data_format, tokens_per_sample)
+    needed = micro_batch_size * replicas
+    if samples is not None and samples < needed:
+        unit = f" sequences of {tokens_per_sample:,} tokens" if data_format == "tokens" else " samples"
+        raise _refuse(
+            path,
+            f"{samples:,}{unit}, fewer than one micro-batch of {micro_batch_size:,} for each of "
+            f"{replicas:,} replica(s): needs at least {needed:,}",
+        )

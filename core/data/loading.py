@@ -241,12 +241,19 @@ def loader_failure(error: BaseException, source: str) -> str:
 class FileBatches:
     """Yields (inputs, targets) micro-batches on the host; counts seconds spent waiting for one."""
 
-    def __init__(self, config: RunConfig, pool_inputs: torch.Tensor, process: ProcessContext, pin_memory: bool) -> None:
+    def __init__(
+        self,
+        config: RunConfig,
+        pool_inputs: torch.Tensor,
+        process: ProcessContext,
+        pin_memory: bool,
+        vocabulary: int | None = None,
+    ) -> None:
         assert config.micro_batch_size is not None
         path = Path(config.data)
         self.format = detect_format(path) if config.data_format == "auto" else config.data_format
         try:
-            self.dataset = torch_dataset(path, self.format, pool_inputs, process.rank, process.world_size)
+            self.dataset = torch_dataset(path, self.format, pool_inputs, process.rank, process.world_size, vocabulary)
         except MemoryError:
             raise DataError(f"{path}: out of memory listing the dataset") from None
         self._sampler: DistributedSampler | None = None

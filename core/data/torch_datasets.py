@@ -175,13 +175,19 @@ def _check_archive_end(shard: Path, archive: tarfile.TarFile, last: str) -> None
 class TokenFile(Dataset):
     """A flat file of token ids (nanoGPT-style ``.bin`` of uint16, or a 1-D ``.npy``), cut into
     consecutive windows of ``sequence_length`` tokens; the target of a window is the window itself
-    (language-model losses shift or mask inside the model's loss)."""
+    (language-model losses shift or mask inside the model's loss).
 
-    def __init__(self, path: Path, sequence_length: int, dtype: str = "uint16") -> None:
+    :param vocabulary: the model's vocabulary size: every id served must lie in [0, vocabulary), or
+        the model's embedding would fail with an IndexError naming no file. None checks nothing.
+    """
+
+    def __init__(self, path: Path, sequence_length: int, dtype: str = "uint16", vocabulary: int | None = None) -> None:
+        self.path = path
         self.tokens = np.load(path, mmap_mode="r") if path.suffix == ".npy" else np.memmap(path, dtype=dtype, mode="r")
         if self.tokens.ndim != 1:
             raise ValueError(f"{path}: expected a 1-D array of token ids, got shape {self.tokens.shape}")
         self.sequence_length = sequence_length
+        self.vocabulary = vocabulary
         if len(self.tokens) < sequence_length:
             raise ValueError(f"{path}: {len(self.tokens)} tokens, fewer than one sequence of {sequence_length}")
 
@@ -190,17 +196,38 @@ class TokenFile(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         start = index * self.sequence_length
-        window = torch.from_numpy(np.asarray(self.tokens[start : start + self.sequence_length], dtype=np.int64))
+        # A copy: the memory map is read-only, and torch.from_numpy warns about a read-only array.
+        ids = np.array(self.tokens[start : start + self.sequence_length])
+        if self.vocabulary is not None:
+            self._check_ids(ids, start)
+        window = torch.from_numpy(ids.astype(np.int64, copy=False))
         return window, window
 
+    def _check_ids(self, ids: np.ndarray, start: int) -> None:
+        """Checked in the file's own dtype, before the cast to int64 could wrap a large id round."""
+        assert self.vocabulary is not None
+        low, high = ids.min(), ids.max()
+        if low >= 0 and high < self.vocabulary:
+            return
+        position = int(np.argmax((ids < 0) | (ids >= self.vocabulary)))
+        raise DataError(
+            f"{self.path}: token id {ids[position]} at token offset {start + position:,} is outside the "
+            f"vocabulary of {self.vocabulary:,} (allowed: 0 to {self.vocabulary - 1:,})"
+        )
 
-def torch_dataset(path: Path, data_format: str, pool_inputs: torch.Tensor, rank: int, world_size: int) -> Any:
-    """The dataset for ``path``, shaped after the workload's synthetic inputs."""
+
+def torch_dataset(
+    path: Path, data_format: str, pool_inputs: torch.Tensor, rank: int, world_size: int, vocabulary: int | None = None
+) -> Any:
+    """The dataset for ``path``, shaped after the workload's synthetic inputs.
+
+    :param vocabulary: for token data, the model's vocabulary size, which every token id is checked
+        against (``TorchTrainingSpec.vocabulary``); None checks nothing."""
     sample_shape = tuple(pool_inputs.shape[1:])
     if data_format == "tokens":
         if pool_inputs.dtype not in (torch.int64, torch.int32) or len(sample_shape) != 1:
             raise ValueError("token data needs a workload whose inputs are token ids [sequence_length]")
-        return TokenFile(path, sequence_length=sample_shape[0])
+        return TokenFile(path, sequence_length=sample_shape[0], vocabulary=vocabulary)
     if len(sample_shape) != 3:
         raise ValueError(
             f"image data needs a workload whose inputs are images [C, H, W]; this one takes {sample_shape}"

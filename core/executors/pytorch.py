@@ -307,7 +307,7 @@ class TorchModelExecutor(Executor):
         else:
             from core.data.loading import FileBatches
 
-            self._files = FileBatches(config, spec.inputs, process, pin_memory=pins)
+            self._files = FileBatches(config, spec.inputs, process, pin_memory=pins, vocabulary=spec.vocabulary)
             self._details.update(self._files.details())
         self._copy_each_step = on_host or self._files is not None
         self._details["data"] = config.data if config.data in SYNTHETIC_SOURCES else "files"

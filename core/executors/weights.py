@@ -43,7 +43,13 @@ _SAFETENSORS_DTYPE_BYTES = {
 }  # fmt: skip
 _SAFETENSORS_COMPLEX = ("C64", "C128")
 _ZIP_MAGIC = b"PK\x03\x04"  # torch.save's archive format (the default since 1.6)
-_PICKLE_PROTOCOL_2 = b"\x80\x02"  # torch.save's legacy format (_use_new_zipfile_serialization=False)
+# torch.save's legacy format (_use_new_zipfile_serialization=False) is pickles, the first opening
+# with PROTO n for its pickle_protocol (2 to 5). torch.load(weights_only=True) reads protocols 2 and
+# 3; 4 and 5 frame their opcodes (FRAME, 0x95), which its unpickler does not know.
+_PICKLE_PROTO = 0x80
+_LEGACY_PROTOCOLS = range(2, 6)
+_FRAMED_PROTOCOLS = range(4, 6)
+
 
 Shapes = dict[str, tuple[int, ...]]
 
@@ -58,11 +64,23 @@ def weights_format(path: Path) -> str:
         head = stream.read(9)
     if not head:
         raise WeightsFileError("an empty file")
-    if head.startswith(_ZIP_MAGIC) or head.startswith(_PICKLE_PROTOCOL_2):
+    if head.startswith(_ZIP_MAGIC) or _is_legacy_torch_save(head):
         return "torch"
     if len(head) == 9 and head[8:9] == b"{":
         return "safetensors"
     raise WeightsFileError(f"neither a safetensors file nor a torch.save file (it begins {head!r})")
+
+
+def _is_legacy_torch_save(head: bytes) -> bool:
+    """Whether ``head`` opens a pickle as torch.save's legacy format writes one (any protocol it
+    takes); what the pickle holds, the loader tells."""
+    return len(head) >= 2 and head[0] == _PICKLE_PROTO and head[1] in _LEGACY_PROTOCOLS
+
+
+def _pickle_protocol(path: Path) -> int | None:
+    with open(path, "rb") as stream:
+        head = stream.read(2)
+    return head[1] if _is_legacy_torch_save(head) else None
 
 
 def safetensors_shapes(path: Path) -> Shapes:
@@ -186,6 +204,13 @@ def _torch_load(path: Path, device: str | None) -> Any:
     except MemoryError:
         raise
     except Exception as error:
+        protocol = None if archive else _pickle_protocol(path)
+        if protocol in _FRAMED_PROTOCOLS and "Unsupported operand" in str(error):
+            raise WeightsFileError(
+                f"a pickle in protocol {protocol} (torch.save's legacy format with pickle_protocol={protocol}?), "
+                "which PyTorch's safe loader cannot read (it reads protocols 2 and 3); save the state "
+                "dict again with torch.save(model.state_dict(), path)"
+            ) from None
         raise WeightsFileError(_torch_load_failure(error)) from None
 
 
@@ -229,7 +254,12 @@ def _state_dict(state: Any) -> dict[str, Any]:
     if not isinstance(state, dict):
         raise WeightsFileError(f"it holds an object of type {type(state).__name__}, not a state dict")
     for name, tensor in state.items():
-        if not isinstance(name, str) or not isinstance(tensor, torch.Tensor):
+        if not isinstance(name, str):
+            raise WeightsFileError(
+                f"not a state dict: its key {name!r} is of type {type(name).__name__}, not a str "
+                "(a state dict maps parameter names to tensors)"
+            )
+        if not isinstance(tensor, torch.Tensor):
             raise WeightsFileError(
                 f"not a state dict: its entry {name!r} is of type {type(tensor).__name__}, not a tensor "
                 "(a checkpoint holding a state dict? save the model's state_dict() alone)"

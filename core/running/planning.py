@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -190,6 +191,22 @@ def _rebuild_launcher(path: str) -> Launcher:
         raise ConfigError("launcher", path, f"a Launcher class this process can import ({exc})") from None
 
 
+def _check_dataset_size(
+    manager: PluginManager, workload: Workload, options: BaseModel, config: RunConfig, data_format: str | None
+) -> None:
+    """A dataset too small for one micro-batch per replica (or a token file shorter than one
+    sequence) is bad input, refused here rather than in setup. ``data_format``: None for synthetic data."""
+    from core.data.listing import check_dataset_size
+
+    if data_format is None:
+        return
+
+    with manager.plugin_code(workload, f"{type(workload).__name__}.tokens_per_sample()"):
+        tokens_per_sample = workload.tokens_per_sample(options)
+    assert config.micro_batch_size is not None
+    check_dataset_size(Path(config.data), data_format, config.micro_batch_size, config.replicas, tokens_per_sample)
+
+
 def _choices(values: Any) -> str:
     return ", ".join(getattr(v, "value", str(v)) for v in values)
 
@@ -226,7 +243,7 @@ def plan_run(
     precision_policy = resolve_precision(manager, accelerator_obj, config, machine)
     with guard(workload_obj, f"{type(workload_obj).__name__}.data_formats_for()"):
         readable = workload_obj.data_formats_for(framework)
-    validate_data(config.data, config.data_format, framework, readable, workload_name)
+    data_format = validate_data(config.data, config.data_format, framework, readable, workload_name)
     with guard(workload_obj, f"{type(workload_obj).__name__}.parse_options()"):
         workload_options = workload_obj.parse_options(dict(config.workload_options))
     with guard(workload_obj, f"{type(workload_obj).__name__}.check_for_framework()"):
@@ -249,6 +266,7 @@ def plan_run(
         config = config.model_copy(update={"micro_batch_size": workload_obj.default_micro_batch_size})
     if config.scenario in LOADGEN_SCENARIOS:
         _check_loadgen(config, machine, warnings)
+    _check_dataset_size(manager, workload_obj, workload_options, config, data_format)
 
     placing = RunContext(config, workload_options, accelerator_options, SINGLE_PROCESS, machine=machine)
     _check_placement_limits(manager, accelerator_obj, placing)
@@ -366,7 +384,17 @@ def choose_node_meters(
 
 def check_machine(manager: PluginManager, machine: MachineProfile) -> None:
     """A profile's accelerator is a registered one, and its ``[details]`` are the keys and types
-    that accelerator's rules read: a typo there would otherwise pass every check unread."""
+    that accelerator's rules read: a typo there would otherwise pass every check unread. Errors name
+    the profile's file, as those of reading it do."""
+    try:
+        _check_machine(manager, machine)
+    except ConfigError as error:
+        if not machine.in_file:
+            raise
+        raise ConfigError(error.field, error.value, error.allowed + machine.in_file) from None
+
+
+def _check_machine(manager: PluginManager, machine: MachineProfile) -> None:
     if machine.accelerator not in manager.accelerators:
         raise ConfigError(
             "machine.accelerator",

@@ -132,7 +132,12 @@ def _label_value(value: Any) -> str:
 
 def describe_config_error(error: ConfigError) -> str:
     errors = _too_many(list(getattr(error, "errors", [error])))
-    return _shorten("; ".join(f"{e.field} = {shown(e.value)!r}: {_shorten(str(e.allowed), 600)}" for e in errors), 4000)
+    described = (f"{e.field}{_shown_value(e)}: {_shorten(str(e.allowed), 600)}" for e in errors)
+    return _shorten("; ".join(described), 4000)
+
+
+def _shown_value(error: ConfigError) -> str:
+    return " (missing)" if getattr(error, "missing", False) else f" = {shown(error.value)!r}"
 
 
 def plan_sweep(

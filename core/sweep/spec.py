@@ -224,7 +224,7 @@ def make_sweep_spec(document: dict[str, Any], default_name: str | None = None) -
         spec = SweepSpec(**document)
     except ValidationError as exc:
         errors = [
-            ConfigError(e.field, shown(e.value), _shorten(str(e.allowed), 600))
+            ConfigError(e.field, shown(e.value), _shorten(str(e.allowed), 600), missing=e.missing)
             for e in config_errors(exc, SweepSpec, unknown="unknown setting; a sweep file has", nameless="sweep")
         ]
         errors = _too_many(errors)
@@ -305,7 +305,9 @@ def _check_grid(spec: SweepSpec) -> None:
         if name in _DICT_FIELDS and not isinstance(value, dict):
             raise ConfigError(f"grid.{name}", shown(value), "a table of KEY = value (a value may be a list)")
     if "workload" not in spec.grid:
-        raise ConfigError("grid.workload", None, "required: the workload to run (a name, or a list of names)")
+        raise ConfigError(
+            "grid.workload", None, "required: the workload to run (a name, or a list of names)", missing=True
+        )
     for name, value in _flatten(spec.grid):
         where = f"grid.{_shorten(name, 80)}"
         values = value if isinstance(value, list) else [value]

@@ -147,6 +147,7 @@ class LanguageWorkload(ZooWorkload):
             make_optimizer=lambda params: torch.optim.AdamW(params, lr=ADAMW_LEARNING_RATE),
             inputs=tokens,
             targets=tokens.clone(),
+            vocabulary=self.vocabulary,
         )
 
 
@@ -491,6 +492,7 @@ class BertBaseSquad(BertFamily):
             make_optimizer=lambda params: torch.optim.AdamW(params, lr=ADAMW_LEARNING_RATE),
             inputs=tokens,
             targets=torch.stack([starts, ends], dim=1),
+            vocabulary=self.vocabulary,
         )
 
 

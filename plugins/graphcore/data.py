@@ -47,12 +47,15 @@ class HostCallFiles:
         pool_inputs: torch.Tensor,
         placement: IpuPlacement,
         instance_index: int,
+        vocabulary: int | None = None,
     ) -> None:
         from core.plugin import torch_dataset
 
         assert config.micro_batch_size is not None
         self.format = data_format(config)
-        dataset = torch_dataset(Path(config.data), self.format, pool_inputs, instance_index, placement.instances)
+        dataset = torch_dataset(
+            Path(config.data), self.format, pool_inputs, instance_index, placement.instances, vocabulary
+        )
         iterable = isinstance(dataset, torch.utils.data.IterableDataset)
         self.mode = poptorch.DataLoaderMode.Async if config.data_workers > 0 else poptorch.DataLoaderMode.Sync
         self._loader = poptorch.DataLoader(

@@ -194,7 +194,9 @@ class _PopTorchExecutorBase(Executor):
             self._pending: tuple[torch.Tensor, torch.Tensor] | None = None
         else:
             instance = settings.process.instance_index if settings.process else 0
-            self._files = HostCallFiles(poptorch, self.options, config, spec.inputs, placement, instance)
+            self._files = HostCallFiles(
+                poptorch, self.options, config, spec.inputs, placement, instance, vocabulary=spec.vocabulary
+            )
             # The first host call's batch, read now: compilation needs its shapes.
             self._pending = self._inputs, self._targets = self._read_files()
         self._details["host_call_samples"] = int(self._inputs.shape[0])
