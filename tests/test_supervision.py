@@ -335,7 +335,9 @@ def test_kill_9_of_core_run_with_two_replicas_leaves_no_process_and_no_directory
 @needs_proc
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
 def test_ctrl_c_or_sigterm_of_core_run_with_two_replicas_stops_everything_first(how: str) -> None:
-    launcher = start_long_run(start_new_session=True)  # its own group, as a terminal's foreground job
+    # PYTHONFAULTHANDLER: a launcher that does not stop is sent SIGABRT below and prints where each
+    # of its threads was (a stop that hung past 240 s was seen once, on a machine under heavy load).
+    launcher = start_long_run(start_new_session=True, env={**os.environ, "PYTHONFAULTHANDLER": "1"})
     tree: dict[int, str] = {}
     try:
         tree, directory = wait_for_window(launcher)
@@ -345,7 +347,13 @@ def test_ctrl_c_or_sigterm_of_core_run_with_two_replicas_stops_everything_first(
             os.kill(launcher.pid, signal.SIGTERM)
         # 12 s on a quiet machine; a 2-core CI machine still busy with an earlier test's Slurm job
         # took over 60 s. The checks below, not this bound, say whether the stop was clean.
-        stdout, stderr = launcher.communicate(timeout=240)
+        try:
+            stdout, stderr = launcher.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            left = {pid: tree.get(pid, "") for pid in alive(list(tree) + list(descendants(launcher.pid)))}
+            os.kill(launcher.pid, signal.SIGABRT)
+            _, stderr = launcher.communicate(timeout=120)
+            pytest.fail(f"core run still ran 240 s after {how}; alive: {left}; its threads:\n{stderr[-8000:]}")
         # By the time the launcher has exited, nothing it started runs and its directory is gone.
         assert alive(list(tree)) == [], f"orphans: {[tree[pid] for pid in alive(list(tree))]}"
         assert not directory.exists(), f"{directory} was left behind"
