@@ -4,8 +4,16 @@ NVML library, and the GPU marker."""
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
+
+# A test run started in the background of a non-interactive shell (`cmd &`) inherits SIGINT
+# ignored, and so would every process a test starts, which then cannot be stopped with Ctrl-C: the
+# tests that stop a run or a sweep with SIGINT need it delivered. A handled signal is reset to its
+# default in a child it starts, an ignored one is not.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # The AMD tests' probe (a stand-in /dev/kfd) and open-session check.
 from amdsmi_native import amdsmi_session_closed, probe  # noqa: F401 - fixtures registered here
