@@ -94,10 +94,12 @@ def test_the_resume_command_parses_back_to_the_same_sweep(tmp_path: Path, execut
     sweep = _sweep_file(tmp_path / "it's a $HOME; folder")
     given = [
         "sweep", str(sweep), "--toy", "--skip-invalid", "--retry-failed", "--name", "other name?",
-        "--repeats", "2", "--timeout-seconds", "12.5", "--workers", "fresh", "--executor", executor,
+        "--repeats", "2", "--timeout-seconds", "12.5", "--executor", executor,
         "--slurm-partition", "gpu", "--slurm-poll-seconds", "0.5", "--slurm-jobs-directory", "jobs",
         "--slurm-option=--qos=high", "--slurm-option=--comment=a;b",
     ]  # fmt: skip
+    if executor == "local":  # a Slurm sweep refuses --workers (test_workers_with_a_slurm_sweep_is_refused)
+        given += ["--workers", "fresh"]
     args = build_parser().parse_args(given)
     spec = core.sweep.load_sweep(sweep)
     database = Path("relative.db")
@@ -108,7 +110,7 @@ def test_the_resume_command_parses_back_to_the_same_sweep(tmp_path: Path, execut
     for dest in ("toy", "skip_invalid", "retry_failed", "name", "repeats", "timeout_seconds", "executor"):
         assert getattr(again, dest) == getattr(args, dest), dest
     # A Slurm sweep's jobs start no fork server: --workers says nothing there, and is left out.
-    assert (again.workers, "--workers=fresh" in words) == (("fresh", True) if executor == "local" else ("warm", False))
+    assert (again.workers, "--workers=fresh" in words) == (("fresh", True) if executor == "local" else (None, False))
     assert again.resume and not again.dry_run
     assert again.file == sweep and again.database == Path.cwd() / "relative.db"
     assert again.slurm_partition == "gpu" and again.slurm_poll_seconds == 0.5
@@ -355,3 +357,17 @@ def test_a_resume_past_a_row_whose_text_is_not_utf8_measures_and_keeps_every_run
         assert f"core: warning: skipped run 1 of sweep 'from-file' in {database}: {column} is not UTF-8" in warned
         assert "\\xff" in warned
     assert "\ufffd" not in warned + captured.out
+
+
+@pytest.mark.parametrize("workers", ["warm", "fresh"])
+def test_workers_with_a_slurm_sweep_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], workers: str
+) -> None:
+    """Each Slurm job runs its repeat in an interpreter of its own: a --workers choice there would be
+    silently ignored, so it is refused, naming the flag, before anything is submitted."""
+    sweep = _sweep_file(tmp_path)
+    database = tmp_path / "results.db"
+    code = main(["sweep", str(sweep), "--executor", "slurm", "--workers", workers, "--database", str(database)])
+    error = " ".join(capsys.readouterr().err.split())
+    assert code == 2 and f"--workers {workers}" in error and "--executor local" in error
+    assert not database.exists()

@@ -129,6 +129,11 @@ def command_sweep(args: argparse.Namespace) -> int:
         return error(_describe_sweep_error(args, problem))
     except SweepError as problem:
         return error(str(problem))
+    if args.workers is not None and args.executor == "slurm":
+        return error(
+            f"--workers {args.workers}: a Slurm job runs its repeat in an interpreter of its own, so there is no "
+            "warm or fresh start to choose; --workers applies to --executor local"
+        )
     database = args.database or default_database()
     if args.dry_run:
         return sweep_dry_run(args, plan, machine, database)
@@ -142,6 +147,7 @@ def _run(args: argparse.Namespace, plan: SweepPlan, database: Path) -> int:
 
     from core.storage.store import StoreError
     from core.sweep import SweepError, UnsavedResultError, run_sweep
+    from core.sweep.repeat import DEFAULT_WORKER_START
     from core.sweep.run import sweep_in_database
 
     spec = plan.spec
@@ -157,7 +163,7 @@ def _run(args: argparse.Namespace, plan: SweepPlan, database: Path) -> int:
             skip_invalid=args.skip_invalid,
             observer=display,
             executor=args.executor,
-            workers=args.workers,
+            workers=args.workers or DEFAULT_WORKER_START,
         )
     except UnsavedResultError as problem:  # mid-sweep, the database refused a result: keep what was measured
         display.line.clear()

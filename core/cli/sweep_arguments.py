@@ -58,9 +58,8 @@ def add_sweep_arguments(sweep: argparse.ArgumentParser, machine_help: str) -> No
     sweep.add_argument(
         "--workers",
         choices=("warm", "fresh"),
-        default="warm",
-        help="warm: fork each run from a parent that imported PyTorch once, where that is safe (default); "
-        "fresh: a new interpreter per run (docs/sweeps.md#warm-workers)",
+        help="local sweeps only. warm: fork each run from a parent that imported PyTorch once, where that is "
+        "safe (default); fresh: a new interpreter per run (docs/sweeps.md#warm-workers)",
     )
     sweep.add_argument("--name", help="the sweep's name in the database (overrides the file)")
     sweep.add_argument(
