@@ -8,6 +8,7 @@ the peak table are pure functions, tested as such.
 from __future__ import annotations
 
 import ctypes.util
+import dataclasses
 import os
 import subprocess
 import sys
@@ -34,7 +35,7 @@ from core.base.results import DeviceRecord
 from core.executors.base import Executor
 from core.testing import SimulatedClock, SimulatedExecutor, registered_plugins, run_context
 from core_plugins.nvidia import nvml
-from core_plugins.nvidia.accelerator import NvidiaAccelerator
+from core_plugins.nvidia.accelerator import PROBE, NvidiaAccelerator
 from core_plugins.nvidia.meter import NvmlMeterFactory
 from core_plugins.nvidia.visibility import visible_nvml_indices
 
@@ -190,7 +191,7 @@ def test_a_lost_gpu_gives_no_number_but_the_reason(sim_nvml: Callable[..., Any])
 # are only informative.
 MISSING_LIBRARY_SCRIPT = """
 import pynvml
-from core_plugins.nvidia.accelerator import NvidiaAccelerator
+from core_plugins.nvidia.accelerator import PROBE, NvidiaAccelerator
 try:
     NvidiaAccelerator().visible_devices()
 except pynvml.NVMLError as exc:
@@ -288,15 +289,24 @@ def test_tf32_and_bf16_need_ampere(sim_nvml: Callable[..., Any], monkeypatch: py
     NvidiaAccelerator().validate_run(run_context(make_config(workload="fcnn", accelerator="nvidia", precision="fp16")))
 
 
-def test_meter_is_chosen_for_nvidia_and_needs_pynvml(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_meter_is_chosen_for_nvidia_and_needs_pynvml_and_a_driver(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     import importlib.util
 
-    factory = NvmlMeterFactory()
+    device_node = tmp_path / "nvidia0"
+    probe = dataclasses.replace(PROBE, device_globs=(str(tmp_path / "nvidia[0-9]*"),))
+    factory = NvmlMeterFactory(probe=probe)
     assert factory.reads("nvidia") and not factory.reads("cpu")
-    # Only the binding's presence is asked (no import, no NVML call): the dev extra installs it.
+    # Asked without importing the binding or calling NVML: the binding's presence (the dev extra
+    # installs it) and the driver's device nodes. No GPU here: not available, and said why.
+    assert not factory.availability().available
+    assert factory.availability().reason == "no NVIDIA GPU or driver found (no /dev/nvidia* device nodes)"
+    device_node.touch()
     assert factory.availability().available == (importlib.util.find_spec("pynvml") is not None)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
     assert "pip install 'core[nvidia]'" in factory.availability().reason
+    assert NvmlMeterFactory().probe is PROBE  # the accelerator's probe: one answer for both
 
 
 def test_overlapping_users_share_one_nvml_initialisation(sim_nvml: Callable[..., Any]) -> None:
@@ -329,6 +339,10 @@ class SimulatedNvidia(NvidiaAccelerator):
         return SimulatedExecutor(lambda: self.clock.advance(STEP_SECONDS))
 
 
+#: no /dev/nvidia* here: the simulated NVML library stands for the driver (any file that exists will do)
+SIMULATED_NODE_PROBE = dataclasses.replace(PROBE, device_globs=(__file__,))
+
+
 class SimulatedNode:
     """The simulated node's accelerator and the plugin's meter, both on the library's simulated time."""
 
@@ -341,7 +355,7 @@ class SimulatedNode:
 
     @hookimpl
     def core_register_power_meters(self, register: Callable[[Any], None]) -> None:
-        register(NvmlMeterFactory(clock=self.clock))
+        register(NvmlMeterFactory(clock=self.clock, probe=SIMULATED_NODE_PROBE))
 
 
 def two_h200s() -> SimNode:

@@ -10,7 +10,6 @@ many of the run's MIG devices share that GPU, and the result's warnings say so.
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any, ClassVar
 
 from core.plugin import (
@@ -26,6 +25,8 @@ from core.plugin import (
     RunContext,
 )
 
+from ..probing import SdkProbe
+from .accelerator import PROBE
 from .nvml import energy_counter_joules, nvml_session, power_reader
 
 
@@ -99,15 +100,19 @@ class NvmlMeterFactory(PowerMeterFactory):
     description: ClassVar[str] = "NVIDIA GPU energy counter (Volta+) and sampled instantaneous power via NVML"
     accelerators: ClassVar[tuple[str, ...]] = ("nvidia",)
 
-    def __init__(self, *, clock: Clock | None = None) -> None:
+    def __init__(self, *, clock: Clock | None = None, probe: SdkProbe = PROBE) -> None:
         """:param clock: the meters' time (None: the real clock); a test's simulated one moves the
-        simulated driver's time with it (tests/simnvml.py)."""
+        simulated driver's time with it (tests/simnvml.py).
+        :param probe: how to tell, without loading NVML, whether this host has the binding and an
+        NVIDIA driver's device nodes (the accelerator's probe)."""
         self._clock = clock
+        self.probe = probe
 
     def availability(self) -> Availability:
-        if importlib.util.find_spec("pynvml") is None:
-            return Availability.no("nvidia-ml-py is not installed (pip install 'core[nvidia]')")
-        return Availability.yes()
+        # The binding alone is not enough: without the driver's device nodes NVML finds no GPU to
+        # read, and `core plugins` would call the meter available on any host with nvidia-ml-py.
+        missing = self.probe.missing()
+        return Availability.no("; ".join(missing)) if missing else Availability.yes()
 
     def meter_for(self, devices: list[DeviceRecord], context: RunContext) -> PowerMeter:
         return NvmlMeter(devices, context.config, self._clock)
