@@ -293,6 +293,31 @@ def test_a_resumes_summary_says_which_rows_it_could_not_read(
     assert [row.split(":")[0] for row in outcome.skipped_rows] == [f"skipped run 2 of sweep 'from-file' in {database}"]
 
 
+@pytest.mark.parametrize("resume", [True, False])
+def test_a_sweep_whose_record_cannot_be_read_is_refused_and_its_record_left_as_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], resume: bool
+) -> None:
+    # A record that cannot be parsed (a newer core's, a damaged one) used to be overwritten by this
+    # core's: resumed or started again, the sweep would rewrite what it cannot read.
+    monkeypatch.setattr(core.sweep.run, "run_in_process", InterruptedRuns(interrupt_at=None))
+    sweep, database = _sweep_file(tmp_path), tmp_path / "r.db"
+    assert main(["sweep", str(sweep), "--database", str(database), "--repeats", "1", "--workers", "fresh"]) == 0
+    with sqlite3.connect(database) as connection:
+        connection.execute("UPDATE sweeps SET cells_json = '{\"from\": \"a newer core\"' WHERE name = 'from-file'")
+        before = connection.execute("SELECT * FROM sweeps").fetchall()
+    capsys.readouterr()
+
+    given = ["sweep", str(sweep), "--database", str(database), "--repeats", "1", *(["--resume"] if resume else [])]
+    assert main(given) == 2
+
+    error = " ".join(capsys.readouterr().err.split())
+    assert f"sweep 'from-file' has a record in {database} that cannot be read" in error
+    assert "it is left as it is" in error and "--name" in error
+    with sqlite3.connect(database) as connection:
+        assert connection.execute("SELECT * FROM sweeps").fetchall() == before
+    assert _runs(database, "from-file") == [("micro_batch_size=4", 0), ("micro_batch_size=8", 0)]
+
+
 # --- --resume of a sweep the database has never seen --------------------------------------------
 
 

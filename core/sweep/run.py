@@ -230,6 +230,13 @@ def _check_database(store: ResultStore, plan: SweepPlan, resume: bool) -> dict[t
     name = plan.spec.name
     finished = store.finished(name)
     recorded = store.sweep(name)
+    unreadable = [row for row in store.skipped_rows if row.table == "sweeps" and row.row == name]
+    if recorded is None and unreadable:
+        # Written by a newer core, or damaged: running would overwrite it with this core's record.
+        raise SweepError(
+            f"sweep {name!r} has a record in {store.path} that cannot be read ({unreadable[-1].reason}); it is "
+            "left as it is: run the sweep with the core that wrote it, or give it another name (--name)"
+        )
     if (finished or recorded is not None) and not resume:
         raise SweepError(
             f"sweep {name!r} already has {len(finished)} run(s) in {store.path}; pass --resume to "
