@@ -42,7 +42,17 @@ if slurm_environment="$(./scripts/local-slurm.sh)"; then
     eval "$slurm_environment"
 fi
 
-.venv/bin/python -m pytest "$@"
+# The tests run in parallel, one pytest-xdist worker per core up to four (most tests wait on a
+# process they started, a Slurm job or a sampled meter as often as they compute), unless the
+# arguments choose (-n, --numprocesses, -p no:xdist). --dist loadgroup keeps the tests marked
+# xdist_group together on one worker: the real-Slurm tests share one small cluster.
+parallel=(-n auto --maxprocesses=4 --dist loadgroup)
+for argument in "$@"; do
+    case "$argument" in
+        -n | -n* | --numprocesses | --numprocesses=* | no:xdist) parallel=() ;;
+    esac
+done
+.venv/bin/python -m pytest "${parallel[@]}" "$@"
 status=$?
 # pytest exits 5 when it collected no test (e.g. a -k filter that matches nothing): not a failure.
 if [ "$status" -eq 5 ]; then

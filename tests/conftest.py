@@ -3,8 +3,11 @@ NVML library, and the GPU marker."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import signal
+import tempfile
 
 import pytest
 
@@ -14,6 +17,17 @@ import pytest
 # default in a child it starts, an ignored one is not.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+# Under pytest-xdist (scripts/test.sh runs the tests so) each worker gets a temporary folder of its
+# own, inherited by every process its tests start: the tests that look for what a run left in the
+# temporary folder (core-run-*, core-sweep-<pid>-*, pymp-*) must not see another worker's runs.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    _worker_temporary = os.path.join(
+        tempfile.gettempdir(), f"core-tests-{os.environ['PYTEST_XDIST_WORKER']}-{os.getpid()}"
+    )
+    os.makedirs(_worker_temporary)
+    os.environ["TMPDIR"] = tempfile.tempdir = _worker_temporary
+    atexit.register(shutil.rmtree, _worker_temporary, ignore_errors=True)
 
 # The AMD tests' probe (a stand-in /dev/kfd) and open-session check.
 from amdsmi_native import amdsmi_session_closed, probe  # noqa: F401 - fixtures registered here

@@ -76,7 +76,9 @@ def test_gpu_benchmark_compile_case_reports_compilation_apart(monkeypatch: pytes
     # Inductor needs minutes on this CPU; the case's bookkeeping is what is under test here.
     monkeypatch.setattr(torch, "compile", lambda model, **_: model)
     bench_module = load_script("nvidia_vs_plain")
-    figures = bench_module.case_resnet50_compile(bench_module.Bench("cpu", bench_module.SMOKE_STEPS, 1, 1, bench_module.SMOKE))
+    figures = bench_module.case_resnet50_compile(
+        bench_module.Bench("cpu", bench_module.SMOKE_STEPS, 1, 1, bench_module.SMOKE)
+    )
     assert figures["core_first_step_seconds"][0] > 0 and figures["plain_compiled_first_step_seconds"] > 0
     assert figures["ratio_core_compiled_over_plain_eager"] == pytest.approx(
         figures["core_compiled_images_per_second"] / figures["plain_eager_images_per_second"]
