@@ -21,7 +21,7 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 # Under pytest-xdist (scripts/test.sh runs the tests so) each worker gets a temporary folder of its
 # own, inherited by every process its tests start: the tests that look for what a run left in the
 # temporary folder (core-run-*, core-sweep-<pid>-*, pymp-*) must not see another worker's runs.
-if os.environ.get("PYTEST_XDIST_WORKER"):
+if os.environ.get("PYTEST_XDIST_WORKER") and not os.environ.get("NOTMP"):
     _worker_temporary = os.path.join(
         tempfile.gettempdir(), f"core-tests-{os.environ['PYTEST_XDIST_WORKER']}-{os.getpid()}"
     )

@@ -8,11 +8,13 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
 import tarfile
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -389,8 +391,39 @@ def test_memory_exhausted_anywhere_in_the_loader_is_a_data_fault(
 # --- the loader's workers: stopped, their temporary files removed --------------------------------------
 
 
-def test_a_loader_worker_killed_by_the_kernel_is_a_data_fault_and_leaves_no_folder(
+@pytest.fixture
+def temporary() -> Iterator[Path]:
+    """An empty temporary folder of a short path, for the loader workers' ``pymp-*`` folders: the
+    sockets in them may have paths of at most 107 bytes (tmp_path's can be deeper than that)."""
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="t-"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_temporary_folder_too_deep_for_the_workers_sockets_is_refused_naming_tmpdir(
     image_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Past 107 bytes a worker's socket cannot be made: its queue thread printed the error and
+    # dropped the batch, and the run waited for it forever.
+    import multiprocessing
+    import tempfile
+
+    from core.data.loading import LoaderWorkers
+    from core.data.torch_datasets import ImageFolder
+
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    loader = torch.utils.data.DataLoader(ImageFolder(image_folder, IMAGE_SHAPE), batch_size=2, num_workers=2)
+    with pytest.raises(DataError, match=r"\(TMPDIR\) is too deep for the sockets .* set TMPDIR to a shorter path"):
+        LoaderWorkers(loader, str(image_folder)).iterate()
+    assert multiprocessing.active_children() == [] and list(deep.iterdir()) == []
+
+
+def test_a_loader_worker_killed_by_the_kernel_is_a_data_fault_and_leaves_no_folder(
+    image_folder: Path, temporary: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import multiprocessing
     import signal
@@ -409,8 +442,6 @@ def test_a_loader_worker_killed_by_the_kernel_is_a_data_fault_and_leaves_no_fold
         return original(*args)
 
     monkeypatch.setattr(torch_datasets, "decode_image", killed_on_the_third)
-    temporary = tmp_path / "tmp"
-    temporary.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(temporary))  # the workers' pymp-* folders go here
     result = train(image_folder, workers=2, steps=20)
     assert_data_fault(result, image_folder, "a data loader worker died")
@@ -420,7 +451,7 @@ def test_a_loader_worker_killed_by_the_kernel_is_a_data_fault_and_leaves_no_fold
 
 
 def test_loader_workers_stopped_by_a_signal_leave_no_temporary_folder(
-    image_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    image_folder: Path, temporary: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import multiprocessing
     import signal
@@ -429,8 +460,6 @@ def test_loader_workers_stopped_by_a_signal_leave_no_temporary_folder(
     from core.data.loading import LoaderWorkers
     from core.data.torch_datasets import ImageFolder
 
-    temporary = tmp_path / "tmp"
-    temporary.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(temporary))  # the workers' pymp-* folders go here
     loader = torch.utils.data.DataLoader(
         ImageFolder(image_folder, IMAGE_SHAPE), batch_size=2, num_workers=2, persistent_workers=True
@@ -439,6 +468,7 @@ def test_loader_workers_stopped_by_a_signal_leave_no_temporary_folder(
     try:
         batches = workers.iterate()
         workers.next(batches)
+        workers.next(batches)  # batches come from each worker in turn: both have made their folders
         assert len(list(temporary.glob("pymp-*"))) == 2
         stopped, killed = sorted(multiprocessing.active_children(), key=lambda process: process.pid)
         os.kill(stopped.pid, signal.SIGTERM)  # a stopped run's group, or torch stopping a stuck worker
@@ -473,15 +503,13 @@ class StuckPastSigterm(torch.utils.data.Dataset):
 
 @pytest.mark.slow
 def test_a_loader_worker_stuck_past_sigterm_is_killed_and_its_folder_removed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    temporary: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import multiprocessing
     import tempfile
 
     from core.data.loading import LoaderWorkers
 
-    temporary = tmp_path / "tmp"
-    temporary.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(temporary))  # the workers' pymp-* folders go here
     loader = torch.utils.data.DataLoader(StuckPastSigterm(), batch_size=1, num_workers=2, persistent_workers=True)
     workers = LoaderWorkers(loader, "stuck")
@@ -523,15 +551,13 @@ def own_processes_with(marker: str) -> list[int]:
 
 
 @pytest.mark.slow
-def test_sigterm_to_core_run_stops_it_as_ctrl_c_does_and_says_so(tmp_path: Path) -> None:
+def test_sigterm_to_core_run_stops_it_as_ctrl_c_does_and_says_so(tmp_path: Path, temporary: Path) -> None:
     """A batch system's time limit or `kill` sends SIGTERM: the run's loader workers are stopped and
     their folders removed before `core run` exits 143, saying what stopped it, without a traceback."""
     import signal
     import time
 
     folder = write_image_folder(tmp_path / "images")
-    temporary = tmp_path / "tmp"
-    temporary.mkdir()
     marker = f"CORE_TEST_MARKER={tmp_path.name}"
     environment = {**os.environ, "TMPDIR": str(temporary), marker.split("=")[0]: marker.split("=")[1]}
     command = [sys.executable, "-m", "core.cli", "run", "aces-autoencoder", "--data", str(folder)]
@@ -560,14 +586,12 @@ def test_sigterm_to_core_run_stops_it_as_ctrl_c_does_and_says_so(tmp_path: Path)
 
 @pytest.mark.slow
 @pytest.mark.parametrize("broken", [False, True])
-def test_loader_workers_leave_no_process_and_no_temporary_folder(broken: bool, tmp_path: Path) -> None:
+def test_loader_workers_leave_no_process_and_no_temporary_folder(broken: bool, tmp_path: Path, temporary: Path) -> None:
     folder = write_image_folder(tmp_path / "images")
     if broken:
         (folder / "dog" / "2.png").write_bytes(b"\xff\xd8 a truncated start")
         for other in folder.rglob("*.png"):
             other.write_bytes(b"\xff\xd8 a truncated start")
-    temporary = tmp_path / "tmp"
-    temporary.mkdir()
     marker = f"CORE_TEST_MARKER={tmp_path.name}"
     environment = {**os.environ, "TMPDIR": str(temporary), marker.split("=")[0]: marker.split("=")[1]}
     command = [sys.executable, "-m", "core.cli", "run", "aces-autoencoder", "--data", str(folder)]

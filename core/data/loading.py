@@ -36,6 +36,31 @@ from core.data.torch_datasets import torch_dataset
 WORKER_STOP_GRACE_SECONDS = 2.0
 
 
+#: the longest path a Unix socket may have (sockaddr_un's sun_path, less its closing NUL)
+UNIX_SOCKET_PATH_BYTES = 107
+#: multiprocessing's names: a process's folder ``pymp-XXXXXXXX`` and a socket ``listener-XXXXXXXX``
+_WORKER_FOLDER, _WORKER_SOCKET = "pymp-" + "x" * 8, "listener-" + "x" * 8
+
+
+def check_worker_socket_folder() -> None:
+    """Refuse, naming TMPDIR, a temporary folder too deep for the sockets through which loader
+    workers pass tensors: a worker makes one in its ``pymp-*`` folder there for each batch, and
+    past 107 bytes it fails in the worker's queue thread, which prints the error and drops the
+    batch, so the main process would wait for it forever."""
+    import tempfile
+
+    # A folder multiprocessing already made in this process is the one the workers inherit.
+    inherited = multiprocessing.current_process()._config.get("tempdir")  # type: ignore[attr-defined]
+    folder = inherited if inherited is not None else os.path.join(tempfile.gettempdir(), _WORKER_FOLDER)
+    socket = os.fsencode(os.path.join(folder, _WORKER_SOCKET))
+    if len(socket) > UNIX_SOCKET_PATH_BYTES:
+        raise DataError(
+            f"data loader workers cannot start: the temporary folder {os.path.dirname(folder)!r} (TMPDIR) is too "
+            f"deep for the sockets they pass tensors through (a socket there has a path of {len(socket)} bytes; a "
+            f"Unix socket's may have {UNIX_SOCKET_PATH_BYTES}): set TMPDIR to a shorter path, or data_workers = 0"
+        )
+
+
 def _prepare_worker(folders: Connection, worker_id: int) -> None:
     """A loader worker's ``worker_init_fn``: make this worker's multiprocessing temporary folder
     (``pymp-*``, where its sockets for passing tensors to the main process live) now, where
@@ -48,12 +73,18 @@ def _prepare_worker(folders: Connection, worker_id: int) -> None:
     # multiprocessing's own record of the process's folder: one inherited from the main process is
     # the main process's to remove, not this worker's.
     inherited = multiprocessing.current_process()._config.get("tempdir") is not None  # type: ignore[attr-defined]
-    folder = multiprocessing.util.get_temp_dir()
     if inherited:
         return
-    with contextlib.suppress(OSError):  # a main process already gone needs no record
-        folders.send(folder)
-    signal.signal(signal.SIGTERM, functools.partial(_leave_on_sigterm, folder))
+    # SIGTERM waits from before the folder is made until the main process has its path and the
+    # handler that removes it is in place: a worker stopped in between would leave it unrecorded.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        folder = multiprocessing.util.get_temp_dir()
+        with contextlib.suppress(OSError):  # a main process already gone needs no record
+            folders.send(folder)
+        signal.signal(signal.SIGTERM, functools.partial(_leave_on_sigterm, folder))
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
 def _leave_on_sigterm(folder: str, signum: int, frame: Any) -> None:
@@ -79,6 +110,7 @@ class LoaderWorkers:
 
     def iterate(self) -> Iterator[Any]:
         if self._folders is None and self._loader.num_workers > 0:
+            check_worker_socket_folder()
             # Before the first workers start: they start with the first iteration.
             self._folders = multiprocessing.Pipe(duplex=False)
             self._loader.worker_init_fn = functools.partial(_prepare_worker, self._folders[1])
