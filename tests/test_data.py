@@ -91,6 +91,33 @@ def test_webdataset_shards_train_with_background_workers(shards: Path) -> None:
     assert result.executor_details["data_format"] == "webdataset"
 
 
+@pytest.mark.parametrize("shard_count", [1, 2])
+def test_fewer_webdataset_shards_than_replicas_is_a_warning_of_the_plan(
+    shards: Path, tmp_path: Path, shard_count: int
+) -> None:
+    # One shard for two replicas: the second replica reads the first's shard, and an epoch reads
+    # each sample twice.
+    import shutil
+
+    from core.contract.manager import get_plugin_manager
+    from core.running.planning import plan_run
+
+    data = tmp_path / "some"
+    data.mkdir()
+    for shard in sorted(shards.glob("*.tar"))[:shard_count]:
+        shutil.copy(shard, data)
+    plan = plan_run(get_plugin_manager(), "aces-autoencoder", "cpu", {"data": str(data), "replicas": 2})
+    warned = [warning for warning in plan.warnings if "WebDataset shard" in warning]
+    if shard_count == 2:
+        assert warned == []
+    else:
+        assert warned == [
+            f"data {str(data)!r} has 1 WebDataset shard(s) for 2 replicas: shards are read whole, one replica's "
+            "each, so replicas share them and some samples are read more than once per epoch; split the data "
+            "into at least as many shards as replicas"
+        ]
+
+
 def test_a_slow_reader_is_reported_as_data_bound(image_folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import time
 

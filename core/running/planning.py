@@ -192,14 +192,27 @@ def _rebuild_launcher(path: str) -> Launcher:
 
 
 def _check_dataset_size(
-    manager: PluginManager, workload: Workload, options: BaseModel, config: RunConfig, data_format: str | None
+    manager: PluginManager,
+    workload: Workload,
+    options: BaseModel,
+    config: RunConfig,
+    data_format: str | None,
+    warnings: list[str],
 ) -> None:
     """A dataset too small for one micro-batch per replica (or a token file shorter than one
-    sequence) is bad input, refused here rather than in setup. ``data_format``: None for synthetic data."""
-    from core.data.listing import check_dataset_size
+    sequence) is bad input, refused here rather than in setup. WebDataset shards fewer than the
+    replicas are shared between replicas, so some samples are read more than once an epoch: said
+    in ``warnings``. ``data_format``: None for synthetic data."""
+    from core.data.listing import check_dataset_size, shard_files
 
     if data_format is None:
         return
+    if data_format == "webdataset" and (shards := len(shard_files(Path(config.data)))) < config.replicas:
+        warnings.append(
+            f"data {config.data!r} has {shards} WebDataset shard(s) for {config.replicas} replicas: shards are read "
+            "whole, one replica's each, so replicas share them and some samples are read more than once per "
+            "epoch; split the data into at least as many shards as replicas"
+        )
 
     with manager.plugin_code(workload, f"{type(workload).__name__}.tokens_per_sample()"):
         tokens_per_sample = workload.tokens_per_sample(options)
@@ -266,7 +279,7 @@ def plan_run(
         config = config.model_copy(update={"micro_batch_size": workload_obj.default_micro_batch_size})
     if config.scenario in LOADGEN_SCENARIOS:
         _check_loadgen(config, machine, warnings)
-    _check_dataset_size(manager, workload_obj, workload_options, config, data_format)
+    _check_dataset_size(manager, workload_obj, workload_options, config, data_format, warnings)
 
     placing = RunContext(config, workload_options, accelerator_options, SINGLE_PROCESS, machine=machine)
     _check_placement_limits(manager, accelerator_obj, placing)
