@@ -93,6 +93,10 @@ class Accelerator(ABC):
     # placement features only some accelerators have (Graphcore IPUs); the rest refuse them.
     max_devices_per_replica: ClassVar[int] = 1
     supports_device_iterations: ClassVar[bool] = False
+    #: whether this accelerator's data loader reads a whole host call's samples at once
+    #: (``samples_per_host_call``) and drops a partial one, as PopTorch's DataLoader does; planning
+    #: then refuses data smaller than one host call, not only than a micro-batch per replica
+    reads_data_by_host_call: ClassVar[bool] = False
     #: whether ``executor_for`` places ``mode="inference"`` runs (core's executors do: build them with
     #: ``core.executors.pytorch.torch_executor`` / ``core.executors.keras.keras_executor``); planning
     #: refuses inference on an accelerator that does not say so, rather than let it train instead

@@ -331,17 +331,24 @@ def dataset_samples(path: Path, data_format: str, tokens_per_sample: int | None)
 
 
 def check_dataset_size(
-    path: Path, data_format: str, micro_batch_size: int, replicas: int, tokens_per_sample: int | None
+    path: Path,
+    data_format: str,
+    micro_batch_size: int,
+    replicas: int,
+    tokens_per_sample: int | None,
+    host_call_samples: int | None = None,
 ) -> None:
     """Every replica reads a disjoint part of each epoch and drops an incomplete micro-batch, so a
     dataset of fewer than micro-batch x replicas samples yields no batch at all: refused here, in
-    planning, instead of failing in setup."""
+    planning, instead of failing in setup. ``host_call_samples``: a loader that reads a whole host
+    call at once (PopTorch's) needs that many instead."""
     samples = dataset_samples(path, data_format, tokens_per_sample)
-    needed = micro_batch_size * replicas
+    needed = host_call_samples if host_call_samples is not None else micro_batch_size * replicas
     if samples is not None and samples < needed:
         unit = f" sequences of {tokens_per_sample:,} tokens" if data_format == "tokens" else " samples"
-        raise _refuse(
-            path,
-            f"{samples:,}{unit}, fewer than one micro-batch of {micro_batch_size:,} for each of "
-            f"{replicas:,} replica(s): needs at least {needed:,}",
+        what = (
+            f"one host call of {needed:,} (micro-batch x gradient accumulation x device iterations x replicas)"
+            if host_call_samples is not None
+            else f"one micro-batch of {micro_batch_size:,} for each of {replicas:,} replica(s)"
         )
+        raise _refuse(path, f"{samples:,}{unit}, fewer than {what}: needs at least {needed:,}")

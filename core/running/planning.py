@@ -194,6 +194,7 @@ def _rebuild_launcher(path: str) -> Launcher:
 def _check_dataset_size(
     manager: PluginManager,
     workload: Workload,
+    accelerator: Accelerator,
     options: BaseModel,
     config: RunConfig,
     data_format: str | None,
@@ -217,7 +218,10 @@ def _check_dataset_size(
     with manager.plugin_code(workload, f"{type(workload).__name__}.tokens_per_sample()"):
         tokens_per_sample = workload.tokens_per_sample(options)
     assert config.micro_batch_size is not None
-    check_dataset_size(Path(config.data), data_format, config.micro_batch_size, config.replicas, tokens_per_sample)
+    host_call = config.samples_per_host_call if accelerator.reads_data_by_host_call else None
+    check_dataset_size(
+        Path(config.data), data_format, config.micro_batch_size, config.replicas, tokens_per_sample, host_call
+    )
 
 
 def _choices(values: Any) -> str:
@@ -279,7 +283,7 @@ def plan_run(
         config = config.model_copy(update={"micro_batch_size": workload_obj.default_micro_batch_size})
     if config.scenario in LOADGEN_SCENARIOS:
         _check_loadgen(config, machine, warnings)
-    _check_dataset_size(manager, workload_obj, workload_options, config, data_format, warnings)
+    _check_dataset_size(manager, workload_obj, accelerator_obj, workload_options, config, data_format, warnings)
 
     placing = RunContext(config, workload_options, accelerator_options, SINGLE_PROCESS, machine=machine)
     _check_placement_limits(manager, accelerator_obj, placing)

@@ -194,6 +194,8 @@ class GraphcoreAccelerator(Accelerator):
     frameworks: ClassVar[tuple[Framework, ...]] = (Framework.torch, Framework.tensorflow)
     max_devices_per_replica: ClassVar[int] = 64
     supports_device_iterations: ClassVar[bool] = True
+    # poptorch.DataLoader's batch is a host call's samples (combinedBatchSize), drop_last (data.py)
+    reads_data_by_host_call: ClassVar[bool] = True
     supports_inference: ClassVar[bool] = True
     options_model: ClassVar[type[BaseModel]] = GraphcoreOptions
 
