@@ -31,7 +31,7 @@ from core.cli import main
 from core.storage.store import ResultStore
 from core.sweep import SweepError, run_sweep
 from core.sweep.cluster import ENDED_NAME, LEDGER_NAME, job_result
-from core.sweep.slurm_jobs import SlurmError, cancel, log_path_pattern, unavailable_reason
+from core.sweep.slurm_jobs import SlurmError, cancel, log_path_pattern, never_starts, unavailable_reason
 from core.sweep.slurm_settings import SlurmSettings
 
 # One worker runs them all, one after another (scripts/test.sh: --dist loadgroup): the local
@@ -645,22 +645,60 @@ def test_only_reasons_that_never_clear_end_a_job() -> None:
     assert not any(never_starts(reason) for reason in [*_WAITS_ITS_TURN, "", None, "(null)", "Dependency"])
 
 
+#: ``scontrol show partition gpu --oneliner`` of a partition of 4 nodes, at most 4 a job (abridged)
+_GPU_PARTITION = "PartitionName=gpu AllowGroups=ALL MaxNodes=4 MaxTime=UNLIMITED MinNodes=0 Nodes=g[1-4] TotalNodes=4"
+
+
 def test_the_pending_reasons_are_asked_of_squeue(monkeypatch: pytest.MonkeyPatch) -> None:
     asked: list[list[str]] = []
 
-    def squeue(command: list[str], environment: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    def slurm(command: list[str], environment: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         asked.append(command)
+        if command[0] == "scontrol":
+            return subprocess.CompletedProcess(command, 0, stdout=_GPU_PARTITION + "\n", stderr="")
         return subprocess.CompletedProcess(
-            command, 0, stdout="7|PartitionNodeLimit\n8|ReqNodeNotAvail, UnavailableNodes:n1\n", stderr=""
+            command,
+            0,
+            stdout="7|PartitionNodeLimit|gpu|8\n8|ReqNodeNotAvail, UnavailableNodes:n1|gpu|1\n"
+            "10|PartitionNodeLimit|gpu|2\n11|PartitionNodeLimit|gpu|4\n",
+            stderr="",
         )
 
-    monkeypatch.setattr(core.sweep.slurm_jobs, "_run", squeue)
+    monkeypatch.setattr(core.sweep.slurm_jobs, "_run", slurm)
 
-    assert core.sweep.slurm_jobs.pending_reasons(["7", "8", "9"]) == {
+    reasons = core.sweep.slurm_jobs.pending_reasons(["7", "8", "9", "10", "11"])
+
+    # 8 nodes on a partition of 4 never start; 2 or 4 fit its limits, so its nodes are down or
+    # drained (Slurm gives PartitionNodeLimit then too): those jobs wait for them to come back.
+    down = (
+        "PartitionNodeLimit, nodes down or drained in partition gpu (its {} node(s) are within the partition's limits)"
+    )
+    assert reasons == {
         "7": "PartitionNodeLimit",
         "8": "ReqNodeNotAvail, UnavailableNodes:n1",
+        "10": down.format(2),
+        "11": down.format(4),
     }
-    assert asked == [["squeue", "--noheader", "--states=PENDING", "--format=%i|%r", "--jobs=7,8,9"]]
+    assert [never_starts(reasons[job]) is not None for job in ("7", "8", "10", "11")] == [True, False, False, False]
+    assert asked == [
+        ["squeue", "--noheader", "--states=PENDING", "--format=%i|%r|%P|%D", "--jobs=7,8,9,10,11"],
+        ["scontrol", "show", "partition", "gpu", "--oneliner"],  # once for the partition's jobs
+    ]
+
+
+@pytest.mark.parametrize("settings", ["", "PartitionName=gpu MaxNodes=UNLIMITED MinNodes=0", None])
+def test_a_partition_node_limit_whose_partition_cannot_be_read_still_never_starts(
+    monkeypatch: pytest.MonkeyPatch, settings: str | None
+) -> None:
+    # No TotalNodes, or scontrol refused: whether nodes are down cannot be told, and the job is
+    # ended as before rather than waited for forever.
+    def slurm(command: list[str], environment: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        if command[0] == "scontrol":
+            return subprocess.CompletedProcess(command, 1 if settings is None else 0, stdout=settings or "", stderr="")
+        return subprocess.CompletedProcess(command, 0, stdout="7|PartitionNodeLimit|gpu|2\n", stderr="")
+
+    monkeypatch.setattr(core.sweep.slurm_jobs, "_run", slurm)
+    assert core.sweep.slurm_jobs.pending_reasons(["7"]) == {"7": "PartitionNodeLimit"}
 
 
 # --- a refused submission, a bad jobs directory ---------------------------------------------------

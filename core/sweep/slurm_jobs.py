@@ -69,12 +69,19 @@ NEVER_STARTS = {
 _PER_JOB_LIMIT = re.compile(r"(Assoc|QOS)Max\w*Per(Job|Node)\w*|QOSMin\w+")
 
 
+#: added by :func:`pending_reasons` to a PartitionNodeLimit whose job fits its partition's limits:
+#: Slurm gives that reason too while nodes the job needs are down or drained, which may come back
+NODES_DOWN = "nodes down or drained"
+
+
 def never_starts(reason: str | None) -> str | None:
     """What ``reason`` (squeue's ``%r`` of a pending job) means where the job can never start as it
     is (see :data:`NEVER_STARTS`); None where it may yet start."""
     if not reason:
         return None
     code = reason.split(",", 1)[0].strip()  # "ReqNodeNotAvail, UnavailableNodes:n1" -> its code
+    if code == "PartitionNodeLimit" and NODES_DOWN in reason:
+        return None
     if code in NEVER_STARTS:
         return NEVER_STARTS[code]
     if _PER_JOB_LIMIT.fullmatch(code):
@@ -303,18 +310,55 @@ def pending_reasons(job_ids: Sequence[str]) -> dict[str, str]:
     :raises SlurmError: when Slurm could not be asked.
     """
     reasons: dict[str, str] = {}
+    partitions: dict[str, dict[str, str] | None] = {}
     for start in range(0, len(job_ids), _IDS_PER_QUERY):
         chunk = list(job_ids[start : start + _IDS_PER_QUERY])
-        listed = _run(["squeue", "--noheader", "--states=PENDING", "--format=%i|%r", f"--jobs={','.join(chunk)}"])
+        listed = _run(["squeue", "--noheader", "--states=PENDING", "--format=%i|%r|%P|%D", f"--jobs={','.join(chunk)}"])
         if listed.returncode != 0:
             if "invalid job id" in listed.stderr.lower():
                 continue  # none of them is known any more
             raise SlurmError(f"squeue failed: {listed.stderr.strip() or f'exit code {listed.returncode}'}")
         for line in listed.stdout.splitlines():
-            job_id, _, reason = line.strip().partition("|")
+            job_id, *fields = line.strip().split("|")
+            # The partition and the node count end the line (a reason with a "|" in it stays whole).
+            reason, partition, nodes = (
+                ("|".join(fields[:-2]), *fields[-2:]) if len(fields) >= 3 else ("".join(fields), "", "")
+            )
             if job_id in chunk and reason.strip():
-                reasons[job_id] = reason.strip()
+                reasons[job_id] = _with_down_nodes(reason.strip(), partition.strip(), nodes.strip(), partitions)
     return reasons
+
+
+def _with_down_nodes(reason: str, partition: str, nodes: str, partitions: dict[str, dict[str, str] | None]) -> str:
+    """``reason``, with :data:`NODES_DOWN` added where it is PartitionNodeLimit but the job's node
+    count is within its partition's MinNodes, MaxNodes and TotalNodes: then nodes are down or
+    drained (Slurm's job reason codes say PartitionNodeLimit "can also indicate that required nodes
+    are DOWN or DRAINED"), and the job starts when they return. Where the partition cannot be read,
+    the reason is left as it is."""
+    if reason.split(",", 1)[0].strip() != "PartitionNodeLimit" or not partition or not nodes.isdigit():
+        return reason
+    if partition not in partitions:
+        partitions[partition] = _partition_settings(partition)
+    settings = partitions[partition]
+    if settings is None:
+        return reason
+
+    def limit(key: str, unlimited: int) -> int | None:
+        value = settings.get(key, "")
+        return unlimited if value == "UNLIMITED" else int(value) if value.isdigit() else None
+
+    lowest, highest, total = limit("MinNodes", 0), limit("MaxNodes", 1 << 31), limit("TotalNodes", 1 << 31)
+    if lowest is None or highest is None or total is None or not lowest <= int(nodes) <= min(highest, total):
+        return reason
+    return f"{reason}, {NODES_DOWN} in partition {partition} (its {nodes} node(s) are within the partition's limits)"
+
+
+def _partition_settings(partition: str) -> dict[str, str] | None:
+    """``scontrol show partition``'s KEY=VALUE settings of ``partition``; None where it cannot say."""
+    shown = _run(["scontrol", "show", "partition", partition, "--oneliner"])
+    if shown.returncode != 0:
+        return None
+    return dict(field.split("=", 1) for field in shown.stdout.split() if "=" in field)
 
 
 def _state_name(state: str) -> str:
