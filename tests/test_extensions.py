@@ -548,6 +548,17 @@ def test_a_plugin_adds_a_report_section(fake_gaudi: PluginManager, database: Pat
     assert not files.warnings
 
 
+def test_a_plugins_report_section_sees_the_single_runs_too(
+    fake_gaudi: PluginManager, database: Path, tmp_path: Path
+) -> None:
+    # `core run --database` stores a run of no sweep; the report shows it, so the hook's runs hold it
+    # ("every run the report covers"): it saw only the sweeps' runs.
+    with ResultStore(database) as store:
+        store.add(synthetic_result(accelerator="fake-gaudi", micro_batch_size=4))
+    markdown = write_report(database, tmp_path / "report").markdown.read_text(encoding="utf-8")
+    assert "3 of the 4 runs in this report ran on a Gaudi." in markdown
+
+
 def _sections(*sections: tuple[str, Sequence[Any]], then_raise: bool = False) -> Any:
     def core_report_sections(runs: Sequence[RunResult], add_section: Callable[[str, Sequence[Any]], None]) -> None:
         for title, blocks in sections:

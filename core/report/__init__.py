@@ -40,6 +40,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from core.base.files import OutputError, check_writable, describe_os_error, write_atomically
+from core.base.results import RunResult
 from core.report.analysis import (
     group_series,
     is_inference,
@@ -361,6 +362,7 @@ def _build_report(
     sections: list[Block] = []
     sourced: list[SourcedCell] = []
     singles: list[int] = []
+    single_results: list[RunResult] = []  # for the plugins' sections: every run the report covers
     labels = database_labels([one.path for one in stores]) if len(stores) > 1 else [""]
     for one, names, slugs, label in zip(stores, selected, _section_slugs(stores, selected), labels):
         for name in names:
@@ -372,6 +374,7 @@ def _build_report(
         # --sweep chooses sweeps: single runs belong to none.
         single = summarise(one.runs(single=True)) if not sweeps else []
         singles.append(len(single))
+        single_results += [run.result for cell in single for run in cell.runs]
         section = single_runs_section(single, one.path, f"-{label}" if label else "")
         if section and len(stores) > 1:
             section[0] = Heading(2, f"{SINGLE_RUNS_TITLE} ({shorten(one_line(one.path), 120)})")
@@ -388,7 +391,8 @@ def _build_report(
             sources.append(f" and {count} single run{'' if count == 1 else 's'}")
     blocks: list[Block] = [Paragraph(f"Generated {generated} from ", *sources, ".")]
     warnings = [warning for one in stores for warning in store_warnings(one)]
-    runs = sorted((run.result for one in sourced for run in one.cell.runs), key=lambda result: result.started_at)
+    swept = [run.result for one in sourced for run in one.cell.runs]
+    runs = sorted([*swept, *single_results], key=lambda result: result.started_at)
     figures = [block.file_name for block in [*compared, *sections] if isinstance(block, Figure)]
     extensions, left_out = plugin_sections(runs, figures)
     return "core benchmark report", blocks + _warning_blocks(warnings) + compared + sections + extensions, left_out
