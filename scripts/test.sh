@@ -44,9 +44,10 @@ fi
 
 # The tests run in parallel, one pytest-xdist worker per core up to four (most tests wait on a
 # process they started, a Slurm job or a sampled meter as often as they compute), unless the
-# arguments choose (-n, --numprocesses, -p no:xdist). --dist loadgroup keeps the tests marked
-# xdist_group together on one worker: the real-Slurm tests share one small cluster.
-parallel=(-n auto --maxprocesses=4 --dist loadgroup)
+# arguments choose (-n, --numprocesses, -p no:xdist). --dist loadfile runs each test file on one
+# worker: the real-Slurm tests share one small cluster, and a seed's toy cell that another seed
+# ran is not run again. (loadgroup would not do: pytest-xdist 3.8 cannot tag pytest 9's node ids.)
+parallel=(-n auto --maxprocesses=4 --dist loadfile)
 for argument in "$@"; do
     case "$argument" in
         -n | -n* | --numprocesses | --numprocesses=* | no:xdist) parallel=() ;;

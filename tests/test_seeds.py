@@ -21,10 +21,9 @@ SEEDS = sorted((ROOT / "examples" / "seeds").glob("*.toml"))
 EXPECTED_REFUSALS = re.compile(r"fp32 weights and gradients alone")
 # What only this machine lacks: torchvision cannot load against the CPU build of PyTorch here.
 NOT_HERE = re.compile(r"torchvision")
-#: keys of the toy cells that ran ok in this test session (in one pytest-xdist worker: they are
-#: grouped so, for a cell two seeds share to run once)
+#: keys of the toy cells that ran ok in this test session (one pytest-xdist worker runs this file:
+#: scripts/test.sh's --dist loadfile)
 TOY_CELLS_RUN_OK: set[str] = set()
-pytestmark = pytest.mark.xdist_group("seeds")
 
 
 def test_there_is_a_seed_for_every_row_of_docs_seeds_md() -> None:

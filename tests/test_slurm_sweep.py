@@ -34,11 +34,9 @@ from core.sweep.cluster import ENDED_NAME, LEDGER_NAME, job_result
 from core.sweep.slurm_jobs import SlurmError, cancel, log_path_pattern, never_starts, unavailable_reason
 from core.sweep.slurm_settings import SlurmSettings
 
-# One worker runs them all, one after another (scripts/test.sh: --dist loadgroup): the local
+# One worker runs this file's tests one after another (scripts/test.sh: --dist loadfile): the local
 # cluster is one node of two CPUs, and jobs of two tests at once would wait on each other past the
 # tests' time limits.
-pytestmark = pytest.mark.xdist_group("slurm")
-
 SLURM_MISSING = unavailable_reason()
 needs_slurm = pytest.mark.skipif(
     SLURM_MISSING is not None,
