@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Iterator
@@ -429,7 +430,8 @@ def sweep_in_a_process(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], 
         deadline = time.monotonic() + 240  # a hang guard: a busy machine starts Python slowly
         pid_files: list[Path] = []
         while time.monotonic() < deadline and sweep.poll() is None:
-            pid_files = list(Path("/tmp").glob(f"core-sweep-{sweep.pid}-*/cell-0-repeat-0/result.json.pid"))
+            scratch = Path(tempfile.gettempdir())  # the sweep's: a test worker's own under pytest-xdist
+            pid_files = list(scratch.glob(f"core-sweep-{sweep.pid}-*/cell-0-repeat-0/result.json.pid"))
             if pid_files and (tmp_path / "server.pid").exists() and pid_files[0].read_text():
                 break
             time.sleep(0.05)
