@@ -435,7 +435,9 @@ def sweep_in_a_process(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], 
             if pid_files and (tmp_path / "server.pid").exists() and pid_files[0].read_text():
                 break
             time.sleep(0.05)
-        assert pid_files, f"the run never started: {sweep.stderr.read() if sweep.stderr else ''}"
+        if not pid_files:
+            sweep.kill()  # its stderr ends only with it: read before that, the test would hang
+            raise AssertionError(f"the run never started: {sweep.communicate(timeout=60)[1]}")
         yield sweep, int((tmp_path / "server.pid").read_text()), int(pid_files[0].read_text())
     finally:
         if sweep.poll() is None:
