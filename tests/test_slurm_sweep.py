@@ -620,9 +620,13 @@ def test_a_job_waiting_its_turn_is_waited_for_and_its_reason_is_shown(
         assert said[0].endswith(f"; the sweep waits for it (scancel {job} stops it)")
 
 
-def test_the_progress_line_says_a_job_is_pending_and_why(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_progress_line_says_a_job_is_pending_and_why(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     from core.cli.sweep_display import SweepDisplay
     from core.running.progress import ProgressLine
+
+    monkeypatch.setenv("COLUMNS", "200")  # the line is cut to the terminal's width, whatever runs the test
 
     display = SweepDisplay()
     display.line = ProgressLine(sys.stderr, enabled=True)

@@ -324,7 +324,9 @@ def test_crashes_kills_and_hangs_are_recorded_and_the_sweep_goes_on(
         assert store.count("faults") == 8
 
 
-def test_progress_is_shown_on_terminals_only() -> None:
+def test_progress_is_shown_on_terminals_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "200")  # the line is cut to the terminal's width, whatever runs the test
+
     class Terminal(io.StringIO):
         def isatty(self) -> bool:
             return True
