@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 from typing import Any, ClassVar
@@ -13,6 +16,7 @@ import torch
 from data_support import png
 
 from core import ConfigError, DataError, Framework, KerasTrainingSpec, RunState, Workload, run
+from core.base.results import RunResult
 from core.contract.workload import TorchTrainingSpec
 from core.data import detect_format
 from core.data.torch_datasets import TokenFile, WebDatasetShards
@@ -296,17 +300,24 @@ def test_tfrecord_images_feed_the_keras_executor(tmp_path: Path) -> None:
             }
             writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
     assert detect_format(tmp_path) == "tfrecord"
-    with registered_plugins():
-        result = run(
-            TinyKerasCnn(),
-            "cpu",
-            framework="tensorflow",
-            data=str(tmp_path),
-            gradient_accumulation=2,
-            steps=3,
-            warmup_steps=1,
-            power_meter="none",
-        )
+    # In a process of its own: the CPU plugin sets TensorFlow's thread pools, which only a process
+    # whose TensorFlow runtime has not started can do (another test in this one may have started it).
+    script = (
+        "import sys, json\n"
+        "from test_data import TinyKerasCnn\n"
+        "from core import run\n"
+        "from core.testing import registered_plugins\n"
+        "with registered_plugins():\n"
+        "    result = run(TinyKerasCnn(), 'cpu', framework='tensorflow', data=sys.argv[1], gradient_accumulation=2,\n"
+        "                 steps=3, warmup_steps=1, power_meter='none')\n"
+        "print(result.model_dump_json())\n"
+    )
+    environment = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    completed = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=600, env=environment
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    result = RunResult.model_validate_json(completed.stdout.strip().splitlines()[-1])
     assert result.status.ok, result.status
     assert result.executor_details["data"] == "files" and result.executor_details["data_format"] == "tfrecord"
     assert result.data_wait_seconds is not None and result.data_wait_seconds >= 0
