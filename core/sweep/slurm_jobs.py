@@ -74,12 +74,17 @@ _PER_JOB_LIMIT = re.compile(r"(Assoc|QOS)Max\w*Per(Job|Node)\w*|QOSMin\w+")
 NODES_DOWN = "nodes down or drained"
 
 
+def _reason_code(reason: str) -> str:
+    """``ReqNodeNotAvail, UnavailableNodes:n1`` -> ``ReqNodeNotAvail``: the code before any detail."""
+    return reason.split(",", 1)[0].strip()
+
+
 def never_starts(reason: str | None) -> str | None:
     """What ``reason`` (squeue's ``%r`` of a pending job) means where the job can never start as it
     is (see :data:`NEVER_STARTS`); None where it may yet start."""
     if not reason:
         return None
-    code = reason.split(",", 1)[0].strip()  # "ReqNodeNotAvail, UnavailableNodes:n1" -> its code
+    code = _reason_code(reason)
     if code == "PartitionNodeLimit" and NODES_DOWN in reason:
         return None
     if code in NEVER_STARTS:
@@ -335,7 +340,7 @@ def _with_down_nodes(reason: str, partition: str, nodes: str, partitions: dict[s
     drained (Slurm's job reason codes say PartitionNodeLimit "can also indicate that required nodes
     are DOWN or DRAINED"), and the job starts when they return. Where the partition cannot be read,
     the reason is left as it is."""
-    if reason.split(",", 1)[0].strip() != "PartitionNodeLimit" or not partition or not nodes.isdigit():
+    if _reason_code(reason) != "PartitionNodeLimit" or not partition or not nodes.isdigit():
         return reason
     if partition not in partitions:
         partitions[partition] = _partition_settings(partition)
