@@ -57,6 +57,7 @@ if TYPE_CHECKING:
         KerasPlacement,
         keras_executor,
         quiet_tensorflow_startup,
+        set_tensorflow_threads,
         split_host_cpu,
     )
     from core.executors.pytorch import TorchDeviceHooks, TorchExecutor, TorchPlacement, torch_executor
@@ -72,6 +73,7 @@ _LAZY = {
     "KerasExecutor": "core.executors.keras",
     "KerasPlacement": "core.executors.keras",
     "split_host_cpu": "core.executors.keras",
+    "set_tensorflow_threads": "core.executors.keras",
     "quiet_tensorflow_startup": "core.executors.keras",
     # core's readers of real datasets as PyTorch datasets (imports torch)
     "torch_dataset": "core.data.torch_datasets",
@@ -137,6 +139,7 @@ __all__ = [
     "keras_executor",
     "KerasPlacement",
     "split_host_cpu",
+    "set_tensorflow_threads",
     "quiet_tensorflow_startup",
     "tfrecord_image_dataset",
     "torch_dataset",

@@ -312,3 +312,51 @@ def test_import_does_not_load_tensorflow() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"
+
+
+# TensorFlow fixes its thread pools when its runtime starts, so the runs go in a fresh process whose
+# runtime this script starts first, as a notebook that used TensorFlow before would have.
+_STARTED_RUNTIME_SCRIPT = textwrap.dedent(
+    """
+    import json
+    import tensorflow as tf
+    tf.constant(1.0) + 1.0  # starts TensorFlow's runtime with its default pools
+    from core import run
+    from core.workloads.fcnn import FcnnOptions
+
+    def outcome(**settings):
+        result = run("fcnn", "cpu", framework="tensorflow", steps=1, warmup_steps=0, micro_batch_size=4,
+                     power_meter="none", workload_options={"layers": 2, "hidden_width": 8}, **settings)
+        return {"state": result.status.state.value, "phase": result.status.phase, "message": result.status.message,
+                "warnings": result.warnings, "threads": result.environment.host_threads if result.environment else None}
+
+    print("RESULT " + json.dumps({"left_to_core": outcome(), "asked": outcome(threads_per_replica=1)}))
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_started_tensorflow_runtime_keeps_its_pools_or_refuses_threads_asked_for() -> None:
+    # Issue 26: a second TensorFlow run in one process failed in setup with TensorFlow's own
+    # "Intra op parallelism cannot be modified after initialization", whatever the run asked for.
+    proc = subprocess.run(
+        [sys.executable, "-c", _STARTED_RUNTIME_SCRIPT],
+        check=False,
+        cwd=ROOT,
+        env={**CHILD_ENV, "TF_CPP_MIN_LOG_LEVEL": "2"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
+    outcomes = json.loads(lines[-1].removeprefix("RESULT "))
+    kept = outcomes["left_to_core"]
+    assert kept["state"] == "ok", kept
+    # The pools in force are recorded as TensorFlow reports them (0: its default, one per core).
+    assert kept["threads"] == {"intra_op_threads": 0, "inter_op_threads": 0}
+    assert [w for w in kept["warnings"] if w.startswith("threads: TensorFlow's runtime had already started")], kept
+    asked = outcomes["asked"]
+    assert (asked["state"], asked["phase"]) == ("error", "setup"), asked
+    assert asked["message"].startswith("threads_per_replica cannot be honoured"), asked
+    assert "intra-op TensorFlow's default (this run: 1)" in asked["message"], asked

@@ -121,11 +121,11 @@ class TorchGpuAccelerator(Accelerator):
     def _keras_executor(self, workload: Workload, options: Any, config: RunConfig) -> Executor:
         import tensorflow as tf
 
-        from core.executors.keras import KerasPlacement, keras_executor
+        from core.executors.keras import KerasPlacement, keras_executor, set_tensorflow_threads
 
         if config.threads_per_replica is not None:
             # Before listing devices starts TensorFlow's runtime; the replicas share this one process.
-            tf.config.threading.set_intra_op_parallelism_threads(config.threads_per_replica * config.replicas)
+            set_tensorflow_threads(config.threads_per_replica * config.replicas, asked=True)
         gpus = [device.name for device in tf.config.list_logical_devices("GPU")][: config.replicas]
         if len(gpus) < config.replicas:
             raise RuntimeError(f"TensorFlow sees {len(gpus)} GPU(s); the run asks for {config.replicas} replicas")

@@ -74,6 +74,44 @@ def split_host_cpu(logical_devices: int) -> list[str]:
     return [d.name for d in tf.config.list_logical_devices("CPU")]
 
 
+def set_tensorflow_threads(intra_op: int, inter_op: int | None = None, *, asked: bool) -> str | None:
+    """Size TensorFlow's intra-op (and inter-op) thread pools for a run; None, or a warning to record.
+
+    TensorFlow fixes its pools when its runtime starts (the first op in the process); a later call
+    with other sizes raises. A run whose sizes were ``asked`` for (``threads_per_replica``) then
+    cannot be what was asked, and is refused saying why. A run that left them to core keeps the
+    pools in force, which ``KerasExecutor.host_threads`` records, and is told so in a warning.
+    """
+    import tensorflow as tf
+
+    threading = tf.config.threading
+    wanted = {"intra-op": intra_op} if inter_op is None else {"intra-op": intra_op, "inter-op": inter_op}
+    try:
+        threading.set_intra_op_parallelism_threads(intra_op)
+        if inter_op is not None:
+            threading.set_inter_op_parallelism_threads(inter_op)
+        return None
+    except RuntimeError:
+        # Only a started runtime refuses a size: setting the size already in force is a no-op.
+        in_force = {
+            "intra-op": threading.get_intra_op_parallelism_threads(),
+            "inter-op": threading.get_inter_op_parallelism_threads(),
+        }
+    sizes = ", ".join(f"{pool} {_pool_size(in_force[pool])} (this run: {size})" for pool, size in wanted.items())
+    why = f"TensorFlow's runtime had already started in this process with thread pools of {sizes}; it fixes them"
+    if asked:
+        raise RuntimeError(
+            f"threads_per_replica cannot be honoured: {why} when it starts. Run in a fresh process "
+            "(the core command and sweeps do), or leave threads_per_replica unset to keep the pools in force"
+        )
+    return f"threads: {why} when it starts, and this run kept them"
+
+
+def _pool_size(threads: int) -> str:
+    # 0 is TensorFlow's "choose for me" (one thread per core).
+    return "TensorFlow's default" if threads == 0 else str(threads)
+
+
 def _replica_sum(tf: Any) -> Any:
     """A float counter with one component per replica, summed when read in cross-replica context."""
     return tf.Variable(
@@ -377,6 +415,14 @@ class KerasExecutor(Executor):
 
     def framework_version(self) -> str | None:
         return str(self._tf.__version__)
+
+    def host_threads(self) -> dict[str, int]:
+        # 0 stands for TensorFlow's default (one thread per core), as TensorFlow itself reports it.
+        threading = self._tf.config.threading
+        return {
+            "intra_op_threads": threading.get_intra_op_parallelism_threads(),
+            "inter_op_threads": threading.get_inter_op_parallelism_threads(),
+        }
 
     def close(self) -> None:
         if self._closed:

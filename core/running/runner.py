@@ -196,7 +196,10 @@ def _execute(plan: RunPlan, process: ProcessContext, observer: Observer | None) 
     phase = "setup"
     try:
         started = time.perf_counter()
-        executor = executor_for(plan.accelerator, plan.workload, plan.context(process))
+        context = plan.context(process)
+        executor = executor_for(plan.accelerator, plan.workload, context)
+        # What the plugin found while it built the executor (planning's own are already there).
+        result.warnings.extend(warning for warning in context.warnings if warning not in result.warnings)
         executor.synchronize()
         executor.barrier()
         result.setup_seconds = executor.gather_max(time.perf_counter() - started)

@@ -121,7 +121,7 @@ class CpuAccelerator(Accelerator):
         config, options = context.config, context.workload_options
         threads = self.threads_per_replica(config)
         if config.framework is Framework.tensorflow:
-            return self._keras_executor(workload, options, config, threads)
+            return self._keras_executor(workload, context, threads)
         from core.plugin import TorchPlacement, torch_executor
 
         def set_threads(_config: RunConfig) -> dict[str, Any]:
@@ -133,15 +133,19 @@ class CpuAccelerator(Accelerator):
         placement = TorchPlacement(device="cpu", distributed_backend=self.distributed_backend, configure=set_threads)
         return torch_executor(workload.build_torch(options, config.seed), config, placement, context.process)
 
-    def _keras_executor(self, workload: Workload, options: Any, config: RunConfig, threads: int) -> Executor:
+    def _keras_executor(self, workload: Workload, context: RunContext, threads: int) -> Executor:
         # The executor module first: it quiets TensorFlow's start-up logging before TF loads.
         import tensorflow as tf
 
-        from core.plugin import KerasPlacement, keras_executor, split_host_cpu
+        from core.plugin import KerasPlacement, keras_executor, set_tensorflow_threads, split_host_cpu
 
-        # Both must be set before TensorFlow starts its runtime; the executor records them.
-        tf.config.threading.set_intra_op_parallelism_threads(threads * config.replicas)
-        tf.config.threading.set_inter_op_parallelism_threads(max(2, config.replicas))
+        config = context.config
+        # Before TensorFlow starts its runtime; the executor records the pools in force.
+        kept = set_tensorflow_threads(
+            threads * config.replicas, max(2, config.replicas), asked=config.threads_per_replica is not None
+        )
+        if kept is not None:
+            context.warn(kept)
         if config.replicas > 1:
             devices = split_host_cpu(config.replicas)
 
@@ -157,4 +161,4 @@ class CpuAccelerator(Accelerator):
         placement = KerasPlacement(
             make_strategy=make_strategy, replicas=config.replicas, device_label="/cpu:0", jit_compile=config.compile
         )
-        return keras_executor(workload.build_keras(options, config.seed), config, placement)
+        return keras_executor(workload.build_keras(context.workload_options, config.seed), config, placement)
