@@ -54,6 +54,7 @@ def run(
 
         raise ConfigError("on_progress", on_progress, "a callable taking the partial RunResult, or None")
     _check_timeout(timeout_seconds)
+    from core.base.config import check_duration_fits
     from core.contract.manager import get_plugin_manager
     from core.running.planning import plan_run
     from core.storage.single_runs import SingleRunDatabase, database_path, run_label
@@ -62,6 +63,7 @@ def run(
         database_path(database)  # its type, before planning
     manager = get_plugin_manager()
     plan = plan_run(manager, workload, accelerator, options)
+    check_duration_fits(plan.config.duration_seconds, timeout_seconds, "the run's")
     if database is None:
         return _run_apart_or_here(manager, plan, on_progress, timeout_seconds)
     with SingleRunDatabase(database, run_label(plan.config.workload, plan.config.accelerator, options)) as stored:

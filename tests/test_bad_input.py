@@ -22,7 +22,7 @@ BAD_CONFIGS = [
     (
         ["fcnn", "--precision", "fp8"],
         "precision",
-        "no precision policy has this name (registered: fp32, tf32, bf16, fp16)",
+        "no precision policy has this name (registered: fp32, tf32, bf16, fp16, default)",
     ),
     (["fcnn", "--precision", "tf32"], "precision", "supports: fp32, bf16, fp16"),
     (["fcnn", "--framework", "jax"], "framework", "'torch' or 'tensorflow'"),

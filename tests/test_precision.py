@@ -5,6 +5,7 @@ name); a plugin adds a precision with one class and one registration, and it run
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -130,10 +131,13 @@ def test_each_listed_precision_computes_its_torch_matmuls_in_the_claimed_dtype(
     details = policy.configure_torch()
     assert torch_step_dtypes(policy) == {policy.compute_dtype}
     assert details["precision"] == precision and details["compute_dtype"] == policy.compute_dtype
-    # fp32 means true fp32: TF32 only where the policy allows it.
-    assert torch.backends.cuda.matmul.allow_tf32 is policy.allows_tf32
-    assert torch.backends.cudnn.allow_tf32 is policy.allows_tf32
-    assert torch.get_float32_matmul_precision() == ("high" if policy.allows_tf32 else "highest")
+    # fp32 means true fp32: TF32 only where the policy allows it ("default": where PyTorch does).
+    switches = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    if precision == "default":
+        assert switches == (details["matmul_allow_tf32"], details["cudnn_allow_tf32"])
+    else:
+        assert switches == (policy.allows_tf32, policy.allows_tf32)
+        assert torch.get_float32_matmul_precision() == ("high" if policy.allows_tf32 else "highest")
 
 
 def keras_step_dtypes(policy: type[PrecisionPolicy]) -> set[str]:
@@ -145,7 +149,7 @@ def keras_step_dtypes(policy: type[PrecisionPolicy]) -> set[str]:
     previous_tf32 = tf.config.experimental.tensor_float_32_execution_enabled()
     try:
         policy.configure_keras(tf, keras)
-        if policy.compute_dtype == "float32":
+        if policy.compute_dtype == "float32" and policy.name != "default":
             assert tf.config.experimental.tensor_float_32_execution_enabled() is policy.allows_tf32
         conv, dense = keras.layers.Conv2D(4, 3), keras.layers.Dense(3)
         flatten = keras.layers.Flatten()
@@ -417,7 +421,7 @@ def test_a_policy_without_a_keras_policy_is_refused_with_tensorflow() -> None:
         with pytest.raises(ConfigError) as refused:
             plan_run(manager, "fcnn", "cpu-fp64", {"precision": "bf16_true", "framework": "tensorflow"})
         assert refused.value.field == "precision" and "no Keras policy" in refused.value.allowed
-        assert "supports: fp32, bf16, fp16, fp64" in refused.value.allowed
+        assert "supports: fp32, bf16, fp16, default, fp64" in refused.value.allowed
         assert plan_run(manager, "fcnn", "cpu-fp64", {"precision": "bf16_true"}).precision_policy is TorchOnlyPolicy
 
 
@@ -512,7 +516,7 @@ def test_the_enum_forms_of_precision_keep_working() -> None:
     with pytest.raises(KeyError):
         Precision["fp8"]
     with pytest.warns(DeprecationWarning, match="core's own names only"):
-        assert [p.value for p in Precision] == ["fp32", "tf32", "bf16", "fp16"]
+        assert [p.value for p in Precision] == ["fp32", "tf32", "bf16", "fp16", "default"]
 
 
 def test_run_context_hands_a_plugin_test_the_policy_planning_would() -> None:
@@ -528,3 +532,78 @@ def test_run_context_hands_a_plugin_test_the_policy_planning_would() -> None:
     with registered_plugins(Fp64Plugin()):
         fp64 = make_config(workload="fcnn", accelerator="cpu-fp64", precision="fp64")
         assert run_context(fp64, Fp64Cpu()).precision_policy is Fp64Policy
+
+
+# "default" (issue 28): the framework's own float32 math, whatever a run before it set.
+_DEFAULT_SCRIPT = """
+import json, torch
+from core.base.precision import DefaultPolicy, Fp32Policy, Tf32Policy
+out = {}
+for policy in (Tf32Policy, Fp32Policy, DefaultPolicy):
+    details = policy("cpu").configure_torch()
+    out[policy.name] = [details[k] for k in ("matmul_allow_tf32", "cudnn_allow_tf32", "float32_matmul_precision",
+                                              "fp16_reduced_precision_reduction", "bf16_reduced_precision_reduction")]
+import tensorflow as tf
+from tensorflow import keras
+for policy in (Fp32Policy, DefaultPolicy):
+    policy.configure_keras(tf, keras)
+    out["keras-" + policy.name] = bool(tf.config.experimental.tensor_float_32_execution_enabled())
+print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.mark.tensorflow
+def test_default_is_the_frameworks_own_float32_math_whatever_ran_before() -> None:
+    import subprocess
+    import sys
+
+    pytest.importorskip("tensorflow")
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(
+        [sys.executable, "-c", _DEFAULT_SCRIPT],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root), "TF_CPP_MIN_LOG_LEVEL": "2"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    out = json.loads(lines[-1].removeprefix("RESULT "))
+    assert out["tf32"][:3] == [True, True, "high"] and out["fp32"][:3] == [False, False, "highest"]
+    # PyTorch's defaults (since 1.12): fp32 matmuls, TF32 convolutions; 16-bit reductions allowed.
+    assert out["default"] == [False, True, "highest", True, True]
+    # TensorFlow runs float32 on TF32 by default (since 2.4); fp32 turns it off, default back on.
+    assert out["keras-fp32"] is False and out["keras-default"] is True
+
+
+def test_default_is_measured_against_the_fp32_peak() -> None:
+    from core import run
+
+    result = run(
+        "fcnn",
+        "cpu",
+        precision="default",
+        steps=2,
+        warmup_steps=0,
+        micro_batch_size=4,
+        power_meter="none",
+        workload_options={"layers": 2, "hidden_width": 8},
+    )
+    assert result.status.ok, result.status
+    assert result.executor_details["precision"] == "default"
+    fp32 = run(
+        "fcnn",
+        "cpu",
+        precision="fp32",
+        steps=2,
+        warmup_steps=0,
+        micro_batch_size=4,
+        power_meter="none",
+        workload_options={"layers": 2, "hidden_width": 8},
+    )
+    if fp32.peak_flops_per_second is None:
+        pytest.skip("no peak is known for this host's processor")
+    assert result.peak_flops_per_second == fp32.peak_flops_per_second
+    assert result.model_flops_utilization == pytest.approx(result.flops_per_second / fp32.peak_flops_per_second)

@@ -398,3 +398,228 @@ def test_a_broken_peak_table_costs_its_figures_not_the_measured_run(peak: Any, b
         assert result.peak_flops_per_second == 3e12 and result.memory_bandwidth_bytes_per_second is None
     else:
         assert result.peak_flops_per_second is None and result.model_flops_utilization is None
+
+
+# --- energy scopes (issue 28): the span the energy covers, chosen per run --------------------------
+
+
+def test_the_default_scope_is_the_window_and_says_so() -> None:
+    accelerator = ScriptedAccelerator()
+    with registered_plugins(MeterPlugin(RecordingMeterFactory(accelerator.log))):
+        result = run(ScriptedWorkload(), accelerator, steps=5, warmup_steps=1, micro_batch_size=8)
+    assert result.status.ok, result.status
+    assert result.config.energy_scope == "window"
+    assert (result.energy_seconds, result.energy_samples) == (result.window_seconds, result.window_samples)
+    assert result.energy_joules_per_sample == pytest.approx(36.0 / 40)
+
+
+def test_the_run_scope_reads_from_before_set_up_to_the_window_end() -> None:
+    # CARAML wraps the whole training script in jpwr: set-up, compilation and warm-up are in its energy.
+    accelerator = ScriptedAccelerator()
+    with registered_plugins(MeterPlugin(RecordingMeterFactory(accelerator.log))):
+        result = run(ScriptedWorkload(), accelerator, steps=10, warmup_steps=2, micro_batch_size=8, energy_scope="run")
+    assert result.status.ok, result.status
+    # span meter on, setup sync, first step + sync, 2 warm-up steps + sync, window meter on, 10 steps,
+    # sync, window meter off, span meter off.
+    assert accelerator.log == (
+        ["meter-start", "sync", "step", "sync", "step", "step", "sync", "meter-start"]
+        + ["step"] * 10
+        + ["sync", "meter-stop", "meter-stop", "close"]
+    )
+    assert result.energy_joules == 36.0 and result.window_energy_joules == 36.0
+    assert result.energy_samples == 8 * (1 + 2 + 10) and result.window_samples == 80
+    phases = result.setup_seconds + result.first_step_seconds + result.warmup_seconds + result.window_seconds
+    assert result.energy_seconds >= phases
+    assert result.samples_per_watt_hour == pytest.approx(8 * 13 / (36.0 / 3600))
+    assert result.energy_joules_per_sample == pytest.approx(36.0 / (8 * 13))
+
+
+def test_the_steps_scope_reads_from_the_first_step_to_the_window_end() -> None:
+    # CARAML's GPU ResNet-50: jpwr around tf_cnn_benchmarks' loop, warm-up batches in, graph building out.
+    accelerator = ScriptedAccelerator()
+    with registered_plugins(MeterPlugin(RecordingMeterFactory(accelerator.log))):
+        result = run(ScriptedWorkload(), accelerator, steps=4, warmup_steps=2, micro_batch_size=8, energy_scope="steps")
+    assert result.status.ok, result.status
+    # setup sync, span meter on, first step + sync, 2 warm-up steps + sync, window meter on, 4 steps,
+    # sync, both off.
+    assert accelerator.log == (
+        ["sync", "meter-start", "step", "sync", "step", "step", "sync", "meter-start"]
+        + ["step"] * 4
+        + ["sync", "meter-stop", "meter-stop", "close"]
+    )
+    assert result.energy_samples == 8 * (1 + 2 + 4)
+    assert result.energy_seconds >= result.first_step_seconds + result.warmup_seconds + result.window_seconds
+
+
+def test_a_run_of_one_epoch_in_the_run_scope_reports_that_epochs_measured_energy() -> None:
+    # CARAML's IPU GPT: an epoch of 4 host calls, compilation included (docs/concepts.md#energy-scopes).
+    accelerator = ScriptedAccelerator()
+    with registered_plugins(MeterPlugin(RecordingMeterFactory(accelerator.log, joules=36.0))):
+        result = run(
+            ScriptedWorkload(),
+            accelerator,
+            steps=3,
+            warmup_steps=0,
+            micro_batch_size=8,
+            energy_scope="run",
+            epoch_definition="host-calls:4",
+        )
+    assert result.status.ok, result.status
+    assert result.samples_per_epoch == result.energy_samples == 32
+    assert result.energy_joules_per_epoch == 36.0
+    assert result.energy_watt_hours_per_device_per_epoch == pytest.approx(36.0 / 3600)
+
+
+class SpanThenWindowMeterFactory(RecordingMeterFactory):
+    """The first meter made (the span's) reads ``span`` J, the next (the window's) ``window`` J."""
+
+    def __init__(self, log: list[str], span: float, window: float | None) -> None:
+        super().__init__(log)
+        self.readings = [span, window]
+
+    def create(self, devices: list[DeviceRecord], config: RunConfig) -> PowerMeter:
+        return RecordingMeter(self.log, self.readings.pop(0), None)
+
+
+@pytest.mark.parametrize("scope", ["steps", "run"])
+def test_an_epoch_longer_than_the_span_adds_its_samples_at_the_windows_energy(scope: str) -> None:
+    # The span's 100 J once (compilation and all), then the epoch's 48 samples beyond the span's 32
+    # at the window's 36 J / 24 samples: not set-up's energy multiplied by the epoch.
+    accelerator = ScriptedAccelerator()
+    with registered_plugins(MeterPlugin(SpanThenWindowMeterFactory(accelerator.log, span=100.0, window=36.0))):
+        result = run(
+            ScriptedWorkload(),
+            accelerator,
+            steps=3,
+            warmup_steps=0,
+            micro_batch_size=8,
+            energy_scope=scope,
+            epoch_definition="host-calls:10",
+        )
+    assert result.status.ok, result.status
+    assert (result.energy_joules, result.window_energy_joules, result.energy_samples) == (100.0, 36.0, 32)
+    assert result.energy_joules_per_epoch == pytest.approx(100.0 + 48 * 36.0 / 24)
+
+
+def test_without_the_windows_energy_a_longer_scope_gives_no_epoch_estimate() -> None:
+    accelerator = ScriptedAccelerator()
+    with registered_plugins(MeterPlugin(SpanThenWindowMeterFactory(accelerator.log, span=100.0, window=None))):
+        result = run(
+            ScriptedWorkload(),
+            accelerator,
+            steps=3,
+            warmup_steps=0,
+            energy_scope="run",
+            epoch_definition="host-calls:8",
+        )
+    assert result.status.ok and result.energy_joules == 100.0 and result.window_energy_joules is None
+    assert result.samples_per_epoch is not None and result.energy_joules_per_epoch is None
+
+
+@pytest.mark.parametrize("where,reason", [("create", "meter failed to open"), ("start", "meter failed to start")])
+def test_a_run_scope_meter_that_fails_costs_only_the_energy(where: str, reason: str) -> None:
+    accelerator = ScriptedAccelerator()
+    with registered_plugins(MeterPlugin(RecordingMeterFactory(accelerator.log, fail=where))):
+        result = run(ScriptedWorkload(), accelerator, steps=3, warmup_steps=1, energy_scope="run")
+    assert result.status.ok, result.status
+    assert result.throughput_per_second is not None and result.energy_joules is None
+    assert f"{reason}: OSError: sensor went away" in result.energy_unavailable_reason
+
+
+def test_a_fault_in_set_up_stops_a_run_scope_meter_and_keeps_no_energy() -> None:
+    accelerator = ScriptedAccelerator(fail_at_step=1, failure=ValueError("shapes do not match"))
+    with registered_plugins(MeterPlugin(RecordingMeterFactory(accelerator.log))):
+        result = run(ScriptedWorkload(), accelerator, steps=3, warmup_steps=1, energy_scope="run")
+    assert (result.status.state, result.status.phase) == (RunState.error, "first_step")
+    assert result.energy_joules is None and accelerator.log[0] == "meter-start"
+    assert "close" in accelerator.log
+
+
+def test_a_window_of_fixed_duration_is_sized_from_the_warm_ups_pace() -> None:
+    from core.base.config import make_config
+    from core.running.runner import window_steps
+
+    config = make_config(workload="fcnn", accelerator="cpu", steps=20, warmup_steps=3, duration_seconds=60.0)
+    assert window_steps(config, 1.5) == 120  # 0.5 s a step: 120 fit in 60 s
+    assert window_steps(config, 30.0) == 20  # slower than `steps` allow: `steps` still
+    assert window_steps(make_config(workload="fcnn", accelerator="cpu", steps=7), 1.5) == 7
+    accelerator = ScriptedAccelerator()
+    with registered_plugins(MeterPlugin(RecordingMeterFactory(accelerator.log))):
+        result = run(ScriptedWorkload(), accelerator, steps=2, warmup_steps=2, duration_seconds=0.1, micro_batch_size=8)
+    assert result.status.ok, result.status
+    # Whatever this machine's pace, the window took the steps the warm-up's pace fits in 0.1 s.
+    assert result.window_steps == window_steps(result.config, result.warmup_seconds) >= 2
+    assert accelerator.log.count("step") == 1 + 2 + result.window_steps
+    assert result.window_samples == 8 * result.window_steps == result.energy_samples
+    assert result.throughput_per_second == pytest.approx(result.window_samples / result.window_seconds)
+
+
+@pytest.mark.parametrize(
+    "options,field,says",
+    [
+        ({"energy_scope": "job"}, "energy_scope", "'window', 'steps' or 'run'"),
+        ({"energy_scope": True}, "energy_scope", "'window', 'steps' or 'run'"),
+        ({"duration_seconds": 0}, "duration_seconds", "greater than 0"),
+        ({"duration_seconds": "1800"}, "duration_seconds", "a number"),
+        ({"duration_seconds": True}, "duration_seconds", "a number"),
+        ({"duration_seconds": 60.0, "warmup_steps": 0}, "duration_seconds", "set warmup_steps to 1 or more"),
+        (
+            {"mode": "inference", "scenario": "offline", "energy_scope": "run"},
+            "energy_scope",
+            "allowed with a LoadGen scenario: 'window'",
+        ),
+        (
+            {"mode": "inference", "scenario": "server", "duration_seconds": 60.0},
+            "duration_seconds",
+            "-l min_duration_seconds",
+        ),
+    ],
+)
+def test_bad_energy_scopes_and_durations_are_refused_by_name(options: dict, field: str, says: str) -> None:
+    from core.base.config import make_config
+    from core.base.errors import ConfigError
+
+    with pytest.raises(ConfigError) as caught:
+        make_config(workload="fcnn", accelerator="cpu", **options)
+    assert caught.value.field == field and says in str(caught.value), str(caught.value)
+    assert caught.value.value == options[field] and type(caught.value.value) is type(options[field])
+
+
+def test_a_result_before_1_8_reads_its_window_as_the_energys_span() -> None:
+    from core.base.results import RunResult
+
+    accelerator = ScriptedAccelerator()
+    with registered_plugins(MeterPlugin(RecordingMeterFactory(accelerator.log))):
+        result = run(ScriptedWorkload(), accelerator, steps=4, warmup_steps=1, micro_batch_size=8)
+    document = result.model_dump(mode="json")
+    document["schema_version"] = "1.7"
+    for field in ("energy_seconds", "energy_samples"):
+        del document[field]
+    del document["config"]["energy_scope"], document["config"]["duration_seconds"]
+    old = RunResult.model_validate(document)
+    assert old.config.energy_scope == "window"
+    assert (old.energy_samples, old.energy_seconds) == (32, result.window_seconds)
+    assert old.energy_joules_per_sample == pytest.approx(36.0 / 32)
+
+
+def test_a_window_as_long_as_the_runs_time_limit_is_refused_before_it_runs() -> None:
+    from core.base.errors import ConfigError
+
+    accelerator = ScriptedAccelerator()
+    with registered_plugins(), pytest.raises(ConfigError) as caught:
+        run(ScriptedWorkload(), accelerator, duration_seconds=30.0, timeout_seconds=30)
+    assert caught.value.field == "duration_seconds" and "the run's timeout_seconds (30 s)" in str(caught.value)
+    assert accelerator.log == []  # nothing ran
+
+
+@pytest.mark.parametrize(
+    "scope,says", [("window", "over the window"), ("steps", "over every step"), ("run", "over the run (set-up")]
+)
+def test_core_run_says_which_span_the_energy_covers(scope: str, says: str) -> None:
+    from core.cli.text import format_result
+
+    accelerator = ScriptedAccelerator()
+    with registered_plugins(MeterPlugin(RecordingMeterFactory(accelerator.log))):
+        result = run(ScriptedWorkload(), accelerator, steps=3, warmup_steps=1, energy_scope=scope)
+    line = next(line for line in format_result(result).splitlines() if "36 J" in line)
+    assert says in line, line

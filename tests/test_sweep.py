@@ -587,3 +587,19 @@ def test_a_cell_that_runs_out_of_memory_is_recorded_and_the_sweep_goes_on(tmp_pa
         "micro_batch_size=16777216 precision=fp32 repeat 1: oom in setup" in completed.stdout
         or status.state.value == "killed"
     )
+
+
+def test_a_window_as_long_as_the_repeats_time_limit_is_an_invalid_cell() -> None:
+    # Issue 28: a 30-minute window (CARAML's) cannot end inside a 30-minute repeat.
+    spec = make_sweep_spec(
+        {
+            "name": "s",
+            "timeout_seconds": 1800,
+            "grid": {"workload": "fcnn", "accelerator": "cpu", "duration_seconds": [600.0, 1800.0]},
+        }
+    )
+    plan = plan_sweep(spec)
+    short, long = plan.cells
+    assert short.valid and not long.valid
+    assert "duration_seconds = 1800.0" in long.invalid_reason
+    assert "less than the sweep's timeout_seconds (1800 s)" in long.invalid_reason

@@ -28,6 +28,8 @@ def test_a_cell_keeps_its_workload_and_precision_and_loses_its_machine() -> None
             "accelerator_options": {"instances": 8},
             "workload_options": {"image_size": 224, "dataset": "imagenet"},
             "steps": 500,
+            "duration_seconds": 1800.0,  # CARAML's 30-minute window: a toy's is its two steps
+            "energy_scope": "run",
         },
         get_plugin_manager(),
     )
@@ -38,7 +40,7 @@ def test_a_cell_keeps_its_workload_and_precision_and_loses_its_machine() -> None
         4,
         2,
     )
-    assert "accelerator_options" not in toy and toy["steps"] == 2
+    assert "accelerator_options" not in toy and toy["steps"] == 2 and "duration_seconds" not in toy
     assert toy["workload_options"] == {"dataset": "imagenet", "variant": "small"}  # the size is the small variant's
 
 

@@ -52,6 +52,11 @@ RunMode = Literal["train", "inference"]
 #: how an inference run's queries arrive: "loop" is core's own steady window (micro-batches back to
 #: back, any accelerator); the others are MLPerf LoadGen's scenarios (core.running.loadgen)
 InferenceScenario = Literal["loop", "offline", "single-stream", "server"]
+
+#: the span a run's energy figures cover: "window" (the steady window alone), "steps" (every step: the
+#: first, with its compilation, the warm-up and the window) or "run" (from the start of set-up to the
+#: end of the window)
+EnergyScope = Literal["window", "steps", "run"]
 LOADGEN_SCENARIOS = ("offline", "single-stream", "server")
 
 
@@ -130,8 +135,9 @@ class RunConfig(BaseModel):
     )
     precision: Precision = Field(
         default=Precision.fp32,
-        description="numeric precision policy, by name (core.base.precision: fp32 is true fp32, tf32 allows TF32, bf16 "
-        "and fp16 autocast, fp16 with loss scaling); each accelerator lists the ones it runs",
+        description="numeric precision policy, by name (core.base.precision: fp32 is true fp32, tf32 allows TF32, "
+        "default is the framework's own, bf16 and fp16 autocast, fp16 with loss scaling); each accelerator lists "
+        "the ones it runs",
     )
     steps: int = Field(
         default=20,
@@ -141,6 +147,13 @@ class RunConfig(BaseModel):
         "(device_iterations)",
     )
     warmup_steps: int = Field(default=3, ge=0, le=1 << 24, description="untimed steps after the first")
+    duration_seconds: float | None = Field(
+        default=None,
+        gt=0.0,
+        le=7 * 24 * 3600.0,
+        description="a window of about this duration (CARAML's 30-minute jobs: 1800): as many steps as the "
+        "warm-up's pace fits in it, at least `steps`; needs warmup_steps >= 1. None: `steps` alone",
+    )
     seed: int = Field(default=0, ge=0, le=2**32 - 1, description="seed of the weights and the synthetic data")
     compile: bool = Field(default=False, description="graph-compile the model (torch.compile / XLA)")
     power_meter: str = Field(
@@ -153,6 +166,12 @@ class RunConfig(BaseModel):
         description="meters of the host beside the device meter, by name, comma-separated (e.g. 'rapl' for the CPU "
         "and DRAM of a GPU host); each declares what it includes, and the run's energy adds them without counting "
         "anything twice, each itemised (docs/concepts.md#node-meters)",
+    )
+    energy_scope: EnergyScope = Field(
+        default="window",
+        description="the span the energy figures cover: 'window' (the steady window), 'steps' (the first step "
+        "with its compilation, the warm-up and the window) or 'run' (set-up too, as a meter wrapping the whole "
+        "process, such as CARAML's jpwr around Megatron-LM, measures it)",
     )
     power_sample_interval_seconds: float = Field(
         default=0.05, gt=0.0, le=60.0, description="seconds between power readings where a meter samples power"
@@ -462,6 +481,27 @@ def check_mode_options(config: RunConfig) -> None:
             dict(config.loadgen),
             f"LoadGen settings need a LoadGen scenario ({', '.join(LOADGEN_SCENARIOS)}); scenario is 'loop'",
         )
+    if config.scenario in LOADGEN_SCENARIOS and config.energy_scope != "window":
+        raise ConfigError(
+            "energy_scope",
+            config.energy_scope,
+            "a LoadGen scenario's energy is LoadGen's run alone, as MLPerf Power measures it; allowed with a "
+            "LoadGen scenario: 'window'",
+        )
+    if config.scenario in LOADGEN_SCENARIOS and config.duration_seconds is not None:
+        raise ConfigError(
+            "duration_seconds",
+            config.duration_seconds,
+            "LoadGen's settings decide how long a LoadGen scenario runs (-l min_duration_seconds=...); "
+            "allowed with a LoadGen scenario: none",
+        )
+    if config.duration_seconds is not None and config.warmup_steps == 0:
+        raise ConfigError(
+            "duration_seconds",
+            config.duration_seconds,
+            "a window of fixed duration is sized from the warm-up's pace: set warmup_steps to 1 or more, or "
+            "leave duration_seconds unset",
+        )
     if config.accuracy and config.mode != "inference":
         raise ConfigError(
             "accuracy", True, "top-1 accuracy is measured by inference runs; set mode 'inference', or accuracy false"
@@ -471,4 +511,18 @@ def check_mode_options(config: RunConfig) -> None:
             "accuracy",
             True,
             f"needs labelled images (--data FOLDER of class folders); {config.data!r} data has random labels",
+        )
+
+
+def check_duration_fits(duration_seconds: object, timeout_seconds: float | None, whose: str) -> None:
+    """A window of fixed duration must end before the run's time limit stops it: the limit also
+    holds set-up, the first step (compilation) and the warm-up. ``whose`` names the limit's owner."""
+    if timeout_seconds is None or isinstance(duration_seconds, bool):
+        return
+    if isinstance(duration_seconds, (int, float)) and duration_seconds >= timeout_seconds:
+        raise ConfigError(
+            "duration_seconds",
+            duration_seconds,
+            f"less than {whose} timeout_seconds ({timeout_seconds:g} s), which also holds set-up, compilation and "
+            "warm-up: raise timeout_seconds or shorten the window",
         )

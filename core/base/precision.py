@@ -68,6 +68,7 @@ class Precision(str, metaclass=_OpenNames):
     tf32: ClassVar[Precision]
     bf16: ClassVar[Precision]
     fp16: ClassVar[Precision]
+    default: ClassVar[Precision]
     _interned: ClassVar[dict[str, Precision]] = {}
 
     def __new__(cls, name: object) -> Precision:
@@ -122,6 +123,7 @@ Precision.fp32 = Precision("fp32")
 Precision.tf32 = Precision("tf32")
 Precision.bf16 = Precision("bf16")
 Precision.fp16 = Precision("fp16")
+Precision.default = Precision("default")
 
 #: bytes of one value of each dtype a policy may compute in (what an activation costs in memory)
 DTYPE_BYTES = {
@@ -156,6 +158,8 @@ class PrecisionPolicy:
     scales_loss: ClassVar[bool] = False
     #: the Keras mixed-precision policy of the TensorFlow path; None: no TensorFlow path
     keras_policy: ClassVar[str | None] = None
+    #: the precision whose datasheet peak MFU is measured against; None: the policy's own name
+    peak_precision: ClassVar[str | None] = None
 
     def __init__(self, device: torch.device | str = "cpu") -> None:
         import torch
@@ -185,10 +189,12 @@ class PrecisionPolicy:
         and, separately, for cuDNN's convolutions."""
         import torch
 
-        torch.backends.cuda.matmul.allow_tf32 = self.allows_tf32
-        torch.backends.cudnn.allow_tf32 = self.allows_tf32
-        torch.set_float32_matmul_precision("high" if self.allows_tf32 else "highest")
+        matmul_tf32, convolution_tf32, matmul_precision = self.float32_switches(_torch_defaults(torch))
+        torch.set_float32_matmul_precision(matmul_precision)
+        torch.backends.cuda.matmul.allow_tf32 = matmul_tf32
+        torch.backends.cudnn.allow_tf32 = convolution_tf32
         autocast = self.autocast_dtype()
+        matmul = torch.backends.cuda.matmul
         return {
             "precision": self.name,
             "precision_policy": f"{type(self).__module__}.{type(self).__qualname__}",
@@ -197,8 +203,16 @@ class PrecisionPolicy:
             "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
             "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
             "float32_matmul_precision": torch.get_float32_matmul_precision(),
+            # Whether 16-bit matmuls may reduce (sum) in 16 bits: PyTorch allows it by default.
+            "fp16_reduced_precision_reduction": matmul.allow_fp16_reduced_precision_reduction,
+            "bf16_reduced_precision_reduction": matmul.allow_bf16_reduced_precision_reduction,
             "grad_scaler": self.scales_loss,
         }
+
+    def float32_switches(self, framework_defaults: dict[str, Any]) -> tuple[bool, bool, str]:
+        """(TF32 for matmuls, TF32 for cuDNN's convolutions, ``float32_matmul_precision``) under this
+        policy; ``framework_defaults`` holds PyTorch's own (see :func:`_torch_defaults`)."""
+        return self.allows_tf32, self.allows_tf32, "high" if self.allows_tf32 else "highest"
 
     def autocast_dtype(self) -> torch.dtype | None:
         """The dtype :meth:`forward_context` autocasts to; None where it does not autocast."""
@@ -241,7 +255,13 @@ class PrecisionPolicy:
         keras.mixed_precision.set_global_policy(cls.keras_policy)
         if cls.compute_dtype == "float32":
             # A mixed policy leaves the switch as the process had it: its matmuls are 16-bit.
-            tf.config.experimental.enable_tensor_float_32_execution(cls.allows_tf32)
+            tf.config.experimental.enable_tensor_float_32_execution(cls.keras_tf32(_tensorflow_tf32_default(tf)))
+
+    @classmethod
+    def keras_tf32(cls, framework_default: bool) -> bool:
+        """Whether TensorFlow may run float32 matmuls and convolutions on TF32 under this policy;
+        ``framework_default`` is TensorFlow's own (see :func:`_tensorflow_tf32_default`)."""
+        return cls.allows_tf32
 
     @classmethod
     def keras_optimizer(cls, optimizer: Any, keras: Any) -> Any:
@@ -273,6 +293,51 @@ class Tf32Policy(PrecisionPolicy):
     compute_dtype = "float32"
     allows_tf32 = True
     keras_policy = "float32"
+
+
+class DefaultPolicy(PrecisionPolicy):
+    """The framework's own float32 math, as it runs without being told: PyTorch computes matmuls in
+    true fp32 and lets cuDNN's convolutions use TF32; TensorFlow runs both on TF32 where the device
+    has it. What was in force is recorded (``executor_details``), and MFU is measured against the
+    fp32 peak, so a run that TF32 speeds up shows above 100 % of it (AI4NP's A100 FP32 column)."""
+
+    name = "default"
+    description = "the framework's own float32 defaults (PyTorch: fp32 matmuls, TF32 convolutions; TensorFlow: TF32)"
+    compute_dtype = "float32"
+    keras_policy = "float32"
+    peak_precision = "fp32"
+
+    def float32_switches(self, framework_defaults: dict[str, Any]) -> tuple[bool, bool, str]:
+        return (
+            bool(framework_defaults["matmul_allow_tf32"]),
+            bool(framework_defaults["cudnn_allow_tf32"]),
+            str(framework_defaults["float32_matmul_precision"]),
+        )
+
+    @classmethod
+    def keras_tf32(cls, framework_default: bool) -> bool:
+        return framework_default
+
+
+# The frameworks' float32 switches as this process had them before a policy first set them: the
+# frameworks' own defaults, unless the program changed them itself (then that is its default).
+_framework_defaults: dict[str, Any] = {}
+
+
+def _torch_defaults(torch: Any) -> dict[str, Any]:
+    if "torch" not in _framework_defaults:
+        _framework_defaults["torch"] = {
+            "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+            "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+            "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        }
+    return dict(_framework_defaults["torch"])
+
+
+def _tensorflow_tf32_default(tf: Any) -> bool:
+    if "tensorflow" not in _framework_defaults:
+        _framework_defaults["tensorflow"] = bool(tf.config.experimental.tensor_float_32_execution_enabled())
+    return bool(_framework_defaults["tensorflow"])
 
 
 class Bf16Policy(MixedPrecisionPolicy):
@@ -311,7 +376,7 @@ class Fp16Policy(MixedPrecisionPolicy):
 
 #: core's own policies, by name, registered on every plugin manager before any plugin
 BUILTIN_POLICIES: dict[str, type[PrecisionPolicy]] = {
-    policy.name: policy for policy in (Fp32Policy, Tf32Policy, Bf16Policy, Fp16Policy)
+    policy.name: policy for policy in (Fp32Policy, Tf32Policy, Bf16Policy, Fp16Policy, DefaultPolicy)
 }
 
 

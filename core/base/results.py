@@ -31,7 +31,11 @@ from core.base.units import JOULES_PER_WATT_HOUR, watt_hours
 #      figures of the devices used); the derived arithmetic_intensity (computed on read).
 # 1.7: EnergyMeasurement.meters (empty by default): each meter of a run that read node meters beside its
 #      device meter (RunConfig.node_meters), what it includes and whether it is in the total.
-SCHEMA_VERSION = "1.7"
+# 1.8: energy scopes: config.energy_scope (default "window", what every older run measured) and
+#      config.duration_seconds (default None); RunResult.energy_seconds and .energy_samples, the span the
+#      energy covers and the samples in it (an older document's are its window's, filled in on read), and
+#      .window_energy_joules (the window's own energy under a longer scope).
+SCHEMA_VERSION = "1.8"
 # The error type of a document written by a newer core: ResultStore skips such a row with a warning.
 NEWER_SCHEMA_ERROR = "newer_schema"
 # A traceback kept in a result is cut to its end (where it broke) so a deep recursion stays small.
@@ -334,7 +338,9 @@ class RunResult(BaseModel):
     )
     energy_joules_per_epoch: float | None = Field(
         default=None,
-        description="estimate, extrapolated from the window: energy_joules / window_samples x samples_per_epoch",
+        description="estimate: with scope 'window', energy_joules / window_samples x samples_per_epoch; with "
+        "scope 'steps' or 'run', the span's energy once (compilation, set-up) plus the epoch's samples beyond "
+        "energy_samples at the window's energy per sample, so a run of one epoch gives that epoch's measured energy",
     )
 
     parameter_count: int | None = None
@@ -362,9 +368,26 @@ class RunResult(BaseModel):
         default_factory=dict, description="summed datasheet cache bandwidths by cache ('L2'), where given"
     )
 
-    energy_joules: float | None = None
+    energy_joules: float | None = Field(
+        default=None, description="energy over the span config.energy_scope names, every device measured"
+    )
+    energy_seconds: float | None = Field(
+        default=None,
+        description="the span energy_joules covers: the window's seconds (scope 'window'), or from the first "
+        "step's (scope 'steps') or set-up's (scope 'run') start to the end of the window",
+    )
+    energy_samples: int | None = Field(
+        default=None,
+        description="samples processed in that span: the window's, or with scope 'steps' or 'run' also the "
+        "first step's and the warm-up's",
+    )
+    window_energy_joules: float | None = Field(
+        default=None,
+        description="with scope 'steps' or 'run': the steady window's own energy (a second meter over the window), "
+        "from which the epoch estimate adds the epoch's samples beyond the span",
+    )
     energy_unavailable_reason: str | None = None
-    samples_per_watt_hour: float | None = None
+    samples_per_watt_hour: float | None = Field(default=None, description="energy_samples / energy in Wh")
     energy: EnergyMeasurement | None = None
 
     top1_accuracy: float | None = Field(
@@ -397,6 +420,13 @@ class RunResult(BaseModel):
     def _read_older_layouts(cls, data: Any) -> Any:
         _check_schema_version(data)
         data = _without_derived(cls, data)
+        # Before 1.8 the energy was always the window's.
+        if isinstance(data, dict) and data.get("energy_joules") is not None and "energy_samples" not in data:
+            data = {
+                **data,
+                "energy_samples": data.get("window_samples"),
+                "energy_seconds": data.get("window_seconds"),
+            }
         # Before 1.3 a language model's tokens per sample was in its workload_details only.
         if isinstance(data, dict) and "tokens_per_sample" not in data:
             details = data.get("workload_details")
@@ -422,19 +452,19 @@ class RunResult(BaseModel):
     @computed_field  # type: ignore[prop-decorator]
     @property
     def energy_joules_per_sample(self) -> float | None:
-        """The window's energy over its samples (an inference run: joules per image, per sequence)."""
-        return _divided(self.energy_joules, self.window_samples)
+        """The energy over the samples of its span (an inference run: joules per image, per sequence)."""
+        return _divided(self.energy_joules, self.energy_samples)
 
     @computed_field  # type: ignore[prop-decorator]
     @property
     def energy_watt_hours(self) -> float | None:
-        """``energy_joules`` (the window's, all devices measured) in Wh."""
+        """``energy_joules`` (over its scope's span, all devices measured) in Wh."""
         return watt_hours(self.energy_joules)
 
     @computed_field  # type: ignore[prop-decorator]
     @property
     def energy_joules_per_device(self) -> float | None:
-        """The window's energy divided evenly over the devices the run used (CARAML's Energy/GPU);
+        """The energy divided evenly over the devices the run used (CARAML's Energy/GPU: scope 'run');
         the meter's own per-device figures, where it has them, are ``energy.components_joules``."""
         return _divided(self.energy_joules, len(self.devices))
 

@@ -120,6 +120,10 @@ _STRUCTURAL_LINES: dict[str, Callable[[RunResult], list[str]]] = {
 }
 
 
+# How `core run` says the span its energy covers (config.energy_scope).
+_SPANS = {"window": "the window", "steps": "every step (first, warm-up, window)", "run": "the run (set-up to window)"}
+
+
 def text_context(result: RunResult) -> dict[str, Any]:
     """What the declared texts of `core run`'s figures may name besides their value."""
     unit = result.sample_unit or "samples"
@@ -131,6 +135,8 @@ def text_context(result: RunResult) -> dict[str, Any]:
         "passes": "batches" if result.config.mode == "inference" else "updates",
         "devices": len(result.devices),
         "method": f" ({method})" if method else "",
+        # The span the energy covers (config.energy_scope), as the energy line says it.
+        "span": _SPANS[result.config.energy_scope],
         "epoch": epoch.describe()
         if epoch.kind != "dataset" or result.samples_per_epoch is None
         else f"dataset ({result.samples_per_epoch:,} samples)",

@@ -23,7 +23,7 @@ from core.contract.workload import Workload
 if TYPE_CHECKING:
     from core.executors.base import Executor
 
-ALL_PRECISIONS = (Precision.fp32, Precision.tf32, Precision.bf16, Precision.fp16)
+ALL_PRECISIONS = (Precision.fp32, Precision.tf32, Precision.bf16, Precision.fp16, Precision.default)
 
 
 def configure_torch_for(accelerator: TorchGpuAccelerator, context: RunContext) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from core.base.config import LOADGEN_SCENARIOS, RunConfig
 from core.base.distributed import ProcessContext
 from core.base.errors import DataError, NonFiniteLossError
 from core.base.peaks import MemoryBandwidth
-from core.base.precision import policy_in_force
+from core.base.precision import Precision, policy_in_force
 from core.base.results import DeviceRecord, EnergyMeasurement, NodeEnergy, RunResult, RunState, Status
 from core.base.units import JOULES_PER_WATT_HOUR
 from core.contract.accelerator import devices_used, executor_for
@@ -192,11 +192,15 @@ def _execute(plan: RunPlan, process: ProcessContext, observer: Observer | None) 
             observer.phase_ended(partial)
 
     executor: Executor | None = None
-    meter: PowerMeter | None = None
+    meter: PowerMeter | None = None  # the meter of the span config.energy_scope names
+    window_meter: PowerMeter | None = None
     phase = "setup"
     try:
-        started = time.perf_counter()
         context = plan.context(process)
+        # The devices as the plugin names them from the configuration: the executor that opens them
+        # is part of the span. Opening the meter is not (nor is it set-up's time).
+        meter = _span_meter("run", plan, lambda: devices_used(plan.accelerator, context), result, process)
+        started = time.perf_counter()
         executor = executor_for(plan.accelerator, plan.workload, context)
         # What the plugin found while it built the executor (planning's own are already there).
         result.warnings.extend(warning for warning in context.warnings if warning not in result.warnings)
@@ -214,6 +218,9 @@ def _execute(plan: RunPlan, process: ProcessContext, observer: Observer | None) 
         report(result)
 
         phase = "first_step"
+        # After set-up's synchronise and barrier, as the window's meter starts after warm-up's.
+        meter = _first(meter, _span_meter("steps", plan, lambda: result.devices, result, process))
+        steps_started = time.perf_counter()
         result.first_step_seconds = _Phase(executor).run(1)
         # Executors that compile lazily record what compiling took (e.g. compile_seconds) here.
         result.executor_details = executor.details()
@@ -225,11 +232,15 @@ def _execute(plan: RunPlan, process: ProcessContext, observer: Observer | None) 
 
         phase = "window"
         if process.reads_node_meter:
-            meter = _open_meters(plan, result, process)
+            # Also under a longer scope, whose meter is running: the epoch estimate needs the window's.
+            window_meter = _open_meters(plan, result.devices, result, process)
+        meter = _first(meter, window_meter)
         if config.scenario in LOADGEN_SCENARIOS:
-            energy = _loadgen_window(result, executor, meter, config)
+            energy = _loadgen_window(result, executor, window_meter, config)
         else:
-            energy = _loop_window(result, executor, meter, config)
+            energy = _loop_window(result, executor, window_meter, config)
+        span_started = {"run": started, "steps": steps_started}.get(config.energy_scope)
+        energy = _end_energy_span(result, executor, meter, span_started, energy)
         measures = plan.meter_factory is not None or plan.node_meter_factories
         if process.meter_readers_gathered and measures:  # every rank takes part
             energy = _energy_over_nodes(result, executor, process, energy)
@@ -259,8 +270,7 @@ def _execute(plan: RunPlan, process: ProcessContext, observer: Observer | None) 
             result.energy_unavailable_reason = None  # the meter was ready; the window is what failed
         result.explain_missing_energy()
     finally:
-        if meter is not None:
-            _close_quietly(meter.close)
+        _close_meters(meter, window_meter)
         if executor is not None:
             _close_quietly(executor.close)
     report(result)
@@ -274,11 +284,13 @@ def _open_meter(factory: PowerMeterFactory, devices: list[DeviceRecord], context
         return UnavailableMeter(factory.name, f"meter failed to open: {type(exc).__name__}: {exc}")
 
 
-def _open_meters(plan: RunPlan, result: RunResult, process: ProcessContext) -> PowerMeter | None:
-    """The meter this process reads over the window: the device meter alone, or with the node
+def _open_meters(
+    plan: RunPlan, devices: list[DeviceRecord], result: RunResult, process: ProcessContext
+) -> PowerMeter | None:
+    """The meter this process reads over the energy's span: the device meter alone, or with the node
     meters as one :class:`MeterSet` (each node's meters once: only where one process reads a node's)."""
     context = plan.context(process)
-    device = None if plan.meter_factory is None else _open_meter(plan.meter_factory, result.devices, context)
+    device = None if plan.meter_factory is None else _open_meter(plan.meter_factory, devices, context)
     if not plan.node_meter_factories:
         return device
     if process.meter_per_process:
@@ -288,9 +300,7 @@ def _open_meters(plan: RunPlan, result: RunResult, process: ProcessContext) -> P
             "the energy is the devices' only"
         )
         return device
-    nodes = [
-        (node_covers(factory), _open_meter(factory, result.devices, context)) for factory in plan.node_meter_factories
-    ]
+    nodes = [(node_covers(factory), _open_meter(factory, devices, context)) for factory in plan.node_meter_factories]
     paired = None if device is None or plan.meter_factory is None else (device_covers(plan.meter_factory), device)
     return MeterSet(paired, nodes, plan.meter_unavailable_reason)
 
@@ -310,7 +320,11 @@ def _energy_over_nodes(
             meter=energy.meter if energy is not None else None,
             devices=len(result.devices),
         )
-        own = {"node": record.model_dump(), "devices": [device.model_dump(mode="json") for device in result.devices]}
+        own = {
+            "node": record.model_dump(),
+            "devices": [device.model_dump(mode="json") for device in result.devices],
+            "window_energy_joules": result.window_energy_joules,  # under a longer scope: the window's own
+        }
     if process.meter_per_process and process.exchange_dir is not None:
         # No host-side process group (poprun's instances): through the launch's folder.
         gathered = gather_through_files(Path(process.exchange_dir), "energy", process.rank, process.world_size, own)
@@ -322,6 +336,10 @@ def _energy_over_nodes(
     )
     nodes = [node for node, _ in pairs]
     result.nodes = nodes
+    if result.config.energy_scope != "window":
+        windows = [share.get("window_energy_joules") for _, share in pairs]
+        complete = bool(windows) and all(isinstance(joules, (int, float)) for joules in windows)
+        result.window_energy_joules = sum(windows) if complete else None  # type: ignore[arg-type]
     # Every node's devices: energy per device divides the run's energy by all of them.
     devices = []
     for node, share in pairs:
@@ -357,7 +375,8 @@ def _loop_window(
 ) -> EnergyMeasurement | None:
     """core's own steady window: ``config.steps`` steps back to back, timed at its two ends."""
     waited_before_window = executor.data_wait_seconds()
-    window_seconds, step_seconds, energy = _timed_window(executor, meter, config.steps)
+    steps = window_steps(config, result.warmup_seconds)
+    window_seconds, step_seconds, energy = _timed_window(executor, meter, steps)
     result.warnings.extend(executor.window_warnings())
     result.data_wait_seconds = executor.data_wait_seconds() - waited_before_window
     result.data_wait_fraction = result.data_wait_seconds / window_seconds
@@ -367,8 +386,8 @@ def _loop_window(
             "add data_workers or use faster storage to measure the accelerator"
         )
     result.window_seconds = window_seconds
-    result.window_steps = config.steps
-    result.window_updates = config.steps * executor.updates_per_step
+    result.window_steps = steps
+    result.window_updates = steps * executor.updates_per_step
     result.window_samples = result.window_updates * config.samples_per_update
     result.throughput_per_second = result.window_samples / window_seconds
     if step_seconds:
@@ -405,17 +424,88 @@ def _loadgen_window(
     return window.energy
 
 
+def _first(*meters: PowerMeter | None) -> PowerMeter | None:
+    """The first of ``meters`` that is one."""
+    return next((meter for meter in meters if meter is not None), None)
+
+
+def _close_meters(*meters: PowerMeter | None) -> None:
+    """Close each meter once (the span's may be the window's), whatever any of them raises."""
+    for meter in {id(meter): meter for meter in meters if meter is not None}.values():
+        _close_quietly(meter.close)
+
+
+def _span_meter(
+    scope: str, plan: RunPlan, devices: Callable[[], list[DeviceRecord]], result: RunResult, process: ProcessContext
+) -> PowerMeter | None:
+    """The meter of a span longer than the window, opened and started, where the run's scope is
+    ``scope`` and this process reads its node's meter; else None."""
+    if plan.config.energy_scope != scope or not process.reads_node_meter:
+        return None
+    return _started(_open_meters(plan, devices(), result, process))
+
+
+def _end_energy_span(
+    result: RunResult,
+    executor: Executor,
+    meter: PowerMeter | None,
+    span_started: float | None,
+    window: EnergyMeasurement | None,
+) -> EnergyMeasurement | None:
+    """Close the span ``config.energy_scope`` names, right after the window closed (a synchronise and
+    a barrier): record its length and samples, and return its energy (the window's is ``window``;
+    ``span_started`` is when a longer span began)."""
+    if span_started is None:
+        result.energy_seconds, result.energy_samples = result.window_seconds, result.window_samples
+        return window
+    result.window_energy_joules = None if window is None else window.energy_joules
+    energy = None if meter is None else _stopped(meter)
+    result.energy_seconds = executor.gather_max(time.perf_counter() - span_started)
+    window_samples = result.window_samples or 0
+    per_step = window_samples // max(result.window_steps or 1, 1)
+    result.energy_samples = window_samples + per_step * (1 + result.config.warmup_steps)  # first step, warm-up
+    return energy
+
+
+def _started(meter: PowerMeter | None) -> PowerMeter | None:
+    """``meter``, started; a meter that cannot start costs its figure only."""
+    if meter is None:
+        return None
+    try:
+        meter.start()
+    except Exception as exc:
+        return UnavailableMeter(getattr(meter, "name", "?"), f"meter failed to start: {type(exc).__name__}: {exc}")
+    return meter
+
+
+def _stopped(meter: PowerMeter) -> EnergyMeasurement:
+    """What ``meter`` measured since it started; a failing meter costs the energy figure, not the run."""
+    try:
+        return meter.stop()
+    except Exception as exc:
+        return EnergyMeasurement(
+            meter=getattr(meter, "name", "?"), unavailable_reason=f"meter failed: {type(exc).__name__}: {exc}"
+        )
+
+
+def window_steps(config: RunConfig, warmup_seconds: float | None) -> int:
+    """The window's steps: ``steps``, or for a window of fixed duration as many as the warm-up's pace
+    fits in ``duration_seconds``, if more. Counted before the window, from a figure every rank shares
+    (the warm-up's time is the slowest rank's), so every rank takes as many steps and the window reads
+    no clock between steps."""
+    if config.duration_seconds is None or not warmup_seconds or not config.warmup_steps:
+        return config.steps
+    seconds_per_step = warmup_seconds / config.warmup_steps
+    return max(config.steps, math.ceil(config.duration_seconds / seconds_per_step))
+
+
 def _timed_window(
     executor: Executor, meter: PowerMeter | None, steps: int
 ) -> tuple[float, list[float], EnergyMeasurement | None]:
     clock = executor.step_clock()
     executor.begin_window()
     # The previous phase ended with a synchronise and a barrier: the device is idle here.
-    if meter is not None:
-        try:
-            meter.start()
-        except Exception as exc:
-            meter = UnavailableMeter(getattr(meter, "name", "?"), f"meter failed to start: {type(exc).__name__}: {exc}")
+    meter = _started(meter)
     started = time.perf_counter()
     clock.mark()
     for _ in range(steps):
@@ -425,14 +515,7 @@ def _timed_window(
     # Every rank must be done before the window (and the node's meter) closes.
     executor.barrier()
     elapsed = time.perf_counter() - started
-    energy: EnergyMeasurement | None = None
-    if meter is not None:
-        try:
-            energy = meter.stop()
-        except Exception as exc:  # a failing meter costs the energy figure, not the run
-            energy = EnergyMeasurement(
-                meter=getattr(meter, "name", "?"), unavailable_reason=f"meter failed: {type(exc).__name__}: {exc}"
-            )
+    energy = None if meter is None else _stopped(meter)
     executor.check_finite()
     step_seconds = clock.intervals_seconds()
     return executor.gather_max(elapsed), step_seconds, energy
@@ -452,7 +535,7 @@ def _record_accuracy(result: RunResult, executor: Executor) -> None:
 
 def _record_epoch(result: RunResult, plan: RunPlan, dataset_samples: int | None) -> None:
     """Estimates of one epoch's time and energy, as the run's epoch_definition defines an epoch,
-    extrapolated from the steady window's rates (no epoch is run)."""
+    extrapolated from the steady window's pace and the energy's span (no epoch is run)."""
     epoch = plan.config.epoch
     if epoch.kind == "dataset" and plan.config.mode == "inference":
         # Inference goes over the evaluation split (the folder read, or the workload's), not training's.
@@ -464,13 +547,25 @@ def _record_epoch(result: RunResult, plan: RunPlan, dataset_samples: int | None)
         return
     result.samples_per_epoch = samples
     result.epoch_seconds = samples / result.throughput_per_second
-    if result.energy_joules is not None and result.window_samples:
+    if result.energy_joules is None or not result.energy_samples or not result.window_samples:
+        return
+    if plan.config.energy_scope == "window":
         result.energy_joules_per_epoch = result.energy_joules / result.window_samples * samples
+    elif result.window_energy_joules is not None:
+        # The span once (set-up, compilation, warm-up), then the epoch's samples beyond it at the
+        # window's energy per sample: a run of exactly one epoch is that epoch's measured energy.
+        beyond = samples - result.energy_samples
+        result.energy_joules_per_epoch = (
+            result.energy_joules + beyond * result.window_energy_joules / result.window_samples
+        )
 
 
 def _record_utilization(result: RunResult, plan: RunPlan) -> None:
     """MFU against the summed datasheet peaks of the devices used, where every one is known."""
-    peaks = _device_figures(result, plan, "peak_flops_per_second", _is_peak, plan.config.precision)
+    # A policy may be measured against another precision's peak ("default": fp32's).
+    policy = plan.precision_policy
+    measured_against = Precision(policy.peak_precision or plan.config.precision) if policy else plan.config.precision
+    peaks = _device_figures(result, plan, "peak_flops_per_second", _is_peak, measured_against)
     if not peaks or result.flops_per_second is None:
         return
     result.peak_flops_per_second = sum(peak[0] for peak in peaks)
@@ -536,8 +631,8 @@ def _record_energy(result: RunResult, energy: EnergyMeasurement) -> None:
     result.warnings.extend(f"energy: {warning}" for warning in energy.warnings)
     result.energy_joules = energy.energy_joules
     result.energy_unavailable_reason = energy.unavailable_reason
-    if energy.energy_joules and result.window_samples:
-        result.samples_per_watt_hour = result.window_samples / (energy.energy_joules / JOULES_PER_WATT_HOUR)
+    if energy.energy_joules and result.energy_samples:
+        result.samples_per_watt_hour = result.energy_samples / (energy.energy_joules / JOULES_PER_WATT_HOUR)
 
 
 def _close_quietly(close: Callable[[], None]) -> None:

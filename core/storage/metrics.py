@@ -407,12 +407,12 @@ METRICS: tuple[Metric, ...] = (
         reported=Reported(frozenset({TRAINING}), "MFU (median)", percent=True),
         printed=(Printed("achieved", "MFU {value:.2%}"),),
     ),
-    # --- energy over the window
+    # --- energy over the span config.energy_scope names (the window by default)
     Metric(
         "energy_joules",
         "energy_joules",
         "J",
-        "energy over the window, every device measured",
+        "energy over the scope's span, every device measured",
         Summary.median,
         reported=Reported(frozenset({TRAINING}), "energy (J, median)"),
         printed=(Printed("energy", "{value:.4g} J"),),
@@ -424,14 +424,14 @@ METRICS: tuple[Metric, ...] = (
         "energy_joules in Wh",
         Summary.median,
         reported=Reported(frozenset({TRAINING, RESULTS}), "energy (Wh, median)", short="energy Wh"),
-        printed=(Printed("energy", "= {value:.4g} Wh over the window{method}", attach=True),),
+        printed=(Printed("energy", "= {value:.4g} Wh over {span}{method}", attach=True),),
     ),
     Metric("device_count", "devices", "devices", "devices the run used", Summary.first, export=_count),
     Metric(
         "energy_joules_per_device",
         "energy_joules_per_device",
         "J",
-        "the window's energy divided evenly over the devices",
+        "the span's energy divided evenly over the devices",
         Summary.median,
     ),
     Metric(
@@ -454,7 +454,7 @@ METRICS: tuple[Metric, ...] = (
         "samples_per_watt_hour",
         "samples_per_watt_hour",
         "samples/Wh",
-        "window samples per Wh",
+        "the span's samples per Wh",
         Summary.median,
         reported=Reported(_BOTH | {RESULTS}, "{unit}/Wh (median)", short="{unit}/Wh"),
         printed=(Printed("efficiency", "{value:.4g} {unit}/Wh"),),
@@ -463,7 +463,7 @@ METRICS: tuple[Metric, ...] = (
         "energy_joules_per_sample",
         "energy_joules_per_sample",
         "J/sample",
-        "the window's energy over its samples",
+        "the span's energy over its samples",
         Summary.median,
         reported=Reported(frozenset({INFERENCE}), "energy per {sample} (J, median)"),
         printed=(Printed("efficiency", "{value:.4g} J per {sample}", aside=True),),
@@ -671,6 +671,18 @@ METRICS: tuple[Metric, ...] = (
         export=_json_or_none,
     ),
     Metric("energy_method", "energy.method", description="counter or sampled", summary=Summary.first),
+    # --- energy scopes (schema 1.8)
+    _option("duration_seconds", "a window of about this many seconds (null: steps alone)"),
+    _option("energy_scope", "the span the energy covers: window (default), steps or run"),
+    Metric("energy_seconds", "energy_seconds", "s", "the span the energy covers", Summary.median),
+    Metric("energy_samples", "energy_samples", "samples", "samples processed in that span", Summary.median),
+    Metric(
+        "window_energy_joules",
+        "window_energy_joules",
+        "J",
+        "with scope steps or run: the window's own energy",
+        Summary.median,
+    ),
 )
 
 METRICS_BY_NAME: dict[str, Metric] = {metric.name: metric for metric in METRICS}

@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from core.base.config import check_duration_fits
 from core.base.errors import ConfigError, PluginError
 from core.base.files import parse_json
 from core.base.machine import MachineProfile
@@ -177,6 +178,7 @@ def plan_sweep(
             cell.planned = plan_run(
                 manager, workload, accelerator, options, machine=machine, in_slurm_job=in_slurm_job
             ).document()
+            check_duration_fits(options.get("duration_seconds"), spec.timeout_seconds, "the sweep's")
         except ConfigError as error:
             cell.invalid_reason = describe_config_error(error)
         except PluginError as fault:  # a plugin's own bug makes its cells invalid, not the sweep crash

@@ -63,6 +63,7 @@ _TOY_DROPPED = (
     "rendezvous",  # one node: no rendezvous
     "weights",  # a file for the full-size model: the toy's small variant has other shapes
     "accuracy",  # top-1 over a labelled image folder; a toy reads synthetic data
+    "duration_seconds",  # a window of the file's length (CARAML's 30 minutes); a toy's is its two steps
 )
 # LoadGen settings that describe the file's machine: a toy measures its own rates instead.
 _TOY_LOADGEN_DROPPED = ("offline_expected_samples_per_second", "single_stream_expected_latency_seconds")

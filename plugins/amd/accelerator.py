@@ -46,7 +46,7 @@ PROBE = SdkProbe(
 
 # TF32 is absent from MI100/MI200, and whether PyTorch's TF32 switch reaches MI300's hipBLASLt
 # depends on the build; it is not offered until a run on MI300 shows it does.
-PRECISIONS = (Precision.fp32, Precision.bf16, Precision.fp16)
+PRECISIONS = (Precision.fp32, Precision.bf16, Precision.fp16, Precision.default)
 
 
 class AmdOptions(BaseModel):

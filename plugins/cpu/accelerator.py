@@ -27,7 +27,7 @@ from .peaks import derive_bandwidth, derive_peak, host_facts
 if TYPE_CHECKING:
     from core.plugin import Executor
 
-_PRECISIONS = (Precision.fp32, Precision.bf16, Precision.fp16)
+_PRECISIONS = (Precision.fp32, Precision.bf16, Precision.fp16, Precision.default)
 
 
 def usable_cores() -> int:

@@ -29,8 +29,8 @@ PROBE = SdkProbe(
 
 #: TF32 and bf16 arrived with Ampere, compute capability 8.0; older GPUs (a T4 is 7.5) compute fp32 and fp16
 _AMPERE = (8, 0)
-_ALL = (Precision.fp32, Precision.tf32, Precision.bf16, Precision.fp16)
-_BEFORE_AMPERE = (Precision.fp32, Precision.fp16)
+_ALL = (Precision.fp32, Precision.tf32, Precision.bf16, Precision.fp16, Precision.default)
+_BEFORE_AMPERE = (Precision.fp32, Precision.fp16, Precision.default)
 
 
 def precisions_for_compute_capability(capability: str) -> tuple[Precision, ...]:
