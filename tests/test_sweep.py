@@ -603,3 +603,17 @@ def test_a_window_as_long_as_the_repeats_time_limit_is_an_invalid_cell() -> None
     assert short.valid and not long.valid
     assert "duration_seconds = 1800.0" in long.invalid_reason
     assert "less than the sweep's timeout_seconds (1800 s)" in long.invalid_reason
+
+
+@pytest.mark.parametrize("toy", [[], ["--toy"]])
+def test_a_sweep_whose_every_cell_is_invalid_runs_nothing_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], toy: list[str]
+) -> None:
+    # Issue 28: with --skip-invalid, a (toy) sweep that could run none of its cells exited 0.
+    sweep = tmp_path / "nothing.toml"
+    sweep.write_text('name = "nothing"\n[grid]\nworkload = "fcnn"\naccelerator = "cpu"\nprecision = ["fp6", "fp8"]\n')
+    database = tmp_path / "results.db"
+    code = main(["sweep", str(sweep), "--skip-invalid", "--database", str(database), *toy])
+    err = capsys.readouterr().err
+    assert code == 2 and "every cell is invalid here (2 of 2), so nothing can run" in err, err
+    assert "precision = 'fp6'" in err and not database.exists()

@@ -168,6 +168,12 @@ def _spec_with(spec: SweepSpec, *, repeats: int | None, timeout_seconds: float |
 
 
 def _check_cells(plan: SweepPlan, skip_invalid: bool) -> None:
+    if plan.cells and len(plan.invalid_cells) == len(plan.cells):
+        # --skip-invalid skips some cells; with none left, a sweep that ran nothing is no success.
+        raise SweepError(
+            f"every cell is invalid here ({len(plan.cells)} of {len(plan.cells)}), so nothing can run:\n"
+            + "\n".join(f"  {cell.label}: {cell.invalid_reason}" for cell in plan.invalid_cells)
+        )
     if plan.invalid_cells and not skip_invalid:
         raise SweepError(
             f"{len(plan.invalid_cells)} of {len(plan.cells)} cells are invalid (see --dry-run); "
