@@ -623,3 +623,22 @@ def test_core_run_says_which_span_the_energy_covers(scope: str, says: str) -> No
         result = run(ScriptedWorkload(), accelerator, steps=3, warmup_steps=1, energy_scope=scope)
     line = next(line for line in format_result(result).splitlines() if "36 J" in line)
     assert says in line, line
+
+
+def test_a_first_epochs_throughput_includes_the_first_steps_compilation() -> None:
+    # ACES Table 1's "1st epoch": compilation inside the epoch, so lower than the steady throughput.
+    accelerator = ScriptedAccelerator()
+    with registered_plugins():
+        result = run(
+            ScriptedWorkload(),
+            accelerator,
+            steps=3,
+            warmup_steps=0,
+            micro_batch_size=8,
+            epoch_definition="host-calls:10",
+        )
+    assert result.status.ok, result.status
+    expected = result.first_step_seconds + (80 - 8) / result.throughput_per_second
+    assert result.first_epoch_seconds == pytest.approx(expected)
+    assert result.first_epoch_throughput_per_second == pytest.approx(80 / expected)
+    assert result.model_dump(mode="json")["first_epoch_throughput_per_second"] == pytest.approx(80 / expected)

@@ -286,10 +286,33 @@ def test_resnet_versions(name: str, version: str, parameters: int, gflops: float
     assert w.flops_per_sample(options) / 1e9 == pytest.approx(gflops, abs=5e-4)
 
 
-def test_keras_has_resnet_v1_only() -> None:
+def test_keras_builds_resnet_v1_and_v1_5_but_not_the_pre_activation_v2() -> None:
     with pytest.raises(ConfigError) as refused:
-        run("resnet50", "cpu", framework="tensorflow", workload_options={"resnet_version": "v1.5"})
-    assert refused.value.field == "workload_options.resnet_version" and "v1 only" in refused.value.allowed
+        run("resnet50", "cpu", framework="tensorflow", workload_options={"resnet_version": "v2"})
+    assert refused.value.field == "workload_options.resnet_version" and "PyTorch only" in refused.value.allowed
+
+
+@pytest.mark.tensorflow
+@pytest.mark.parametrize("name", ["resnet50", "resnet152"])
+def test_keras_resnet_v1_5_is_torchvisions_network(name: str) -> None:
+    # Issue 28: ACES Table 3 ran ResNet-50 v1.5 in TensorFlow; keras.applications' is v1.
+    pytest.importorskip("tensorflow")
+    import numpy as np
+
+    w = workload(name)
+    options = w.parse_options({"resnet_version": "v1.5"})
+    model = w.build_keras(options, seed=0).make_model()
+    tally = w.tally(options, Framework.tensorflow)
+    assert sum(int(np.prod(v.shape)) for v in model.trainable_weights) == tally.parameters
+    assert keras_macs(model) == tally.macs
+    # The same network as PyTorch's v1.5 (no convolution biases in either): the same counts.
+    torch_tally = w.tally(options, Framework.torch)
+    assert (tally.parameters, tally.macs) == (torch_tally.parameters, torch_tally.macs)
+    # The stride in the 3x3: a stage's first 1x1 runs at the input's resolution (v1: at the output's).
+    block = model.get_layer("conv3_block1_1_conv")
+    assert block.strides == (1, 1) and model.get_layer("conv3_block1_2_conv").strides == (2, 2)
+    v1 = w.tally(w.parse_options({"resnet_version": "v1"}), Framework.tensorflow)
+    assert tally.macs > v1.macs
 
 
 PUBLISHED = {

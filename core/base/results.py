@@ -492,6 +492,24 @@ class RunResult(BaseModel):
 
     @computed_field  # type: ignore[prop-decorator]
     @property
+    def first_epoch_seconds(self) -> float | None:
+        """Estimate of a first epoch, compilation included (ACES Table 1's "1st epoch"): the first
+        step as measured, then the epoch's other samples at the window's pace."""
+        if self.samples_per_epoch is None or self.first_step_seconds is None or not self.throughput_per_second:
+            return None
+        rest = max(self.samples_per_epoch - self.samples_per_host_call, 0)
+        return self.first_step_seconds + rest / self.throughput_per_second
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def first_epoch_throughput_per_second(self) -> float | None:
+        """Estimate: ``samples_per_epoch / first_epoch_seconds``, the throughput of a first epoch."""
+        return _divided(
+            None if self.samples_per_epoch is None else float(self.samples_per_epoch), self.first_epoch_seconds
+        )
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
     def tokens_per_second(self) -> float | None:
         """``throughput_per_second`` (sequences/s) x ``tokens_per_sample``; null where a sample holds no tokens."""
         return None if self.tokens_per_sample is None else _times(self.throughput_per_second, self.tokens_per_sample)

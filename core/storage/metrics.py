@@ -677,6 +677,20 @@ METRICS: tuple[Metric, ...] = (
     Metric("energy_seconds", "energy_seconds", "s", "the span the energy covers", Summary.median),
     Metric("energy_samples", "energy_samples", "samples", "samples processed in that span", Summary.median),
     Metric(
+        "first_epoch_seconds",
+        "first_epoch_seconds",
+        "s",
+        "estimate: a first epoch, compilation included (the first step, then the window's pace)",
+        Summary.median,
+    ),
+    Metric(
+        "first_epoch_throughput_per_second",
+        "first_epoch_throughput_per_second",
+        "samples/s",
+        "estimate: samples_per_epoch / first_epoch_seconds (ACES Table 1's 1st epoch)",
+        Summary.median,
+    ),
+    Metric(
         "window_energy_joules",
         "window_energy_joules",
         "J",

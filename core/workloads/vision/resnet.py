@@ -19,7 +19,7 @@ class ResNetOptions(VisionOptions):
         default=None,
         description="'v1.5' (TorchVision's: the stride on the 3x3; the GH200 and ACES papers'), 'v1' (He et al., "
         "keras.applications: the stride on the first 1x1), 'v2' (tf_cnn_benchmarks' pre-activation resnet50_v2, "
-        "CARAML's; 1001 ImageNet classes); None: v1.5 with PyTorch, v1 with TensorFlow",
+        "CARAML's; 1001 ImageNet classes, PyTorch only); None: v1.5 with PyTorch, v1 with TensorFlow",
     )
 
 
@@ -27,7 +27,9 @@ class ResNet(VisionWorkload):
     """Bottleneck ResNet in three versions (``resnet_version``): v1.5 by default, as TorchVision
     builds it and the papers ran it; v1 (He et al. 2016, keras.applications); v2, the
     pre-activation network of tf_cnn_benchmarks that CARAML ran (core/workloads/preactivation.py).
-    Keras has v1 only, and adds biases to its convolutions."""
+    keras.applications has v1 only, with biases in its convolutions; core builds v1.5 in Keras as
+    Graphcore's TensorFlow 2 ResNet-50 (the ACES and CARAML IPU runs') is built: the stride in the
+    3x3 and no convolution biases (:func:`keras_resnet_v1_5`)."""
 
     depths: ClassVar[tuple[int, int, int, int]]
     options_model: ClassVar[type[BaseModel]] = ResNetOptions
@@ -59,11 +61,12 @@ class ResNet(VisionWorkload):
 
     def check_for_framework(self, options: BaseModel, framework: Framework) -> None:
         assert isinstance(options, ResNetOptions)
-        if framework is Framework.tensorflow and self.version(options, framework) != "v1":
+        if framework is Framework.tensorflow and self.version(options, framework) == "v2":
             raise option_error(
                 "resnet_version",
                 options.resnet_version,
-                f"keras.applications builds {self.name} v1 only; with tensorflow: 'v1' (or leave it out)",
+                f"the pre-activation {self.name} v2 is built with PyTorch only; with tensorflow: 'v1' (keras."
+                "applications, the default) or 'v1.5'",
             )
 
     def shape_details(self, o: VisionOptions) -> dict[str, Any]:
@@ -72,7 +75,7 @@ class ResNet(VisionWorkload):
 
     def tally(self, o: Any, framework: Framework) -> Tally:
         version = self.version(o, framework)
-        conv_bias = framework is Framework.tensorflow
+        conv_bias = framework is Framework.tensorflow and version == "v1"  # keras.applications' own
         channels, height, width = self.input_shape(o)
         t = Tally()
         height, width = conv_output(height, 7, 2, 6), conv_output(width, 7, 2, 6)
@@ -89,6 +92,13 @@ class ResNet(VisionWorkload):
             t.params(in_channels)  # the shift-only batch norm after the last stage
         t.linear(in_channels, self.num_classes(o))
         return t
+
+    def keras_model(self, o: VisionOptions) -> Any:
+        assert isinstance(o, ResNetOptions)
+        if self.version(o, Framework.tensorflow) == "v1":
+            return super().keras_model(o)
+        channels, height, width = self.input_shape(o)
+        return keras_resnet_v1_5(self.depths, (height, width, channels), self.num_classes(o), self.name)
 
     def torch_model(self, o: VisionOptions) -> Any:
         assert isinstance(o, ResNetOptions)
@@ -112,6 +122,47 @@ class ResNet(VisionWorkload):
             num_labels=self.num_classes(o),
         )
         return logits_module(transformers.ResNetForImageClassification(config), "pixel_values")
+
+
+def keras_resnet_v1_5(
+    depths: tuple[int, int, int, int], input_shape: tuple[int, int, int], classes: int, name: str
+) -> Any:
+    """A Keras ResNet v1.5 mapping images to logits: keras.applications' stem, layer names and batch
+    norm epsilon (so pipelines split it by the same blocks), with the stride of a stage's first block
+    in its 3x3 instead of its first 1x1 and no convolution biases (a batch norm follows each), as
+    TorchVision's and Graphcore's TensorFlow 2 ResNet-50 (graphcore/examples, vision/cnns/tensorflow2/
+    model/resnet_models.py) are."""
+    from tensorflow import keras
+
+    layers = keras.layers
+
+    def conv_bn(x: Any, filters: int, kernel: int, stride: int, prefix: str, relu: bool) -> Any:
+        x = layers.Conv2D(filters, kernel, strides=stride, padding="same", use_bias=False, name=f"{prefix}_conv")(x)
+        x = layers.BatchNormalization(epsilon=1.001e-5, name=f"{prefix}_bn")(x)
+        return layers.Activation("relu", name=f"{prefix}_relu")(x) if relu else x
+
+    inputs = keras.Input(shape=input_shape)
+    x = layers.ZeroPadding2D(3, name="conv1_pad")(inputs)
+    x = layers.Conv2D(64, 7, strides=2, use_bias=False, name="conv1_conv")(x)
+    x = layers.BatchNormalization(epsilon=1.001e-5, name="conv1_bn")(x)
+    x = layers.Activation("relu", name="conv1_relu")(x)
+    x = layers.ZeroPadding2D(1, name="pool1_pad")(x)
+    x = layers.MaxPooling2D(3, strides=2, name="pool1_pool")(x)
+    for stage, (depth, filters) in enumerate(zip(depths, (64, 128, 256, 512)), start=2):
+        for block in range(1, depth + 1):
+            prefix = f"conv{stage}_block{block}"
+            stride = 2 if block == 1 and stage > 2 else 1
+            shortcut = x
+            if block == 1:  # a projection where the width (or the resolution) changes
+                shortcut = conv_bn(x, 4 * filters, 1, stride, f"{prefix}_0", relu=False)
+            y = conv_bn(x, filters, 1, 1, f"{prefix}_1", relu=True)
+            y = conv_bn(y, filters, 3, stride, f"{prefix}_2", relu=True)  # v1.5: the stride here
+            y = conv_bn(y, 4 * filters, 1, 1, f"{prefix}_3", relu=False)
+            x = layers.Add(name=f"{prefix}_add")([shortcut, y])
+            x = layers.Activation("relu", name=f"{prefix}_out")(x)
+    x = layers.GlobalAveragePooling2D(name="avg_pool")(x)
+    outputs = layers.Dense(classes, name="predictions")(x)
+    return keras.Model(inputs, outputs, name=f"{name}_v1_5")
 
 
 def _bottleneck_block(
