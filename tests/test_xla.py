@@ -155,6 +155,21 @@ def test_availability_says_exactly_what_is_missing(monkeypatch: pytest.MonkeyPat
     assert "libtpu is not installed" in discovery.missing({"PJRT_DEVICE": "TPU"}, [discovery.TpuChip("a", "0x005e")])[0]
 
 
+def test_cuda_through_torch_xla_2_9_is_said_to_be_gone_with_where_to_go(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Issue 28: the message pointed at a CUDA plugin that torch-xla 2.9 no longer has.
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: object())
+    monkeypatch.setattr(discovery, "nvidia_gpus", lambda: 1)
+    monkeypatch.setattr(discovery, "cuda_plugin_installed", lambda: False)
+    monkeypatch.setattr(discovery, "installed_version", {"torch": "2.9.0", "torch-xla": "2.9.0"}.get)
+    (reason,) = discovery.missing({"PJRT_DEVICE": "CUDA"}, [])
+    assert "torch-xla 2.9.0 has no CUDA support" in reason and "--accelerator nvidia" in reason
+    assert "CUDA PJRT plugin" not in discovery.missing({}, [])[0]  # nor in the hint where no TPU is found
+    monkeypatch.setattr(discovery, "installed_version", {"torch": "2.7.0", "torch-xla": "2.7.0"}.get)
+    assert discovery.missing({"PJRT_DEVICE": "CUDA"}, []) == [
+        "PJRT_DEVICE=CUDA needs torch-xla's CUDA PJRT plugin (a 'torch_xla.plugins' entry point 'cuda')"
+    ]
+
+
 def test_core_plugins_lists_xla_with_its_availability() -> None:
     completed = core_cli("plugins", "--json", env={k: v for k, v in os.environ.items() if k != "PJRT_DEVICE"})
     listing = {plugin["name"]: plugin for plugin in json.loads(completed.stdout)}

@@ -137,7 +137,7 @@ def missing(environ: Mapping[str, str] | None = None, chips: list[TpuChip] | Non
         reasons.append(
             "no TPU found (no Google TPU chip on the PCI bus) and PJRT_DEVICE is not set: on a Cloud TPU VM the "
             "chips are found by themselves; elsewhere set PJRT_DEVICE=CPU to run on the host's CPU through XLA "
-            "(or PJRT_DEVICE=CUDA with torch-xla's CUDA plugin)"
+            "(NVIDIA GPUs: the nvidia accelerator; torch-xla's CUDA ended with 2.8)"
         )
     elif device not in PJRT_DEVICES:
         reasons.append(f"PJRT_DEVICE={env.get('PJRT_DEVICE')}: this plugin places {', '.join(PJRT_DEVICES)} devices")
@@ -148,8 +148,25 @@ def missing(environ: Mapping[str, str] | None = None, chips: list[TpuChip] | Non
     elif device == "CUDA" and not nvidia_gpus():
         reasons.append("PJRT_DEVICE=CUDA but no NVIDIA GPU or driver found (no /dev/nvidia* device nodes)")
     elif device == "CUDA" and not cuda_plugin_installed():
-        reasons.append("PJRT_DEVICE=CUDA needs torch-xla's CUDA PJRT plugin (a 'torch_xla.plugins' entry point 'cuda')")
+        reasons.append(cuda_unavailable(installed_version("torch-xla")))
     return reasons
+
+
+#: the first torch-xla release line without CUDA: deprecated in 2.8, its PJRT CUDA plugin gone, and
+#: the 2.9.0 wheel holds no CUDA code (../shared/notes/vendor-fidelity.md)
+NO_CUDA_FROM = (2, 9)
+
+
+def cuda_unavailable(torch_xla_version: str | None) -> str:
+    """Why PJRT_DEVICE=CUDA cannot run with this torch-xla (no CUDA plugin is registered), and what to do."""
+    line = release_line(torch_xla_version) if torch_xla_version is not None else None
+    if line is not None and line >= NO_CUDA_FROM:
+        return (
+            f"PJRT_DEVICE=CUDA: torch-xla {torch_xla_version} has no CUDA support (deprecated in 2.8, its CUDA "
+            "plugin no longer built); run NVIDIA GPUs with the nvidia accelerator (--accelerator nvidia, with "
+            "--compile for a compiled graph), or install torch-xla 2.8 or older with its CUDA PJRT plugin"
+        )
+    return "PJRT_DEVICE=CUDA needs torch-xla's CUDA PJRT plugin (a 'torch_xla.plugins' entry point 'cuda')"
 
 
 def device_count(device: str, environ: Mapping[str, str] | None = None) -> int:
