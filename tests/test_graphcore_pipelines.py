@@ -8,6 +8,7 @@ import warnings
 from typing import Any
 
 import pytest
+import torch
 
 from core import ConfigError, run
 from core.base.distributed import SINGLE_PROCESS
@@ -187,16 +188,67 @@ def test_gpt2_117m_over_four_ipus_as_caraml_ran_it() -> None:
         {"sequence_length": 32, "synthetic_pool_samples": 16},
         devices_per_replica=4,
         micro_batch_size=1,
-        gradient_accumulation=8,
+        gradient_accumulation=16,
         accelerator_options={"layers_per_ipu": "0,4,4,4"},
     )
     try:
         layers = [ipu_of(executable, f"model.transformer.h.{i}") for i in range(12)]
         assert layers == [1] * 4 + [2] * 4 + [3] * 4
         assert ipu_of(executable, "model.transformer.wte") == 0
-        assert executor.details()["pipeline_balanced_by"] == "layers_per_ipu 0,4,4,4"
+        # Issue 28: the output layer shares the embedding's weight, so it runs on IPU 0 too, in a
+        # stage of its own after the last (Graphcore's train_gpt2.py: BeginBlock(lm_head, ipu_id=0)).
+        assert ipu_of(executable, "model.lm_head") == 0
+        assert executable["stages"] == 5 and executable["ipus_per_replica"] == 4
+        details = executor.details()
+        assert details["pipeline_balanced_by"] == "layers_per_ipu 0,4,4,4"
+        assert details["pipeline_tied_layers"] == [{"layer": "model.lm_head", "ipu": 0}]
     finally:
         executor.close()
+
+
+def test_a_tied_output_layer_adds_a_pipeline_stage_that_gradient_accumulation_must_cover() -> None:
+    # 4 IPUs and the tied head: 5 forward stages, 9 in training; accumulation 8 was enough without it.
+    with pytest.raises(ConfigError) as refused:
+        plan_run(
+            get_plugin_manager(),
+            "gpt2-117m",
+            "graphcore",
+            {
+                "power_meter": "none",
+                "devices_per_replica": 4,
+                "micro_batch_size": 1,
+                "gradient_accumulation": 8,
+                "workload_options": {"sequence_length": 32},
+            },
+        )
+    assert refused.value.field == "gradient_accumulation"
+    assert "must be >= 2 x (devices_per_replica + 1) - 1 = 9" in str(refused.value)
+    assert "tied to IPU 0's embedding" in str(refused.value)
+
+
+def test_the_fake_compiler_refuses_a_weight_used_on_two_ipus() -> None:
+    # PopTorch 3.3's user guide: layers that share weights must be placed on the same IPU.
+    poptorch = pytest.importorskip("poptorch")
+    embedding = torch.nn.Embedding(10, 4)
+    head = torch.nn.Linear(4, 10, bias=False)
+    head.weight = embedding.weight
+
+    class Tied(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embedding, self.head = embedding, head
+
+        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+            return poptorch.identity_loss(self.head(self.embedding(tokens)).sum(), reduction="none")
+
+    model = Tied()
+    poptorch.BeginBlock(model.embedding, user_id="0", ipu_id=0)
+    poptorch.BeginBlock(model.head, user_id="1", ipu_id=1)
+    options = poptorch.Options()
+    options.Training.gradientAccumulation(4)
+    options.useIpuModel(True)
+    with pytest.raises(poptorch.Error, match="weight embedding.weight is used on IPUs \\[0, 1\\]"):
+        poptorch.trainingModel(model, options).compile(torch.zeros(4, 3, dtype=torch.long))
 
 
 @pytest.mark.slow

@@ -38,6 +38,10 @@ class PipelineLayout:
     repeated_layers: bool = False
     #: stage count -> split points known to balance well there
     recommended: Mapping[int, RecommendedSplit] = field(default_factory=dict)
+    #: modules after the last block that share a weight with what precedes the first block (an output
+    #: layer tied to the input embedding): a pipeline must run them on the first stage's device, in a
+    #: stage of its own after the last (one more pipeline stage)
+    tied_to_first_stage: tuple[str, ...] = ()
 
     @property
     def max_stages(self) -> int:

@@ -168,6 +168,7 @@ class ZooWorkload(Workload):
             unit=self.pipeline_unit,
             repeated_layers=self.pipeline_repeated_layers,
             recommended=self.recommended_pipeline_splits(options, blocks),
+            tied_to_first_stage=_tied_to_first_stage(model, blocks),
         )
 
     def _keras_pipeline_layout(self, options: Any) -> PipelineLayout | None:
@@ -315,3 +316,23 @@ def layers_per_stage_recommendation(
         return {}
     starts = [sum(layers_per_stage[:k]) for k in range(1, len(layers_per_stage))]
     return {len(layers_per_stage): RecommendedSplit(tuple(blocks[start] for start in starts), source)}
+
+
+def _tied_to_first_stage(model: Any, blocks: tuple[str, ...]) -> tuple[str, ...]:
+    """Modules after the last of ``blocks`` holding a weight that a module before the first holds
+    too (transformers ties a language model's output layer to its input embedding: the same
+    Parameter object, also on the meta device)."""
+    if not blocks:
+        return ()
+    modules = [name for name, _ in model.named_modules()]
+    first, last = modules.index(blocks[0]), modules.index(blocks[-1])
+    last_block_prefix = blocks[-1] + "."
+    before: set[int] = set()
+    tied: list[str] = []
+    for position, (name, module) in enumerate(model.named_modules()):
+        own = {id(parameter) for parameter in module.parameters(recurse=False)}
+        if position < first:
+            before |= own
+        elif position > last and not name.startswith(last_block_prefix) and own & before:
+            tied.append(name)
+    return tuple(tied)

@@ -31,6 +31,7 @@ from core.plugin import (
     Framework,
     Launcher,
     MemoryBandwidth,
+    PipelineLayout,
     Precision,
     PrecisionPolicy,
     RunConfig,
@@ -225,10 +226,14 @@ class GraphcoreAccelerator(Accelerator):
         # At least 1: a replica too large for the host is refused by validate(), which says why.
         return max(ipus // config.devices_per_replica, 1)
 
-    def placement(self, config: RunConfig, options: GraphcoreOptions) -> IpuPlacement:
+    def placement(
+        self, config: RunConfig, options: GraphcoreOptions, layout: PipelineLayout | None = None
+    ) -> IpuPlacement:
         """The validated placement of ``config`` with the accelerator ``options`` a RunContext holds
-        (ConfigError naming the rule otherwise)."""
+        (ConfigError naming the rule otherwise); ``layout``, the workload's, says whether a tied
+        output layer adds a pipeline stage (PopTorch only: IPU Keras pipelines by its own rules)."""
         instances, _ = resolve_instances(options)
+        tied = layout is not None and bool(layout.tied_to_first_stage) and config.framework is Framework.torch
         assert config.micro_batch_size is not None
         return plan_placement(
             micro_batch_size=config.micro_batch_size,
@@ -240,6 +245,7 @@ class GraphcoreAccelerator(Accelerator):
             training=config.mode == "train",
             auto_round_num_ipus=options.auto_round_num_ipus,
             framework=config.framework.value,
+            tied_stages=1 if tied else 0,
         )
 
     def launcher_for(self, context: RunContext) -> Launcher | None:
@@ -252,7 +258,9 @@ class GraphcoreAccelerator(Accelerator):
         return None
 
     def placement_summary(self, context: RunContext) -> dict[str, Any]:
-        placement = self.placement(context.config, context.accelerator_options_as(GraphcoreOptions))
+        placement = self.placement(
+            context.config, context.accelerator_options_as(GraphcoreOptions), context.pipeline_layout
+        )
         summary = placement.summary()
         shown = {key: summary[key] for key in _DRY_RUN_PLACEMENT}
         if placement.pipelined and context.config.framework is Framework.torch:
@@ -286,7 +294,7 @@ class GraphcoreAccelerator(Accelerator):
                     "PopTorch normalises each replica's micro-batch on its own: 1 (framework tensorflow gathers "
                     "batch-norm statistics over a span of replicas)",
                 )
-        placement = self.placement(config, options)
+        placement = self.placement(config, options, context.pipeline_layout)
         if placement.pipelined and config.framework is Framework.torch:
             pipeline_split(context, placement)  # an impossible split is refused here, before any build
         if config.framework is Framework.tensorflow:
@@ -377,7 +385,7 @@ class GraphcoreAccelerator(Accelerator):
 
     def executor_for(self, workload: Workload, context: RunContext) -> Executor:
         config, options = context.config, context.accelerator_options_as(GraphcoreOptions)
-        placement = self.placement(config, options)
+        placement = self.placement(config, options, context.pipeline_layout)
         _, poprun = resolve_instances(options)
         if config.framework is Framework.tensorflow:
             from .tensorflow import create_keras_executor

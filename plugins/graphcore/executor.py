@@ -185,6 +185,10 @@ class _PopTorchExecutorBase(Executor):
         if self.stage_plan is not None:
             self._details.update(self.stage_plan.summary())
         self.options = build_options(poptorch, placement, settings, popdist)
+        if self.stage_plan is not None and self.stage_plan.tied:
+            # A tied layer runs on an earlier IPU after the last stage: stages counted by block, as
+            # Graphcore's GPT-2 does (PipelinedExecution(AutoStage.AutoIncrement), ipu_options.py).
+            self.options.setExecutionStrategy(poptorch.PipelinedExecution(poptorch.AutoStage.AutoIncrement))
         self._details["poptorch_options"] = options_summary(self.options)
         self._details["numerics"] = numerics_summary(settings, placement.training)
         self._precision = _host(settings)

@@ -27,7 +27,7 @@ class PoprunLauncher(Launcher):
         from .accelerator import GraphcoreAccelerator, GraphcoreOptions
 
         options = context.accelerator_options_as(GraphcoreOptions)
-        placement = GraphcoreAccelerator().placement(context.config, options)
+        placement = GraphcoreAccelerator().placement(context.config, options, context.pipeline_layout)
         return poprun_command(placement, worker, executable_cache_dir=options.executable_cache_dir or None)
 
     def process_context(self, environ: Mapping[str, str]) -> ProcessContext:

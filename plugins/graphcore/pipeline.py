@@ -19,6 +19,7 @@ Torch is imported lazily; the planning functions work on names and parameter cou
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -46,19 +47,25 @@ class Stage:
 class StagePlan:
     stages: tuple[Stage, ...]
     balanced_by: str  # how the split points were chosen
+    #: (module, IPU): a module of a later stage that shares a weight with an earlier stage's module
+    #: (a tied output layer), moved back to that stage's IPU: layers sharing a weight sit on one IPU
+    tied: tuple[tuple[str, int], ...] = ()
 
     @property
     def layer_to_stage(self) -> dict[str, int]:
         return {layer: stage.index for stage in self.stages for layer in stage.layers}
 
     def summary(self) -> dict[str, Any]:
-        return {
+        summary: dict[str, Any] = {
             "pipeline_balanced_by": self.balanced_by,
             "pipeline_stage_plan": [
                 {"ipu": s.index, "first_layer": s.first_layer, "layers": len(s.layers), "parameters": s.parameters}
                 for s in self.stages
             ],
         }
+        if self.tied:
+            summary["pipeline_tied_layers"] = [{"layer": name, "ipu": ipu} for name, ipu in self.tied]
+        return summary
 
 
 @dataclass(frozen=True)
@@ -347,7 +354,18 @@ def plan_stages(
     rule: str = "split points",
 ) -> StagePlan:
     """The stage plan of ``model`` over ``stages`` IPUs: at ``split_points`` where given, else
-    balanced over the layout's blocks, else over the model's outermost layers."""
+    balanced over the layout's blocks, else over the model's outermost layers; a later layer that
+    shares a weight with an earlier stage is moved back to that stage's IPU (:func:`with_tied_layers`)."""
+    return with_tied_layers(model, _plan_stages(model, stages, split_points, layout, rule))
+
+
+def _plan_stages(
+    model: torch.nn.Module,
+    stages: int,
+    split_points: Sequence[str],
+    layout: PipelineLayout | None,
+    rule: str,
+) -> StagePlan:
     if split_points:
         if len(split_points) != stages - 1:
             raise ConfigError(
@@ -363,8 +381,42 @@ def plan_stages(
     return balance(layers, stages)
 
 
+def with_tied_layers(model: torch.nn.Module, plan: StagePlan) -> StagePlan:
+    """``plan`` with each module that shares a weight with a module of an earlier stage moved back to
+    that stage's IPU (GPT-2's and BERT's output layer, tied to the input embedding on IPU 0).
+
+    PopTorch 3.3's user guide: layers that share weights must be placed on the same IPU; Graphcore's
+    own GPT-2 and BERT (graphcore/examples ``nlp/gpt2/pytorch/train_gpt2.py``: ``BeginBlock(lm_head,
+    ipu_id=0)``) put the output layer back on IPU 0, in a stage of its own after the last."""
+    if len(plan.stages) < 2:
+        return plan
+    starts = {stage.first_layer: stage.index for stage in plan.stages}
+    stage_of: dict[str, int] = {}
+    stage = 0
+    for name, _ in model.named_modules():
+        stage = starts.get(name, stage)
+        stage_of[name] = stage
+    first_owner: dict[int, int] = {}  # parameter -> the earliest stage of a module holding it
+    holders: list[tuple[str, int, list[int]]] = []
+    for name, module in model.named_modules():
+        ids = [id(parameter) for parameter in module.parameters(recurse=False)]
+        for parameter in ids:
+            first_owner[parameter] = min(first_owner.get(parameter, stage_of[name]), stage_of[name])
+        holders.append((name, stage_of[name], ids))
+    tied = tuple(
+        (name, min(first_owner[parameter] for parameter in ids))
+        for name, stage, ids in holders
+        if ids and min(first_owner[parameter] for parameter in ids) < stage and name not in starts
+    )
+    return dataclasses.replace(plan, tied=tied)
+
+
 def assign_blocks(poptorch: Any, model: torch.nn.Module, plan: StagePlan) -> None:
-    """Mark each stage's first module with ``poptorch.BeginBlock`` on the stage's IPU."""
+    """Mark each stage's first module with ``poptorch.BeginBlock`` on the stage's IPU, and each tied
+    layer with a block of its own on the IPU of the weight it shares (it, and what runs after it in
+    the forward pass, such as the loss, run there)."""
     modules = dict(model.named_modules())
     for stage in plan.stages:
         poptorch.BeginBlock(modules[stage.first_layer], user_id=f"stage{stage.index}", ipu_id=stage.index)
+    for name, ipu in plan.tied:
+        poptorch.BeginBlock(modules[name], user_id=f"tied:{name}", ipu_id=ipu)

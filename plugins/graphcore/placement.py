@@ -51,6 +51,9 @@ def next_power_of_two(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
+_TIED_NOTE = ", one of them the output layer tied to IPU 0's embedding"
+
+
 def pipeline_stages_in_training(ipus_per_replica: int) -> int:
     """Stages PopTorch runs when training a linear pipeline: the forward stages plus a backward
     stage for each but the last (which computes its backward in place)."""
@@ -69,6 +72,9 @@ class IpuPlacement:
     instances: int = 1  # host processes (poprun --num-instances)
     training: bool = True
     auto_round_num_ipus: bool = True
+    #: stages after the last IPU's for layers tied to the first IPU (an output layer sharing the
+    #: embedding's weight runs on IPU 0 in a stage of its own: core.plugin.PipelineLayout)
+    tied_stages: int = 0
 
     @property
     def pipelined(self) -> bool:
@@ -105,7 +111,8 @@ class IpuPlacement:
         """Stages PopTorch checks gradient accumulation (training) or device iterations against."""
         if not self.pipelined:
             return 1
-        return pipeline_stages_in_training(self.ipus_per_replica) if self.training else self.ipus_per_replica
+        forward = self.ipus_per_replica + self.tied_stages
+        return pipeline_stages_in_training(forward) if self.training else forward
 
     @property
     def samples_per_update(self) -> int:
@@ -163,6 +170,7 @@ def plan_placement(
     training: bool = True,
     auto_round_num_ipus: bool = True,
     framework: str = "torch",
+    tied_stages: int = 0,
 ) -> IpuPlacement:
     """Validate a placement; raise ConfigError naming the field and the rule it breaks."""
     if instances < 1:
@@ -182,6 +190,7 @@ def plan_placement(
         instances,
         training,
         auto_round_num_ipus,
+        tied_stages=tied_stages if ipus_per_replica > 1 else 0,
     )
     per_instance = placement.ipus_per_instance
     layout = (
@@ -211,8 +220,9 @@ def plan_placement(
             "gradient_accumulation",
             gradient_accumulation,
             f"pipelined training over {ipus_per_replica} IPUs per replica runs {stages} pipeline stages "
-            f"({ipus_per_replica} forward + {ipus_per_replica - 1} backward); gradient_accumulation must be "
-            f">= 2 x devices_per_replica - 1 = {stages}",
+            f"({(stages + 1) // 2} forward{_TIED_NOTE if placement.tied_stages else ''} + {(stages - 1) // 2} "
+            f"backward); gradient_accumulation must be >= 2 x "
+            f"{'(devices_per_replica + 1)' if placement.tied_stages else 'devices_per_replica'} - 1 = {stages}",
         )
     if not training:
         if gradient_accumulation != 1:

@@ -460,6 +460,28 @@ class _StageTracker:
         self._auto_id = 0
 
 
+def _refuse_weights_shared_across_ipus(model: torch.nn.Module, module_ipus: dict[str, int]) -> None:
+    """PopTorch 3.3's user guide ("Multi-IPU execution strategies"): layers that share weights must be
+    placed on the same IPU; Graphcore's GPT-2 and BERT examples move the tied output layer back to
+    the embedding's IPU for this. The real compiler's own words are not reproduced here: this fake
+    refuses such a model at compilation with a message of its own, naming the weight and the IPUs."""
+    ipus_of: dict[int, set[int]] = {}
+    names: dict[int, str] = {}
+    for name, module in model.named_modules():
+        if name not in module_ipus:
+            continue  # not run in the forward pass
+        for parameter_name, parameter in module.named_parameters(recurse=False):
+            ipus_of.setdefault(id(parameter), set()).add(module_ipus[name])
+            names.setdefault(id(parameter), f"{name}.{parameter_name}" if name else parameter_name)
+    for key, ipus in ipus_of.items():
+        if len(ipus) > 1:
+            raise poptorch_core.raise_compiler_error(
+                f"(fake) weight {names[key]} is used on IPUs {sorted(ipus)}: layers that share weights must be "
+                "placed on the same IPU",
+                _CPP_COMPILER,
+            )
+
+
 class Block(torch.nn.Module):
     # None outside tracing: on the CPU the class is a no-op, as in PopTorch.
     _stages_manager: _StageTracker | None = None
@@ -650,6 +672,7 @@ class PoplarExecutor:
             Block._stages_manager = None
             for handle in placements:
                 handle.remove()
+        _refuse_weights_shared_across_ipus(self._user_model, tracker.module_ipus)
         ipu_ids = [ipu for _, ipu in tracker.blocks if ipu is not None]
         ipus_per_replica = (max(ipu_ids) + 1) if ipu_ids else 1
         strategy = o._execution_strategy
