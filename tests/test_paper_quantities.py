@@ -55,7 +55,7 @@ def test_caramls_ipu_energy_per_epoch_cannot_be_the_window_and_the_docs_and_file
 
 def test_caramls_gpu_gpt_energy_is_a_30_minute_run_in_the_files() -> None:
     # jpwr wraps Megatron-LM's whole pretrain(), ended by --exit-duration-in-mins 30.
-    for name in ("caraml-gpt-nvidia", "caraml-gpt-mi250"):
+    for name in ("caraml-gpt-nvidia", "caraml-gpt-mi250", "caraml-gpt-mi250-gcd", "caraml-gpt-gh200-jrdc"):
         spec = load_sweep(ROOT / "examples" / "seeds" / f"{name}.toml")
         grid = spec.shared()
         assert (grid["energy_scope"], grid["duration_seconds"]) == ("run", 1800.0), name
@@ -64,7 +64,7 @@ def test_caramls_gpu_gpt_energy_is_a_30_minute_run_in_the_files() -> None:
 
 def test_caramls_gpu_resnet_energy_is_the_training_loop_in_the_files() -> None:
     # jpwr wraps tf_cnn_benchmarks' loop: its 10 warm-up and 100 timed batches, not graph building.
-    for name in ("caraml-resnet50-nvidia", "caraml-resnet50-mi250"):
+    for name in ("caraml-resnet50-nvidia", "caraml-resnet50-mi250", "caraml-resnet50-gh200-jrdc"):
         grid = load_sweep(ROOT / "examples" / "seeds" / f"{name}.toml").shared()
         assert (grid["energy_scope"], grid["warmup_steps"], grid["steps"]) == ("steps", 10, 100), name
 
