@@ -581,28 +581,21 @@ def test_default_is_the_frameworks_own_float32_math_whatever_ran_before() -> Non
 def test_default_is_measured_against_the_fp32_peak() -> None:
     from core import run
 
-    result = run(
-        "fcnn",
-        "cpu",
-        precision="default",
-        steps=2,
-        warmup_steps=0,
-        micro_batch_size=4,
-        power_meter="none",
-        workload_options={"layers": 2, "hidden_width": 8},
-    )
+    def tiny(precision: str) -> Any:
+        return run(
+            "fcnn",
+            "cpu",
+            precision=precision,
+            steps=2,
+            warmup_steps=0,
+            micro_batch_size=4,
+            power_meter="none",
+            workload_options={"layers": 2, "hidden_width": 8},
+        )
+
+    result, fp32 = tiny("default"), tiny("fp32")
     assert result.status.ok, result.status
     assert result.executor_details["precision"] == "default"
-    fp32 = run(
-        "fcnn",
-        "cpu",
-        precision="fp32",
-        steps=2,
-        warmup_steps=0,
-        micro_batch_size=4,
-        power_meter="none",
-        workload_options={"layers": 2, "hidden_width": 8},
-    )
     if fp32.peak_flops_per_second is None:
         pytest.skip("no peak is known for this host's processor")
     assert result.peak_flops_per_second == fp32.peak_flops_per_second

@@ -413,42 +413,35 @@ def test_the_default_scope_is_the_window_and_says_so() -> None:
     assert result.energy_joules_per_sample == pytest.approx(36.0 / 40)
 
 
-def test_the_run_scope_reads_from_before_set_up_to_the_window_end() -> None:
-    # CARAML wraps the whole training script in jpwr: set-up, compilation and warm-up are in its energy.
+@pytest.mark.parametrize(
+    "scope,before_set_up",
+    [
+        # CARAML wraps its whole training script in jpwr: set-up, compilation and warm-up are in.
+        ("run", True),
+        # CARAML's GPU ResNet-50: jpwr around tf_cnn_benchmarks' loop, warm-up in, graph building out.
+        ("steps", False),
+    ],
+)
+def test_a_longer_scope_reads_its_span_and_a_second_meter_the_window(scope: str, before_set_up: bool) -> None:
     accelerator = ScriptedAccelerator()
     with registered_plugins(MeterPlugin(RecordingMeterFactory(accelerator.log))):
-        result = run(ScriptedWorkload(), accelerator, steps=10, warmup_steps=2, micro_batch_size=8, energy_scope="run")
+        result = run(ScriptedWorkload(), accelerator, steps=10, warmup_steps=2, micro_batch_size=8, energy_scope=scope)
     assert result.status.ok, result.status
-    # span meter on, setup sync, first step + sync, 2 warm-up steps + sync, window meter on, 10 steps,
-    # sync, window meter off, span meter off.
+    # (span meter on,) setup sync, (span meter on,) first step + sync, 2 warm-up steps + sync, window
+    # meter on, 10 steps, sync, window meter off, span meter off.
+    set_up = ["meter-start", "sync"] if before_set_up else ["sync", "meter-start"]
     assert accelerator.log == (
-        ["meter-start", "sync", "step", "sync", "step", "step", "sync", "meter-start"]
+        set_up
+        + ["step", "sync", "step", "step", "sync", "meter-start"]
         + ["step"] * 10
         + ["sync", "meter-stop", "meter-stop", "close"]
     )
     assert result.energy_joules == 36.0 and result.window_energy_joules == 36.0
     assert result.energy_samples == 8 * (1 + 2 + 10) and result.window_samples == 80
-    phases = result.setup_seconds + result.first_step_seconds + result.warmup_seconds + result.window_seconds
-    assert result.energy_seconds >= phases
+    phases = result.first_step_seconds + result.warmup_seconds + result.window_seconds
+    assert result.energy_seconds >= phases + (result.setup_seconds if before_set_up else 0.0)
     assert result.samples_per_watt_hour == pytest.approx(8 * 13 / (36.0 / 3600))
     assert result.energy_joules_per_sample == pytest.approx(36.0 / (8 * 13))
-
-
-def test_the_steps_scope_reads_from_the_first_step_to_the_window_end() -> None:
-    # CARAML's GPU ResNet-50: jpwr around tf_cnn_benchmarks' loop, warm-up batches in, graph building out.
-    accelerator = ScriptedAccelerator()
-    with registered_plugins(MeterPlugin(RecordingMeterFactory(accelerator.log))):
-        result = run(ScriptedWorkload(), accelerator, steps=4, warmup_steps=2, micro_batch_size=8, energy_scope="steps")
-    assert result.status.ok, result.status
-    # setup sync, span meter on, first step + sync, 2 warm-up steps + sync, window meter on, 4 steps,
-    # sync, both off.
-    assert accelerator.log == (
-        ["sync", "meter-start", "step", "sync", "step", "step", "sync", "meter-start"]
-        + ["step"] * 4
-        + ["sync", "meter-stop", "meter-stop", "close"]
-    )
-    assert result.energy_samples == 8 * (1 + 2 + 4)
-    assert result.energy_seconds >= result.first_step_seconds + result.warmup_seconds + result.window_seconds
 
 
 def test_a_run_of_one_epoch_in_the_run_scope_reports_that_epochs_measured_energy() -> None:
