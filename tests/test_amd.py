@@ -403,7 +403,12 @@ def test_peak_table_has_a_source_for_every_entry_and_part() -> None:
     assert peak_flops("AMD Instinct MI210", Precision.fp16) == pytest.approx(181.0e12)
     assert peak_flops("AMD Instinct MI250X / MI250", Precision.fp16) is None  # which of the two is unknown
     assert peak_flops("AMD Instinct MI250X", Precision.tf32) is None
-    assert AmdAccelerator().precisions(Framework.torch) == (Precision.fp32, Precision.bf16, Precision.fp16)
+    assert AmdAccelerator().precisions(Framework.torch) == (
+        Precision.fp32,
+        Precision.bf16,
+        Precision.fp16,
+        Precision.default,
+    )
 
 
 # --- running -------------------------------------------------------------------------------------

@@ -192,5 +192,5 @@ def test_every_run_config_field_has_a_run_flag_that_sets_it() -> None:
     help_text = " ".join(run_parser.format_help().split())
     assert (
         "--batch-size BATCH_SIZE" in help_text
-        and "core's: fp32, tf32, bf16, fp16, and any a plugin registers (default: fp32)" in help_text
+        and "core's: fp32, tf32, bf16, fp16, default, and any a plugin registers (default: fp32)" in help_text
     )

@@ -381,7 +381,7 @@ def test_each_vendor_s_machines_come_from_its_plugin() -> None:
         accelerator = manager.accelerator(profile.accelerator)
         assert set(profile.precisions) <= set(accelerator.precisions(Framework.torch)), name
     # The NVIDIA plugin derives precisions from the compute capability, as its validate_run does.
-    assert shipped["t4"].precisions == (Precision.fp32, Precision.fp16)
+    assert shipped["t4"].precisions == (Precision.fp32, Precision.fp16, Precision.default)
     assert Precision.tf32 in shipped["gh200"].precisions and shipped["gh200"].details["compute_capability"] == "9.0"
 
 

@@ -452,8 +452,12 @@ class RunResult(BaseModel):
     @computed_field  # type: ignore[prop-decorator]
     @property
     def energy_joules_per_sample(self) -> float | None:
-        """The energy over the samples of its span (an inference run: joules per image, per sequence)."""
-        return _divided(self.energy_joules, self.energy_samples)
+        """The energy over the samples of its span (an inference run: joules per image, per sequence);
+        a result whose span was not recorded (made by hand) is the window's where its scope is."""
+        samples = self.energy_samples
+        if samples is None and self.config.energy_scope == "window":
+            samples = self.window_samples
+        return _divided(self.energy_joules, samples)
 
     @computed_field  # type: ignore[prop-decorator]
     @property
