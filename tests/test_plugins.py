@@ -240,7 +240,8 @@ def test_a_meter_reads_the_accelerators_it_declares(manager: PluginManager) -> N
     assert record.state is PluginState.loaded, record.error
     assert [m.name for m in manager.meters_reading("third-party-gpu")] == ["declared"]
     assert "declared" in [m.name for m in manager.meters_reading("cpu")]  # beside RAPL
-    assert manager.meters_reading("nvidia") == [manager.power_meters["nvml"].item]
+    # NVML first (what `auto` picks), then the Grace Hopper module meter, asked for by name.
+    assert manager.meters_reading("nvidia") == [manager.power_meters[name].item for name in ("nvml", "gh-module")]
     assert manager.meters_reading("cp") == [] and manager.meters_reading("CPU") == []  # names, not substrings
     # Each built-in meter declares the one accelerator it reads.
     assert {name: manager.power_meters[name].item.accelerators for name in ("nvml", "amdsmi", "rapl")} == {

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from core.plugin import Accelerator, MachineProfile, PowerMeterFactory, hookimpl
 
 from .accelerator import NvidiaAccelerator
+from .grace_hopper import GraceHopperModuleMeterFactory
 from .machines import nvidia_machines
 from .meter import NvmlMeterFactory
 
@@ -19,6 +20,8 @@ def core_register_accelerators(register: Callable[[Accelerator], None]) -> None:
 @hookimpl
 def core_register_power_meters(register: Callable[[PowerMeterFactory], None]) -> None:
     register(NvmlMeterFactory())
+    # After NVML, which `auto` picks first: the module meter is asked for by name (CARAML's GH200 rows).
+    register(GraceHopperModuleMeterFactory())
 
 
 @hookimpl
