@@ -79,7 +79,9 @@ def toy_cell_options(options: dict[str, Any], manager: PluginManager) -> dict[st
     """One cell's options at toy scale (see the module docstring)."""
     toy = {key: value for key, value in options.items() if key not in _TOY_DROPPED}
     toy.update(_TOY_FIXED)
-    toy["precision"] = TOY_PRECISIONS.get(str(toy.get("precision", "fp32")), toy.get("precision", "fp32"))
+    precision = toy.get("precision")
+    if isinstance(precision, str) and precision in TOY_PRECISIONS:  # a bad value is planning's to name
+        toy["precision"] = TOY_PRECISIONS[precision]
     # Inference accumulates no gradients: anything but 1 is refused there, so a toy must not add it.
     accumulation_cap = 1 if toy.get("mode") == "inference" else TOY_GRADIENT_ACCUMULATION
     for field, cap in (("micro_batch_size", TOY_MICRO_BATCH), ("gradient_accumulation", accumulation_cap)):

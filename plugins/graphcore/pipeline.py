@@ -20,7 +20,7 @@ Torch is imported lazily; the planning functions work on names and parameter cou
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -284,15 +284,22 @@ def _parameters_by_stage(model: torch.nn.Module, split_points: Sequence[str], st
     tied embeddings) counts once, where it first appears."""
     counts = [0] * stages
     seen: set[int] = set()
-    stage = 0
     starts = {point: index + 1 for index, point in enumerate(split_points)}
-    for name, module in model.named_modules():
-        stage = starts.get(name, stage)
+    for _, module, stage in _modules_by_stage(model, starts):
         for parameter in module.parameters(recurse=False):
             if id(parameter) not in seen:
                 seen.add(id(parameter))
                 counts[stage] += parameter.numel()
     return counts
+
+
+def _modules_by_stage(model: torch.nn.Module, starts: Mapping[str, int]) -> Iterator[tuple[str, Any, int]]:
+    """(name, module, stage) for every module in ``named_modules()`` order: a module belongs to the
+    stage whose first module (``starts``: name -> stage) last preceded it, stage 0 before any."""
+    stage = 0
+    for name, module in model.named_modules():
+        stage = starts.get(name, stage)
+        yield name, module, stage
 
 
 def plan_from_split_points(
@@ -391,22 +398,18 @@ def with_tied_layers(model: torch.nn.Module, plan: StagePlan) -> StagePlan:
     if len(plan.stages) < 2:
         return plan
     starts = {stage.first_layer: stage.index for stage in plan.stages}
-    stage_of: dict[str, int] = {}
-    stage = 0
-    for name, _ in model.named_modules():
-        stage = starts.get(name, stage)
-        stage_of[name] = stage
-    first_owner: dict[int, int] = {}  # parameter -> the earliest stage of a module holding it
-    holders: list[tuple[str, int, list[int]]] = []
-    for name, module in model.named_modules():
-        ids = [id(parameter) for parameter in module.parameters(recurse=False)]
+    held = [
+        (name, stage, [id(p) for p in module.parameters(recurse=False)])
+        for name, module, stage in _modules_by_stage(model, starts)
+    ]
+    first_stage: dict[int, int] = {}  # parameter -> the earliest stage of a module holding it
+    for _, stage, ids in held:
         for parameter in ids:
-            first_owner[parameter] = min(first_owner.get(parameter, stage_of[name]), stage_of[name])
-        holders.append((name, stage_of[name], ids))
+            first_stage[parameter] = min(first_stage.get(parameter, stage), stage)
     tied = tuple(
-        (name, min(first_owner[parameter] for parameter in ids))
-        for name, stage, ids in holders
-        if ids and min(first_owner[parameter] for parameter in ids) < stage and name not in starts
+        (name, earliest)
+        for name, stage, ids in held
+        if ids and name not in starts and (earliest := min(first_stage[p] for p in ids)) < stage
     )
     return dataclasses.replace(plan, tied=tied)
 
