@@ -18,6 +18,36 @@ TORCH_VERSION="2.9.0"
 CPU_INDEX="https://download.pytorch.org/whl/cpu"
 started=$(date +%s)
 
+# The CUDA build of torch takes 7.3 GB installed (measured in .venv-xla) and pip first downloads
+# its 3.3 GB of wheels to the temporary folder. A disk that fills half-way through leaves a broken
+# environment and a pip traceback, so this says beforehand what is needed and what is free.
+INSTALLED_MB=7500
+DOWNLOADED_MB=3500
+
+free_mb() { df -Pm "$1" | awk 'NR == 2 { print $4 }'; }
+filesystem() { df -P "$1" | awk 'NR == 2 { print $1 }'; }
+
+require_free_disk() {
+    local what=$1 venv_folder temp_folder
+    venv_folder=$(dirname "$(realpath -m "$VENV")")
+    temp_folder=${TMPDIR:-/tmp}
+    local -a checks=("$venv_folder:$INSTALLED_MB" "$temp_folder:$DOWNLOADED_MB")
+    if [ "$(filesystem "$venv_folder")" = "$(filesystem "$temp_folder")" ]; then
+        checks=("$venv_folder:$(( INSTALLED_MB + DOWNLOADED_MB ))")
+    fi
+    local check folder needed free
+    for check in "${checks[@]}"; do
+        folder=${check%:*}
+        needed=${check##*:}
+        free=$(free_mb "$folder")
+        if [ "$free" -lt "$needed" ]; then
+            echo "setup-xla: $what needs about $needed MB free in $folder; $free MB are free" \
+                "(set CORE_XLA_VENV or TMPDIR to a roomier folder, or TORCH_XLA_TORCH_SPEC to a CPU build)" >&2
+            exit 1
+        fi
+    done
+}
+
 pip_install() {
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$@"
 }
@@ -34,7 +64,10 @@ if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(not torch.__version__.st
         pip_install $TORCH_XLA_TORCH_SPEC
     elif ! pip_install --retries 0 --timeout 20 "torch==$TORCH_VERSION" --index-url "$CPU_INDEX" 2>/dev/null; then
         echo "setup-xla: PyTorch's CPU index is not reachable; torch $TORCH_VERSION from the package index" >&2
-        pip_install "torch==$TORCH_VERSION"
+        require_free_disk "torch $TORCH_VERSION's CUDA build with NVIDIA's libraries"
+        # No wheel cache: the CUDA build's wheels would stay on disk beside what they installed,
+        # doubling its footprint; a CI machine starts with an empty cache anyway.
+        pip_install --no-cache-dir "torch==$TORCH_VERSION"
     fi
 fi
 pip_install --constraint constraints.txt setuptools wheel
