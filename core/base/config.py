@@ -7,7 +7,16 @@ import re
 from enum import Enum
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from core.base.epochs import ALLOWED_EPOCH_DEFINITIONS, DEFAULT_EPOCH_DEFINITION, EpochDefinition
 from core.base.errors import ConfigError, ConfigErrors, did_you_mean
@@ -110,6 +119,14 @@ class RunConfig(BaseModel):
     )
     replicas: int = Field(
         default=1, ge=1, le=1 << 16, description="data-parallel copies of the model, over every node of the run"
+    )
+    global_batch_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=1 << 30,
+        description="samples per weight update over all replicas, the micro-batch and accumulation derived from it: "
+        "micro_batch_size becomes the largest micro-batch (global / replicas where that is smaller, CARAML's "
+        "rule), gradient_accumulation the rest; None: micro-batch x accumulation x replicas as given",
     )
     nodes: int = Field(
         default=1,
@@ -233,6 +250,30 @@ class RunConfig(BaseModel):
         default_factory=dict, description="vendor placement options (e.g. MI250 'mode'), validated by the accelerator"
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _batch_from_global(cls, data: Any) -> Any:
+        # Before the fields: the derived micro-batch and accumulation are then checked like given
+        # ones. Values of the wrong type are left to the fields' own errors.
+        if not isinstance(data, dict) or data.get("global_batch_size") is None:
+            return data
+        global_batch, replicas, largest = (
+            data["global_batch_size"],
+            data.get("replicas", 1),
+            data.get("micro_batch_size"),
+        )
+        if not all(_is_count(value) for value in (global_batch, replicas, 1 if largest is None else largest)):
+            return data
+        micro_batch, accumulation = derive_batch(global_batch, replicas, largest)
+        given = data.get("gradient_accumulation")
+        if given is not None and given != accumulation:
+            raise ConfigError(
+                "gradient_accumulation",
+                given,
+                f"global_batch_size {global_batch} sets it: {accumulation} here (leave it unset)",
+            )
+        return {**data, "micro_batch_size": micro_batch, "gradient_accumulation": accumulation}
+
     @field_validator("epoch_definition", mode="before")
     @classmethod
     def _epoch_definition(cls, value: Any) -> str:
@@ -282,6 +323,40 @@ class RunConfig(BaseModel):
         if self.micro_batch_size is None:
             raise ValueError("micro_batch_size is not resolved yet")
         return self.micro_batch_size * self.gradient_accumulation * self.replicas
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def derive_batch(global_batch_size: int, replicas: int, largest_micro_batch: int | None) -> tuple[int, int]:
+    """The micro-batch and gradient accumulation that make ``global_batch_size`` over ``replicas``.
+
+    Each replica's share is ``global_batch_size / replicas``; it is one micro-batch where it is no
+    larger than ``largest_micro_batch`` (or none is given), else micro-batches of that size,
+    accumulated. CARAML's IPU ResNet-50 (resnet50_benchmark.xml) sets ``ipu_mbs`` so: the share
+    where the global batch is small, else 16.
+
+    :returns: (micro_batch_size, gradient_accumulation).
+    :raises ConfigError: naming global_batch_size where it does not split evenly.
+    """
+    if global_batch_size % replicas:
+        raise ConfigError(
+            "global_batch_size",
+            global_batch_size,
+            f"an equal share for each of the {replicas} replicas: a multiple of {replicas}",
+        )
+    share = global_batch_size // replicas
+    if largest_micro_batch is None or share <= largest_micro_batch:
+        return share, 1
+    if share % largest_micro_batch:
+        raise ConfigError(
+            "global_batch_size",
+            global_batch_size,
+            f"whole micro-batches of micro_batch_size {largest_micro_batch} for each of the {replicas} replicas: "
+            f"a multiple of {largest_micro_batch * replicas}, or at most {largest_micro_batch * replicas}",
+        )
+    return largest_micro_batch, share // largest_micro_batch
 
 
 _REQUIRED = {
@@ -464,6 +539,20 @@ def check_nodes(config: RunConfig) -> None:
 def check_mode_options(config: RunConfig) -> None:
     """Refuse options that mean nothing in the run's mode, naming the option (not the mode): the
     mode is what the user meant, the other option is what does not fit it."""
+    if (
+        config.mode == "inference"
+        and config.gradient_accumulation != 1
+        and config.global_batch_size is not None
+        and config.micro_batch_size is not None
+    ):
+        # The accumulation was derived from global_batch_size: name what the user gave.
+        raise ConfigError(
+            "global_batch_size",
+            config.global_batch_size,
+            f"inference runs one forward pass per micro-batch; allowed with mode 'inference' and micro_batch_size "
+            f"{config.micro_batch_size}: at most {config.micro_batch_size * config.replicas} (micro-batch x "
+            "replicas)",
+        )
     if config.mode == "inference" and config.gradient_accumulation != 1:
         raise ConfigError(
             "gradient_accumulation",

@@ -48,6 +48,7 @@ RUN_GROUPS: dict[str, tuple[str, ...]] = {
     "batch and steps": (
         "micro_batch_size",
         "gradient_accumulation",
+        "global_batch_size",
         "steps",
         "duration_seconds",
         "warmup_steps",

@@ -42,7 +42,8 @@ from core.storage.summary import CellSummary
 
 # What makes two cells the same work. Not matched: accelerator and accelerator_options (the
 # platform compared), steps, warmup_steps, seed, power_*, threads_per_replica, data_workers and
-# rendezvous (how it was measured or placed on that host), epoch_definition (estimates only).
+# rendezvous (how it was measured or placed on that host), epoch_definition (estimates only),
+# global_batch_size (the micro-batch and accumulation it derives are matched: the same work either way).
 MATCHED_OPTIONS = (
     "workload",
     "mode",

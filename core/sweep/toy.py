@@ -13,7 +13,8 @@ the report) before its machine is booked, and in CI. What a toy cell keeps and c
   files can honour is dropped: ``nodes`` and ``rendezvous`` (one node), ``weights`` (a file for the
   full-size model, which the toy's small variant cannot load), ``accuracy`` (it needs a labelled
   image folder; a toy reads synthetic data);
-- ``micro_batch_size`` at most 4, ``gradient_accumulation`` at most 2 (an inference cell's stays 1),
+- ``micro_batch_size`` at most 4, ``gradient_accumulation`` at most 2 (an inference cell's stays 1;
+  ``global_batch_size`` is dropped, its micro-batch and accumulation shrunk as given ones),
   2 timed steps after 1 warm-up; an inference cell under a LoadGen scenario runs LoadGen for 0.3 s
   and at least 20 queries, whether or not the file gives ``loadgen`` settings, at a server rate of
   at most 100 samples/s, with the offline rate and single-stream latency measured (not the file's,
@@ -65,6 +66,7 @@ _TOY_DROPPED = (
     "weights",  # a file for the full-size model: the toy's small variant has other shapes
     "accuracy",  # top-1 over a labelled image folder; a toy reads synthetic data
     "duration_seconds",  # a window of the file's length (CARAML's 30 minutes); a toy's is its two steps
+    "global_batch_size",  # the file's machine's batch (4096 is 1024 accumulated toy micro-batches)
 )
 # Precisions a toy runs as fp32: TF32 is a GPU mode, and a CPU without AVX-512's BF16/FP16
 # instructions emulates 16-bit autocast (ResNet-50's small variant, micro-batch 4, on this project's
