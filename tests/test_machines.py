@@ -29,6 +29,9 @@ PAPERS_MACHINES = {
     "ipu-pod16",
     "t4",
     "a100-80gb-pcie-x2",
+    "dgx-a100-40gb",
+    "v100-sxm2-32gb-x4",
+    "rtx6000-x2",
 }
 
 
@@ -383,6 +386,34 @@ def test_each_vendor_s_machines_come_from_its_plugin() -> None:
     # The NVIDIA plugin derives precisions from the compute capability, as its validate_run does.
     assert shipped["t4"].precisions == (Precision.fp32, Precision.fp16, Precision.default)
     assert Precision.tf32 in shipped["gh200"].precisions and shipped["gh200"].details["compute_capability"] == "9.0"
+
+
+def test_each_nvidia_profile_s_device_has_its_datasheet_peaks() -> None:
+    """A profile's device name finds its own GPU's entry in the peak table, with a figure for every
+    precision it computes (MFU and the roofline read them), and the compute capability gives the
+    precisions the GPU has: ACES's DGX A100, Expanse V100 and Grace Quadro RTX 6000 nodes included."""
+    from core_plugins.nvidia.peaks import NVIDIA_PEAKS
+
+    shipped = get_plugin_manager().machine_profiles()
+    nvidia = {name: profile for name, profile in shipped.items() if profile.accelerator == "nvidia"}
+    for name, profile in nvidia.items():
+        entry = NVIDIA_PEAKS.entry_for(profile.device)
+        assert entry is not None and entry.bandwidth is not None, name
+        assert {p for p in profile.precisions if p is not Precision.default} == set(entry.tflops), name
+    expected = {
+        "dgx-a100-40gb": ("A100 40GB SXM", 8, 40.0, "8.0"),
+        "v100-sxm2-32gb-x4": ("V100 SXM2", 4, 32.0, "7.0"),
+        "rtx6000-x2": ("Quadro RTX 6000", 2, 24.0, "7.5"),
+        "a100-40gb-pcie-x2": ("A100 40GB PCIe", 2, 40.0, "8.0"),
+    }
+    for name, (model, devices, memory, capability) in expected.items():
+        profile = nvidia[name]
+        entry = NVIDIA_PEAKS.entry_for(profile.device)
+        assert entry is not None and entry.model == model, name
+        assert (profile.devices, profile.memory_gib_per_device) == (devices, memory), name
+        assert profile.details["compute_capability"] == capability, name
+    assert nvidia["v100-sxm2-32gb-x4"].precisions == (Precision.fp32, Precision.fp16, Precision.default)
+    assert nvidia["dgx-a100-40gb"].host_cores == 128 and "DGX A100 datasheet" in nvidia["dgx-a100-40gb"].source
 
 
 def test_without_the_vendor_plugins_there_are_no_named_machines(capsys: pytest.CaptureFixture[str]) -> None:

@@ -265,6 +265,10 @@ def test_a_query_the_device_does_not_support_is_absent_not_an_error(sim_nvml: Ca
         ("Tesla V100-PCIE-32GB", Precision.fp32, 14.0),
         ("Tesla T4", Precision.fp16, 65.0),
         ("Tesla T4", Precision.bf16, None),
+        ("Quadro RTX 6000", Precision.fp16, 130.5),
+        ("Quadro RTX 6000", Precision.fp32, 16.3),
+        ("Quadro RTX 6000", Precision.tf32, None),
+        ("NVIDIA RTX 6000 Ada Generation", Precision.fp32, None),  # another GPU, not in the table
         ("NVIDIA GeForce RTX 4090", Precision.fp32, None),
     ],
 )

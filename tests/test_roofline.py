@@ -72,6 +72,7 @@ def test_vendor_bandwidths() -> None:
 
     assert gigabytes("Tesla T4") == 320
     assert gigabytes("Tesla V100-SXM2-16GB") == 900
+    assert gigabytes("Quadro RTX 6000") == 672
     assert gigabytes("NVIDIA A100 80GB PCIe") == 1935
     assert gigabytes("NVIDIA A100-PCIE-40GB") == 1555
     assert gigabytes("NVIDIA A100-SXM4-80GB") == 2039

@@ -7,8 +7,13 @@ Sources (../shared/reference/ in the project's workspace):
 - GH200 paper: Hurt et al., "GH200 vs A100 for computer vision", section I (GP-ENGINE nodes:
   "4x 80GB NVIDIA A100 ... 2x AMD 7713 with 128 Cores"; GH200 "ARM CPU (72 cores) and H100 GPU").
 - CARAML: John, SC24 slides, "ACCELERATORS" table (JURECA, JEDI, WestAI platforms).
-- ACES: Nasari et al., PEARC '22, section 2.2 (A100 40GB PCIe on "dual-socket 48-core Intel
-  Cascade Lake compute nodes").
+- ACES: Nasari et al., PEARC '22, section 2.3 (A100 40GB PCIe and RTX GPUs on "dual-socket 48-core
+  Intel Cascade Lake compute nodes, with one GPU on each socket"; T4s on Grace; V100s on NSF
+  Expanse), section 3.1 ("DGX-A100 servers equipped with 40 GB of memory") and 3.3.2 ("RTX 6000").
+  Where ACES names only the site, the node is its site's or vendor's own description, named in the
+  profile's source: SDSC's Expanse system page (GPU nodes: "NVIDIA V100s SMX2 with 4 GPUs per node;
+  40 6248 Xeon CPU cores per node; ... 32 GB memory per GPU; ... connected via NVLINK") and NVIDIA's
+  DGX A100 datasheet, which ACES cites (footnote 2: 8x A100 40GB, dual AMD Rome 7742, 128 cores).
 - AI4NP: Mei et al., poster, Table 1 (T4 "15110 MB", A100 80GB PCIe).
 """
 
@@ -21,7 +26,9 @@ from .accelerator import precisions_for_compute_capability
 _GH200_PAPER = "GH200 paper, section I (GP-ENGINE node)"
 _AMPERE = "8.0"
 _HOPPER = "9.0"
-_TURING = "7.5"  # the T4
+_TURING = "7.5"  # the T4 and the Quadro RTX 6000
+_VOLTA = "7.0"  # the V100
+_ACES = "ACES, section 2.3"
 
 
 def _profile(name: str, device: str, devices: int, capability: str, **facts: object) -> MachineProfile:
@@ -146,12 +153,48 @@ def nvidia_machines() -> list[MachineProfile]:
             memory_gib_per_device=80.0,
         ),
         _profile(
+            "dgx-a100-40gb",
+            "NVIDIA A100-SXM4-40GB",
+            8,
+            _AMPERE,
+            description="NVIDIA DGX A100: 8x A100 SXM4 40GB, 2x 64-core AMD EPYC 7742 (ACES's DGX-A100 servers)",
+            source="ACES, sections 2.3 and 3.1 (DGX-A100 with 40 GB); node from the NVIDIA DGX A100 datasheet "
+            "(ACES's footnote 2): 8x A100 40GB, dual AMD Rome 7742, 128 cores",
+            memory_gib_per_device=40.0,
+            host_cores=128,
+            numa_nodes=2,  # two sockets; neither ACES nor the datasheet gives the NPS setting
+        ),
+        _profile(
+            "v100-sxm2-32gb-x4",
+            "Tesla V100-SXM2-32GB",
+            4,
+            _VOLTA,
+            description="4x NVIDIA V100 SXM2 32GB (NVLink), 2x 20-core Xeon Gold 6248 (ACES's V100s, SDSC Expanse)",
+            source="ACES, sections 2.3 and 3 (V100s on NSF Expanse); node from SDSC's Expanse system page: "
+            "4x V100 SXM2 32 GB per node over NVLink, 40 Xeon 6248 cores",
+            memory_gib_per_device=32.0,
+            host_cores=40,
+            numa_nodes=2,  # two sockets ("dual 20-core"); no sub-NUMA setting is published
+        ),
+        _profile(
+            "rtx6000-x2",
+            "Quadro RTX 6000",
+            2,
+            _TURING,
+            description="two NVIDIA Quadro RTX 6000 24GB on a dual-socket 48-core Cascade Lake node (ACES, Grace)",
+            source=_ACES + " (one GPU per socket) and 3.3.2 (RTX 6000); 24 GB GDDR6 from the NVIDIA Quadro RTX "
+            "6000 datasheet",
+            memory_gib_per_device=24.0,
+            host_cores=48,
+            numa_nodes=2,
+        ),
+        _profile(
             "a100-40gb-pcie-x2",
             "NVIDIA A100 40GB PCIe",
             2,
             _AMPERE,
             description="two NVIDIA A100 40GB PCIe on a dual-socket 48-core Cascade Lake node (ACES, Grace)",
-            source="ACES, section 2.2",
+            source=_ACES,
             memory_gib_per_device=40.0,
             host_cores=48,
             numa_nodes=2,

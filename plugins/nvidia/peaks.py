@@ -121,6 +121,17 @@ NVIDIA_PEAKS = PeakTable(
             "NVIDIA Tesla V100 GPU datasheet (2020): PCIe single precision 14, tensor 112 TFLOPS",
             bandwidth=_bandwidth(900, "HBM2", "NVIDIA Tesla V100 GPU datasheet (2020)"),
         ),
+        # Turing's professional card (ACES's "RTX 6000" on Grace). NVML names it "Quadro RTX 6000"; the
+        # pattern keeps "NVIDIA RTX 6000 Ada Generation", another GPU, out.
+        PeakEntry(
+            "Quadro RTX 6000",
+            r"Quadro RTX 6000",
+            {FP32: 16.3, FP16: 130.5},
+            "NVIDIA Quadro RTX 6000 datasheet: single precision 16.3, tensor performance 130.5 TFLOPS",
+            notes="Turing has no TF32 or BF16; NVIDIA's Turing architecture whitepaper (2018), appendix A, gives "
+            "the Quadro RTX 6000 130.5 with FP32 accumulate too, the rate mixed precision uses",
+            bandwidth=_bandwidth(672, "GDDR6", "NVIDIA Quadro RTX 6000 datasheet: up to 672 GB/s"),
+        ),
         PeakEntry(
             "T4",
             r"\bT4\b",
