@@ -26,7 +26,17 @@ Behaviour simulated, with its source in ROCm/amdsmi (``src/amd_smi/amd_smi.cc``,
   Aldebaran link is 16 lanes x 25 GT/s, 50000 MB/s, and the maximum is links x that
   (``amdgpu_amdkfd_get_xgmi_bandwidth_mbytes``): :func:`xgmi_bandwidth`.
   ``amdsmi_topo_get_link_weight`` returns the io-link weight, ``KFD_CRAT_XGMI_WEIGHT`` (15) x the
-  XGMI hop count from the PSP topology (same function).
+  XGMI hop count from the PSP topology (same function; ``amdgpu_xgmi_get_hops_count``). Every
+  directly linked die is one hop away, and MI250X dies of different packages are directly linked
+  (one or two XGMI links, ROCm docs, MI250 architecture), so on a real node the weight is 15 for
+  the sibling and for the other directly linked dies alike (RCCL's rocm_smi_wrap.cc reads weight 15
+  as "one hop"): :func:`mi250x_node` gives 15 for every pair unless a test gives hops.
+- the secondary die: aldebaran_ppt.c (``aldebaran_get_gpu_metrics``: "Valid power data is available
+  only from primary die") gives it ``average_socket_power`` 0 and ``energy_accumulator`` 0.
+- board serial: ``amdsmi_get_gpu_board_info``'s ``product_serial`` is sysfs ``serial_number``
+  (amd_smi.cc via ``smi_amdgpu_get_board_info``): the FRU EEPROM's serial where the kernel reads
+  one (amdgpu_fru_eeprom.c), else the die's own unique id printed "%016llx" (aldebaran_ppt.c,
+  ``aldebaran_get_unique_id``), which is the default here; a test gives boards their serials.
 - ``target_graphics_version`` of ``amdsmi_asic_info_t`` differs by library release: the 6.3
   library joins the KFD ``gfx_target_version`` (90010 for gfx90a) into the decimal 9010
   (rocm_smi_utils.cc ``rsmi_get_gfx_target_version`` and rocm_smi.cc
@@ -83,6 +93,8 @@ class SimGcd:
     # MI300 fills current_socket_power; MI200 leaves it "not available" (amd_smi.cc's
     # amdsmi_get_power_info reads it only where the SMU metrics table has it).
     current_power: bool = False
+    # sysfs serial_number: the board's FRU serial, or "" for the die's own unique id ("%016llx").
+    board_serial: str = ""
     # C function name -> the amdsmi_status_t it returns for this GCD.
     failing: dict[str, int] = field(default_factory=dict)
 
@@ -130,10 +142,12 @@ def xgmi_bandwidth(links: dict[tuple[int, int], int]) -> Callable[[int, int], in
     return bandwidth
 
 
-def mi250x_node(**kwargs: Any) -> SimNode:
+def mi250x_node(boards: tuple[str, str] | None = None, **kwargs: Any) -> SimNode:
     """Two MI250X packages, four GCDs, in PCI order A0 A1 B0 B1; KFD (HIP) order interleaves them
-    (A0 B0 A1 B1). A1 and B1 are the silent siblings. Every XGMI bandwidth reads 0 by default.
-    Unique ids: 0x5A1F00000000AA01/AA02 for package A's GCDs, BB01/BB02 for B's."""
+    (A0 B0 A1 B1). A1 and B1 are the silent siblings. Every XGMI bandwidth reads 0 by default, and
+    every link weight 15: all four dies are directly linked (``hops`` 1), as on a real node.
+    Unique ids: 0x5A1F00000000AA01/AA02 for package A's GCDs, BB01/BB02 for B's; the board serial
+    is each die's own unique id unless ``boards`` gives the two boards' FRU serials."""
     bdfs = ["0000:c1:00.0", "0000:c6:00.0", "0000:c9:00.0", "0000:ce:00.0"]
     nodes = [2, 4, 3, 5]
     serials = [0x5A1F00000000AA01, 0x5A1F00000000AA02, 0x5A1F00000000BB01, 0x5A1F00000000BB02]
@@ -142,12 +156,11 @@ def mi250x_node(**kwargs: Any) -> SimNode:
         for i, (bdf, w) in enumerate(zip(bdfs, (250.0, 200.0, 300.0, 150.0)))
     ]
     packages = [(0, 1), (2, 3)]
-
-    def hops(a: int, b: int) -> int:  # one hop inside a package, two across (the weights 15 / 30)
-        return 1 if (a // 2) == (b // 2) else 2
-
+    if boards is not None:
+        for i, gcd in enumerate(gcds):
+            gcd.board_serial = boards[i // 2]
     kwargs.setdefault("bandwidth_mbs", lambda a, b: 0)
-    kwargs.setdefault("hops", hops)
+    kwargs.setdefault("hops", lambda a, b: 1)  # every die directly linked to every other: weight 15
     return SimNode(gcds, packages, **kwargs)
 
 
@@ -292,6 +305,12 @@ class NativeLibrary:
             num_of_compute_units=gcd.compute_units,
             target_graphics_version=self._target_graphics_version(gcd),
         )
+        return SUCCESS
+
+    def _c_amdsmi_get_gpu_board_info(self, handle: Any, out: Any) -> int:
+        gcd = self.node.gcds[self._gcd(handle)]
+        serial = gcd.board_serial or f"{gcd.serial:016x}"  # aldebaran_get_unique_id's fallback
+        _set(_out(out), product_serial=serial.encode(), product_name=b"AMD Instinct MI250X", fru_id=b"")
         return SUCCESS
 
     def _c_amdsmi_get_gpu_kfd_info(self, handle: Any, out: Any) -> int:

@@ -199,6 +199,22 @@ def test_sibling_pairs_need_a_unique_mutual_strongest_link(simulate: Callable[..
     assert refused.value.field == "accelerator_options.mode" and "XGMI" in str(refused.value)
 
 
+def test_serial_and_silent_die_rules_pair_nothing_they_cannot_prove() -> None:
+    dies = ["a0", "a1", "b0", "b1"]
+    assert smi.pair_by_serial(dies, {"a0": "S1", "a1": "S1", "b0": "S2", "b1": "S2"}) == [("a0", "a1"), ("b0", "b1")]
+    # A serial per die (the kernel's fallback to the die's unique id), a shared blank one, or one held by three.
+    assert smi.pair_by_serial(dies, {d: d for d in dies}) == []
+    assert smi.pair_by_serial(dies, {d: "" for d in dies}) == []
+    assert smi.pair_by_serial(dies, {"a0": "S", "a1": "S", "b0": "S", "b1": "T"}) == []
+    reports = {"a0": True, "a1": False, "b0": True, "b1": False}
+    every = smi.pair_silent_with_reporting(dies, reports, lambda a, b: True)
+    assert every == []  # a1 could be a0's or b0's
+    only = smi.pair_silent_with_reporting(dies, reports, lambda a, b: {a[0], b[0]} != {"a", "b"} or a + b == "a0b0")
+    assert only == [("a0", "a1"), ("b0", "b1")]
+    assert smi.pair_silent_with_reporting(dies, {**reports, "b1": None}, lambda a, b: True) == []
+    assert smi.pair_silent_with_reporting(dies, {**reports, "b1": True}, lambda a, b: True) == []
+
+
 @pytest.mark.parametrize("version", ["6.0.2", "6.2.4"])  # later releases give the order themselves
 def test_without_any_hip_order_source_the_guess_is_labelled(
     version: str, simulate: Callable[..., Simulated], tmp_path: Path

@@ -121,30 +121,101 @@ def test_a_field_at_its_own_maximum_is_no_reading(
     assert package["counter"].startswith("validated") and package["reporting_gcds"] == [A0]
 
 
-@pytest.mark.parametrize("version", VERSIONS)
-def test_siblings_found_by_link_weight_when_every_xgmi_bandwidth_reads_zero(
-    version: str, probe: SdkProbe, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    node = mi250x_node()  # bandwidth 0 for every pair; weights 15 inside a package, 30 across
+# Board serials as the FRU EEPROM gives them, one per OAM (made up, in no real format).
+BOARDS = ("OAM-SERIAL-0071", "OAM-SERIAL-0087")
+PACKAGES_IN_HIP_ORDER = ["package-0", "package-1", "package-0", "package-1"]
+
+
+def discover_and_measure(version: str, node: SimNode, probe: SdkProbe, monkeypatch: Any, tmp_path: Path) -> Any:
     with real_amdsmi(version, node, monkeypatch, tmp_path) as amdsmi:
         topology = kfd_topology(tmp_path, node)
-        devices = AmdAccelerator(probe=probe, environment={}, kfd_topology=topology).visible_devices()
+        amd = AmdAccelerator(probe=probe, environment={}, kfd_topology=topology)
+        devices, found = amd.visible_devices(), amd.node()
         measurement = measure_one_second(amdsmi, node, probe, topology)
-    assert [d.details["package"] for d in devices] == ["package-0", "package-1", "package-0", "package-1"]
+    return devices, found, measurement
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_siblings_found_by_board_serial_where_every_bandwidth_is_0_and_every_weight_15(
+    version: str, probe: SdkProbe, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A real MI250X node on a kernel that leaves the XGMI link count unset: bandwidth 0 for every
+    pair, and weight 15 for every pair, since every die is directly linked to every other. The link
+    weight cannot tell; the board serial both dies of an OAM read from its FRU does."""
+    node = mi250x_node(boards=BOARDS)
+    devices, found, measurement = discover_and_measure(version, node, probe, monkeypatch, tmp_path)
+    assert found.package_error is None
+    assert [d.details["package"] for d in devices] == PACKAGES_IN_HIP_ORDER
+    assert devices[0].details["package_gcds"] == [A0, A1]
+    assert "amdsmi_get_gpu_board_info" in found.packages[0].rule
     assert measurement.components_joules["package-0"] == pytest.approx(450.0, rel=1e-4)
     assert measurement.components_joules["package-1"] == pytest.approx(450.0, rel=1e-4)
-    assert "amdsmi_topo_get_link_weight" in measurement.details["packages"]["package-0"]["rule"]
 
 
 @pytest.mark.parametrize("version", ["6.0.2", "7.0.2"])
-def test_no_package_when_neither_bandwidth_nor_weight_tells(
+def test_siblings_found_by_the_silent_die_where_only_one_matching_exists(
     version: str, probe: SdkProbe, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    node = mi250x_node(hops=lambda a, b: 1)
+    """Bandwidth 0, per-die serials, and the packages linked primary to primary (A0-B0) and
+    secondary to secondary (A1-B1) only: weight 15 to the sibling and to one die across, 30 to the
+    other. Each silent die (A1, B1) is directly linked to one reporting die only, its sibling."""
+
+    def hops(a: int, b: int) -> int:
+        return 2 if {a, b} in ({0, 3}, {1, 2}) else 1
+
+    node = mi250x_node(hops=hops)
+    devices, found, measurement = discover_and_measure(version, node, probe, monkeypatch, tmp_path)
+    assert found.package_error is None
+    assert [d.details["package"] for d in devices] == PACKAGES_IN_HIP_ORDER
+    assert "silent die" in found.packages[0].rule and "silent die" in found.packages[1].rule
+    assert measurement.components_joules["package-0"] == pytest.approx(450.0, rel=1e-4)
+
+
+@pytest.mark.parametrize("version", ["6.0.2", "7.0.2"])
+def test_link_weight_pairs_only_where_it_is_unique_and_mutual(
+    version: str, probe: SdkProbe, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Where the dies of different packages are two hops apart (weights 15 inside, 30 across), the
+    lowest weight is unique and mutual, and it pairs."""
+    node = mi250x_node(hops=lambda a, b: 1 if a // 2 == b // 2 else 2)
+    devices, found, _ = discover_and_measure(version, node, probe, monkeypatch, tmp_path)
+    assert [d.details["package"] for d in devices] == PACKAGES_IN_HIP_ORDER
+    assert "amdsmi_topo_get_link_weight" in found.packages[0].rule
+
+
+@pytest.mark.parametrize("version", ["6.0.2", "7.0.2"])
+def test_a_weight_pair_of_two_reporting_dies_is_refused(
+    version: str, probe: SdkProbe, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Weights that make A0-B0 and A1-B1 each other's unique lowest: the old rule paired two
+    primaries and two secondaries. Each package has one die that reports and one that does not
+    (aldebaran_ppt.c), so both pairs are refused, and nothing else tells."""
+    node = mi250x_node(hops=lambda a, b: 1 if {a, b} in ({0, 2}, {1, 3}) else 2)
+    with real_amdsmi(version, node, monkeypatch, tmp_path):
+        amd = AmdAccelerator(probe=probe, environment={}, kfd_topology=kfd_topology(tmp_path, node))
+        devices, error = amd.visible_devices(), amd.node().package_error
+    assert [d.details["package"] for d in devices] == [None] * 4
+    assert error is not None and f"weight paired {A0} with {B0}, but both show power or both none" in error
+
+
+@pytest.mark.parametrize("version", ["6.0.2", "7.0.2"])
+def test_no_package_when_nothing_tells(
+    version: str, probe: SdkProbe, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Bandwidth 0, every weight 15, per-die serials, every die linked to every other: A1 could be
+    A0's or B0's, and nothing is guessed."""
+    node = mi250x_node()
     with real_amdsmi(version, node, monkeypatch, tmp_path):
         amd = AmdAccelerator(probe=probe, environment={}, kfd_topology=kfd_topology(tmp_path, node))
         error = amd.node().package_error
-    assert error is not None and "amdsmi_topo_get_link_weight" in error
+    assert error is not None
+    for source in (
+        "amdsmi_get_minmax_bandwidth_between_processors",
+        "amdsmi_topo_get_link_weight",
+        "amdsmi_get_gpu_board_info",
+        "silent",
+    ):
+        assert source in error
 
 
 # --- the counter's faults, through the real binding ----------------------------------------------

@@ -23,7 +23,13 @@ named below:
   packages. The two GCDs of a package are joined by four XGMI links, GCDs of different packages
   by one or two (same document); ``amdsmi_get_minmax_bandwidth_between_processors`` returns the
   KFD io-link bandwidth of a direct XGMI link, links x 50000 MB/s on Aldebaran
-  (amdgpu_amdkfd_get_xgmi_bandwidth_mbytes). That is the sibling rule used here.
+  (amdgpu_amdkfd_get_xgmi_bandwidth_mbytes). That is the first sibling rule used here.
+- Where the kernel leaves the link count unset every bandwidth reads 0, and the KFD io-link weight
+  (15 x hops) is 15 for every directly linked die, the sibling and the dies of other packages alike:
+  it pairs only where it is unique and mutual. Then a board serial two dies share (the OAM's FRU,
+  amdsmi_get_gpu_board_info), then the silent secondary die (0 W, energy 0: aldebaran_ppt.c) matched
+  to the only directly linked reporting die it can have. Every rule but the bandwidth is checked
+  against the silent die; what none tells is refused, never guessed (``_packages``).
 """
 
 from __future__ import annotations
@@ -307,48 +313,197 @@ def pair_siblings(bdfs: list[str], links: Callable[[str, str], float]) -> tuple[
     return pairs, [bdf for bdf in bdfs if bdf not in paired]
 
 
-def _packages(amdsmi: Any, gcds: list[Gcd]) -> tuple[list[Package], str | None]:
-    by_bdf = {g.bdf: g for g in gcds}
-    dual = [g.bdf for g in gcds if g.dual]
+def pair_by_serial(bdfs: list[str], serials: Mapping[str, str | None]) -> list[tuple[str, str]]:
+    """Pairs of GCDs that share a board serial no other GCD has; "" or None tells nothing.
 
-    def links(a: str, b: str) -> int:
-        result = _optional(
-            lambda: amdsmi.amdsmi_get_minmax_bandwidth_between_processors(by_bdf[a].handle, by_bdf[b].handle), amdsmi
-        )
+    A serial held by one GCD (the kernel's per-die fallback) or by more than two (a blank or shared
+    FRU) pairs nothing, so this cannot pair two packages' dies unless their boards share a serial
+    that no third die has.
+    """
+    holders: dict[str, list[str]] = {}
+    for bdf in bdfs:
+        serial = (serials.get(bdf) or "").strip()
+        if serial and serial.upper() != "N/A":
+            holders.setdefault(serial, []).append(bdf)
+    return [(group[0], group[1]) for group in holders.values() if len(group) == 2]
+
+
+def pair_silent_with_reporting(
+    bdfs: list[str], reports: Mapping[str, bool | None], direct: Callable[[str, str], bool]
+) -> list[tuple[str, str]]:
+    """Pairs (reporting, silent) where only one way exists to give every silent die a directly
+    linked reporting die of its own; none where there are none or several.
+
+    Each package has one reporting die and one silent one, and its two dies are directly linked,
+    so the true pairing is always one of the ways counted here: when it is the only one, it is the
+    truth. ``reports``: True for a die that shows power or energy, False for one that shows none,
+    None where unknown (then nothing is paired).
+    """
+    if any(reports.get(bdf) is None for bdf in bdfs):
+        return []
+    reporting = [bdf for bdf in bdfs if reports[bdf]]
+    silent = [bdf for bdf in bdfs if not reports[bdf]]
+    if not silent or len(reporting) != len(silent):
+        return []
+    found: list[list[tuple[str, str]]] = []
+
+    def assign(i: int, taken: frozenset[str], chosen: list[tuple[str, str]]) -> None:
+        if len(found) > 1:
+            return
+        if i == len(silent):
+            found.append(list(chosen))
+            return
+        for primary in reporting:
+            if primary not in taken and direct(primary, silent[i]):
+                assign(i + 1, taken | {primary}, [*chosen, (primary, silent[i])])
+
+    assign(0, frozenset(), [])
+    return found[0] if len(found) == 1 else []
+
+
+def _reports(amdsmi: Any, gcd: Gcd) -> bool | None:
+    """Whether a GCD reports its package's power: True where it shows power or energy, False where
+    both read 0, None where either cannot be read.
+
+    On Aldebaran only the primary die reports: aldebaran_ppt.c (``aldebaran_get_gpu_metrics``,
+    "Valid power data is available only from primary die") sets the secondary's
+    ``average_socket_power`` and ``energy_accumulator`` to 0, and ``aldebaran_get_smu_metrics_data``
+    gives it 0 for METRICS_AVERAGE_SOCKETPOWER (hwmon's power1_average), which is what
+    ``amdsmi_get_energy_count`` and ``amdsmi_get_power_info`` read. A primary's accumulator counts
+    from boot and its package never draws 0 W, so it shows one or the other.
+    """
+    try:
+        ticks, _ = energy_ticks(amdsmi, gcd.handle)
+        watts = [power_watts(amdsmi, gcd.handle, key) for key in ("average_socket_power", "current_socket_power")]
+    except (amdsmi.AmdSmiException, KeyError, TypeError, ValueError):
+        return None
+    if ticks > 0 or any(w is not None and w > 0 for w in watts):
+        return True
+    return False if watts[0] == 0 and ticks == 0 else None
+
+
+_RULES = {
+    "bandwidth": (
+        "MI250 sibling: the GCD it shares four XGMI links with (the most to any GCD, mutually), "
+        "from amdsmi_get_minmax_bandwidth_between_processors"
+    ),
+    "weight": (
+        "MI250 sibling: every XGMI bandwidth read 0, so the GCD with the unique, mutual lowest KFD "
+        "io-link weight, from amdsmi_topo_get_link_weight"
+    ),
+    "serial": (
+        "MI250 sibling: the one other GCD with its board serial (amdsmi_get_gpu_board_info "
+        "product_serial), one of the two showing power and the other none"
+    ),
+    "silent": (
+        "MI250 sibling: the package's silent die (0 W, energy 0) matched to the only directly "
+        "linked reporting die it can have (lowest amdsmi_topo_get_link_weight), the only such matching"
+    ),
+}
+
+
+class _Evidence:
+    """What amdsmi says about pairs of MI250 dies, each reading taken once and only when asked."""
+
+    def __init__(self, amdsmi: Any, gcds: list[Gcd]) -> None:
+        self.amdsmi, self.by_bdf = amdsmi, {g.bdf: g for g in gcds}
+        self.weights: dict[tuple[str, str], int | None] = {}
+        self.reports: dict[str, bool | None] = {}
+
+    def bandwidth(self, a: str, b: str) -> int:
+        handles = self.by_bdf[a].handle, self.by_bdf[b].handle
+        result = _optional(lambda: self.amdsmi.amdsmi_get_minmax_bandwidth_between_processors(*handles), self.amdsmi)
         return int(result.get("max_bandwidth", 0)) if result else 0
 
-    def closeness(a: str, b: str) -> float:
-        result = _optional(lambda: amdsmi.amdsmi_topo_get_link_weight(by_bdf[a].handle, by_bdf[b].handle), amdsmi)
-        weight = result if isinstance(result, int) and not isinstance(result, bool) else 0
-        return 1.0 / weight if weight > 0 else 0.0
+    def weight(self, a: str, b: str) -> int | None:
+        if (a, b) not in self.weights:
+            handles = self.by_bdf[a].handle, self.by_bdf[b].handle
+            result = _optional(lambda: self.amdsmi.amdsmi_topo_get_link_weight(*handles), self.amdsmi)
+            ok = isinstance(result, int) and not isinstance(result, bool) and result > 0
+            self.weights[(a, b)] = result if ok else None
+        return self.weights[(a, b)]
 
-    by_bandwidth, unpaired = pair_siblings(dual, links) if dual else ([], [])
-    # Kernels or firmware that leave the link count unset give 0 bandwidth for every pair
-    # (kfd_crat.c, kfd_fill_gpu_xgmi_link_to_gpu); the same io-link's weight is
-    # KFD_CRAT_XGMI_WEIGHT x the XGMI hop count from the PSP topology, which amdsmi also returns.
-    by_weight, unpaired = pair_siblings(unpaired, closeness) if len(unpaired) > 1 else ([], unpaired)
+    def closeness(self, a: str, b: str) -> float:
+        weight = self.weight(a, b)
+        return 1.0 / weight if weight else 0.0
+
+    def reporting(self, bdf: str) -> bool | None:
+        if bdf not in self.reports:
+            self.reports[bdf] = _reports(self.amdsmi, self.by_bdf[bdf])
+        return self.reports[bdf]
+
+    def one_of_each(self, pair: tuple[str, str]) -> bool:
+        """A package has one reporting die and one silent one (aldebaran_ppt.c): two reporting or
+        two silent dies are not one package. Unknown readings refute nothing."""
+        a, b = (self.reporting(bdf) for bdf in pair)
+        return a is None or b is None or a != b
+
+    def serial(self, bdf: str) -> str | None:
+        call = functools.partial(self.amdsmi.amdsmi_get_gpu_board_info, self.by_bdf[bdf].handle)
+        info = _optional(call, self.amdsmi)
+        return str(info.get("product_serial") or "") if isinstance(info, dict) else None
+
+
+def _packages(amdsmi: Any, gcds: list[Gcd]) -> tuple[list[Package], str | None]:
+    """The node's packages: each GCD of a single-GCD part alone, the MI250 dies paired by the first
+    rule that tells, each later rule applied only to the dies the earlier ones left and its pairs
+    checked against the silent secondary die. Nothing is guessed: dies no rule pairs are named."""
+    by_bdf = {g.bdf: g for g in gcds}
+    dual = [g.bdf for g in gcds if g.dual]
+    evidence = _Evidence(amdsmi, gcds)
+    found: list[tuple[tuple[str, str], str]] = []
+    left = list(dual)
+    refuted: list[str] = []
+
+    def keep(pairs: list[tuple[str, str]], how: str) -> None:
+        nonlocal left
+        for pair in pairs:
+            if pair[0] not in left or pair[1] not in left:
+                continue
+            if how != "bandwidth" and not evidence.one_of_each(pair):
+                refuted.append(f"{how} paired {pair[0]} with {pair[1]}, but both show power or both none")
+                continue
+            found.append((pair, how))
+            left = [bdf for bdf in left if bdf not in pair]
+
+    keep(pair_siblings(dual, evidence.bandwidth)[0] if dual else [], "bandwidth")
+    # Kernels or firmware that leave the XGMI link count unset give 0 bandwidth for every pair
+    # (kfd_crat.c, kfd_fill_gpu_xgmi_link_to_gpu; amdgpu_xgmi_get_num_links is 0 without the PSP's
+    # link info). The same io-link's weight is KFD_CRAT_XGMI_WEIGHT (15) x the PSP's hop count:
+    # 15 for every directly linked die, and on MI250X dies of different packages are directly
+    # linked, so the lowest weight is rarely unique (RCCL's rocm_smi_wrap.cc reads weight 15 as
+    # "one hop" and the link count only from the bandwidth). It is used only where it is unique
+    # and mutual among all the node's MI250 dies, never among the left-overs alone.
+    if len(left) > 1:
+        keep(pair_siblings(dual, evidence.closeness)[0], "weight")
+    if len(left) > 1:
+        # The board serial (sysfs serial_number, amd_smi.cc amdsmi_get_gpu_board_info via
+        # smi_amdgpu_get_board_info) is the FRU EEPROM's where the kernel reads it
+        # (amdgpu_fru_eeprom.c: every Aldebaran SKU has an FRU), else the die's own unique id
+        # (aldebaran_ppt.c, aldebaran_get_unique_id): a serial two dies share is their board's.
+        keep(pair_by_serial(dual, {bdf: evidence.serial(bdf) for bdf in dual}), "serial")
+    if len(left) > 1:
+        # The two dies of a package are directly linked (four XGMI links, ROCm docs, MI250
+        # architecture), so their weight is the smallest any pair has (15 x 1 hop).
+        known = [w for a in left for b in left if a != b and (w := evidence.weight(a, b)) is not None]
+        if known:
+            reports = {bdf: evidence.reporting(bdf) for bdf in left}
+            direct = functools.partial(lambda smallest, a, b: evidence.weight(a, b) == smallest, min(known))
+            keep(pair_silent_with_reporting(left, reports, direct), "silent")
     groups: list[tuple[tuple[str, ...], str]] = [((g.bdf,), "one GPU per package") for g in gcds if not g.dual]
-    rules = {
-        "bandwidth": (
-            "MI250 sibling: the GCD it shares four XGMI links with (the most to any GCD, mutually), "
-            "from amdsmi_get_minmax_bandwidth_between_processors"
-        ),
-        "weight": (
-            "MI250 sibling: every XGMI bandwidth read 0, so the GCD with the lowest KFD io-link weight "
-            "(fewest XGMI hops, mutually), from amdsmi_topo_get_link_weight"
-        ),
-    }
-    for how, found in (("bandwidth", by_bandwidth), ("weight", by_weight)):
-        for a, b in found:
-            groups.append((tuple(sorted((a, b), key=lambda bdf: by_bdf[bdf].hip_index)), rules[how]))
+    for pair, how in found:
+        groups.append((tuple(sorted(pair, key=lambda bdf: by_bdf[bdf].hip_index)), _RULES[how]))
     groups.sort(key=lambda group: min(by_bdf[bdf].hip_index for bdf in group[0]))
     packages = [Package(f"package-{n}", bdfs, how) for n, (bdfs, how) in enumerate(groups)]
     error = None
-    if unpaired:
+    if left:
         error = (
-            f"cannot tell which MI250 GCDs share a package: {', '.join(unpaired)} "
-            "have no unique strongest XGMI peer (amdsmi_get_minmax_bandwidth_between_processors) "
-            "and no unique lowest link weight (amdsmi_topo_get_link_weight)"
+            f"cannot tell which MI250 GCDs share a package: {', '.join(left)} "
+            "have no unique strongest XGMI peer (amdsmi_get_minmax_bandwidth_between_processors), "
+            "no unique lowest link weight (amdsmi_topo_get_link_weight), no board serial shared with "
+            "exactly one other GCD (amdsmi_get_gpu_board_info), and no single way to match each silent "
+            "die (0 W, energy 0) with a directly linked die that shows power"
+            + (f"; refused: {'; '.join(refuted)}" if refuted else "")
         )
     return packages, error
 
