@@ -97,6 +97,9 @@ def test_the_published_split_is_the_default_else_balanced_and_too_many_stages_re
         # hold 2, 4, 4, 6, 6, 8, 2 blocks) are blocks 3, 10 and 21 of transformers' flat list.
         ("efficientnet-b4", 32, {4: (3, 7, 11, 11)}),
         ("efficientnet-b0", 16, {2: (5, 11)}),
+        # The G16-GN variants, which these splits were published for, have the same blocks.
+        ("efficientnet-b4-g16-gn", 32, {4: (3, 7, 11, 11)}),
+        ("efficientnet-b0-g16-gn", 16, {2: (5, 11)}),
         ("resnet50", 16, {}),
     ],
 )

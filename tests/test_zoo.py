@@ -36,6 +36,7 @@ NAMES = [workload.name for workload in ZOO]
 SLOW = {
     ("resnet152", "torch"),
     ("efficientnet-b4", "torch"),
+    ("efficientnet-b4-g16-gn", "torch"),
     ("resnet152", "tensorflow"),
     ("efficientnet-b4", "tensorflow"),
     ("inception-v3", "tensorflow"),
@@ -267,6 +268,46 @@ def test_the_papers_models_have_their_sources_exact_parameter_counts(name: str) 
     w = workload(name)
     options = w.parse_options({"dataset": "imagenet"} if isinstance(w, VisionWorkload) else {})
     assert w.parameter_count(options) == EXACT[name]
+
+
+# Graphcore's G16-GN EfficientNets, which ACES Table 2 ran, as graphcore/examples (3cc8f81) builds them:
+# vision/cnns/pytorch/models/implementations/efficientnet.py's create_efficientnet("efficientnet_b0" or
+# "efficientnet_b4", expand_ratio=4, group_dim=16) on timm 0.5.4 (the version its requirements.txt
+# pins), then models/models.py get_model's NORMLAYER REPLACE with train/configs.yml's efficientnet-g16-gn
+# base (norm_type group, norm_num_groups 4, norm_eps 0.001); built on the CPU outside this repository
+# and counted as here: parameters, counted_training_flops (batch 2, per sample) and FlopCounterMode
+# over a forward pass. 225 px: an odd side, which timm's symmetric padding (stem included) rounds up.
+GRAPHCORE_G16_GN = {  # (workload, image side): (parameters, training FLOPs, forward FLOPs) per sample
+    ("efficientnet-b0-g16-gn", 224): (5_913_796, 3_786_335_232, 1_269_337_088),
+    ("efficientnet-b0-g16-gn", 225): (5_913_796, 4_307_369_856, 1_443_144_896),
+    ("efficientnet-b4-g16-gn", 380): (19_328_168, 37_005_465_024, 12_366_345_408),
+    ("efficientnet-b4-g16-gn", 225): (19_328_168, 14_541_400_320, 4_858_165_856),
+}
+
+
+@pytest.mark.parametrize("name,side", sorted(GRAPHCORE_G16_GN), ids=[f"{n}-{s}" for n, s in sorted(GRAPHCORE_G16_GN)])
+def test_g16_gn_efficientnets_are_graphcores_models(name: str, side: int) -> None:
+    import torch
+    from torch import nn
+    from torch.utils import flop_counter
+
+    w = workload(name)
+    require(w, Framework.torch)
+    options = w.parse_options({} if side == w.imagenet_image_size else {"image_size": side})  # type: ignore[attr-defined]
+    assert w.input_shape(options) == (3, side, side)  # type: ignore[attr-defined]
+    parameters, training_flops, forward_flops = GRAPHCORE_G16_GN[name, side]
+    with torch.device("meta"):
+        model = w.torch_model(options)
+        assert sum(p.numel() for p in model.parameters()) == parameters == w.parameter_count(options)
+        assert counted_training_flops(model, torch.rand(2, 3, side, side)) / 2 == training_flops
+        counter = flop_counter.FlopCounterMode(display=False)
+        with counter, torch.no_grad():
+            model(torch.rand(2, 3, side, side))
+    assert counter.get_total_flops() / 2 == forward_flops == w.inference_flops_per_sample(options)
+    assert w.flops_per_sample(options) == training_flops
+    # Group norm in place of every batch norm (same parameters, so the counts alone cannot tell).
+    norms = [m for m in model.modules() if isinstance(m, (nn.GroupNorm, nn.modules.batchnorm._BatchNorm))]
+    assert norms and all(isinstance(m, nn.GroupNorm) and (m.num_groups, m.eps) == (4, 0.001) for m in norms)
 
 
 @pytest.mark.parametrize(

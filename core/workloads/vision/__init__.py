@@ -23,7 +23,14 @@ from core.workloads.vision.base import (
     VisionOptions,
     VisionWorkload,
 )
-from core.workloads.vision.efficientnet import EfficientNet, EfficientNetB0, EfficientNetB4
+from core.workloads.vision.efficientnet import (
+    EfficientNet,
+    EfficientNetB0,
+    EfficientNetB0G16GN,
+    EfficientNetB4,
+    EfficientNetB4G16GN,
+    EfficientNetG16GN,
+)
 from core.workloads.vision.inception import InceptionV3
 from core.workloads.vision.mobilenet import MobileNetV3, MobileNetV3Large, MobileNetV3Small
 from core.workloads.vision.resnet import ResNet, ResNet50, ResNet152, ResNetOptions, ResNetVersion
@@ -37,7 +44,10 @@ __all__ = [
     "VISION_WORKLOADS",
     "EfficientNet",
     "EfficientNetB0",
+    "EfficientNetB0G16GN",
     "EfficientNetB4",
+    "EfficientNetB4G16GN",
+    "EfficientNetG16GN",
     "HydraOptions",
     "InceptionV3",
     "MobileNetV3",
@@ -71,6 +81,8 @@ VISION_WORKLOADS = (
     SwinLarge,
     EfficientNetB0,
     EfficientNetB4,
+    EfficientNetB0G16GN,
+    EfficientNetB4G16GN,
     MobileNetV3Small,
     MobileNetV3Large,
     InceptionV3,
