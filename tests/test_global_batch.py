@@ -109,3 +109,12 @@ def test_a_toy_drops_the_files_global_batch() -> None:
     assert "global_batch_size" not in toy
     config = make_config(**toy)
     assert (config.micro_batch_size, config.gradient_accumulation) == (4, 2)
+
+
+def test_a_dry_run_shows_the_global_batch_beside_what_it_derived(capsys: pytest.CaptureFixture[str]) -> None:
+    from core.cli import main
+
+    code = main(["run", "fcnn", "--global-batch-size", "64", "--batch-size", "16", "--replicas", "2", "--dry-run"])
+    assert code in (0, None)
+    placement = next(line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("placement"))
+    assert "micro-batch 16, gradient accumulation 2; global batch size 64" in placement

@@ -110,6 +110,8 @@ def describe_plan(plan: RunPlan, extra_placement: dict[str, Any] | None = None) 
             "devices_per_replica": config.devices_per_replica,
             "micro_batch_size": config.micro_batch_size,
             "gradient_accumulation": config.gradient_accumulation,
+            # Where the run gave the global batch, say so beside what was derived from it.
+            **({"global_batch_size": config.global_batch_size} if config.global_batch_size is not None else {}),
             **(extra_placement or {}),
         },
         "precision": config.precision.value,
