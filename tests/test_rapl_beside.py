@@ -14,13 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from synthetic import synthetic_result
 from test_rapl import kernel_tree
 
 from core import ConfigError, hookimpl, make_config
 from core.base.results import RunResult
 from core.cli import format_result
+from core.energy.combined import MeterSet
 from core.plugin import Accelerator, PowerMeterFactory
-from core.testing import registered_plugins, run_on_cpu_as, run_tiny
+from core.testing import TINY_FCNN, registered_plugins, run_on_cpu_as, run_tiny
 from core_plugins.cpu import CpuAccelerator
 from core_plugins.cpu.rapl import RaplMeterFactory
 
@@ -180,10 +182,37 @@ def test_auto_and_none_stand_alone(value: str) -> None:
 
 
 def test_an_older_result_without_node_meters_read_none() -> None:
-    from synthetic import synthetic_result
-
     document = synthetic_result().model_dump(mode="json")
     del document["config"]["node_meters"]
     document["schema_version"] = "1.8"
     assert RunResult.model_validate(document).config.node_meters == ""  # what it read: none
     assert RunResult.model_validate(synthetic_result().model_dump(mode="json")).config.node_meters == "auto"
+
+
+@pytest.mark.parametrize(("node_meters", "warned"), [("auto", False), ("rapl", True)])
+def test_poprun_instances_read_no_node_meter_and_say_so_only_where_one_was_named(
+    tmp_path: Path, node_meters: str, warned: bool
+) -> None:
+    from core.base.distributed import ProcessContext
+    from core.running.planning import plan_run
+    from core.running.runner import _open_meters
+
+    with registered_plugins(_Host(_rapl(tmp_path)), entry_points=False, builtin_workloads=True) as manager:
+        options = {"power_meter": "fake-gaudi-power", "node_meters": node_meters, "workload_options": TINY_FCNN}
+        plan = plan_run(manager, "fcnn", "fake-gaudi", options)
+        assert [factory.name for factory in plan.node_meter_factories] == ["rapl"]
+        devices = gaudi.FakeGaudiAccelerator().devices()
+        result = synthetic_result()
+        result.warnings = []
+        instance = ProcessContext(rank=1, world_size=2, meter_per_process=True)
+        meter = _open_meters(plan, devices, result, instance)
+        assert meter is not None and meter.name == "fake-gaudi-power"  # the instance's devices only
+        assert bool([w for w in result.warnings if "poprun" in w]) is warned
+        # One process per node (local rank 0 of a multi-replica run): the device meter with RAPL beside.
+        node = _open_meters(plan, devices, result, ProcessContext(rank=0, world_size=2, local_world_size=2))
+        assert node is not None and node.name == (
+            "fake-gaudi-power" if node_meters == "auto" else "fake-gaudi-power + rapl"
+        )
+        assert isinstance(node, MeterSet) and [slot.covers.name for slot in node._slots] == ["fake-gaudi-power", "rapl"]
+        for opened in (meter, node):
+            opened.close()
