@@ -69,25 +69,36 @@ EnergyScope = Literal["window", "steps", "run"]
 LOADGEN_SCENARIOS = ("offline", "single-stream", "server")
 
 
+#: ``node_meters``'s default: every available meter of the host's CPU and DRAM (RAPL) read beside the
+#: device meter and itemised, not added into energy_joules (docs/concepts.md#node-meters)
+AUTO_NODE_METERS = "auto"
+
+
 def canonical_node_meters(value: Any, sort: bool = False) -> str:
     """``node_meters`` in one spelling: names without spaces, joined by commas ("rapl, bmc" is
     "rapl,bmc"), and with ``sort`` in name order, as a sweep's cell takes them ("bmc,rapl": one set of
-    meters, one cell); from Python a list of names is taken too. Raises ValueError saying what is
-    allowed."""
+    meters, one cell); from Python a list of names is taken too. "auto" alone is the default (the
+    host's CPU and DRAM meters read beside, not added); "" or "none" alone reads none (stored as "").
+    Raises ValueError saying what is allowed."""
     if isinstance(value, (list, tuple)) and all(isinstance(name, str) for name in value):
         value = ",".join(value)
     if not isinstance(value, str):
         raise ValueError(
             f"text is required (got {type(value).__name__}): meter names separated by commas, e.g. 'rapl,bmc'"
         )
-    if not value.strip():
+    if not value.strip() or value.strip() == "none":
         return ""
+    if value.strip() == AUTO_NODE_METERS:
+        return AUTO_NODE_METERS
     names = [name.strip() for name in value.split(",")]
     if not all(names):
         raise ValueError("meter names separated by commas, none of them empty, e.g. 'rapl,bmc'")
     for name in names:
-        if name in ("auto", "none"):
-            raise ValueError(f"names of registered meters; {name!r} is a power_meter setting, not a meter")
+        if name in (AUTO_NODE_METERS, "none"):
+            raise ValueError(
+                f"names of registered meters, or {name!r} alone ('auto': the host's CPU and DRAM meters read "
+                "beside the devices, not added; 'none' or '': no node meter)"
+            )
         if names.count(name) > 1:
             raise ValueError(f"each meter once; {name!r} is named {names.count(name)} times")
     return ",".join(sorted(names) if sort else names)
@@ -179,10 +190,11 @@ class RunConfig(BaseModel):
         description="'auto' picks the accelerator's meter, 'none' disables energy, or a registered meter name",
     )
     node_meters: str = Field(
-        default="",
-        description="meters of the host beside the device meter, by name, comma-separated (e.g. 'rapl' for the CPU "
-        "and DRAM of a GPU host); each declares what it includes, and the run's energy adds them without counting "
-        "anything twice, each itemised (docs/concepts.md#node-meters)",
+        default=AUTO_NODE_METERS,
+        description="meters of the host beside the device meter: 'auto' (the default) reads every available meter "
+        "of the host's CPU and DRAM (RAPL on a GPU host) over the same span and itemises it, not added into "
+        "energy_joules; names, comma-separated (e.g. 'rapl'), add each into energy_joules without counting "
+        "anything twice; '' or 'none' reads none (docs/concepts.md#node-meters)",
     )
     energy_scope: EnergyScope = Field(
         default="window",
@@ -299,9 +311,15 @@ class RunConfig(BaseModel):
         return canonical_node_meters(value)
 
     @property
+    def node_meters_auto(self) -> bool:
+        """``node_meters = "auto"``: the host's CPU and DRAM meters read beside the devices, not added."""
+        return self.node_meters == AUTO_NODE_METERS
+
+    @property
     def node_meter_names(self) -> tuple[str, ...]:
-        """``node_meters``, one name each (empty: no node meter)."""
-        return tuple(self.node_meters.split(",")) if self.node_meters else ()
+        """``node_meters``, one name each, as named (empty: none named; "auto" names none, planning
+        chooses them)."""
+        return tuple(self.node_meters.split(",")) if self.node_meters and not self.node_meters_auto else ()
 
     @property
     def epoch(self) -> EpochDefinition:

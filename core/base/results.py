@@ -35,7 +35,10 @@ from core.base.units import JOULES_PER_WATT_HOUR, watt_hours
 #      config.duration_seconds (default None); RunResult.energy_seconds and .energy_samples, the span the
 #      energy covers and the samples in it (an older document's are its window's, filled in on read), and
 #      .window_energy_joules (the window's own energy under a longer scope).
-SCHEMA_VERSION = "1.8"
+# 1.9: node_meters "auto" is the default: the host's CPU and DRAM meters (RAPL) read beside the device meter,
+#      itemised in EnergyMeasurement.meters with counted false and MeterEnergy.note (optional), not added;
+#      an older document's config without node_meters read none ("", filled in on read).
+SCHEMA_VERSION = "1.9"
 # The error type of a document written by a newer core: ResultStore skips such a row with a warning.
 NEWER_SCHEMA_ERROR = "newer_schema"
 # A traceback kept in a result is cut to its end (where it broke) so a deep recursion stays small.
@@ -166,12 +169,18 @@ class MeterEnergy(BaseModel):
     role: Literal["device", "node"] = Field(description="'device': the run's device meter; 'node': a node meter")
     includes: list[str] = Field(description="what its figure covers: 'devices', 'cpu', 'dram', 'fans', ...")
     counted: bool = Field(
-        description="added into the run's energy_joules; false where a node meter including it counts it"
+        description="added into the run's energy_joules; false where a node meter including it counts it, or "
+        "where it was read beside the devices (node_meters 'auto', see note)"
     )
     method: str | None = None
     energy_joules: float | None = None
     unavailable_reason: str | None = None
     components_joules: dict[str, float] = Field(default_factory=dict)
+    note: str | None = Field(
+        default=None,
+        description="why it is not counted where that is not a node meter's holding it: read beside the "
+        "devices (node_meters 'auto'), itemised only",
+    )
 
 
 class EnergyMeasurement(BaseModel):
@@ -420,6 +429,10 @@ class RunResult(BaseModel):
     def _read_older_layouts(cls, data: Any) -> Any:
         _check_schema_version(data)
         data = _without_derived(cls, data)
+        # Before 1.9 node_meters defaulted to "" (none): a config without it read none, not "auto".
+        config = data.get("config") if isinstance(data, dict) else None
+        if isinstance(config, dict) and "node_meters" not in config:
+            data = {**data, "config": {**config, "node_meters": ""}}
         # Before 1.8 the energy was always the window's.
         if isinstance(data, dict) and data.get("energy_joules") is not None and "energy_samples" not in data:
             data = {

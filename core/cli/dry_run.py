@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from core.base.config import AUTO_NODE_METERS
 from core.base.errors import ConfigError
 from core.cli.errors import config_error, error
 from core.cli.text import count
@@ -145,7 +146,10 @@ def plan_lines(described: dict[str, Any]) -> list[tuple[str, str]]:
         lines.append(("memory", _memory_text(memory)))
     lines.append(("energy", described["power_meter"] or described["energy_unavailable_reason"]))
     if described["node_meters"]:
-        lines.append(("node meters", ", ".join(described["node_meters"])))
+        beside = described["config"].get("node_meters") == AUTO_NODE_METERS
+        lines.append(
+            ("node meters", ", ".join(described["node_meters"]) + (" (read beside, not counted)" if beside else ""))
+        )
     lines.extend(("warning", warning) for warning in described["warnings"])
     return lines
 

@@ -30,7 +30,8 @@ def _joules_and_watt_hours(joules: float) -> str:
 
 def _meter_lines(result: RunResult) -> list[str]:
     """Each meter of a run with node meters: its role, what it includes, its figure, and whether the
-    total counts it (a node meter that includes the devices holds the device meter's figure)."""
+    total counts it (a node meter that includes the devices holds the device meter's figure; one read
+    beside the devices under node_meters "auto" is itemised only)."""
     from core.report.document import one_line
 
     items = result.energy.meters if result.energy is not None else []
@@ -41,7 +42,12 @@ def _meter_lines(result: RunResult) -> list[str]:
             if item.energy_joules is not None
             else f"unavailable: {one_line(item.unavailable_reason or 'it read nothing')}"
         )
-        counted = "" if item.counted else ", inside a node meter's figure (not added)"
+        if item.counted:
+            counted = ""
+        elif item.note is not None:
+            counted = " (read beside, not counted)"
+        else:
+            counted = ", inside a node meter's figure (not added)"
         label = f"{item.role} meter"
         covers = one_line(", ".join(item.includes))
         lines.append(f"  {label:<15} {one_line(item.meter)} ({covers}): {figure}{counted}")

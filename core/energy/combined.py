@@ -8,6 +8,10 @@ BMC). Node meters cover nothing in common. A node meter that covers everything t
 covers holds it: the run's energy is then the node meter's, with the devices' figure itemised
 inside it, not added; otherwise the figures are added. Anything else overlaps in part, which no
 sum can undo: planning refuses it before any device is touched.
+
+Meters read *beside* the devices (``node_meters = "auto"``: RAPL's CPU and DRAM on a GPU host) are
+read over the same window and itemised with ``counted: false`` and a note, never added: the run's
+energy stays the device meter's, and one that fails costs nothing but its own item.
 """
 
 from __future__ import annotations
@@ -20,6 +24,12 @@ from core.base.results import EnergyMeasurement, MeterEnergy
 from core.contract.meter import PowerMeter, UnavailableMeter
 
 DEVICES = "devices"
+
+#: the note on the item of a meter read beside the devices (node_meters "auto"), not added
+BESIDE_NOTE = (
+    "read beside the devices over the same span, not added into energy_joules "
+    "(node_meters = 'auto'; name it in node_meters to add it)"
+)
 
 Role = Literal["device", "node"]
 
@@ -74,6 +84,7 @@ class _Slot:
     covers: Covers
     counted: bool
     meter: PowerMeter
+    beside: bool = False  # read beside the devices, itemised only (node_meters "auto")
 
 
 def _item(slot: _Slot, measurement: EnergyMeasurement) -> MeterEnergy:
@@ -86,6 +97,7 @@ def _item(slot: _Slot, measurement: EnergyMeasurement) -> MeterEnergy:
         energy_joules=measurement.energy_joules,
         unavailable_reason=measurement.unavailable_reason,
         components_joules=dict(measurement.components_joules),
+        note=BESIDE_NOTE if slot.beside else None,
     )
 
 
@@ -93,9 +105,12 @@ def combine(
     readings: Sequence[tuple[MeterEnergy, EnergyMeasurement]], unmeasured_devices: str | None
 ) -> EnergyMeasurement:
     """The run's energy from each meter's reading: the counted ones summed, every one itemised in
-    ``meters``; the devices' per-device figures and power timeline are the device meter's."""
+    ``meters``; the devices' per-device figures and power timeline are the device meter's. A meter
+    read beside the devices (its item has a ``note``) is itemised only: ``meter`` and ``method``
+    name the others, and its failure is its item's alone."""
     items = [item for item, _ in readings]
     counted = [item for item in items if item.counted]
+    named = [item for item in items if item.note is None]
     reasons = [
         f"{item.role} meter {item.meter!r}: {item.unavailable_reason or 'it read nothing'}"
         for item in counted
@@ -104,9 +119,9 @@ def combine(
     if unmeasured_devices:
         reasons.append(unmeasured_devices)
     device = next((measurement for item, measurement in readings if item.role == "device"), None)
-    methods = {item.method for item in items if item.method is not None}
+    methods = {item.method for item in named if item.method is not None}
     return EnergyMeasurement(
-        meter=" + ".join(item.meter for item in items),
+        meter=" + ".join(item.meter for item in named),
         method=methods.pop() if len(methods) == 1 else ("mixed" if methods else None),
         energy_joules=None if reasons else sum(item.energy_joules or 0.0 for item in counted),
         unavailable_reason="; ".join(reasons) or None,
@@ -122,22 +137,26 @@ def combine(
 
 
 class MeterSet(PowerMeter):
-    """The device meter (where there is one) and the node meters as one meter for the runner: each
-    started and stopped in turn at the window's ends; one that fails costs its own figure only."""
+    """The device meter (where there is one), the node meters and the meters read beside the devices
+    as one meter for the runner: each started and stopped in turn at the window's ends; one that
+    fails costs its own figure only. ``beside`` meters (node_meters "auto") are itemised, not added."""
 
     def __init__(
         self,
         device: tuple[Covers, PowerMeter] | None,
         nodes: Sequence[tuple[Covers, PowerMeter]],
         device_reason: str | None = None,
+        beside: Sequence[tuple[Covers, PowerMeter]] = (),
     ) -> None:
         node_covers = [covers for covers, _ in nodes]
         device_counted = device_meter_counted(device[0] if device else None, node_covers)
-        self._slots = ([_Slot(device[0], device_counted, device[1])] if device else []) + [
-            _Slot(covers, True, meter) for covers, meter in nodes
-        ]
+        self._slots = (
+            ([_Slot(device[0], device_counted, device[1])] if device else [])
+            + [_Slot(covers, True, meter) for covers, meter in nodes]
+            + [_Slot(covers, False, meter, beside=True) for covers, meter in beside]
+        )
         self._unmeasured = devices_unmeasured(device[0] if device else None, node_covers, device_reason)
-        self.name = " + ".join(slot.covers.name for slot in self._slots)
+        self.name = " + ".join(slot.covers.name for slot in self._slots if not slot.beside)
 
     def start(self) -> None:
         for slot in self._slots:

@@ -322,7 +322,7 @@ def plan_run(
         _check_memory_fit(workload_obj, workload_options, config, machine, context)
         factory, meter_reason = None, f"planned for machine {machine.name!r}: its power meter is chosen there"
     node_meters = choose_node_meters(manager, config, factory, check_available=machine is None)
-    if node_meters and machine is None:
+    if node_meters and machine is None and not config.node_meters_auto:
         device = None if factory is None else device_covers(factory)
         unmeasured = devices_unmeasured(device, [node_covers(meter) for meter in node_meters], meter_reason)
         if unmeasured:
@@ -382,12 +382,20 @@ def _node_meter(
     return factory
 
 
+#: what a meter read beside the devices under ``node_meters = "auto"`` may include: the host's CPU
+#: packages and DRAM (RAPL), never the devices (a BMC, the Grace-Hopper module meter)
+HOST_PARTS = frozenset({"cpu", "dram"})
+
+
 def choose_node_meters(
     manager: PluginManager, config: RunConfig, device_meter: PowerMeterFactory | None, check_available: bool = True
 ) -> tuple[PowerMeterFactory, ...]:
     """The node meters ``config.node_meters`` names: registered, declaring what they include,
     available here (``check_available``), none of them the device meter, and adding up without
-    counting anything twice. Raises ConfigError naming node_meters otherwise."""
+    counting anything twice. Raises ConfigError naming node_meters otherwise. Under "auto", the
+    meters :func:`auto_node_meters` finds (never an error)."""
+    if config.node_meters_auto:
+        return auto_node_meters(manager, device_meter) if check_available else ()
     if not config.node_meter_names:
         return ()
     try:
@@ -397,6 +405,33 @@ def choose_node_meters(
     except ValueError as error:
         raise ConfigError("node_meters", config.node_meters, str(error)) from None
     return chosen
+
+
+def auto_node_meters(manager: PluginManager, device_meter: PowerMeterFactory | None) -> tuple[PowerMeterFactory, ...]:
+    """The meters ``node_meters = "auto"`` reads beside the device meter, in name order: each registered
+    one that declares ``node_includes`` within the host's CPU and DRAM (:data:`HOST_PARTS`), covers
+    nothing the device meter or an earlier one covers, and is available here. None without a device
+    meter (its span is the one they are read over). What is left out is left out silently: these
+    figures are itemised beside the devices', never added."""
+    if device_meter is None:
+        return ()
+    try:
+        taken = set(device_covers(device_meter).includes)
+    except ValueError:
+        return ()  # what the device meter covers is unknown: nothing can be said not to overlap it
+    chosen: list[PowerMeterFactory] = []
+    for name in sorted(manager.power_meters):
+        factory = manager.power_meters[name].item
+        if factory is device_meter or not _declares_node_includes(factory):
+            continue
+        includes = set(factory.node_includes)
+        if not includes <= HOST_PARTS or includes & taken:
+            continue
+        if not manager.availability(factory).available:
+            continue
+        chosen.append(factory)
+        taken |= includes
+    return tuple(chosen)
 
 
 def check_machine(manager: PluginManager, machine: MachineProfile) -> None:

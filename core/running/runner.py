@@ -288,20 +288,25 @@ def _open_meters(
     plan: RunPlan, devices: list[DeviceRecord], result: RunResult, process: ProcessContext
 ) -> PowerMeter | None:
     """The meter this process reads over the energy's span: the device meter alone, or with the node
-    meters as one :class:`MeterSet` (each node's meters once: only where one process reads a node's)."""
+    meters as one :class:`MeterSet` (each node's meters once: only where one process reads a node's).
+    Under ``node_meters = "auto"`` the node meters are read beside the devices, itemised, not added."""
     context = plan.context(process)
     device = None if plan.meter_factory is None else _open_meter(plan.meter_factory, devices, context)
     if not plan.node_meter_factories:
         return device
+    beside = plan.config.node_meters_auto
     if process.meter_per_process:
         # Several processes of one host each read their own devices: a host's meter would count once each.
-        result.warnings.append(
-            "node meters are not read where each process reads its own devices' meter (poprun instances): "
-            "the energy is the devices' only"
-        )
+        if not beside:  # the default's are left out silently, as on a host without them
+            result.warnings.append(
+                "node meters are not read where each process reads its own devices' meter (poprun instances): "
+                "the energy is the devices' only"
+            )
         return device
     nodes = [(node_covers(factory), _open_meter(factory, devices, context)) for factory in plan.node_meter_factories]
     paired = None if device is None or plan.meter_factory is None else (device_covers(plan.meter_factory), device)
+    if beside:
+        return MeterSet(paired, [], plan.meter_unavailable_reason, beside=nodes)
     return MeterSet(paired, nodes, plan.meter_unavailable_reason)
 
 
