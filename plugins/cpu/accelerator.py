@@ -139,12 +139,16 @@ class CpuAccelerator(Accelerator):
         # The executor module first: it quiets TensorFlow's start-up logging before TF loads.
         import tensorflow as tf
 
-        from core.plugin import KerasPlacement, keras_executor, set_tensorflow_threads, split_host_cpu
+        from core.plugin import (
+            KerasPlacement,
+            keras_executor,
+            multi_worker_placement,
+            set_tensorflow_threads,
+            split_host_cpu,
+        )
 
         config = context.config
         if config.tensorflow_multi_worker:
-            from core.executors.keras import multi_worker_placement
-
             # One replica in this process: its threads; before the strategy starts TensorFlow's runtime.
             kept = set_tensorflow_threads(threads, 2, asked=config.threads_per_replica is not None)
             if kept is not None:
