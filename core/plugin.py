@@ -56,6 +56,7 @@ if TYPE_CHECKING:
         KerasExecutor,
         KerasPlacement,
         keras_executor,
+        multi_worker_placement,
         quiet_tensorflow_startup,
         set_tensorflow_threads,
         split_host_cpu,
@@ -73,6 +74,7 @@ _LAZY = {
     "KerasExecutor": "core.executors.keras",
     "KerasPlacement": "core.executors.keras",
     "split_host_cpu": "core.executors.keras",
+    "multi_worker_placement": "core.executors.keras",
     "set_tensorflow_threads": "core.executors.keras",
     "quiet_tensorflow_startup": "core.executors.keras",
     # core's readers of real datasets as PyTorch datasets (imports torch)
@@ -139,6 +141,7 @@ __all__ = [
     "keras_executor",
     "KerasPlacement",
     "split_host_cpu",
+    "multi_worker_placement",
     "set_tensorflow_threads",
     "quiet_tensorflow_startup",
     "tfrecord_image_dataset",

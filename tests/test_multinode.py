@@ -159,6 +159,9 @@ def test_core_run_on_two_nodes_adds_up_each_nodes_energy(tmp_path: Path) -> None
     assert all("nodes           2: node 0 (" in node.stdout and "node 1 (" in node.stdout for node in nodes)
 
 
+MIRRORED = {"tensorflow_strategy": "mirrored"}
+
+
 def plan(**options: object) -> object:
     return plan_run(get_plugin_manager(), "fcnn", "cpu", {"workload_options": TINY_FCNN, **options})
 
@@ -171,7 +174,8 @@ def plan(**options: object) -> object:
         ({"nodes": 2, "replicas": 2, "rendezvous": "a"}, "rendezvous"),
         ({"nodes": 2, "replicas": 2, "rendezvous": "a:70000"}, "rendezvous"),
         ({"nodes": 1, "rendezvous": "a:1"}, "rendezvous"),
-        ({"nodes": 2, "replicas": 2, "rendezvous": "a:1", "framework": "tensorflow"}, "nodes"),
+        # TensorFlow spans nodes as MultiWorkerMirroredStrategy; MirroredStrategy cannot.
+        ({"nodes": 2, "replicas": 2, "rendezvous": "a:1", "framework": "tensorflow"} | MIRRORED, "tensorflow_strategy"),
         ({"nodes": True}, "nodes"),
     ],
 )

@@ -66,6 +66,10 @@ InferenceScenario = Literal["loop", "offline", "single-stream", "server"]
 #: first, with its compilation, the warm-up and the window) or "run" (from the start of set-up to the
 #: end of the window)
 EnergyScope = Literal["window", "steps", "run"]
+#: how a TensorFlow run's replicas are placed: "mirrored" (one process, MirroredStrategy), "multi-worker"
+#: (one process per replica under torchrun, MultiWorkerMirroredStrategy), "auto" (mirrored on one node,
+#: multi-worker over several)
+TensorflowStrategy = Literal["auto", "mirrored", "multi-worker"]
 LOADGEN_SCENARIOS = ("offline", "single-stream", "server")
 
 
@@ -151,6 +155,12 @@ class RunConfig(BaseModel):
         min_length=3,
         description="HOST:PORT of the rendezvous of a multi-node run, the same on every node (outside Slurm, "
         "where each node's `core run` joins it); under Slurm the first node of the allocation, port 29500",
+    )
+    tensorflow_strategy: TensorflowStrategy = Field(
+        default="auto",
+        description="framework tensorflow: 'mirrored' (the replicas in one process, MirroredStrategy), "
+        "'multi-worker' (one process per replica under torchrun, as PyTorch's, MultiWorkerMirroredStrategy), "
+        "'auto' (mirrored on one node, multi-worker over several)",
     )
     devices_per_replica: int = Field(
         default=1, ge=1, le=1 << 10, description="devices one copy of the model spans (pipelined over them)"
@@ -330,6 +340,13 @@ class RunConfig(BaseModel):
     def samples_per_host_call(self) -> int:
         """Samples per call from the host: samples_per_update x device_iterations."""
         return self.samples_per_update * self.device_iterations
+
+    @property
+    def tensorflow_multi_worker(self) -> bool:
+        """A TensorFlow run as one process per replica (MultiWorkerMirroredStrategy under torchrun)."""
+        if self.framework is not Framework.tensorflow:
+            return False
+        return self.tensorflow_strategy == "multi-worker" or (self.tensorflow_strategy == "auto" and self.nodes > 1)
 
     @property
     def replicas_per_node(self) -> int:
@@ -535,7 +552,26 @@ def make_config(**options: Any) -> RunConfig:
         raise (errors[0] if len(errors) == 1 else ConfigErrors(errors)) from None
     check_mode_options(config)
     check_nodes(config)
+    check_tensorflow_strategy(config)
     return config
+
+
+def check_tensorflow_strategy(config: RunConfig) -> None:
+    """``tensorflow_strategy`` places a TensorFlow run, and only MultiWorkerMirroredStrategy spans nodes."""
+    strategy = config.tensorflow_strategy
+    if strategy != "auto" and config.framework is not Framework.tensorflow:
+        raise ConfigError(
+            "tensorflow_strategy",
+            strategy,
+            f"places framework tensorflow's replicas; with framework {config.framework.value}: auto",
+        )
+    if strategy == "mirrored" and config.nodes > 1:
+        raise ConfigError(
+            "tensorflow_strategy",
+            strategy,
+            f"MirroredStrategy holds its replicas in one process, on one node; with nodes {config.nodes}: "
+            "multi-worker or auto",
+        )
 
 
 def check_nodes(config: RunConfig) -> None:

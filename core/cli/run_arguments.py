@@ -63,6 +63,7 @@ RUN_GROUPS: dict[str, tuple[str, ...]] = {
         "devices_per_replica",
         "nodes",
         "rendezvous",
+        "tensorflow_strategy",
         "threads_per_replica",
         "timeout_seconds",
     ),

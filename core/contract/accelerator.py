@@ -174,12 +174,15 @@ class Accelerator(ABC):
         """The launcher that starts this run's processes, or None to run in this process.
 
         The default follows the ``launcher`` attribute: with "torchrun", a PyTorch run with
-        ``replicas > 1`` runs one process per replica under torchrun. Called in planning, in the
-        process that launches (a started process runs its share of the run, whatever this says).
+        ``replicas > 1`` runs one process per replica under torchrun, and so does a TensorFlow run
+        under MultiWorkerMirroredStrategy (``config.tensorflow_multi_worker``: ``nodes > 1``, or
+        ``tensorflow_strategy`` multi-worker). Called in planning, in the process that launches (a
+        started process runs its share of the run, whatever this says).
         """
         config = context.config
         several = config.replicas > 1 or config.nodes > 1
-        if self.launcher == "torchrun" and several and config.framework is Framework.torch:
+        per_process = config.framework is Framework.torch or config.tensorflow_multi_worker
+        if self.launcher == "torchrun" and several and per_process:
             # At call time: core's torchrun launcher is part of the running layer above the contract
             # (Slurm, the worker module), needed only once a run asks for several processes.
             from core.running.launch import TorchrunLauncher

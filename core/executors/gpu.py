@@ -3,9 +3,11 @@
 On ROCm, PyTorch keeps the device type "cuda" and the "nccl" backend (which is RCCL there), so the
 placement is the same: one process per GPU under torchrun, the device of the local rank, device
 events for step times, NCCL all-reduce, channels_last for convolutional models. TensorFlow runs
-its replicas in one process with MirroredStrategy. A vendor plugin subclasses this and supplies
-only what differs: device discovery (honouring its visibility variables), driver versions,
-precision support, extra PyTorch switches and its energy reader.
+its replicas in one process with MirroredStrategy, or (``nodes > 1``, ``tensorflow_strategy =
+"multi-worker"``) one process per GPU under torchrun with MultiWorkerMirroredStrategy and NCCL. A
+vendor plugin subclasses this and supplies only what differs: device discovery (honouring its
+visibility variables), driver versions, precision support, extra PyTorch switches and its energy
+reader.
 """
 
 from __future__ import annotations
@@ -84,6 +86,8 @@ class TorchGpuAccelerator(Accelerator):
     def executor_for(self, workload: Workload, context: RunContext) -> Executor:
         config, options, process = context.config, context.workload_options, context.process
         if config.framework is Framework.tensorflow:
+            if config.tensorflow_multi_worker:
+                return self._multi_worker_keras_executor(workload, context)
             return self._keras_executor(workload, options, config)
         import torch
 
@@ -142,3 +146,24 @@ class TorchGpuAccelerator(Accelerator):
             jit_compile=config.compile,
         )
         return keras_executor(workload.build_keras(options, config.seed), config, placement)
+
+    def _multi_worker_keras_executor(self, workload: Workload, context: RunContext) -> Executor:
+        """This process's GPU (its local rank's) as one worker of MultiWorkerMirroredStrategy."""
+        import tensorflow as tf
+
+        from core.executors.keras import keras_executor, multi_worker_placement, set_tensorflow_threads
+
+        config, process = context.config, context.process
+        if config.threads_per_replica is not None:
+            set_tensorflow_threads(config.threads_per_replica, asked=True)
+        # Before TensorFlow's runtime starts: the strategy takes every GPU it sees, and this worker's is one.
+        gpus = tf.config.list_physical_devices("GPU")
+        if process.local_rank >= len(gpus):
+            raise RuntimeError(
+                f"TensorFlow sees {len(gpus)} GPU(s); local rank {process.local_rank} of this node needs its own"
+            )
+        tf.config.set_visible_devices(gpus[process.local_rank], "GPU")
+        placement = multi_worker_placement(
+            process, config, communication="NCCL", device_label=gpus[process.local_rank].name
+        )
+        return keras_executor(workload.build_keras(context.workload_options, config.seed), config, placement)

@@ -9,14 +9,19 @@ discovery does) stays cheap and does not initialise TensorFlow's runtime.
 
 from __future__ import annotations
 
+import datetime
+import ipaddress
+import json
 import math
 import os
+import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from core.base.config import RunConfig
+from core.base.distributed import ProcessContext
 from core.base.errors import DataError, NonFiniteLossError
 from core.base.precision import PrecisionPolicy, policy_for
 from core.contract.workload import KerasTrainingSpec
@@ -33,6 +38,53 @@ def quiet_tensorflow_startup() -> None:
 quiet_tensorflow_startup()
 
 
+class HostCollectives:
+    """Barrier, maximum and gather over the processes of a multi-worker TensorFlow run, on the host.
+
+    A gloo process group (torch.distributed) over the store of torchrun's rendezvous (its
+    MASTER_ADDR and MASTER_PORT), as a PyTorch run's: the runner's window boundaries, set-up time
+    and energy shares need them, and TensorFlow offers no barrier or object gather of its own. It
+    also carries each worker's address to every other before TensorFlow starts (TF_CONFIG).
+    """
+
+    #: as PyTorch runs' process groups wait (core.executors.pytorch.DISTRIBUTED_TIMEOUT)
+    TIMEOUT = datetime.timedelta(minutes=5)
+
+    def __init__(self, process: ProcessContext) -> None:
+        import torch.distributed as dist
+
+        self._dist = dist
+        self._process = process
+        if not dist.is_initialized():
+            dist.init_process_group(
+                backend="gloo",
+                init_method="env://",
+                rank=process.rank,
+                world_size=process.world_size,
+                timeout=self.TIMEOUT,
+            )
+
+    def barrier(self) -> None:
+        self._dist.barrier()
+
+    def gather_max(self, value: float) -> float:
+        import torch
+
+        tensor = torch.tensor([value], dtype=torch.float64)
+        self._dist.all_reduce(tensor, op=self._dist.ReduceOp.MAX)
+        return float(tensor.item())
+
+    def gather_objects(self, value: object) -> list[object]:
+        gathered: list[object] = [None] * self._process.world_size
+        self._dist.all_gather_object(gathered, value)
+        return gathered
+
+    def close(self) -> None:
+        # No barrier: a worker that failed must not wait here for peers that will never come.
+        if self._dist.is_initialized():
+            self._dist.destroy_process_group()
+
+
 @dataclass(frozen=True)
 class KerasPlacement:
     """Where a Keras workload runs inside this process; built by the vendor plugin."""
@@ -41,6 +93,101 @@ class KerasPlacement:
     replicas: int  # replicas the strategy holds inside this process
     device_label: str  # e.g. "/cpu:0" or "GPU", recorded in details
     jit_compile: bool = False  # XLA for the gradient computation of a weight update
+    #: a multi-worker run's host-side collectives (:func:`multi_worker_placement`); None in one process
+    collectives: HostCollectives | None = None
+    #: a multi-worker run's workers, HOST:PORT in task (global rank) order, and its all-reduce
+    workers: tuple[str, ...] = ()
+    communication: str | None = None
+
+
+#: where a worker of a multi-node TensorFlow run is reached by the others, if not found as below
+WORKER_HOST_VARIABLE = "CORE_TF_WORKER_HOST"
+
+#: TensorFlow's all-reduce implementations (tf.distribute.experimental.CommunicationImplementation)
+COMMUNICATIONS = ("AUTO", "RING", "NCCL")
+
+
+def worker_host(nodes: int, environ: dict[str, str] | None = None) -> str:
+    """The address the other workers reach this one at: the loopback on one node; over several, the
+    address of this host's interface towards the rendezvous' store (MASTER_ADDR), which every node
+    reaches already, or its fully qualified name where that is a loopback (on the store's own node).
+    ``CORE_TF_WORKER_HOST`` overrides both."""
+    env = dict(os.environ) if environ is None else environ
+    if env.get(WORKER_HOST_VARIABLE):
+        return env[WORKER_HOST_VARIABLE]
+    if nodes == 1:
+        return "127.0.0.1"
+    master = env.get("MASTER_ADDR")
+    if master:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                probe.connect((master, int(env.get("MASTER_PORT", "29500"))))  # UDP: sends nothing
+                address = str(probe.getsockname()[0])
+            if not ipaddress.ip_address(address).is_loopback:
+                return address
+        except (OSError, ValueError):
+            pass
+    return socket.getfqdn()
+
+
+def free_port(host: str = "") -> int:
+    """A TCP port free on this host now, for this worker's TensorFlow server (which binds it soon after)."""
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
+def tf_config(workers: Sequence[str], index: int) -> dict[str, Any]:
+    """TF_CONFIG for task ``index`` of a cluster of ``workers`` (HOST:PORT each, in task order)."""
+    if not 0 <= index < len(workers):
+        raise ValueError(f"task index {index} outside the cluster's {len(workers)} worker(s)")
+    return {"cluster": {"worker": list(workers)}, "task": {"type": "worker", "index": index}}
+
+
+def multi_worker_placement(
+    process: ProcessContext, config: RunConfig, *, communication: str, device_label: str
+) -> KerasPlacement:
+    """This worker's place in a TensorFlow run of one process per replica (torchrun's workers):
+    joins the host collectives, gathers every worker's HOST:PORT through them, and sets TF_CONFIG
+    (task index = global rank). Its ``make_strategy`` builds ``tf.distribute.MultiWorkerMirroredStrategy``
+    with ``communication`` (RING for CPUs; NCCL for GPUs), whose all-reduce spans every worker.
+
+    Must run before TensorFlow's runtime starts in this process (the strategy configures the
+    collective ops and starts this worker's server then); the caller may set thread pools and
+    visible devices before, nothing that runs an op or lists logical devices.
+    """
+    if communication not in COMMUNICATIONS:
+        raise ValueError(f"communication must be one of {COMMUNICATIONS}, got {communication!r}")
+    if not process.is_distributed:
+        raise ValueError(
+            "a multi-worker TensorFlow run needs the processes torchrun starts (RANK, WORLD_SIZE); this one is alone"
+        )
+    collectives = HostCollectives(process)
+    try:
+        host = worker_host(config.nodes)
+        address = f"[{host}]" if ":" in host else host  # an IPv6 literal
+        workers = tuple(str(worker) for worker in collectives.gather_objects(f"{address}:{free_port()}"))
+        os.environ["TF_CONFIG"] = json.dumps(tf_config(workers, process.rank))
+    except BaseException:
+        collectives.close()
+        raise
+
+    def make_strategy() -> Any:
+        import tensorflow as tf
+
+        implementation = getattr(tf.distribute.experimental.CommunicationImplementation, communication)
+        options = tf.distribute.experimental.CommunicationOptions(implementation=implementation)
+        return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+
+    return KerasPlacement(
+        make_strategy=make_strategy,
+        replicas=1,
+        device_label=device_label,
+        jit_compile=config.compile,
+        collectives=collectives,
+        workers=workers,
+        communication=communication,
+    )
 
 
 def split_host_cpu(logical_devices: int) -> list[str]:
@@ -156,6 +303,7 @@ class KerasExecutor(Executor):
         self._files: Any = None
         self._data_source = config.data
         self._data_wait_seconds = 0.0
+        self._collectives = placement.collectives
         try:
             # Layers read the global policy when constructed, so it is set before make_model.
             self.precision.configure_keras(tf, keras)
@@ -188,6 +336,15 @@ class KerasExecutor(Executor):
             }
             if self._files is not None:
                 self._details["data_format"] = "tfrecord"
+            if placement.workers:
+                self._details.update(
+                    {
+                        "workers": len(placement.workers),
+                        "worker_addresses": list(placement.workers),
+                        "communication": placement.communication,
+                        "replicas_in_sync": self._global_replicas,
+                    }
+                )
         except BaseException:
             self.close()
             raise
@@ -410,6 +567,17 @@ class KerasExecutor(Executor):
                 f"(the loss stayed finite: {total})"
             )
 
+    def barrier(self) -> None:
+        # Across a multi-worker run's processes (in one process the synchronise is all there is).
+        if self._collectives is not None:
+            self._collectives.barrier()
+
+    def gather_max(self, value: float) -> float:
+        return value if self._collectives is None else self._collectives.gather_max(value)
+
+    def gather_objects(self, value: object) -> list[object]:
+        return [value] if self._collectives is None else self._collectives.gather_objects(value)
+
     def details(self) -> dict[str, Any]:
         return dict(self._details)
 
@@ -445,6 +613,8 @@ class KerasExecutor(Executor):
             "optimizer",
         ):
             self.__dict__.pop(name, None)
+        if self._collectives is not None:
+            self._collectives.close()
 
 
 class KerasInferenceExecutor(KerasExecutor):

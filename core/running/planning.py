@@ -287,8 +287,7 @@ def plan_run(
 
     placing = RunContext(config, workload_options, accelerator_options, SINGLE_PROCESS, machine=machine)
     _check_placement_limits(manager, accelerator_obj, placing)
-    if config.nodes > 1:
-        _check_nodes(accelerator_obj, config, machine, in_slurm_job)
+    _check_processes(accelerator_obj, config, machine, in_slurm_job)
     layout = None
     if config.devices_per_replica > 1:
         with guard(workload_obj, f"{type(workload_obj).__name__}.pipeline_layout()"):
@@ -464,6 +463,16 @@ def _check_machine(manager: PluginManager, machine: MachineProfile) -> None:
         check_detail(key, value, expected[key])
 
 
+def _check_processes(
+    accelerator: Accelerator, config: RunConfig, machine: MachineProfile | None, in_slurm_job: bool
+) -> None:
+    """A TensorFlow run of one process per replica, and a run over several nodes, can be launched."""
+    if config.tensorflow_multi_worker:
+        _check_tensorflow_multi_worker(accelerator, config)
+    if config.nodes > 1:
+        _check_nodes(accelerator, config, machine, in_slurm_job)
+
+
 def _check_nodes(
     accelerator: Accelerator, config: RunConfig, machine: MachineProfile | None, in_slurm_job: bool
 ) -> None:
@@ -472,12 +481,14 @@ def _check_nodes(
     endpoint the run names."""
     from core.running.slurm import SlurmAllocation
 
-    if accelerator.launcher != "torchrun" or config.framework is not Framework.torch:
+    if accelerator.launcher != "torchrun" or not (
+        config.framework is Framework.torch or config.tensorflow_multi_worker
+    ):
         raise ConfigError(
             "nodes",
             config.nodes,
-            f"several nodes run as torchrun agents with PyTorch; accelerator {accelerator.name!r} with "
-            f"{config.framework.value}: 1",
+            f"several nodes run as torchrun agents with PyTorch, or TensorFlow's MultiWorkerMirroredStrategy; "
+            f"accelerator {accelerator.name!r} with {config.framework.value}: 1",
         )
     if machine is not None or in_slurm_job:
         return  # the allocation is the one it will run in: the machine's, or the job's own of `nodes` nodes
@@ -495,6 +506,31 @@ def _check_nodes(
             "nodes",
             config.nodes,
             f"at most the {allocation.node_count} node(s) of Slurm job {allocation.job_id} ({allocation.nodelist})",
+        )
+
+
+def _check_tensorflow_multi_worker(accelerator: Accelerator, config: RunConfig) -> None:
+    """A TensorFlow run as one process per replica: torchrun starts them (the accelerators whose
+    ``launcher`` is torchrun build MultiWorkerMirroredStrategy in each), on the synthetic data."""
+    field, value = (
+        ("tensorflow_strategy", config.tensorflow_strategy)
+        if config.tensorflow_strategy == "multi-worker"
+        else ("nodes", config.nodes)
+    )
+    if accelerator.launcher != "torchrun":
+        raise ConfigError(
+            field,
+            value,
+            f"TensorFlow's MultiWorkerMirroredStrategy runs one process per replica under torchrun, which "
+            f"accelerator {accelerator.name!r} does not launch; "
+            + ("mirrored or auto" if field == "tensorflow_strategy" else "1"),
+        )
+    if config.data != "synthetic":
+        raise ConfigError(
+            "data",
+            config.data,
+            "synthetic (a multi-worker TensorFlow run shards core's synthetic pool per worker; a dataset's files "
+            "are not sharded between TensorFlow's workers yet)",
         )
 
 

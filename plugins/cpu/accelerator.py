@@ -1,7 +1,9 @@
 """The CPU accelerator: PyTorch and TensorFlow on host cores, thread counts set and recorded.
 
 PyTorch replicas run as one process each under torchrun with the gloo backend; TensorFlow
-replicas run in one process over logical CPU devices with MirroredStrategy.
+replicas run in one process over logical CPU devices with MirroredStrategy, or (``nodes > 1``,
+``tensorflow_strategy = "multi-worker"``) as one process each under torchrun with
+MultiWorkerMirroredStrategy, whose all-reduce on CPUs is TensorFlow's RING.
 """
 
 from __future__ import annotations
@@ -137,9 +139,22 @@ class CpuAccelerator(Accelerator):
         # The executor module first: it quiets TensorFlow's start-up logging before TF loads.
         import tensorflow as tf
 
-        from core.plugin import KerasPlacement, keras_executor, set_tensorflow_threads, split_host_cpu
+        from core.plugin import (
+            KerasPlacement,
+            keras_executor,
+            multi_worker_placement,
+            set_tensorflow_threads,
+            split_host_cpu,
+        )
 
         config = context.config
+        if config.tensorflow_multi_worker:
+            # One replica in this process: its threads; before the strategy starts TensorFlow's runtime.
+            kept = set_tensorflow_threads(threads, 2, asked=config.threads_per_replica is not None)
+            if kept is not None:
+                context.warn(kept)
+            placement = multi_worker_placement(context.process, config, communication="RING", device_label="/cpu:0")
+            return keras_executor(workload.build_keras(context.workload_options, config.seed), config, placement)
         # Before TensorFlow starts its runtime; the executor records the pools in force.
         kept = set_tensorflow_threads(
             threads * config.replicas, max(2, config.replicas), asked=config.threads_per_replica is not None
