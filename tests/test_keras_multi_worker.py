@@ -187,10 +187,12 @@ def test_two_workers_make_the_update_of_one_process_with_the_whole_batch(tmp_pat
 
 
 @pytest.mark.slow
-def test_core_run_of_two_tensorflow_workers_reports_the_global_batch(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", [1, 2])
+def test_core_run_of_tensorflow_workers_reports_the_global_batch(tmp_path: Path, workers: int) -> None:
+    # One worker is this process alone (torchrun starts none): the strategy without TF_CONFIG.
     pytest.importorskip("tensorflow")
     ran = subprocess.run(
-        [sys.executable, "-m", "core.cli", "run", "fcnn", "--framework", "tensorflow", "--replicas", "2"]
+        [sys.executable, "-m", "core.cli", "run", "fcnn", "--framework", "tensorflow", "--replicas", str(workers)]
         + ["--tensorflow-strategy", "multi-worker", "--batch-size", "8", "--steps", "3", "--warmup-steps", "1"]
         + ["-o", "hidden_width=32", "-o", "input_width=64", "-o", "output_width=10", "--json"],
         env=CHILD_ENV,
@@ -203,8 +205,9 @@ def test_core_run_of_two_tensorflow_workers_reports_the_global_batch(tmp_path: P
     assert ran.returncode == 0, ran.stderr[-3000:]
     result = json.loads(ran.stdout)
     assert result["status"]["state"] == "ok", result["status"]
-    assert result["world_size"] == 2
+    assert result["world_size"] == workers
     assert result["config"]["tensorflow_strategy"] == "multi-worker"
-    assert result["executor_details"]["workers"] == 2
-    assert result["window_samples"] == 3 * 8 * 2  # steps x micro x accumulation x replicas
+    assert result["executor_details"]["strategy"] == "CollectiveAllReduceStrategy"  # MultiWorkerMirroredStrategy
+    assert result["executor_details"].get("workers", 1) == workers
+    assert result["window_samples"] == 3 * 8 * workers  # steps x micro x accumulation x replicas
     assert result["throughput_per_second"] == pytest.approx(result["window_samples"] / result["window_seconds"])

@@ -158,19 +158,20 @@ def multi_worker_placement(
     """
     if communication not in COMMUNICATIONS:
         raise ValueError(f"communication must be one of {COMMUNICATIONS}, got {communication!r}")
-    if not process.is_distributed:
-        raise ValueError(
-            "a multi-worker TensorFlow run needs the processes torchrun starts (RANK, WORLD_SIZE); this one is alone"
-        )
-    collectives = HostCollectives(process)
-    try:
-        host = worker_host(config.nodes)
-        address = f"[{host}]" if ":" in host else host  # an IPv6 literal
-        workers = tuple(str(worker) for worker in collectives.gather_objects(f"{address}:{free_port()}"))
-        os.environ["TF_CONFIG"] = json.dumps(tf_config(workers, process.rank))
-    except BaseException:
-        collectives.close()
-        raise
+    collectives: HostCollectives | None = None
+    workers: tuple[str, ...] = ()
+    if process.is_distributed:
+        collectives = HostCollectives(process)
+        try:
+            host = worker_host(config.nodes)
+            address = f"[{host}]" if ":" in host else host  # an IPv6 literal
+            workers = tuple(str(worker) for worker in collectives.gather_objects(f"{address}:{free_port()}"))
+            os.environ["TF_CONFIG"] = json.dumps(tf_config(workers, process.rank))
+        except BaseException:
+            collectives.close()
+            raise
+    # else one worker (tensorflow_strategy multi-worker with one replica: torchrun starts no
+    # process for it): without TF_CONFIG the strategy is that worker alone, as TensorFlow documents.
 
     def make_strategy() -> Any:
         import tensorflow as tf
