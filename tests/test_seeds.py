@@ -11,7 +11,8 @@ import pytest
 
 from core.machines import load_machine
 from core.storage.store import ResultStore
-from core.sweep import load_sweep, plan_sweep
+from core.sweep import expand_cells, load_sweep, plan_sweep
+from core.sweep.reference import check_references, matches
 from core.sweep.run import run_sweep
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,6 +60,37 @@ def test_a_seed_names_its_paper_and_validates_for_its_machine(path: Path) -> Non
     unexpected = [reason for reason in unexpected if not EXPECTED_REFUSALS.search(reason)]
     assert not unexpected, "\n".join(unexpected)
     assert plan.valid_cells
+
+
+@pytest.mark.parametrize("path", SEEDS, ids=[p.stem for p in SEEDS])
+def test_a_seeds_published_figures_validate_and_each_matches_one_planned_cell(path: Path) -> None:
+    spec = load_sweep(path)  # validates every [[reference]] table
+    cells = expand_cells(spec)
+    check_references(spec.reference, cells)
+    for position, reference in enumerate(spec.reference):
+        where = f"reference.{position} ({reference.table}, {reference.row})"
+        # The report's row says which paper, where in it, and what separates its measurement from core's.
+        assert reference.citation and reference.row and reference.assumptions, where
+        assert sum(matches(reference.match, cell.options) for cell in cells) == 1, where
+    # One figure per row and quantity: a figure typed twice would be shown twice.
+    assert len({(r.table, r.row, r.quantity) for r in spec.reference}) == len(spec.reference)
+
+
+def test_docs_seeds_md_says_which_files_carry_the_papers_figures() -> None:
+    rows = [
+        line
+        for line in (ROOT / "docs" / "seeds.md").read_text(encoding="utf-8").splitlines()
+        if line.startswith("| ") and "(../examples/seeds/" in line
+    ]
+    carried = {row.split("|")[3].strip(): row.split("|")[6].strip() for row in rows}
+    for path in SEEDS:
+        (cell,) = [text for link, text in carried.items() if f"({path.name})" in link.replace("../examples/seeds/", "")]
+        references = load_sweep(path).reference
+        if references:
+            assert cell.startswith(f"{len(references)} ("), (path.name, cell)
+        else:
+            assert cell.startswith("none: "), (path.name, cell)
+    assert sum(1 for path in SEEDS if load_sweep(path).reference) >= 19
 
 
 @pytest.mark.slow

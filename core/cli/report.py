@@ -51,6 +51,16 @@ def add_report_arguments(report: argparse.ArgumentParser) -> None:
         help="report this sweep (repeatable; default: every sweep)",
     )
     report.add_argument(
+        "--reference",
+        action="append",
+        dest="references",
+        default=[],
+        type=Path,
+        metavar="FILE",
+        help="a TOML (or YAML, JSON) file of published figures to show beside the measured ones: [[reference]] "
+        "tables as a sweep file's, each naming its sweep (docs/report.md); repeatable",
+    )
+    report.add_argument(
         "--output",
         type=Path,
         default=Path("results") / "report",
@@ -59,9 +69,13 @@ def add_report_arguments(report: argparse.ArgumentParser) -> None:
 
 
 def command_report(args: argparse.Namespace) -> int:
+    from core.base.errors import ConfigError
     from core.base.files import OutputError
     from core.report import ComparisonRequest, ReportError, ReportWriteError, TrainingPlan, write_report
     from core.storage.store import StoreError, default_database
+    from core.sweep.plan import describe_config_error
+    from core.sweep.reference import load_reference_file
+    from core.sweep.spec import SweepError
 
     databases = ([args.database] if args.database is not None else []) + list(args.databases)
     database = databases or [default_database()]
@@ -71,9 +85,17 @@ def command_report(args: argparse.Namespace) -> int:
         training = None if args.epochs is None else TrainingPlan(args.epochs, args.epoch_definition)
     except ValueError as problem:
         return error(f"--epochs {args.epochs} --epoch-definition {args.epoch_definition}: {problem}")
+    references = []
+    for path in args.references:
+        try:
+            references += load_reference_file(path)
+        except ConfigError as problem:
+            return error(f"--reference {path}: {describe_config_error(problem)}")
+        except SweepError as problem:
+            return error(f"--reference: {problem}")
     try:
         comparison = ComparisonRequest(tuple(args.compare_ignore), args.baseline)
-        files = write_report(database, args.output, args.sweeps, training, comparison)
+        files = write_report(database, args.output, args.sweeps, training, comparison, references)
     except ReportWriteError as problem:  # after the work: the report was built, the disk refused it
         return error(str(problem), code=FAULT)
     except (ReportError, StoreError, OutputError) as problem:  # before the work, or a damaged database

@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from core.base.files import OutputError, check_writable, describe_os_error, write_atomically
 from core.base.results import RunResult
@@ -83,12 +84,14 @@ from core.report.document import (
 )
 from core.report.extensions import plugin_sections
 from core.report.plots import _pyplot, count_label, plot_against_batch, plot_pareto, plot_power_traces, plot_scaling
+from core.report.references import check_own_references
 from core.report.sections import environment_table, sweep_section
 from core.report.singles import SINGLE_RUNS_TITLE, single_runs_section
 from core.report.tables import batch_table, cells_table, inference_table, loadgen_verdict
 from core.report.to_train import TrainingPlan, time_to_train_measure, training_blocks
 from core.storage.store import ResultStore
 from core.storage.summary import CellSummary, summarise
+from core.sweep.reference import SweptReference
 
 # The package's modules, by concern (this one writes the files):
 #   document  blocks, escaping, Markdown and HTML rendering, safe file names
@@ -96,6 +99,7 @@ from core.storage.summary import CellSummary, summarise
 #   plots     the PNG plots (matplotlib is imported there only) and the data they draw
 #   tables    the cells tables (training; inference) and throughput by batch size
 #   sections  one sweep's section: tables, plots or why not, failures
+#   references  the papers' figures (and a user's own) beside the measured ones
 __all__ = [
     "PLOTS_DIRECTORY",
     "REPORT_HTML",
@@ -204,7 +208,11 @@ def _recorded_names(store: ResultStore, sweeps: Sequence[str]) -> list[str]:
 
 
 def _read_section(
-    store: ResultStore, name: str, slug: str, training: TrainingPlan | None = None
+    store: ResultStore,
+    name: str,
+    slug: str,
+    training: TrainingPlan | None = None,
+    references: Sequence[SweptReference] = (),
 ) -> tuple[list[Block], list[CellSummary]]:
     """One sweep's section and its cells; a sweep whose rows cannot be summarised is a note, not the
     end of the report. A damaged database is a ``StoreError`` that ends the report: a report
@@ -230,7 +238,8 @@ def _read_section(
                 f"{shorten(one_line(error))}); refused and missing cells are not shown."
             )
         )
-    blocks = sweep_section(name, cells, record, store.path, slug)
+    own = [reference for reference in references if reference.sweep == name]
+    blocks = sweep_section(name, cells, record, store.path, slug, references=own)
     if training is not None:
         blocks = _before_environment(blocks, _training_blocks(cells, training, slug))
     return blocks[:1] + notes + blocks[1:], cells
@@ -341,12 +350,28 @@ def build_report(
     sweeps: Sequence[str] | None = None,
     training: TrainingPlan | None = None,
     comparison: ComparisonRequest | None = None,
+    references: Sequence[SweptReference] = (),
 ) -> tuple[str, list[Block]]:
     """The report's title and blocks: one section per sweep of each database, and where two
     platforms or hosts ran the same configurations, their comparison first (see compare.py);
-    the sections plugins add (core_report_sections) last."""
-    title, blocks, _ = _build_report(store, sweeps, training, comparison)
+    the sections plugins add (core_report_sections) last. ``references``: the user's own published
+    figures (``core report --reference``), each shown in the section of the sweep it names."""
+    title, blocks, _ = _build_report(store, sweeps, training, comparison, references)
     return title, blocks
+
+
+def _planned_cells(stores: Sequence[ResultStore], selected: Sequence[Sequence[str]]) -> dict[str, list[dict[str, Any]]]:
+    """Each reported sweep's planned cells as its record lists them (none where it has no record)."""
+    planned: dict[str, list[dict[str, Any]]] = {}
+    for one, names in zip(stores, selected):
+        for name in names:
+            try:
+                record = one.sweep(name)
+            except (ValueError, TypeError, KeyError):  # the section says the record is unreadable
+                record = None
+            cells = record.cells if record is not None and isinstance(record.cells, list) else []
+            planned.setdefault(name, []).extend(cell for cell in cells if isinstance(cell, dict))
+    return planned
 
 
 def _build_report(
@@ -354,10 +379,13 @@ def _build_report(
     sweeps: Sequence[str] | None = None,
     training: TrainingPlan | None = None,
     comparison: ComparisonRequest | None = None,
+    references: Sequence[SweptReference] = (),
 ) -> tuple[str, list[Block], list[str]]:
     """:func:`build_report`, and the warnings of the plugin sections it left out."""
     stores = _stores(store)
     selected = select_sources(stores, sweeps)
+    if references:
+        check_own_references(references, _planned_cells(stores, selected))
     _pyplot()  # fail before any work when matplotlib is missing, plots or not
     sections: list[Block] = []
     sourced: list[SourcedCell] = []
@@ -366,7 +394,7 @@ def _build_report(
     labels = database_labels([one.path for one in stores]) if len(stores) > 1 else [""]
     for one, names, slugs, label in zip(stores, selected, _section_slugs(stores, selected), labels):
         for name in names:
-            section, cells = _read_section(one, name, slugs[name], training)
+            section, cells = _read_section(one, name, slugs[name], training, references)
             if len(stores) > 1 and isinstance(section[0], Heading):
                 section[0] = Heading(2, f"{section[0].text} ({shorten(one_line(one.path), 120)})")
             sections += section
@@ -485,13 +513,16 @@ def write_report(
     sweeps: Sequence[str] | None = None,
     training: TrainingPlan | None = None,
     comparison: ComparisonRequest | None = None,
+    references: Sequence[SweptReference] = (),
 ) -> ReportFiles:
     """Write report.md, report.html and plots/*.png under ``output``; returns their paths.
 
     ``database`` is one database or several (their sweeps side by side, and compared where they
     ran the same configurations on different platforms or hosts). The output directory is checked
     before any plot is drawn (:class:`~core.base.files.OutputError`), and the files are written
-    whole or not at all (:class:`ReportWriteError`).
+    whole or not at all (:class:`ReportWriteError`). ``references``: the user's own published figures
+    (:func:`core.sweep.reference.load_reference_file`), refused before any work where one names a
+    sweep the report does not cover or matches none of its planned cells.
     """
     output = Path(output)
     given = [database] if isinstance(database, (str, Path, ResultStore)) else list(database)
@@ -506,7 +537,7 @@ def write_report(
         select_sources(stores, sweeps)
         _pyplot()
         check_report_output(output)
-        title, blocks, left_out = _build_report(stores, sweeps, training, comparison)
+        title, blocks, left_out = _build_report(stores, sweeps, training, comparison, references)
         warnings = [warning for one in stores for warning in store_warnings(one)] + left_out
         plots = write_report_files(output, title, blocks)
     except BaseException:

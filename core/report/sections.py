@@ -42,6 +42,7 @@ from core.report.plots import (
     plot_pareto,
     plot_power_traces,
 )
+from core.report.references import reference_blocks
 from core.report.roofline import roofline_blocks
 from core.report.scaling import scaling_blocks
 from core.report.tables import (
@@ -54,6 +55,7 @@ from core.report.tables import (
 )
 from core.storage.store import SweepRecord
 from core.storage.summary import SPREAD_FLAG_FRACTION, CellSummary
+from core.sweep.reference import Reference
 
 _MESSAGE_CHARS = 1200  # of a failure's message shown in the report (the database has all of it)
 
@@ -547,10 +549,16 @@ def _guarded(title: str, part: Callable[[SweepData], list[Block]], sweep: SweepD
 
 
 def sweep_section(
-    name: str, runs_cells: list[CellSummary], record: SweepRecord | None, store_path: Path, slug: str | None = None
+    name: str,
+    runs_cells: list[CellSummary],
+    record: SweepRecord | None,
+    store_path: Path,
+    slug: str | None = None,
+    references: Sequence[Reference] = (),
 ) -> list[Block]:
-    """One sweep's part of the report: summary, tables, plots, failures, refused cells, environment;
-    the training cells' tables and plots apart from the inference cells'."""
+    """One sweep's part of the report: summary, the published figures beside the measured ones,
+    tables, plots, failures, refused cells, environment; the training cells' tables and plots apart
+    from the inference cells'. ``references``: the user's own for this sweep (``--reference``)."""
     sweep = SweepData.of(name, slug if slug is not None else sweep_slugs([name])[name], runs_cells, record)
     blocks: list[Block] = [Heading(2, f"Sweep {shorten(one_line(name))}"), *_summary_blocks(sweep, store_path)]
     if not sweep.cells:
@@ -558,6 +566,7 @@ def sweep_section(
     training, inference = sweep.of_mode("train"), sweep.of_mode("inference")
     if training.cells and inference.cells:
         blocks.append(_modes_note(training, inference))
+    blocks += reference_blocks(sweep.spec, sweep.planned, sweep.cells, sweep.slug, references)
     if training.cells:
         blocks += _table_blocks(training)
         for title, part in _PLOT_PARTS:

@@ -11,6 +11,7 @@ from core.base.config import check_duration_fits
 from core.base.errors import ConfigError, PluginError
 from core.base.files import parse_json
 from core.base.machine import MachineProfile
+from core.sweep.reference import check_references
 from core.sweep.spec import SweepSpec, _flatten, _shorten, _too_many, shown
 
 if TYPE_CHECKING:
@@ -165,6 +166,7 @@ def plan_sweep(
     if machine is not None:
         check_machine(manager, machine)  # once, naming the profile's field, rather than in every cell
     cells = expand_cells(spec)
+    check_references(spec.reference, cells)  # against the file's own cells, before a toy shrinks them
     if toy:
         from core.sweep.toy import TOY_SUFFIX, toy_cells
 

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from core.base.config import RunConfig, canonical_node_meters
 from core.base.epochs import EpochDefinition
 from core.base.errors import ConfigError, ConfigErrors, CoreError
+from core.sweep.reference import Reference
 from core.sweep.slurm_settings import SlurmSettings
 
 DEFAULT_REPEATS = 3
@@ -88,6 +89,10 @@ class SweepSpec(BaseModel):
     )
     slurm: SlurmSettings | None = Field(
         default=None, description="the Slurm jobs of `core sweep --executor slurm` (docs/cluster.md)"
+    )
+    reference: list[Reference] = Field(
+        default_factory=list,
+        description="published figures the sweep reproduces, shown beside its own in the report (docs/report.md)",
     )
 
     @field_validator("name")
