@@ -124,7 +124,7 @@ def test_units_convert_to_the_papers() -> None:
 # --- the report ---------------------------------------------------------------------------------
 
 
-def _store(tmp_path: Path, *references: dict[str, Any]) -> ResultStore:
+def _store(tmp_path: Path, *references: dict[str, Any], planned_options: bool = True) -> ResultStore:
     """The grid's cells, fp32 and bf16 at batch 8 and 16 run (bf16 batch 16 out of memory), batch 32
     not run; each cell's key and options as a sweep records them."""
     spec = make_sweep_spec(sweep_document(*references))
@@ -133,7 +133,8 @@ def _store(tmp_path: Path, *references: dict[str, Any]) -> ResultStore:
     cells = []
     for cell in expand_cells(spec):
         batch, precision = cell.options["micro_batch_size"], cell.options["precision"]
-        cells.append({"key": cell.key, "label": cell.label, "options": cell.options, "invalid_reason": None})
+        planned = {"key": cell.key, "label": cell.label, "invalid_reason": None}
+        cells.append({**planned, "options": cell.options} if planned_options else planned)
         if batch == 32:
             continue
         failed = batch == 16 and precision == "bf16"
@@ -265,3 +266,25 @@ def test_a_reference_file_is_read_strictly(tmp_path: Path) -> None:
     )
     (loaded,) = load_reference_file(path)
     assert (loaded.sweep, loaded.value, loaded.match) == ("s", 2.0, {})
+
+
+def test_a_sweep_whose_cells_match_none_of_its_figures_says_so_once(tmp_path: Path) -> None:
+    # A --toy sweep keeps the file's references but shrinks its cells: no figure matches any of them.
+    store = _store(tmp_path, reference(), reference(row="batch 8", match={"micro_batch_size": 8}))
+    record = store.sweep("papers")
+    assert record is not None
+    toy_cells = [{**cell, "options": {**cell["options"], "micro_batch_size": 4}} for cell in record.cells]
+    store.save_sweep("papers", record.spec, toy_cells, record.source)
+    files = write_report(store, tmp_path / "report")
+    markdown = files.markdown.read_text(encoding="utf-8")
+    assert "None of the 2 published figures the sweep carries matches one of its cells" in markdown
+    assert "references-papers" not in parse_html(files.html).tables
+
+
+def test_cells_recorded_without_their_options_are_matched_by_their_configuration(tmp_path: Path) -> None:
+    # A record whose cells lack their options (or no record at all): the measured runs' configuration says.
+    store = _store(tmp_path, reference(), planned_options=False)
+    rows = _rows(write_report(store, tmp_path / "report").html)
+    assert [(row["cell"][0], row["measured"][0]) for row in rows] == [
+        ("micro_batch_size=16 precision=fp32", "108,000 images/min")
+    ]

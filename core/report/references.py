@@ -100,7 +100,7 @@ def _ratio(measured: float | None, value: float) -> Value:
     if measured is None or not math.isfinite(measured):
         return Value("n/a")
     ratio = measured / value
-    return Value(f"{ratio:.3g}", ratio)
+    return Value(format_number(ratio), ratio)
 
 
 def _status(candidate: _Candidate, measured: float | None, quantity: str) -> str:
@@ -177,6 +177,17 @@ def reference_blocks(
     if not recorded and not own and not problems:
         return []
     candidates = _candidates(planned, cells)
+    everyone = [*recorded, *own]
+    if everyone and not any(matches(ref.match, one.options) for ref in everyone for one in candidates):
+        # A --toy sweep shrinks its cells (batch, model, devices): a row per figure would say so each time.
+        return [
+            Heading(3, "Published figures beside these results"),
+            Paragraph(
+                f"None of the {len(everyone)} published figures the sweep carries matches one of its cells "
+                "(a --toy sweep's cells are shrunk, so they match none), so none is compared."
+            ),
+            *[Paragraph(f"A recorded reference is not shown: {problem}.") for problem in problems],
+        ]
     rows = [row for reference in recorded for row in _rows(reference, candidates, _FROM_FILE)]
     rows += [row for reference in own for row in _rows(reference, candidates, _FROM_OPTION)]
     blocks: list[Block] = [
@@ -189,9 +200,7 @@ def reference_blocks(
     ]
     if rows:
         blocks.append(Table(columns=list(_COLUMNS), rows=rows, identifier=f"references-{slug}"))
-    citations = dict.fromkeys(
-        (reference.paper, reference.citation) for reference in [*recorded, *own] if reference.citation
-    )
+    citations = dict.fromkeys((reference.paper, reference.citation) for reference in everyone if reference.citation)
     if citations:
         cited = "; ".join(f"{one_line(paper)}: {one_line(citation)}" for paper, citation in citations)
         blocks.append(Paragraph(shorten("Cited: " + cited, 4 * _CITATION_CHARS) + "."))
