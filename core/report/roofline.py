@@ -175,10 +175,8 @@ def plot_roofline(roofs: Roofs, points: Sequence[RooflinePoint], series_names: S
         [roofs.attainable(x) / scale for x in xs],
         color="black",
         linewidth=2,
-        label=plot_text(
-            f"roof ({roofs.origin}): {rate_text(roofs.peak_flops_per_second)} peak, "
-            f"{bandwidth_text(roofs.bandwidth_bytes_per_second)} memory"
-        ),
+        label=f"roof: {rate_text(roofs.peak_flops_per_second)} peak, "
+        f"{bandwidth_text(roofs.bandwidth_bytes_per_second)} memory",
     )
     for index, (cache, bandwidth) in enumerate(roofs.caches_bytes_per_second):
         axis.plot(
@@ -228,7 +226,8 @@ def plot_roofline(roofs: Roofs, points: Sequence[RooflinePoint], series_names: S
     lowest = min([p.flops_per_second for p in points] + [roofs.attainable(low)]) / scale
     axis.set_ylim(lowest / 3, roofs.peak_flops_per_second / scale * 3)
     axis.set_xlabel("arithmetic intensity (FLOPs per byte moved to and from memory)")
-    return _finished(figure, axis, unit, f"Roofline: {plot_text(roofs.title)}")
+    # The roofs' source on a line of its own: a legend entry would cut it short.
+    return _finished(figure, axis, unit, f"Roofline: {plot_text(roofs.title)}\nroofs: {plot_text(roofs.origin)}")
 
 
 def _finished(figure: object, axis: object, unit: str, title: str) -> bytes:
