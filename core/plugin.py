@@ -31,6 +31,7 @@ from core.base.precision import (
     Tf32Policy,
 )
 from core.base.results import DeviceRecord, EnergyMeasurement, RunResult
+from core.base.roofs import ProfileRoofs
 from core.contract.accelerator import Accelerator, Availability
 from core.contract.commands import Command
 from core.contract.context import RunContext
@@ -114,6 +115,7 @@ __all__ = [
     "ProcessContext",
     "RunContext",
     "MachineProfile",
+    "ProfileRoofs",
     "ConfigError",
     "PluginError",
     "RegistrationError",

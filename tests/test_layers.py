@@ -23,7 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("base",),  # plain types: config, errors, precision, the result document, process context, ...
     ("contract",),  # the hooks, the plugin manager, the bases plugins implement, the meter interface
     ("data", "workloads", "machines"),  # what a run reads and trains; the plugins' machine profiles
-    ("energy",),
+    ("energy", "roofs"),  # what a run draws; what a host can do at most (`core roofs`)
     ("executors",),
     ("running",),
     ("storage",),

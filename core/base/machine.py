@@ -14,6 +14,7 @@ from pydantic.fields import FieldInfo
 
 from core.base.config import Precision, config_errors
 from core.base.errors import ConfigError, ConfigErrors, did_you_mean
+from core.base.roofs import ProfileRoofs
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -52,6 +53,11 @@ class MachineProfile(BaseModel):
     )
     host_cores: int | None = Field(default=None, ge=1, le=MAX_HOST_CORES, description="CPU cores of the host")
     numa_nodes: int | None = Field(default=None, ge=1, le=MAX_NUMA_NODES, description="NUMA nodes of the host")
+    roofs: ProfileRoofs | None = Field(
+        default=None,
+        description="the node's own roof figures per device (memory bandwidth, peak FLOP/s by precision) with "
+        "their source, for `core report --roofs machine`; None: the datasheet's",
+    )
     details: dict[str, str | int | float] = Field(
         default_factory=dict,
         description="vendor facts a plugin's rules read (e.g. compute_capability), each of the type and form "

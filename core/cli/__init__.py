@@ -31,6 +31,7 @@ from core.cli.plugin_commands import command_of_plugin, is_plugin_command, plugi
 from core.cli.report import command_report
 from core.cli.results import command_results
 from core.cli.resume import core_program, resume_command
+from core.cli.roofs import command_roofs
 from core.cli.run import command_run
 from core.cli.run_arguments import _OWN_SYNTAX, run_flags, run_options
 from core.cli.sweep import command_sweep
@@ -48,6 +49,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "sweep": command_sweep,
     "report": command_report,
     "results": command_results,
+    "roofs": command_roofs,
 }
 
 # The names this module had before it became a package, which tests and plugins' tests import.

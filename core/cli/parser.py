@@ -16,6 +16,7 @@ from core.cli.listing import add_listing_commands
 from core.cli.plugin_commands import add_plugin_commands
 from core.cli.report import add_report_arguments
 from core.cli.results import add_results_arguments
+from core.cli.roofs import add_roofs_arguments
 from core.cli.run_arguments import add_run_arguments, run_examples
 from core.cli.sweep_arguments import add_sweep_arguments
 from core.contract.commands import BUILTIN_COMMANDS
@@ -68,6 +69,12 @@ def build_parser(plugin_commands: bool = True) -> CoreParser:
         "report", parents=[debug], help="write a Markdown and HTML report with plots from the database"
     )
     add_report_arguments(report)
+    roofs = commands.add_parser(
+        "roofs",
+        parents=[debug],
+        help="measure this host's memory bandwidth and matmul peaks for the report's roofline (a few seconds)",
+    )
+    add_roofs_arguments(roofs)
     results = commands.add_parser("results", parents=[debug], help="query or export the results database")
     add_results_arguments(results)
     if plugin_commands:

@@ -9,6 +9,13 @@ from pathlib import Path
 from core.cli.errors import FAULT, error
 from core.cli.sweep_arguments import DATABASE_HELP
 
+ROOFS_HELP = (
+    "where the roofline's roofs come from: datasheet (the vendor's figures the runs recorded), machine (a "
+    "shipped machine profile of the same device, e.g. a paper's Table 1; machine:NAME or machine:FILE.toml "
+    "for one profile), measured (measured on the run's host: `core roofs`, or probed now for this host's "
+    "CPU), or auto (default: measured, else datasheet, else machine)"
+)
+
 
 def add_report_arguments(report: argparse.ArgumentParser) -> None:
     report.add_argument(
@@ -50,6 +57,7 @@ def add_report_arguments(report: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="report this sweep (repeatable; default: every sweep)",
     )
+    report.add_argument("--roofs", default="auto", metavar="SOURCE", help=ROOFS_HELP)
     report.add_argument(
         "--reference",
         action="append",
@@ -72,6 +80,7 @@ def command_report(args: argparse.Namespace) -> int:
     from core.base.errors import ConfigError
     from core.base.files import OutputError
     from core.report import ComparisonRequest, ReportError, ReportWriteError, TrainingPlan, write_report
+    from core.report.roof_sources import roof_request
     from core.storage.store import StoreError, default_database
     from core.sweep.plan import describe_config_error
     from core.sweep.reference import load_reference_file
@@ -94,8 +103,14 @@ def command_report(args: argparse.Namespace) -> int:
         except SweepError as problem:
             return error(f"--reference: {problem}")
     try:
+        roofs = roof_request(args.roofs)
+    except (ValueError, ConfigError) as problem:
+        return error(str(problem))
+    try:
         comparison = ComparisonRequest(tuple(args.compare_ignore), args.baseline)
-        files = write_report(database, args.output, args.sweeps, training, comparison, references)
+        files = write_report(
+            database, args.output, args.sweeps, training, comparison, references=references, roofs=roofs
+        )
     except ReportWriteError as problem:  # after the work: the report was built, the disk refused it
         return error(str(problem), code=FAULT)
     except (ReportError, StoreError, OutputError) as problem:  # before the work, or a damaged database

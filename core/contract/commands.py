@@ -16,7 +16,9 @@ from dataclasses import dataclass
 
 #: the commands of core itself: no plugin may register one of these names (core/cli/__init__.py's table of
 #: commands is checked against it by tests/test_extensions.py)
-BUILTIN_COMMANDS = frozenset({"run", "machines", "plugins", "devices", "workloads", "sweep", "report", "results"})
+BUILTIN_COMMANDS = frozenset(
+    {"run", "machines", "plugins", "devices", "workloads", "sweep", "report", "results", "roofs"}
+)
 
 #: a command's name as typed after ``core``: lower-case letters, digits and '-', starting with a letter
 COMMAND_NAME = re.compile(r"[a-z][a-z0-9-]{0,39}")

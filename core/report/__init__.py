@@ -85,6 +85,7 @@ from core.report.document import (
 from core.report.extensions import plugin_sections
 from core.report.plots import _pyplot, count_label, plot_against_batch, plot_pareto, plot_power_traces, plot_scaling
 from core.report.references import check_own_references
+from core.report.roof_sources import RoofRequest, make_request, roofs_in_force, with_measured
 from core.report.sections import environment_table, sweep_section
 from core.report.singles import SINGLE_RUNS_TITLE, single_runs_section
 from core.report.tables import batch_table, cells_table, inference_table, loadgen_verdict
@@ -101,6 +102,7 @@ from core.sweep.reference import SweptReference
 #   sections  one sweep's section: tables, plots or why not, failures
 #   references  the papers' figures (and a user's own) beside the measured ones
 __all__ = [
+    "RoofRequest",
     "PLOTS_DIRECTORY",
     "REPORT_HTML",
     "REPORT_MARKDOWN",
@@ -514,6 +516,7 @@ def write_report(
     training: TrainingPlan | None = None,
     comparison: ComparisonRequest | None = None,
     references: Sequence[SweptReference] = (),
+    roofs: RoofRequest | None = None,
 ) -> ReportFiles:
     """Write report.md, report.html and plots/*.png under ``output``; returns their paths.
 
@@ -537,8 +540,11 @@ def write_report(
         select_sources(stores, sweeps)
         _pyplot()
         check_report_output(output)
-        title, blocks, left_out = _build_report(stores, sweeps, training, comparison, references)
-        warnings = [warning for one in stores for warning in store_warnings(one)] + left_out
+        # The rooflines' request, with the roofs `core roofs` recorded in any of the databases.
+        request = with_measured(roofs or make_request(), [one.host_roofs() for one in stores])
+        with roofs_in_force(request):
+            title, blocks, left_out = _build_report(stores, sweeps, training, comparison, references)
+        warnings = [warning for one in stores for warning in store_warnings(one)] + left_out + request.notes
         plots = write_report_files(output, title, blocks)
     except BaseException:
         _remove_empty_directories(created)

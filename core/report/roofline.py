@@ -27,6 +27,7 @@ from core.report.document import (
     shorten,
 )
 from core.report.plots import _batch_axis, _legend, _png, _pyplot, plot_text
+from core.report.roof_sources import RoofRequest, cell_roofs, request_in_force, why_no_roofs
 from core.storage.summary import CellSummary
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ class Roofs:
     caches_bytes_per_second: tuple[tuple[str, float], ...] = ()
     flops_source: str = ""
     bandwidth_source: str = ""
+    origin: str = "datasheet"  # where the roofs come from: datasheet, machine profile NAME, measured on ...
 
     @property
     def ridge_intensity(self) -> float:
@@ -75,26 +77,22 @@ def _device_name(cell: CellSummary) -> str:
     return ", ".join(f"{names.count(name)} x {name}" if names.count(name) > 1 else name for name in distinct)
 
 
-def roofs_of(cell: CellSummary) -> Roofs | None:
-    """The roofline a cell's results give, or None where its peak or its bandwidth is unknown."""
-    result = next((r for r in cell.ok_results if r.peak_flops_per_second and r.memory_bandwidth_bytes_per_second), None)
-    if result is None or not _positive(result.peak_flops_per_second):
-        return None
-    if not _positive(result.memory_bandwidth_bytes_per_second):
+def roofs_of(cell: CellSummary, request: RoofRequest | None = None) -> Roofs | None:
+    """The roofline of a cell from the source the report's request chooses (see roof_sources.py),
+    or None where that source has no peak or no bandwidth for it."""
+    found = cell_roofs(cell, request_in_force() if request is None else request)
+    if found is None:
         return None
     return Roofs(
         device=shorten(one_line(_device_name(cell)), 80),
         precision=str(cell.option("precision")),
-        peak_flops_per_second=result.peak_flops_per_second,
-        bandwidth_bytes_per_second=result.memory_bandwidth_bytes_per_second,
-        memory=shorten(one_line(result.memory_kind or "memory"), 80),
-        caches_bytes_per_second=tuple(
-            (name, value)
-            for name, value in sorted(result.cache_bandwidths_bytes_per_second.items())
-            if _positive(value)
-        ),
-        flops_source=result.peak_flops_source or "",
-        bandwidth_source=result.memory_bandwidth_source or "",
+        peak_flops_per_second=found.peak_flops_per_second,
+        bandwidth_bytes_per_second=found.bandwidth_bytes_per_second,
+        memory=shorten(one_line(found.memory), 80),
+        caches_bytes_per_second=found.caches_bytes_per_second,
+        flops_source=found.flops_source,
+        bandwidth_source=found.bandwidth_source,
+        origin=shorten(one_line(found.origin), 160),
     )
 
 
@@ -105,20 +103,25 @@ class RooflinePoint:
     flops_per_second: float  # achieved, median of the repeats
 
 
-def rooflines(cells: Sequence[CellSummary]) -> list[tuple[Roofs, list[RooflinePoint]]]:
+def rooflines(
+    cells: Sequence[CellSummary], request: RoofRequest | None = None
+) -> list[tuple[Roofs, list[RooflinePoint]]]:
     """The cells grouped by roofline, each with its placeable runs (intensity and FLOP/s known);
     rooflines without a single run to place are left out."""
+    request = request_in_force() if request is None else request
     groups: dict[Roofs, list[RooflinePoint]] = {}
     for cell in cells:
-        roofs = roofs_of(cell)
         intensity, achieved = cell.arithmetic_intensity, cell.flops_per_second
-        if roofs is None or not _positive(intensity) or not _positive(achieved):
+        if not _positive(intensity) or not _positive(achieved):
+            continue
+        roofs = roofs_of(cell, request)
+        if roofs is None:
             continue
         groups.setdefault(roofs, []).append(RooflinePoint(cell, intensity, achieved))
     return list(groups.items())
 
 
-def why_no_roofline(cells: Sequence[CellSummary]) -> str:
+def why_no_roofline(cells: Sequence[CellSummary], request: RoofRequest | None = None) -> str:
     """Why :func:`rooflines` found nothing, in the report's words."""
     if not any(_positive(cell.flops_per_second) for cell in cells):
         return "no cell has an achieved FLOP rate (the workload declares no FLOP count)"
@@ -127,9 +130,7 @@ def why_no_roofline(cells: Sequence[CellSummary]) -> str:
             "no cell has an arithmetic intensity: the workload does not count the bytes it moves "
             "(memory_bytes_per_sample; the FCNN does)"
         )
-    if not any(_positive(cell.peak_flops_per_second) for cell in cells):
-        return "no peak FLOP/s is known for these devices"
-    return "no memory bandwidth is known for these devices (results before schema 1.6 have none)"
+    return why_no_roofs(cells, request_in_force() if request is None else request)
 
 
 # --- units ------------------------------------------------------------------------------------------
@@ -225,7 +226,8 @@ def plot_roofline(roofs: Roofs, points: Sequence[RooflinePoint], series_names: S
     lowest = min([p.flops_per_second for p in points] + [roofs.attainable(low)]) / scale
     axis.set_ylim(lowest / 3, roofs.peak_flops_per_second / scale * 3)
     axis.set_xlabel("arithmetic intensity (FLOPs per byte moved to and from memory)")
-    return _finished(figure, axis, unit, f"Roofline: {plot_text(roofs.title)}")
+    # The roofs' source on a line of its own: a legend entry would cut it short.
+    return _finished(figure, axis, unit, f"Roofline: {plot_text(roofs.title)}\nroofs: {plot_text(roofs.origin)}")
 
 
 def _finished(figure: object, axis: object, unit: str, title: str) -> bytes:
@@ -356,6 +358,14 @@ def points_table(roofs: Roofs, points: Sequence[RooflinePoint], series_names: Se
 # --- the section ----------------------------------------------------------------------------------
 
 
+_ROOF_CHOICE = {
+    "auto": "for each cell, measured on its host where measured, else the datasheet's, else a machine profile's",
+    "datasheet": "the datasheet figures each run recorded",
+    "machine": "the machine profile's figures",
+    "measured": "measured on each cell's host",
+}
+
+
 def roofline_blocks(sweep: SweepData) -> list[Block]:
     """Per roofline: the roofline plot, the FLOP/s-against-batch plot where the batch varies, the
     roofs with their sources and the runs' figures; or why none is drawn."""
@@ -369,12 +379,14 @@ def roofline_blocks(sweep: SweepData) -> list[Block]:
             "Attainable FLOP/s = min(peak, memory bandwidth x arithmetic intensity); the ridge point is where "
             "the roofs meet (peak / bandwidth). Intensity is the workload's FLOPs per sample over its bytes "
             "moved per sample, an analytical lower bound on traffic (docs/concepts.md#bytes-moved-per-sample), "
-            "so a run sits at or left of its true intensity. b= labels each run's micro-batch size."
+            "so a run sits at or left of its true intensity. b= labels each run's micro-batch size. "
+            f"Roofs: {_ROOF_CHOICE[request_in_force().source.value]} (`core report --roofs` chooses); each "
+            "table below says where every figure comes from."
         ),
     ]
     for index, (roofs, points) in enumerate(found):
         suffix = f"-{index + 1}" if len(found) > 1 else ""
-        blocks.append(Heading(4, f"{roofs.title}: {len(points)} runs"))
+        blocks.append(Heading(4, f"{roofs.title}: {len(points)} runs; roofs: {roofs.origin}"))
         above = [point for point in points if point.flops_per_second > roofs.peak_flops_per_second]
         if above:
             # A run cannot beat a true peak: the peak figure is wrong for this machine (a CPU's derived
@@ -391,7 +403,8 @@ def roofline_blocks(sweep: SweepData) -> list[Block]:
             sweep.figure(
                 f"roofline{suffix}",
                 plot_roofline(roofs, points, sweep.series_names),
-                f"Roofline of {roofs.title}, log-log: roofs, ridge point and each cell's median achieved FLOP/s",
+                f"Roofline of {roofs.title}, log-log: roofs ({roofs.origin}), ridge point and each cell's median "
+                "achieved FLOP/s",
                 data=points_table(roofs, points, sweep.series_names, f"roofline-{sweep.slug}{suffix}"),
             ),
             roofs_table(roofs, f"roofs-{sweep.slug}{suffix}"),

@@ -70,6 +70,13 @@ CREATE TABLE IF NOT EXISTS sweeps (
     created_at TEXT NOT NULL,
     updated_at TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS host_roofs (
+    host TEXT NOT NULL,
+    device TEXT NOT NULL,
+    measured_at TEXT NOT NULL,
+    roofs_json TEXT NOT NULL,
+    PRIMARY KEY (host, device, measured_at)
+);
 """
 
 

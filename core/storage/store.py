@@ -28,6 +28,7 @@ from typing import Any, TextIO
 
 from core.base.files import parse_json
 from core.base.results import NEWER_SCHEMA_ERROR, RunResult
+from core.base.roofs import MeasuredRoofs, read_measured_roofs
 from core.storage import export
 from core.storage.database import (
     DEFAULT_DATABASE,
@@ -285,6 +286,17 @@ class ResultStore:
         except sqlite3.DatabaseError as exc:
             raise StoreWriteError(self._explain(exc, "write")) from None
 
+    def save_host_roofs(self, roofs: MeasuredRoofs) -> None:
+        """Record the roofs measured on a host (``core roofs``), so a report built anywhere has them."""
+        try:
+            with self._transaction():
+                self._connection.execute(
+                    "INSERT OR REPLACE INTO host_roofs (host, device, measured_at, roofs_json) VALUES (?, ?, ?, ?)",
+                    (roofs.host, roofs.device, roofs.measured_at, roofs.model_dump_json()),
+                )
+        except sqlite3.DatabaseError as exc:
+            raise StoreWriteError(self._explain(exc, "write")) from None
+
     def forget_sweep(self, name: str) -> bool:
         """Remove sweep ``name``'s record if no run of it is stored (a sweep that never got going:
         its submission was refused); returns whether it was removed. Runs are never removed."""
@@ -308,6 +320,28 @@ class ResultStore:
         )
         records = self._sweep_records(rows)
         return records[0] if records else None
+
+    def host_roofs(self) -> list[MeasuredRoofs]:
+        """The roofs measured on each host and device, the latest of each; a row that is no measured
+        record (or whose columns disagree with its record) is skipped into :attr:`skipped_rows`. A
+        database written before the table existed has none."""
+        if not self._rows("SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'host_roofs'"):
+            return []
+        latest: dict[tuple[str, str], MeasuredRoofs] = {}
+        for rowid, host, device, text in self._rows(
+            "SELECT rowid, host, device, roofs_json FROM host_roofs ORDER BY measured_at"
+        ):
+            try:
+                if not isinstance(text, (str, bytes)):
+                    raise ValueError(f"roofs_json is {type(text).__name__}, not text")
+                roofs = read_measured_roofs(text)
+                if (roofs.host, roofs.device) != (host, device):
+                    raise ValueError(f"its record is of host {roofs.host!r} and device {roofs.device!r}")
+            except ValueError as exc:
+                self._skip("host_roofs", rowid, None, exc)
+                continue
+            latest[(roofs.host, roofs.device)] = roofs
+        return list(latest.values())
 
     def sweeps(self) -> list[SweepRecord]:
         return self._sweep_records(

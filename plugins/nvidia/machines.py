@@ -19,7 +19,7 @@ Sources (../shared/reference/ in the project's workspace):
 
 from __future__ import annotations
 
-from core.plugin import MachineProfile
+from core.plugin import MachineProfile, Precision, ProfileRoofs
 
 from .accelerator import precisions_for_compute_capability
 
@@ -29,6 +29,22 @@ _HOPPER = "9.0"
 _TURING = "7.5"  # the T4 and the Quadro RTX 6000
 _VOLTA = "7.0"  # the V100
 _ACES = "ACES, section 2.3"
+_AI4NP_TABLE_1 = "AI4NP, Table 1"
+# The poster's own roofs (its Fig. 1), not the datasheets': the T4's ridge point is 8.1 TFLOP/s /
+# 245.2 GB/s = 33.0 FLOP/B at fp32 (25.3 against the datasheet's 320 GB/s). FP16 is its Tensor Core
+# column; the poster gives no bf16 figure, so none is set.
+_T4_ROOFS = ProfileRoofs(
+    source=_AI4NP_TABLE_1 + " (Peak BW 245.2 GB/s, FP32 8.1 TFLOPS, FP16 Tensor Core 65 TFLOPS)",
+    memory="GDDR6",
+    memory_bandwidth_bytes_per_second=245.2e9,
+    peak_flops_per_second={Precision.fp32: 8.1e12, Precision.fp16: 65e12},
+)
+_A100_80GB_PCIE_ROOFS = ProfileRoofs(
+    source=_AI4NP_TABLE_1 + " (Peak BW 1607.3 GB/s, FP32 19.4 TFLOPS, FP16 Tensor Core 312 TFLOPS)",
+    memory="HBM2e",
+    memory_bandwidth_bytes_per_second=1607.3e9,
+    peak_flops_per_second={Precision.fp32: 19.4e12, Precision.fp16: 312e12},
+)
 
 
 def _profile(name: str, device: str, devices: int, capability: str, **facts: object) -> MachineProfile:
@@ -83,6 +99,7 @@ def _t4(devices: int, source: str, description: str) -> MachineProfile:
         description=description,
         source=source,
         memory_gib_per_device=15110 / 1024,
+        roofs=_T4_ROOFS,
     )
 
 
@@ -151,6 +168,7 @@ def nvidia_machines() -> list[MachineProfile]:
             description="two NVIDIA A100 80GB PCIe (AI4NP's Tables 1 and 3)",
             source="AI4NP, Tables 1 and 3",
             memory_gib_per_device=80.0,
+            roofs=_A100_80GB_PCIE_ROOFS,
         ),
         _profile(
             "dgx-a100-40gb",
