@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from core.base.config import RunConfig, canonical_node_meters
 from core.base.epochs import EpochDefinition
 from core.base.errors import ConfigError, ConfigErrors, CoreError
+from core.sweep.report_spec import ReportField
 from core.sweep.slurm_settings import SlurmSettings
 
 DEFAULT_REPEATS = 3
@@ -89,6 +90,7 @@ class SweepSpec(BaseModel):
     slurm: SlurmSettings | None = Field(
         default=None, description="the Slurm jobs of `core sweep --executor slurm` (docs/cluster.md)"
     )
+    report: ReportField = Field(default=None, description="what the report draws (docs/sweeps.md, the [report] table)")
 
     @field_validator("name")
     @classmethod
