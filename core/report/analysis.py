@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import combinations
 from typing import TypeGuard
 
 from core.base.config import RunConfig
@@ -99,16 +100,67 @@ def _positive(value: float | None) -> TypeGuard[float]:
 # --- what the plots draw -----------------------------------------------------------------------
 
 
+_MOST_OPTIONS_SEARCHED = 12  # subsets of the options tried for co-variation: 2^12 groupings at most
+
+
+def covarying_with_devices(cells: Sequence[CellSummary], names: Sequence[str]) -> list[str]:
+    """The options of ``names`` that move with the device count, as part of the scaling axis.
+
+    An option moves with the device count where, among the cells that share the options that do
+    not, none of its values is found at every device count, and it takes more than one (ACES
+    Table 1's instances: 1, 2, 4, 8, then 8 or 16 with 1..16 replicas; CARAML's accumulation at a
+    fixed global batch). The largest such set of options is taken: each option tried alone would
+    be judged among cells split by the others, which move with the devices too.
+    """
+    if len({cell.devices for cell in cells}) < 2 or not names:
+        return []
+    names = list(names)[:_MOST_OPTIONS_SEARCHED]
+    for size in range(len(names), 0, -1):
+        for moving in combinations(names, size):
+            kept = [name for name in names if name not in moving]
+            groups = [m for m in group_series(cells, kept).values() if len({c.devices for c in m}) > 1]
+            if groups and all(_moves_with_devices(groups, name) for name in moving):
+                return list(moving)
+    return []
+
+
+def _moves_with_devices(groups: Sequence[Sequence[CellSummary]], name: str) -> bool:
+    """No value of the option at every device count of a group, and more than one value in one."""
+    several = False
+    for members in groups:
+        counts = {cell.devices for cell in members}
+        where: dict[str, set[int]] = {}
+        for cell in members:
+            where.setdefault(repr(cell.option(name)), set()).add(cell.devices)
+        if any(found == counts for found in where.values()):
+            return False  # a value at every count: the option varies beside the devices, not with them
+        several |= len(where) > 1
+    return several
+
+
+def scaling_groups(
+    cells: Sequence[CellSummary], varying: Sequence[str]
+) -> tuple[dict[str, list[CellSummary]], list[str]]:
+    """(series label -> its cells, the options that move with the device count): the series whose
+    device count varies. A series is the cells that differ only in where they ran and in the options
+    that move with the device count (see :func:`covarying_with_devices`), which are part of the
+    scaling axis, not series of their own."""
+    names = [name for name in varying if name not in _DEVICE_OPTIONS]
+    moving = covarying_with_devices(cells, names)
+    groups = group_series(cells, [name for name in names if name not in moving])
+    return {label: members for label, members in groups.items() if len({c.devices for c in members}) > 1}, moving
+
+
 def scaling_points(cells: Sequence[CellSummary], varying: Sequence[str]) -> dict[str, list[tuple[int, float, float]]]:
     """Series -> [(devices, throughput, efficiency)], where the device count varies within a series.
 
     efficiency(n) = (throughput(n) / n) / (throughput(n0) / n0), n0 the series' smallest device
-    count with a figure: 1.0 is perfect scaling. With a fixed micro-batch per device the global
-    batch grows with n (weak scaling), as in the papers' data-parallel tables.
+    count with a figure (its best cell there): 1.0 is perfect scaling. With a fixed micro-batch per
+    device the global batch grows with n (weak scaling), as in the papers' data-parallel tables.
+    A series may hold two cells at one count (ACES Table 1's 16 replicas in 8 or 16 instances).
     """
-    names = [name for name in varying if name not in _DEVICE_OPTIONS]
     result: dict[str, list[tuple[int, float, float]]] = {}
-    for label, members in group_series(cells, names).items():
+    for label, members in scaling_groups(cells, varying)[0].items():
         points = sorted(
             (cell.devices, cell.throughput_per_second)
             for cell in members
@@ -116,7 +168,8 @@ def scaling_points(cells: Sequence[CellSummary], varying: Sequence[str]) -> dict
         )
         if len({devices for devices, _ in points}) < 2:
             continue
-        base_devices, base_throughput = points[0]
+        base_devices = points[0][0]
+        base_throughput = max(throughput for devices, throughput in points if devices == base_devices)
         result[label] = [
             (devices, throughput, (throughput / devices) / (base_throughput / base_devices))
             for devices, throughput in points

@@ -17,14 +17,16 @@ from itertools import combinations
 from typing import TYPE_CHECKING, Any
 
 from core.report.analysis import _BATCH, _positive, _short
-from core.report.document import Block, Heading, Paragraph, Table, Value, format_percent, one_line, shorten
+from core.report.axes import axis_label, axis_value, best_per_place, keep, varies
+from core.report.document import Block, Figure, Heading, Paragraph, Table, Value, format_percent, one_line, shorten
 from core.report.plots import _png, _pyplot, plot_text
 from core.storage.summary import CellSummary
+from core.sweep.report_spec import DEFAULT_MAX_HEATMAPS, HeatmapSpec
 
 if TYPE_CHECKING:
     from core.report.sections import SweepData
 
-MAX_HEATMAPS = 8  # per sweep and measure: beyond these the section says how many were left out
+MAX_HEATMAPS = DEFAULT_MAX_HEATMAPS  # default maps per sweep and measure; the section names those left out
 _MAX_AXIS_VALUES = 24  # an axis with more values than this is not readable as rows or columns
 
 
@@ -88,7 +90,7 @@ def _maps_for(
 ) -> list[tuple[tuple[tuple[str, Any], ...], list[CellSummary]]]:
     groups: dict[tuple[tuple[str, Any], ...], list[CellSummary]] = {}
     for cell in cells:
-        key = tuple((name, cell.option(name)) for name in others)
+        key = tuple((name, axis_value(cell, name)) for name in others)
         groups.setdefault(key, []).append(cell)
     return sorted(groups.items(), key=lambda item: [_sort_key(value) for _, value in item[0]])
 
@@ -99,31 +101,39 @@ def build_heatmap(
     y_axis: str,
     fixed: tuple[tuple[str, Any], ...],
     measure: str,
+    best_of: Callable[[CellSummary], float | None] | None = None,
 ) -> Heatmap | None:
-    """One map of ``cells`` (which share every other option); ``measure`` "mfu" or "best".
-    None where no cell of the map has the figure."""
-    x_values = sorted({cell.option(x_axis) for cell in cells}, key=_sort_key)
-    y_values = sorted({cell.option(y_axis) for cell in cells}, key=_sort_key)
-    by_position = {(cell.option(y_axis), cell.option(x_axis)): cell for cell in cells}
+    """One map of ``cells`` (which share every other option shown); ``measure`` "mfu", "best" (the
+    map's best cell is 1) or "group-best" (``best_of(cell)``, the best of the cell's group, is 1;
+    without it, each row's best). Where several cells share a position (options folded), the best
+    of them is shown. None where no cell of the map has the figure."""
+    x_values = sorted({axis_value(cell, x_axis) for cell in cells}, key=_sort_key)
+    y_values = sorted({axis_value(cell, y_axis) for cell in cells}, key=_sort_key)
     if measure == "mfu":
         figure_of: Callable[[CellSummary], float | None] = lambda cell: cell.model_flops_utilization  # noqa: E731
-        scale, name = 1.0, "MFU (achieved FLOP/s / peak)"
+        name = "MFU (achieved FLOP/s / peak)"
     else:
         figure_of, what = _flops_or_throughput(cells)
-        best = max((v for cell in cells if _positive(v := figure_of(cell))), default=None)
-        if best is None:
-            return None
-        scale, name = 1.0 / best, f"fraction of the best cell ({what})"
+        whose = "map" if measure == "best" else "group" if best_of is not None else "row"
+        name = f"fraction of the {whose}'s best cell ({what})"
+    shown = best_per_place(
+        cells, lambda cell: (repr(axis_value(cell, y_axis)), repr(axis_value(cell, x_axis))), figure_of
+    )
+    by_position = {(repr(axis_value(cell, y_axis)), repr(axis_value(cell, x_axis))): cell for cell in shown}
+    divisor = _divisor(shown, measure, figure_of, best_of, lambda cell: repr(axis_value(cell, y_axis)))
+    if divisor is None:
+        return None
     values: list[list[float | None]] = []
     states: list[list[str]] = []
     for y in y_values:
         row_values: list[float | None] = []
         row_states: list[str] = []
         for x in x_values:
-            cell = by_position.get((y, x))
+            cell = by_position.get((repr(y), repr(x)))
             value = figure_of(cell) if cell is not None else None
-            if cell is not None and _positive(value):
-                row_values.append(value * scale)
+            scale = divisor(cell) if cell is not None else None
+            if cell is not None and _positive(value) and scale is not None:
+                row_values.append(value / scale)
                 row_states.append("")
             else:
                 row_values.append(None)
@@ -133,6 +143,28 @@ def build_heatmap(
     if all(value is None for row in values for value in row):
         return None
     return Heatmap(x_axis, y_axis, fixed, x_values, y_values, values, states, name)
+
+
+def _divisor(
+    cells: Sequence[CellSummary],
+    measure: str,
+    figure_of: Callable[[CellSummary], float | None],
+    best_of: Callable[[CellSummary], float | None] | None,
+    row_of: Callable[[CellSummary], str],
+) -> Callable[[CellSummary], float | None] | None:
+    """What each cell's figure is divided by; None where the map has no figure at all."""
+    if measure == "mfu":
+        return lambda cell: 1.0
+    if measure == "group-best":
+        if best_of is not None:
+            return best_of
+        rows: dict[str, float] = {}
+        for cell in cells:
+            if _positive(value := figure_of(cell)):
+                rows[row_of(cell)] = max(value, rows.get(row_of(cell), 0.0))
+        return lambda cell: rows.get(row_of(cell))
+    best = max((v for cell in cells if _positive(v := figure_of(cell))), default=None)
+    return None if best is None else (lambda cell: best)
 
 
 def heatmaps(cells: Sequence[CellSummary], varying: Sequence[str], measure: str) -> list[Heatmap]:
@@ -196,7 +228,7 @@ _AXIS_UNITS = {
 
 
 def _axis_label(name: str) -> str:
-    return _AXIS_UNITS.get(name, _short(name))
+    return _AXIS_UNITS.get(name) or axis_label(name)
 
 
 def heatmap_table(heatmap: Heatmap, identifier: str) -> Table:
@@ -213,37 +245,119 @@ def heatmap_table(heatmap: Heatmap, identifier: str) -> Table:
     return Table(columns=columns, rows=rows, identifier=identifier)
 
 
+_SKIPPED = ("seed", "steps", "warmup_steps")
+_NORMALISATIONS = {"mfu": "mfu", "map-best": "best", "group-best": "group-best"}
+
+
+def spec_heatmaps(cells: Sequence[CellSummary], varying: Sequence[str], spec: HeatmapSpec) -> tuple[list[Heatmap], str]:
+    """The maps a [[report.heatmaps]] entry asks for, every one of them; the measure's name."""
+    chosen = keep(cells, spec.filter)
+    others = [name for name in varying if name not in (spec.x, spec.y, *_SKIPPED) and varies(chosen, name)]
+    facet = [name for name in spec.facet if varies(chosen, name)] if spec.facet is not None else others
+    measure = _NORMALISATIONS[spec.normalise] if spec.normalise else _default_measure(chosen)
+    best_of = _group_bests(chosen, spec.group) if measure == "group-best" and spec.group is not None else None
+    found = []
+    for fixed, members in _maps_for(chosen, spec.x, spec.y, facet):
+        heatmap = build_heatmap(members, spec.x, spec.y, fixed, measure, best_of)
+        if heatmap is not None:
+            found.append(heatmap)
+    return found, measure
+
+
+def _group_bests(cells: Sequence[CellSummary], group: Sequence[str]) -> Callable[[CellSummary], float | None]:
+    """Each cell's group's best figure (FLOP/s or throughput, as the maps measure), by the group's options."""
+    figure_of, _ = _flops_or_throughput(cells)
+
+    def key(cell: CellSummary) -> str:
+        return repr([axis_value(cell, name) for name in group])
+
+    bests: dict[str, float] = {}
+    for cell in cells:
+        if _positive(value := figure_of(cell)):
+            bests[key(cell)] = max(value, bests.get(key(cell), 0.0))
+    return lambda cell: bests.get(key(cell))
+
+
+def _default_measure(cells: Sequence[CellSummary]) -> str:
+    measured = [cell for cell in cells if _positive(cell.throughput_per_second)]
+    every_mfu = bool(measured) and all(_positive(cell.model_flops_utilization) for cell in measured)
+    return "mfu" if every_mfu else "best"
+
+
+def _map_figure(sweep: SweepData, heatmap: Heatmap, kind: str, identifier: str) -> Block:
+    return sweep.figure(kind, plot_heatmap(heatmap), heatmap.title, data=heatmap_table(heatmap, identifier))
+
+
+def _asked_blocks(sweep: SweepData, specs: Sequence[HeatmapSpec]) -> list[Block]:
+    """Every map the [report] table asks for: no cap."""
+    blocks: list[Block] = []
+    for number, spec in enumerate(specs, start=1):
+        maps, measure = spec_heatmaps(sweep.cells, sweep.varying, spec)
+        chosen = keep(sweep.cells, spec.filter)
+        shown = {spec.x, spec.y, *(spec.facet if spec.facet is not None else sweep.varying)}
+        folded = [
+            _short(name)
+            for name in sweep.varying
+            if name not in shown and name not in _SKIPPED and varies(chosen, name)
+        ]
+        blocks.append(Heading(4, spec.title or f"{_short(spec.y)} x {_short(spec.x)}"))
+        if folded:
+            blocks.append(
+                Paragraph(
+                    f"Each position shows its best cell over {', '.join(folded)} (options on no axis of the map)."
+                )
+            )
+        if not maps:
+            blocks.append(Paragraph("Not drawn: no cell of these maps has a figure."))
+        for index, heatmap in enumerate(maps, start=1):
+            kind = f"heatmap-{number}-{measure}-{index}"
+            blocks.append(_map_figure(sweep, heatmap, kind, f"{kind}-{sweep.slug}"))
+    return blocks
+
+
+def _default_blocks(sweep: SweepData, cap: int) -> list[Block]:
+    """The maps of the sweep's axis pairs, at most ``cap``; the ones left out named."""
+    blocks: list[Block] = []
+    measure = _default_measure(sweep.cells)
+    maps = heatmaps(sweep.cells, sweep.varying, measure)
+    for index, heatmap in enumerate(maps[:cap]):
+        identifier = f"heatmap-{measure}-{sweep.slug}-{index + 1}"
+        blocks.append(_map_figure(sweep, heatmap, f"heatmap-{measure}-{index + 1}", identifier))
+    left = maps[cap:]
+    if left:
+        named = "; ".join(heatmap.title for heatmap in left[:_LEFT_OUT_NAMED])
+        more = f"; and {len(left) - _LEFT_OUT_NAMED} more" if len(left) > _LEFT_OUT_NAMED else ""
+        blocks.append(
+            Paragraph(
+                f"... and {len(left)} more {measure} maps, left out (a [report] table's max_heatmaps or heatmaps "
+                f"draws them): {shorten(one_line(named), 1000)}{more}."
+            )
+        )
+    return blocks
+
+
+_LEFT_OUT_NAMED = 12  # maps named in the note on those left out
+
+
 def heatmap_blocks(sweep: SweepData) -> list[Block]:
-    """The sweep's normalised heatmaps, MFU first, each with its data; or why none is drawn."""
+    """The sweep's normalised heatmaps, each with its data: those its [report] table asks for, else
+    the default pairs (capped); or why none is drawn."""
     title = sweep.titled("Utilisation heatmaps")
-    if not axis_pairs(sweep.varying, sweep.cells):
+    asked = sweep.report.heatmaps if sweep.report is not None else None
+    if asked is None and not axis_pairs(sweep.varying, sweep.cells):
         return [Heading(3, title), Paragraph("Not drawn: the sweep varies fewer than two options.")]
     blocks: list[Block] = [
         Heading(3, title),
         Paragraph(
             "Two axes of the sweep against MFU (100 % is the devices' peak) where every cell has one, else "
-            "against the fraction of the map's best cell (100 % is the best cell), as AI4NP's Fig. 3; one map "
-            "per value of the other options that vary. Colours span 0 to the map's largest value; the numbers "
-            "are percentages. Blank cells name their state (oom: out of memory; -: not run)."
+            "against the fraction of the map's best cell (100 % is the best cell); a [report] table may ask for "
+            "each group's best instead, as AI4NP's Fig. 3. One map per value of the other options that vary. "
+            "Colours span 0 to the map's largest value; the numbers are percentages. Blank cells name their "
+            "state (oom: out of memory; -: not run)."
         ),
     ]
-    drawn = 0
-    measured = [cell for cell in sweep.cells if _positive(cell.throughput_per_second)]
-    every_mfu = bool(measured) and all(_positive(cell.model_flops_utilization) for cell in measured)
-    for measure in ("mfu",) if every_mfu else ("best",):
-        maps = heatmaps(sweep.cells, sweep.varying, measure)
-        for index, heatmap in enumerate(maps[:MAX_HEATMAPS]):
-            drawn += 1
-            blocks.append(
-                sweep.figure(
-                    f"heatmap-{measure}-{index + 1}",
-                    plot_heatmap(heatmap),
-                    heatmap.title,
-                    data=heatmap_table(heatmap, f"heatmap-{measure}-{sweep.slug}-{index + 1}"),
-                )
-            )
-        if len(maps) > MAX_HEATMAPS:
-            blocks.append(Paragraph(f"... and {len(maps) - MAX_HEATMAPS} more {measure} maps, left out."))
-    if not drawn:
+    cap = sweep.report.max_heatmaps if sweep.report is not None else MAX_HEATMAPS
+    drawn = _asked_blocks(sweep, asked) if asked is not None else _default_blocks(sweep, cap)
+    if not any(isinstance(block, Figure) for block in drawn):
         return [Heading(3, title), Paragraph("Not drawn: no cell has an MFU or a throughput figure.")]
-    return blocks
+    return blocks + drawn

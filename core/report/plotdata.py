@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from core.report.analysis import PowerTrace, _batch_of, _pareto_cells, group_series, pareto_front
+from core.report.analysis import _BATCH, PowerTrace, _batch_of, _pareto_cells, group_series, pareto_front
 from core.report.document import Table, Value, format_number, one_line, shorten
 from core.storage.summary import CellSummary
 
@@ -21,12 +21,15 @@ def against_batch_table(
     figure_of: Callable[[CellSummary], float | None],
     header: str,
     identifier: str,
+    x_axis: tuple[str, str, Callable[[CellSummary], float | None]] = (_BATCH, "micro-batch", _batch_of),
 ) -> Table:
-    """One row per cell: series, micro-batch size, the plotted figure (n/a and the state where none)."""
+    """One row per cell: series, its x (the micro-batch size unless ``x_axis`` names another as
+    (name, header, value)), the plotted figure (n/a and the state where none)."""
+    x_name, x_header, x_of = x_axis
     rows = []
     for label, members in group_series(cells, series_names).items():
-        for cell in sorted(members, key=lambda cell: _batch_of(cell) or 0):
-            batch, value = _batch_of(cell), figure_of(cell)
+        for cell in sorted(members, key=lambda cell: x_of(cell) or 0):
+            batch, value = x_of(cell), figure_of(cell)
             rows.append(
                 [
                     Value(_text(label)),
@@ -35,7 +38,7 @@ def against_batch_table(
                 ]
             )
     return Table(
-        columns=[("series", "series"), ("micro_batch_size", "micro-batch"), ("value", header)],
+        columns=[("series", "series"), (x_name, x_header), ("value", header)],
         rows=rows,
         identifier=identifier,
     )

@@ -86,9 +86,12 @@ def _batch_axis(axis: Any, values: Sequence[float]) -> None:
     axis.xaxis.set_major_formatter(FuncFormatter(lambda value, _position: count_label(value)))
 
 
-def _failed_markers(axis: Any, cells: Sequence[CellSummary], color: Any) -> bool:
+XOf = Callable[[CellSummary], "float | None"]  # a cell's place on the x axis (default: its micro-batch)
+
+
+def _failed_markers(axis: Any, cells: Sequence[CellSummary], color: Any, x_of: XOf = _batch_of) -> bool:
     """Cells without a figure (oom, error, timeout) as crosses along the bottom: data, not gaps."""
-    failed = [batch for cell in cells if cell.repeats_ok == 0 and (batch := _batch_of(cell)) is not None]
+    failed = [batch for cell in cells if cell.repeats_ok == 0 and (batch := x_of(cell)) is not None]
     if failed:
         axis.plot(
             failed,
@@ -104,12 +107,12 @@ def _failed_markers(axis: Any, cells: Sequence[CellSummary], color: Any) -> bool
 
 
 def _batch_points(
-    members: Sequence[CellSummary], figure_of: Callable[[CellSummary], float | None], log_y: bool
-) -> list[tuple[int, float, CellSummary]]:
-    """(batch, figure, cell) of the cells that can be drawn, by batch size."""
+    members: Sequence[CellSummary], figure_of: Callable[[CellSummary], float | None], log_y: bool, x_of: XOf = _batch_of
+) -> list[tuple[float, float, CellSummary]]:
+    """(x, figure, cell) of the cells that can be drawn, by x (the batch size unless ``x_of`` says)."""
     points = []
     for cell in members:
-        batch, value = _batch_of(cell), figure_of(cell)
+        batch, value = x_of(cell), figure_of(cell)
         if batch is not None and _plottable(value, log_y):
             points.append((batch, value, cell))
     return sorted(points, key=lambda point: (point[0], point[1]))
@@ -122,9 +125,12 @@ def _drawable_bounds(bounds: tuple[float, float] | None, value: float) -> tuple[
 
 
 def drawable_against_batch(
-    cells: Sequence[CellSummary], figure_of: Callable[[CellSummary], float | None], log_y: bool = True
+    cells: Sequence[CellSummary],
+    figure_of: Callable[[CellSummary], float | None],
+    log_y: bool = True,
+    x_of: XOf = _batch_of,
 ) -> bool:
-    return bool(_batch_points(cells, figure_of, log_y))
+    return bool(_batch_points(cells, figure_of, log_y, x_of))
 
 
 def plot_against_batch(
@@ -136,15 +142,35 @@ def plot_against_batch(
     title: str,
     log_y: bool = True,
     xlabel: str = "micro-batch size (samples per device per micro-step)",
+    x_of: XOf = _batch_of,
 ) -> bytes:
     pyplot = _pyplot()
     figure, axis = pyplot.subplots(figsize=(7.0, 4.4))
+    draw_against(axis, cells, series_names, figure_of, spread_of, log_y, x_of)
+    axis.set_xlabel(xlabel)
+    axis.set_ylabel(ylabel)
+    axis.set_title(title)
+    _legend(axis, "small")
+    return _png(figure)
+
+
+def draw_against(
+    axis: Any,
+    cells: Sequence[CellSummary],
+    series_names: Sequence[str],
+    figure_of: Callable[[CellSummary], float | None],
+    spread_of: Callable[[CellSummary], tuple[float, float] | None] | None,
+    log_y: bool,
+    x_of: XOf,
+) -> None:
+    """A line per series (a colour each, in order) on ``axis``, its x axis log 2, crosses for cells
+    without a figure; no labels, no legend."""
     any_failed = False
     xs: list[float] = []
     for index, (label, members) in enumerate(group_series(cells, series_names).items()):
         color = f"C{index % 10}"
-        points = _batch_points(members, figure_of, log_y)
-        xs += [batch for cell in members if (batch := _batch_of(cell)) is not None]
+        points = _batch_points(members, figure_of, log_y, x_of)
+        xs += [batch for cell in members if (batch := x_of(cell)) is not None]
         if points:
             x = [point[0] for point in points]
             y = [point[1] for point in points]
@@ -157,20 +183,15 @@ def plot_against_batch(
                 axis.errorbar(x, y, yerr=error, marker="o", color=color, label=plot_text(label), capsize=3)
             else:
                 axis.plot(x, y, marker="o", color=color, label=plot_text(label))
-        any_failed |= _failed_markers(axis, members, color)
+        any_failed |= _failed_markers(axis, members, color, x_of)
     _batch_axis(axis, xs)
     if log_y:
         axis.set_yscale("log")
     else:
         axis.set_ylim(bottom=0)
-    axis.set_xlabel(xlabel)
-    axis.set_ylabel(ylabel)
-    axis.set_title(title)
     axis.grid(True, which="both", alpha=0.3)
     if any_failed:
         axis.plot([], [], linestyle="none", marker="x", color="black", label="no figure (oom, error, timeout)")
-    _legend(axis, "small")
-    return _png(figure)
 
 
 def plot_scaling(points: dict[str, list[tuple[int, float, float]]]) -> bytes:

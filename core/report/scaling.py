@@ -1,8 +1,10 @@
 """Scaling over devices (the ACES and GH200 scaling tables): throughput, speed-up and parallel
 efficiency against the smallest device count of each series, beside the ideal line.
 
-A series is the cells that differ only in where they ran: replicas, devices per replica and nodes
-(analysis.scaling_points groups them). For a series whose smallest count is n0 with throughput T0:
+A series is the cells that differ only in where they ran (replicas, devices per replica and nodes)
+and in the options that move with the device count within the sweep, such as ACES's poprun
+instances and batch-norm span (analysis.scaling_groups finds them from the cells). For a series
+whose smallest count is n0 with throughput T0:
 
     speed-up(n)    = T(n) / T0
     ideal speed-up = n / n0                      (perfect linear scaling)
@@ -18,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from core.report.analysis import _DEVICE_OPTIONS, group_series, scaling_points
+from core.report.analysis import _positive, scaling_groups, series_label
 from core.report.document import Block, Heading, Paragraph, Table, Value, format_number, format_percent
 from core.report.plots import _batch_axis, _legend, _png, _pyplot, plot_text
 from core.storage.summary import CellSummary
@@ -33,6 +35,7 @@ class ScalingPoint:
     throughput_per_second: float
     base_devices: int
     base_throughput_per_second: float
+    detail: str = ""  # the values of the options that move with the device count ("instances=8")
 
     @property
     def speedup(self) -> float:
@@ -53,28 +56,52 @@ class ScalingPoint:
 
 
 def scaling_series(cells: Sequence[CellSummary], varying: Sequence[str]) -> dict[str, list[ScalingPoint]]:
-    """Series label -> its points by device count, for every series whose device count varies.
-
-    Built on :func:`~core.report.analysis.scaling_points` (which groups the series and picks their
-    figures); the node count of each point is read back from the cells.
-    """
-    groups = group_series(cells, [name for name in varying if name not in _DEVICE_OPTIONS])
+    """Series label -> its points by device count (then throughput), for every series whose device
+    count varies; the base is the best cell at the series' smallest count."""
+    groups, moving = scaling_groups(cells, varying)
     series: dict[str, list[ScalingPoint]] = {}
-    for label, points in scaling_points(cells, varying).items():
-        base_devices, base_throughput, _ = points[0]
-        nodes = {(cell.devices, cell.throughput_per_second): cell.config.nodes for cell in groups[label]}
+    for label, members in groups.items():
+        measured = sorted(
+            (cell for cell in members if _positive(cell.throughput_per_second) and cell.devices > 0),
+            key=lambda cell: (cell.devices, cell.throughput_per_second),
+        )
+        if len({cell.devices for cell in measured}) < 2:
+            continue
+        base = max((c for c in measured if c.devices == measured[0].devices), key=_throughput)
         series[label] = [
-            ScalingPoint(devices, nodes.get((devices, throughput), 1), throughput, base_devices, base_throughput)
-            for devices, throughput, _ in points
+            ScalingPoint(
+                cell.devices,
+                cell.config.nodes,
+                _throughput(cell),
+                base.devices,
+                _throughput(base),
+                series_label(cell, moving) if moving else "",
+            )
+            for cell in measured
         ]
     return series
+
+
+def _throughput(cell: CellSummary) -> float:
+    return cell.throughput_per_second or 0.0
+
+
+def _best_per_count(points: Sequence[ScalingPoint]) -> list[ScalingPoint]:
+    """The line of a series: its best point at each device count (the others are drawn apart)."""
+    best: dict[int, ScalingPoint] = {}
+    for point in points:
+        if point.devices not in best or point.throughput_per_second > best[point.devices].throughput_per_second:
+            best[point.devices] = point
+    return [best[devices] for devices in sorted(best)]
 
 
 def scaling_table(series: dict[str, list[ScalingPoint]], unit: str, identifier: str) -> Table:
     """One row per point: the figures of the plot, exact numbers in each cell's value."""
     show_nodes = any(point.nodes != 1 for points in series.values() for point in points)
+    show_detail = any(point.detail for points in series.values() for point in points)
     columns = [("series", "series"), ("devices", "devices")]
     columns += [("nodes", "nodes")] if show_nodes else []
+    columns += [("with", "with (moves with the devices)")] if show_detail else []
     columns += [
         ("throughput_per_second", f"throughput ({unit}/s, median)"),
         ("ideal_throughput_per_second", f"ideal throughput ({unit}/s)"),
@@ -87,6 +114,7 @@ def scaling_table(series: dict[str, list[ScalingPoint]], unit: str, identifier: 
         for point in points:
             row = [Value(label), Value(str(point.devices), point.devices)]
             row += [Value(str(point.nodes), point.nodes)] if show_nodes else []
+            row += [Value(point.detail)] if show_detail else []
             row += [
                 Value(format_number(point.throughput_per_second), point.throughput_per_second),
                 Value(format_number(point.ideal_throughput_per_second), point.ideal_throughput_per_second),
@@ -96,6 +124,14 @@ def scaling_table(series: dict[str, list[ScalingPoint]], unit: str, identifier: 
             ]
             rows.append(row)
     return Table(columns=columns, rows=rows, identifier=identifier)
+
+
+def _throughput_of(point: ScalingPoint) -> float:
+    return point.throughput_per_second
+
+
+def _efficiency_percent(point: ScalingPoint) -> float:
+    return point.efficiency * 100
 
 
 def plot_scaling_series(series: dict[str, list[ScalingPoint]], unit: str) -> bytes:
@@ -108,16 +144,27 @@ def plot_scaling_series(series: dict[str, list[ScalingPoint]], unit: str) -> byt
     devices: list[int] = []
     for index, (label, points) in enumerate(series.items()):
         color = f"C{index % 10}"
-        counts = [point.devices for point in points]
+        line = _best_per_count(points)
+        counts = [point.devices for point in line]
         devices += counts
         name = plot_text(label)
         throughput_axis.plot(
-            counts, [point.throughput_per_second for point in points], marker="o", color=color, label=name
+            counts, [point.throughput_per_second for point in line], marker="o", color=color, label=name
         )
         throughput_axis.plot(
-            counts, [point.ideal_throughput_per_second for point in points], linestyle="--", color=color, linewidth=1
+            counts, [point.ideal_throughput_per_second for point in line], linestyle="--", color=color, linewidth=1
         )
-        efficiency_axis.plot(counts, [point.efficiency * 100 for point in points], marker="o", color=color, label=name)
+        efficiency_axis.plot(counts, [point.efficiency * 100 for point in line], marker="o", color=color, label=name)
+        others = [point for point in points if point not in line]
+        for axis, figure_of in ((throughput_axis, _throughput_of), (efficiency_axis, _efficiency_percent)):
+            axis.plot(
+                [point.devices for point in others],
+                [figure_of(point) for point in others],
+                linestyle="none",
+                marker="o",
+                markerfacecolor="none",
+                color=color,
+            )
     ideal = "ideal (linear from the smallest count)"
     throughput_axis.plot([], [], linestyle="--", color="grey", linewidth=1, label=ideal)
     efficiency_axis.axhline(100, color="grey", linestyle="--", linewidth=1, label="ideal (100 %)")
@@ -155,10 +202,17 @@ def scaling_blocks(
             Heading(3, title),
             Paragraph("Not drawn: no series of cells differs only in device count (replicas x devices per replica)."),
         ]
+    moving = [detail for points in series.values() for point in points if (detail := point.detail)]
     note = Paragraph(
-        "Speed-up is each series' throughput over its throughput at its smallest device count n0; the ideal is "
-        "n / n0 (perfect linear scaling); parallel efficiency is speed-up over ideal speed-up. The micro-batch "
-        "per device is fixed, so the global batch grows with the devices (weak scaling)."
+        "Speed-up is each series' throughput over its throughput at its smallest device count n0 (its best cell "
+        "there); the ideal is n / n0 (perfect linear scaling); parallel efficiency is speed-up over ideal "
+        "speed-up. The micro-batch per device is fixed, so the global batch grows with the devices (weak scaling)."
+        + (
+            " Options that move with the device count in this sweep are part of the scaling axis, not series "
+            "(the table's 'with' column); the line joins each count's best cell, hollow markers are the others."
+            if moving
+            else ""
+        )
     )
     png = plot_scaling_series(series, unit)
     caption = (

@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
+from core.report import axes
 from core.report.analysis import (
     _BATCH,
     _MAX_POWER_TRACES,
@@ -33,6 +36,7 @@ from core.report.document import (
     shorten,
     sweep_slugs,
 )
+from core.report.figures import figure_blocks
 from core.report.heatmap import heatmap_blocks
 from core.report.plotdata import against_batch_table, pareto_table, power_table
 from core.report.plots import (
@@ -56,6 +60,7 @@ from core.report.tables import (
 from core.storage.store import SweepRecord
 from core.storage.summary import SPREAD_FLAG_FRACTION, CellSummary
 from core.sweep.reference import Reference
+from core.sweep.report_spec import ReportSpec, read_report_spec
 
 _MESSAGE_CHARS = 1200  # of a failure's message shown in the report (the database has all of it)
 
@@ -123,10 +128,18 @@ class SweepData:
     other_mode_too: bool = False  # the sweep also has cells of the other mode: titles name this one
     varying: list[str] = field(init=False)
     series_names: list[str] = field(init=False)
+    report: ReportSpec | None = field(init=False)  # the sweep file's [report] table; None: the defaults
+    report_problem: str | None = field(init=False)  # why a stored [report] table was not used
+    x_axis: str = field(init=False)  # the axis of the plots against batch
 
     def __post_init__(self) -> None:
         self.varying = varying_options(self.cells) if self.cells else []
-        self.series_names = [option for option in self.varying if option != _BATCH]
+        self.report, self.report_problem = _report_of(self.spec)
+        self.x_axis = (self.report.x if self.report else None) or axes.default_x(self.cells)
+        if self.report is not None and self.report.series is not None:
+            self.series_names = [name for name in self.report.series if name != self.x_axis]
+        else:
+            self.series_names = axes.series_names(self.cells, self.varying, self.x_axis)
         if self.mode == "inference":
             # A loop's batch latency and a LoadGen query's are different figures: every label says which.
             self.series_names = [_SCENARIO, *(option for option in self.series_names if option != _SCENARIO)]
@@ -152,7 +165,26 @@ class SweepData:
 
     @property
     def batch_varies(self) -> bool:
-        return _BATCH in self.varying
+        """Whether the plots' x axis (the batch axis the sweep varies, or the [report] table's) varies."""
+        return axes.varies(self.cells, self.x_axis)
+
+    def x_of(self, cell: CellSummary) -> float | None:
+        return axes.position(cell, self.x_axis)
+
+    @property
+    def x_name(self) -> str:
+        """The x axis in a title: "micro-batch size", "global batch"."""
+        return axes.axis_label(self.x_axis).split(" (", 1)[0]
+
+    def plotted(self) -> SweepData:
+        """The sweep with the cells its [report] table's filter keeps: what the plots draw."""
+        if self.report is None or not self.report.filter:
+            return self
+        return dataclasses.replace(self, cells=axes.keep(self.cells, self.report.filter))
+
+    def draws(self, part: str) -> bool:
+        """Whether the [report] table asks for the standard part (all are drawn without one)."""
+        return self.report is None or self.report.plots is None or part in self.report.plots
 
     def of_mode(self, mode: str) -> SweepData:
         """The same sweep with only its training ("train") or its inference cells."""
@@ -173,9 +205,19 @@ class SweepData:
     @property
     def batch_label(self) -> str:
         """The x axis of a plot against batch size."""
-        if self.mode == "inference":
+        if self.mode == "inference" and self.x_axis == _BATCH:
             return "micro-batch size (samples per forward pass; under LoadGen, the most per batch)"
-        return "micro-batch size (samples per device per micro-step)"
+        return axes.axis_label(self.x_axis)
+
+
+def _report_of(spec: dict[str, Any]) -> tuple[ReportSpec | None, str | None]:
+    """The stored [report] table, validated again (the database is untrusted); why not, where not."""
+    try:
+        return read_report_spec(spec), None
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first.get("loc", ()))
+        return None, f"report.{where}: {first.get('msg', 'invalid')}" if where else str(first.get("msg", "invalid"))
 
 
 def _no_figure_reason(cells: Sequence[CellSummary], figure: str, what: str, why: str = "") -> str:
@@ -235,7 +277,7 @@ def _table_blocks(sweep: SweepData) -> list[Block]:
     if sweep.batch_varies:
         blocks += [
             Heading(3, sweep.titled(f"Throughput by batch size ({sample_unit(sweep.cells)}/s, median)")),
-            batch_table(sweep.cells, sweep.series_names, f"batches-{sweep.slug}"),
+            batch_table(sweep.cells, sweep.series_names, f"batches-{sweep.slug}", sweep.x_axis),
         ]
     return blocks
 
@@ -260,23 +302,26 @@ def _against_batch_blocks(
 ) -> list[Block]:
     """``plot`` under ``title`` (``before`` between them), or why it is not drawn: ``no_figure()``
     where no cell has a figure to draw, or that the sweep does not vary the micro-batch size."""
-    drawable = drawable_against_batch(sweep.cells, plot.figure_of, log_y=plot.log_y)
+    drawable = drawable_against_batch(sweep.cells, plot.figure_of, log_y=plot.log_y, x_of=sweep.x_of)
     if not (sweep.batch_varies and drawable):
-        return _not_drawn(title, no_figure() if not drawable else "the sweep does not vary the micro-batch size")
+        return _not_drawn(title, no_figure() if not drawable else f"the sweep does not vary the {sweep.x_name}")
     png = plot_against_batch(
         sweep.cells,
         sweep.series_names,
         plot.figure_of,
         plot.spread_of,
         plot.ylabel,
-        plot.plot_title,
+        plot.plot_title.replace("micro-batch size", sweep.x_name),
         log_y=plot.log_y,
         xlabel=sweep.batch_label,
+        x_of=sweep.x_of,
     )
+    x_axis = (sweep.x_axis, sweep.x_name, sweep.x_of)
     data = against_batch_table(
-        sweep.cells, sweep.series_names, plot.figure_of, plot.header, f"{plot.table}-{sweep.slug}"
+        sweep.cells, sweep.series_names, plot.figure_of, plot.header, f"{plot.table}-{sweep.slug}", x_axis
     )
-    return [Heading(3, title), *before, sweep.figure(plot.kind, png, plot.caption, data=data)]
+    caption = plot.caption.replace("micro-batch size", sweep.x_name)
+    return [Heading(3, title), *before, sweep.figure(plot.kind, png, caption, data=data)]
 
 
 def _throughput_spread(cell: CellSummary) -> tuple[float, float] | None:
@@ -363,7 +408,7 @@ _FLOPS_PLOT = _BatchPlot(
 def _mfu_blocks(sweep: SweepData) -> list[Block]:
     """MFU where the devices' peak is known, else the achieved FLOP rate, saying why."""
     title = sweep.titled("MFU against batch size")
-    if sweep.batch_varies and drawable_against_batch(sweep.cells, _mfu_percent, log_y=False):
+    if sweep.batch_varies and drawable_against_batch(sweep.cells, _mfu_percent, log_y=False, x_of=sweep.x_of):
         return _against_batch_blocks(sweep, title, _MFU_PLOT, lambda: "")
     return _against_batch_blocks(
         sweep,
@@ -529,11 +574,45 @@ _PLOT_PARTS: tuple[tuple[str, Callable[[SweepData], list[Block]]], ...] = (
     ("Utilisation heatmaps", heatmap_blocks),
     ("Throughput against samples per Wh (Pareto view)", _pareto_blocks),
     ("Power over the timed window", _power_blocks),
+    ("Figures of the report table", figure_blocks),
 )
 _INFERENCE_PARTS: tuple[tuple[str, Callable[[SweepData], list[Block]]], ...] = (
     ("Throughput against batch size", _throughput_blocks),
     ("p90 latency against batch size", _latency_blocks),
+    ("Figures of the report table", figure_blocks),
 )
+# The name a [report] table's `plots` gives each standard part (the table's own figures always draw).
+_PART_NAMES = {
+    "Throughput against batch size": "throughput",
+    "Samples per Wh against batch size": "energy",
+    "Scaling against device count": "scaling",
+    "MFU against batch size": "mfu",
+    "Roofline": "roofline",
+    "Utilisation heatmaps": "heatmaps",
+    "Throughput against samples per Wh (Pareto view)": "pareto",
+    "Power over the timed window": "power",
+    "p90 latency against batch size": "latency",
+}
+
+
+def _plot_blocks(sweep: SweepData, parts: Sequence[tuple[str, Callable[[SweepData], list[Block]]]]) -> list[Block]:
+    """The parts the sweep's [report] table asks for (all without one), over the cells its filter keeps."""
+    plotted = sweep.plotted()
+    blocks: list[Block] = []
+    if sweep.report_problem:
+        blocks.append(Paragraph(f"The stored [report] table is not used ({shorten(sweep.report_problem)}): defaults."))
+    if sweep.report is not None and sweep.report.filter:
+        blocks.append(
+            Paragraph(
+                f"The plots draw the {len(plotted.cells)} of {len(sweep.cells)} cells the [report] "
+                "table's filter keeps; the tables above have them all."
+            )
+        )
+    for title, part in parts:
+        if title in _PART_NAMES and not sweep.draws(_PART_NAMES[title]):
+            continue
+        blocks += _guarded(title, part, plotted)
+    return blocks
 
 
 def _guarded(title: str, part: Callable[[SweepData], list[Block]], sweep: SweepData) -> list[Block]:
@@ -568,13 +647,9 @@ def sweep_section(
         blocks.append(_modes_note(training, inference))
     blocks += reference_blocks(sweep.spec, sweep.planned, sweep.cells, sweep.slug, references)
     if training.cells:
-        blocks += _table_blocks(training)
-        for title, part in _PLOT_PARTS:
-            blocks += _guarded(title, part, training)
+        blocks += _table_blocks(training) + _plot_blocks(training, _PLOT_PARTS)
     if inference.cells:
-        blocks += _inference_table_blocks(inference)
-        for title, part in _INFERENCE_PARTS:
-            blocks += _guarded(title, part, inference)
+        blocks += _inference_table_blocks(inference) + _plot_blocks(inference, _INFERENCE_PARTS)
     blocks += _failure_blocks(sweep) + _refused_blocks(sweep)
     return blocks + [Heading(3, "Environment"), environment_table(sweep.cells)]
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.report.analysis import _BATCH, _short, group_series, ran_loadgen
+from core.report.axes import axis_value
 from core.report.document import Table, Value, format_number, format_percent, one_line, shorten
 from core.storage.metrics import INFERENCE, TRAINING, Metric, Summary, reported
 from core.storage.summary import SPREAD_FLAG_FRACTION, CellSummary
@@ -169,16 +170,19 @@ def _batch_sort_key(batch: Any) -> tuple[int, Any]:
     return (1, repr(batch))
 
 
-def batch_table(cells: Sequence[CellSummary], series_names: Sequence[str], identifier: str) -> Table:
-    """Median throughput by series (rows) and batch size (columns); failed cells show their state."""
-    batches = sorted({cell.option(_BATCH) for cell in cells}, key=_batch_sort_key)
+def batch_table(
+    cells: Sequence[CellSummary], series_names: Sequence[str], identifier: str, x_axis: str = _BATCH
+) -> Table:
+    """Median throughput by series (rows) and batch size (columns, on ``x_axis``: the micro-batch
+    unless it names another); failed cells show their state."""
+    batches = sorted({axis_value(cell, x_axis) for cell in cells}, key=_batch_sort_key)
     series = group_series(cells, series_names)
     columns = [("series", "series")] + [
-        (f"{_BATCH}={batch}", "unknown" if batch is None else str(batch)) for batch in batches
+        (f"{x_axis}={batch}", "unknown" if batch is None else str(batch)) for batch in batches
     ]
     rows = []
     for label, members in series.items():
-        by_batch = {cell.option(_BATCH): cell for cell in members}
+        by_batch = {axis_value(cell, x_axis): cell for cell in members}
         row = [Value(_option_text(label))]
         for batch in batches:
             cell = by_batch.get(batch)

@@ -16,6 +16,7 @@ from core.base.config import RunConfig, canonical_node_meters
 from core.base.epochs import EpochDefinition
 from core.base.errors import ConfigError, ConfigErrors, CoreError
 from core.sweep.reference import Reference
+from core.sweep.report_spec import ReportField
 from core.sweep.slurm_settings import SlurmSettings
 
 DEFAULT_REPEATS = 3
@@ -94,6 +95,7 @@ class SweepSpec(BaseModel):
         default_factory=list,
         description="published figures the sweep reproduces, shown beside its own in the report (docs/report.md)",
     )
+    report: ReportField = Field(default=None, description="what the report draws (docs/sweeps.md, the [report] table)")
 
     @field_validator("name")
     @classmethod
