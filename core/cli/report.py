@@ -66,7 +66,7 @@ def add_report_arguments(report: argparse.ArgumentParser) -> None:
         type=Path,
         metavar="FILE",
         help="a TOML (or YAML, JSON) file of published figures to show beside the measured ones: [[reference]] "
-        "tables as a sweep file's, each naming its sweep (docs/report.md); repeatable",
+        "tables as a sweep file's, each naming its sweep (docs/sweeps.md); repeatable",
     )
     report.add_argument(
         "--output",

@@ -93,7 +93,7 @@ class SweepSpec(BaseModel):
     )
     reference: list[Reference] = Field(
         default_factory=list,
-        description="published figures the sweep reproduces, shown beside its own in the report (docs/report.md)",
+        description="published figures the sweep reproduces, shown beside its own in the report (docs/sweeps.md)",
     )
     report: ReportField = Field(default=None, description="what the report draws (docs/sweeps.md, the [report] table)")
 
