@@ -9,6 +9,7 @@ and ``Log.entryAdded`` at level "error" (failed loads, Content-Security-Policy v
 
 from __future__ import annotations
 
+import base64
 import fcntl
 import json
 import os
@@ -195,9 +196,17 @@ def _describe(event: dict[str, Any]) -> str | None:
 
 
 def open_page(
-    path: Path, expressions: dict[str, str] | None = None, binary: str | None = None, timeout: float = 60.0
+    path: Path,
+    expressions: dict[str, str] | None = None,
+    binary: str | None = None,
+    timeout: float = 60.0,
+    width: int | None = None,
+    screenshot: Path | None = None,
 ) -> PageReport:
-    """Load ``path`` in headless Chromium, wait for its load event, evaluate ``expressions``."""
+    """Load ``path`` in headless Chromium, wait for its load event, evaluate ``expressions``.
+
+    ``width``: the window's width in CSS pixels (a desktop window, scale 1); ``screenshot``: where
+    to write a PNG of the whole page as it was laid out."""
     binary = binary or find_chromium()
     if binary is None:
         raise FileNotFoundError("no Chromium found (apt-get install chromium)")
@@ -208,6 +217,9 @@ def open_page(
             session = pipe.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
             for domain in ("Runtime", "Log", "Page"):
                 pipe.call(f"{domain}.enable", session=session)
+            if width is not None:
+                metrics = {"width": width, "height": 1000, "deviceScaleFactor": 1, "mobile": False}
+                pipe.call("Emulation.setDeviceMetricsOverride", metrics, session=session)
             pipe.call("Page.navigate", {"url": path.resolve().as_uri()}, session=session)
             pipe.wait_for_event("Page.loadEventFired", session, timeout=timeout)
             pipe.settle(1.0)  # late errors (image decoding, deferred work) arrive after the load event
@@ -227,6 +239,14 @@ def open_page(
                 session=session,
             )
             report.dom = dom.get("result", {}).get("value", "")
+            if screenshot is not None:
+                shot = pipe.call(
+                    "Page.captureScreenshot",
+                    {"format": "png", "captureBeyondViewport": True},
+                    session=session,
+                    timeout=timeout,
+                )
+                screenshot.write_bytes(base64.b64decode(shot["data"]))
             report.errors += [
                 text
                 for text in (_describe(event) for event in pipe.events if event.get("sessionId") == session)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from chromium import find_chromium, open_page
+from chromium import PageReport, find_chromium, open_page
 from synthetic import synthetic_result
 
 from core.report import ReportError, count_label, format_number, pareto_front, power_traces, write_report
@@ -108,8 +108,13 @@ def markdown_rows(markdown: str, first_header: str) -> list[dict[str, str]]:
     raise AssertionError(f"no table starting with {first_header!r}")
 
 
+_PREFIX_POWERS = {"k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "m": 1e-3, "µ": 1e-6, "n": 1e-9}
+
+
 def parse_number(text: str) -> float:
-    return float(text.replace(",", ""))
+    """A table's number back from its text: ``146.5``, ``40.18 k``, ``233.6 µ``."""
+    number, _, prefix = text.partition(" ")
+    return float(number) * _PREFIX_POWERS.get(prefix, 1.0)
 
 
 def check_tables_match_database(store: ResultStore, sweep: str, report_directory: Path) -> int:
@@ -205,7 +210,26 @@ def check_plots(report_directory: Path, expected: set[str]) -> None:
         assert plots[name].startswith(b"\x89PNG") and len(plots[name]) > 5000
 
 
-def check_page_in_chromium(page: Path, tables: int, images: int) -> None:
+# How the page is laid out: its width (wider than the window: it scrolls sideways), the cells
+# tables' tallest row, their narrowest cell with text (a squeezed column breaks words letter by
+# letter), and whether each table's scrolling box stays inside the window.
+LAYOUT = {
+    "page_width": "document.documentElement.scrollWidth",
+    "tallest_row": "Math.max(0, ...Array.from(document.querySelectorAll('table[id^=cells-] tbody tr'))"
+    ".map(r => r.getBoundingClientRect().height))",
+    "narrowest_text_cell": "Math.min(1e9, ...Array.from(document.querySelectorAll('table[id^=cells-] td'))"
+    ".filter(c => c.textContent.trim().length > 2).map(c => c.getBoundingClientRect().width))",
+    "boxes": "Array.from(document.querySelectorAll('.table-scroll')).map(b => ({"
+    "inside: b.getBoundingClientRect().right <= window.innerWidth + 1, "
+    "scrolls: b.scrollWidth > b.clientWidth}))",
+}
+
+
+def check_page_in_chromium(
+    page: Path, tables: int | None, images: int | None, width: int | None = None, screenshot: Path | None = None
+) -> PageReport:
+    """The page opens without a console error, every image decoded, ``tables`` tables (None: any);
+    its layout (LAYOUT) at ``width`` px is in the returned report's values."""
     report = open_page(
         page,
         {
@@ -213,14 +237,21 @@ def check_page_in_chromium(page: Path, tables: int, images: int) -> None:
             ".map(i => i.complete && i.naturalWidth > 100 && i.naturalHeight > 100)",
             "tables": "document.querySelectorAll('table').length",
             "rows": "document.querySelectorAll('table[id^=cells-] tbody tr').length",
+            **LAYOUT,
         },
         binary=require_chromium(),
+        width=width,
+        screenshot=screenshot,
     )
     assert report.errors == [], report.errors
-    assert report.values["images"] == [True] * images
-    assert report.values["tables"] == tables
+    if images is not None:
+        assert report.values["images"] == [True] * images
+    else:
+        assert all(report.values["images"])
+    if tables is not None:
+        assert report.values["tables"] == tables
     assert '<table id="cells-' in report.dom and "<figure>" in report.dom
-    return None
+    return report
 
 
 # --- a report from made-up results ---------------------------------------------------------------
@@ -372,10 +403,10 @@ def test_helpers() -> None:
     assert [format_number(v) for v in (None, 0, 12345.6, 2172.42, 146.53, 0.0002336)] == [
         "n/a",
         "0",
-        "12,346",
-        "2,172",
+        "12.35 k",
+        "2.172 k",
         "146.5",
-        "2.336e-04",
+        "233.6 µ",
     ]
     assert [count_label(v) for v in (8, 1024, 1 << 24, 3e7)] == ["8", "1024", "2^24", "3e+07"]
     assert pareto_front([(1, 5), (2, 4), (1.5, 3), (3, 1), (0.5, 5)]) == [0, 1, 3]

@@ -248,7 +248,7 @@ def test_whole_epochs_are_measured(tmp_path: Path) -> None:
     files = write_report(store, tmp_path / "run", training=TrainingPlan(1, "samples:896"))
     row = to_train(files)
     assert float(row["measured_seconds"][1]) == pytest.approx(0.1 + 0.05 + 0.64)
-    assert row["measured_seconds"][0] == "0.79 s for 1 epoch"
+    assert row["measured_seconds"][0] == "790 ms for 1 epoch"
     assert float(row["time_to_train_seconds"][1]) == pytest.approx(0.1 + (896 - 64) / 1000)
     # An epoch of 10 global batches (640 samples): the metered window was one epoch, 640 / 500 Wh.
     files = write_report(store, tmp_path / "window", training=TrainingPlan(2, "global-batches:10"))

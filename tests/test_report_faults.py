@@ -139,8 +139,11 @@ def test_report_missing_parents_are_created_and_nothing_temporary_is_left(
         "report.md",
         "report.html",
         "plots",
-        "plots/s-throughput-vs-batch-size.png",
-        "plots/s-flops-vs-batch-size.png",
+        *(
+            f"plots/s-{kind}-vs-batch-size.{suffix}"
+            for kind in ("throughput", "flops")
+            for suffix in ("png", "svg", "pdf")
+        ),
     }
 
 
@@ -298,8 +301,9 @@ def test_sweep_names_never_put_files_outside_the_output_directory(tmp_path: Path
         name for name in every_file(tmp_path) if name.startswith("r.db-")
     }  # SQLite's WAL files
     plots = sorted(path.name for path in files.plots)
-    assert len(plots) == 2 * len(names) == len(set(name.lower() for name in plots))  # distinct, also ignoring case
-    assert all(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*\.png", name) for name in plots), plots
+    # Two plots a sweep, each as PNG, SVG and PDF: distinct, also ignoring case.
+    assert len(plots) == 3 * 2 * len(names) == len(set(name.lower() for name in plots))
+    assert all(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*\.(png|svg|pdf)", name) for name in plots), plots
     assert all(path.parent == output / PLOTS_DIRECTORY for path in files.plots)
     assert "plain-throughput-vs-batch-size.png" in plots  # a plain name is kept as it is
     markdown = files.markdown.read_text(encoding="utf-8")
@@ -423,12 +427,18 @@ def test_markdown_escapes_user_text(hostile_store: ResultStore, tmp_path: Path) 
     markdown = files.markdown.read_text(encoding="utf-8")
     # Outside code spans and blocks (where it is literal text) no tag is left as it was.
     assert "<b>" not in markdown and "<i>" not in markdown and "<script>alert(1)</script> | pipes" in markdown
-    assert markdown.count("<script>") == markdown.count("`<script>alert(1)</script>") + 1  # labels, the message
+    # Labels and the summary's fixed option, in code spans; the message, in a code block.
+    in_code = markdown.count("`<script>alert(1)</script>") + markdown.count("`label=<script>alert(1)</script>")
+    assert markdown.count("<script>") == in_code + 1
     parser = rendered_markdown(markdown)
     rendered = parser.render(markdown)
-    for tag in ("<script", "<b>", "<i>", "<a ", "<strong>", "<del>", "<s>"):
+    for tag in ("<script", "<b>", "<i>", "<strong>", "<del>", "<s>"):
         assert tag not in rendered, tag
-    assert rendered.count("<em>") == len(files.plots)  # the captions; none from user text
+    # The only links are the report's own: its contents (to its headings) and the plots' print files.
+    links = re.findall(r"<a ([^>]*)>", rendered)
+    assert links and all(re.fullmatch(r'href="(#[\w-]+|plots/[A-Za-z0-9_-]+\.(svg|pdf))"', link) for link in links)
+    pngs = [path for path in files.plots if path.suffix == ".png"]
+    assert rendered.count("<em>") == len(pngs)  # the captions; none from user text
     assert (
         "&lt;script&gt;alert(1)&lt;/script&gt; | pipes | `tick` *star* _under_ [link](javascript:alert(2)) "
         "$x$ second line" in rendered

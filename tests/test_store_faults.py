@@ -245,14 +245,14 @@ def test_a_result_of_a_newer_schema_is_skipped_with_a_warning(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     database = filled(tmp_path / "r.db", runs=4)
-    _set_schema(database, 2, "1.10")  # newer than 1.6 as numbers, though not as text
+    _set_schema(database, 2, "1.11")  # newer than 1.10 as numbers, though not as text
     _set_schema(database, 3, "2.0")
     _set_schema(database, 4, "1.0")  # an older layout reads
     with ResultStore(database, create=False) as store:
         assert [run.run_id for run in store.runs()] == [1, 4]
         reasons = [row.reason for row in store.skipped_rows]
     assert reasons == [
-        f"written by a newer core: result schema 1.10, this core reads up to {SCHEMA_VERSION}; upgrade core to read it",
+        f"written by a newer core: result schema 1.11, this core reads up to {SCHEMA_VERSION}; upgrade core to read it",
         f"written by a newer core: result schema 2.0, this core reads up to {SCHEMA_VERSION}; upgrade core to read it",
     ]
     assert main(["results", "--database", str(database), "--format", "csv"]) == 0

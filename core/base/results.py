@@ -38,7 +38,9 @@ from core.base.units import JOULES_PER_WATT_HOUR, watt_hours
 # 1.9: node_meters "auto" is the default: the host's CPU and DRAM meters (RAPL) read beside the device meter,
 #      itemised in EnergyMeasurement.meters with counted false and MeterEnergy.note (optional), not added;
 #      an older document's config without node_meters read none ("", filled in on read).
-SCHEMA_VERSION = "1.9"
+# 1.10: RunResult.host_load (optional, so older documents load without it): the host's load average at the
+#       window's start and end, its CPU count and the CPU time stolen by a hypervisor over the window.
+SCHEMA_VERSION = "1.10"
 # The error type of a document written by a newer core: ResultStore skips such a row with a warning.
 NEWER_SCHEMA_ERROR = "newer_schema"
 # A traceback kept in a result is cut to its end (where it broke) so a deep recursion stays small.
@@ -295,6 +297,61 @@ class ProcessStart(BaseModel):
     reason: str | None = Field(default=None, description="why a fresh interpreter, when the sweep asked for warm")
 
 
+# Above this share of the CPU time going to other guests (steal), the host was busy: the window's
+# timings include waits for a CPU the hypervisor lent elsewhere.
+STEAL_BUSY_FRACTION = 0.02
+
+
+class HostLoad(BaseModel):
+    """How busy the host was during the timed window, as /proc reads it (Linux; None elsewhere):
+    other work competing for the CPUs widens the spread of a cell's repeats."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cpu_count: int | None = Field(default=None, ge=1, description="the host's logical CPUs (os.cpu_count)")
+    load_average_start: float | None = Field(
+        default=None, ge=0, description="the 1-minute load average at the window's start (/proc/loadavg)"
+    )
+    load_average_end: float | None = Field(default=None, ge=0, description="the same at the window's end")
+    steal_fraction: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="share of all CPU time over the window that a hypervisor gave to others (/proc/stat steal)",
+    )
+
+    @property
+    def load_average(self) -> float | None:
+        """The higher of the two readings: the window was at least this busy at one end."""
+        readings = [value for value in (self.load_average_start, self.load_average_end) if value is not None]
+        return max(readings) if readings else None
+
+    @property
+    def overloaded(self) -> bool:
+        """More runnable tasks than CPUs: some waited for one."""
+        load = self.load_average
+        return load is not None and self.cpu_count is not None and load > self.cpu_count
+
+    @property
+    def stolen(self) -> bool:
+        return self.steal_fraction is not None and self.steal_fraction > STEAL_BUSY_FRACTION
+
+    @property
+    def busy(self) -> bool:
+        """Load above the CPU count, or steal above STEAL_BUSY_FRACTION."""
+        return self.overloaded or self.stolen
+
+    def describe(self) -> str:
+        """``load 5.2 on 4 CPUs, steal 3.1 %``: what was read."""
+        parts = []
+        if self.load_average is not None:
+            cpus = f" on {self.cpu_count} CPUs" if self.cpu_count is not None else ""
+            parts.append(f"load {self.load_average:.2f}{cpus}")
+        if self.steal_fraction is not None:
+            parts.append(f"steal {self.steal_fraction:.1%}")
+        return ", ".join(parts) or "nothing read"
+
+
 class RunResult(BaseModel):
     """Everything a run measured. Fields that a fault prevented from being measured stay null."""
 
@@ -415,6 +472,9 @@ class RunResult(BaseModel):
     environment: EnvironmentInfo | None = None
     process_start: ProcessStart | None = Field(
         default=None, description="a sweep's run: forked from a warm parent or a fresh interpreter (and why)"
+    )
+    host_load: HostLoad | None = Field(
+        default=None, description="the host's load average and CPU steal over the timed window (Linux's /proc)"
     )
     workload_details: dict[str, Any] = Field(default_factory=dict, description="model source, hyper-parameters")
     executor_details: dict[str, Any] = Field(

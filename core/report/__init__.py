@@ -83,6 +83,7 @@ from core.report.document import (
     sweep_slugs,
 )
 from core.report.extensions import plugin_sections
+from core.report.overview import overview_blocks
 from core.report.plots import _pyplot, count_label, plot_against_batch, plot_pareto, plot_power_traces, plot_scaling
 from core.report.references import check_own_references
 from core.report.roof_sources import RoofRequest, make_request, roofs_in_force, with_measured
@@ -392,6 +393,7 @@ def _build_report(
     sections: list[Block] = []
     sourced: list[SourcedCell] = []
     singles: list[int] = []
+    single_cells: list[CellSummary] = []
     single_results: list[RunResult] = []  # for the plugins' sections: every run the report covers
     labels = database_labels([one.path for one in stores]) if len(stores) > 1 else [""]
     for one, names, slugs, label in zip(stores, selected, _section_slugs(stores, selected), labels):
@@ -404,6 +406,7 @@ def _build_report(
         # --sweep chooses sweeps: single runs belong to none.
         single = summarise(one.runs(single=True)) if not sweeps else []
         singles.append(len(single))
+        single_cells += single
         single_results += [run.result for cell in single for run in cell.runs]
         section = single_runs_section(single, one.path, f"-{label}" if label else "")
         if section and len(stores) > 1:
@@ -425,7 +428,15 @@ def _build_report(
     runs = sorted([*swept, *single_results], key=lambda result: result.started_at)
     figures = [block.file_name for block in [*compared, *sections] if isinstance(block, Figure)]
     extensions, left_out = plugin_sections(runs, figures)
-    return "core benchmark report", blocks + _warning_blocks(warnings) + compared + sections + extensions, left_out
+    swept_cells = [one.cell for one in sourced]
+    overview = overview_blocks(
+        swept_cells + single_cells, sum(len(names) for names in selected), len(single_cells), len(warnings)
+    )
+    return (
+        "core benchmark report",
+        blocks + overview + _warning_blocks(warnings) + compared + sections + extensions,
+        left_out,
+    )
 
 
 def check_report_output(output: str | Path) -> None:
@@ -455,11 +466,11 @@ def _commit(staging: Path, output: Path, figures: Sequence[Figure]) -> list[Path
     """Move the staged files into place: renames in one directory, which need no space."""
     plots_directory = output / PLOTS_DIRECTORY
     plots = []
-    for figure in figures:
-        target = plots_directory / _checked_file_name(figure.file_name)
+    for name in (name for figure in figures for name in figure.files):
+        target = plots_directory / _checked_file_name(name)
         if Path(os.path.normpath(target)).parent != Path(os.path.normpath(plots_directory)):
             raise ReportError(f"refusing to write {target}: outside {plots_directory}")
-        os.replace(staging / figure.file_name, target)
+        os.replace(staging / name, target)
         plots.append(target)
     for name in (REPORT_MARKDOWN, REPORT_HTML):
         os.replace(staging / name, output / name)
@@ -467,7 +478,8 @@ def _commit(staging: Path, output: Path, figures: Sequence[Figure]) -> list[Path
 
 
 def write_report_files(output: str | Path, title: str, blocks: Sequence[Block]) -> list[Path]:
-    """Write report.md, report.html and the plots under ``output``, all of them or none.
+    """Write report.md, report.html and the plots (each as PNG, SVG and PDF) under ``output``, all
+    of them or none.
 
     Every file is first written (and flushed to disk) in a hidden staging directory inside
     ``output``; only when all are whole are they renamed into place. A failure (a full disk)
@@ -478,7 +490,7 @@ def write_report_files(output: str | Path, title: str, blocks: Sequence[Block]) 
     """
     output = Path(output)
     figures = [block for block in blocks if isinstance(block, Figure)]
-    names = [_checked_file_name(figure.file_name).lower() for figure in figures]
+    names = [_checked_file_name(name).lower() for figure in figures for name in figure.files]
     if len(set(names)) != len(names):
         raise ReportError("two plots of this report would share a file name")
     documents = {REPORT_MARKDOWN: render_markdown(title, blocks), REPORT_HTML: render_html(title, blocks)}
@@ -490,7 +502,8 @@ def write_report_files(output: str | Path, title: str, blocks: Sequence[Block]) 
     try:
         try:
             for figure in figures:
-                write_atomically(staging / figure.file_name, figure.png, "report plot")
+                for name, content in figure.files.items():
+                    write_atomically(staging / name, content, "report plot")
             for name, text in documents.items():
                 write_atomically(staging / name, text, "report file")
         except OutputError as error:
@@ -518,7 +531,7 @@ def write_report(
     references: Sequence[SweptReference] = (),
     roofs: RoofRequest | None = None,
 ) -> ReportFiles:
-    """Write report.md, report.html and plots/*.png under ``output``; returns their paths.
+    """Write report.md, report.html and plots/*.png (each with .svg and .pdf) under ``output``; returns their paths.
 
     ``database`` is one database or several (their sweeps side by side, and compared where they
     ran the same configurations on different platforms or hosts). The output directory is checked

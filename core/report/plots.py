@@ -16,7 +16,7 @@ from core.report.analysis import (
     group_series,
     pareto_front,
 )
-from core.report.document import ReportError, one_line, shorten
+from core.report.document import PlotImage, ReportError, format_number, one_line, shorten
 from core.storage.summary import CellSummary
 
 _PLOT_TEXT_CHARS = 60  # of a label in a plot's legend or annotation
@@ -36,14 +36,69 @@ def _pyplot() -> Any:
     return pyplot
 
 
+# Each file's metadata without the software version and date: the same data gives the same bytes.
+_SAVED_FORMATS: dict[str, dict[str, Any]] = {
+    "png": {"dpi": 100, "metadata": {"Software": None}},
+    "svg": {"metadata": {"Date": None, "Creator": None}},
+    "pdf": {"metadata": {"CreationDate": None, "Creator": None, "Producer": None}},
+}
+
+
 def _png(figure: Any) -> bytes:
-    buffer = io.BytesIO()
+    """The figure as PNG bytes (the HTML embeds them) that carry it as SVG and PDF for print
+    (:class:`~core.report.document.PlotImage`); log axes get plain tick labels first."""
+    import matplotlib
+
+    saved: dict[str, bytes] = {}
     try:
-        # metadata without the software version and date: the same data gives the same bytes.
-        figure.savefig(buffer, format="png", dpi=100, bbox_inches="tight", metadata={"Software": None})
+        plain_log_ticks(figure)
+        # SVG ids from a fixed salt (else random per run); PDF text as TrueType, which a paper's editor
+        # can still select and restyle (the default Type 3 glyphs cannot be).
+        with matplotlib.rc_context({"svg.hashsalt": "core-report", "pdf.fonttype": 42}):
+            for kind, options in _SAVED_FORMATS.items():
+                buffer = io.BytesIO()
+                figure.savefig(buffer, format=kind, bbox_inches="tight", **options)
+                saved[kind] = buffer.getvalue()
     finally:
         _pyplot().close(figure)
-    return buffer.getvalue()
+    png = saved.pop("png")
+    return PlotImage(png, saved)
+
+
+def log_tick_label(value: float) -> str:
+    """A log axis's tick text, plain: ``0.6``, ``2``, ``1000``, ``20k``, ``3M``, ``50µ``; never
+    ``6x10^-1``."""
+    if value == 0 or 1e-3 <= abs(value) < 1e4:
+        return f"{value:g}"
+    return format_number(value).replace(" ", "")
+
+
+def plain_log_ticks(figure: Any) -> None:
+    """Every log axis of ``figure`` still on matplotlib's default labels (``10^3``, ``6x10^-1``)
+    labelled plainly instead, the same ticks labelled (:func:`log_tick_label`). Axes given labels
+    of their own (the batch axis's counts) keep them."""
+    from matplotlib.ticker import LogFormatter, LogFormatterSciNotation
+
+    class PlainLogFormatter(LogFormatter):
+        def _num_to_string(self, x: float, vmin: float, vmax: float) -> str:
+            return log_tick_label(x)
+
+    for axes in figure.axes:
+        for axis in (axes.xaxis, axes.yaxis):
+            for get, put in (
+                (axis.get_major_formatter, axis.set_major_formatter),
+                (axis.get_minor_formatter, axis.set_minor_formatter),
+            ):
+                old = get()
+                if type(old) is LogFormatterSciNotation:
+                    put(
+                        PlainLogFormatter(
+                            base=getattr(old, "_base", 10.0),
+                            labelOnlyBase=old.labelOnlyBase,
+                            minor_thresholds=old.minor_thresholds,
+                            linthresh=getattr(old, "_linthresh", None),
+                        )
+                    )
 
 
 def plot_text(text: Any) -> str:

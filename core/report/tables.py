@@ -3,13 +3,23 @@ throughput by batch size. Each cell is a text and the exact number behind it (``
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from core.report.analysis import _BATCH, _short, group_series, ran_loadgen
 from core.report.axes import axis_value
-from core.report.document import Table, Value, format_number, format_percent, one_line, shorten
+from core.report.document import (
+    Table,
+    Value,
+    format_duration,
+    format_number,
+    format_percent,
+    one_line,
+    shorten,
+    without_empty_columns,
+)
 from core.storage.metrics import INFERENCE, TRAINING, Metric, Summary, reported
 from core.storage.summary import SPREAD_FLAG_FRACTION, CellSummary
 
@@ -23,12 +33,36 @@ def _option_text(value: Any) -> str:
     return shorten(one_line(value))
 
 
+_NOTE_CHARS = 90  # of a failure's message in a table's note (the Failures list has all of it)
+
+
 def _cell_note(cell: CellSummary) -> str:
     if cell.failure is not None:
-        return f"{cell.failure.status.phase or ''}: {_first_line(cell.failure.status.message)}".strip(": ")
+        message = _first_line(cell.failure.status.message, _NOTE_CHARS)
+        more = " (see Failures)" if message != (cell.failure.status.message or "").strip() else ""
+        return f"{cell.failure.status.phase or ''}: {message}{more}".strip(": ")
     if cell.flagged:
-        return f"spread above {SPREAD_FLAG_FRACTION:.0%}"
+        return flag_reason(cell)
     return ""
+
+
+def host_busy_runs(cell: CellSummary) -> tuple[int, int, list[str]]:
+    """(runs whose host was busy, runs whose host load was recorded, what the busy ones read)."""
+    loads = [result.host_load for result in cell.results if result.host_load is not None]
+    busy = [load for load in loads if load.busy]
+    return len(busy), len(loads), [load.describe() for load in busy]
+
+
+def flag_reason(cell: CellSummary) -> str:
+    """Why a cell is flagged, and whether its host was busy during its runs (the likely cause)."""
+    spread = cell.spread_of("throughput_per_second")
+    reason = f"spread {format_percent(spread)} > {format_percent(SPREAD_FLAG_FRACTION)}"
+    busy, recorded, readings = host_busy_runs(cell)
+    if not recorded:
+        return f"{reason}; host load not recorded"
+    if busy:
+        return f"{reason}; host busy in {busy} of {recorded} runs ({readings[0]})"
+    return f"{reason}; host not busy"
 
 
 def sample_unit(cells: Sequence[CellSummary]) -> str:
@@ -86,9 +120,24 @@ def _metric_columns(table: str, unit: str) -> list[_Column]:
     return columns
 
 
+# A time's unit in a header ("(ms, median)"): the cells carry theirs (850 ms, 40.18 s, 2.3 h).
+_TIME_UNIT = re.compile(r"\((?:ms|s), ")
+
+
 def _figure_column(metric: Metric, unit: str) -> _Column:
     key = (metric.reported.key if metric.reported is not None else None) or metric.name
+    if metric.unit == "s":
+        return _Column(key, _TIME_UNIT.sub("(", metric_header(metric, unit)), lambda cell: _time_value(cell, metric))
     return _Column(key, metric_header(metric, unit), lambda cell: metric_value(cell, metric))
+
+
+def _time_value(cell: CellSummary, metric: Metric) -> Value:
+    """A time with its unit in the cell; the number behind it as the declaration scales it (ms)."""
+    value = metric_value(cell, metric)
+    if value.number is None:
+        return value
+    scale = metric.reported.scale if metric.reported is not None else 1.0
+    return Value(format_duration(value.number / scale), value.number)
 
 
 def _spread_column(name: str) -> _Column:
@@ -155,7 +204,8 @@ def _table(cells: Sequence[CellSummary], varying: Sequence[str], figures: Sequen
         [Value(_option_text(cell.option(name))) for name in varying] + [column.value(cell) for column in figures]
         for cell in cells
     ]
-    return Table(columns=columns, rows=rows, identifier=identifier, row_keys=[cell.cell_key for cell in cells])
+    table = Table(columns=columns, rows=rows, identifier=identifier, row_keys=[cell.cell_key for cell in cells])
+    return without_empty_columns(table)
 
 
 def cells_table(cells: Sequence[CellSummary], varying: Sequence[str], identifier: str) -> Table:
@@ -273,9 +323,10 @@ def single_runs_table(cells: Sequence[CellSummary], identifier: str, inference: 
         _Column("cell_label", "what ran", lambda cell: Value(_option_text(cell.label))),
         *(column for column in figures if column.key not in repeats_only),
     ]
-    return Table(
+    table = Table(
         columns=[(column.key, _own(column.header)) for column in columns],
         rows=[[column.value(cell) for column in columns] for cell in cells],
         identifier=identifier,
         row_keys=[cell.cell_key for cell in cells],
     )
+    return without_empty_columns(table)

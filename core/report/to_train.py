@@ -18,6 +18,7 @@ measured their energy. Those figures are shown as measured, for the epochs the r
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,12 +29,19 @@ from core.base.results import RunResult
 from core.base.units import JOULES_PER_WATT_HOUR
 from core.report.analysis import _short
 from core.report.compare import Measure
-from core.report.document import Block, Heading, Paragraph, Table, Value, format_number, one_line, shorten
+from core.report.document import (
+    Block,
+    Heading,
+    Paragraph,
+    Table,
+    Value,
+    format_duration,
+    format_number,
+    one_line,
+    shorten,
+)
 from core.report.tables import sample_unit
 from core.storage.summary import CellSummary
-
-_SECONDS_PER_MINUTE = 60.0
-_SECONDS_PER_HOUR = 3600.0
 
 
 @dataclass(frozen=True)
@@ -125,21 +133,22 @@ def _median(values: Sequence[Any], count: bool) -> Any:
 
 
 def cell_figures(cell: CellSummary, plan: TrainingPlan) -> TrainingFigures:
-    """The median of each figure over the cell's successful repeats."""
+    """The cell's figures: the estimates from the cell's median first step, throughput and samples
+    per Wh (the figures its row shows, so the row agrees with itself), the rest the median of each
+    figure over the cell's successful repeats."""
     figures = [training_figures(result, plan) for result in cell.ok_results]
     names = TrainingFigures.__dataclass_fields__
-    return TrainingFigures(*(_median([getattr(f, name) for f in figures], name in _COUNTS) for name in names))
-
-
-def format_duration(seconds: float | None) -> str:
-    """``45.2 s``, ``38.5 min``, ``2.31 h``: the unit the papers' tables use at each scale."""
-    if seconds is None:
-        return "n/a"
-    if seconds < 2 * _SECONDS_PER_MINUTE:
-        return f"{format_number(seconds)} s"
-    if seconds < 2 * _SECONDS_PER_HOUR:
-        return f"{format_number(seconds / _SECONDS_PER_MINUTE)} min"
-    return f"{format_number(seconds / _SECONDS_PER_HOUR)} h"
+    medians = TrainingFigures(*(_median([getattr(f, name) for f in figures], name in _COUNTS) for name in names))
+    if medians.samples_per_epoch is None or not cell.ok_results:
+        return medians
+    total = plan.epochs * medians.samples_per_epoch
+    first_step, throughput = cell.median("first_step_seconds"), cell.throughput_per_second
+    estimate_seconds = None
+    if throughput and first_step is not None:
+        rest = max(0, total - cell.ok_results[0].samples_per_host_call)  # the same in every repeat of a cell
+        estimate_seconds = first_step + rest / throughput
+    watt_hours = total / cell.samples_per_watt_hour if cell.samples_per_watt_hour else None
+    return dataclasses.replace(medians, estimate_seconds=estimate_seconds, estimate_watt_hours=watt_hours)
 
 
 def estimate_seconds(cell: CellSummary, plan: TrainingPlan) -> float | None:
@@ -169,7 +178,7 @@ def training_table(cells: Sequence[CellSummary], varying: Sequence[str], plan: T
     """One row per training cell with a figure: its options, epoch size, the estimates, what was measured."""
     columns = [(name, _short(name)) for name in varying] + [
         ("samples_per_epoch", "samples per epoch"),
-        ("first_step_seconds", "first step (s, measured)"),
+        ("first_step_seconds", "first step (measured)"),
         ("throughput_per_second", f"steady throughput ({sample_unit(cells)}/s, measured)"),
         ("time_to_train_seconds", f"time to train {plan.epochs} epochs (estimate)"),
         ("energy_to_train_watt_hours", f"energy to train {plan.epochs} epochs (Wh, estimate)"),
@@ -185,7 +194,7 @@ def training_table(cells: Sequence[CellSummary], varying: Sequence[str], plan: T
             [Value(shorten(one_line(cell.option(name)))) for name in varying]
             + [
                 Value(f"{figures.samples_per_epoch:,}", figures.samples_per_epoch),
-                Value(format_number(cell.median("first_step_seconds")), cell.median("first_step_seconds")),
+                Value(format_duration(cell.median("first_step_seconds")), cell.median("first_step_seconds")),
                 Value(format_number(cell.throughput_per_second), cell.throughput_per_second),
                 Value(format_duration(figures.estimate_seconds), figures.estimate_seconds),
                 Value(format_number(figures.estimate_watt_hours), figures.estimate_watt_hours),

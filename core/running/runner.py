@@ -30,6 +30,7 @@ from core.energy.combined import MeterSet
 from core.executors.base import Executor
 from core.running.environment import collect_environment
 from core.running.exchange import gather_through_files
+from core.running.hostload import host_load, sample_host
 from core.running.observe import Observer
 from core.running.planning import RunPlan, device_covers, node_covers
 
@@ -235,10 +236,12 @@ def _execute(plan: RunPlan, process: ProcessContext, observer: Observer | None) 
             # Also under a longer scope, whose meter is running: the epoch estimate needs the window's.
             window_meter = _open_meters(plan, result.devices, result, process)
         meter = _first(meter, window_meter)
+        host_before = sample_host()  # how busy the host was over the window: a wide spread's likely cause
         if config.scenario in LOADGEN_SCENARIOS:
             energy = _loadgen_window(result, executor, window_meter, config)
         else:
             energy = _loop_window(result, executor, window_meter, config)
+        result.host_load = host_load(host_before, sample_host())
         span_started = {"run": started, "steps": steps_started}.get(config.energy_scope)
         energy = _end_energy_span(result, executor, meter, span_started, energy)
         measures = plan.meter_factory is not None or plan.node_meter_factories

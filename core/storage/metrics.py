@@ -697,6 +697,27 @@ METRICS: tuple[Metric, ...] = (
         "with scope steps or run: the window's own energy",
         Summary.median,
     ),
+    # --- the host's load over the window (schema 1.10): a busy host widens a cell's spread
+    Metric("host_cpu_count", "host_load.cpu_count", "CPUs", "the host's logical CPUs", Summary.first),
+    Metric(
+        "host_load_average_start",
+        "host_load.load_average_start",
+        description="the host's 1-minute load average at the window's start",
+        summary=Summary.median,
+    ),
+    Metric(
+        "host_load_average_end",
+        "host_load.load_average_end",
+        description="the host's 1-minute load average at the window's end",
+        summary=Summary.median,
+    ),
+    Metric(
+        "host_steal_fraction",
+        "host_load.steal_fraction",
+        "fraction",
+        "share of the CPU time over the window a hypervisor gave to other guests",
+        Summary.median,
+    ),
 )
 
 METRICS_BY_NAME: dict[str, Metric] = {metric.name: metric for metric in METRICS}
