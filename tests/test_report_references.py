@@ -175,8 +175,8 @@ def test_the_report_shows_each_reference_beside_the_cells_median_in_the_papers_u
     files = write_report(store, tmp_path / "report")
     rows = _rows(files.html)
     first = rows[0]
-    assert first["paper_value"][0] == "50,000 images/min"
-    assert first["measured"] == ("108,000 images/min", "108000.0")
+    assert first["paper_value"][0] == "50 k images/min"
+    assert first["measured"] == ("108 k images/min", "108000.0")
     assert float(first["ratio"][1] or "nan") == pytest.approx(108_000 / 50_000)
     assert first["assumptions"][0] == "the paper's own data loader; ours is synthetic"
     assert first["status"][0] == "ok" and first["source"][0] == "sweep file"
@@ -227,7 +227,7 @@ def test_a_users_own_references_are_shown_beside_the_files(tmp_path: Path) -> No
     assert main(["report", str(store.path), "--reference", str(own), "--output", str(tmp_path / "report")]) == 0
     rows = _rows(tmp_path / "report" / "report.html")
     assert [row["source"][0] for row in rows] == ["sweep file", "--reference"]
-    assert rows[1]["measured"][0] == "2,000 images/s" and rows[1]["assumptions"][0] == "not stated"
+    assert rows[1]["measured"][0] == "2 k images/s" and rows[1]["assumptions"][0] == "not stated"
     assert float(rows[1]["ratio"][1] or "nan") == pytest.approx(2000.0)
 
 
@@ -286,5 +286,5 @@ def test_cells_recorded_without_their_options_are_matched_by_their_configuration
     store = _store(tmp_path, reference(), planned_options=False)
     rows = _rows(write_report(store, tmp_path / "report").html)
     assert [(row["cell"][0], row["measured"][0]) for row in rows] == [
-        ("micro_batch_size=16 precision=fp32", "108,000 images/min")
+        ("micro_batch_size=16 precision=fp32", "108 k images/min")
     ]
