@@ -192,7 +192,7 @@ def test_the_report_tables_and_core_results_show_the_declared_columns(tmp_path: 
         dropped = [key for key, _ in built.dropped]
         assert [key for key in keys if key in declared] == [key for key in declared if key not in dropped]
         assert set(declared) <= set(keys) | set(dropped)
-    assert "TFLOP/s (median)" in dict(cells_table(cells, [], "t").columns).values()
+    assert "FLOP/s (median)" in dict(cells_table(cells, [], "t").columns).values()
     header = format_cells(cells).splitlines()[0]
     assert "images/s" in header and "images/Wh" in header and "energy Wh" in header
     assert len(reported(RESULTS)) == 4

@@ -244,8 +244,9 @@ def _summary_blocks(sweep: SweepData, store_path: Path) -> list[Block]:
         f"({', '.join(f'{count} {state}' for state, count in sorted(states.items())) or 'none'}), "
         f"{runs} runs"
     ]
-    if sweep.spec.get("repeats"):
-        facts.append(f"; {_option_text(sweep.spec['repeats'])} repeats per cell asked")
+    repeats = sweep.spec.get("repeats")
+    if repeats:
+        facts.append(f"; {_option_text(repeats)} {'repeat' if repeats == 1 else 'repeats'} per cell asked")
     if sweep.source:
         facts += ["; grid file ", Code(shorten(one_line(sweep.source)))]
     refused = sweep.refused
