@@ -178,7 +178,9 @@ def test_the_report_shows_each_reference_beside_the_cells_median_in_the_papers_u
     assert first["paper_value"][0] == "50 k images/min"
     assert first["measured"] == ("108 k images/min", "108000.0")
     assert float(first["ratio"][1] or "nan") == pytest.approx(108_000 / 50_000)
-    assert first["assumptions"][0] == "the paper's own data loader; ours is synthetic"
+    # Each distinct note once, under the table, and its label in the rows that share it.
+    assert [row["assumptions"][0] for row in rows] == ["A1"] * 5
+    assert "A1: the paper's own data loader; ours is synthetic" in files.markdown.read_text(encoding="utf-8")
     assert first["status"][0] == "ok" and first["source"][0] == "sweep file"
     # A failed matched cell says so, with no figure to compare.
     assert (rows[1]["status"][0], rows[1]["measured"][0], rows[1]["ratio"][0]) == ("failed (oom)", "n/a", "n/a")
@@ -227,7 +229,8 @@ def test_a_users_own_references_are_shown_beside_the_files(tmp_path: Path) -> No
     assert main(["report", str(store.path), "--reference", str(own), "--output", str(tmp_path / "report")]) == 0
     rows = _rows(tmp_path / "report" / "report.html")
     assert [row["source"][0] for row in rows] == ["sweep file", "--reference"]
-    assert rows[1]["measured"][0] == "2 k images/s" and rows[1]["assumptions"][0] == "not stated"
+    assert rows[1]["measured"][0] == "2 k images/s" and rows[1]["assumptions"][0] == "A2"
+    assert "A2: not stated" in (tmp_path / "report" / "report.md").read_text(encoding="utf-8")
     assert float(rows[1]["ratio"][1] or "nan") == pytest.approx(2000.0)
 
 

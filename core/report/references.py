@@ -34,7 +34,7 @@ _COLUMNS = [
     ("measured", "measured (median, paper's unit)"),
     ("ratio", "measured / paper"),
     ("status", "how the cell went"),
-    ("assumptions", "assumptions that separate them"),
+    ("assumptions", "assumptions (below)"),
     ("source", "from"),
 ]
 
@@ -122,14 +122,23 @@ def _measured(candidate: _Candidate, reference: Reference) -> float | None:
     return in_paper_unit(float(figure), reference.quantity, reference.unit)
 
 
-def _rows(reference: Reference, candidates: Sequence[_Candidate], source: str) -> list[list[Value]]:
+def _note_label(reference: Reference, notes: dict[str, str]) -> str:
+    """The label (A1, A2, ...) of the reference's assumptions, listed once under the table: a
+    file's references mostly share one long note, which repeated in every row hid the figures."""
+    text = shorten(one_line(reference.assumptions or "not stated"), _NOTE_CHARS)
+    return notes.setdefault(text, f"A{len(notes) + 1}")
+
+
+def _rows(
+    reference: Reference, candidates: Sequence[_Candidate], source: str, notes: dict[str, str]
+) -> list[list[Value]]:
     matched = [candidate for candidate in candidates if matches(reference.match, candidate.options)]
     where = reference.table + (f", {reference.row}" if reference.row else "")
     common = {
         "paper": Value(shorten(one_line(reference.paper))),
         "where": Value(shorten(one_line(where))),
         "paper_value": Value(f"{format_number(reference.value)} {one_line(reference.unit)}", reference.value),
-        "assumptions": Value(shorten(one_line(reference.assumptions or "not stated"), _NOTE_CHARS)),
+        "assumptions": Value(_note_label(reference, notes)),
         "source": Value(source),
     }
     if not matched:
@@ -188,18 +197,21 @@ def reference_blocks(
             ),
             *[Paragraph(f"A recorded reference is not shown: {problem}.") for problem in problems],
         ]
-    rows = [row for reference in recorded for row in _rows(reference, candidates, _FROM_FILE)]
-    rows += [row for reference in own for row in _rows(reference, candidates, _FROM_OPTION)]
+    notes: dict[str, str] = {}  # assumptions text -> its label, in the order the rows name them
+    rows = [row for reference in recorded for row in _rows(reference, candidates, _FROM_FILE, notes)]
+    rows += [row for reference in own for row in _rows(reference, candidates, _FROM_OPTION, notes)]
     blocks: list[Block] = [
         Heading(3, "Published figures beside these results"),
         Paragraph(
             "Each row is a figure a paper (or you) published and the median of a cell it matches over "
             "its successful repeats, converted into the paper's unit; the ratio is measured / paper. "
-            "The assumptions say what separates the paper's measurement from core's: read a ratio with them."
+            "The assumptions (listed under the table) say what separates the paper's measurement from "
+            "core's: read a ratio with them."
         ),
     ]
     if rows:
         blocks.append(Table(columns=list(_COLUMNS), rows=rows, identifier=f"references-{slug}"))
+    blocks += [Paragraph(f"{label}: {text}") for text, label in notes.items()]
     citations = dict.fromkeys((reference.paper, reference.citation) for reference in everyone if reference.citation)
     if citations:
         cited = "; ".join(f"{one_line(paper)}: {one_line(citation)}" for paper, citation in citations)
