@@ -289,6 +289,35 @@ def test_ai4np_fig4_draws_three_panels_with_l_as_series() -> None:
     assert "Throughput against batch size" not in titles and "Roofline" in titles  # `plots` chose
 
 
+@pytest.mark.parametrize(
+    ("name", "panels", "series"),
+    [
+        (
+            "aces-fig1-fig2-resnet50-dgx-a100",
+            {"framework=torch", "framework=tensorflow"},
+            {"precision=fp16", "precision=tf32"},
+        ),
+        ("aces-fig1-fig2-resnet50-v100", None, {"framework=torch", "framework=tensorflow"}),
+    ],
+)
+def test_aces_fig1_and_fig2_draw_images_per_second_against_the_gpus(
+    name: str, panels: set[str] | None, series: set[str]
+) -> None:
+    cells, record = seed_cells(name, _throughput)
+    blocks = _section(cells, record)
+    figure = _figure(blocks, "figure-1")
+    assert figure.data is not None
+    rows = [[value.text for value in row] for row in figure.data.rows]
+    if panels is not None:  # a panel per framework, a line per precision (TensorFlow: mixed precision only)
+        assert {row[1] for row in rows if row[0] == "framework=tensorflow"} == {"precision=fp16"}
+    assert {row[0] for row in rows} == (panels or {"-"})  # the panel column: none without a facet
+    assert {row[1] for row in rows} == series
+    devices = {row[2] for row in rows}
+    assert devices == {str(count) for count in (1, 2, 4, 8) if count <= max(c.config.replicas for c in cells)}
+    titles = [block.text for block in blocks if isinstance(block, Heading)]
+    assert "Scaling against device count" in titles and "Throughput against batch size" not in titles
+
+
 # --- normalisations, facets, filters, the cap ----------------------------------------------------
 
 

@@ -67,9 +67,12 @@ def _folded(cells: Sequence[CellSummary], shown: Sequence[str], place: Callable[
 def _panels(cells: Sequence[CellSummary], facet: str | None) -> list[tuple[str, list[CellSummary]]]:
     if facet is None:
         return [("", list(cells))]
-    values = sorted({repr(axes.axis_value(cell, facet)) for cell in cells}, key=lambda text: _order(cells, facet, text))
+    # Told apart by repr (1 and "1" are two panels), labelled as the series are: framework=torch.
+    shown = {repr(axes.axis_value(cell, facet)): axes.axis_value(cell, facet) for cell in cells}
+    values = sorted(shown, key=lambda text: _order(cells, facet, text))
     return [
-        (f"{_short(facet)}={text}", [c for c in cells if repr(axes.axis_value(c, facet)) == text]) for text in values
+        (f"{_short(facet)}={shown[text]}", [c for c in cells if repr(axes.axis_value(c, facet)) == text])
+        for text in values
     ]
 
 
