@@ -7,21 +7,26 @@ import importlib
 import json
 import sqlite3
 from collections.abc import Callable
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 from synthetic import synthetic_result
 
+from core.base.errors import ConfigError
 from core.base.results import DeviceRecord, EnvironmentInfo, RunResult
-from core.base.roofs import MEASURED_ROOFS_FORMAT, MeasuredRoofs
+from core.base.roofs import MEASURED_ROOFS_FORMAT, MeasuredRoofs, RoofSource, parse_roofs_option
 from core.cli import main
 from core.report import write_report
-from core.report.roof_sources import RoofRequest, RoofSource, make_request, parse_roofs_option, roof_request
+from core.report.document import Heading, Paragraph
+from core.report.roof_sources import RoofRequest, make_request, roof_request, roofs_in_force
 from core.report.roofline import rooflines, roofs_of, why_no_roofline
+from core.report.sections import sweep_section
 from core.roofs.cache import HostKey, cache_path, load_cached, store_cached
 from core.roofs.probe import matmul_flops, probe, time_calls, triad_bytes, triad_flops
-from core.storage.store import ResultStore
+from core.storage.store import ResultStore, SweepRecord
 from core.storage.summary import CellSummary, summarise
+from core.sweep.spec import make_sweep_spec
 from plugins.nvidia.machines import nvidia_machines
 
 # --- the probe ------------------------------------------------------------------------------------
@@ -276,3 +281,31 @@ def test_report_draws_measured_roofs_recorded_in_the_database(tmp_path: Path) ->
     section = files.markdown.read_text(encoding="utf-8").split("### Roofline", 1)[1]
     assert "roofs: measured on host node1 on 2026-01-02" in section
     assert "STREAM-like triad" in section and "float32 matmul peak" in section
+
+
+def _t4_section(report: dict[str, object]) -> list[str]:
+    cell = _cell(device="Tesla T4", accelerator="nvidia", bandwidth=320e9)
+    now = datetime.now(timezone.utc)
+    spec = {"name": "s", "grid": {"workload": "fcnn"}, "report": report}
+    blocks = sweep_section("s", [cell], SweepRecord("s", None, spec, [], now, now), Path("r.db"), slug="s")
+    texts = [block.text for block in blocks if isinstance(block, Heading)]
+    return texts + ["".join(str(part) for part in block.parts) for block in blocks if isinstance(block, Paragraph)]
+
+
+def test_a_sweep_files_report_table_chooses_the_roofs_unless_the_report_does() -> None:
+    # AI4NP's files ask for the poster's Table 1 roofs (T4: 245.2 GB/s, not the datasheet's 320).
+    texts = _t4_section({"plots": ["roofline"], "roofs": "machine:t4"})
+    assert any("roofs: machine profile t4" in text for text in texts), texts
+    assert any("as the sweep file's [report] table asks" in text for text in texts)
+    with roofs_in_force(make_request(RoofSource.datasheet)):  # core report --roofs datasheet
+        texts = _t4_section({"plots": ["roofline"], "roofs": "machine:t4"})
+    assert any("roofs: datasheet" in text for text in texts), texts
+    # A profile the report cannot load is said, and the report's own choice draws the roofline.
+    texts = _t4_section({"plots": ["roofline"], "roofs": "machine:no-such-machine"})
+    assert any(text.startswith("The sweep file's roofs ('machine:no-such-machine') are not used") for text in texts)
+    assert any("roofs: datasheet" in text for text in texts), texts
+
+
+def test_the_report_tables_roofs_are_checked_when_the_file_is_read() -> None:
+    with pytest.raises(ConfigError, match=r"report.roofs = 'sheet': allowed are auto, datasheet, machine"):
+        make_sweep_spec({"name": "s", "grid": {"workload": "fcnn"}, "report": {"roofs": "sheet"}})

@@ -9,6 +9,7 @@ the cells that ran on that host with that device.
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
@@ -91,3 +92,27 @@ def read_measured_roofs(text: str | bytes) -> MeasuredRoofs:
         first = error.errors()[0]
         field = ".".join(str(part) for part in first["loc"])
         raise ValueError(f"{field}: {first['msg']}") from None
+
+
+# --- which source a report draws roofs from (`core report --roofs`, a sweep file's [report] roofs) ---
+
+
+class RoofSource(str, Enum):
+    auto = "auto"
+    datasheet = "datasheet"
+    machine = "machine"
+    measured = "measured"
+
+
+def parse_roofs_option(text: str) -> tuple[RoofSource, str | None]:
+    """``--roofs``'s value (or ``[report] roofs``) as (source, machine profile name or file);
+    ValueError naming what is allowed (the caller names the option or field)."""
+    source, _, machine = text.partition(":")
+    allowed = ", ".join(one.value for one in RoofSource) + ", machine:NAME or machine:FILE.toml"
+    try:
+        chosen = RoofSource(source)
+    except ValueError:
+        raise ValueError(f"allowed are {allowed}") from None
+    if machine and chosen is not RoofSource.machine or (chosen is RoofSource.machine and text.endswith(":")):
+        raise ValueError(f"only machine takes a profile (machine:NAME); allowed are {allowed}")
+    return chosen, machine or None

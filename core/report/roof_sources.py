@@ -22,11 +22,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
-from enum import Enum
 
 from core.base.machine import MachineProfile
 from core.base.results import RunResult
-from core.base.roofs import MeasuredRoofs
+from core.base.roofs import MeasuredRoofs, RoofSource, parse_roofs_option
 from core.roofs.names import compute_dtype_of
 from core.storage.summary import CellSummary
 
@@ -35,26 +34,6 @@ from core.storage.summary import CellSummary
 HOST_PROCESSOR_ACCELERATOR = "cpu"
 #: probed on demand: core's own precisions, whose compute dtypes the probe measures where torch runs them
 PROBED_PRECISIONS = ("fp32", "bf16", "fp16")
-
-
-class RoofSource(str, Enum):
-    auto = "auto"
-    datasheet = "datasheet"
-    machine = "machine"
-    measured = "measured"
-
-
-def parse_roofs_option(text: str) -> tuple[RoofSource, str | None]:
-    """``--roofs``'s value as (source, machine profile name or file); ValueError naming what is allowed."""
-    source, _, machine = text.partition(":")
-    allowed = ", ".join(one.value for one in RoofSource) + ", machine:NAME or machine:FILE.toml"
-    try:
-        chosen = RoofSource(source)
-    except ValueError:
-        raise ValueError(f"--roofs {text!r}: allowed are {allowed}") from None
-    if machine and chosen is not RoofSource.machine or (chosen is RoofSource.machine and text.endswith(":")):
-        raise ValueError(f"--roofs {text!r}: only machine takes a profile (machine:NAME); allowed are {allowed}")
-    return chosen, machine or None
 
 
 @dataclass(frozen=True)
@@ -125,7 +104,10 @@ def make_request(source: RoofSource = RoofSource.auto, chosen_profile: MachinePr
 
 def roof_request(option: str) -> RoofRequest:
     """The request ``--roofs OPTION`` asks for; ValueError, or ConfigError for an unknown profile."""
-    source, machine = parse_roofs_option(option)
+    try:
+        source, machine = parse_roofs_option(option)
+    except ValueError as problem:
+        raise ValueError(f"--roofs {option!r}: {problem}") from None
     if machine is None:
         return make_request(source)
     from core.machines import load_machine

@@ -11,9 +11,11 @@ so one roofline is drawn per device, precision and device count.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from core.base.errors import ConfigError
+from core.base.roofs import RoofSource
 from core.report.analysis import _batch_of, _positive, group_series
 from core.report.document import (
     Block,
@@ -27,7 +29,14 @@ from core.report.document import (
     shorten,
 )
 from core.report.plots import _batch_axis, _legend, _png, _pyplot, plot_text
-from core.report.roof_sources import RoofRequest, cell_roofs, request_in_force, why_no_roofs
+from core.report.roof_sources import (
+    RoofRequest,
+    cell_roofs,
+    request_in_force,
+    roof_request,
+    roofs_in_force,
+    why_no_roofs,
+)
 from core.storage.summary import CellSummary
 
 if TYPE_CHECKING:
@@ -366,7 +375,33 @@ _ROOF_CHOICE = {
 }
 
 
+def _roof_choice(from_file: bool) -> str:
+    request = request_in_force()
+    text = _ROOF_CHOICE[request.source.value]
+    if request.chosen_profile is not None:
+        text = f"machine profile {request.chosen_profile.name}'s figures"
+    return f"{text}, as the sweep file's [report] table asks" if from_file else text
+
+
 def roofline_blocks(sweep: SweepData) -> list[Block]:
+    """:func:`_roofline_blocks` under the roofs the sweep file's ``[report] roofs`` names, where the
+    report leaves the choice to it (``--roofs auto``, the default); a name the report cannot load is
+    said, and the report's own choice is used."""
+    chosen = sweep.report.roofs if sweep.report is not None else None
+    request = request_in_force()
+    if chosen is None or request.source is not RoofSource.auto:
+        return _roofline_blocks(sweep)
+    try:
+        asked = roof_request(chosen)
+    except (ValueError, ConfigError) as problem:
+        note = Paragraph(f"The sweep file's roofs ({chosen!r}) are not used: {one_line(problem)}.")
+        blocks = _roofline_blocks(sweep)
+        return blocks[:1] + [note] + blocks[1:]
+    with roofs_in_force(replace(asked, measured=request.measured)):
+        return _roofline_blocks(sweep, from_file=True)
+
+
+def _roofline_blocks(sweep: SweepData, from_file: bool = False) -> list[Block]:
     """Per roofline: the roofline plot, the FLOP/s-against-batch plot where the batch varies, the
     roofs with their sources and the runs' figures; or why none is drawn."""
     title = sweep.titled("Roofline")
@@ -380,7 +415,7 @@ def roofline_blocks(sweep: SweepData) -> list[Block]:
             "the roofs meet (peak / bandwidth). Intensity is the workload's FLOPs per sample over its bytes "
             "moved per sample, an analytical lower bound on traffic (docs/concepts.md#bytes-moved-per-sample), "
             "so a run sits at or left of its true intensity. b= labels each run's micro-batch size. "
-            f"Roofs: {_ROOF_CHOICE[request_in_force().source.value]} (`core report --roofs` chooses); each "
+            f"Roofs: {_roof_choice(from_file)} (`core report --roofs` chooses); each "
             "table below says where every figure comes from."
         ),
     ]

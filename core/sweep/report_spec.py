@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, WrapValidator, model_validator
 
 from core.base.errors import did_you_mean
+from core.base.roofs import parse_roofs_option
 
 # The axes every cell has, with what they are (the report's axis labels say the same).
 DERIVED_AXES: dict[str, str] = {
@@ -75,6 +76,14 @@ def _filter_axes(filters: dict[str, FilterValue]) -> dict[str, FilterValue]:
 
 
 AxisName = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_known_axis)]
+
+
+def _roofs_choice(text: str) -> str:
+    parse_roofs_option(text)  # ValueError naming what is allowed
+    return text
+
+
+RoofsChoice = Annotated[str, Field(min_length=1, max_length=300), AfterValidator(_roofs_choice)]
 Filter = Annotated[dict[str, FilterValue], AfterValidator(_filter_axes)]
 
 
@@ -180,6 +189,11 @@ class ReportSpec(_Strict):
     )
     max_heatmaps: int = Field(
         default=DEFAULT_MAX_HEATMAPS, ge=1, le=10_000, description="the default maps drawn per measure"
+    )
+    roofs: RoofsChoice | None = Field(
+        default=None,
+        description="where the roofline's roofs come from when `core report --roofs` is auto: datasheet, machine, "
+        "machine:NAME (a paper's own figures, as AI4NP's Table 1), measured or auto",
     )
 
 
