@@ -26,6 +26,7 @@ from core.roofs.cache import HostKey, cache_path, load_cached, store_cached
 from core.roofs.probe import matmul_flops, probe, time_calls, triad_bytes, triad_flops
 from core.storage.store import ResultStore, SweepRecord
 from core.storage.summary import CellSummary, summarise
+from core.sweep.plan import plan_sweep
 from core.sweep.spec import make_sweep_spec
 from plugins.nvidia.machines import nvidia_machines
 
@@ -309,3 +310,18 @@ def test_a_sweep_files_report_table_chooses_the_roofs_unless_the_report_does() -
 def test_the_report_tables_roofs_are_checked_when_the_file_is_read() -> None:
     with pytest.raises(ConfigError, match=r"report.roofs = 'sheet': allowed are auto, datasheet, machine"):
         make_sweep_spec({"name": "s", "grid": {"workload": "fcnn"}, "report": {"roofs": "sheet"}})
+
+
+def test_a_toy_of_a_file_naming_its_machines_roofs_draws_this_hosts() -> None:
+    spec = make_sweep_spec(
+        {
+            "name": "s",
+            "machine": "t4",
+            "grid": {"workload": "fcnn", "accelerator": "nvidia", "micro_batch_size": 64},
+            "report": {"plots": ["roofline"], "roofs": "machine:t4"},
+        }
+    )
+    toy = plan_sweep(spec, toy=True)
+    assert toy.spec.report is not None and toy.spec.report.roofs is None and toy.spec.report.plots == ["roofline"]
+    kept = make_sweep_spec({"name": "s", "grid": {"workload": "fcnn"}, "report": {"roofs": "measured"}})
+    assert plan_sweep(kept, toy=True).spec.report.roofs == "measured"  # type: ignore[union-attr]

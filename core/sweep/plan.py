@@ -171,7 +171,11 @@ def plan_sweep(
         from core.sweep.toy import TOY_SUFFIX, toy_cells
 
         cells = toy_cells(cells, manager)
-        spec = spec.model_copy(update={"name": spec.name + TOY_SUFFIX, "repeats": 1, "machine": None})
+        update: dict[str, Any] = {"name": spec.name + TOY_SUFFIX, "repeats": 1, "machine": None}
+        if spec.report is not None and (spec.report.roofs or "").startswith("machine"):
+            # The file's machine's roofs (a paper's table): a toy on this CPU draws its own instead.
+            update["report"] = spec.report.model_copy(update={"roofs": None})
+        spec = spec.model_copy(update=update)
     for cell in cells:
         options = dict(cell.options)
         workload, accelerator = options.pop("workload"), options.pop("accelerator")
