@@ -396,6 +396,65 @@ def test_bad_settings_name_the_field(options: dict[str, Any], field: str) -> Non
     assert field in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    "options, field",
+    [
+        # below LoadGen's nanosecond: it would read 0 (single-stream's query count overflowed)
+        (
+            {"scenario": "single-stream", "single_stream_expected_latency_seconds": 1e-320},
+            "single_stream_expected_latency_seconds",
+        ),
+        (
+            {"scenario": "single-stream", "single_stream_expected_latency_seconds": 5e-324},
+            "single_stream_expected_latency_seconds",
+        ),
+        (
+            {"scenario": "server", "server_target_samples_per_second": 1.0, "server_target_latency_seconds": 1e-12},
+            "server_target_latency_seconds",
+        ),
+        # a rate whose min_query_count queries would take years (or forever) to arrive
+        ({"scenario": "server", "server_target_samples_per_second": 1e-6}, "server_target_samples_per_second"),
+        (
+            {"scenario": "server", "server_target_samples_per_second": 5e-324, "min_query_count": 1},
+            "server_target_samples_per_second",
+        ),
+    ],
+)
+def test_settings_loadgen_cannot_keep_to_are_refused_naming_the_setting(options: dict[str, Any], field: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        make_loadgen_settings(**options)
+    assert caught.value.field == field
+    config = make_config(
+        workload="fcnn",
+        accelerator="cpu",
+        mode="inference",
+        scenario=options["scenario"],
+        loadgen={key: value for key, value in options.items() if key != "scenario"},
+    )
+    with pytest.raises(ConfigError) as planned:
+        settings_for_run(config)
+    assert planned.value.field == f"loadgen.{field}"
+
+
+def test_the_slowest_server_rate_a_refusal_states_is_accepted() -> None:
+    with pytest.raises(ConfigError) as caught:
+        make_loadgen_settings(scenario="server", server_target_samples_per_second=1e-6)
+    lowest = float(caught.value.allowed.split(" ")[2])
+    assert make_loadgen_settings(scenario="server", server_target_samples_per_second=lowest)
+    assert "604800 s" in caught.value.allowed
+
+
+@pytest.mark.parametrize(
+    "scenario, field",
+    [("offline", "offline_expected_samples_per_second"), ("server", "server_target_samples_per_second")],
+)
+def test_a_scenario_s_rate_left_out_is_said_to_be_missing_not_none(scenario: str, field: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        make_loadgen_settings(scenario=scenario)
+    assert str(caught.value).startswith(f"invalid {field} (missing): a number above 0 is required for the {scenario}")
+    assert "None" not in str(caught.value)
+
+
 def test_settings_are_frozen_and_the_defaults_are_loadgen_s() -> None:
     settings = make_loadgen_settings(scenario="single-stream")
     assert settings.min_duration_seconds == 10.0 and settings.min_query_count == 100
@@ -453,7 +512,8 @@ def loadgen_generates(settings: LoadGenSettings) -> int:
         ({"scenario": "single-stream", "min_duration_seconds": 604800.0}, "single_stream_expected_latency_seconds"),
         # huge counts
         ({"scenario": "single-stream", "min_query_count": 1 << 40}, "min_query_count"),
-        ({"scenario": "server", "server_target_samples_per_second": 1.0, "min_query_count": 10**9}, "min_query_count"),
+        # (at 10,000 queries per second: 1.0 would take 31 years, refused as such)
+        ({"scenario": "server", "server_target_samples_per_second": 1e4, "min_query_count": 10**9}, "min_query_count"),
         ({**OFFLINE, "min_query_count": MOST_OFFLINE_SAMPLES + 1}, "min_query_count"),
     ],
 )
@@ -490,7 +550,7 @@ def test_the_bound_is_the_count_loadgen_generates(
     """LoadGen generates rate x 10 s (server), 2 x 10 s / latency (single-stream) or 1.1 x 10 s x
     rate (offline) samples, or min_query_count where that is more: up to the bound is accepted."""
     base: dict[str, Any] = {"scenario": scenario, "min_duration_seconds": 10.0, "min_query_count": 1}
-    base |= {"server": {"server_target_samples_per_second": 1.0}, "offline": OFFLINE}.get(scenario, {})
+    base |= {"server": {"server_target_samples_per_second": 10.0}, "offline": OFFLINE}.get(scenario, {})
     base["scenario"] = scenario
     settings = make_loadgen_settings(**{**base, setting: type(base.get(setting, fits))(fits)})
     assert loadgen_generates(settings) <= (MOST_OFFLINE_SAMPLES if scenario == "offline" else MOST_QUERIES)
@@ -658,3 +718,10 @@ def test_logs_without_a_result_are_a_loadgen_error(tmp_path: Path) -> None:
     (tmp_path / SUMMARY_FILE).write_text("LoadGen gave up\n")
     with pytest.raises(LoadGenError, match="no result"):
         _read(tmp_path)
+
+
+def test_a_latency_below_a_nanosecond_reaches_loadgen_as_one_not_zero() -> None:
+    # LoadGen reads 0 ns as a latency no query meets (expected: infinitely many queries).
+    lg = core.running.loadgen.run.import_loadgen()
+    settings = LoadGenSettings(scenario="single-stream", single_stream_expected_latency_seconds=1e-12)
+    assert core.running.loadgen.run.loadgen_test_settings(lg, settings).single_stream_expected_latency_ns == 1

@@ -541,3 +541,35 @@ def test_a_forked_child_runs_python_as_the_interpreter_would(tmp_path: Path) -> 
         assert (tmp_path / "out.log").read_text().splitlines() == ["['a', 'b'] __main__ True True", "to stderr"]
     finally:
         server.close()
+
+
+def test_a_process_ending_without_atexit_removes_tensorflow_s_generated_sources(tmp_path: Path) -> None:
+    """TensorFlow's autograph writes each converted function to $TMPDIR/__autograph_generated_file*.py
+    and removes it only in an atexit handler, which a worker ending with exit_now never runs: ~100
+    such files were left in /tmp. A module of that name elsewhere, or of another name, is kept."""
+    temporary, elsewhere = tmp_path / "tmp", tmp_path / "elsewhere"
+    temporary.mkdir()
+    elsewhere.mkdir()
+    code = textwrap.dedent(
+        """
+        import atexit, importlib.util, os, sys, tempfile
+        from core.running import processes
+        def load(folder, name):
+            path = os.path.join(folder, name + ".py")
+            with open(path, "w") as stream:
+                stream.write("x = 1\\n")
+            spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            sys.modules[name] = module
+        load(tempfile.gettempdir(), "__autograph_generated_fileabc123")
+        load(tempfile.gettempdir(), "ordinary_module")
+        load(sys.argv[1], "__autograph_generated_filexyz789")
+        processes.exit_now(5)
+        """
+    )
+    env = {**os.environ, "TMPDIR": str(temporary)}
+    done = subprocess.run([sys.executable, "-c", code, str(elsewhere)], env=env, timeout=60)
+    assert done.returncode == 5
+    assert sorted(path.name for path in temporary.iterdir()) == ["ordinary_module.py"]
+    assert [path.name for path in elsewhere.iterdir()] == ["__autograph_generated_filexyz789.py"]

@@ -165,6 +165,18 @@ def _a_complex_tensor(path: Path) -> None:
     torch.save({**state, name: state[name].to(torch.complex64)}, path)
 
 
+def _booleans(path: Path) -> None:
+    torch.save({name: tensor.to(torch.bool) for name, tensor in fcnn_state().items()}, path)
+
+
+def _integers(path: Path) -> None:
+    torch.save({name: tensor.to(torch.int64) for name, tensor in fcnn_state().items()}, path)
+
+
+def _safetensors_integers(path: Path) -> None:
+    path.write_bytes(safetensors_bytes({name: tensor.to(torch.int32) for name, tensor in fcnn_state().items()}))
+
+
 @pytest.mark.parametrize(
     "make,fragment",
     [
@@ -197,13 +209,17 @@ def _a_complex_tensor(path: Path) -> None:
         (_safetensors_cut_off, "outside the file's"),
         (_safetensors_bad_entry, "not an object"),
         (_safetensors_bad_offsets, "needs 64 bytes"),
+        # Issue 26, third pass: load_state_dict cast these into the model's floats without a word.
+        (_booleans, "holds booleans (bool) in the file, floating-point numbers (float32) in the model"),
+        (_integers, "holds integers (int64) in the file"),
+        (_safetensors_integers, "holds integers (I32) in the file"),
     ],
     ids=lambda value: getattr(value, "__name__", "")[1:] or None,
 )
 def test_a_file_that_is_not_weights_is_refused_in_planning(
     make: Callable[[Path], None], fragment: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if make in (_safetensors_cut_off,):
+    if make in (_safetensors_cut_off, _safetensors_integers):
         pytest.importorskip("safetensors")
     path = tmp_path / "weights.pt"
     make(path)
@@ -233,6 +249,13 @@ def test_a_legacy_torch_save_file_loads_in_the_pickle_protocols_torch_reads(prot
     assert result.status.ok, result.status
 
 
+def test_weights_of_another_floating_point_dtype_are_accepted(tmp_path: Path) -> None:
+    # Only the kind of number must match: fp16 weights load into an fp32 model as PyTorch casts them.
+    path = tmp_path / "half.pt"
+    torch.save({name: tensor.to(torch.float16) for name, tensor in fcnn_state().items()}, path)
+    assert run("fcnn", "cpu", weights=str(path), **QUICK).status.ok
+
+
 def test_core_run_refuses_a_pickled_model_as_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "model.pt"
     _pickled_model(path)
@@ -257,3 +280,4 @@ def test_weights_that_are_no_regular_file_are_refused(kind: str, tmp_path: Path)
     with pytest.raises(ConfigError, match="not a regular file") as refused:
         run("fcnn", "cpu", weights=str(path), **QUICK)
     assert refused.value.field == "weights"
+    assert "not a regular file; accepted: a safetensors file" in str(refused.value)

@@ -504,6 +504,10 @@ def _validator_error(error: Any, model: type[BaseModel], prefix: str) -> ConfigE
     return ConfigError(named(fields[0]), values, allowed, fields=tuple(map(named, fields)))
 
 
+#: pydantic's own message for a required field left out
+_PYDANTIC_MISSING = "Field required"
+
+
 def config_errors(
     exc: ValidationError, model: type[BaseModel], *, unknown: str, prefix: str = "", nameless: str = "config"
 ) -> list[ConfigError]:
@@ -533,7 +537,8 @@ def config_errors(
             value = None
             field_info = model.model_fields.get(str(error.get("loc", ("",))[-1]))
             described = f" ({field_info.description})" if field_info is not None and field_info.description else ""
-            allowed = f"required{described}"
+            # a validator's own "missing" says why the field is required (a scenario's rate)
+            allowed = f"required{described}" if error.get("msg") == _PYDANTIC_MISSING else str(error.get("msg"))
         else:
             allowed = describe_type_error(error, model) or str(error.get("msg", "invalid"))
             allowed = allowed.removeprefix("Value error, ")

@@ -205,6 +205,19 @@ class Workload(ABC):
         arithmetic); a workload whose builder cannot run there (it draws its synthetic data with a
         host generator, say) falls back to the host. A workload may override this with a cheaper form.
         """
+        return {name: tuple(tensor.shape) for name, tensor in self._torch_state_on_meta(options).items()}
+
+    def torch_state_dtypes(self, options: BaseModel) -> dict[str, str]:
+        """Name -> dtype (PyTorch's name: ``float32``, ``int64``, ``bool``) of every tensor of the
+        PyTorch model's ``state_dict()``: planning refuses a weights file whose tensor holds another
+        kind of number (integers or booleans for floating-point weights), which ``load_state_dict``
+        would cast without a word. Built as :meth:`torch_state_shapes` builds the model."""
+        return {
+            name: str(tensor.dtype).removeprefix("torch.")
+            for name, tensor in self._torch_state_on_meta(options).items()
+        }
+
+    def _torch_state_on_meta(self, options: BaseModel) -> dict[str, Any]:
         import torch
 
         try:
@@ -212,7 +225,7 @@ class Workload(ABC):
                 model = self.build_torch(options, 0).model
         except (RuntimeError, NotImplementedError, TypeError):
             model = self.build_torch(options, 0).model
-        return {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+        return dict(model.state_dict())
 
     def pipeline_layout(self, options: BaseModel, framework: Framework = Framework.torch) -> PipelineLayout | None:
         """Where ``framework``'s model may be cut into pipeline stages (a replica over several

@@ -290,6 +290,40 @@ def file_shapes(path: Path) -> Shapes:
     return safetensors_shapes(path) if weights_format(path) == "safetensors" else torch_state_dict_shapes(path)
 
 
+def file_dtypes(path: Path) -> dict[str, str]:
+    """Name -> dtype of every tensor in the file, as the file names it (safetensors' ``F32``,
+    PyTorch's ``float32``); call after :func:`file_shapes` accepted the file."""
+    if weights_format(path) == "safetensors":
+        with open(path, "rb") as stream:
+            (length,) = _SAFETENSORS_LENGTH.unpack(stream.read(_SAFETENSORS_LENGTH.size))
+            header = parse_json(stream.read(length))
+        return {name: entry["dtype"] for name, entry in header.items() if name != "__metadata__"}
+    return {
+        name: str(tensor.dtype).removeprefix("torch.") for name, tensor in _state_dict(_torch_load(path, None)).items()
+    }
+
+
+def number_kind(dtype: str) -> str:
+    """'floating-point numbers', 'integers' or 'booleans': what a dtype (PyTorch's or safetensors' name) holds."""
+    if dtype.lower() == "bool":
+        return "booleans"
+    if dtype.startswith(("F", "BF", "float", "bfloat", "half", "double")):
+        return "floating-point numbers"
+    return "integers"
+
+
+def first_kind_mismatch(model: dict[str, str], file: dict[str, str]) -> str | None:
+    """The first tensor, in the model's order, whose kind of number the file changes (load_state_dict
+    would cast it: booleans or integers into floating-point weights, or the other way)."""
+    for name, dtype in model.items():
+        if name in file and number_kind(file[name]) != number_kind(dtype):
+            return (
+                f"tensor {name!r} holds {number_kind(file[name])} ({file[name]}) in the file, "
+                f"{number_kind(dtype)} ({dtype}) in the model"
+            )
+    return None
+
+
 def first_mismatch(model: Shapes, file: Shapes) -> str | None:
     """The first tensor, in the model's order, whose name or shape the file does not match."""
     for name, shape in model.items():
@@ -303,18 +337,20 @@ def first_mismatch(model: Shapes, file: Shapes) -> str | None:
     return None
 
 
-def check_weights_file(weights: str, model_shapes: Shapes) -> None:
+def check_weights_file(weights: str, model_shapes: Shapes, model_dtypes: dict[str, str] | None = None) -> None:
     """Refuse a weights file that is missing, unreadable, not a plain state dict or safetensors file,
-    or does not fit the model: a ConfigError naming ``weights``, the file and what is wrong."""
+    or does not fit the model (names and shapes; the kind of number of each tensor where
+    ``model_dtypes`` is given): a ConfigError naming ``weights``, the file and what is wrong."""
     from core.contract.workload import module_installed
 
     path = Path(weights)
     problem = file_problem(path)
     if problem is not None:
-        raise ConfigError("weights", weights, f"{problem}; {ACCEPTED}")
+        raise ConfigError("weights", weights, f"{problem}; accepted: {ACCEPTED}")
     try:
         kind = weights_format(path)
         shapes = file_shapes(path)
+        dtypes = file_dtypes(path) if model_dtypes is not None else {}
     except WeightsFileError as error:
         raise ConfigError("weights", weights, f"{error}; accepted: {ACCEPTED}") from None
     except MemoryError:
@@ -325,7 +361,7 @@ def check_weights_file(weights: str, model_shapes: Shapes) -> None:
         raise ConfigError(
             "weights", weights, "reading safetensors files needs the safetensors package (pip install safetensors)"
         )
-    mismatch = first_mismatch(model_shapes, shapes)
+    mismatch = first_mismatch(model_shapes, shapes) or first_kind_mismatch(model_dtypes or {}, dtypes)
     if mismatch is not None:
         raise ConfigError("weights", weights, f"does not fit the model: {mismatch}")
 

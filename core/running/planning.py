@@ -591,7 +591,9 @@ def _check_weights(manager: PluginManager, config: RunConfig, workload: Workload
         )
     with manager.plugin_code(workload, f"{type(workload).__name__}.torch_state_shapes()"):
         shapes = workload.torch_state_shapes(options)
-    check_weights_file(config.weights, shapes)
+    with manager.plugin_code(workload, f"{type(workload).__name__}.torch_state_dtypes()"):
+        dtypes = workload.torch_state_dtypes(options)
+    check_weights_file(config.weights, shapes, dtypes)
 
 
 def _check_available(manager: PluginManager, accelerator: Accelerator, machine: MachineProfile | None) -> None:

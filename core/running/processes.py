@@ -219,12 +219,31 @@ def exit_now(code: int) -> None:
     aborts the process ("terminate called without an active exception", SIGABRT). Everything
     the process owed its caller must be written before this call.
     """
+    remove_generated_sources()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError, AttributeError):
             pass
     os._exit(code)
+
+
+#: The module names TensorFlow's autograph gives the sources it writes to $TMPDIR (one per
+#: converted function), which only an atexit handler of its own removes.
+GENERATED_SOURCE_PREFIX = "__autograph_generated_file"
+
+
+def remove_generated_sources() -> None:
+    """Remove the Python sources TensorFlow's autograph wrote to the temporary folder for this
+    process: a process that ends without running atexit handlers (:func:`exit_now`) left one
+    ``__autograph_generated_file*.py`` in $TMPDIR per converted function, run after run."""
+    temporary = os.path.realpath(tempfile.gettempdir())
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if name.startswith(GENERATED_SOURCE_PREFIX) and isinstance(path, str):
+            if os.path.dirname(os.path.realpath(path)) == temporary:
+                with contextlib.suppress(OSError):
+                    os.remove(path)
 
 
 # --- the parent's side ----------------------------------------------------------------------------

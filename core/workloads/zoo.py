@@ -234,13 +234,13 @@ class ZooWorkload(Workload):
         tally = self.tally(options, framework if framework in self.sources else self.reference_framework)
         return tally.parameters, float(tally.forward_flops)
 
-    def torch_state_shapes(self, options: BaseModel) -> dict[str, tuple[int, ...]]:
-        # The bare module on the meta device: no synthetic pool, no memory for the weights.
+    def _torch_state_on_meta(self, options: BaseModel) -> dict[str, Any]:
+        # (torch_state_shapes, torch_state_dtypes) the bare module on the meta device: no synthetic
+        # pool, no memory for the weights.
         import torch
 
         with torch.device("meta"):
-            model = self.torch_model(options)
-        return {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+            return dict(self.torch_model(options).state_dict())
 
     def shape_details(self, options: Any) -> dict[str, Any]:
         """Input shape, labels, dataset: what the synthetic data looks like."""

@@ -12,7 +12,13 @@ from types import ModuleType
 from typing import Any
 
 from core.running.loadgen.outcome import LOG_FILES, LoadGenError, LoadGenOutcome, read_outcome
-from core.running.loadgen.settings import LoadGenSettings, Scenario, check_query_memory, check_source_counts
+from core.running.loadgen.settings import (
+    LoadGenSettings,
+    Scenario,
+    check_query_memory,
+    check_server_span,
+    check_source_counts,
+)
 from core.running.loadgen.sut import QueryAnswerer, QuerySource, WindowCallback
 
 INSTALL_HINT = "pip install 'core[inference]' (the mlcommons-loadgen package)"
@@ -41,7 +47,8 @@ def _scenario(lg: Any, scenario: Scenario) -> Any:
 
 
 def _nanoseconds(seconds: float) -> int:
-    return round(seconds * 1e9)
+    # at least 1: LoadGen reads 0 as a latency no query meets (or, expected, as infinitely many queries)
+    return max(round(seconds * 1e9), 1)
 
 
 def _milliseconds(seconds: float) -> int:
@@ -115,6 +122,7 @@ def run_scenario(
     """
     check_source_counts(source.total_samples, source.performance_samples)
     check_query_memory(settings, loaded_samples=source.performance_samples)
+    check_server_span(settings)
     lg = import_loadgen()
     if not _LOADGEN_IN_USE.acquire(blocking=False):
         raise LoadGenError("a LoadGen test is already running in this process; LoadGen runs one at a time")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 from core.base.config import RunConfig, config_errors
 from core.base.errors import ConfigError, ConfigErrors
@@ -23,6 +24,8 @@ Scenario = Literal["offline", "single-stream", "server"]
 
 # LoadGen keeps durations in whole milliseconds: below one it would read 0, which it takes as "none".
 _SHORTEST_DURATION_SECONDS = 0.001
+# and latencies in whole nanoseconds: below one it would read 0, a latency no query can meet.
+_SHORTEST_LATENCY_SECONDS = 1e-9
 _LONGEST_DURATION_SECONDS = 7 * 24 * 3600.0
 
 
@@ -83,7 +86,7 @@ class LoadGenSettings(BaseModel):
     )
     single_stream_expected_latency_seconds: float = Field(
         default=0.001,
-        gt=0.0,
+        gt=0.0,  # (a tiny one implies more queries than fit: refused by check_query_memory)
         le=3600.0,
         description="single-stream: the latency expected, which LoadGen uses to generate enough queries for "
         "min_duration_seconds (too high a value runs out of queries early and makes the result INVALID)",
@@ -103,7 +106,7 @@ class LoadGenSettings(BaseModel):
     )
     server_target_latency_seconds: float = Field(
         default=0.1,
-        gt=0.0,
+        ge=_SHORTEST_LATENCY_SECONDS,
         le=3600.0,
         description="server: the latency bound that server_target_latency_percentile of the samples must meet "
         "for a VALID result",
@@ -137,7 +140,8 @@ class LoadGenSettings(BaseModel):
     def _scenario_needs_a_rate(cls, value: float | None, info: ValidationInfo) -> float | None:
         scenario, rate = _RATE_OF_SCENARIO[str(info.field_name)]
         if value is None and info.data.get("scenario") == scenario:
-            raise ValueError(f"a number above 0 is required for the {scenario} scenario ({rate})")
+            # "missing": the error shows the setting as left out, not as "= None"
+            raise PydanticCustomError("missing", f"a number above 0 is required for the {scenario} scenario ({rate})")
         return value
 
 
@@ -157,7 +161,30 @@ def make_loadgen_settings(**options: Any) -> LoadGenSettings:
         errors = config_errors(exc, LoadGenSettings, unknown="unknown LoadGen setting; allowed settings are")
         raise (errors[0] if len(errors) == 1 else ConfigErrors(errors)) from None
     check_query_memory(settings)
+    check_server_span(settings)
     return settings
+
+
+def check_server_span(settings: LoadGenSettings, *, prefix: str = "") -> None:
+    """Refuse a server rate at which LoadGen's queries would take longer than a LoadGen run may
+    last: it issues at least min_query_count queries, and one past min_duration_seconds, at this
+    mean rate, and waits for each (100 queries at 1e-6 per second would take three years, and a
+    rate near 0 overflows its nanosecond schedule)."""
+    rate = settings.server_target_samples_per_second
+    if settings.scenario != "server" or rate is None:
+        return
+    gaps = max(settings.min_query_count - 1, 1)
+    span = gaps / rate
+    if span <= _LONGEST_DURATION_SECONDS:
+        return
+    lowest = _four_figures(gaps / _LONGEST_DURATION_SECONDS, math.ceil)
+    raise ConfigError(
+        prefix + "server_target_samples_per_second",
+        rate,
+        f"at least {lowest:g} with min_query_count {settings.min_query_count}: LoadGen issues at least "
+        f"{gaps + 1} queries at this mean rate, over {f'{span:.3g} s' if math.isfinite(span) else 'an endless time'}, "
+        f"longer than the {_LONGEST_DURATION_SECONDS:g} s a LoadGen run may last",
+    )
 
 
 def check_source_counts(total_samples: object, performance_samples: object) -> None:
@@ -210,6 +237,7 @@ ADDRESS_SPACE_BYTES = 1 << 47
 _OFFLINE_SLACK = 1.1
 _SINGLE_STREAM_GENERATED_DURATIONS = 2.0
 _UNLIMITED = (resource.RLIM_INFINITY, -1)
+_MOST_COUNTABLE = 2**63
 
 
 def host_memory_bytes() -> int:
@@ -272,6 +300,8 @@ def generated_samples(settings: LoadGenSettings) -> QueryCount:
         setting = "server_target_samples_per_second"
     # Offline's one query holds the timed count (truncated); the others generate queries until one
     # is scheduled at or past the span, the one at 0 s included: one more than the span holds.
+    # (a latency near 0 gives an infinite count: more than any host holds, as LoadGen's int64 count)
+    timed = min(timed, float(_MOST_COUNTABLE))
     generated = math.ceil(timed) + (0 if settings.scenario == "offline" else 1)
     if settings.min_query_count >= generated:
         return QueryCount(settings.min_query_count, "min_query_count")
@@ -393,6 +423,7 @@ def settings_for_run(
     if derived:
         settings = settings.model_copy(update=derived)
     check_query_memory(settings, prefix="loadgen.", memory_bytes=memory_bytes)
+    check_server_span(settings, prefix="loadgen.")
     return settings
 
 
