@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes.util
 import dataclasses
+import importlib.util
 import os
 import subprocess
 import sys
@@ -293,6 +294,48 @@ def test_tf32_and_bf16_need_ampere(sim_nvml: Callable[..., Any], monkeypatch: py
     NvidiaAccelerator().validate_run(run_context(make_config(workload="fcnn", accelerator="nvidia", precision="fp16")))
 
 
+class _NvmlThatFails:
+    """pynvml's surface on a host whose device nodes exist but whose driver NVML cannot load."""
+
+    class NVMLError_DriverNotLoaded(Exception):  # noqa: N801 - pynvml's name
+        pass
+
+    def nvmlInit(self) -> None:  # noqa: N802 - pynvml's names
+        raise self.NVMLError_DriverNotLoaded("Driver Not Loaded")
+
+    def nvmlShutdown(self) -> None:  # noqa: N802
+        pass
+
+
+class _NvmlWithoutGpus(_NvmlThatFails):
+    def nvmlInit(self) -> None:  # noqa: N802
+        pass
+
+    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+        return 0
+
+
+@pytest.mark.parametrize(
+    "binding, reason",
+    [
+        (_NvmlThatFails, "NVML does not initialise (NVMLError_DriverNotLoaded: Driver Not Loaded)"),
+        (_NvmlWithoutGpus, "NVML initialises but sees no GPU"),
+    ],
+)
+def test_the_meter_is_available_only_where_nvml_initialises_and_sees_a_gpu(
+    binding: type, reason: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Issue 26, third pass: device nodes alone (a driver not loaded, or of another version than its
+    # library) made `core plugins` call the meter available.
+    (tmp_path / "nvidia0").touch()
+    probe = dataclasses.replace(PROBE, device_globs=(str(tmp_path / "nvidia[0-9]*"),))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
+    monkeypatch.setattr(nvml, "import_pynvml", binding)
+    availability = NvmlMeterFactory(probe=probe).availability()
+    assert not availability.available
+    assert availability.reason is not None and availability.reason.startswith(reason), availability.reason
+
+
 def test_meter_is_chosen_for_nvidia_and_needs_pynvml_and_a_driver(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -307,6 +350,7 @@ def test_meter_is_chosen_for_nvidia_and_needs_pynvml_and_a_driver(
     assert not factory.availability().available
     assert factory.availability().reason == "no NVIDIA GPU or driver found (no /dev/nvidia* device nodes)"
     device_node.touch()
+    monkeypatch.setattr(nvml, "nvml_problem", lambda: None)  # (NVML's own answer: the test below)
     assert factory.availability().available == (importlib.util.find_spec("pynvml") is not None)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
     assert "pip install 'core[nvidia]'" in factory.availability().reason

@@ -26,6 +26,7 @@ from core.plugin import (
 )
 
 from ..probing import SdkProbe
+from . import nvml
 from .accelerator import PROBE
 from .nvml import energy_counter_joules, nvml_session, power_reader
 
@@ -112,7 +113,12 @@ class NvmlMeterFactory(PowerMeterFactory):
         # The binding alone is not enough: without the driver's device nodes NVML finds no GPU to
         # read, and `core plugins` would call the meter available on any host with nvidia-ml-py.
         missing = self.probe.missing()
-        return Availability.no("; ".join(missing)) if missing else Availability.yes()
+        if missing:
+            return Availability.no("; ".join(missing))
+        # Device nodes are not a GPU NVML reads: a driver not loaded or of another version than
+        # its library leaves them, and the meter would fail the run that chose it.
+        problem = nvml.nvml_problem()
+        return Availability.no(problem) if problem is not None else Availability.yes()
 
     def meter_for(self, devices: list[DeviceRecord], context: RunContext) -> PowerMeter:
         return NvmlMeter(devices, context.config, self._clock)

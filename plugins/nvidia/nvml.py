@@ -118,6 +118,20 @@ def mig_devices(pynvml: Any, count: int) -> list[MigDevice]:
     return found
 
 
+def nvml_problem() -> str | None:
+    """Why NVML cannot read a GPU on this host (it does not initialise, or sees none), or None.
+    Asked only where the driver's device nodes exist: elsewhere NVML is never loaded."""
+    try:
+        with nvml_session() as pynvml:
+            count = pynvml.nvmlDeviceGetCount()
+    except Exception as error:  # NVMLError_LibraryNotFound, _DriverNotLoaded, _LibRmVersionMismatch, ...
+        return (
+            f"NVML does not initialise ({type(error).__name__}: {error}): the NVIDIA driver is not loaded, "
+            "or its library does not match the kernel module"
+        )
+    return "NVML initialises but sees no GPU" if count == 0 else None
+
+
 def visible_gpus() -> list[NvmlGpu]:
     """The GPUs this process sees, in CUDA's order, honouring CUDA_VISIBLE_DEVICES."""
     variable = os.environ.get("CUDA_VISIBLE_DEVICES")
