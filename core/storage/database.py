@@ -293,12 +293,14 @@ def check_database(path: Path, connection: sqlite3.Connection, *, writing: bool)
             f"{path} has database layout {version}; this core reads up to {STORE_SCHEMA_VERSION}: upgrade core"
         )
     # Every page, read once (about a second per GB): a damaged page deeper in the file would
-    # otherwise show only when a query reaches it, half-way through a report or a sweep.
-    problems = [text for (text,) in connection.execute("PRAGMA quick_check(1)")]
+    # otherwise show only when a query reaches it, half-way through a report or a sweep. The
+    # integrity check, not the quick one: only it compares each index with its table, and a
+    # damaged index page that is still a well-formed b-tree hides runs from every query by sweep.
+    problems = [text for (text,) in connection.execute("PRAGMA integrity_check(1)")]
     if problems != ["ok"]:
         first = " ".join(str(problems[0] if problems else "no answer").split()).replace("*** in database main *** ", "")
         damaged = explain(path, sqlite3.DatabaseError("database disk image is malformed"), "open")
-        raise StoreError(f"{damaged} (SQLite's quick_check: {first[:REASON_CHARS]})")
+        raise StoreError(f"{damaged} (SQLite's integrity_check: {first[:REASON_CHARS]})")
 
 
 def explain(path: Path, error: sqlite3.DatabaseError, doing: str) -> str:
