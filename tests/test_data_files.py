@@ -186,6 +186,21 @@ def test_the_file_that_tells_the_format_is_named_when_it_is_no_regular_file(
     assert fragment in str(refused.value) and "must be a regular file" in str(refused.value)
 
 
+@pytest.mark.parametrize("target", ["/dev/zero", "/dev/urandom", "fifo"])
+def test_data_that_is_a_device_or_a_fifo_itself_is_named_as_what_it_is(target: str, tmp_path: Path) -> None:
+    from core.data import detect_format
+
+    data = tmp_path / "data"  # no suffix that names a format
+    if target == "fifo":
+        os.mkfifo(data)
+    else:
+        data.symlink_to(target)
+    with pytest.raises(ConfigError) as refused:
+        detect_format(data)
+    said = "a FIFO (named pipe)" if target == "fifo" else f"a character device (a link to {target})"
+    assert refused.value.value == str(data) and f"{said}, not a regular file; not a dataset" in str(refused.value)
+
+
 def test_a_data_link_to_a_device_is_refused_by_core_run_naming_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
