@@ -193,6 +193,31 @@ def test_a_file_that_is_no_whole_results_database_is_one_message_and_exit_2_ever
     assert {path.name for path in tmp_path.iterdir()} <= {"results.db", "results.db.lock", "s.toml"}
 
 
+def test_a_database_another_program_holds_locked_is_one_message_and_exit_2_for_every_reader(
+    tmp_path: Path, no_runs: None, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import core.storage.database
+
+    monkeypatch.setattr(core.storage.database, "READ_BUSY_SECONDS", 0.2)  # readers waited 60 s, as writers do
+    database = filled(tmp_path / "r.db", runs=2)
+    holder = sqlite3.connect(database, isolation_level=None)
+    holder.execute("PRAGMA journal_mode=DELETE")
+    holder.execute("BEGIN EXCLUSIVE")  # another program's exclusive lock: readers cannot read
+    sweep_file = tmp_path / "s.toml"
+    sweep_file.write_text(SWEEP_FILE, encoding="utf-8")
+    try:
+        for name, command in _commands(sweep_file, tmp_path / "report").items():
+            if name in ("sweep", "resume"):
+                continue  # writers wait their 60 s for the lock
+            assert main([*command, "--database", str(database)]) == 2, name
+            err = capsys.readouterr().err
+            assert f"core: error: results database {database} stayed locked by another process for 0.2 s" in err, err
+            no_traceback(err)
+    finally:
+        holder.close()
+    assert not (tmp_path / "report").exists()
+
+
 def test_a_foreign_database_is_left_as_it_was_by_a_sweep(tmp_path: Path, no_runs: None) -> None:
     """Another application's database without a user_version: core used to add its tables to it."""
     database = tmp_path / "notes.db"

@@ -33,8 +33,10 @@ from core.storage import export
 from core.storage.database import (
     DEFAULT_DATABASE,
     MINIMUM_FREE_BYTES,
+    READ_BUSY_SECONDS,
     REASON_CHARS,
     STORE_SCHEMA_VERSION,
+    WRITE_BUSY_SECONDS,
     StoreError,
     StoreWriteError,
     Transaction,
@@ -171,7 +173,7 @@ class ResultStore:
         return open_for_reading(self.path)
 
     def _explain(self, error: sqlite3.DatabaseError, doing: str) -> str:
-        return explain(self.path, error, doing)
+        return explain(self.path, error, doing, waited=READ_BUSY_SECONDS if self.read_only else WRITE_BUSY_SECONDS)
 
     def _rows(self, statement: str, parameters: Any = ()) -> list[tuple[Any, ...]]:
         """Every row of a query; a SQLite error (a damaged page) becomes a StoreError."""
