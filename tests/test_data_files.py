@@ -129,6 +129,35 @@ def test_a_tfrecord_file_that_is_a_fifo_is_refused_in_planning(tmp_path: Path, n
     assert refused.value.value == str(records / "train-0.tfrecord") and "FIFO" in str(refused.value)
 
 
+def tfrecord(*lengths: int, data: bytes = b"x") -> bytes:
+    """Records whose headers declare ``lengths``, each holding ``data`` (CRCs left zero: TensorFlow
+    checks them, planning does not)."""
+    return b"".join(struct.pack("<Q", length) + b"\0" * 4 + data + b"\0" * 4 for length in lengths)
+
+
+@pytest.mark.parametrize(
+    "content,fragment",
+    [
+        # TensorFlow allocated a terabyte for this record and the process died of a segmentation fault.
+        (tfrecord(1, 1 << 40), "the record at byte 17 declares 1,099,511,627,776 bytes, but only 1 follow it"),
+        (tfrecord(1, 1)[:-3], "the record at byte 17 declares 1 bytes, but only 0 follow it"),
+        (tfrecord(1) + b"\1\2", "cut off at byte 17: a record header needs 12 bytes, 2 remain"),
+    ],
+    ids=["a terabyte declared", "cut inside a record", "cut inside a header"],
+)
+def test_a_tfrecord_file_whose_records_do_not_fit_it_is_refused_in_planning(
+    content: bytes, fragment: str, tmp_path: Path, no_device: None
+) -> None:
+    records = tmp_path / "records"
+    records.mkdir()
+    (records / "train-0.tfrecord").write_bytes(tfrecord(1, 1, 1))
+    (records / "train-1.tfrecord").write_bytes(content)
+    with pytest.raises(ConfigError) as refused:
+        run("mobilenetv3-small", "cpu", framework="tensorflow", data=str(records), steps=1, power_meter="none")
+    assert refused.value.value == str(records / "train-1.tfrecord"), refused.value
+    assert fragment in str(refused.value), refused.value
+
+
 @pytest.mark.parametrize(
     "layout,target,fragment",
     [
@@ -157,6 +186,21 @@ def test_the_file_that_tells_the_format_is_named_when_it_is_no_regular_file(
     assert fragment in str(refused.value) and "must be a regular file" in str(refused.value)
 
 
+@pytest.mark.parametrize("target", ["/dev/zero", "/dev/urandom", "fifo"])
+def test_data_that_is_a_device_or_a_fifo_itself_is_named_as_what_it_is(target: str, tmp_path: Path) -> None:
+    from core.data import detect_format
+
+    data = tmp_path / "data"  # no suffix that names a format
+    if target == "fifo":
+        os.mkfifo(data)
+    else:
+        data.symlink_to(target)
+    with pytest.raises(ConfigError) as refused:
+        detect_format(data)
+    said = "a FIFO (named pipe)" if target == "fifo" else f"a character device (a link to {target})"
+    assert refused.value.value == str(data) and f"{said}, not a regular file; not a dataset" in str(refused.value)
+
+
 def test_a_data_link_to_a_device_is_refused_by_core_run_naming_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -177,6 +221,8 @@ def test_a_data_link_to_a_device_is_refused_by_core_run_naming_it(
         ("floats.npy", np.zeros(64, dtype=np.float32), "integer token ids"),
         ("table.npy", np.zeros((8, 8), dtype=np.int64), "1-D array"),
         ("damaged.npy", b"\x93NUMPY garbage", "not a .npy array"),
+        # numpy's text goes on over lines advising allow_pickle=True: only its first line is said.
+        ("long-header.npy", b"\x93NUMPY\x01\x00\xff\xff" + b"{" * 70_000, "Header info length (65535) is large"),
     ],
 )
 def test_a_token_file_numpy_cannot_map_as_token_ids_is_refused_in_planning(
@@ -192,7 +238,9 @@ def test_a_token_file_numpy_cannot_map_as_token_ids_is_refused_in_planning(
     with pytest.raises(ConfigError) as refused:
         run("gpt2-124m", "cpu", data=str(path), data_format="tokens", steps=1, power_meter="none")
     assert refused.value.field == "data" and refused.value.value == str(path)
-    assert fragment in str(refused.value)
+    assert (
+        fragment in str(refused.value) and "\n" not in str(refused.value) and "allow_pickle" not in str(refused.value)
+    )
 
 
 # --- COCO file names -----------------------------------------------------------------------------
@@ -283,6 +331,25 @@ def test_a_broken_image_is_named_with_its_problem(content: bytes, fragment: str,
         assert "DataLoader worker process" in result.status.message
 
 
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 10 10\nshowpage\n",  # Pillow renders EPS with Ghostscript
+        b"%PDF-1.4\n",
+        b"8BPS\x00\x01"
+        + b"\x00" * 6
+        + b"\x00\x03\x00\x00\x00\x0a\x00\x00\x00\x0a\x00\x08\x00\x03"
+        + b"\x00" * 16,  # PSD
+    ],
+    ids=["EPS", "PDF", "PSD"],
+)
+def test_an_image_of_a_format_no_dataset_holds_is_refused_unopened(content: bytes) -> None:
+    with pytest.raises(
+        DataError, match=r"^0\.png: not an image Pillow can read as PNG, JPEG, GIF, BMP, TIFF, WebP or PPM"
+    ):
+        open_image(content, "0.png")
+
+
 def test_pillows_own_bound_does_not_decide_what_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     from PIL import Image
 
@@ -322,6 +389,26 @@ def test_a_bad_shard_member_is_named(
 ) -> None:
     shard = shard_with(tmp_path / "shards", members, declared)
     assert_data_fault(train(shard.parent, workers), shard, fragment)
+
+
+def test_a_sample_whose_members_together_pass_the_bound_is_refused_before_the_last_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Sixteen members, each under the member bound, made a 16 MB gzip shard hold 5 GB in a worker.
+    import core.data.torch_datasets
+
+    monkeypatch.setattr(core.data.torch_datasets, "MAX_SAMPLE_BYTES", 1_000)
+    members = [("0.png", png((1, 2, 3))), ("0.cls", b"1"), ("0.json", b"{}" * 300), ("0.txt", b"x" * 600)]
+    shard = shard_with(tmp_path / "shards", members)
+    with pytest.raises(
+        DataError, match=r"sample '0' would hold 1,\d{3} bytes with member '0.txt', more than the 1,000"
+    ) as refused:
+        list(WebDatasetShards([shard], IMAGE_SHAPE)._samples(shard))
+    assert str(refused.value).startswith(str(shard))
+    shard.unlink()
+    shard.parent.rmdir()
+    shard = shard_with(tmp_path / "shards", members[:3])  # within it: read
+    assert len(list(WebDatasetShards([shard], IMAGE_SHAPE)._samples(shard))) == 1
 
 
 def test_a_damaged_or_cut_off_shard_is_named(tmp_path: Path) -> None:

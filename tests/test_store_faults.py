@@ -102,6 +102,22 @@ def _damaged_last_page(path: Path) -> None:
         stream.write(b"\xa5" * page_size)
 
 
+def _damaged_index(path: Path) -> None:
+    """The sweep index's keys rewritten in place ('s' to 't'): every page is a well-formed b-tree,
+    so quick_check passes, but a query by sweep finds no run and a report of sweep 's' is empty."""
+    filled(path)
+    connection = sqlite3.connect(path)
+    page_size = connection.execute("PRAGMA page_size").fetchone()[0]
+    (root,) = connection.execute("SELECT rootpage FROM sqlite_master WHERE name = 'runs_by_sweep'").fetchone()
+    assert connection.execute("PRAGMA quick_check").fetchall() == [("ok",)]
+    connection.close()
+    data = bytearray(path.read_bytes())
+    start = (root - 1) * page_size
+    page = data[start : start + page_size]
+    data[start : start + page_size] = page.replace(b"s0", b"t0").replace(b"s1", b"t1").replace(b"s2", b"t2")
+    path.write_bytes(bytes(data))
+
+
 def _zero_length(path: Path) -> None:
     path.write_bytes(b"")
 
@@ -134,6 +150,7 @@ BROKEN: dict[str, tuple[Callable[[Path], None], str]] = {
     "a text file": (_text, "is not a SQLite database"),
     "a truncated database": (_truncated, "is damaged (database disk image is malformed)"),
     "a damaged page": (_damaged_last_page, "is damaged (database disk image is malformed)"),
+    "a damaged index page": (_damaged_index, "is damaged (database disk image is malformed)"),
     "a zero-length file": (_zero_length, "is no results database of core: it is empty"),
     "a directory": (_directory, "is a directory"),
     "another application's database": (_another_application, "is no results database of core"),
@@ -176,6 +193,31 @@ def test_a_file_that_is_no_whole_results_database_is_one_message_and_exit_2_ever
     assert {path.name for path in tmp_path.iterdir()} <= {"results.db", "results.db.lock", "s.toml"}
 
 
+def test_a_database_another_program_holds_locked_is_one_message_and_exit_2_for_every_reader(
+    tmp_path: Path, no_runs: None, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import core.storage.database
+
+    monkeypatch.setattr(core.storage.database, "READ_BUSY_SECONDS", 0.2)  # readers waited 60 s, as writers do
+    database = filled(tmp_path / "r.db", runs=2)
+    holder = sqlite3.connect(database, isolation_level=None)
+    holder.execute("PRAGMA journal_mode=DELETE")
+    holder.execute("BEGIN EXCLUSIVE")  # another program's exclusive lock: readers cannot read
+    sweep_file = tmp_path / "s.toml"
+    sweep_file.write_text(SWEEP_FILE, encoding="utf-8")
+    try:
+        for name, command in _commands(sweep_file, tmp_path / "report").items():
+            if name in ("sweep", "resume"):
+                continue  # writers wait their 60 s for the lock
+            assert main([*command, "--database", str(database)]) == 2, name
+            err = capsys.readouterr().err
+            assert f"core: error: results database {database} stayed locked by another process for 0.2 s" in err, err
+            no_traceback(err)
+    finally:
+        holder.close()
+    assert not (tmp_path / "report").exists()
+
+
 def test_a_foreign_database_is_left_as_it_was_by_a_sweep(tmp_path: Path, no_runs: None) -> None:
     """Another application's database without a user_version: core used to add its tables to it."""
     database = tmp_path / "notes.db"
@@ -192,10 +234,36 @@ def test_a_foreign_database_is_left_as_it_was_by_a_sweep(tmp_path: Path, no_runs
 def test_a_damaged_page_is_found_when_the_database_is_opened(tmp_path: Path) -> None:
     database = tmp_path / "r.db"
     _damaged_last_page(database)
-    with pytest.raises(StoreError, match=r"is damaged .* \.recover .*quick_check"):
+    with pytest.raises(StoreError, match=r"is damaged .* \.recover .*integrity_check"):
         ResultStore(database, create=False)
     with pytest.raises(StoreError, match="is damaged"):
         ResultStore(database)  # a sweep too, before it measures anything it could not store
+
+
+def test_a_database_whose_every_run_is_damaged_is_no_empty_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Bytes of every result changed in place: each page is still a well-formed b-tree, so the
+    integrity check passes, and every row was skipped: an empty report or listing with exit 0."""
+    database = filled(tmp_path / "r.db", runs=3)
+    data = database.read_bytes()
+    assert data.count(b'{"schema_version"') == 3
+    database.write_bytes(data.replace(b'{"schema_version"', b'{\0schema_version"'))
+    for command in (["results"], ["results", "--format", "json"], ["report", "--output", str(tmp_path / "report")]):
+        assert main([*command, "--database", str(database)]) == 2, command
+        err = capsys.readouterr().err
+        assert f"core: error: results database {database} is damaged: all 3 runs read from it were skipped" in err
+        assert "(first: run 1: result_json is not valid JSON" in err and ".recover" in err, err
+        no_traceback(err)
+    assert not (tmp_path / "report").exists()
+
+
+def test_runs_of_a_newer_core_alone_are_a_warning_not_damage(tmp_path: Path) -> None:
+    database = filled(tmp_path / "r.db", runs=1)
+    _set_schema(database, 1, "99.0")
+    assert main(["results", "--database", str(database)]) == 0
+    with ResultStore(database, create=False) as store:
+        assert store.runs() == [] and store.unreadable() is None
 
 
 # --- 7. two hosts' default databases report together ----------------------------------------------

@@ -90,6 +90,11 @@ def command_results(args: argparse.Namespace) -> int:
                 check_writable(args.output, "--output")  # before the query: a bad path costs nothing
             content, rows = _content(args, store)
             warnings = store_warnings(store)
+            damaged = store.unreadable()
+        if damaged is not None:  # every run asked for skipped: an empty listing would hide the damage
+            for warning in warnings:
+                print(f"core: warning: {warning}", file=sys.stderr)
+            return error(damaged)
     except CoreError as problem:  # a bad filter or path, no or a damaged database, a missing library: nothing written
         return error(str(problem))
     except OSError as problem:  # the Parquet export's temporary file

@@ -53,7 +53,8 @@ def detect_format(path: Path) -> str:
     if found is not None and os.path.lexists(path):
         _check_regular(path, path, {"tokens": "a token file", "tfrecord": "a TFRecord file"}.get(found, "a shard"))
         return found
-    raise ConfigError("data", str(path), _NOT_A_DATASET)
+    problem = file_problem(path)  # a device, a FIFO, or a link to one: said, not only "not a dataset"
+    raise ConfigError("data", str(path), f"{problem}; {_NOT_A_DATASET}" if problem is not None else _NOT_A_DATASET)
 
 
 def _check_regular(data: Path, file: Path, what: str) -> None:

@@ -34,8 +34,17 @@ _OVER_THE_BOUND = f"more than the {MAX_IMAGE_PIXELS:,} an image may have (a deco
 MAX_IMAGE_FILE_BYTES = 4 * MAX_IMAGE_PIXELS
 #: The largest member of a shard (an image, a label, anything grouped into a sample).
 MAX_SHARD_MEMBER_BYTES = MAX_IMAGE_FILE_BYTES
+#: The formats an image may be in (Pillow's names; JPEG opens MPO too): the raster formats datasets hold. Pillow would
+#: also open PostScript (EPS, which it renders by running Ghostscript on the file), PDF, PSD, ICNS
+#: and dozens more from a file merely named ``.jpg``.
+IMAGE_FORMATS = ("PNG", "JPEG", "GIF", "BMP", "TIFF", "WEBP", "PPM")
+_FORMATS_READ = "PNG, JPEG, GIF, BMP, TIFF, WebP or PPM"
+
 #: Members one sample of a shard may group (``000017.jpg``, ``000017.cls``, ...).
 MAX_SAMPLE_MEMBERS = 16
+#: The bytes one sample's members may hold together: one image at the bound, and room for its label
+#: and metadata. Sixteen members each under the member bound made a 16 MB gzip shard hold 5 GB.
+MAX_SAMPLE_BYTES = MAX_SHARD_MEMBER_BYTES + (1 << 20)
 
 _KINDS = (
     (stat.S_ISDIR, "a folder"),
@@ -141,13 +150,15 @@ def image_header(data: bytes, source: str) -> Any:
         with warnings.catch_warnings():
             # Pillow warns above its bound and raises above twice it; both are refused here.
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(data))
+            image = Image.open(io.BytesIO(data), formats=IMAGE_FORMATS)
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as error:
         declared = re.search(r"\((\d+) pixels\)", str(error))  # "Image size (N pixels) exceeds limit ..."
         size = f"{int(declared.group(1)):,} pixels" if declared else "more pixels than Pillow allows"
         raise DataError(f"{source}: its header declares {size}, {_OVER_THE_BOUND}") from None
     except UnidentifiedImageError:
-        raise DataError(f"{source}: not an image Pillow can read (it begins {data[:16]!r})") from None
+        raise DataError(
+            f"{source}: not an image Pillow can read as {_FORMATS_READ} (it begins {data[:16]!r})"
+        ) from None
     except MemoryError:
         raise DataError(f"{source}: out of memory reading the image's header") from None
     except Exception as error:  # Pillow's plugins raise many types on a damaged header

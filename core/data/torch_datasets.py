@@ -5,7 +5,7 @@ so a model runs unchanged on either."""
 from __future__ import annotations
 
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -17,6 +17,7 @@ from core.base.deprecation import REMOVED_IN, warn_deprecated
 from core.base.errors import DataError
 from core.data.files import (
     MAX_IMAGE_FILE_BYTES,
+    MAX_SAMPLE_BYTES,
     MAX_SAMPLE_MEMBERS,
     MAX_SHARD_MEMBER_BYTES,
     open_image,
@@ -95,7 +96,18 @@ class WebDatasetShards(IterableDataset):
     def _samples(self, shard: Path) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         current_key: str | None = None
         parts: dict[str, bytes] = {}
-        for name, data in _shard_members(shard):
+
+        def admit(name: str, size: int) -> None:
+            """Before a member is read: what its sample would then hold must stay within the bound."""
+            key = name.partition(".")[0]
+            held = sum(map(len, parts.values())) if key == current_key else 0
+            if held + size > MAX_SAMPLE_BYTES:
+                raise DataError(
+                    f"{shard}: sample {key!r} would hold {held + size:,} bytes with member {name!r}, more than "
+                    f"the {MAX_SAMPLE_BYTES:,} allowed for one sample (a tar or compression bomb?)"
+                )
+
+        for name, data in _shard_members(shard, admit):
             key, _, extension = name.partition(".")
             if key != current_key:
                 if parts:
@@ -122,15 +134,18 @@ class WebDatasetShards(IterableDataset):
         return image, torch.tensor(target)
 
 
-def _shard_members(shard: Path) -> Iterator[tuple[str, bytes]]:
+def _shard_members(shard: Path, admit: Callable[[str, int], None] | None = None) -> Iterator[tuple[str, bytes]]:
     """(name, contents) of each regular member of a tar shard, in order, each read whole after its
-    header's size is checked against :data:`MAX_SHARD_MEMBER_BYTES`; DataError naming the shard
-    (and the member) when it is no readable tar file."""
+    header's size is checked against :data:`MAX_SHARD_MEMBER_BYTES` and by ``admit(name, size)``,
+    which raises to refuse it; DataError naming the shard (and the member) when it is no readable
+    tar file."""
     with opened_data_file(shard, "a shard") as (stream, _):
-        yield from _tar_members(shard, stream)
+        yield from _tar_members(shard, stream, admit)
 
 
-def _tar_members(shard: Path, stream: IO[bytes]) -> Iterator[tuple[str, bytes]]:
+def _tar_members(
+    shard: Path, stream: IO[bytes], admit: Callable[[str, int], None] | None = None
+) -> Iterator[tuple[str, bytes]]:
     name, first = "(its first member)", True
     try:
         # Read front to back, compressed or not; nothing is held but the current member (tarfile's
@@ -147,6 +162,8 @@ def _tar_members(shard: Path, stream: IO[bytes]) -> Iterator[tuple[str, bytes]]:
                         f"{shard}: member {name!r} is {member.size:,} bytes, more than the "
                         f"{MAX_SHARD_MEMBER_BYTES:,} allowed for one (a tar or compression bomb?)"
                     )
+                if admit is not None:
+                    admit(name, member.size)
                 reader = archive.extractfile(member)
                 yield name, reader.read() if reader is not None else b""
             _check_archive_end(shard, archive, name)

@@ -557,6 +557,10 @@ def write_report(
         request = with_measured(roofs or make_request(), [one.host_roofs() for one in stores])
         with roofs_in_force(request):
             title, blocks, left_out = _build_report(stores, sweeps, training, comparison, references)
+        # A database of which every run read was damaged would give a report without its sweeps.
+        damaged = next((problem for one in stores if (problem := one.unreadable()) is not None), None)
+        if damaged is not None:
+            raise ReportError(damaged)
         warnings = [warning for one in stores for warning in store_warnings(one)] + left_out + request.notes
         plots = write_report_files(output, title, blocks)
     except BaseException:

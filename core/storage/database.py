@@ -27,6 +27,11 @@ DEFAULT_DATABASE = Path("results") / "core.db"
 STORE_SCHEMA_VERSION = 1  # PRAGMA user_version: the layout of the tables below
 MINIMUM_FREE_BYTES = 1 << 20  # a sweep refuses to start on a disk with less room than this
 REASON_CHARS = 300  # of a quoted SQLite message, or of a skipped row's reason
+#: How long a writer waits for another writer's lock: sweeps and runs sharing a database queue.
+WRITE_BUSY_SECONDS = 60.0
+#: How long a reader waits: a core database is in WAL mode, where a writer never blocks a reader, so
+#: a lock that lasts is another program's exclusive lock, and `core results` need not hang a minute.
+READ_BUSY_SECONDS = 10.0
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -196,7 +201,7 @@ def open_for_writing(path: Path) -> sqlite3.Connection:
     """The database at ``path``, checked, its tables made where missing; a StoreError naming it."""
     connection = None
     try:
-        connection = sqlite3.connect(path, timeout=60.0, isolation_level=None)
+        connection = sqlite3.connect(path, timeout=WRITE_BUSY_SECONDS, isolation_level=None)
         connection.text_factory = decode_text  # the store reads through this connection too
         # Checked before anything is written: another application's database is left as it was.
         check_database(path, connection, writing=True)
@@ -229,7 +234,7 @@ def open_for_reading(path: Path) -> sqlite3.Connection:
         # "readonly database" (SQLITE_READONLY_DIRECTORY, the shared-memory file cannot be
         # written) when the folder is read-only: both are a read-only folder, not a fault.
         if "unable to open" not in str(exc) and "readonly" not in str(exc):
-            raise StoreError(explain(path, exc, "open")) from None
+            raise StoreError(explain(path, exc, "open", waited=READ_BUSY_SECONDS)) from None
         # A database in WAL mode needs its shared-memory file (-shm), which a read-only folder
         # cannot take. Without a log to replay, the file alone is the whole database.
         log = Path(f"{path}-wal")
@@ -241,15 +246,15 @@ def open_for_reading(path: Path) -> sqlite3.Connection:
                 "and read the copy"
             ) from None
     except sqlite3.DatabaseError as exc:  # no database at all, or a damaged one
-        raise StoreError(explain(path, exc, "open")) from None
+        raise StoreError(explain(path, exc, "open", waited=READ_BUSY_SECONDS)) from None
     try:
         return _connect_read_only(path, f"{uri}?mode=ro&immutable=1")
     except sqlite3.DatabaseError as exc:
-        raise StoreError(explain(path, exc, "open")) from None
+        raise StoreError(explain(path, exc, "open", waited=READ_BUSY_SECONDS)) from None
 
 
 def _connect_read_only(path: Path, uri: str) -> sqlite3.Connection:
-    connection = sqlite3.connect(uri, uri=True, timeout=60.0, isolation_level=None)
+    connection = sqlite3.connect(uri, uri=True, timeout=READ_BUSY_SECONDS, isolation_level=None)
     connection.text_factory = decode_text
     try:
         check_database(path, connection, writing=False)
@@ -293,16 +298,19 @@ def check_database(path: Path, connection: sqlite3.Connection, *, writing: bool)
             f"{path} has database layout {version}; this core reads up to {STORE_SCHEMA_VERSION}: upgrade core"
         )
     # Every page, read once (about a second per GB): a damaged page deeper in the file would
-    # otherwise show only when a query reaches it, half-way through a report or a sweep.
-    problems = [text for (text,) in connection.execute("PRAGMA quick_check(1)")]
+    # otherwise show only when a query reaches it, half-way through a report or a sweep. The
+    # integrity check, not the quick one: only it compares each index with its table, and a
+    # damaged index page that is still a well-formed b-tree hides runs from every query by sweep.
+    problems = [text for (text,) in connection.execute("PRAGMA integrity_check(1)")]
     if problems != ["ok"]:
         first = " ".join(str(problems[0] if problems else "no answer").split()).replace("*** in database main *** ", "")
         damaged = explain(path, sqlite3.DatabaseError("database disk image is malformed"), "open")
-        raise StoreError(f"{damaged} (SQLite's quick_check: {first[:REASON_CHARS]})")
+        raise StoreError(f"{damaged} (SQLite's integrity_check: {first[:REASON_CHARS]})")
 
 
-def explain(path: Path, error: sqlite3.DatabaseError, doing: str) -> str:
-    """What a SQLite error means for the user, naming the file."""
+def explain(path: Path, error: sqlite3.DatabaseError, doing: str, *, waited: float = WRITE_BUSY_SECONDS) -> str:
+    """What a SQLite error means for the user, naming the file. ``waited``: the seconds the
+    connection waited for a lock (said when it stayed locked)."""
     text = str(error)
     lowered = text.lower()
     if "file is not a database" in lowered or "not a database" in lowered:
@@ -322,7 +330,8 @@ def explain(path: Path, error: sqlite3.DatabaseError, doing: str) -> str:
     if "unable to open" in lowered:
         return f"cannot open results database {path} ({text})"
     if "locked" in lowered or "busy" in lowered:
-        return f"results database {path} stayed locked by another process for 60 s ({text})"
+        held = f"stayed locked by another process for {waited:g} s ({text})"
+        return f"results database {path} {held}; try again when it is done"
     return f"cannot {doing} results database {path}: {text}"
 
 

@@ -33,8 +33,10 @@ from core.storage import export
 from core.storage.database import (
     DEFAULT_DATABASE,
     MINIMUM_FREE_BYTES,
+    READ_BUSY_SECONDS,
     REASON_CHARS,
     STORE_SCHEMA_VERSION,
+    WRITE_BUSY_SECONDS,
     StoreError,
     StoreWriteError,
     Transaction,
@@ -147,6 +149,7 @@ class ResultStore:
         # Rows that reading skipped, each once: see runs(). Reports and `core results` show them.
         self.skipped_rows: list[SkippedRow] = []
         self._skipped: set[tuple[str, int | str]] = set()
+        self.runs_read = 0  # runs runs() gave back whole, for unreadable()
         if self.path.is_dir():
             raise StoreError(
                 f"results database {self.path} is a directory; give the path of a file, "
@@ -170,7 +173,7 @@ class ResultStore:
         return open_for_reading(self.path)
 
     def _explain(self, error: sqlite3.DatabaseError, doing: str) -> str:
-        return explain(self.path, error, doing)
+        return explain(self.path, error, doing, waited=READ_BUSY_SECONDS if self.read_only else WRITE_BUSY_SECONDS)
 
     def _rows(self, statement: str, parameters: Any = ()) -> list[tuple[Any, ...]]:
         """Every row of a query; a SQLite error (a damaged page) becomes a StoreError."""
@@ -495,7 +498,22 @@ class ResultStore:
                     result=result,
                 )
             )
+        self.runs_read += len(runs)
         return runs
+
+    def unreadable(self) -> str | None:
+        """Why nothing read from this database can be shown, or None: every run read so far was
+        skipped as damaged (a page whose bytes changed but whose structure SQLite still accepts),
+        so a report or a listing would be empty. Runs skipped only for being a newer core's are
+        not damage: they are a warning."""
+        damaged = [row for row in self.skipped_rows if row.table == "runs" and not row.reason.startswith(_NEWER)]
+        if self.runs_read or not damaged:
+            return None
+        return (
+            f"results database {self.path} is damaged: all {len(damaged)} runs read from it were skipped as unreadable "
+            f"(first: run {damaged[0].row}: {damaged[0].reason}); what can still be read can be copied out with: "
+            f"sqlite3 {self.path} .recover | sqlite3 recovered.db"
+        )
 
     def results(self, **filters: Any) -> list[RunResult]:
         """The results matching ``filters`` (see :meth:`runs`) as RunResult models."""
@@ -543,6 +561,8 @@ class UnreadableRow(ValueError):
     """A row's value that is no value of its column (text that is not UTF-8, a number where text
     belongs): its message is the reason a skipped row gives."""
 
+
+_NEWER = "written by a newer core"  # the start of the reason a newer core's row is skipped for
 
 # runs() reads: id, sweep, cell_key, cell_label, repeat, process_seconds, recorded_at, result_json
 _RUN_COLUMNS: tuple[tuple[str, tuple[type, ...]], ...] = (
