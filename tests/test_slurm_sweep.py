@@ -26,6 +26,7 @@ from slurm_support import SimulatedSlurm
 import core.sweep.cluster
 import core.sweep.slurm_jobs
 from core.base.config import RunConfig
+from core.base.files import OutputError
 from core.base.results import RunResult, RunState
 from core.cli import main
 from core.storage.store import ResultStore
@@ -1179,6 +1180,14 @@ def test_a_multi_node_cell_is_planned_for_its_own_slurm_job(
         ("--beg=16:00", "--beg abbreviates --begin"),
         ("-H", "short for --hold"),
         ("-bnow+60", "short for --begin"),
+        # sbatch prints these, exits 0 and submits nothing: no id, which was taken for a fault
+        ("--help", "sbatch would print its help and submit nothing"),
+        ("--hel", "--hel abbreviates --help"),
+        ("--usage", "sbatch would print its usage"),
+        ("--version", "sbatch would print its version"),
+        ("--vers", "--vers abbreviates --version"),
+        ("-h", "short for --help"),
+        ("-V", "short for --version"),
         ("-o", "'-o' is sbatch's -o, short for --output"),
         ("-o/tmp/x", "short for --output"),
         ("-e", "short for --error"),
@@ -1204,7 +1213,19 @@ def test_sbatch_options_core_sets_are_refused_in_every_spelling(
 
 
 @pytest.mark.parametrize(
-    "option", ["--qos=high", "--gpus=2", "--constraint=a100", "--mem-per-cpu=100", "--time-min=5", "--gres=gpu:1"]
+    "option",
+    [
+        "--qos=high",
+        "--gpus=2",
+        "--constraint=a100",
+        "--mem-per-cpu=100",
+        "--time-min=5",
+        "--gres=gpu:1",
+        "--verbose",
+        "--hint=nomultithread",
+        "--use-min-nodes",
+        "--uid=1000",
+    ],
 )
 def test_other_sbatch_options_pass(option: str) -> None:
     assert SlurmSettings(extra_options=[option]).sbatch_options(nodes=1, timeout_seconds=60)[-1] == option
@@ -1288,3 +1309,42 @@ def test_a_job_sacct_does_not_list_yet_is_asked_of_squeue(monkeypatch: pytest.Mo
 
     assert core.sweep.slurm_jobs.JobStates().query(["7", "8"]) == {"7": "COMPLETED", "8": "PENDING"}
     assert asked == ["sacct", "squeue"]
+
+
+def test_a_jobs_directory_too_full_for_the_ledger_leaves_no_sweep(
+    tmp_path: Path, simulated_slurm: SimulatedSlurm, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The check's probe passed, but the disk filled before the ledger was written: a fault, and no
+    # record of the sweep left behind (a second try was told "already has 0 run(s); pass --resume").
+    def full(path: Path, text: str, what: str) -> None:
+        raise OutputError(f"cannot write {what} {path}: no space left on the device (ENOSPC)")
+
+    monkeypatch.setattr(core.sweep.cluster, "write_atomically", full)
+    sweep, database = _simulated_sweep(tmp_path, cells=1, repeats=1), tmp_path / "results.db"
+
+    assert main(["sweep", str(sweep), "--executor", "slurm", "--database", str(database)]) == 1
+
+    said = capsys.readouterr().err
+    assert "sweep sim not submitted: cannot write the sweep's job ledger" in said and "ENOSPC" in said, said
+    with ResultStore(database, create=False) as store:
+        assert store.sweep_names() == []
+    assert simulated_slurm.jobs == {} and not (tmp_path / "results.db.jobs").exists()
+
+
+def test_the_jobs_directory_check_writes_as_a_job_would(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # An empty file takes no block of a full disk: the probe writes some bytes, so a full jobs
+    # directory is refused before the sweep is recorded.
+    written: list[int] = []
+    real_write = Path.write_bytes
+
+    def write_bytes(path: Path, data: bytes) -> int:
+        written.append(len(data))
+        if path.name == "probe" and data:
+            raise OSError(28, "No space left on device", str(path))
+        return real_write(path, data)
+
+    monkeypatch.setattr(Path, "write_bytes", write_bytes)
+    with pytest.raises(SweepError, match="cannot write a file in .*no space left"):
+        core.sweep.cluster.check_jobs_directory(tmp_path / "results.db", SlurmSettings())
+    assert written and written[0] >= 4096
+    assert list(tmp_path.iterdir()) == []  # the probe's folder went

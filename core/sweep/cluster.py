@@ -57,6 +57,7 @@ _log = logging.getLogger(__name__)
 LEDGER_NAME = "jobs.json"
 ENDED_NAME = "job-ended.json"  # the batch script's record of the worker's exit code and seconds
 _OUTPUT_TAIL_CHARS = 4000
+_PROBE_BYTES = 8192  # what the check of the jobs directory writes: about a job's request and script
 
 #: how Slurm's final states that mean "ended from outside" are recorded (core's RunState values)
 _ENDED_BY_SLURM = {
@@ -152,7 +153,8 @@ def _probe_folder(what: str, folder: Path) -> None:
     except OSError as error:
         raise SweepError(f"{what}: cannot make a folder in {folder}: {describe_os_error(error)}") from None
     try:
-        (probe / "probe").write_bytes(b"")
+        # Some bytes, as a job's request and script are: an empty file takes no block of a full disk.
+        (probe / "probe").write_bytes(b"\n" * _PROBE_BYTES)
     except OSError as error:
         raise SweepError(f"{what}: cannot write a file in {folder}: {describe_os_error(error)}") from None
     finally:
@@ -400,7 +402,11 @@ class SlurmBackend(SweepBackend):
         self.ledger = JobLedger.load(self.root / LEDGER_NAME, self.spec.name, self.database)
         self._make_folder()
         self._find_unanswered()
-        self._forget_settled(settled)
+        try:
+            self._forget_settled(settled)
+        except OutputError as error:  # the ledger cannot be written (a full disk): nothing was submitted
+            self._withdraw([])
+            raise SubmissionFailed(f"sweep {self.spec.name} not submitted: {error}") from None
         try:
             yield
         except BaseException:  # Ctrl-C, SIGTERM, a result the database refused: the jobs go on
@@ -682,7 +688,8 @@ class SlurmBackend(SweepBackend):
             request, result, ended = folder / "request.json", folder / "result.json", folder / ENDED_NAME
             write_request(request, cell.planned, parent_pid=None)
             script = folder / "job.sh"
-            script.write_text(batch_script(request, result, ended), encoding="utf-8")
+            # surrogateescape: a folder's bytes that are not UTF-8 are written back as they were
+            script.write_text(batch_script(request, result, ended), encoding="utf-8", errors="surrogateescape")
             options = self.settings.sbatch_options(
                 nodes=cell.planned.config.nodes, timeout_seconds=self.spec.timeout_seconds
             )
