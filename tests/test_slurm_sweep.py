@@ -1454,3 +1454,27 @@ def test_a_stop_while_sbatch_starts_waits_for_its_answer(tmp_path: Path, monkeyp
         core.sweep.slurm_jobs.submit(folder / "job.sh", [], job_name="x", log=f"{folder}/out", directory=folder)
 
     assert (tmp_path / "submitted").exists()  # sbatch ran and was heard out before the sweep stopped
+
+
+@pytest.mark.parametrize("command", ["sacct", "squeue"])
+def test_a_garbled_state_is_not_taken_for_an_ended_job(monkeypatch: pytest.MonkeyPatch, command: str) -> None:
+    # An empty or garbled state was a final one: the running job was recorded as ended without a
+    # result and its folder removed under it. It is now as a job the answer left out (see
+    # test_a_running_job_one_answer_leaves_out_is_not_taken_for_lost).
+    def slurm(asked: list[str], environment: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        if asked[0] == "sacct" and command == "squeue":
+            return subprocess.CompletedProcess(asked, 1, stdout="", stderr="Slurm accounting storage is disabled")
+        listed = "7|\n8|running\n9|R\xfcN\n10|CANCELLED by 0\n11|COMPLETED\n12|RUNNING\n"
+        return subprocess.CompletedProcess(asked, 0, stdout=listed, stderr="")
+
+    monkeypatch.setattr(core.sweep.slurm_jobs, "_run", slurm)
+    monkeypatch.setattr(core.sweep.slurm_jobs.shutil, "which", lambda name: f"/usr/bin/{name}")
+
+    assert core.sweep.slurm_jobs.JobStates().query(["7", "8", "9", "10", "11", "12"]) == {
+        "7": None,
+        "8": None,
+        "9": None,
+        "10": "CANCELLED",
+        "11": "COMPLETED",
+        "12": "RUNNING",
+    }

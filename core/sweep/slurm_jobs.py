@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from core.base.errors import CoreError
 
+_STATE_NAME = re.compile(r"[A-Z][A-Z_]*")  # how Slurm spells a job state (squeue %T, sacct State)
 #: states of a job that has not ended; any other state is final
 ACTIVE_STATES = frozenset(
     {
@@ -448,9 +449,11 @@ def _partition_settings(partition: str) -> dict[str, str] | None:
     return dict(field.split("=", 1) for field in shown.stdout.split() if "=" in field)
 
 
-def _state_name(state: str) -> str:
-    """``CANCELLED by 0`` -> ``CANCELLED``: sacct appends who cancelled."""
-    return state.strip().split(" ", 1)[0].rstrip("+")
+def _state_name(state: str) -> str | None:
+    """``CANCELLED by 0`` -> ``CANCELLED``: sacct appends who cancelled. None for what is no state's
+    name (empty, garbled): the job is then as one the answer left out, not taken for ended."""
+    name = state.strip().split(" ", 1)[0].rstrip("+")
+    return name if _STATE_NAME.fullmatch(name) else None
 
 
 def cancel(job_ids: Sequence[str]) -> None:
