@@ -26,6 +26,7 @@ from slurm_support import SimulatedSlurm
 import core.sweep.cluster
 import core.sweep.slurm_jobs
 from core.base.config import RunConfig
+from core.base.files import OutputError
 from core.base.results import RunResult, RunState
 from core.cli import main
 from core.storage.store import ResultStore
@@ -128,11 +129,11 @@ def test_a_job_asking_more_nodes_than_the_cluster_has_ends_as_an_error(tmp_path:
     database = tmp_path / "results.db"
     command = [sys.executable, "-m", "core.cli", "sweep", str(sweep), "--executor", "slurm", "--database"]
 
-    folder = tmp_path / "results.db.jobs" / "many" / "cell1-repeat1"
     try:
         ended = subprocess.run([*command, str(database)], capture_output=True, text=True, timeout=180, check=False)
     finally:  # a sweep that waited past the hang guard leaves no job pending in the shared Slurm
-        cancel(core.sweep.slurm_jobs.find("core-many-c1r1", folder))
+        for folder in (tmp_path / "results.db.jobs" / "many").glob("cell1-repeat1-*"):
+            cancel(core.sweep.slurm_jobs.find("core-many-c1r1", folder))
 
     assert ended.returncode == 0, ended.stderr
     with ResultStore(database, create=False) as store:
@@ -688,19 +689,31 @@ def test_the_pending_reasons_are_asked_of_squeue(monkeypatch: pytest.MonkeyPatch
     ]
 
 
-@pytest.mark.parametrize("settings", ["", "PartitionName=gpu MaxNodes=UNLIMITED MinNodes=0", None])
-def test_a_partition_node_limit_whose_partition_cannot_be_read_still_never_starts(
-    monkeypatch: pytest.MonkeyPatch, settings: str | None
+@pytest.mark.parametrize(
+    ("listed", "settings"),
+    [
+        ("gpu|2", ""),
+        ("gpu|2", "PartitionName=gpu MaxNodes=UNLIMITED MinNodes=0"),
+        ("gpu|2", None),
+        ("|2", _GPU_PARTITION),
+        ("gpu|", _GPU_PARTITION),
+    ],
+)
+def test_a_partition_node_limit_whose_partition_cannot_be_read_is_waited_for(
+    monkeypatch: pytest.MonkeyPatch, listed: str, settings: str | None
 ) -> None:
-    # No TotalNodes, or scontrol refused: whether nodes are down cannot be told, and the job is
-    # ended as before rather than waited for forever.
+    # No TotalNodes, scontrol refused, or squeue gave no partition or node count: whether nodes are
+    # down (Slurm's other meaning of PartitionNodeLimit) cannot be ruled out, so the job is not
+    # cancelled (it could start once they return), and the reason on the progress line says why.
     def slurm(command: list[str], environment: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         if command[0] == "scontrol":
             return subprocess.CompletedProcess(command, 1 if settings is None else 0, stdout=settings or "", stderr="")
-        return subprocess.CompletedProcess(command, 0, stdout="7|PartitionNodeLimit|gpu|2\n", stderr="")
+        return subprocess.CompletedProcess(command, 0, stdout=f"7|PartitionNodeLimit|{listed}\n", stderr="")
 
     monkeypatch.setattr(core.sweep.slurm_jobs, "_run", slurm)
-    assert core.sweep.slurm_jobs.pending_reasons(["7"]) == {"7": "PartitionNodeLimit"}
+    reason = core.sweep.slurm_jobs.pending_reasons(["7"])["7"]
+    assert reason.startswith("PartitionNodeLimit, nodes down or drained perhaps (the limits of partition ")
+    assert never_starts(reason) is None
 
 
 # --- a refused submission, a bad jobs directory ---------------------------------------------------
@@ -874,7 +887,9 @@ def test_a_submission_stopped_before_slurm_had_the_job_is_submitted_again(
 
     assert "1 job(s) of sweep sim stay in Slurm (100)" in capsys.readouterr().err
     assert [job["job_id"] for job in _ledger_jobs(tmp_path)] == ["100"]
-    assert sorted(path.name for path in (tmp_path / "results.db.jobs" / "sim").iterdir()) == [
+    assert sorted(
+        re.sub("-[0-9a-f]{6}$", "", path.name) for path in (tmp_path / "results.db.jobs" / "sim").iterdir()
+    ) == [
         "cell1-repeat1",
         LEDGER_NAME,
     ]
@@ -1179,6 +1194,14 @@ def test_a_multi_node_cell_is_planned_for_its_own_slurm_job(
         ("--beg=16:00", "--beg abbreviates --begin"),
         ("-H", "short for --hold"),
         ("-bnow+60", "short for --begin"),
+        # sbatch prints these, exits 0 and submits nothing: no id, which was taken for a fault
+        ("--help", "sbatch would print its help and submit nothing"),
+        ("--hel", "--hel abbreviates --help"),
+        ("--usage", "sbatch would print its usage"),
+        ("--version", "sbatch would print its version"),
+        ("--vers", "--vers abbreviates --version"),
+        ("-h", "short for --help"),
+        ("-V", "short for --version"),
         ("-o", "'-o' is sbatch's -o, short for --output"),
         ("-o/tmp/x", "short for --output"),
         ("-e", "short for --error"),
@@ -1204,7 +1227,19 @@ def test_sbatch_options_core_sets_are_refused_in_every_spelling(
 
 
 @pytest.mark.parametrize(
-    "option", ["--qos=high", "--gpus=2", "--constraint=a100", "--mem-per-cpu=100", "--time-min=5", "--gres=gpu:1"]
+    "option",
+    [
+        "--qos=high",
+        "--gpus=2",
+        "--constraint=a100",
+        "--mem-per-cpu=100",
+        "--time-min=5",
+        "--gres=gpu:1",
+        "--verbose",
+        "--hint=nomultithread",
+        "--use-min-nodes",
+        "--uid=1000",
+    ],
 )
 def test_other_sbatch_options_pass(option: str) -> None:
     assert SlurmSettings(extra_options=[option]).sbatch_options(nodes=1, timeout_seconds=60)[-1] == option
@@ -1219,7 +1254,7 @@ def test_every_log_of_a_job_stays_in_its_folder(tmp_path: Path, monkeypatch: pyt
         calls.append((command, environment or {}))
         return subprocess.CompletedProcess(command, 0, stdout="42;cluster\n", stderr="")
 
-    monkeypatch.setattr(core.sweep.slurm_jobs, "_run", sbatch)
+    monkeypatch.setattr(core.sweep.slurm_jobs, "_run_to_its_end", sbatch)
     monkeypatch.setenv("SBATCH_ERROR", "/tmp/elsewhere.err")
     folder = tmp_path / "100%j-%u" / "cell1-repeat1"
     log = log_path_pattern(folder, "slurm-%j.out")
@@ -1288,3 +1323,158 @@ def test_a_job_sacct_does_not_list_yet_is_asked_of_squeue(monkeypatch: pytest.Mo
 
     assert core.sweep.slurm_jobs.JobStates().query(["7", "8"]) == {"7": "COMPLETED", "8": "PENDING"}
     assert asked == ["sacct", "squeue"]
+
+
+def test_a_jobs_directory_too_full_for_the_ledger_leaves_no_sweep(
+    tmp_path: Path, simulated_slurm: SimulatedSlurm, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The check's probe passed, but the disk filled before the ledger was written: a fault, and no
+    # record of the sweep left behind (a second try was told "already has 0 run(s); pass --resume").
+    def full(path: Path, text: str, what: str) -> None:
+        raise OutputError(f"cannot write {what} {path}: no space left on the device (ENOSPC)")
+
+    monkeypatch.setattr(core.sweep.cluster, "write_atomically", full)
+    sweep, database = _simulated_sweep(tmp_path, cells=1, repeats=1), tmp_path / "results.db"
+
+    assert main(["sweep", str(sweep), "--executor", "slurm", "--database", str(database)]) == 1
+
+    said = capsys.readouterr().err
+    assert "sweep sim not submitted: cannot write the sweep's job ledger" in said and "ENOSPC" in said, said
+    with ResultStore(database, create=False) as store:
+        assert store.sweep_names() == []
+    assert simulated_slurm.jobs == {} and not (tmp_path / "results.db.jobs").exists()
+
+
+def test_the_jobs_directory_check_writes_as_a_job_would(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # An empty file takes no block of a full disk: the probe writes some bytes, so a full jobs
+    # directory is refused before the sweep is recorded.
+    written: list[int] = []
+    real_write = Path.write_bytes
+
+    def write_bytes(path: Path, data: bytes) -> int:
+        written.append(len(data))
+        if path.name == "probe" and data:
+            raise OSError(28, "No space left on device", str(path))
+        return real_write(path, data)
+
+    monkeypatch.setattr(Path, "write_bytes", write_bytes)
+    with pytest.raises(SweepError, match="cannot write a file in .*no space left"):
+        core.sweep.cluster.check_jobs_directory(tmp_path / "results.db", SlurmSettings())
+    assert written and written[0] >= 4096
+    assert list(tmp_path.iterdir()) == []  # the probe's folder went
+
+
+def test_a_running_job_one_answer_leaves_out_is_not_taken_for_lost(
+    tmp_path: Path, simulated_slurm: SimulatedSlurm
+) -> None:
+    # One poll's answer without the job (a controller restarting, a garbled listing) while it runs:
+    # taken for lost, it was recorded as an error and its folder removed under the running job.
+    def poll(slurm: SimulatedSlurm, number: int) -> None:
+        job = slurm.job(1, 1)
+        if number in (1, 2, 4):
+            slurm.jobs[job]["state"] = "RUNNING"
+        elif number == 3:
+            slurm.jobs[job]["state"] = None
+        else:
+            slurm.end(job, "COMPLETED", result="ok", exit_code=0)
+
+    simulated_slurm.on_poll = poll
+    sweep, database = _simulated_sweep(tmp_path, cells=1, repeats=1), tmp_path / "results.db"
+
+    assert main(["sweep", str(sweep), "--executor", "slurm", "--database", str(database)]) == 0
+
+    (result,) = _recorded(database).values()
+    assert result.status.state is RunState.ok and simulated_slurm.polls == 5
+
+
+def test_sbatch_is_heard_out_when_the_sweep_is_interrupted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Ctrl-C while sbatch answers: killed half-way, sbatch left a job slurmctld made after the sweep
+    # had looked for it (squeue), running unlisted, its folder removed. sbatch now runs to its end,
+    # in a session of its own (a terminal's Ctrl-C reaches only the sweep), then the sweep stops.
+    bin_folder = tmp_path / "bin"
+    bin_folder.mkdir()
+    sbatch = bin_folder / "sbatch"
+    sbatch.write_text(
+        "#!/bin/sh\n"
+        f'[ "$(ps -o sid= -p $$)" != "$(ps -o sid= -p $PPID)" ] && touch {tmp_path}/own-session\n'
+        "kill -INT $PPID\n"  # the sweep is interrupted while this sbatch is submitting
+        "sleep 2\n"  # past the 0.25 s subprocess gives a child before killing it
+        f"touch {tmp_path}/submitted\n"
+        "echo 42\n"
+    )
+    sbatch.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_folder}{os.pathsep}{os.environ['PATH']}")
+    folder = tmp_path / "job"
+
+    with pytest.raises(KeyboardInterrupt):
+        core.sweep.slurm_jobs.submit(folder / "job.sh", [], job_name="x", log=f"{folder}/out", directory=folder)
+
+    assert (tmp_path / "submitted").exists() and (tmp_path / "own-session").exists()
+
+
+def test_a_lost_answer_never_adopts_an_earlier_job_of_the_same_name(
+    tmp_path: Path, simulated_slurm: SimulatedSlurm, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A sweep of this name ran before and its jobs directory was removed: squeue still lists its
+    # jobs (MinJobAge), same name, and the same folder where each repeat had one fixed folder. Ctrl-C
+    # before sbatch had the new job then took the earlier job for it, and left the repeat unrun.
+    sweep, database = _simulated_sweep(tmp_path, cells=1, repeats=1), tmp_path / "results.db"
+    simulated_slurm.on_poll = lambda slurm, number: slurm.end(slurm.job(1, 1), "COMPLETED", result="ok", exit_code=0)
+    assert main(["sweep", str(sweep), "--executor", "slurm", "--database", str(database)]) == 0
+    database.unlink()
+    shutil.rmtree(tmp_path / "results.db.jobs")
+
+    def ctrl_c_before_slurm(slurm: SimulatedSlurm, number: int) -> None:
+        raise KeyboardInterrupt
+
+    simulated_slurm.on_submit = ctrl_c_before_slurm
+    assert main(["sweep", str(sweep), "--executor", "slurm", "--database", str(database)]) in (130, 143)
+
+    assert "stay in Slurm" not in capsys.readouterr().err  # the earlier job is not this sweep's
+    assert _ledger_jobs(tmp_path) == []
+
+
+def test_a_stop_while_sbatch_starts_waits_for_its_answer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Ctrl-C as sbatch is being started: raised inside Popen (or before the wait), it left an sbatch
+    # running that the sweep knew nothing of, whose job slurmctld made after the sweep had looked.
+    sbatch = tmp_path / "sbatch"
+    sbatch.write_text(f"#!/bin/sh\nsleep 1\ntouch {tmp_path}/submitted\necho 42\n")
+    sbatch.chmod(0o755)
+    real_popen = subprocess.Popen
+
+    def interrupted_popen(*args: Any, **kwargs: Any) -> Any:
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C lands here, before sbatch is started
+        return real_popen(*args, **kwargs)
+
+    monkeypatch.setattr(core.sweep.slurm_jobs.subprocess, "Popen", interrupted_popen)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    folder = tmp_path / "job"
+
+    with pytest.raises(KeyboardInterrupt):
+        core.sweep.slurm_jobs.submit(folder / "job.sh", [], job_name="x", log=f"{folder}/out", directory=folder)
+
+    assert (tmp_path / "submitted").exists()  # sbatch ran and was heard out before the sweep stopped
+
+
+@pytest.mark.parametrize("command", ["sacct", "squeue"])
+def test_a_garbled_state_is_not_taken_for_an_ended_job(monkeypatch: pytest.MonkeyPatch, command: str) -> None:
+    # An empty or garbled state was a final one: the running job was recorded as ended without a
+    # result and its folder removed under it. It is now as a job the answer left out (see
+    # test_a_running_job_one_answer_leaves_out_is_not_taken_for_lost).
+    def slurm(asked: list[str], environment: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        if asked[0] == "sacct" and command == "squeue":
+            return subprocess.CompletedProcess(asked, 1, stdout="", stderr="Slurm accounting storage is disabled")
+        listed = "7|\n8|running\n9|R\xfcN\n10|CANCELLED by 0\n11|COMPLETED\n12|RUNNING\n"
+        return subprocess.CompletedProcess(asked, 0, stdout=listed, stderr="")
+
+    monkeypatch.setattr(core.sweep.slurm_jobs, "_run", slurm)
+    monkeypatch.setattr(core.sweep.slurm_jobs.shutil, "which", lambda name: f"/usr/bin/{name}")
+
+    assert core.sweep.slurm_jobs.JobStates().query(["7", "8", "9", "10", "11", "12"]) == {
+        "7": None,
+        "8": None,
+        "9": None,
+        "10": "CANCELLED",
+        "11": "COMPLETED",
+        "12": "RUNNING",
+    }

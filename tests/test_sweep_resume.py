@@ -192,6 +192,64 @@ def test_a_slurm_sweep_interrupted_resumes_waiting_for_the_same_jobs(
     assert _runs(tmp_path / "here" / "r.db", "from-file") == [("micro_batch_size=4", 0), ("micro_batch_size=8", 0)]
 
 
+def test_a_slurm_sweep_stopped_by_sigterm_says_so_exits_143_and_resumes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # SIGTERM (a batch system's limit, kill) stops the sweep as Ctrl-C does, but its status is 143,
+    # as `core run`'s is, not the 130 of an interrupt.
+    slurm = SimulatedSlurm()
+    monkeypatch.setattr(core.sweep.slurm_jobs, "unavailable_reason", lambda: None)
+    monkeypatch.setattr(core.sweep.cluster, "make_scheduler", lambda: slurm)
+    slurm.on_poll = lambda slurm, number: os.kill(os.getpid(), signal.SIGTERM)
+    sweep = _sweep_file(tmp_path / "a folder", extra="[slurm]\npoll_seconds = 1")
+    given = ["sweep", str(sweep), "--executor", "slurm", "--repeats", "1", "--database", str(tmp_path / "r.db")]
+
+    assert main(given) == 143
+
+    err = capsys.readouterr().err
+    assert "core: sweep from-file stopped by SIGTERM; finished runs are in" in err, err
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler the sweep found, back
+    slurm.on_poll = lambda slurm, number: [slurm.end(job, "COMPLETED", result="ok", exit_code=0) for job in slurm.jobs]
+    assert main(resume_words(err)) == 0
+    assert len(slurm.jobs) == 2
+    assert _runs(tmp_path / "r.db", "from-file") == [("micro_batch_size=4", 0), ("micro_batch_size=8", 0)]
+
+
+def _words_bash_reads(command: str) -> list[str]:
+    """The words bash makes of ``command``, as the paths and strings Python gives them."""
+    read = subprocess.run(["bash", "-c", f"printf '%s\\0' {command}"], capture_output=True, check=True, timeout=60)
+    return [os.fsdecode(word) for word in read.stdout.split(b"\0")[:-1]]
+
+
+def test_a_resume_command_with_control_characters_in_a_path_reads_back_in_bash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # core prints ESC as the four characters \x1b (so the terminal shows it, not obeys it); inside
+    # single quotes bash would read those four characters, naming another file. Such a word is
+    # printed as $'...', which bash reads back to the very bytes of the path.
+    slurm = SimulatedSlurm()
+    monkeypatch.setattr(core.sweep.slurm_jobs, "unavailable_reason", lambda: None)
+    monkeypatch.setattr(core.sweep.cluster, "make_scheduler", lambda: slurm)
+    slurm.on_poll = lambda slurm, number: (_ for _ in ()).throw(KeyboardInterrupt)
+    folder = tmp_path / os.fsdecode(b"esc \x1b[31m red, tab\t, new\nline, \xff byte, it's $HOME")
+    sweep = _sweep_file(folder, extra="[slurm]\npoll_seconds = 1")
+    given = ["sweep", str(sweep), "--executor", "slurm", "--repeats", "1", "--database", str(folder / "r.db")]
+
+    assert main(given) == 130
+
+    printed = printed_command(capsys.readouterr().err)
+    words = _words_bash_reads(printed)
+    assert words[words.index("sweep") + 1] == str(sweep)
+    assert words[words.index("--database") + 1] == str(folder / "r.db")
+    # The default jobs directory is found from the database; repeated, it would be refused as a
+    # --slurm-jobs-directory with control characters.
+    assert not any(word.startswith("--slurm-jobs-directory") for word in words)
+    slurm.on_poll = lambda slurm, number: [slurm.end(job, "COMPLETED", result="ok", exit_code=0) for job in slurm.jobs]
+    assert main(words[words.index("sweep") :]) == 0
+    assert len(slurm.jobs) == 2  # the same jobs, waited for: the same sweep, database and jobs directory
+    assert _runs(folder / "r.db", "from-file") == [("micro_batch_size=4", 0), ("micro_batch_size=8", 0)]
+
+
 @pytest.mark.parametrize("stopped_in", ["lock", "save_sweep", "check"])
 def test_a_sweep_interrupted_before_it_was_recorded_prints_the_command_that_starts_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], stopped_in: str
@@ -239,7 +297,8 @@ def test_the_command_printed_after_sigterm_run_in_a_shell_resumes_the_sweep(tmp_
     finally:
         if started.poll() is None:
             started.kill()
-    assert started.returncode == 130, err
+    assert started.returncode == 143, err  # 128 + SIGTERM, as a shell reports it
+    assert "core: sweep real stopped by SIGTERM; finished runs are in" in err
     environment.pop("CORE_DATABASE")
 
     resumed = subprocess.run(

@@ -1,7 +1,7 @@
 """How ``core`` ends: what each kind of failure prints and its exit status.
 
 Bad input (a configuration, a file, a flag) is exit 2, a fault (a run that failed, a plugin that
-raised, a disk that refused a file) exit 1, an interrupt 130 and a closed pipe 141, as a shell
+raised, a disk that refused a file) exit 1, an interrupt 130, SIGTERM 143 and a closed pipe 141, as a shell
 reports them. A ConfigError names the ``core run`` flag that sets the field it is about.
 """
 
@@ -17,6 +17,7 @@ from core.base.errors import ConfigError, shown_value
 BAD_INPUT = 2
 FAULT = 1
 INTERRUPTED = 130  # 128 + SIGINT
+TERMINATED = 143  # 128 + SIGTERM
 BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a tool killed by the broken pipe
 
 # `core run`'s arguments that are no RunConfig field, by the name core.run's errors give them.

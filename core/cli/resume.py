@@ -34,10 +34,9 @@ def core_program() -> list[str]:
 
 def resume_command(args: argparse.Namespace, database: Path, spec: SweepSpec, *, resume: bool = True) -> str:
     """The shell command that resumes this sweep, word for word: the same file, database, executor
-    and every option that shapes the sweep, paths made absolute, each word quoted for a POSIX shell.
-    ``resume=False``: the command that starts it (a sweep stopped before it was recorded)."""
-    import shlex
-
+    and every option that shapes the sweep, paths made absolute, each word quoted for a shell
+    (:func:`shell_word`). ``resume=False``: the command that starts it (a sweep stopped before it
+    was recorded)."""
     words = [*core_program(), "sweep", os.path.abspath(args.file), *(["--resume"] if resume else [])]
     words += ["--database", os.path.abspath(database), "--executor", args.executor]
     for dest, flag in RESUMED_FLAGS.items():
@@ -55,14 +54,48 @@ def resume_command(args: argparse.Namespace, database: Path, spec: SweepSpec, *,
         if value is not None:
             words.append(f"--slurm-{name.replace('_', '-')}={value}")
     words += [f"--slurm-option={option}" for option in args.slurm_extra_options or ()]
-    return shlex.join(words)
+    return " ".join(shell_word(word) for word in words)
 
 
-def _jobs_directory_used(args: argparse.Namespace, database: Path, spec: SweepSpec) -> Path:
-    """The jobs directory this Slurm sweep used (the flag's, the file's, or the default beside the
-    database), absolute: the resumed sweep must find its jobs there from any working directory."""
+def shell_word(word: str) -> str:
+    """``word`` quoted for a shell, to be read back as it is: ``shlex.quote``'s single quotes, or,
+    for a word with a character core prints escaped (a control character, a newline, a byte that is
+    not UTF-8 in a path), ``$'...'`` with each such character's bytes as ``\\xHH``. In single
+    quotes, the ``\\x1b`` core prints for ESC would be read as four characters, not ESC."""
+    import shlex
+
+    from core.running.progress import printable
+
+    if printable(word) == word and "\n" not in word and "\t" not in word:
+        return shlex.quote(word)
+    quoted = []
+    for character in word:
+        if character in "\\'":
+            quoted.append("\\" + character)
+        elif character in "\n\t" or printable(character) != character:
+            quoted.append(_escaped(character))
+        else:
+            quoted.append(character)
+    return "$'" + "".join(quoted) + "'"
+
+
+def _escaped(character: str) -> str:
+    """``character``'s bytes in a path as ``$'...'`` writes them: a byte that was not UTF-8
+    (os.fsencode gives back the byte Python's surrogateescape held it as) is that byte again."""
+    try:
+        data = os.fsencode(character)
+    except UnicodeEncodeError:  # a lone surrogate no path can hold: written as the code point
+        return f"\\u{ord(character):04x}"
+    return "".join(f"\\x{byte:02x}" for byte in data)
+
+
+def _jobs_directory_used(args: argparse.Namespace, database: Path, spec: SweepSpec) -> Path | None:
+    """The jobs directory this Slurm sweep was given (by the flag or the file), absolute: the resumed
+    sweep must find its jobs there from any working directory. None for the default, beside the
+    database: the absolute ``--database`` finds it, and a path ``--slurm-jobs-directory`` refuses
+    (a control character in the database's folder) is not repeated."""
     from core.sweep.cluster import jobs_directory
     from core.sweep.slurm_settings import SlurmSettings
 
     given = args.slurm_jobs_directory or (spec.slurm.jobs_directory if spec.slurm is not None else None)
-    return jobs_directory(database, SlurmSettings(jobs_directory=given))
+    return jobs_directory(database, SlurmSettings(jobs_directory=given)) if given else None

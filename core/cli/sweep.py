@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from core.base.errors import ConfigError
 from core.cli.dry_run import load_machine_argument
-from core.cli.errors import FAULT, INTERRUPTED, describe_config_error, error
+from core.cli.errors import FAULT, INTERRUPTED, TERMINATED, describe_config_error, error
 from core.cli.resume import resume_command
 from core.cli.sweep_arguments import SLURM_FLAGS
 from core.cli.sweep_display import SweepDisplay, print_plan
@@ -151,8 +151,15 @@ def _run(args: argparse.Namespace, plan: SweepPlan, database: Path) -> int:
     from core.sweep.run import sweep_in_database
 
     spec = plan.spec
-    # SIGTERM ends the sweep the way Ctrl-C does: the running cell is stopped, nothing half-done is stored.
-    previous_handler = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # SIGTERM ends the sweep the way Ctrl-C does (the running cell is stopped, nothing half-done is
+    # stored), and the exit status says which it was: 143, as `core run` and a shell report it.
+    terminated: list[int] = []
+
+    def stop(signum: int, frame: Any) -> None:
+        terminated.append(signum)
+        raise KeyboardInterrupt
+
+    previous_handler = signal.signal(signal.SIGTERM, stop)
     display = SweepDisplay()
     try:
         outcome = run_sweep(
@@ -176,19 +183,20 @@ def _run(args: argparse.Namespace, plan: SweepPlan, database: Path) -> int:
         return error(str(problem))
     except KeyboardInterrupt:
         display.line.clear()
+        how, code = ("stopped by SIGTERM", TERMINATED) if terminated else ("interrupted", INTERRUPTED)
         if not sweep_in_database(database, spec.name):  # stopped before it was recorded: nothing to resume
             command = resume_command(args, database, spec, resume=False)
             print(
-                f"core: sweep {spec.name} interrupted before it was recorded in {database}; start it with: {command}",
+                f"core: sweep {spec.name} {how} before it was recorded in {database}; start it with: {command}",
                 file=sys.stderr,
             )
-            return INTERRUPTED
+            return code
         print(
-            f"core: sweep {spec.name} interrupted; finished runs are in {database}. "
+            f"core: sweep {spec.name} {how}; finished runs are in {database}. "
             f"Continue with: {resume_command(args, database, spec)}",
             file=sys.stderr,
         )
-        return INTERRUPTED
+        return code
     finally:
         display.line.clear()
         signal.signal(signal.SIGTERM, previous_handler)

@@ -277,6 +277,8 @@ class ResultStore:
     def save_sweep(self, name: str, spec: dict[str, Any], cells: list[dict[str, Any]], source: str | None) -> None:
         """Record (or update) what a sweep asked for, so reports can show refused cells too."""
         timestamp = now()
+        if source is not None:  # a path's bytes that are not UTF-8 (surrogateescape), which SQLite's text cannot hold
+            source = source.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
         try:
             with self._transaction():
                 self._connection.execute(

@@ -22,6 +22,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
+import secrets
 import shlex
 import shutil
 import sys
@@ -57,6 +59,10 @@ _log = logging.getLogger(__name__)
 LEDGER_NAME = "jobs.json"
 ENDED_NAME = "job-ended.json"  # the batch script's record of the worker's exit code and seconds
 _OUTPUT_TAIL_CHARS = 4000
+#: a job's folder in its sweep's folder: cell and repeat, and (since each submission has a folder of
+#: its own) a token
+_JOB_FOLDER = re.compile(r"cell[0-9]+-repeat[0-9]+(-[0-9a-f]+)?")
+_PROBE_BYTES = 8192  # what the check of the jobs directory writes: about a job's request and script
 
 #: how Slurm's final states that mean "ended from outside" are recorded (core's RunState values)
 _ENDED_BY_SLURM = {
@@ -152,7 +158,8 @@ def _probe_folder(what: str, folder: Path) -> None:
     except OSError as error:
         raise SweepError(f"{what}: cannot make a folder in {folder}: {describe_os_error(error)}") from None
     try:
-        (probe / "probe").write_bytes(b"")
+        # Some bytes, as a job's request and script are: an empty file takes no block of a full disk.
+        (probe / "probe").write_bytes(b"\n" * _PROBE_BYTES)
     except OSError as error:
         raise SweepError(f"{what}: cannot write a file in {folder}: {describe_os_error(error)}") from None
     finally:
@@ -377,6 +384,8 @@ class SlurmBackend(SweepBackend):
         self.cells: Mapping[str, Cell] = {}
         self.made: list[Path] = []
         self._polled = False
+        #: since when (the scheduler's clock) Slurm has answered without each job, poll after poll
+        self._unknown_since: dict[RepeatKey, float] = {}
 
     @classmethod
     def checked(cls, spec: SweepSpec, database: Path) -> SlurmBackend:
@@ -400,7 +409,12 @@ class SlurmBackend(SweepBackend):
         self.ledger = JobLedger.load(self.root / LEDGER_NAME, self.spec.name, self.database)
         self._make_folder()
         self._find_unanswered()
-        self._forget_settled(settled)
+        self._remove_unlisted_folders()
+        try:
+            self._forget_settled(settled)
+        except OutputError as error:  # the ledger cannot be written (a full disk): nothing was submitted
+            self._withdraw([])
+            raise SubmissionFailed(f"sweep {self.spec.name} not submitted: {error}") from None
         try:
             yield
         except BaseException:  # Ctrl-C, SIGTERM, a result the database refused: the jobs go on
@@ -444,6 +458,21 @@ class SlurmBackend(SweepBackend):
                 entry.job_id = found
         if unanswered:
             self._save_ledger()
+
+    def _remove_unlisted_folders(self) -> None:
+        """Remove the job folders the ledger does not list: left by a sweep that died between making
+        one and listing it (its job was never submitted: an entry is written before sbatch is
+        asked), or whose entry a refusal dropped. Each submission has a folder of its own, so
+        these are never reused; only folders named as core names them go."""
+        listed = {os.path.normpath(entry.folder) for entry in self.ledger.entries.values()}
+        try:
+            children = list(self.root.iterdir())
+        except OSError:
+            return
+        for child in children:
+            if _JOB_FOLDER.fullmatch(child.name) and child.is_dir() and not child.is_symlink():
+                if os.path.normpath(child.resolve()) not in listed and os.path.normpath(child) not in listed:
+                    shutil.rmtree(child, ignore_errors=True)
 
     def _lookup(self, entry: JobEntry) -> str | None:
         """The id of ``entry``'s job where Slurm has it. An earlier job of the same folder (one a
@@ -549,7 +578,7 @@ class SlurmBackend(SweepBackend):
             repeat = Repeat(self.cells[cell_key], index)
             if state == "PENDING":
                 pending.append((repeat, entry.job_id))
-            elif self._has_ended(state, entry):
+            elif self._has_ended(state, entry, (cell_key, index)):
                 result, seconds = job_result(
                     Path(entry.folder), entry.job_id, state, repeat.cell.config, self.time_limit
                 )
@@ -585,14 +614,20 @@ class SlurmBackend(SweepBackend):
             ended.append(EndedRepeat(repeat, never_started(repeat.cell.config, job_id, reason, meaning), None))
         return ended
 
-    def _has_ended(self, state: str | None, entry: JobEntry) -> bool:
+    def _has_ended(self, state: str | None, entry: JobEntry, key: RepeatKey) -> bool:
         """Whether a job is over: Slurm says so, or it no longer knows the job."""
+        if state is not None:
+            self._unknown_since.pop(key, None)
         if state in ACTIVE_STATES:
             return False
         if state is None and not (Path(entry.folder) / ENDED_NAME).exists():
             # Forgotten by squeue (MinJobAge) with no end written: give a slow shared filesystem
-            # another poll before calling the job lost.
-            return self.scheduler.now() - entry.submitted_at >= 2 * self.settings.poll_seconds
+            # another poll before calling the job lost, and an answer that left it out once (a
+            # controller restarting, a garbled listing) the next: lost, its folder would go while it runs.
+            now = self.scheduler.now()
+            since = self._unknown_since.setdefault(key, now)
+            window = 2 * self.settings.poll_seconds
+            return now - entry.submitted_at >= window and now - since >= window
         return True
 
     def _submission_error(self, error: Exception, repeat: Repeat, withdrawn: int, kept: list[JobEntry]) -> CoreError:
@@ -674,15 +709,18 @@ class SlurmBackend(SweepBackend):
         """
         cell = repeat.cell
         assert cell.planned is not None, "only validated cells run"
-        folder = (self.root / f"cell{cell.index + 1}-repeat{repeat.index + 1}").resolve()
-        if folder.exists():
-            shutil.rmtree(folder)  # a lost job's leftovers: its result must not pass for the new job's
+        # A folder of its own for each submission: an earlier job of the same name (a sweep of the
+        # same name run again, its jobs directory removed) still listed by squeue would otherwise be
+        # taken for this one where sbatch's answer is lost (_lookup finds jobs by name and folder).
+        token = secrets.token_hex(3)
+        folder = (self.root / f"cell{cell.index + 1}-repeat{repeat.index + 1}-{token}").resolve()
         folder.mkdir(parents=True)
         try:
             request, result, ended = folder / "request.json", folder / "result.json", folder / ENDED_NAME
             write_request(request, cell.planned, parent_pid=None)
             script = folder / "job.sh"
-            script.write_text(batch_script(request, result, ended), encoding="utf-8")
+            # surrogateescape: a folder's bytes that are not UTF-8 are written back as they were
+            script.write_text(batch_script(request, result, ended), encoding="utf-8", errors="surrogateescape")
             options = self.settings.sbatch_options(
                 nodes=cell.planned.config.nodes, timeout_seconds=self.spec.timeout_seconds
             )

@@ -12,18 +12,22 @@ here as ``None``: its files say how it ended.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
 import shutil
+import signal
 import subprocess
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from core.base.errors import CoreError
 
+_STATE_NAME = re.compile(r"[A-Z][A-Z_]*")  # how Slurm spells a job state (squeue %T, sacct State)
 #: states of a job that has not ended; any other state is final
 ACTIVE_STATES = frozenset(
     {
@@ -106,6 +110,8 @@ _SBATCH_ENVIRONMENT_CORE_OVERRIDES = (
     "SBATCH_WAIT",
 )
 _COMMAND_TIMEOUT_SECONDS = 60.0  # a busy slurmctld answers slowly; a dead one not at all
+_STOPS = (signal.SIGINT, signal.SIGTERM)  # what stops a sweep (the CLI's SIGTERM raises KeyboardInterrupt too)
+_ANSWER_AFTER_STOP_SECONDS = 10.0  # how long a stopped sweep still waits for sbatch's answer
 _PROBE_TIMEOUT_SECONDS = 15.0  # whether Slurm answers at all
 _IDS_PER_QUERY = 200  # keeps each command line short on a large grid
 
@@ -165,6 +171,77 @@ def _run(command: list[str], environment: dict[str, str] | None = None) -> subpr
         raise SlurmError(f"{command[0]} gave no answer in {_COMMAND_TIMEOUT_SECONDS:g} s") from None
 
 
+def _run_to_its_end(command: list[str], environment: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``command`` (sbatch) run to its end even when the sweep is stopped meanwhile (Ctrl-C, SIGTERM):
+    killed half-way, sbatch may leave a job slurmctld creates after the sweep looked for it, running
+    unlisted. It runs in a session of its own, so a terminal's Ctrl-C reaches only the sweep, which
+    hears sbatch's answer out (for :data:`_ANSWER_AFTER_STOP_SECONDS` at most), then stops."""
+    # Ctrl-C and SIGTERM are noted while sbatch is started and handled once it runs, where its answer
+    # is waited for: raised inside Popen, they would leave an sbatch running unknown to this process.
+    noted: list[int] = []
+    handlers: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():  # where Python runs signal handlers
+        handlers = {stop: signal.signal(stop, lambda signum, frame: noted.append(signum)) for stop in _STOPS}
+    try:
+        process = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,  # sbatch reads a script from it when the command line names none
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=environment,
+            start_new_session=True,
+        )
+    except FileNotFoundError:
+        raise SlurmError(f"{command[0]} is not on PATH: is this a Slurm cluster's login node?") from None
+    finally:
+        for stop, handler in handlers.items():
+            signal.signal(stop, handler)
+
+    def handle_noted() -> None:
+        for signum in noted[:1]:  # the sweep's own handler (Ctrl-C's: KeyboardInterrupt), as if it came now
+            handler = handlers[signum]
+            if callable(handler):
+                handler(signum, None)
+            elif handler == signal.SIG_DFL:
+                signal.raise_signal(signum)
+
+    stdout, stderr = _hear_out(command[0], process, handle_noted)
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def _hear_out(program: str, process: subprocess.Popen[str], handle_noted: Callable[[], None]) -> tuple[str, str]:
+    """What ``process`` prints, once it ended; a stop (KeyboardInterrupt) raised after it, or once
+    it was killed past the time limit. ``handle_noted``: handles, here, a stop noted while the
+    process started."""
+    deadline = time.monotonic() + _COMMAND_TIMEOUT_SECONDS
+    stopped: KeyboardInterrupt | None = None
+    noted: Callable[[], None] | None = handle_noted
+    while True:
+        try:
+            if noted is not None:
+                once, noted = noted, None
+                once()
+            stdout, stderr = process.communicate(timeout=max(0.0, deadline - time.monotonic()))
+            break
+        except KeyboardInterrupt as stop:  # communicate() can be asked again: nothing read is lost
+            if stopped is None:  # a stopped sweep waits a little for sbatch, not its whole time limit
+                deadline = min(deadline, time.monotonic() + _ANSWER_AFTER_STOP_SECONDS)
+            stopped = stop
+        except subprocess.TimeoutExpired:
+            # Its whole group (its session's): a child of sbatch's holding the pipes open would
+            # keep communicate() waiting after sbatch itself was gone.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+            if stopped is not None:
+                raise stopped from None
+            raise SlurmError(f"{program} gave no answer in {_COMMAND_TIMEOUT_SECONDS:g} s") from None
+    if stopped is not None:
+        raise stopped  # the job, if sbatch made one, is in Slurm now: found by its name and folder
+    return stdout, stderr
+
+
 def log_path_pattern(folder: Path, name: str) -> str:
     """``folder/name`` as sbatch's ``--output`` takes it: sbatch expands ``%`` patterns (``%j`` the
     job id, ``%u`` the user...) anywhere in the path, so a ``%`` of the folder's own is written ``%%``
@@ -195,7 +272,7 @@ def submit(script: Path, options: Sequence[str], *, job_name: str, log: str, dir
         str(script),
     ]
     environment = {name: value for name, value in os.environ.items() if name not in _SBATCH_ENVIRONMENT_CORE_OVERRIDES}
-    submitted = _run(command, environment)
+    submitted = _run_to_its_end(command, environment)
     job_id = submitted.stdout.strip().split(";", 1)[0]
     if submitted.returncode != 0:
         said = submitted.stderr.strip() or submitted.stdout.strip() or f"exit code {submitted.returncode}"
@@ -338,22 +415,28 @@ def _with_down_nodes(reason: str, partition: str, nodes: str, partitions: dict[s
     """``reason``, with :data:`NODES_DOWN` added where it is PartitionNodeLimit but the job's node
     count is within its partition's MinNodes, MaxNodes and TotalNodes: then nodes are down or
     drained (Slurm's job reason codes say PartitionNodeLimit "can also indicate that required nodes
-    are DOWN or DRAINED"), and the job starts when they return. Where the partition cannot be read,
-    the reason is left as it is."""
-    if _reason_code(reason) != "PartitionNodeLimit" or not partition or not nodes.isdigit():
+    are DOWN or DRAINED"), and the job starts when they return. Where the job's partition or node
+    count, or the partition's limits, cannot be read, down nodes cannot be ruled out: the job is
+    waited for too (cancelled, it could not start when they return), the reason saying so."""
+    if _reason_code(reason) != "PartitionNodeLimit":
         return reason
+    unread = f"{reason}, {NODES_DOWN} perhaps (the limits of partition {partition or '?'} could not be read)"
+    if not partition or not nodes.isdigit():
+        return unread
     if partition not in partitions:
         partitions[partition] = _partition_settings(partition)
     settings = partitions[partition]
     if settings is None:
-        return reason
+        return unread
 
     def limit(key: str, unlimited: int) -> int | None:
         value = settings.get(key, "")
         return unlimited if value == "UNLIMITED" else int(value) if value.isdigit() else None
 
     lowest, highest, total = limit("MinNodes", 0), limit("MaxNodes", 1 << 31), limit("TotalNodes", 1 << 31)
-    if lowest is None or highest is None or total is None or not lowest <= int(nodes) <= min(highest, total):
+    if lowest is None or highest is None or total is None:
+        return unread
+    if not lowest <= int(nodes) <= min(highest, total):
         return reason
     return f"{reason}, {NODES_DOWN} in partition {partition} (its {nodes} node(s) are within the partition's limits)"
 
@@ -366,9 +449,11 @@ def _partition_settings(partition: str) -> dict[str, str] | None:
     return dict(field.split("=", 1) for field in shown.stdout.split() if "=" in field)
 
 
-def _state_name(state: str) -> str:
-    """``CANCELLED by 0`` -> ``CANCELLED``: sacct appends who cancelled."""
-    return state.strip().split(" ", 1)[0].rstrip("+")
+def _state_name(state: str) -> str | None:
+    """``CANCELLED by 0`` -> ``CANCELLED``: sacct appends who cancelled. None for what is no state's
+    name (empty, garbled): the job is then as one the answer left out, not taken for ended."""
+    name = state.strip().split(" ", 1)[0].rstrip("+")
+    return name if _STATE_NAME.fullmatch(name) else None
 
 
 def cancel(job_ids: Sequence[str]) -> None:

@@ -40,6 +40,10 @@ RESERVED_OPTIONS: dict[str, str] = {
     "clusters": "the sweep follows its jobs on the cluster it submits from",
     "hold": "a held job never starts by itself, and the sweep would wait for it forever",
     "begin": "the sweep waits for its jobs from the moment it submits them: start the sweep itself later instead",
+    # sbatch prints these and exits 0 without submitting anything: no job id, no job
+    "help": "sbatch would print its help and submit nothing",
+    "usage": "sbatch would print its usage and submit nothing",
+    "version": "sbatch would print its version and submit nothing",
 }
 #: sbatch's one-letter forms of the reserved options (sbatch --help)
 _SHORT_FORMS = {
@@ -58,6 +62,8 @@ _SHORT_FORMS = {
     "M": "clusters",
     "H": "hold",
     "b": "begin",
+    "h": "help",
+    "V": "version",
 }
 #: sbatch options whose whole name begins a reserved one's: given whole, sbatch takes them as they
 #: are (getopt_long prefers an exact match), so they are no abbreviation
