@@ -113,7 +113,7 @@ class RunConfig(BaseModel):
 
     # Strict: a number field takes a number and a boolean field a boolean, from Python and from JSON
     # alike (no "8" -> 8, 8.0 -> 8 or True -> 1); enums take their values ("bf16"), see docs/concepts.md.
-    model_config = ConfigDict(extra="forbid", frozen=True, use_enum_values=False, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_enum_values=False, strict=True, allow_inf_nan=False)
 
     workload: str = Field(min_length=1, description="registered workload name, e.g. 'fcnn'")
     mode: RunMode = Field(
