@@ -658,3 +658,15 @@ def test_logs_without_a_result_are_a_loadgen_error(tmp_path: Path) -> None:
     (tmp_path / SUMMARY_FILE).write_text("LoadGen gave up\n")
     with pytest.raises(LoadGenError, match="no result"):
         _read(tmp_path)
+
+
+def test_a_rate_the_scenario_needs_and_nobody_gave_reads_missing_not_none() -> None:
+    # Issue 26, third pass: "loadgen.server_target_samples_per_second = None" quoted a value never written.
+    config = make_config(workload="fcnn", accelerator="cpu", mode="inference", scenario="server")
+    with pytest.raises(ConfigError) as refused:
+        settings_for_run(config)
+    assert refused.value.missing and refused.value.field == "loadgen.server_target_samples_per_second"
+    assert "= None" not in str(refused.value) and "(missing): a number above 0 is required" in str(refused.value)
+    with pytest.raises(ConfigError) as direct:
+        make_loadgen_settings(scenario="server")
+    assert direct.value.missing and "= None" not in str(direct.value)

@@ -148,6 +148,20 @@ _RATE_OF_SCENARIO = {
 }
 
 
+def _refusal(errors: list[ConfigError], given: set[str]) -> ConfigError:
+    """One error of the settings, or all of them; a rate the scenario needs and nobody gave reads
+    ``(missing)``, not ``= None`` (its validator sees the default)."""
+    errors = [
+        ConfigError(error.field, error.value, error.allowed, missing=True)
+        if error.value is None
+        and error.field.removeprefix("loadgen.") in _RATE_OF_SCENARIO
+        and error.field not in given
+        else error
+        for error in errors
+    ]
+    return errors[0] if len(errors) == 1 else ConfigErrors(errors)
+
+
 def make_loadgen_settings(**options: Any) -> LoadGenSettings:
     """Build LoadGenSettings, turning pydantic's errors into ConfigError (field, value, allowed),
     and refusing settings whose queries would not fit in this host's memory (``check_query_memory``)."""
@@ -155,7 +169,7 @@ def make_loadgen_settings(**options: Any) -> LoadGenSettings:
         settings = LoadGenSettings(**options)
     except ValidationError as exc:
         errors = config_errors(exc, LoadGenSettings, unknown="unknown LoadGen setting; allowed settings are")
-        raise (errors[0] if len(errors) == 1 else ConfigErrors(errors)) from None
+        raise _refusal(errors, set(options)) from None
     check_query_memory(settings)
     return settings
 
@@ -387,7 +401,7 @@ def settings_for_run(
         )
     except ValidationError as exc:
         errors = config_errors(exc, LoadGenSettings, unknown="unknown LoadGen setting; allowed", prefix="loadgen")
-        raise (errors[0] if len(errors) == 1 else ConfigErrors(errors)) from None
+        raise _refusal(errors, {f"loadgen.{key}" for key in options}) from None
     memory = host_memory_bytes() if memory_bytes is None else memory_bytes
     derived = _derived_settings(settings, set(config.loadgen), measured_samples_per_second, memory)
     if derived:
