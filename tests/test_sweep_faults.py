@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import signal
@@ -845,3 +846,23 @@ def test_a_report_filter_value_the_grid_never_gives_is_refused(wanted: Any, says
     assert "the grid gives: 2, 4" in str(refused.value)
     document["report"]["figures"][0]["filter"] = {"micro_batch_size": [4.0]}  # the number 4
     assert make_sweep_spec(document).report is not None
+
+
+def test_an_unknown_key_of_a_table_lists_that_tables_keys() -> None:
+    # Issue 26, third pass: "[slurm] nodes = true" listed the sweep file's own settings as allowed.
+    with pytest.raises(ConfigError) as refused:
+        make_sweep_spec({"name": "x", "grid": {"workload": "fcnn"}, "slurm": {"partiton": "gpu"}})
+    assert refused.value.field == "slurm.partiton"
+    assert "(did you mean 'partition'?); allowed: partition, account" in refused.value.allowed
+    assert "repeats" not in refused.value.allowed
+
+
+@pytest.mark.parametrize(
+    ("document", "field"),
+    [({"timeout_seconds": math.inf}, "timeout_seconds"), ({"slurm": {"poll_seconds": math.nan}}, "slurm.poll_seconds")],
+)
+def test_a_non_finite_sweep_setting_is_refused_as_one(document: dict[str, Any], field: str) -> None:
+    # nan and inf read "less than or equal to 604800" (nan fails every comparison).
+    with pytest.raises(ConfigError) as refused:
+        make_sweep_spec({"name": "x", "grid": {"workload": "fcnn"}, **document})
+    assert refused.value.field == field and refused.value.allowed == "Input should be a finite number"

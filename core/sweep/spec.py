@@ -66,7 +66,7 @@ class SweepSpec(BaseModel):
     ``timeout_seconds`` may be written as an integer.
     """
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
     name: str = Field(
         min_length=1, max_length=200, description="the sweep's name in the database; defaults to the file's stem"
