@@ -725,3 +725,15 @@ def test_a_latency_below_a_nanosecond_reaches_loadgen_as_one_not_zero() -> None:
     lg = core.running.loadgen.run.import_loadgen()
     settings = LoadGenSettings(scenario="single-stream", single_stream_expected_latency_seconds=1e-12)
     assert core.running.loadgen.run.loadgen_test_settings(lg, settings).single_stream_expected_latency_ns == 1
+
+
+def test_a_rate_the_scenario_needs_and_nobody_gave_reads_missing_not_none() -> None:
+    # Issue 26, third pass: "loadgen.server_target_samples_per_second = None" quoted a value never written.
+    config = make_config(workload="fcnn", accelerator="cpu", mode="inference", scenario="server")
+    with pytest.raises(ConfigError) as refused:
+        settings_for_run(config)
+    assert refused.value.missing and refused.value.field == "loadgen.server_target_samples_per_second"
+    assert "= None" not in str(refused.value) and "(missing): a number above 0 is required" in str(refused.value)
+    with pytest.raises(ConfigError) as direct:
+        make_loadgen_settings(scenario="server")
+    assert direct.value.missing and "= None" not in str(direct.value)

@@ -289,8 +289,15 @@ def test_a_sweep_dry_run_for_a_machine_shows_the_warnings(tmp_path: Path, capsys
         ("memory_gib_per_device = 1e308", "machine.memory_gib_per_device", "less than or equal to 1048576"),
         ("host_cores = 99999999999", "machine.host_cores", "less than or equal to"),
         ("numa_nodes = 1_000_000", "machine.numa_nodes", "less than or equal to"),
-        ("[details]\ncompute_capability = inf", "machine.details", "compute_capability = inf: a finite number"),
-        ("[details]\ncompute_capability = true", "machine.details", "a string or a number is required"),
+        # The key is named, not the whole [details] table (third pass).
+        ("[details]\ncompute_capability = inf", "machine.details.compute_capability", "= inf: a finite number"),
+        ("[details]\ncompute_capability = true", "machine.details.compute_capability", "not a boolean"),
+        ("[details]\nsome_fact = -inf", "machine.details.some_fact", "a finite number"),
+        ("memory_gib_per_device = 0", "machine.memory_gib_per_device", "greater than 0"),
+        ("memory_gib_per_device = -80", "machine.memory_gib_per_device", "greater than 0"),
+        ("memory_gib_per_device = true", "machine.memory_gib_per_device", "a boolean is not a number"),
+        ("host_cores = false", "machine.host_cores", "a boolean is not a number"),
+        ("numa_nodes = 0", "machine.numa_nodes", "greater than or equal to 1"),
     ],
 )
 def test_a_profile_refuses_absurd_figures(tmp_path: Path, line: str, field: str, says: str) -> None:

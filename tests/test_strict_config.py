@@ -480,3 +480,13 @@ def test_keyboard_interrupt_from_the_callback_still_propagates() -> None:
 
     with pytest.raises(KeyboardInterrupt):
         run("fcnn", "cpu", on_progress=interrupt, **TINY)
+
+
+@pytest.mark.parametrize("flag", ["--duration-seconds", "--power-sample-interval"])
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_a_non_finite_number_is_refused_as_one(flag: str, value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # Issue 26, third pass: nan and inf were refused as "less than or equal to 604800" (nan fails every
+    # comparison), which reads as if the number were too large.
+    assert main(["run", "fcnn", "--accelerator", "cpu", "--dry-run", flag, value]) == 2
+    err = capsys.readouterr().err
+    assert f"({flag}) = {value}: Input should be a finite number" in err and "Traceback" not in err

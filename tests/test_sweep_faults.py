@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import signal
@@ -793,3 +794,75 @@ def test_a_name_with_a_path_or_control_character_is_refused(
     ), err
     no_traceback(err)
     assert not (tmp_path / "r.db").exists()
+
+
+# --- Issue 26, third pass: a boolean is not a number in [[exclude]] and [report] filters -------------
+
+
+@pytest.mark.parametrize(
+    ("grid", "entry", "says"),
+    [
+        # `compile = 1` excluded the `true` cells (1 == True in Python), in silence.
+        ({"compile": [True, False]}, {"compile": 1}, "exclude.0.compile = 1: no cell has this value (a boolean is"),
+        # `micro_batch_size = true` excluded nothing, in silence.
+        ({"micro_batch_size": [2, 4]}, {"micro_batch_size": True}, "exclude.0.micro_batch_size = True: no cell"),
+        ({"micro_batch_size": [2, 4]}, {"micro_batch_size": [2, 7]}, "exclude.0.micro_batch_size = 7: no cell"),
+    ],
+)
+def test_an_exclude_value_the_grid_never_gives_is_refused(
+    grid: dict[str, Any], entry: dict[str, Any], says: str
+) -> None:
+    document = {"name": "x", "grid": {"workload": "fcnn", **grid}, "exclude": [entry]}
+    with pytest.raises(ConfigError) as refused:
+        make_sweep_spec(document)
+    assert says in str(refused.value) and "the grid gives: " in str(refused.value)
+
+
+def test_an_exclude_matches_as_the_cells_compare() -> None:
+    # 4.0 is the number 4; "samples:1_000" is the definition samples:1000.
+    spec = make_sweep_spec(
+        {
+            "name": "x",
+            "grid": {"workload": "fcnn", "micro_batch_size": [2, 4], "epoch_definition": ["samples:1000", "dataset"]},
+            "exclude": [{"micro_batch_size": 4.0}, {"epoch_definition": "samples:1_000"}],
+        }
+    )
+    assert [cell.options["micro_batch_size"] for cell in plan_sweep(spec).cells] == [2]
+    assert [cell.options["epoch_definition"] for cell in plan_sweep(spec).cells] == ["dataset"]
+
+
+@pytest.mark.parametrize(
+    ("wanted", "says"), [(True, "(a boolean is not a number)"), (7, "= 7: no cell has this value")]
+)
+def test_a_report_filter_value_the_grid_never_gives_is_refused(wanted: Any, says: str) -> None:
+    document = {
+        "name": "x",
+        "grid": {"workload": "fcnn", "micro_batch_size": [2, 4]},
+        "report": {"figures": [{"x": "micro_batch_size", "filter": {"micro_batch_size": wanted}}]},
+    }
+    with pytest.raises(ConfigError) as refused:
+        make_sweep_spec(document)
+    assert refused.value.field == "report.figures.0.filter" and says in str(refused.value)
+    assert "the grid gives: 2, 4" in str(refused.value)
+    document["report"]["figures"][0]["filter"] = {"micro_batch_size": [4.0]}  # the number 4
+    assert make_sweep_spec(document).report is not None
+
+
+def test_an_unknown_key_of_a_table_lists_that_tables_keys() -> None:
+    # Issue 26, third pass: "[slurm] nodes = true" listed the sweep file's own settings as allowed.
+    with pytest.raises(ConfigError) as refused:
+        make_sweep_spec({"name": "x", "grid": {"workload": "fcnn"}, "slurm": {"partiton": "gpu"}})
+    assert refused.value.field == "slurm.partiton"
+    assert "(did you mean 'partition'?); allowed: partition, account" in refused.value.allowed
+    assert "repeats" not in refused.value.allowed
+
+
+@pytest.mark.parametrize(
+    ("document", "field"),
+    [({"timeout_seconds": math.inf}, "timeout_seconds"), ({"slurm": {"poll_seconds": math.nan}}, "slurm.poll_seconds")],
+)
+def test_a_non_finite_sweep_setting_is_refused_as_one(document: dict[str, Any], field: str) -> None:
+    # nan and inf read "less than or equal to 604800" (nan fails every comparison).
+    with pytest.raises(ConfigError) as refused:
+        make_sweep_spec({"name": "x", "grid": {"workload": "fcnn"}, **document})
+    assert refused.value.field == field and refused.value.allowed == "Input should be a finite number"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import typing
 from enum import Enum
 from typing import Annotated, Any, Literal
 
@@ -113,7 +114,7 @@ class RunConfig(BaseModel):
 
     # Strict: a number field takes a number and a boolean field a boolean, from Python and from JSON
     # alike (no "8" -> 8, 8.0 -> 8 or True -> 1); enums take their values ("bf16"), see docs/concepts.md.
-    model_config = ConfigDict(extra="forbid", frozen=True, use_enum_values=False, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_enum_values=False, strict=True, allow_inf_nan=False)
 
     workload: str = Field(min_length=1, description="registered workload name, e.g. 'fcnn'")
     mode: RunMode = Field(
@@ -528,10 +529,12 @@ def config_errors(
         where = ".".join(str(part) for part in error.get("loc", ())) or nameless
         value = error.get("input")
         if error.get("type") == "extra_forbidden":
-            # The closest known key right after "unknown option", before the list of them all.
-            what, semicolon, rest = unknown.partition(";")
-            hint = did_you_mean(str(error.get("loc", ("",))[-1]), model.model_fields)
-            allowed = f"{what}{hint}{semicolon}{rest}: {', '.join(model.model_fields) or 'none'}"
+            # The closest known key right after "unknown option", before the list of them all: the
+            # keys of the table it is in (a sweep file's [slurm], not the file's own settings).
+            table = _model_at(model, tuple(error.get("loc", ("",)))[:-1])
+            what, semicolon, rest = unknown.partition(";") if table is model else ("unknown setting", ";", " allowed")
+            hint = did_you_mean(str(error.get("loc", ("",))[-1]), table.model_fields)
+            allowed = f"{what}{hint}{semicolon}{rest}: {', '.join(table.model_fields) or 'none'}"
         elif error.get("type") == "missing":
             # pydantic's input here is the whole document the field is missing from: not worth quoting.
             value = None
@@ -546,6 +549,24 @@ def config_errors(
         field = f"{prefix}.{where}" if prefix and located else prefix or where
         errors.append(ConfigError(field, value, allowed, missing=error.get("type") == "missing"))
     return errors
+
+
+def _model_at(model: type[BaseModel], path: tuple[Any, ...]) -> type[BaseModel]:
+    """The model of the table at ``path`` inside ``model`` (a nested model's field, optional or not);
+    ``model`` itself where the path leads to none."""
+    top = model
+    for part in path:
+        if isinstance(part, int):
+            continue  # an entry of a list of tables
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return top
+        inner = [kind for kind in (field.annotation, *typing.get_args(field.annotation)) if isinstance(kind, type)]
+        nested = next((kind for kind in inner if issubclass(kind, BaseModel)), None)
+        if nested is None:
+            return top
+        model = nested
+    return model
 
 
 def make_config(**options: Any) -> RunConfig:

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, Strict, TypeAdapter, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, Strict, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 
 from core.base.config import Precision, config_errors
@@ -28,6 +28,17 @@ MAX_DEVICES = 1 << 16  # as RunConfig.replicas
 MAX_MEMORY_GIB_PER_DEVICE = float(1 << 20)  # 1 PiB
 MAX_HOST_CORES = 1 << 20
 MAX_NUMA_NODES = 1 << 12
+
+
+def _plain_detail(value: Any) -> Any:
+    """A ``[details]`` value before the union of types, whose three refusals of inf or true would each
+    read "a string is required" (or "an integer", "a number"); its error names the key
+    (``machine.details.KEY``), not the whole table."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError("a finite number is required")
+    if isinstance(value, bool):
+        raise ValueError("a string or a number is required, not a boolean")
+    return value
 
 
 class MachineProfile(BaseModel):
@@ -58,23 +69,11 @@ class MachineProfile(BaseModel):
         description="the node's own roof figures per device (memory bandwidth, peak FLOP/s by precision) with "
         "their source, for `core report --roofs machine`; None: the datasheet's",
     )
-    details: dict[str, str | int | float] = Field(
+    details: dict[str, Annotated[str | int | float, BeforeValidator(_plain_detail)]] = Field(
         default_factory=dict,
         description="vendor facts a plugin's rules read (e.g. compute_capability), each of the type and form "
         "the accelerator's machine_details declares",
     )
-
-    @field_validator("details", mode="before")
-    @classmethod
-    def _plain_details(cls, details: Any) -> Any:
-        # Before the union of types, whose three refusals of inf or true would each read "a string
-        # is required" (or "an integer", "a number").
-        for key, value in details.items() if isinstance(details, dict) else ():
-            if isinstance(value, float) and not math.isfinite(value):
-                raise ValueError(f"{key} = {value}: a finite number is required")
-            if isinstance(value, bool):
-                raise ValueError(f"{key} = {str(value).lower()}: a string or a number is required, not a boolean")
-        return details
 
     #: the TOML file this profile was read from; None for a profile a plugin ships
     _file: Path | None = PrivateAttr(default=None)

@@ -11,7 +11,7 @@ from core.base.config import check_duration_fits
 from core.base.errors import ConfigError, PluginError
 from core.base.files import parse_json
 from core.base.machine import MachineProfile
-from core.sweep.reference import check_references
+from core.sweep.reference import check_references, same_value
 from core.sweep.spec import SweepSpec, _flatten, _shorten, _too_many, shown
 
 if TYPE_CHECKING:
@@ -92,7 +92,8 @@ def _cell_options(shared: dict[str, Any], chosen: dict[str, Any]) -> dict[str, A
 def _excluded(values: dict[str, Any], spec: SweepSpec) -> bool:
     for entry in spec.exclude:
         if all(
-            values.get(name) in (wanted if isinstance(wanted, list) else [wanted]) for name, wanted in _flatten(entry)
+            any(same_value(item, values.get(name)) for item in (wanted if isinstance(wanted, list) else [wanted]))
+            for name, wanted in _flatten(entry)
         ):
             return True
     return False

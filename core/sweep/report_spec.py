@@ -10,6 +10,7 @@ axes in :data:`DERIVED_AXES`, which every cell has whatever the grid sets.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextvars import ContextVar
 from typing import Annotated, Any, Literal
@@ -38,17 +39,19 @@ DEFAULT_MAX_HEATMAPS = 8  # default maps per sweep and measure: beyond these the
 _Scalar = bool | int | float | str
 FilterValue = _Scalar | list[_Scalar]
 
-# The grid's option names while a sweep file is validated; None where the table is read on its own
-# (from the database), when names are checked against the cells instead.
-_GRID_AXES: ContextVar[frozenset[str] | None] = ContextVar("_GRID_AXES", default=None)
+# The grid's options and their values while a sweep file is validated; None where the table is read
+# on its own (from the database), when names are checked against the cells instead.
+_GRID_AXES: ContextVar[dict[str, list[Any]] | None] = ContextVar("_GRID_AXES", default=None)
 
 
-def _grid_names(grid: dict[str, Any]) -> Iterator[str]:
+def _grid_values(grid: dict[str, Any]) -> Iterator[tuple[str, list[Any]]]:
     for name, value in grid.items():
         if name in ("workload_options", "accelerator_options") and isinstance(value, dict):
-            yield from (f"{name}.{key}" for key in value)
+            yield from (
+                (f"{name}.{key}", inner if isinstance(inner, list) else [inner]) for key, inner in value.items()
+            )
         else:
-            yield name
+            yield name, value if isinstance(value, list) else [value]
 
 
 def _known_axis(name: str) -> str:
@@ -72,7 +75,30 @@ def _filter_axes(filters: dict[str, FilterValue]) -> dict[str, FilterValue]:
             raise ValueError(f"{name!r}: {error}") from None
         if isinstance(value, list) and not value:
             raise ValueError(f"{name}: an empty list keeps no cell; give at least one value")
+        _filter_values_in_grid(name, value)
     return filters
+
+
+def _filter_values_in_grid(name: str, value: FilterValue) -> None:
+    """A filter on a grid option keeps cells of values the grid gives it, compared as the report
+    compares them (a boolean is not a number): ``micro_batch_size = true`` kept no cell, in silence."""
+    from core.sweep.reference import same_value
+    from core.sweep.spec import canonical_value  # imports this module: here, not at import time
+
+    grid = _GRID_AXES.get()
+    if grid is None or name not in grid:
+        return  # read back from a database, or a derived axis (global_batch, devices)
+    spellings = [canonical_value(name, known) for known in grid[name]]
+    for item in value if isinstance(value, list) else [value]:
+        if not any(same_value(canonical_value(name, item), known) for known in spellings):
+            kinds = {isinstance(known, bool) for known in grid[name] if isinstance(known, (int, float))}
+            hint = (
+                " (a boolean is not a number)"
+                if isinstance(item, (int, float)) and kinds and isinstance(item, bool) not in kinds
+                else ""
+            )
+            given = ", ".join(json.dumps(known)[:40] for known in grid[name][:20])
+            raise ValueError(f"{name} = {json.dumps(item)[:80]}: no cell has this value{hint}; the grid gives: {given}")
 
 
 AxisName = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_known_axis)]
@@ -200,8 +226,8 @@ class ReportSpec(_Strict):
 def _within_grid(value: Any, handler: Any, info: ValidationInfo) -> Any:
     """Validate the table with the grid's option names (and the derived axes) as the axes allowed."""
     grid = info.data.get("grid")
-    names = frozenset(_grid_names(grid)) if isinstance(grid, dict) else None
-    token = _GRID_AXES.set(names)
+    values = dict(_grid_values(grid)) if isinstance(grid, dict) else None
+    token = _GRID_AXES.set(values)
     try:
         return handler(value)
     finally:

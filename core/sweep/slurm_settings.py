@@ -105,7 +105,7 @@ class SlurmSettings(BaseModel):
     A cell's ``nodes`` sets its job's node count; everything else is the same for every job.
     """
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
     partition: str | None = Field(default=None, description="sbatch --partition; None: the cluster's default")
     account: str | None = Field(default=None, description="sbatch --account")

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from core.base.config import RunConfig, canonical_node_meters
 from core.base.epochs import EpochDefinition
 from core.base.errors import ConfigError, ConfigErrors, CoreError
-from core.sweep.reference import Reference
+from core.sweep.reference import Reference, same_value
 from core.sweep.report_spec import ReportField
 from core.sweep.slurm_settings import SlurmSettings
 
@@ -66,7 +66,7 @@ class SweepSpec(BaseModel):
     ``timeout_seconds`` may be written as an integer.
     """
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
     name: str = Field(
         min_length=1, max_length=200, description="the sweep's name in the database; defaults to the file's stem"
@@ -346,14 +346,30 @@ def _check_grid(spec: SweepSpec) -> None:
                 )
                 raise ConfigError(where, shown(value), f"a value appears twice{same}: the same cell would run twice")
             seen[identity] = item
-    known = {name for name, _ in _flatten(spec.grid)}
+    known = {name: value if isinstance(value, list) else [value] for name, value in _flatten(spec.grid)}
     for position, entry in enumerate(spec.exclude):
         if not isinstance(entry, dict) or not entry:
             raise ConfigError(f"exclude.{position}", shown(entry), "a table of option = value (or list of values)")
-        for name, _ in _flatten(entry):
+        for name, wanted in _flatten(entry):
+            where = f"exclude.{position}.{_shorten(name, 80)}"
             if name not in known:
                 raise ConfigError(
-                    f"exclude.{position}.{_shorten(name, 80)}",
-                    shown(entry),
-                    "not an option set in the grid; allowed: " + ", ".join(sorted(known)),
+                    where, shown(entry), "not an option set in the grid; allowed: " + ", ".join(sorted(known))
                 )
+            _check_excluded_values(where, name, wanted, known[name])
+
+
+def _check_excluded_values(where: str, name: str, wanted: Any, grid_values: list[Any]) -> None:
+    """Each value an exclude entry names must be one the grid gives the option, compared as the cells
+    are (a boolean is not a number: ``compile = 1`` would otherwise exclude the ``true`` cells, and
+    ``micro_batch_size = true`` exclude nothing, both in silence)."""
+    spellings = [canonical_value(name, value) for value in grid_values]
+    for item in wanted if isinstance(wanted, list) else [wanted]:
+        if any(same_value(canonical_value(name, item), value) for value in spellings):
+            continue
+        kinds = {isinstance(value, bool) for value in grid_values if isinstance(value, (int, float))}
+        hint = ""
+        if isinstance(item, (int, float)) and kinds and isinstance(item, bool) not in kinds:
+            hint = " (a boolean is not a number)"
+        given = ", ".join(_shorten(json.dumps(value), 40) for value in grid_values[:20])
+        raise ConfigError(where, shown(item), f"no cell has this value{hint}; the grid gives: {given}")
