@@ -366,6 +366,10 @@ def test_a_baseline_that_matches_no_side_is_an_error_naming_the_sides(
     # One database, one side: there is nothing to compare against a baseline.
     assert main(["report", databases[0], "--output", str(output), "--baseline", "a100"]) == 2
     assert "this report compares no sides" in capsys.readouterr().err
+    # An empty text is in every label: refused before anything is read, not "matches 3 sides".
+    for empty in ("", "  "):
+        assert main(["report", *databases, "--output", str(output), "--baseline", empty]) == 2
+        assert "--baseline '': give a text that one side's label" in capsys.readouterr().err
 
 
 # --- 8. --sweep in either Unicode form ------------------------------------------------------------

@@ -90,6 +90,9 @@ def command_report(args: argparse.Namespace) -> int:
     database = databases or [default_database()]
     if args.epoch_definition is not None and args.epochs is None:
         return error("--epoch-definition needs --epochs N")
+    if args.baseline is not None and not args.baseline.strip():
+        # An empty text is "in" every label: it would match every side, not name one.
+        return error("--baseline '': give a text that one side's label (host: devices) contains")
     try:
         training = None if args.epochs is None else TrainingPlan(args.epochs, args.epoch_definition)
     except ValueError as problem:
