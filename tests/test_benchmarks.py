@@ -114,16 +114,33 @@ def test_independent_counter_reads_bracket_the_meter_window(sim_nvml: Callable[.
     assert independent and measurement.energy_joules == pytest.approx(independent[0], abs=0.004)
 
 
-@pytest.mark.slow
-def test_overhead_benchmark_runs() -> None:
+def _overhead_benchmark(case: str, tmp_path: Path) -> dict[str, Any]:
+    """One case of overhead_cpu.py at toy sizes, in a process of its own (it pins itself to a core)."""
+    output = tmp_path / "overhead.json"
     completed = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "overhead_cpu.py"), "--steps", "20", "--warmup", "2", "--repeats", "2"],
+        [sys.executable, str(BENCHMARKS / "overhead_cpu.py"), "--case", case, "--smoke", "--json", str(output)],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
-    assert "core/plain" in completed.stdout
+    assert "core / plain throughput" in completed.stdout
+    (figures,) = json.loads(output.read_text())
+    assert figures["case"] == case and figures["core_over_plain_throughput_min"] > 0
+    return dict(figures)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["tiny", "fcnn-bf16"])
+def test_overhead_benchmark_runs(case: str, tmp_path: Path) -> None:
+    _overhead_benchmark(case, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.tensorflow
+def test_overhead_benchmark_runs_its_tensorflow_case(tmp_path: Path) -> None:
+    pytest.importorskip("tensorflow")
+    _overhead_benchmark("tf-fcnn", tmp_path)
 
 
 @pytest.mark.slow

@@ -244,12 +244,13 @@ _REPLICA_SCRIPT = textwrap.dedent(
     ex.step()
     ex.synchronize()
     out["replica_losses"] = [float(v.numpy()) for v in ex._loss_sum.values]
-    out["replica_bad_gradients"] = [float(v.numpy()) for v in ex._non_finite_gradients.values]
+    out["replica_finite_updates"] = [float(v.numpy()) for v in ex._finite_updates.values]
     try:
         ex.check_finite()
         out["nan_raised"] = False
     except Exception as exc:
         out["nan_raised"] = type(exc).__name__
+        out["nan_message"] = str(exc)
     ex.close()
 
     # fp16: an overflow on replica 1 only must skip the update on every replica.
@@ -318,7 +319,9 @@ def test_nan_on_one_replica_is_detected(replica_run: dict) -> None:
     # Replica 1's loss may stay finite (oneDNN's fused ReLU maps the NaN input to 0), but its
     # local gradient is NaN: that replica alone flags it, and the read sums the flags.
     assert np.isfinite(replica_run["replica_losses"][0])
-    assert replica_run["replica_bad_gradients"] == [0.0, 1.0]
+    # Replica 0's loss was finite in its one update, replica 1's NaN from the first: update 1.
+    assert replica_run["replica_finite_updates"] == [1.0, 0.0]
+    assert "in update 1 of the run" in replica_run["nan_message"]
     assert replica_run["nan_raised"] == "NonFiniteLossError"
 
 

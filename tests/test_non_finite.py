@@ -20,13 +20,12 @@ import pytest
 import torch
 from launching import torchrun_two_ranks
 
-import core.executors.pytorch as pytorch_executor
 from core import RunState, Workload, run
 from core.base.config import make_config
 from core.base.distributed import SINGLE_PROCESS
 from core.base.errors import NonFiniteLossError
 from core.contract.workload import TorchTrainingSpec
-from core.executors.pytorch import TorchExecutor, TorchPlacement
+from core.executors.pytorch import TorchDeviceHooks, TorchExecutor, TorchPlacement
 from core.testing import TINY_FCNN, registered_plugins
 from core.workloads.fcnn import Fcnn, FcnnOptions
 
@@ -41,8 +40,15 @@ NAN, INF = float("nan"), float("inf")
 class Faults:
     """Counts micro-steps (loss calls, backward passes) and injects a fault at chosen ones."""
 
-    def __init__(self, nan_loss_at: int | None = None, inf_gradient_at: int | None = None) -> None:
-        self.nan_loss_at, self.inf_gradient_at = nan_loss_at, inf_gradient_at
+    def __init__(
+        self,
+        nan_loss_at: int | None = None,
+        inf_gradient_at: int | None = None,
+        gradient: float = INF,
+        nan_losses_from: int | None = None,
+    ) -> None:
+        self.nan_loss_at, self.inf_gradient_at, self.gradient = nan_loss_at, inf_gradient_at, gradient
+        self.nan_losses_from = nan_losses_from
         self.loss_calls = self.backward_calls = 0
         self.losses: list[float] = []
 
@@ -52,17 +58,20 @@ class Faults:
             value = loss_fn(outputs, targets)
             self.losses.append(float(value.detach()))  # a test-only sync: the executor never does this
             # Adding a constant NaN leaves every gradient finite: only the loss check sees it.
-            return value + NAN if self.loss_calls == self.nan_loss_at else value
+            every_later = self.nan_losses_from is not None and self.loss_calls >= self.nan_losses_from
+            return value + NAN if self.loss_calls == self.nan_loss_at or every_later else value
 
         return loss
 
     def gradient_hook(self, grad: torch.Tensor) -> torch.Tensor:
         self.backward_calls += 1
         # Replaces the first layer's gradient after the loss is computed: only the gradient check sees it.
-        return torch.full_like(grad, INF) if self.backward_calls == self.inf_gradient_at else grad
+        return torch.full_like(grad, self.gradient) if self.backward_calls == self.inf_gradient_at else grad
 
 
-def torch_executor(faults: Faults, accumulation: int = 1, precision: str = "fp32") -> TorchExecutor:
+def torch_executor(
+    faults: Faults, accumulation: int = 1, precision: str = "fp32", fold_every: int | None = None
+) -> TorchExecutor:
     spec = Fcnn().build_torch(FcnnOptions(**OPTIONS), seed=0)
     spec.loss_fn = faults.wrap_loss(spec.loss_fn)
     spec.model[0].weight.register_hook(faults.gradient_hook)
@@ -74,7 +83,10 @@ def torch_executor(faults: Faults, accumulation: int = 1, precision: str = "fp32
         gradient_accumulation=accumulation,
         precision=precision,
     )
-    return TorchExecutor(spec, config, TorchPlacement(device="cpu"), SINGLE_PROCESS)
+    hooks = TorchDeviceHooks()
+    if fold_every is not None:
+        hooks.losses_folded_every = fold_every
+    return TorchExecutor(spec, config, TorchPlacement(device="cpu", hooks=hooks), SINGLE_PROCESS)
 
 
 def run_window(executor: Any, updates: int = UPDATES) -> None:
@@ -84,18 +96,8 @@ def run_window(executor: Any, updates: int = UPDATES) -> None:
     executor.synchronize()
 
 
-@pytest.fixture(params=["fused", "fallback"])
-def flag_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The fused kernel (CPU, CUDA) and the per-tensor fallback for devices without it."""
-    if request.param == "fallback":
-        monkeypatch.setattr(pytorch_executor, "_fused_finite_check_runs_on", lambda device: False)
-    return str(request.param)
-
-
 @pytest.mark.parametrize("accumulation,micro_step", [(1, 0), (3, 0), (3, 2)])
-def test_torch_nan_loss_in_the_last_update_is_reported_then_resets(
-    flag_kind: str, accumulation: int, micro_step: int
-) -> None:
+def test_torch_nan_loss_in_the_last_update_is_reported_then_resets(accumulation: int, micro_step: int) -> None:
     faults = Faults(nan_loss_at=(UPDATES - 1) * accumulation + micro_step + 1)
     executor = torch_executor(faults, accumulation)
     run_window(executor)
@@ -109,7 +111,7 @@ def test_torch_nan_loss_in_the_last_update_is_reported_then_resets(
 
 @pytest.mark.parametrize("accumulation,micro_step", [(1, 0), (2, 0), (2, 1)])
 def test_torch_inf_gradient_with_a_finite_loss_in_the_last_update_is_reported(
-    flag_kind: str, accumulation: int, micro_step: int
+    accumulation: int, micro_step: int
 ) -> None:
     faults = Faults(inf_gradient_at=(UPDATES - 1) * accumulation + micro_step + 1)
     executor = torch_executor(faults, accumulation)
@@ -120,10 +122,51 @@ def test_torch_inf_gradient_with_a_finite_loss_in_the_last_update_is_reported(
     executor.check_finite()
 
 
-def test_torch_a_clean_window_passes(flag_kind: str) -> None:
+def test_torch_a_clean_window_passes() -> None:
     executor = torch_executor(Faults(), accumulation=2)
     run_window(executor)
     executor.check_finite()
+
+
+@pytest.mark.parametrize("fold_every", [1, 2, 256])
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_torch_names_the_update_whose_loss_was_nan_first(fold_every: int, accumulation: int) -> None:
+    """The losses are folded into a record on the device every few updates (the fold here falls
+    before, inside and after the fault's phase); the check names the first NaN loss's update,
+    counted from the run's first, though every later loss is NaN too."""
+    bad_update = 4  # the second phase's second update
+    faults = Faults(nan_losses_from=(bad_update - 1) * accumulation + accumulation)  # its last micro-step
+    executor = torch_executor(faults, accumulation, fold_every=fold_every)
+    run_window(executor, 2)
+    executor.check_finite()
+    run_window(executor, 4)
+    micro_step = f", micro-step {accumulation} of {accumulation}" if accumulation > 1 else ""
+    with pytest.raises(NonFiniteLossError, match=f"loss was NaN/inf in update {bad_update} of the run{micro_step},"):
+        executor.check_finite()
+    executor.check_finite()  # nothing ran since
+
+
+def test_torch_a_nan_gradient_with_finite_losses_is_found_in_the_weights_at_the_check() -> None:
+    """No update reads its gradients: a NaN one that no loss shows (the phase's last update's)
+    is caught by the check's read of the weights, which the optimizer step made NaN."""
+    faults = Faults(inf_gradient_at=UPDATES, gradient=NAN)
+    executor = torch_executor(faults)
+    run_window(executor)
+    assert all(np.isfinite(faults.losses))
+    with pytest.raises(
+        NonFiniteLossError, match=f"a weight after a NaN/inf gradient, in one of updates 1 to {UPDATES}"
+    ):
+        executor.check_finite()
+    executor.check_finite()  # nothing ran since
+
+
+def test_torch_a_nan_gradient_before_the_phases_last_update_shows_in_the_next_loss() -> None:
+    faults = Faults(inf_gradient_at=2, gradient=NAN)
+    executor = torch_executor(faults)
+    run_window(executor, 4)
+    assert np.isfinite(faults.losses[:2]).all() and np.isnan(faults.losses[2])
+    with pytest.raises(NonFiniteLossError, match="loss was NaN/inf in update 3 of the run"):
+        executor.check_finite()
 
 
 def test_torch_fp16_scaler_skips_are_not_reported_but_a_nan_loss_is() -> None:
@@ -171,6 +214,36 @@ def test_a_nan_gradient_in_the_windows_last_update_fails_the_run() -> None:
         )
     assert faults.backward_calls == 1 + warmup + steps
     assert result.status.state is RunState.non_finite_loss and result.status.phase == "window"
+
+
+def test_a_run_names_the_update_whose_loss_was_nan() -> None:
+    """End to end: the first step is update 1, the warm-up's are 2 and 3, the window's 4 to 7."""
+    from core_plugins.cpu.accelerator import CpuAccelerator
+
+    bad_update = 6
+    faults = Faults(nan_loss_at=bad_update)
+
+    class NanLossAtAnUpdate(Workload):
+        name: ClassVar[str] = "fcnn-nan-loss-at-an-update"
+        options_model = FcnnOptions
+
+        def build_torch(self, options: Any, seed: int) -> TorchTrainingSpec:
+            spec = Fcnn().build_torch(options, seed)
+            spec.loss_fn = faults.wrap_loss(spec.loss_fn)
+            return spec
+
+    with registered_plugins():
+        result = run(
+            NanLossAtAnUpdate(),
+            CpuAccelerator(),
+            micro_batch_size=4,
+            steps=4,
+            warmup_steps=2,
+            power_meter="none",
+            workload_options=TINY_FCNN,
+        )
+    assert result.status.state is RunState.non_finite_loss and result.status.phase == "window"
+    assert f"update {bad_update} of the run" in (result.status.message or ""), result.status
 
 
 DDP_WORKER = textwrap.dedent("""
@@ -313,7 +386,13 @@ def test_keras_fault_in_the_last_update_is_reported_then_resets(
     executor = keras_executor(trigger, fault, accumulation, jit=jit)
     try:
         keras_window_with_fault_in_last_update(executor, trigger)
-        message = "training loss" if fault == "nan_loss" else "gradient was NaN/inf in 1 replica update"
+        # A NaN loss names its update (the last of UPDATES); a gradient's fault, found in the
+        # weights at the check, the updates since the last check.
+        message = (
+            f"training loss was NaN/inf in update {UPDATES} of the run"
+            if fault == "nan_loss"
+            else f"a weight after a NaN/inf gradient, in one of updates 1 to {UPDATES} of the run"
+        )
         with pytest.raises(NonFiniteLossError, match=message):
             executor.check_finite()
         executor.check_finite()  # reported once
@@ -353,5 +432,25 @@ def test_keras_fp16_loss_scale_skips_are_not_reported_but_a_nan_loss_is(trigger:
         keras_window_with_fault_in_last_update(executor, trigger)
         with pytest.raises(NonFiniteLossError):
             executor.check_finite()
+    finally:
+        executor.close()
+
+
+@pytest.mark.tensorflow
+def test_keras_names_the_update_whose_loss_was_nan_first(trigger: Any) -> None:
+    """Each replica counts its updates before its running loss sum went NaN (it stays so): the
+    check names the first NaN loss's update, counted from the run's first, not a later one's."""
+    executor = keras_executor(trigger, "nan_loss", accumulation=2)
+    try:
+        run_window(executor, 2)
+        executor.check_finite()
+        run_window(executor, 1)  # update 3: clean
+        trigger.assign(1.0)
+        run_window(executor, 2)  # updates 4 and 5: NaN losses
+        trigger.assign(0.0)
+        run_window(executor, 1)
+        with pytest.raises(NonFiniteLossError, match="training loss was NaN/inf in update 4 of the run"):
+            executor.check_finite()
+        executor.check_finite()  # nothing ran since
     finally:
         executor.close()

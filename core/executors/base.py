@@ -43,16 +43,19 @@ class Executor(ABC):
 
     @abstractmethod
     def check_finite(self) -> None:
-        """Raise NonFiniteLossError if any update since the last check had a NaN/inf loss or gradient.
+        """Raise NonFiniteLossError if any update since the last check had a NaN/inf loss or gradient,
+        naming the update of the first NaN/inf loss (the run's first step is update 1).
 
         Every update counts, the last before the check included: checking only the latest loss
         misses a NaN that a kernel masks on its way to the loss (oneDNN's fused ReLU maps it to
-        0) and that reaches only the gradients of the phase's last update. So ``step()`` folds
-        each micro-step's loss and the gradients the optimizer applies into a device-side flag,
-        with no host sync, and this method (called after ``synchronize()``, outside any timed
-        span) reads it and clears it: a fault is reported once. Gradients that loss scaling
-        skips (fp16 overflow) are the scaler's business, not a fault. Every process of a run
-        reaches the same verdict.
+        0) and that reaches only the gradients of the phase's last update. So ``step()`` records
+        each micro-step's loss on the device, with no host sync and no pass over the gradients,
+        and this method (called after ``synchronize()``, outside any timed span) reads that
+        record, clears it, and reads the trained weights: an optimizer step with a NaN/inf
+        gradient leaves a NaN/inf weight, so they carry every gradient fault since the last
+        check. A fault is reported once. Gradients that loss scaling skips (fp16 overflow) are
+        the scaler's business, not a fault: losses only then. Every process of a run reaches the
+        same verdict.
         """
 
     def top1_counts(self) -> tuple[int, int] | None:

@@ -305,6 +305,8 @@ class KerasExecutor(Executor):
         self._data_source = config.data
         self._data_wait_seconds = 0.0
         self._collectives = placement.collectives
+        self._updates = 0  # updates run, on the host: the check names the one whose loss was NaN/inf
+        self._updates_checked = 0  # updates run up to the last check
         try:
             # Layers read the global policy when constructed, so it is set before make_model.
             self.precision.configure_keras(tf, keras)
@@ -370,12 +372,13 @@ class KerasExecutor(Executor):
             # One component per replica, summed when read in cross-replica context:
             # accumulating costs no all-reduce per step.
             self._loss_sum = _replica_sum(tf)
-            # Likewise: replica updates since the last check whose gradients held a NaN/inf.
-            # The loss alone can miss one: oneDNN's fused MatMul+BiasAdd+ReLU turns a NaN
-            # input into a finite activation, so the loss stays finite while the gradient
-            # of the first kernel (x^T dz) is NaN, and a NaN entering in the window's last
-            # update would then surface in no later loss.
-            self._non_finite_gradients = _replica_sum(tf)
+            # Each replica's updates since the last check before its running loss sum went NaN/inf
+            # (it stays so): the first NaN/inf loss's update, recorded with no pass over the
+            # gradients. The loss alone can miss a NaN: oneDNN's fused MatMul+BiasAdd+ReLU turns
+            # a NaN input into a finite activation, so the loss stays finite while the gradient
+            # of the first kernel (x^T dz) is NaN. That gradient leaves a NaN weight, which the
+            # check at the phase's end reads, outside its timing.
+            self._finite_updates = _replica_sum(tf)
         return loss_fn
 
     def _place_data(self, spec: KerasTrainingSpec, config: RunConfig, local_devices: list[Any]) -> None:
@@ -423,10 +426,10 @@ class KerasExecutor(Executor):
         self._files = iter(strategy.experimental_distribute_dataset(dataset))
 
     def _accumulated_gradients(self, loss_fn: Any, jit_compile: bool) -> Callable[[Any, Any], Any]:
-        """One replica's gradients summed over its micro-steps, its loss, and a 1.0 if any
-        gradient element is non-finite (XLA-compiled with ``jit_compile``)."""
+        """One replica's gradients summed over its micro-steps, and its loss (XLA-compiled with
+        ``jit_compile``)."""
         tf, optimizer, variables = self._tf, self.optimizer, self._variables
-        accumulation, loss_scaling = self._accumulation, self._loss_scaling
+        accumulation = self._accumulation
         update_batch = float(self._global_replicas * accumulation * self._micro)
         # tf.keras 2 LossScaleOptimizer: the caller scales the loss (and unscales gradients).
         # Keras 3: scale_loss(); apply_gradients() unscales.
@@ -469,19 +472,9 @@ class KerasExecutor(Executor):
             )
             return grads, loss
 
-        def accumulate_and_check(xs: Any, ys: Any) -> tuple[list[Any], Any, Any]:
-            grads, loss = accumulate(xs, ys)
-            if loss_scaling:
-                # NaN/inf in scaled gradients is loss scaling at work (the optimizer skips the
-                # update and lowers the scale), not a fault: only the loss is checked.
-                return grads, loss, tf.zeros([])
-            # The accumulated gradients are the ones applied: a NaN/inf in any micro-step's
-            # stays NaN/inf in the sum. 1.0 for this replica's update if any element is.
-            return grads, loss, _any_non_finite(tf, grads)
-
-        # XLA compiles the per-replica gradient computation (the finite check with it); the
-        # optimizer apply stays outside it, where every strategy supports its cross-replica merge.
-        return tf.function(accumulate_and_check, jit_compile=True) if jit_compile else accumulate_and_check
+        # XLA compiles the per-replica gradient computation; the optimizer apply stays outside
+        # it, where every strategy supports its cross-replica merge.
+        return tf.function(accumulate, jit_compile=True) if jit_compile else accumulate
 
     def _make_train_step(self, loss_fn: Any, jit_compile: bool) -> Callable[[Any, Any], None]:
         tf, strategy, optimizer, variables = self._tf, self._strategy, self.optimizer, self._variables
@@ -497,7 +490,7 @@ class KerasExecutor(Executor):
             if self._files is not None:  # [GA x micro, ...] -> [GA, micro, ...]
                 xs = tf.reshape(xs, tf.concat([[accumulation, micro], tf.shape(xs)[1:]], 0))
                 ys = tf.reshape(ys, tf.concat([[accumulation, micro], tf.shape(ys)[1:]], 0))
-            grads, loss, non_finite = compute(xs, ys)
+            grads, loss = compute(xs, ys)
             grads = unscale(grads)
             if loss_scaling and global_replicas > 1:
                 # Keras 3's LossScaleOptimizer judges finiteness on replica 0's local
@@ -510,11 +503,9 @@ class KerasExecutor(Executor):
             # In replica context the optimizer all-reduces (sums) gradients across replicas.
             optimizer.apply_gradients(zip(grads, variables))
             self._loss_sum.assign_add(loss)
-            if not loss_scaling:
-                # Each replica checks its local gradients before the all-reduce: their sum
-                # is non-finite exactly when one of them is, and the SUM variable reduces
-                # the per-replica counts when read.
-                self._non_finite_gradients.assign_add(non_finite)
+            # This replica's running sum (its own component here) stays NaN/inf from its first
+            # NaN/inf loss on: the updates counted before it name that update.
+            self._finite_updates.assign_add(tf.cast(tf.math.is_finite(self._loss_sum.read_value()), tf.float32))
 
         @tf.function
         def train_step(xs: Any, ys: Any) -> None:
@@ -524,6 +515,7 @@ class KerasExecutor(Executor):
 
     def step(self) -> None:
         # Dispatches the update; nothing here reads a value back to the host.
+        self._updates += 1
         if self._files is None:
             self._train_step(self._inputs, self._targets)
             return
@@ -559,18 +551,30 @@ class KerasExecutor(Executor):
         return HostStepClock()
 
     def check_finite(self) -> None:
-        # Cross-replica reads (see _read_loss_sum), then both counters restart from zero.
+        first_update = self._updates_checked + 1  # the first update since the last check, counting from 1
+        updates = self._updates - self._updates_checked
+        self._updates_checked = self._updates
+        # Each replica's count, read from its own component; then both counters restart from zero.
         with self._strategy.scope():
             total = float(self._loss_sum.read_value().numpy())
-            bad_gradients = float(self._non_finite_gradients.read_value().numpy())
+            finite_updates = [float(v.numpy()) for v in self._strategy.experimental_local_results(self._finite_updates)]
             self._loss_sum.assign(0.0)
-            self._non_finite_gradients.assign(0.0)
-        if not math.isfinite(total):
-            raise NonFiniteLossError(f"training loss became {total} (summed since the last check)")
-        if bad_gradients:
+            self._finite_updates.assign(0.0)
+        # The earliest replica's, over every worker: each reaches the same verdict.
+        before_fault = int(min(finite_updates, default=updates))
+        if self._collectives is not None:
+            before_fault = -int(self._collectives.gather_max(-before_fault))
+        if before_fault < updates:
             raise NonFiniteLossError(
-                f"a gradient was NaN/inf in {bad_gradients:g} replica update(s) since the last check "
-                f"(the loss stayed finite: {total})"
+                f"training loss was NaN/inf in update {first_update + before_fault} of the run, the first since "
+                f"the last check (update 1 is the first step; summed since the check: {total})"
+            )
+        # A NaN/inf in loss-scaled gradients is loss scaling at work (the optimizer skips the
+        # update and lowers the scale), not a fault: losses only then. Mirrored weights agree.
+        if updates and not self._loss_scaling and float(_any_non_finite(self._tf, self._variables).numpy()):
+            where = f"update {first_update}" if updates == 1 else f"one of updates {first_update} to {self._updates}"
+            raise NonFiniteLossError(
+                f"NaN/inf in a weight after a NaN/inf gradient, in {where} of the run (every loss was finite)"
             )
 
     def barrier(self) -> None:
@@ -613,7 +617,7 @@ class KerasExecutor(Executor):
             "_targets",
             "_files",
             "_loss_sum",
-            "_non_finite_gradients",
+            "_finite_updates",
             "_variables",
             "model",
             "optimizer",
@@ -639,7 +643,6 @@ class KerasInferenceExecutor(KerasExecutor):
             # Forward passes since the last check whose outputs held a NaN/inf, one count per
             # replica; every step writes it, so reading it is also the synchronise.
             self._loss_sum = _replica_sum(tf)
-            self._non_finite_gradients = _replica_sum(tf)  # unused in inference: stays 0
         return None
 
     def _make_train_step(self, loss_fn: Any, jit_compile: bool) -> Callable[[Any, Any], None]:

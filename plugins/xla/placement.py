@@ -68,10 +68,10 @@ class XlaHooks(TorchDeviceHooks):
     """torch-xla's share of core's PyTorch step loop, for one run in this process."""
 
     compiler = "XLA (torch-xla)"
-    # XLA fuses no pass over every gradient into the update's graph: checking them each update
-    # cost 3% of an FCNN update on XLA's CPU device (benchmarks/xla_vs_plain.py); the weights,
-    # read at each check outside the timed phases, carry the same faults.
-    checks_weights_not_gradients = True
+    # The losses' fold into the record of the first NaN/inf one joins each update's graph, where
+    # it fuses: the same fold every update, so the same graph (a fold every 256 updates would be
+    # a second graph, compiled the first time inside a window).
+    losses_folded_every = 1
 
     def __init__(self, parallelism: Parallelism | None, replicas: int) -> None:
         self.parallelism = parallelism
