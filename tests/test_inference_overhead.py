@@ -104,14 +104,40 @@ def nan_at_forward(executor: TorchInferenceExecutor, call: int) -> None:
 
 
 @pytest.mark.parametrize("call", [1, 37, 64, 65, 100])
-def test_a_nan_output_in_any_step_of_a_phase_is_reported(call: int) -> None:
-    executor = placed()
+def test_where_each_step_has_new_inputs_a_nan_output_in_any_of_them_is_reported(call: int) -> None:
+    executor = placed(data="synthetic-host")  # the micro-batch copied over each step, as real data is
+    executor.run_steps(1)  # the first step's phase
     nan_at_forward(executor, call)
     executor.run_steps(100)
     executor.synchronize()
     with pytest.raises(NonFiniteLossError, match="NaN/inf"):
         executor.check_finite()
     executor.check_finite()  # read and cleared: reported once
+
+
+def test_a_model_that_draws_random_numbers_has_every_output_checked() -> None:
+    executor = placed()
+    executor._placed_model.register_forward_pre_hook(lambda module, inputs: torch.rand(1) and None)
+    executor.run_steps(1)
+    nan_at_forward(executor, 37)
+    executor.run_steps(100)
+    with pytest.raises(NonFiniteLossError):
+        executor.check_finite()
+
+
+def test_where_every_step_repeats_the_first_the_last_outputs_stand_for_the_phase() -> None:
+    executor = placed()
+    executor.run_steps(1)  # the first step's phase: its one pass checked
+    checked: list[Any] = []
+    executor._output_check.add = checked.append  # type: ignore[method-assign]
+    executor.run_steps(50)
+    assert len(checked) == 1  # the same model on the same micro-batch: the same outputs each pass
+    with torch.no_grad():
+        executor._placed_model[-1].bias.fill_(float("nan"))  # weights gone bad: every pass's outputs
+    del executor._output_check.add
+    executor.run_steps(50)
+    with pytest.raises(NonFiniteLossError):
+        executor.check_finite()
 
 
 def test_a_run_whose_window_makes_a_nan_output_names_the_window(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -125,7 +151,7 @@ def test_a_run_whose_window_makes_a_nan_output_names_the_window(monkeypatch: pyt
         original(self, count, clock)
 
     monkeypatch.setattr(TorchInferenceExecutor, "run_steps", run_steps)
-    result = infer_here(steps=40, warmup_steps=2)
+    result = infer_here(steps=40, warmup_steps=2, data="synthetic-host")
     assert result.status.state is RunState.non_finite_loss and result.status.phase == "window"
 
 

@@ -132,6 +132,10 @@ class TorchInferenceExecutor(TorchModelExecutor):
         # The thread inside answering(): its contexts are entered, infer() enters none of its own.
         self._answering_thread: int | None = None
         self._staged = _StagedQuery()
+        # Whether a pass over the same micro-batch gives the same outputs each time, as far as the
+        # last phase showed (False once the model drew random numbers); the first phase checks all.
+        self._repeats_itself = False
+        self._phases_run = 0
         self._details["ddp"] = False
 
     @contextlib.contextmanager
@@ -160,18 +164,41 @@ class TorchInferenceExecutor(TorchModelExecutor):
 
     def run_steps(self, count: int, clock: StepClock | None = None) -> None:
         """``count`` forward passes in one entry of the contexts, the micro-batch fetched once where
-        it stays on the device, each pass's outputs handed to the deferred check."""
+        it stays on the device.
+
+        Which outputs are checked: where every pass runs the same model on the same micro-batch
+        (synthetic data on the device) and the model drew no random numbers in the previous phase
+        (the first step's, which checks its one pass), each pass computes the same outputs, so a
+        NaN/inf in any of them is in the last, and that one is checked. Otherwise (data copied or
+        read each step, a model that samples) every pass's outputs are, a group at a time."""
         mark = None if clock is None else clock.mark
         cut = self._cut_graph  # one graph per step on a lazy device, as a training update is
         fixed = None if self._copy_each_step else self._micro_batches[0][0]
         model, check = self._model, self._output_check.add
+        random_before = _random_states(self.device)
         with self._forward_contexts():
-            for _ in range(count):
-                check(model(fixed if fixed is not None else self._micro_batch(0)[0]))
-                if cut is not None:
-                    cut()
-                if mark is not None:
-                    mark()
+            if fixed is not None and self._repeats_itself:
+                outputs = None
+                for _ in range(count):
+                    outputs = model(fixed)
+                    if cut is not None:
+                        cut()
+                    if mark is not None:
+                        mark()
+                if outputs is not None:
+                    check(outputs)
+            else:
+                for _ in range(count):
+                    check(model(fixed if fixed is not None else self._micro_batch(0)[0]))
+                    if cut is not None:
+                        cut()
+                    if mark is not None:
+                        mark()
+        # A model that drew random numbers may give other outputs each pass: every one is checked
+        # from the next phase on.
+        drew_random = not all(map(torch.equal, _random_states(self.device), random_before))
+        self._repeats_itself = not drew_random and (self._repeats_itself or self._phases_run == 0)
+        self._phases_run += 1
 
     @contextlib.contextmanager
     def answering(self) -> Iterator[None]:
@@ -338,6 +365,16 @@ class TorchInferenceExecutor(TorchModelExecutor):
             torch.distributed.all_reduce(counts, op=torch.distributed.ReduceOp.SUM)
         correct, samples = (int(value) for value in counts.tolist())
         return correct, samples
+
+
+def _random_states(device: torch.device) -> list[torch.Tensor]:
+    """What changes when a forward pass draws random numbers: the CPU generator's state, and the
+    device's generator's (its seed and offset) where it has one. Read once per phase."""
+    states = [torch.random.default_generator.get_state()]
+    module = getattr(torch, device.type, None)
+    if device.type != "cpu" and module is not None and hasattr(module, "get_rng_state"):
+        states.append(module.get_rng_state(device))
+    return states
 
 
 class _StagedQuery:
