@@ -166,6 +166,19 @@ def test_inference_overhead_benchmark_runs() -> None:
     assert "core/plain" in completed.stdout
 
 
+def test_inference_overhead_benchmark_pairs_core_with_a_plain_sut_and_loop(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("mlperf_loadgen")
+    import argparse
+
+    bench = load_script("inference_overhead")
+    args = argparse.Namespace(model="mlp", steps=10, warmup=2, repeats=2, loadgen_seconds=0.05)
+    offline = bench.throughput_case("offline", bench.MODELS["mlp"], args)
+    assert offline["median_pair_ratio"] > 0
+    assert "plain SUT" in capsys.readouterr().out
+    resnet = bench.throughput_case("loop", bench.MODELS["resnet50"], argparse.Namespace(**{**vars(args), "steps": 2}))
+    assert resnet["ratio_of_maxima"] > 0
+
+
 @pytest.mark.slow
 def test_sweep_startup_benchmark_times_a_warm_sweep(tmp_path: Path) -> None:
     bench = load_script("sweep_startup")

@@ -33,6 +33,18 @@ class Executor(ABC):
         Must not wait for the device: the runner synchronises at window boundaries only.
         """
 
+    def run_steps(self, count: int, clock: StepClock | None = None) -> None:
+        """``count`` steps back to back, ``clock`` marked after each: how the runner drives a phase.
+
+        An executor may override it to do once per phase what ``step()`` does once per call
+        (enter the forward pass's contexts, fetch a fixed micro-batch); it must not wait for the
+        device, and the figures must be those of ``count`` calls of ``step()``.
+        """
+        for _ in range(count):
+            self.step()
+            if clock is not None:
+                clock.mark()
+
     @abstractmethod
     def synchronize(self) -> None:
         """Wait until every queued device operation of this process has finished."""

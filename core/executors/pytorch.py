@@ -244,8 +244,14 @@ def _backend_name(backend: str | Callable[..., Any]) -> str:
 def overridden_after_backward(hooks: TorchDeviceHooks) -> Callable[[], None] | None:
     """The device's ``after_backward``, or None where it keeps the default that does nothing (a
     subclass's method and one set on the instance both count)."""
-    method = hooks.after_backward
-    return None if getattr(method, "__func__", None) is TorchDeviceHooks.after_backward else method
+    return overridden_hook(hooks, "after_backward")
+
+
+def overridden_hook(hooks: TorchDeviceHooks, name: str) -> Callable[[], None] | None:
+    """The device's hook ``name`` (``after_backward``, ``cut_graph``), or None where it keeps the
+    default that does nothing (a subclass's method and one set on the instance both count)."""
+    method = getattr(hooks, name)
+    return None if getattr(method, "__func__", None) is getattr(TorchDeviceHooks, name) else method
 
 
 def _compiled_graph_count() -> int:

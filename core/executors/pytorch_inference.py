@@ -14,13 +14,21 @@ compiles one program per batch shape (XLA) pads each query up to one of a few si
 (``TorchDeviceHooks.query_sizes``), compiled by ``warm_query_sizes`` before the window: a query of
 3 samples runs as 4, its padding charged to the query's time and never counted as samples. The
 loaded samples are one device tensor; there, a query gathers its rows by a tensor of their slots,
-so a program's inputs are the same two whichever samples a query names, repeats included (an eager
-device stacks views of the rows, which costs less per query).
+so a program's inputs are the same two whichever samples a query names, repeats included.
+
+On an eager device nothing but the forward pass runs per step or per query in Python: a phase's
+steps (``run_steps``) and a load generator's whole test (``answering``) enter ``inference_mode``
+and the precision's autocast once; the outputs' NaN/inf check folds a group of steps' outputs into
+the device-side flag in one call (``DeferredOutputCheck``), read at the phase's end as training's
+is; a query's samples are gathered once a chunk at a time and each batch of it is a slice of that
+chunk (``QueryRows``), one sample a slice of the loaded tensor.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import threading
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -28,12 +36,22 @@ import torch
 from core.base.config import RunConfig
 from core.base.distributed import ProcessContext
 from core.base.errors import DataError, NonFiniteLossError
+from core.base.queries import QueryRows
 from core.contract.workload import TorchTrainingSpec
-from core.executors.pytorch import TorchModelExecutor, TorchPlacement, compile_model
+from core.executors.base import StepClock
+from core.executors.pytorch import NonFiniteFlag, TorchModelExecutor, TorchPlacement, compile_model, overridden_hook
 
 #: samples a load generator may hold on the device at once, at most (MLPerf's "performance sample
 #: count": ResNet-50's is 1024); a smaller pool or dataset gives its own size
 PERFORMANCE_SAMPLES = 1024
+#: forward passes whose outputs one NaN/inf check takes at most: the check is one call whatever
+#: their number, so its cost per step falls to a sixty-fourth
+OUTPUTS_PER_CHECK = 64
+#: bytes of outputs kept alive for one check, at most: large outputs are checked a few at a time
+#: (one at a time above this), where the check is small against the forward pass anyway
+OUTPUT_BYTES_PER_CHECK = 16 * 2**20
+#: bytes of one query's samples gathered at once, at most (a batch's at least)
+STAGED_QUERY_BYTES = 64 * 2**20
 
 
 def floating_tensors(outputs: Any) -> list[torch.Tensor]:
@@ -45,6 +63,50 @@ def floating_tensors(outputs: Any) -> list[torch.Tensor]:
     if isinstance(outputs, (list, tuple)):
         return [tensor for item in outputs for tensor in floating_tensors(item)]
     return []
+
+
+class DeferredOutputCheck:
+    """Folds forward passes' floating-point outputs into the non-finite flag a group at a time: one
+    fused check over up to ``most`` passes' outputs (``OUTPUTS_PER_CHECK``, fewer where they are
+    large), still on the device and without a host sync. ``flush`` checks what is waiting; call it
+    before the phase's flag is read, inside the context the outputs were made in (the fused check
+    writes into them, by 1, and inference tensors take writes only there).
+
+    :param most: 1 checks every pass as it comes: on a lazy device, where each step is its own
+        graph, and on a compiled model, whose outputs may live in buffers the next pass reuses.
+    """
+
+    def __init__(self, flag: NonFiniteFlag, most: int = OUTPUTS_PER_CHECK) -> None:
+        self._flag = flag
+        self._most = most
+        self._limit = 0  # passes per check, set from the first outputs' size
+        self._pending: list[torch.Tensor] = []
+
+    def add(self, outputs: Any) -> None:
+        pending = self._pending
+        if type(outputs) is torch.Tensor and outputs.is_floating_point():
+            pending.append(outputs)
+        else:
+            pending.extend(floating_tensors(outputs))
+        if not self._limit and pending:
+            size = sum(tensor.nbytes for tensor in pending)
+            self._limit = max(1, min(self._most, OUTPUT_BYTES_PER_CHECK // max(size, 1)))
+        if len(pending) >= self._limit:
+            self.flush()
+
+    def flush(self) -> None:
+        pending = self._pending
+        if not pending:
+            return
+        self._pending = []
+        if len(pending) > 1:
+            try:
+                # One tensor of them all, checked in one kernel: on a CPU the "fused" check loops
+                # over its list (about 1.3 us a tensor), where a copy and one check cost a fifth.
+                pending = [torch.cat(pending)]
+            except RuntimeError:
+                pass  # shapes that differ beyond the first dimension: checked tensor by tensor
+        self._flag.update(pending)
 
 
 class TorchInferenceExecutor(TorchModelExecutor):
@@ -64,20 +126,90 @@ class TorchInferenceExecutor(TorchModelExecutor):
         # Sizes queries are padded up to, each a compiled program (empty on an eager device); a
         # query never holds more than the micro-batch (LoadGen's max_batch_size).
         self._query_sizes = self._hooks.query_sizes(config.micro_batch_size or 1)
+        self._cut_graph = overridden_hook(self._hooks, "cut_graph")  # None on an eager device
+        lazy_or_compiled = self._cut_graph is not None or config.compile
+        self._output_check = DeferredOutputCheck(self._non_finite, 1 if lazy_or_compiled else OUTPUTS_PER_CHECK)
+        # The thread inside answering(): its contexts are entered, infer() enters none of its own.
+        self._answering_thread: int | None = None
+        self._staged = _StagedQuery()
+        # Whether a pass over the same micro-batch gives the same outputs each time, as far as the
+        # last phase showed (False once the model drew random numbers); the first phase checks all.
+        self._repeats_itself = False
+        self._phases_run = 0
         self._details["ddp"] = False
 
-    def _forward(self, inputs: torch.Tensor) -> Any:
+    @contextlib.contextmanager
+    def _forward_contexts(self) -> Iterator[None]:
+        """Nothing recorded for backward (the device's ``no_grad``), the precision's autocast; the
+        outputs waiting for their check are checked before these close."""
         with self._hooks.no_grad(), self.precision.forward_context():
+            try:
+                yield
+            finally:
+                self._output_check.flush()
+
+    def _forward(self, inputs: torch.Tensor) -> Any:
+        if self._answering_thread == threading.get_ident():
             outputs = self._model(inputs)
-            # Queued like the forward itself: no host sync. Inside the no-grad context, where the
-            # fused check may write (by 1) into inference tensors.
-            self._non_finite.update(floating_tensors(outputs))
+            self._output_check.add(outputs)
+            return outputs
+        with self._forward_contexts():
+            outputs = self._model(inputs)
+            # Queued like the forward itself: no host sync.
+            self._output_check.add(outputs)
         return outputs
 
     def step(self) -> None:
-        inputs, _ = self._micro_batch(0)
-        self._forward(inputs)
-        self._hooks.cut_graph()  # one graph per step on a lazy device, as a training update is
+        self.run_steps(1)
+
+    def run_steps(self, count: int, clock: StepClock | None = None) -> None:
+        """``count`` forward passes in one entry of the contexts, the micro-batch fetched once where
+        it stays on the device.
+
+        Which outputs are checked: where every pass runs the same model on the same micro-batch
+        (synthetic data on the device) and the model drew no random numbers in the previous phase
+        (the first step's, which checks its one pass), each pass computes the same outputs, so a
+        NaN/inf in any of them is in the last, and that one is checked. Otherwise (data copied or
+        read each step, a model that samples) every pass's outputs are, a group at a time."""
+        mark = None if clock is None else clock.mark
+        cut = self._cut_graph  # one graph per step on a lazy device, as a training update is
+        fixed = None if self._copy_each_step else self._micro_batches[0][0]
+        model, check = self._model, self._output_check.add
+        random_before = _random_states(self.device)
+        with self._forward_contexts():
+            if fixed is not None and self._repeats_itself:
+                outputs = None
+                for _ in range(count):
+                    outputs = model(fixed)
+                    if cut is not None:
+                        cut()
+                    if mark is not None:
+                        mark()
+                if outputs is not None:
+                    check(outputs)
+            else:
+                for _ in range(count):
+                    check(model(fixed if fixed is not None else self._micro_batch(0)[0]))
+                    if cut is not None:
+                        cut()
+                    if mark is not None:
+                        mark()
+        # A model that drew random numbers may give other outputs each pass: every one is checked
+        # from the next phase on.
+        drew_random = not all(map(torch.equal, _random_states(self.device), random_before))
+        self._repeats_itself = not drew_random and (self._repeats_itself or self._phases_run == 0)
+        self._phases_run += 1
+
+    @contextlib.contextmanager
+    def answering(self) -> Iterator[None]:
+        """The forward pass's contexts, entered once on this thread for a load generator's whole
+        test: ``infer`` calls on this thread run the model alone inside it."""
+        with self._forward_contexts():
+            self._answering_thread = threading.get_ident()
+            try:
+                yield
+            finally:
+                self._answering_thread = None
 
     def check_finite(self) -> None:
         if self._any_rank_raised():
@@ -122,30 +254,63 @@ class TorchInferenceExecutor(TorchModelExecutor):
         self._hooks.cut_graph()  # the loaded samples are data on the device, not a graph queries extend
 
     def unload(self, indices: Sequence[int]) -> None:
+        self._staged = _StagedQuery()  # its rows may be among these
         for index in indices:
             self._slots.pop(index, None)
         if not self._slots:
             self._loaded = None  # the device memory goes back; a partial unload keeps the tensor until then
 
+    def _slots_of(self, indices: Sequence[int]) -> list[int]:
+        """The loaded rows of these samples (a lookup per sample in C, no Python loop)."""
+        try:
+            return list(map(self._slots.__getitem__, indices))
+        except KeyError:
+            missing = [index for index in indices if index not in self._slots]
+            raise KeyError(f"samples {missing[:5]} were not loaded (load() them first)") from None
+
+    def _rows(self, indices: Sequence[int], loaded: torch.Tensor) -> torch.Tensor:
+        """An eager device's batch of these loaded samples: a slice wherever it can be."""
+        if isinstance(indices, QueryRows):
+            return self._query_rows(indices)
+        slots = self._slots_of(indices)
+        if len(slots) == 1:
+            return loaded[slots[0] : slots[0] + 1]  # a view: nothing gathered
+        return loaded.index_select(0, torch.tensor(slots, device=self.device))
+
+    def _padded_rows(self, indices: Sequence[int], loaded: torch.Tensor) -> torch.Tensor:
+        slots = self._slots_of(indices)
+        # Padding repeats the first sample: a filler, computed and never counted as answered.
+        padded = min(size for size in self._query_sizes if size >= len(slots))
+        slots.extend(slots[:1] * (padded - len(slots)))
+        # The slots are data on the device, so one program serves every choice of samples
+        # (rows picked by constant indices would be part of the program, a new one each time).
+        return loaded.index_select(0, torch.tensor(slots, dtype=torch.int64).to(self.device))
+
     def infer(self, indices: Sequence[int]) -> None:
-        """Run the model on these loaded samples, as one batch; return once the device is done."""
-        missing = [index for index in indices if index not in self._slots]
-        if missing or self._loaded is None:
-            raise KeyError(f"samples {missing[:5]} were not loaded (load() them first)")
-        slots = [self._slots[index] for index in indices]
-        if self._query_sizes:
-            # Padding repeats the first sample: a filler, computed and never counted as answered.
-            padded = min(size for size in self._query_sizes if size >= len(slots))
-            slots.extend(slots[:1] * (padded - len(slots)))
-            # The slots are data on the device, so one program serves every choice of samples
-            # (rows picked by constant indices would be part of the program, a new one each time).
-            batch = self._loaded.index_select(0, torch.tensor(slots, dtype=torch.int64).to(self.device))
-        else:
-            # An eager device: views of the loaded rows, stacked (cheaper per query than a gather).
-            loaded = self._loaded
-            batch = torch.stack([loaded[slot] for slot in slots])
+        """Run the model on these loaded samples, as one batch; return once the device is done.
+
+        Consecutive runs of one query (``QueryRows``) are served as slices of that query's samples,
+        gathered once a chunk at a time."""
+        loaded = self._loaded
+        if loaded is None:
+            raise KeyError(f"samples {list(indices)[:5]} were not loaded (load() them first)")
+        batch = self._padded_rows(indices, loaded) if self._query_sizes else self._rows(indices, loaded)
         self._forward(self._inputs_to_device(batch, non_blocking=False))
         self.synchronize()
+
+    def _query_rows(self, rows: QueryRows) -> torch.Tensor:
+        """A run of a query's samples, sliced from the chunk of that query gathered last; a run
+        outside it gathers the next chunk (``STAGED_QUERY_BYTES`` of samples, the run's at least)."""
+        if not self._staged.holds(rows):
+            loaded = self._loaded
+            assert loaded is not None
+            chunk_rows = max(len(rows), STAGED_QUERY_BYTES // max(loaded[0].nbytes, 1))
+            end = min(len(rows.indices), rows.start + chunk_rows)
+            slots = torch.tensor(self._slots_of(rows.indices[rows.start : end]), device=self.device)
+            self._staged = _StagedQuery(rows.indices, rows.start, loaded.index_select(0, slots))
+        staged = self._staged
+        assert staged.chunk is not None
+        return staged.chunk[rows.start - staged.first : rows.end - staged.first]
 
     def query_sizes(self) -> tuple[int, ...]:
         """The batch sizes queries are padded up to (empty: each runs at its own size)."""
@@ -200,3 +365,27 @@ class TorchInferenceExecutor(TorchModelExecutor):
             torch.distributed.all_reduce(counts, op=torch.distributed.ReduceOp.SUM)
         correct, samples = (int(value) for value in counts.tolist())
         return correct, samples
+
+
+def _random_states(device: torch.device) -> list[torch.Tensor]:
+    """What changes when a forward pass draws random numbers: the CPU generator's state, and the
+    device's generator's (its seed and offset) where it has one. Read once per phase."""
+    states = [torch.random.default_generator.get_state()]
+    module = getattr(torch, device.type, None)
+    if device.type != "cpu" and module is not None and hasattr(module, "get_rng_state"):
+        states.append(module.get_rng_state(device))
+    return states
+
+
+class _StagedQuery:
+    """The samples ``first``..``end`` of one query, gathered from the loaded tensor: a chunk its
+    consecutive runs are slices of."""
+
+    def __init__(self, query: list[int] | None = None, first: int = 0, chunk: torch.Tensor | None = None) -> None:
+        self.query = query  # kept, so that the same list object is the same query
+        self.first = first
+        self.chunk = chunk
+        self.end = first + (0 if chunk is None else len(chunk))
+
+    def holds(self, rows: QueryRows) -> bool:
+        return rows.indices is self.query and self.first <= rows.start and rows.end <= self.end

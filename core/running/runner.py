@@ -161,8 +161,7 @@ class _Phase:
 
     def run(self, steps: int) -> float:
         started = time.perf_counter()
-        for _ in range(steps):
-            self._executor.step()
+        self._executor.run_steps(steps)
         self._executor.synchronize()
         elapsed = time.perf_counter() - started
         self._executor.check_finite()
@@ -516,9 +515,7 @@ def _timed_window(
     meter = _started(meter)
     started = time.perf_counter()
     clock.mark()
-    for _ in range(steps):
-        executor.step()
-        clock.mark()
+    executor.run_steps(steps, clock)
     executor.synchronize()
     # Every rank must be done before the window (and the node's meter) closes.
     executor.barrier()

@@ -5,6 +5,7 @@ LoadGen is imported here, lazily, so that core imports without it (the ``inferen
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from pathlib import Path
@@ -19,7 +20,7 @@ from core.running.loadgen.settings import (
     check_server_span,
     check_source_counts,
 )
-from core.running.loadgen.sut import QueryAnswerer, QuerySource, WindowCallback
+from core.running.loadgen.sut import AnsweringSource, QueryAnswerer, QuerySource, WindowCallback
 
 INSTALL_HINT = "pip install 'core[inference]' (the mlcommons-loadgen package)"
 # Read from the log directory, never the working directory: LoadGen applies an audit.config it
@@ -154,20 +155,29 @@ def _run_locked(
         on_window_close=on_window_close,
     )
     sut = qsl = None
+    # Queries as two lists of numbers (no Python object per sample), where this LoadGen has it.
+    fast = hasattr(lg, "ConstructFastSUT")
+    # Offline and single-stream answer on this thread: the model's thread state is set up once.
+    inline = settings.scenario != "server"
+    answering = source.answering() if inline and isinstance(source, AnsweringSource) else contextlib.nullcontext()
     try:
-        sut = lg.ConstructSUT(answerer.issue_queries, answerer.flush_queries)
+        if fast:
+            sut = lg.ConstructFastSUT(answerer.issue_query, answerer.flush_queries)
+        else:
+            sut = lg.ConstructSUT(answerer.issue_queries, answerer.flush_queries)
         qsl = lg.ConstructQSL(
             source.total_samples, source.performance_samples, answerer.load_samples, answerer.unload_samples
         )
         started = time.perf_counter()
         try:
-            lg.StartTestWithLogSettings(
-                sut,
-                qsl,
-                loadgen_test_settings(lg, settings),
-                loadgen_log_settings(lg, log_dir),
-                str(log_dir / AUDIT_CONFIG_FILE),
-            )
+            with answering:
+                lg.StartTestWithLogSettings(
+                    sut,
+                    qsl,
+                    loadgen_test_settings(lg, settings),
+                    loadgen_log_settings(lg, log_dir),
+                    str(log_dir / AUDIT_CONFIG_FILE),
+                )
         except Exception as exc:
             # Out of LoadGen's native code (the callbacks keep their own faults): LoadGen's own
             # failure, not the model's, even as a MemoryError (std::bad_alloc).
@@ -178,7 +188,7 @@ def _run_locked(
         if qsl is not None:
             lg.DestroyQSL(qsl)
         if sut is not None:
-            lg.DestroySUT(sut)
+            (lg.DestroyFastSUT if fast else lg.DestroySUT)(sut)
     answerer.raise_failure()
     return read_outcome(
         log_dir,

@@ -8,6 +8,12 @@ the caller's thread with its thread-local state (CUDA stream, ``torch.inference_
 must return at once to keep LoadGen's arrival schedule, so one worker thread answers its queries:
 a ``QuerySource`` that relies on thread-local state must set it up inside ``infer``.
 
+Bulk. Queries arrive as two lists, response ids and sample indices (LoadGen's ``ConstructFastSUT``:
+no Python object per sample); an inline query is handed to the source in runs of consecutive
+samples (``QueryRows``), which a source may serve as slices of the query gathered once, and each
+run is completed with one ``QuerySamplesComplete`` over responses reused from call to call
+(LoadGen copies them), so no Python object is built per sample there either.
+
 Faults. A callback that raised into LoadGen's C++ would unwind through code that is not
 exception-safe, and a sample never completed makes LoadGen wait forever. So every callback keeps
 the first exception, completes the samples it was handed, and answers every later sample at once
@@ -20,7 +26,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
+
+from core.base.queries import QueryRows
 
 
 @runtime_checkable
@@ -50,10 +59,40 @@ class QuerySource(Protocol):
         ...
 
 
+@runtime_checkable
+class AnsweringSource(Protocol):
+    """A query source that sets up its model's thread state (``torch.inference_mode``, autocast)
+    once for a whole test rather than in every ``infer``."""
+
+    def answering(self) -> AbstractContextManager[Any]:
+        """Entered on the thread that answers, around every query of the test."""
+        ...
+
+
 WindowCallback = Callable[[], None]
 
 # (LoadGen's response id, the sample's index in the QSL)
 _Sample = tuple[int, int]
+
+
+class _Responses:
+    """Empty responses for ``QuerySamplesComplete``, made once per answering thread and reused:
+    LoadGen copies them in the call, and setting a response's id costs half of making one."""
+
+    def __init__(self, loadgen: Any) -> None:
+        self._lg = loadgen
+        self._per_thread = threading.local()
+
+    def empty(self, sample_ids: list[int]) -> list[Any]:
+        made: list[Any] | None = getattr(self._per_thread, "made", None)
+        if made is None:
+            made = self._per_thread.made = []
+        if len(made) < len(sample_ids):
+            made.extend(self._lg.QuerySampleResponse(0, 0, 0) for _ in range(len(sample_ids) - len(made)))
+        responses = made if len(made) == len(sample_ids) else made[: len(sample_ids)]
+        for response, sample_id in zip(responses, sample_ids):
+            response.id = sample_id
+        return responses
 
 
 class QueryAnswerer:
@@ -94,6 +133,7 @@ class QueryAnswerer:
         self._waiting_changed = threading.Condition()
         self._stopping = False
         self._worker: threading.Thread | None = None
+        self._responses = _Responses(loadgen)
         if answer_on_worker:
             self._worker = threading.Thread(target=self._answer_waiting, name="loadgen-server-worker", daemon=True)
             self._worker.start()
@@ -151,42 +191,47 @@ class QueryAnswerer:
     # --- the system under test -------------------------------------------------------------------
 
     def issue_queries(self, query_samples: Sequence[Any]) -> None:
+        """LoadGen's ``ConstructSUT`` callback (a LoadGen without ``ConstructFastSUT``)."""
+        self.issue_query([int(sample.id) for sample in query_samples], [int(sample.index) for sample in query_samples])
+
+    def issue_query(self, sample_ids: list[int], indices: list[int]) -> None:
+        """LoadGen's ``ConstructFastSUT`` callback: a query as its response ids and sample indices."""
         handed_over = 0  # samples of this query already answered inline or queued for the worker
         try:
-            samples = [(int(sample.id), int(sample.index)) for sample in query_samples]
             if self._worker is None:
-                while handed_over < len(samples):
-                    batch = samples[handed_over : handed_over + self._max_batch_size]
-                    self._answer(batch)
-                    handed_over += len(batch)
+                size, count = self._max_batch_size, len(sample_ids)
+                for start in range(0, count, size):
+                    end = min(start + size, count)
+                    self._answer(sample_ids[start:end], QueryRows(indices, start, end))
+                    handed_over = end
             else:
                 with self._waiting_changed:
-                    self._waiting.extend(samples)
+                    self._waiting.extend(zip(sample_ids, indices))
                     self._waiting_changed.notify()
-                handed_over = len(samples)
+                handed_over = len(sample_ids)
         except BaseException as exc:
             # _answer keeps its own faults; this is one outside it (a KeyboardInterrupt between
             # batches): the rest of the query is completed all the same, so LoadGen can end.
             self._fail(exc)
-            self._complete([int(sample.id) for sample in query_samples[handed_over:]])
+            self._complete(sample_ids[handed_over:])
 
     def flush_queries(self) -> None:
         """LoadGen will issue no more queries; those waiting are still answered."""
 
-    def _answer(self, batch: list[_Sample]) -> None:
+    def _answer(self, sample_ids: list[int], indices: Sequence[int]) -> None:
         try:
             if self._failure is None:
-                self._source.infer([index for _, index in batch])
-                self.samples_answered += len(batch)
+                self._source.infer(indices)
+                self.samples_answered += len(sample_ids)
         except BaseException as exc:
             self._fail(exc)
         # Completed whatever happened: LoadGen waits for every sample it issued.
-        self._complete([sample_id for sample_id, _ in batch])
+        self._complete(sample_ids)
 
     def _complete(self, sample_ids: list[int]) -> None:
         """Tell LoadGen these samples are done, with an empty response (performance mode reads none)."""
         try:
-            self._lg.QuerySamplesComplete([self._lg.QuerySampleResponse(sample_id, 0, 0) for sample_id in sample_ids])
+            self._lg.QuerySamplesComplete(self._responses.empty(sample_ids))
         except BaseException as exc:
             self._fail(exc)
 
@@ -200,7 +245,7 @@ class QueryAnswerer:
                     return
                 count = min(len(self._waiting), self._max_batch_size)
                 batch = [self._waiting.popleft() for _ in range(count)]
-            self._answer(batch)
+            self._answer([sample_id for sample_id, _ in batch], [index for _, index in batch])
 
     def stop(self) -> None:
         """End the worker once it has answered what is waiting; wait for it."""

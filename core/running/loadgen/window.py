@@ -8,11 +8,13 @@ samples answered over that span, with LoadGen's own figures and verdict kept bes
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from core.base.config import RunConfig
 from core.base.errors import CoreError
@@ -23,7 +25,7 @@ from core.running import processes
 from core.running.loadgen.outcome import LoadGenOutcome
 from core.running.loadgen.run import run_scenario
 from core.running.loadgen.settings import settings_for_run
-from core.running.loadgen.sut import QuerySource
+from core.running.loadgen.sut import AnsweringSource, QuerySource
 
 #: where a run's LoadGen logs are written, read and removed (a work directory of core's)
 LOG_DIRECTORY_PREFIX = f"{processes.WORK_DIRECTORY_PREFIX}loadgen-"
@@ -68,6 +70,10 @@ class _CountingSource:
     def infer(self, indices: Sequence[int]) -> None:
         self.calls += 1
         self._source.infer(indices)
+
+    def answering(self) -> AbstractContextManager[Any]:
+        source = self._source
+        return source.answering() if isinstance(source, AnsweringSource) else contextlib.nullcontext()
 
 
 class _WindowMeter:
