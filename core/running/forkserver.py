@@ -303,6 +303,15 @@ def start_fork_server(
     :param log_path: where the server's own output goes (an import's warnings, a crash).
     :raises ForkServerError: it exited, or was not ready in ``ready_timeout`` seconds (it is stopped).
     """
+    return spawn_fork_server(preload, log_path).ready(ready_timeout)
+
+
+def spawn_fork_server(preload: Sequence[str], log_path: Path) -> StartingForkServer:
+    """Start a fork server that imports ``preload`` without waiting for it: its imports run while
+    the caller does other work (a sweep plans), and :meth:`StartingForkServer.ready` waits for them.
+
+    :param log_path: where the server's own output goes (an import's warnings, a crash).
+    """
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         with open(log_path, "wb") as log:
@@ -314,33 +323,57 @@ def start_fork_server(
             )
     finally:
         theirs.close()
-    channel = _Channel(ours)
-    silent = False  # no word in ready_timeout: still importing, stuck, or stopped (SIGSTOP)
-    try:
-        received = channel.receive(ready_timeout)
-        silent = received is None
-    except (EOFError, OSError, ValueError):
-        received = None
-        # The channel closed: the server is ending on its own; its exit code says how.
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=_SERVER_EXIT_GRACE_SECONDS)
-    if received is None or "ready" not in received[0]:
-        # Read before core stops it: a code after that (-9 for a server that ignored SIGTERM or was
-        # stopped) would be core's own kill, not how the server ended.
-        own_exit = process.poll()
-        processes.stop_process_group(process, grace_seconds=_SERVER_EXIT_GRACE_SECONDS)
-        ours.close()
-        if received is not None:
-            ended = "answered nonsense"
-        elif silent:
-            ended = f"was not ready in {ready_timeout:g} s (its imports hung, or it was stopped), so core stopped it"
-        elif own_exit is None:
-            ended = "closed its channel before it was ready but did not exit, so core stopped it"
-        else:
-            ended = f"exited with code {own_exit}"
-        tail = log_path.read_text(encoding="utf-8", errors="replace")[-2000:].strip()
-        raise ForkServerError(f"the fork server {ended}" + (f": {tail}" if tail else ""))
-    return ForkServer(process, channel, log_path, received[0])
+    return StartingForkServer(process, _Channel(ours), log_path)
+
+
+class StartingForkServer:
+    """A fork server started and still importing: :meth:`ready` waits for it, :meth:`close` stops it."""
+
+    def __init__(self, process: subprocess.Popen[bytes], channel: _Channel, log_path: Path) -> None:
+        self.process = process
+        self._channel = channel
+        self.log_path = log_path
+
+    def ready(self, ready_timeout: float = READY_TIMEOUT_SECONDS) -> ForkServer:
+        """The server, once it said it is ready (at most ``ready_timeout`` seconds from now).
+
+        :raises ForkServerError: it exited, or was not ready in time (it is stopped).
+        """
+        process, channel, log_path = self.process, self._channel, self.log_path
+        silent = False  # no word in ready_timeout: still importing, stuck, or stopped (SIGSTOP)
+        try:
+            received = channel.receive(ready_timeout)
+            silent = received is None
+        except (EOFError, OSError, ValueError):
+            received = None
+            # The channel closed: the server is ending on its own; its exit code says how.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=_SERVER_EXIT_GRACE_SECONDS)
+        if received is None or "ready" not in received[0]:
+            # Read before core stops it: a code after that (-9 for a server that ignored SIGTERM or
+            # was stopped) would be core's own kill, not how the server ended.
+            own_exit = process.poll()
+            processes.stop_process_group(process, grace_seconds=_SERVER_EXIT_GRACE_SECONDS)
+            channel.sock.close()
+            if received is not None:
+                ended = "answered nonsense"
+            elif silent:
+                ended = (
+                    f"was not ready in {ready_timeout:g} s (its imports hung, or it was stopped), so core stopped it"
+                )
+            elif own_exit is None:
+                ended = "closed its channel before it was ready but did not exit, so core stopped it"
+            else:
+                ended = f"exited with code {own_exit}"
+            tail = log_path.read_text(encoding="utf-8", errors="replace")[-2000:].strip()
+            raise ForkServerError(f"the fork server {ended}" + (f": {tail}" if tail else ""))
+        return ForkServer(process, channel, log_path, received[0])
+
+    def close(self, grace_seconds: float = _SERVER_EXIT_GRACE_SECONDS) -> None:
+        """Stop the server before it was used (it has no runs)."""
+        with contextlib.suppress(OSError):
+            self._channel.sock.close()
+        processes.stop_process_group(self.process, grace_seconds=grace_seconds)
 
 
 def _stat_fields(pid: int) -> list[str] | None:
