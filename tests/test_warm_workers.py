@@ -432,6 +432,21 @@ def test_a_fork_server_stuck_past_sigterm_is_said_to_be_not_ready_not_killed(
     assert children_of(os.getpid()) == []
 
 
+def test_a_closed_fork_server_leaves_without_finalising_its_imports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Tearing down PyTorch's modules took the sweep's end seconds on a loaded machine: the server,
+    # which only imported, leaves at once (an atexit handler of its imports never runs).
+    marker = tmp_path / "finalised"
+    (tmp_path / "core_test_atexit_import.py").write_text(
+        f"import atexit, pathlib\natexit.register(lambda: pathlib.Path({str(marker)!r}).write_text('yes'))\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    server = forkserver.start_fork_server(["core_test_atexit_import"], tmp_path / "server.log", ready_timeout=60)
+    server.close()
+    assert server.process.returncode == 0 and not marker.exists()
+
+
 def test_a_fork_server_that_exits_before_it_is_ready_says_its_own_exit_code(tmp_path: Path) -> None:
     with pytest.raises(forkserver.ForkServerError, match=r"(?s)the fork server exited with code 1: .*no_such_module"):
         forkserver.start_fork_server(["core.no_such_module_here"], tmp_path / "server.log", ready_timeout=60)

@@ -23,7 +23,8 @@ exist yet when the server forks:
   imports start (OpenBLAS's, through numpy, which OpenBLAS stops before a fork and restarts after:
   ``pthread_atfork`` in its driver/others/memory.c).
 * TensorFlow starts threads when imported (its allocator's, jemalloc_bg_thd) and its runtime is
-  not fork-safe: TensorFlow runs are never forked (see core.sweep.repeat).
+  not fork-safe (a child forked after one operation hangs): TensorFlow runs are never forked (see
+  core.sweep.repeat and docs/sweeps.md, "TensorFlow runs are not forked").
 
 The channel is a Unix socket pair: newline-delimited JSON, the run's log passed as a file
 descriptor (SCM_RIGHTS). Requests: ``{"run": [argv], "env": {...}, "cwd": "..."}`` (answered
@@ -54,7 +55,7 @@ from core.running import processes
 
 READY_TIMEOUT_SECONDS = 300.0  # imports on a loaded machine; past it the sweep starts runs fresh
 _MAX_MESSAGE_BYTES = 1 << 20  # a request carries an environment: small, but not tiny
-_SERVER_EXIT_GRACE_SECONDS = 5.0
+SERVER_EXIT_GRACE_SECONDS = 5.0
 ANSWER_TIMEOUT_SECONDS = 60.0  # a fork takes milliseconds; a server this slow to answer is stuck
 # The server reaps a run the moment it ends (SIGCHLD wakes it): a run ended this long without its
 # exit reported means the server has stopped serving (stopped, or stuck), not that it is slow.
@@ -230,7 +231,7 @@ class ForkServer:
         self._ended_unreported.pop(pid, None)
         return self._exits.pop(pid)
 
-    def close(self, grace_seconds: float = _SERVER_EXIT_GRACE_SECONDS) -> None:
+    def close(self, grace_seconds: float = SERVER_EXIT_GRACE_SECONDS) -> None:
         """End the server (its runs still going are killed) and wait for it."""
         with contextlib.suppress(OSError):
             self._channel.sock.close()
@@ -348,12 +349,12 @@ class StartingForkServer:
             received = None
             # The channel closed: the server is ending on its own; its exit code says how.
             with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=_SERVER_EXIT_GRACE_SECONDS)
+                process.wait(timeout=SERVER_EXIT_GRACE_SECONDS)
         if received is None or "ready" not in received[0]:
             # Read before core stops it: a code after that (-9 for a server that ignored SIGTERM or
             # was stopped) would be core's own kill, not how the server ended.
             own_exit = process.poll()
-            processes.stop_process_group(process, grace_seconds=_SERVER_EXIT_GRACE_SECONDS)
+            processes.stop_process_group(process, grace_seconds=SERVER_EXIT_GRACE_SECONDS)
             channel.sock.close()
             if received is not None:
                 ended = "answered nonsense"
@@ -369,7 +370,7 @@ class StartingForkServer:
             raise ForkServerError(f"the fork server {ended}" + (f": {tail}" if tail else ""))
         return ForkServer(process, channel, log_path, received[0])
 
-    def close(self, grace_seconds: float = _SERVER_EXIT_GRACE_SECONDS) -> None:
+    def close(self, grace_seconds: float = SERVER_EXIT_GRACE_SECONDS) -> None:
         """Stop the server before it was used (it has no runs)."""
         with contextlib.suppress(OSError):
             self._channel.sock.close()
@@ -641,7 +642,14 @@ def main(argv: Sequence[str]) -> int:
         return 2
     processes.die_with_parent(None, signal.SIGTERM)
     sock = socket.socket(fileno=int(argv[0]))
-    return serve(sock, list(argv[1:]))
+    code = serve(sock, list(argv[1:]))
+    # Leave without the interpreter's finalisation: the server only imported, so it has nothing of
+    # its own to finish, and tearing down PyTorch's modules takes seconds on a loaded machine,
+    # which the sweep spends waiting for it at its end (close()).
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from core.running import processes
 from core.running.forkserver import (
     ANSWER_TIMEOUT_SECONDS,
     READY_TIMEOUT_SECONDS,
+    SERVER_EXIT_GRACE_SECONDS,
     ForkedProcess,
     ForkServer,
     ForkServerError,
@@ -84,8 +85,9 @@ class _WarmParent:
         if self.server is None:
             if self.starting is None:
                 raise ForkServerError(self.spawn_error or "the fork server is closed")
-            starting, self.starting = self.starting, None
-            self.server = starting.ready(ready_timeout)
+            # Kept until ready: a wait that Ctrl-C ends leaves it for close() to stop.
+            self.server = self.starting.ready(ready_timeout)
+            self.starting = None
         return self.server
 
     @property
@@ -95,10 +97,11 @@ class _WarmParent:
             return self.server.failure is None and self.server.process.poll() is None
         return self.starting is not None and self.starting.process.poll() is None
 
-    def close(self, grace_seconds: float | None = None) -> None:
+    def close(self, grace_seconds: float = SERVER_EXIT_GRACE_SECONDS) -> None:
+        """Stop the server (its runs still going are killed), waiting ``grace_seconds`` at most for it."""
         try:
             if self.server is not None:
-                self.server.close() if grace_seconds is None else self.server.close(grace_seconds=grace_seconds)
+                self.server.close(grace_seconds=grace_seconds)
             elif self.starting is not None:
                 self.starting.close(grace_seconds=0.0)  # only importing: nothing of its own to finish
         finally:
@@ -192,8 +195,8 @@ class WarmWorkers:
             return f"forked runs need Linux (the parent-death signal, a safe fork); this is {sys.platform}"
         if config.framework is not Framework.torch:
             return (
-                f"{config.framework.value} is not forked: TensorFlow starts threads when imported, and a "
-                "fork of a parent that imported it may hang (docs/sweeps.md#warm-workers)"
+                f"{config.framework.value} is not forked: importing TensorFlow starts a thread, and its runtime "
+                "does not survive a fork (docs/sweeps.md#tensorflow-runs-are-not-forked)"
             )
         if config.replicas > 1 or config.nodes > 1:
             return "replicas > 1 run under a launcher (torchrun, poprun) that starts processes of its own"

@@ -76,7 +76,9 @@ def run_sweep(
         pending repeat a Slurm job with the spec's ``[slurm]`` settings (core.sweep.cluster).
     :param workers: "warm" (default): fork each run from a parent that imported core and PyTorch once
         (core.running.forkserver) where that is safe, else a fresh interpreter; "fresh": always a fresh
-        interpreter. Each result's ``process_start`` says which it got, and why.
+        interpreter. Each result's ``process_start`` says which it got, and why. The warm parent
+        starts before the sweep plans; inside :func:`core.sweep.keep_warm_workers` it is shared by
+        the block's sweeps.
     :raises SweepError: before anything runs, when cells are invalid or the database disagrees.
     :returns: what ran, and a summary of every cell.
     """
@@ -84,41 +86,32 @@ def run_sweep(
         raise SweepError(f"invalid workers {workers!r}; allowed: {', '.join(WORKER_STARTS)}")
     if executor not in EXECUTORS:
         raise SweepError(f"invalid executor {executor!r}; allowed: {', '.join(EXECUTORS)}")
-    if executor != "local":
+    # A local sweep's fork server imports while the sweep plans, validates and opens its database:
+    # the first forked run then waits for what is left of its imports, not for all of them.
+    warm_block: contextlib.AbstractContextManager[WarmWorkers | None] = (
+        warm_workers(workers) if executor == "local" else contextlib.nullcontext(None)
+    )
+    with warm_block as warm:
+        if warm is not None:
+            warm.begin()
         return _run_sweep(
             sweep,
-            database,
-            resume,
-            retry_failed,
-            repeats,
-            timeout_seconds,
-            skip_invalid,
-            observer,
-            executor,
-            workers,
-            None,
-        )
-    with warm_workers(workers) as warm:
-        # The fork server imports while the sweep plans, validates and opens its database: the first
-        # forked run then waits for what is left of its imports, not for all of them.
-        warm.begin()
-        return _run_sweep(
-            sweep,
-            database,
-            resume,
-            retry_failed,
-            repeats,
-            timeout_seconds,
-            skip_invalid,
-            observer,
-            executor,
-            workers,
-            warm,
+            database=database,
+            resume=resume,
+            retry_failed=retry_failed,
+            repeats=repeats,
+            timeout_seconds=timeout_seconds,
+            skip_invalid=skip_invalid,
+            observer=observer,
+            executor=executor,
+            workers=workers,
+            warm=warm,
         )
 
 
 def _run_sweep(
     sweep: str | Path | SweepSpec | SweepPlan,
+    *,
     database: str | Path | None,
     resume: bool,
     retry_failed: bool,
@@ -136,9 +129,8 @@ def _run_sweep(
     spec = _spec_with(plan.spec, repeats=repeats, timeout_seconds=timeout_seconds)
     _check_cells(plan, skip_invalid)
     database = Path(database) if database is not None else default_database()
-    backend = _backend(
-        executor, spec, database, workers, warm
-    )  # SweepError: Slurm cannot be reached, its jobs directory
+    # SweepError: Slurm cannot be reached, its jobs directory
+    backend = _backend(executor, spec, database, workers, warm)
     if resume and not database.exists():
         raise SweepError(f"--resume: no results database at {database}, so no sweep {spec.name!r} to resume")
     from core.contract.manager import get_plugin_manager
