@@ -45,7 +45,7 @@ from core.data import SYNTHETIC_SOURCES
 from core.data import detect_format as detect_data_format
 from core.data.tf_records import image_dataset as tfrecord_image_dataset
 from core.energy.meters import DeviceEnergyMeter, EnergyCounter, EnergySource
-from core.energy.sampling import Clock, FixedRateSampler
+from core.energy.sampling import Clock, FixedRateSampler, StopFlag
 from core.executors.base import Executor, HostStepClock, StepClock
 from core.executors.gpu import ALL_PRECISIONS, TorchGpuAccelerator
 from core.report.document import Block, Code, Figure, Heading, Paragraph, Preformatted, Table, Value
@@ -180,4 +180,5 @@ __all__ = [
     "EnergyCounter",
     "FixedRateSampler",
     "Clock",
+    "StopFlag",
 ]

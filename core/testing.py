@@ -28,6 +28,7 @@ from core.contract.accelerator import Accelerator
 from core.contract.context import RunContext
 from core.contract.manager import PluginManager, get_plugin_manager, set_plugin_manager
 from core.contract.workload import Workload
+from core.energy.sampling import StopFlag
 from core.executors.base import Executor, HostStepClock, StepClock
 from core.executors.stand_in import CpuStandIn
 
@@ -186,7 +187,7 @@ class SimulatedClock:
     def now(self) -> float:
         return self._t
 
-    def wait_until(self, deadline: float, stop: threading.Event) -> bool:
+    def wait_until(self, deadline: float, stop: StopFlag) -> bool:
         thread = threading.get_ident()
         with self._cond:
             self._ended.discard(thread)

@@ -185,3 +185,19 @@ def test_sweep_startup_benchmark_times_a_warm_sweep(tmp_path: Path) -> None:
     figures = bench.one_sweep("warm", tmp_path, 0, steps=1)
     assert figures["process_start"] == ["forked"]
     assert 0 < figures["steady_seconds_per_run"] <= figures["first_run_seconds"] + 1.0
+
+
+@pytest.mark.slow
+def test_sweep_startup_benchmark_measures_kept_and_cold_sweeps(tmp_path: Path) -> None:
+    bench = load_script("sweep_startup")
+    summary = bench.measure(1, 1, ("warm", "kept", "cold"))
+    for mode in ("warm", "kept", "cold"):
+        assert summary[mode]["process_start"] == ["forked"], summary[mode]
+        assert summary[mode]["seconds_per_run"]["median"] > 0
+
+
+def test_meter_thread_benchmark_runs() -> None:
+    bench = load_script("meter_thread")
+    summary = bench.measure(pairs=2, window_seconds=0.02, intervals=(0.005,))
+    figures = summary["intervals"]["0.005"]
+    assert figures["cost_min_max"][0] <= figures["cost_median"] <= figures["cost_min_max"][1]

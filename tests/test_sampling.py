@@ -9,7 +9,7 @@ import time
 import pytest
 
 from core.base.results import PowerTimeline
-from core.energy.sampling import FixedRateSampler, MonotonicClock, PowerTimelineRecorder, SampledEnergy
+from core.energy.sampling import FixedRateSampler, MonotonicClock, PowerTimelineRecorder, SampledEnergy, StopSignal
 
 
 class SimClock:
@@ -312,3 +312,41 @@ def test_timeline_marks_na_spans_and_can_be_turned_off() -> None:
 def test_timeline_recorder_rejects_a_zero_bound() -> None:
     with pytest.raises(ValueError, match="max_spans"):
         PowerTimelineRecorder(0)
+
+
+# --- the sampler's thread stays light (issue 34) -------------------------------------------------
+
+
+def test_the_stop_signal_waits_set_and_stays_set() -> None:
+    signal = StopSignal()
+    assert not signal.is_set() and signal.wait(0.0) is False and signal.wait(0.01) is False
+    waited: list[bool] = []
+    waiter = threading.Thread(target=lambda: waited.append(signal.wait(60.0)))
+    waiter.start()
+    signal.set()
+    signal.set()  # harmless
+    waiter.join(10)
+    assert waited == [True] and signal.is_set()
+    assert signal.wait(0.0) and signal.wait(None) and signal.wait(5.0)  # every later wait returns at once
+    assert MonotonicClock().wait_until(time.monotonic() + 60.0, signal) is True
+
+
+def test_the_timeline_does_not_keep_the_dicts_an_interval_came_in() -> None:
+    # The sampler reuses one pair of dicts for every interval (no allocation per sample): the
+    # recorder must copy what it keeps, in a new span and in one it adds to.
+    recorder = PowerTimelineRecorder(max_spans=1)
+    joules, covered = {"dev0": 10.0}, {"dev0": 0.1}
+    recorder.add(0.0, 0.1, joules, covered)
+    joules["dev0"], covered["dev0"] = 1e9, 1e9
+    recorder.add(0.1, 0.2, {"dev0": 30.0}, {"dev0": 0.1})
+    joules["dev0"], covered["dev0"] = 2e9, 2e9
+    timeline = recorder.timeline(0.0, ["dev0"])
+    assert timeline is not None and timeline.watts["dev0"] == [pytest.approx(200.0)]
+
+
+def test_many_intervals_through_reused_dicts_keep_each_spans_energy() -> None:
+    result = run_simulated(lambda c: {"dev0": 100.0 if c.t < 0.5 else 300.0, "dev1": 50.0}, 0.1, 0.95, 1.0)
+    assert result.timeline is not None
+    assert result.timeline.watts["dev1"] == [pytest.approx(50.0)] * 10
+    assert result.timeline.watts["dev0"] == [pytest.approx(w) for w in [100.0] * 4 + [200.0] + [300.0] * 5]
+    assert result.total_joules == pytest.approx(0.4 * 100.0 + 0.1 * 200.0 + 0.5 * 300.0 + 50.0)

@@ -25,8 +25,9 @@ import pytest
 from launching import LimitOnceWritten
 
 import core.sweep.repeat
+import core.sweep.run
 from core.running import forkserver, processes
-from core.sweep import make_sweep_spec, plan_sweep, run_sweep
+from core.sweep import keep_warm_workers, make_sweep_spec, plan_sweep, run_sweep
 from core.sweep.repeat import WarmWorkers
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="warm workers fork on Linux only")
@@ -92,21 +93,21 @@ class ServerWatch:
     """Records every fork server a sweep starts."""
 
     def __init__(self) -> None:
-        self.servers: list[forkserver.ForkServer] = []
+        self.servers: list[forkserver.StartingForkServer] = []
 
 
 @pytest.fixture
 def servers(monkeypatch: pytest.MonkeyPatch) -> ServerWatch:
     """Fork servers with a light preload (no torch), recorded as they start."""
     watch = ServerWatch()
-    real = forkserver.start_fork_server
+    real = forkserver.spawn_fork_server
 
-    def start(preload: Any, log_path: Path, ready_timeout: float = 60.0) -> forkserver.ForkServer:
-        server = real(LIGHT_PRELOAD, log_path, ready_timeout)
+    def start(preload: Any, log_path: Path) -> forkserver.StartingForkServer:
+        server = real(LIGHT_PRELOAD, log_path)
         watch.servers.append(server)
         return server
 
-    monkeypatch.setattr(core.sweep.repeat, "start_fork_server", start)
+    monkeypatch.setattr(core.sweep.repeat, "spawn_fork_server", start)
     return watch
 
 
@@ -194,11 +195,9 @@ def test_a_sweep_with_fresh_workers_starts_no_fork_server(
 
 
 def test_a_fork_server_that_cannot_start_leaves_runs_fresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = forkserver.start_fork_server
+    real = forkserver.spawn_fork_server
     monkeypatch.setattr(
-        core.sweep.repeat,
-        "start_fork_server",
-        lambda preload, log_path, ready_timeout: real(["core.no_such_module_here"], log_path, ready_timeout),
+        core.sweep.repeat, "spawn_fork_server", lambda preload, log_path: real(["core.no_such_module_here"], log_path)
     )
     fake_workers(monkeypatch, {8: FAKE_OK, 16: FAKE_OK})
     outcome = run_sweep(spec("broken-server", [8, 16]), database=tmp_path / "r.db")
@@ -222,6 +221,102 @@ def test_a_fork_server_that_dies_between_runs_leaves_the_next_runs_fresh(
     first, *rest = (runs[f"micro_batch_size={b}"].process_start for b in (8, 16, 32))
     assert first is not None and first.method == "forked", first
     assert all(s is not None and s.method == "fresh" and "died" in (s.reason or "") for s in rest)
+
+
+def test_the_fork_server_starts_while_the_sweep_plans(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, servers: ServerWatch
+) -> None:
+    # Its imports overlap the sweep's own planning and validation, instead of following them.
+    started_while_planning: list[bool] = []
+    real_plan = core.sweep.run.plan_sweep
+
+    def plan(*args: Any, **kwargs: Any) -> Any:
+        started_while_planning.append(bool(servers.servers) and servers.servers[0].process.poll() is None)
+        return real_plan(*args, **kwargs)
+
+    monkeypatch.setattr(core.sweep.run, "plan_sweep", plan)
+    fake_workers(monkeypatch, {8: FAKE_OK, 16: FAKE_OK})
+    outcome = run_sweep(spec("early-server", [8, 16]), database=tmp_path / "r.db")
+    assert started_while_planning == [True]
+    assert all(run.result.process_start.method == "forked" for cell in outcome.cells for run in cell.runs)  # type: ignore[union-attr]
+    assert len(servers.servers) == 1 and not alive(servers.servers[0].process.pid)
+    assert children_of(os.getpid()) == []
+
+
+def test_a_sweep_none_of_whose_runs_may_be_forked_stops_the_early_server_before_its_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, servers: ServerWatch
+) -> None:
+    # A TensorFlow sweep, say: the server begun while it planned must not take CPU from its runs.
+    monkeypatch.setattr(core.sweep.repeat, "_accelerator_refusal", lambda name: "not this one")
+    server_alive_at_runs: list[bool] = []
+
+    def command(request: Path, result: Path) -> list[str]:
+        server_alive_at_runs.append(alive(servers.servers[0].process.pid))
+        return [sys.executable, "-c", FAKE_OK, str(request), str(result)]
+
+    monkeypatch.setattr(core.sweep.repeat, "worker_command", command)
+    outcome = run_sweep(spec("unforkable", [8]), database=tmp_path / "r.db")
+    start = outcome.cells[0].runs[0].result.process_start
+    assert start is not None and start.method == "fresh" and start.reason == "not this one"
+    assert len(servers.servers) == 1 and server_alive_at_runs == [False]
+
+
+def test_sweeps_in_a_keep_block_share_one_fork_server_and_it_ends_with_the_block(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, servers: ServerWatch
+) -> None:
+    fake_workers(monkeypatch, {8: FAKE_OK, 16: FAKE_OK})
+    with keep_warm_workers():
+        first = run_sweep(spec("kept-1", [8, 16]), database=tmp_path / "r.db")
+        assert len(servers.servers) == 1 and alive(servers.servers[0].process.pid), "kept between sweeps"
+        second = run_sweep(spec("kept-2", [8, 16]), database=tmp_path / "r.db")
+        assert len(servers.servers) == 1, "the second sweep found the server ready"
+    starts = [run.result.process_start for outcome in (first, second) for cell in outcome.cells for run in cell.runs]
+    assert all(s is not None and s.method == "forked" for s in starts), starts
+    assert not alive(servers.servers[0].process.pid) and children_of(os.getpid()) == []
+
+
+def test_a_kept_fork_server_serves_only_the_environment_it_started_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, servers: ServerWatch
+) -> None:
+    # Variables read when a library is imported were read by the server: a sweep with others starts its own.
+    fake_workers(monkeypatch, {8: FAKE_OK})
+    with keep_warm_workers():
+        run_sweep(spec("env-1", [8]), database=tmp_path / "r.db")
+        monkeypatch.setenv("OMP_NUM_THREADS", "3")
+        run_sweep(spec("env-2", [8]), database=tmp_path / "r.db")
+        assert len(servers.servers) == 2 and not alive(servers.servers[0].process.pid)
+    assert not alive(servers.servers[1].process.pid) and children_of(os.getpid()) == []
+
+
+def test_a_kept_fork_server_that_failed_is_not_handed_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, servers: ServerWatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    killer = FAKE_OK + if_forked("os.kill(server, signal.SIGKILL)")
+    fake_workers(monkeypatch, {8: killer, 16: FAKE_OK})
+    caplog.set_level("WARNING", logger="core.sweep.repeat")
+    with keep_warm_workers():
+        run_sweep(spec("failed-1", [8, 16]), database=tmp_path / "r.db")
+        assert len(fork_server_warnings(caplog)) == 1
+        fake_workers(monkeypatch, {8: FAKE_OK, 16: FAKE_OK})
+        second = run_sweep(spec("failed-2", [8, 16]), database=tmp_path / "r.db")
+    assert len(servers.servers) == 2, "the second sweep started a server of its own"
+    assert all(run.result.process_start.method == "forked" for cell in second.cells for run in cell.runs)  # type: ignore[union-attr]
+    assert len(fork_server_warnings(caplog)) == 1
+    assert children_of(os.getpid()) == []
+
+
+def test_a_sweep_that_raises_in_a_keep_block_stops_its_fork_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, servers: ServerWatch
+) -> None:
+    def interrupted(request: Path, result: Path) -> list[str]:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(core.sweep.repeat, "worker_command", interrupted)
+    with keep_warm_workers():
+        with pytest.raises(KeyboardInterrupt):
+            run_sweep(spec("ctrl-c", [8]), database=tmp_path / "r.db")
+        assert len(servers.servers) == 1 and not alive(servers.servers[0].process.pid)
+    assert children_of(os.getpid()) == []
 
 
 def fork_server_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -285,14 +380,14 @@ def test_a_fork_server_that_hangs_under_a_run_does_not_hold_the_run(
 def test_a_fork_server_that_does_not_answer_costs_a_run_no_more_than_its_time_limit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, servers: ServerWatch
 ) -> None:
-    real = core.sweep.repeat.start_fork_server
+    real = forkserver.StartingForkServer.ready
 
-    def stuck(preload: Any, log_path: Path, ready_timeout: float = 60.0) -> forkserver.ForkServer:
-        server = real(preload, log_path, ready_timeout)
+    def stuck(self: forkserver.StartingForkServer, ready_timeout: float = 60.0) -> forkserver.ForkServer:
+        server = real(self, ready_timeout)
         os.kill(server.process.pid, signal.SIGSTOP)  # ready, then never answers a fork request
         return server
 
-    monkeypatch.setattr(core.sweep.repeat, "start_fork_server", stuck)
+    monkeypatch.setattr(forkserver.StartingForkServer, "ready", stuck)
     fake_workers(monkeypatch, {8: FAKE_OK, 16: FAKE_OK})
     # A fork answers in milliseconds; the run waits for one at most its own limit, then starts
     # fresh with the whole limit to itself (the old 60 s wait came out of the run's limit).
@@ -335,6 +430,21 @@ def test_a_fork_server_stuck_past_sigterm_is_said_to_be_not_ready_not_killed(
     assert "was not ready in 1 s" in str(raised.value) and "core stopped it" in str(raised.value)
     assert "exited with code" not in str(raised.value)
     assert children_of(os.getpid()) == []
+
+
+def test_a_closed_fork_server_leaves_without_finalising_its_imports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Tearing down PyTorch's modules took the sweep's end seconds on a loaded machine: the server,
+    # which only imported, leaves at once (an atexit handler of its imports never runs).
+    marker = tmp_path / "finalised"
+    (tmp_path / "core_test_atexit_import.py").write_text(
+        f"import atexit, pathlib\natexit.register(lambda: pathlib.Path({str(marker)!r}).write_text('yes'))\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    server = forkserver.start_fork_server(["core_test_atexit_import"], tmp_path / "server.log", ready_timeout=60)
+    server.close()
+    assert server.process.returncode == 0 and not marker.exists()
 
 
 def test_a_fork_server_that_exits_before_it_is_ready_says_its_own_exit_code(tmp_path: Path) -> None:
@@ -400,16 +510,17 @@ SWEEP_SCRIPT = """
 import json, signal, sys
 from pathlib import Path
 import core.sweep.repeat
+import core.sweep.run
 from core.running import forkserver
 from core.sweep import make_sweep_spec, run_sweep
 
 directory = Path(sys.argv[1])
-real = forkserver.start_fork_server
-def start(preload, log_path, ready_timeout):
-    server = real({light!r}, log_path, ready_timeout)
+real = forkserver.spawn_fork_server
+def start(preload, log_path):
+    server = real({light!r}, log_path)
     (directory / "server.pid").write_text(str(server.process.pid))
     return server
-core.sweep.repeat.start_fork_server = start
+core.sweep.repeat.spawn_fork_server = start
 hang = "import os, sys, time; open(sys.argv[2] + '.pid', 'w').write(str(os.getpid())); time.sleep(600)"
 core.sweep.repeat.worker_command = lambda request, result: [sys.executable, "-c", hang, str(request), str(result)]
 signal.signal(signal.SIGTERM, signal.default_int_handler)  # as the CLI does

@@ -26,23 +26,60 @@ DEFAULT_TIMELINE_SPANS = 600  # 30 s at full resolution with the default 50 ms i
 _FULL = 1e-9  # relative tolerance under which coverage counts as the whole window (float sums of dt)
 
 
+class StopFlag(Protocol):
+    """What a clock's wait watches: ``threading.Event`` is one, :class:`StopSignal` a lighter one."""
+
+    def is_set(self) -> bool: ...
+
+    def wait(self, timeout: float | None = None) -> bool: ...
+
+
+class StopSignal:
+    """A stop flag whose wait is one call into C, a lock's timed acquire: the sampler waits on it
+    every interval, in the process being measured, and ``threading.Event.wait`` runs a Condition's
+    Python (a lock allocated, a waiter list kept) on each. Set once, it stays set."""
+
+    def __init__(self) -> None:
+        self._held = threading.Lock()
+        self._held.acquire()  # released by set(): a waiter's acquire then succeeds at once
+        self._setting = threading.Lock()
+        self._set = False
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        with self._setting:
+            if not self._set:
+                self._set = True
+                self._held.release()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self._set:
+            return True
+        if self._held.acquire(timeout=-1 if timeout is None else timeout):
+            self._held.release()  # for whoever waits next
+            return True
+        return self._set
+
+
 class Clock(Protocol):
     """Time source and waiting primitive; injectable so tests can run the sampler in simulated time."""
 
     def now(self) -> float: ...
 
-    def wait_until(self, deadline: float, stop: threading.Event) -> bool:
+    def wait_until(self, deadline: float, stop: StopFlag) -> bool:
         """Return when the clock reads ``deadline`` (False) or as soon as ``stop`` is set (True)."""
         ...
 
 
 class MonotonicClock:
-    """The real clock: time.monotonic, waiting on the stop event so stop() never waits a full interval."""
+    """The real clock: time.monotonic, waiting on the stop flag so stop() never waits a full interval."""
 
     def now(self) -> float:
         return time.monotonic()
 
-    def wait_until(self, deadline: float, stop: threading.Event) -> bool:
+    def wait_until(self, deadline: float, stop: StopFlag) -> bool:
         return stop.wait(max(0.0, deadline - time.monotonic()))
 
 
@@ -55,7 +92,7 @@ class _ReadClock:
     def now(self) -> float:
         return self._read()
 
-    def wait_until(self, deadline: float, stop: threading.Event) -> bool:
+    def wait_until(self, deadline: float, stop: StopFlag) -> bool:
         return stop.wait(max(0.0, deadline - self._read()))
 
 
@@ -83,11 +120,17 @@ class _Span:
     intervals: int = 1  # sampling intervals merged into this span
 
     def absorb(self, later: _Span) -> None:
-        self.stop = later.stop
-        self.intervals += later.intervals
-        for name, joules in later.joules.items():
-            self.joules[name] = self.joules.get(name, 0.0) + joules
-            self.covered_seconds[name] = self.covered_seconds.get(name, 0.0) + later.covered_seconds[name]
+        self.intervals += later.intervals - 1
+        self.absorb_interval(later.stop, later.joules, later.covered_seconds)
+
+    def absorb_interval(self, stop: float, joules: dict[str, float], covered_seconds: dict[str, float]) -> None:
+        """Add one sampling interval ending at ``stop`` (nothing allocated where the names are known)."""
+        self.stop = stop
+        self.intervals += 1
+        own_joules, own_covered = self.joules, self.covered_seconds
+        for name, added in joules.items():
+            own_joules[name] = own_joules.get(name, 0.0) + added
+            own_covered[name] = own_covered.get(name, 0.0) + covered_seconds[name]
 
 
 class PowerTimelineRecorder:
@@ -107,16 +150,19 @@ class PowerTimelineRecorder:
         self._spans: list[_Span] = []
 
     def add(self, start: float, stop: float, joules: dict[str, float], covered_seconds: dict[str, float]) -> None:
-        interval = _Span(start, stop, joules, covered_seconds)
-        if self._spans and self._spans[-1].intervals < self._intervals_per_span:
-            self._spans[-1].absorb(interval)
+        """Add one interval. ``joules`` and ``covered_seconds`` are read, not kept: the caller may
+        reuse them (a span of its own copies them)."""
+        spans = self._spans
+        if spans and spans[-1].intervals < self._intervals_per_span:
+            spans[-1].absorb_interval(stop, joules, covered_seconds)
             return
-        if len(self._spans) == self._max:
+        if len(spans) == self._max:
             self._halve()
-            if self._spans[-1].intervals < self._intervals_per_span:  # an odd count left a half-full last span
-                self._spans[-1].absorb(interval)
+            spans = self._spans
+            if spans[-1].intervals < self._intervals_per_span:  # an odd count left a half-full last span
+                spans[-1].absorb_interval(stop, joules, covered_seconds)
                 return
-        self._spans.append(interval)
+        spans.append(_Span(start, stop, dict(joules), dict(covered_seconds)))
 
     def _halve(self) -> None:
         merged: list[_Span] = []
@@ -261,7 +307,7 @@ class FixedRateSampler:
         self._clock: Clock = clock or MonotonicClock()
         self._join_timeout = join_timeout_seconds
         self._lock = threading.Lock()
-        self._stop_event = threading.Event()
+        self._stop_event = StopSignal()
         self._thread: threading.Thread | None = None
         self._started = False
         self._stopping = False
@@ -274,6 +320,8 @@ class FixedRateSampler:
         self._errors: list[str] = []
         # 0 turns the timeline off; the integral does not depend on it.
         self._timeline = PowerTimelineRecorder(timeline_spans) if timeline_spans > 0 else None
+        self._span_joules: dict[str, float] = {}  # one interval's, reused (see _accept)
+        self._span_covered: dict[str, float] = {}
 
     # --- reading --------------------------------------------------------------------------------
     def _take(self) -> tuple[float, Reading | None, str | None]:
@@ -291,31 +339,41 @@ class FixedRateSampler:
             self._errors.append(message)
 
     def _accept(self, t: float, reading: Reading | None, error: str | None) -> None:
-        """Integrate one reading. Caller holds the lock. A failed reading (None) is a hole for all."""
+        """Integrate one reading. Caller holds the lock. A failed reading (None) is a hole for all.
+
+        It runs once per interval in the measured process, so it allocates nothing once the
+        components are known (the interval's energy goes through two dicts it reuses)."""
         if error is not None:
             self._record_error(error)
-        dt = 0.0 if self._last_t is None else t - self._last_t
+        last_t = self._last_t
+        dt = 0.0 if last_t is None else t - last_t
         if dt < 0:
             return  # out of order (cannot happen with the stopping flag; guard the integral anyway)
-        self._max_gap = max(self._max_gap, dt)
+        if dt > self._max_gap:
+            self._max_gap = dt
+        components = self._components
         if reading is not None:
             self._sample_count += 1
-            for name in reading:
-                self._components.setdefault(name, _Component())
-        span_joules: dict[str, float] = {}
-        span_covered: dict[str, float] = {}
-        for name, comp in self._components.items():
+            if not reading.keys() <= components.keys():
+                for name in reading:
+                    components.setdefault(name, _Component())
+        span_joules, span_covered = self._span_joules, self._span_covered
+        span_joules.clear()
+        span_covered.clear()
+        for name, comp in components.items():
             watts = _valid(reading.get(name)) if reading is not None else None
-            if comp.last_watts is not None and watts is not None and self._last_t is not None:
-                joules = 0.5 * (comp.last_watts + watts) * dt
+            last_watts = comp.last_watts
+            if last_watts is not None and watts is not None and last_t is not None:
+                joules = 0.5 * (last_watts + watts) * dt
                 comp.joules += joules
                 comp.covered_seconds += dt
-                span_joules[name], span_covered[name] = joules, dt
+                span_joules[name] = joules
+                span_covered[name] = dt
             comp.last_watts = watts
-        if self._timeline is not None and self._last_t is not None and dt > 0:
+        if self._timeline is not None and last_t is not None and dt > 0:
             # A reading at the same moment as the last (the final one, where a sample fell on the
             # window's end) adds no energy: no span of no length, which would read as N/A power.
-            self._timeline.add(self._last_t, t, span_joules, span_covered)
+            self._timeline.add(last_t, t, span_joules, span_covered)
         self._last_t = t
 
     # --- window ---------------------------------------------------------------------------------
@@ -331,18 +389,20 @@ class FixedRateSampler:
         self._thread.start()
 
     def _run(self) -> None:
+        # Names bound once: this loop runs in the measured process, every interval.
+        clock, stop_event, lock, take, accept = self._clock, self._stop_event, self._lock, self._take, self._accept
+        start_t, interval, floor = self._start_t, self._interval, math.floor
         k = 1
         while True:
-            deadline = self._start_t + k * self._interval
-            if self._clock.wait_until(deadline, self._stop_event):
+            if clock.wait_until(start_t + k * interval, stop_event):
                 return
-            t, reading, error = self._take()
-            with self._lock:
+            t, reading, error = take()
+            with lock:
                 if self._stopping:
                     return  # stop() has taken (or is taking) the final reading; later ones are outside the window
-                self._accept(t, reading, error)
+                accept(t, reading, error)
             # Next grid point strictly after now: skips deadlines a slow read overran, without drift.
-            k = max(k + 1, math.floor((self._clock.now() - self._start_t) / self._interval) + 1)
+            k = max(k + 1, floor((clock.now() - start_t) / interval) + 1)
 
     def stop(self) -> SampledEnergy:
         if not self._started or self._thread is None:
@@ -407,6 +467,8 @@ class FixedRateSampler:
 
 def _valid(value: object) -> float | None:
     """A finite number of watts, or None ("N/A"); NaN/inf from a driver are N/A, not power."""
+    if type(value) is float:  # the usual reading: no conversion, one test (NaN and inf are not < inf)
+        return value if -math.inf < value < math.inf else None
     if value is None or isinstance(value, bool):
         return None
     try:

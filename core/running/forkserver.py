@@ -23,7 +23,8 @@ exist yet when the server forks:
   imports start (OpenBLAS's, through numpy, which OpenBLAS stops before a fork and restarts after:
   ``pthread_atfork`` in its driver/others/memory.c).
 * TensorFlow starts threads when imported (its allocator's, jemalloc_bg_thd) and its runtime is
-  not fork-safe: TensorFlow runs are never forked (see core.sweep.repeat).
+  not fork-safe (a child forked after one operation hangs): TensorFlow runs are never forked (see
+  core.sweep.repeat and docs/sweeps.md, "TensorFlow runs are not forked").
 
 The channel is a Unix socket pair: newline-delimited JSON, the run's log passed as a file
 descriptor (SCM_RIGHTS). Requests: ``{"run": [argv], "env": {...}, "cwd": "..."}`` (answered
@@ -54,7 +55,7 @@ from core.running import processes
 
 READY_TIMEOUT_SECONDS = 300.0  # imports on a loaded machine; past it the sweep starts runs fresh
 _MAX_MESSAGE_BYTES = 1 << 20  # a request carries an environment: small, but not tiny
-_SERVER_EXIT_GRACE_SECONDS = 5.0
+SERVER_EXIT_GRACE_SECONDS = 5.0
 ANSWER_TIMEOUT_SECONDS = 60.0  # a fork takes milliseconds; a server this slow to answer is stuck
 # The server reaps a run the moment it ends (SIGCHLD wakes it): a run ended this long without its
 # exit reported means the server has stopped serving (stopped, or stuck), not that it is slow.
@@ -230,7 +231,7 @@ class ForkServer:
         self._ended_unreported.pop(pid, None)
         return self._exits.pop(pid)
 
-    def close(self, grace_seconds: float = _SERVER_EXIT_GRACE_SECONDS) -> None:
+    def close(self, grace_seconds: float = SERVER_EXIT_GRACE_SECONDS) -> None:
         """End the server (its runs still going are killed) and wait for it."""
         with contextlib.suppress(OSError):
             self._channel.sock.close()
@@ -303,6 +304,15 @@ def start_fork_server(
     :param log_path: where the server's own output goes (an import's warnings, a crash).
     :raises ForkServerError: it exited, or was not ready in ``ready_timeout`` seconds (it is stopped).
     """
+    return spawn_fork_server(preload, log_path).ready(ready_timeout)
+
+
+def spawn_fork_server(preload: Sequence[str], log_path: Path) -> StartingForkServer:
+    """Start a fork server that imports ``preload`` without waiting for it: its imports run while
+    the caller does other work (a sweep plans), and :meth:`StartingForkServer.ready` waits for them.
+
+    :param log_path: where the server's own output goes (an import's warnings, a crash).
+    """
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         with open(log_path, "wb") as log:
@@ -314,33 +324,57 @@ def start_fork_server(
             )
     finally:
         theirs.close()
-    channel = _Channel(ours)
-    silent = False  # no word in ready_timeout: still importing, stuck, or stopped (SIGSTOP)
-    try:
-        received = channel.receive(ready_timeout)
-        silent = received is None
-    except (EOFError, OSError, ValueError):
-        received = None
-        # The channel closed: the server is ending on its own; its exit code says how.
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=_SERVER_EXIT_GRACE_SECONDS)
-    if received is None or "ready" not in received[0]:
-        # Read before core stops it: a code after that (-9 for a server that ignored SIGTERM or was
-        # stopped) would be core's own kill, not how the server ended.
-        own_exit = process.poll()
-        processes.stop_process_group(process, grace_seconds=_SERVER_EXIT_GRACE_SECONDS)
-        ours.close()
-        if received is not None:
-            ended = "answered nonsense"
-        elif silent:
-            ended = f"was not ready in {ready_timeout:g} s (its imports hung, or it was stopped), so core stopped it"
-        elif own_exit is None:
-            ended = "closed its channel before it was ready but did not exit, so core stopped it"
-        else:
-            ended = f"exited with code {own_exit}"
-        tail = log_path.read_text(encoding="utf-8", errors="replace")[-2000:].strip()
-        raise ForkServerError(f"the fork server {ended}" + (f": {tail}" if tail else ""))
-    return ForkServer(process, channel, log_path, received[0])
+    return StartingForkServer(process, _Channel(ours), log_path)
+
+
+class StartingForkServer:
+    """A fork server started and still importing: :meth:`ready` waits for it, :meth:`close` stops it."""
+
+    def __init__(self, process: subprocess.Popen[bytes], channel: _Channel, log_path: Path) -> None:
+        self.process = process
+        self._channel = channel
+        self.log_path = log_path
+
+    def ready(self, ready_timeout: float = READY_TIMEOUT_SECONDS) -> ForkServer:
+        """The server, once it said it is ready (at most ``ready_timeout`` seconds from now).
+
+        :raises ForkServerError: it exited, or was not ready in time (it is stopped).
+        """
+        process, channel, log_path = self.process, self._channel, self.log_path
+        silent = False  # no word in ready_timeout: still importing, stuck, or stopped (SIGSTOP)
+        try:
+            received = channel.receive(ready_timeout)
+            silent = received is None
+        except (EOFError, OSError, ValueError):
+            received = None
+            # The channel closed: the server is ending on its own; its exit code says how.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=SERVER_EXIT_GRACE_SECONDS)
+        if received is None or "ready" not in received[0]:
+            # Read before core stops it: a code after that (-9 for a server that ignored SIGTERM or
+            # was stopped) would be core's own kill, not how the server ended.
+            own_exit = process.poll()
+            processes.stop_process_group(process, grace_seconds=SERVER_EXIT_GRACE_SECONDS)
+            channel.sock.close()
+            if received is not None:
+                ended = "answered nonsense"
+            elif silent:
+                ended = (
+                    f"was not ready in {ready_timeout:g} s (its imports hung, or it was stopped), so core stopped it"
+                )
+            elif own_exit is None:
+                ended = "closed its channel before it was ready but did not exit, so core stopped it"
+            else:
+                ended = f"exited with code {own_exit}"
+            tail = log_path.read_text(encoding="utf-8", errors="replace")[-2000:].strip()
+            raise ForkServerError(f"the fork server {ended}" + (f": {tail}" if tail else ""))
+        return ForkServer(process, channel, log_path, received[0])
+
+    def close(self, grace_seconds: float = SERVER_EXIT_GRACE_SECONDS) -> None:
+        """Stop the server before it was used (it has no runs)."""
+        with contextlib.suppress(OSError):
+            self._channel.sock.close()
+        processes.stop_process_group(self.process, grace_seconds=grace_seconds)
 
 
 def _stat_fields(pid: int) -> list[str] | None:
@@ -608,7 +642,14 @@ def main(argv: Sequence[str]) -> int:
         return 2
     processes.die_with_parent(None, signal.SIGTERM)
     sock = socket.socket(fileno=int(argv[0]))
-    return serve(sock, list(argv[1:]))
+    code = serve(sock, list(argv[1:]))
+    # Leave without the interpreter's finalisation: the server only imported, so it has nothing of
+    # its own to finish, and tearing down PyTorch's modules takes seconds on a loaded machine,
+    # which the sweep spends waiting for it at its end (close()).
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from core.sweep.loop import SweepBackend, SweepObserver, SweepOutcome
 from core.sweep.plan import Cell, SweepPlan, cell_key, describe_config_error, expand_cells, plan_sweep
-from core.sweep.repeat import STOP_GRACE_SECONDS, run_in_process, worker_command
+from core.sweep.repeat import STOP_GRACE_SECONDS, keep_warm_workers, run_in_process, worker_command
 from core.sweep.run import run_sweep
 from core.sweep.spec import (
     DEFAULT_REPEATS,
@@ -59,6 +59,7 @@ __all__ = [
     "cell_key",
     "describe_config_error",
     "expand_cells",
+    "keep_warm_workers",
     "load_sweep",
     "make_sweep_spec",
     "plan_sweep",

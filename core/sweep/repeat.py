@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import subprocess
 import sys
 import time
@@ -23,11 +24,13 @@ from core.running import processes
 from core.running.forkserver import (
     ANSWER_TIMEOUT_SECONDS,
     READY_TIMEOUT_SECONDS,
+    SERVER_EXIT_GRACE_SECONDS,
     ForkedProcess,
     ForkServer,
     ForkServerError,
+    StartingForkServer,
     forkable_command,
-    start_fork_server,
+    spawn_fork_server,
 )
 from core.running.launch import RESULT_FILE, child_command, run_in_child
 from core.sweep.plan import Cell
@@ -61,18 +64,126 @@ _log = logging.getLogger(__name__)
 worker_command = child_command
 
 
+class _WarmParent:
+    """A fork server (starting, or ready) with the folder that holds its log: they end together."""
+
+    def __init__(self, key: tuple[object, ...]) -> None:
+        self.key = key  # what the server's imports depended on: reused only where this is unchanged
+        self._folder = contextlib.ExitStack()
+        directory = self._folder.enter_context(processes.work_directory("core-forkserver-"))
+        self.starting: StartingForkServer | None = None
+        self.server: ForkServer | None = None
+        try:
+            self.starting = spawn_fork_server(WARM_IMPORTS, directory / "fork-server.log")
+        except OSError as error:  # not even a process: the first run that may be forked says why
+            self.spawn_error: str | None = f"{type(error).__name__}: {error}"
+        else:
+            self.spawn_error = None
+
+    def ready(self, ready_timeout: float) -> ForkServer:
+        """:raises ForkServerError: it did not start, or was not ready in ``ready_timeout`` s."""
+        if self.server is None:
+            if self.starting is None:
+                raise ForkServerError(self.spawn_error or "the fork server is closed")
+            # Kept until ready: a wait that Ctrl-C ends leaves it for close() to stop.
+            self.server = self.starting.ready(ready_timeout)
+            self.starting = None
+        return self.server
+
+    @property
+    def usable(self) -> bool:
+        """Whether another sweep may use it: its process runs, and nothing made it fail."""
+        if self.server is not None:
+            return self.server.failure is None and self.server.process.poll() is None
+        return self.starting is not None and self.starting.process.poll() is None
+
+    def close(self, grace_seconds: float = SERVER_EXIT_GRACE_SECONDS) -> None:
+        """Stop the server (its runs still going are killed), waiting ``grace_seconds`` at most for it."""
+        try:
+            if self.server is not None:
+                self.server.close(grace_seconds=grace_seconds)
+            elif self.starting is not None:
+                self.starting.close(grace_seconds=0.0)  # only importing: nothing of its own to finish
+        finally:
+            self.server = self.starting = None
+            self._folder.close()
+
+
+def _warm_parent_key() -> tuple[object, ...]:
+    """What a fork server's imports read when it starts: its preload, the environment (variables
+    such as ``OMP_NUM_THREADS`` or the plugin allowlist are read at import) and the directory it
+    imports from. A server kept between sweeps serves a sweep only where all three are unchanged."""
+    return (tuple(WARM_IMPORTS), sorted(processes.child_environment().items()), os.getcwd(), sys.executable)
+
+
+class _KeptWarmParent:
+    """The fork server kept between the sweeps of a :func:`keep_warm_workers` block."""
+
+    def __init__(self) -> None:
+        self.parent: _WarmParent | None = None
+
+    def take(self, key: tuple[object, ...]) -> _WarmParent | None:
+        parent, self.parent = self.parent, None
+        if parent is not None and parent.key == key and parent.usable:
+            return parent
+        if parent is not None:
+            parent.close(grace_seconds=0.0)
+        return None
+
+
+_kept: _KeptWarmParent | None = None  # set inside a keep_warm_workers() block
+
+
+@contextlib.contextmanager
+def keep_warm_workers() -> Iterator[None]:
+    """Sweeps run (``run_sweep``, local, warm) within the block share one fork server: the first
+    starts it, each later one finds it ready, so only the first waits for its imports. It is kept
+    only where that is safe: a sweep that ended normally hands it on, one that raised (Ctrl-C, an
+    error) stops it; one that failed or died is not reused; a sweep whose environment, directory
+    or preload differ from those it started with starts its own. It ends with the block (and, as
+    every fork server, with this process)."""
+    global _kept
+    if _kept is not None:  # nested: the outer block keeps it
+        yield
+        return
+    _kept = _KeptWarmParent()
+    try:
+        yield
+    finally:
+        kept, _kept = _kept, None
+        if kept.parent is not None:
+            kept.parent.close()
+
+
 class WarmWorkers:
-    """A sweep's choice between forked and fresh processes, and its fork server, started when the
-    first run that may be forked needs it and closed with the sweep (:func:`warm_workers`).
+    """A sweep's choice between forked and fresh processes, and its fork server: started by
+    :meth:`begin` (while the sweep plans, so its imports overlap that work) or else when the first
+    run that may be forked needs it, and closed with the sweep (:func:`warm_workers`), or kept for
+    the next one inside :func:`keep_warm_workers`.
 
     A server that could not start, died or stopped answering is a fault of the sweep's machinery,
     not of a cell: it is reported once (a warning), stopped, and every later run starts fresh."""
 
-    def __init__(self, requested: WorkerStart, scratch: Path) -> None:
+    def __init__(self, requested: WorkerStart, scratch: Path | None = None) -> None:
+        del scratch  # the server keeps its log in a folder of its own, which may outlive the sweep
         self.requested = requested
-        self._scratch = scratch
-        self._server: ForkServer | None = None
+        self._parent: _WarmParent | None = None
         self._server_failure: str | None = None
+
+    def begin(self) -> None:
+        """Start the fork server now without waiting for it (a kept one is taken as it is), where a
+        run may be forked at all: warm workers asked for, on Linux."""
+        if self.requested != "warm" or not sys.platform.startswith("linux"):
+            return
+        if self._parent is None and self._server_failure is None:
+            key = _warm_parent_key()
+            self._parent = (_kept.take(key) if _kept is not None else None) or _WarmParent(key)
+
+    def drop_unless_needed(self, cells: Sequence[Cell]) -> None:
+        """After planning: stop the server :meth:`begin` started when none of ``cells`` may be forked
+        (a TensorFlow sweep), so that its imports take no CPU from the runs."""
+        if self._parent is not None and all(self.refusal(cell) is not None for cell in cells):
+            self._close_parent(keep=True)
 
     def refusal(self, cell: Cell) -> str | None:
         """Why ``cell``'s run must start as a fresh interpreter; None when it may be forked."""
@@ -83,7 +194,10 @@ class WarmWorkers:
         if not sys.platform.startswith("linux"):
             return f"forked runs need Linux (the parent-death signal, a safe fork); this is {sys.platform}"
         if config.framework is not Framework.torch:
-            return f"{config.framework.value} is not forked: TensorFlow starts threads when imported"
+            return (
+                f"{config.framework.value} is not forked: importing TensorFlow starts a thread, and its runtime "
+                "does not survive a fork (docs/sweeps.md#tensorflow-runs-are-not-forked)"
+            )
         if config.replicas > 1 or config.nodes > 1:
             return "replicas > 1 run under a launcher (torchrun, poprun) that starts processes of its own"
         accelerator_refusal = _accelerator_refusal(config.accelerator)
@@ -95,11 +209,13 @@ class WarmWorkers:
     def server_failure(self) -> str | None:
         """Why the fork server cannot be used (it failed to start, died or stopped answering); None
         while it can. The first time a failure is seen it is reported, and the server stopped."""
-        if self._server_failure is None and self._server is not None and self._server.failure is not None:
-            self._server_failure = f"the fork server failed: {self._server.failure}"
-            _log.warning("core: warning: %s; the next runs start as fresh interpreters", self._server_failure)
-            server, self._server = self._server, None
-            server.close(grace_seconds=0.0)  # nothing of its own to finish: its runs are over or lost
+        parent = self._parent
+        if self._server_failure is None and parent is not None and parent.server is not None:
+            if parent.server.failure is not None:
+                self._server_failure = f"the fork server failed: {parent.server.failure}"
+                _log.warning("core: warning: %s; the next runs start as fresh interpreters", self._server_failure)
+                self._parent = None
+                parent.close(grace_seconds=0.0)  # nothing of its own to finish: its runs are over or lost
         return self._server_failure
 
     def start_for(self, cell: Cell, timeout_seconds: float | None = None) -> CellStart:
@@ -110,29 +226,39 @@ class WarmWorkers:
         return CellStart(self, self.refusal(cell), timeout_seconds)
 
     def server(self, ready_timeout: float = READY_TIMEOUT_SECONDS) -> ForkServer:
-        """The fork server, started on first use.
+        """The fork server, started on first use unless :meth:`begin` started it.
 
-        :param ready_timeout: the longest wait for its imports.
+        :param ready_timeout: the longest wait, from now, for its imports.
         :raises ForkServerError: it could not be started (then never tried again in this sweep).
         """
         failure = self.server_failure
         if failure is not None:
             raise ForkServerError(failure)
-        if self._server is None:
-            try:
-                self._server = start_fork_server(
-                    WARM_IMPORTS, self._scratch / "fork-server.log", ready_timeout=ready_timeout
-                )
-            except ForkServerError as error:
-                self._server_failure = f"the fork server could not start: {error}"
-                _log.warning("core: warning: %s; runs start as fresh interpreters", self._server_failure)
-                raise ForkServerError(self._server_failure) from None
-        return self._server
+        if self._parent is None:
+            self._parent = _WarmParent(_warm_parent_key())
+        try:
+            return self._parent.ready(ready_timeout)
+        except ForkServerError as error:
+            parent, self._parent = self._parent, None
+            parent.close(grace_seconds=0.0)
+            self._server_failure = f"the fork server could not start: {error}"
+            _log.warning("core: warning: %s; runs start as fresh interpreters", self._server_failure)
+            raise ForkServerError(self._server_failure) from None
 
-    def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            self._server = None
+    def close(self, keep: bool = False) -> None:
+        """Stop the fork server; with ``keep``, inside :func:`keep_warm_workers`, hand it on instead."""
+        self._close_parent(keep)
+
+    def _close_parent(self, keep: bool) -> None:
+        parent, self._parent = self._parent, None
+        if parent is None:
+            return
+        if keep and _kept is not None and parent.usable:
+            if _kept.parent is not None and _kept.parent is not parent:
+                _kept.parent.close(grace_seconds=0.0)
+            _kept.parent = parent
+        else:
+            parent.close()
 
 
 class CellStart:
@@ -187,13 +313,16 @@ def _accelerator_refusal(name: str) -> str | None:
 
 
 @contextlib.contextmanager
-def warm_workers(requested: WorkerStart, scratch: Path) -> Iterator[WarmWorkers]:
-    """The sweep's :class:`WarmWorkers`; the fork server, if one started, ends with the block."""
+def warm_workers(requested: WorkerStart, scratch: Path | None = None) -> Iterator[WarmWorkers]:
+    """The sweep's :class:`WarmWorkers`; the fork server, if one started, ends with the block (or,
+    inside :func:`keep_warm_workers`, is kept for the next sweep when the block ends normally)."""
     workers = WarmWorkers(requested, scratch)
     try:
         yield workers
-    finally:
+    except BaseException:
         workers.close()
+        raise
+    workers.close(keep=True)
 
 
 def run_in_process(

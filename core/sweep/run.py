@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -75,7 +76,9 @@ def run_sweep(
         pending repeat a Slurm job with the spec's ``[slurm]`` settings (core.sweep.cluster).
     :param workers: "warm" (default): fork each run from a parent that imported core and PyTorch once
         (core.running.forkserver) where that is safe, else a fresh interpreter; "fresh": always a fresh
-        interpreter. Each result's ``process_start`` says which it got, and why.
+        interpreter. Each result's ``process_start`` says which it got, and why. The warm parent
+        starts before the sweep plans; inside :func:`core.sweep.keep_warm_workers` it is shared by
+        the block's sweeps.
     :raises SweepError: before anything runs, when cells are invalid or the database disagrees.
     :returns: what ran, and a summary of every cell.
     """
@@ -83,11 +86,51 @@ def run_sweep(
         raise SweepError(f"invalid workers {workers!r}; allowed: {', '.join(WORKER_STARTS)}")
     if executor not in EXECUTORS:
         raise SweepError(f"invalid executor {executor!r}; allowed: {', '.join(EXECUTORS)}")
+    # A local sweep's fork server imports while the sweep plans, validates and opens its database:
+    # the first forked run then waits for what is left of its imports, not for all of them.
+    warm_block: contextlib.AbstractContextManager[WarmWorkers | None] = (
+        warm_workers(workers) if executor == "local" else contextlib.nullcontext(None)
+    )
+    with warm_block as warm:
+        if warm is not None:
+            warm.begin()
+        return _run_sweep(
+            sweep,
+            database=database,
+            resume=resume,
+            retry_failed=retry_failed,
+            repeats=repeats,
+            timeout_seconds=timeout_seconds,
+            skip_invalid=skip_invalid,
+            observer=observer,
+            executor=executor,
+            workers=workers,
+            warm=warm,
+        )
+
+
+def _run_sweep(
+    sweep: str | Path | SweepSpec | SweepPlan,
+    *,
+    database: str | Path | None,
+    resume: bool,
+    retry_failed: bool,
+    repeats: int | None,
+    timeout_seconds: float | None,
+    skip_invalid: bool,
+    observer: SweepObserver | None,
+    executor: Executor,
+    workers: WorkerStart,
+    warm: WarmWorkers | None,
+) -> SweepOutcome:
     plan = _plan_of(sweep, executor)
+    if warm is not None:
+        warm.drop_unless_needed(plan.valid_cells)
     spec = _spec_with(plan.spec, repeats=repeats, timeout_seconds=timeout_seconds)
     _check_cells(plan, skip_invalid)
     database = Path(database) if database is not None else default_database()
-    backend = _backend(executor, spec, database, workers)  # SweepError: Slurm cannot be reached, its jobs directory
+    # SweepError: Slurm cannot be reached, its jobs directory
+    backend = _backend(executor, spec, database, workers, warm)
     if resume and not database.exists():
         raise SweepError(f"--resume: no results database at {database}, so no sweep {spec.name!r} to resume")
     from core.contract.manager import get_plugin_manager
@@ -182,11 +225,13 @@ def _check_cells(plan: SweepPlan, skip_invalid: bool) -> None:
         )
 
 
-def _backend(executor: Executor, spec: SweepSpec, database: Path, workers: WorkerStart) -> SweepBackend:
+def _backend(
+    executor: Executor, spec: SweepSpec, database: Path, workers: WorkerStart, warm: WarmWorkers | None = None
+) -> SweepBackend:
     """Where the repeats run; a Slurm sweep is refused here, before anything is written, where the
     machine cannot submit jobs or the jobs directory cannot hold them."""
     if executor == "local":
-        return LocalBackend(spec.timeout_seconds, workers)
+        return LocalBackend(spec.timeout_seconds, workers, warm)
     from core.sweep.cluster import SlurmBackend
 
     return SlurmBackend.checked(spec, database)
@@ -290,9 +335,12 @@ class LocalBackend(SweepBackend):
 
     estimates_time_left: ClassVar[bool] = True
 
-    def __init__(self, timeout_seconds: float, workers: WorkerStart = DEFAULT_WORKER_START) -> None:
+    def __init__(
+        self, timeout_seconds: float, workers: WorkerStart = DEFAULT_WORKER_START, warm: WarmWorkers | None = None
+    ) -> None:
         self.timeout_seconds = timeout_seconds
         self.workers = workers
+        self._given_warm = warm  # run_sweep's, begun while it planned; None: the backend's own
         self._next: Repeat | None = None
         self._scratch: Path | None = None
         self._warm: WarmWorkers | None = None
@@ -300,9 +348,13 @@ class LocalBackend(SweepBackend):
     @contextmanager
     def running(self, settled: Collection[RepeatKey], cells: Mapping[str, Cell]) -> Iterator[None]:
         # Removed on every way out; one left by a sweep that was killed (-9) goes at the next sweep's
-        # start. The fork server (if a run may be forked) starts with the first such run and ends
-        # with the sweep; the runs it forked are killed with it.
-        with processes.work_directory("core-sweep-") as scratch, warm_workers(self.workers, Path(scratch)) as warm:
+        # start. The fork server (if a run may be forked) started while the sweep planned, or starts
+        # with the first such run, and ends with the sweep; the runs it forked are killed with it.
+        with contextlib.ExitStack() as stack:
+            scratch = stack.enter_context(processes.work_directory("core-sweep-"))
+            warm = self._given_warm
+            if warm is None:
+                warm = stack.enter_context(warm_workers(self.workers))
             self._scratch, self._warm = Path(scratch), warm
             try:
                 yield
