@@ -13,8 +13,8 @@ the machine hits both alike. Cases (issue 34's targets, core / plain throughput)
 
     .venv/bin/python benchmarks/overhead_cpu.py [--case tiny|...|all] [--pairs N] [--steps N] [--json F]
 
-Prints, per case, core / plain throughput: the median of the per-pair ratios with their range
-(min-max), and each side's median step time. Core's figure is its steady window's (setup, first
+Prints, per case, core / plain throughput: the median of the per-pair ratios with their
+quartiles and range (min-max), and each side's median step time. Core's figure is its steady window's (setup, first
 step and warm-up apart); the plain loop times its own window the same way, after as many warm-up
 steps.
 """
@@ -148,13 +148,20 @@ def plain_tensorflow_seconds_per_step(case: Case) -> float:
 
 
 def measure(name: str, case: Case) -> dict[str, Any]:
-    """``case.pairs`` pairs, core first in each (TensorFlow's thread pools are then core's)."""
+    """``case.pairs`` pairs. Core goes first in the first pair (TensorFlow's thread pools are then
+    core's, one thread), and the order turns in each pair after it, so neither side always runs
+    right after the other's teardown."""
     plain = plain_tensorflow_seconds_per_step if case.framework == "tensorflow" else plain_torch_seconds_per_step
     core_times, plain_times = [], []
-    for _ in range(case.pairs):
-        core_times.append(core_seconds_per_step(case))
-        plain_times.append(plain(case))
+    for pair in range(case.pairs):
+        if pair % 2 == 0:
+            core_times.append(core_seconds_per_step(case))
+            plain_times.append(plain(case))
+        else:
+            plain_times.append(plain(case))
+            core_times.append(core_seconds_per_step(case))
     ratios = sorted(p / c for c, p in zip(core_times, plain_times))  # core / plain throughput
+    quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
     return {
         "case": name,
         "pairs": case.pairs,
@@ -162,8 +169,10 @@ def measure(name: str, case: Case) -> dict[str, Any]:
         "core_seconds_per_step_median": statistics.median(core_times),
         "plain_seconds_per_step_median": statistics.median(plain_times),
         "core_over_plain_throughput_median": statistics.median(ratios),
+        "core_over_plain_throughput_quartiles": [quartiles[0], quartiles[2]],
         "core_over_plain_throughput_min": ratios[0],
         "core_over_plain_throughput_max": ratios[-1],
+        "core_over_plain_throughput_of_medians": statistics.median(plain_times) / statistics.median(core_times),
         "target_at_least": case.target,
     }
 
@@ -171,7 +180,9 @@ def measure(name: str, case: Case) -> dict[str, Any]:
 def print_figures(figures: dict[str, Any]) -> None:
     print(
         f"{figures['case']:14s} core / plain throughput {figures['core_over_plain_throughput_median']:.3f} "
-        f"(pairs {figures['core_over_plain_throughput_min']:.3f}-{figures['core_over_plain_throughput_max']:.3f}, "
+        f"(quartiles {figures['core_over_plain_throughput_quartiles'][0]:.3f}-"
+        f"{figures['core_over_plain_throughput_quartiles'][1]:.3f}, "
+        f"pairs {figures['core_over_plain_throughput_min']:.3f}-{figures['core_over_plain_throughput_max']:.3f}, "
         f"{figures['pairs']} pairs of {figures['steps']} steps; target >= {figures['target_at_least']:.3f})   "
         f"core {figures['core_seconds_per_step_median'] * 1e3:.3f} ms/step, "
         f"plain {figures['plain_seconds_per_step_median'] * 1e3:.3f} ms/step",

@@ -158,12 +158,12 @@ class NonFiniteFlag:
         self._one = torch.ones(1, device=device)
         self._fused = _fused_finite_check_runs_on(device)
 
-    def update(self, tensors: list[torch.Tensor], read_only: bool = False) -> None:
-        """Raise the flag if any element of ``tensors`` is NaN/inf; values are left unchanged
-        (``read_only``: not even rewritten in place, as weights must not be)."""
+    def update(self, tensors: list[torch.Tensor]) -> None:
+        """Raise the flag if any element of ``tensors`` is NaN/inf; values are left unchanged (the
+        fused kernel rewrites them in place, multiplied by exactly 1: not for tensors autograd saved)."""
         if not tensors:
             return
-        if self._fused and not read_only:
+        if self._fused:
             # GradScaler's own check with an unscale factor of 1: one call over the whole list
             # (one kernel on CUDA) that sets the flag to 1 and never clears it. Its in-place
             # "unscale" multiplies by exactly 1, which changes no value, NaN and inf included.
@@ -210,7 +210,7 @@ class FirstNonFiniteLoss:
         count = len(self._held)
         if not count:
             return
-        with torch.no_grad():  # the losses may still require grad: the fold records no graph
+        with torch.no_grad():
             bad = torch.isfinite(torch.stack(self._held).reshape(count, -1)).all(dim=1).logical_not()
             first = torch.where(bad, self._positions[:count] + self._folded, NO_NON_FINITE_LOSS).min()
             torch.minimum(self._first, first, out=self._first)
@@ -543,7 +543,8 @@ class TorchExecutor(TorchModelExecutor):
                 self.precision.backward(loss)
                 if self._after_backward is not None:
                     self._after_backward()
-            losses.append(loss)
+            # Detached: a held loss must not keep its update's autograd graph alive until the fold.
+            losses.append(loss.detach())
         # Where the device averages the gradients itself (no DDP), it does so once per update.
         self._hooks.reduce_gradients(self._optimizer)
         self.precision.optimizer_step(self._optimizer)
