@@ -14,6 +14,8 @@ from core.cli.errors import config_error, error
 from core.cli.text import count
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from core.machines import MachineProfile
     from core.running.planning import RunPlan
 
@@ -25,19 +27,23 @@ MACHINE_HELP = (
 )
 
 
-def load_machine_argument(args: argparse.Namespace, relative_to: Path | None = None) -> MachineProfile | None:
+def load_machine_argument(
+    args: argparse.Namespace, relative_to: Path | None = None, site_machines: Mapping[str, MachineProfile] | None = None
+) -> MachineProfile | None:
     """The --machine profile (None without one); ConfigError when it is unknown or used without --dry-run.
 
     :param relative_to: where a relative profile path is read from (a sweep file's folder, for the
         file's own ``machine`` key); None: the working directory, as for any path on the command line.
+    :param site_machines: the site file's profiles (core/sweep/site.py), looked up before the plugins'.
     """
     if args.machine is None:
         return None
     if not args.dry_run:
         raise ConfigError("--machine", args.machine, "plans for a machine not at hand: use it with --dry-run")
-    from core.machines import load_machine
+    from core.machines import load_machine, shipped_machines
 
-    return load_machine(args.machine, relative_to=relative_to)
+    shipped = {**shipped_machines(), **site_machines} if site_machines else None
+    return load_machine(args.machine, relative_to=relative_to, shipped=shipped)
 
 
 def command_run_dry(args: argparse.Namespace, options: dict[str, Any]) -> int:
