@@ -329,3 +329,29 @@ def test_the_resume_command_names_the_site_file_found(
     sweep = ["sweep", str(_sweep(tmp_path)), "--executor", "slurm", "--database", str(tmp_path / "r.db")]
     assert main(sweep) == 130
     assert f"--site={site}" in capsys.readouterr().err
+
+
+# --- against the real single-host Slurm (scripts/local-slurm.sh); skipped without one -------------
+
+
+@pytest.mark.slow
+def test_the_site_account_partition_and_setup_reach_a_real_job(tmp_path: Path) -> None:
+    from core.sweep.slurm_jobs import unavailable_reason
+
+    missing = unavailable_reason()
+    if missing is not None:
+        pytest.skip(f"no Slurm to submit to ({missing})")
+    partitions = subprocess.run(["sinfo", "--noheader", "--format=%P"], capture_output=True, text=True, check=True)
+    partition = partitions.stdout.split()[0].rstrip("*")
+    marker = tmp_path / "seen-by-the-job"
+    site = _site(
+        tmp_path,
+        f"setup = ['echo \"$SLURM_JOB_ACCOUNT $SLURM_JOB_PARTITION\" > {marker}']\n"
+        f"[slurm]\naccount = 'core-site-test'\npartition = '{partition}'\n",
+    )
+    sweep = _sweep(tmp_path, slurm="exclusive = false\n").read_text().replace("poll_seconds = 5", "poll_seconds = 1")
+    (tmp_path / "sim.toml").write_text(sweep)
+    command = ["sweep", str(tmp_path / "sim.toml"), "--executor", "slurm", "--database", str(tmp_path / "r.db")]
+    assert main([*command, "--site", str(site)]) == 0
+    # The job's own environment: Slurm's account and partition, written by the site's setup line.
+    assert marker.read_text().split() == ["core-site-test", partition]
