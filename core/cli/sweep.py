@@ -160,7 +160,7 @@ def _run(args: argparse.Namespace, plan: SweepPlan, database: Path) -> int:
         raise KeyboardInterrupt
 
     previous_handler = signal.signal(signal.SIGTERM, stop)
-    display = SweepDisplay()
+    display = SweepDisplay(quiet=args.quiet)
     try:
         outcome = run_sweep(
             plan,

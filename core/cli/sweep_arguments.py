@@ -32,6 +32,7 @@ RESUMED_FLAGS = {
     "repeats": "--repeats",
     "timeout_seconds": "--timeout-seconds",
     "workers": "--workers",
+    "quiet": "--quiet",
 }
 #: options a resume command leaves out: it resumes (--resume), runs (not --dry-run, so no --machine)
 NOT_RESUMED = frozenset({"command", "debug", "dry_run", "machine", "resume"})
@@ -55,6 +56,12 @@ def add_sweep_arguments(sweep: argparse.ArgumentParser, machine_help: str) -> No
     sweep.add_argument("--repeats", type=int, help="runs per cell (overrides the file; default 3)")
     sweep.add_argument("--timeout-seconds", type=float, help="time limit of one repeat (overrides the file)")
     sweep.add_argument("--skip-invalid", action="store_true", help="run the valid cells when some are invalid")
+    sweep.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress on stderr (the status line, or in a log a status line every 30 s); "
+        "the line per finished run still prints",
+    )
     sweep.add_argument(
         "--workers",
         choices=("warm", "fresh"),
