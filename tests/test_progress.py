@@ -187,8 +187,15 @@ def test_progress_from_another_process_is_read_once_each_time_it_changes(tmp_pat
     assert [entry.name for entry in tmp_path.iterdir()] == [path.name]  # no scratch file left
 
 
-def test_a_run_tells_its_steps_and_keeps_its_figures() -> None:
+def test_a_run_tells_its_steps_and_keeps_its_figures(monkeypatch: pytest.MonkeyPatch) -> None:
+    import functools
+
+    import core.running.runner
     from core.running.observe import Observer
+
+    # Every mark reports (an interval of 0): which steps are told is then the run's, not the clock's.
+    every_mark = functools.partial(ReportingStepClock, interval_seconds=0.0)
+    monkeypatch.setattr(core.running.runner, "ReportingStepClock", every_mark)
 
     class Watcher(Observer):
         def __init__(self) -> None:
@@ -207,8 +214,16 @@ def test_a_run_tells_its_steps_and_keeps_its_figures() -> None:
         workload_options={"layers": 1, "hidden_width": 8},
         on_progress=_Callback(watcher),
     )
-    assert result.status.ok and result.window_steps == 3
-    assert all(each.phase in ("warmup", "window") and each.steps_done <= each.steps_total for each in watcher.phases)
+    assert result.status.ok and result.window_steps == 3 and result.step_seconds_median is not None
+    told = [(each.phase, each.steps_done, each.steps_total) for each in watcher.phases]
+    assert told == [
+        ("warmup", 1, 2),
+        ("warmup", 2, 2),
+        ("window", 0, 3),
+        ("window", 1, 3),
+        ("window", 2, 3),
+        ("window", 3, 3),
+    ]
 
 
 class _Callback:
