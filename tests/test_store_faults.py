@@ -313,14 +313,15 @@ def test_a_result_of_a_newer_schema_is_skipped_with_a_warning(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     database = filled(tmp_path / "r.db", runs=4)
-    _set_schema(database, 2, "1.11")  # newer than 1.10 as numbers, though not as text
+    _set_schema(database, 2, "1.100")  # newer than 1.11 as numbers, though not as text
     _set_schema(database, 3, "2.0")
     _set_schema(database, 4, "1.0")  # an older layout reads
     with ResultStore(database, create=False) as store:
         assert [run.run_id for run in store.runs()] == [1, 4]
         reasons = [row.reason for row in store.skipped_rows]
     assert reasons == [
-        f"written by a newer core: result schema 1.11, this core reads up to {SCHEMA_VERSION}; upgrade core to read it",
+        f"written by a newer core: result schema 1.100, this core reads up to {SCHEMA_VERSION}; "
+        "upgrade core to read it",
         f"written by a newer core: result schema 2.0, this core reads up to {SCHEMA_VERSION}; upgrade core to read it",
     ]
     assert main(["results", "--database", str(database), "--format", "csv"]) == 0
@@ -446,7 +447,7 @@ def test_the_progress_line_escapes_a_cells_label_and_keeps_its_own_control(
     from core.running.progress import EscapingStream, ProgressLine
 
     terminal = io.StringIO()
-    line = ProgressLine(EscapingStream(terminal), enabled=True)
+    line = ProgressLine(EscapingStream(terminal), interactive=True)
     line.show("[1/2] cell 1/2 label" + HOSTILE)
     line.print("label" + HOSTILE + " repeat 1: ok")
     shown = terminal.getvalue()

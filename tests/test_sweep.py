@@ -324,22 +324,23 @@ def test_crashes_kills_and_hangs_are_recorded_and_the_sweep_goes_on(
         assert store.count("faults") == 8
 
 
-def test_progress_is_shown_on_terminals_only(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_progress_is_redrawn_on_terminals_and_plain_in_logs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "200")  # the line is cut to the terminal's width, whatever runs the test
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:
             return True
 
-    quiet = io.StringIO()
-    ProgressLine(quiet).show("[1/6] cell 1/6 micro_batch_size=8")
-    assert quiet.getvalue() == ""
+    log = io.StringIO()  # a batch job's log: a plain line, no control sequence (issue 30)
+    ProgressLine(log).show("[1/6] cell 1/6 micro_batch_size=8")
+    assert log.getvalue() == "[1/6] cell 1/6 micro_batch_size=8\n"
     terminal = Terminal()
     line = ProgressLine(terminal)
     RunProgress(line, "fcnn on cpu", steps=20, warmup_steps=4)(
-        synthetic_result(throughput=None).model_copy(update={"warmup_seconds": 0.4})
+        synthetic_result(throughput=None).model_copy(update={"warmup_seconds": 0.4, "window_seconds": None})
     )
-    assert terminal.getvalue().startswith("\r\x1b[2K") and "timed window of 20 steps, ~2 s left" in terminal.getvalue()
+    status = terminal.getvalue().rsplit("\n", 1)[-1]  # after the phases' lines
+    assert status.startswith("\r\x1b[2K") and status.endswith("timed window of 20 steps | ~2 s left")
     line.clear()
     assert terminal.getvalue().endswith("\r\x1b[2K")
     assert [format_duration(s) for s in (None, 4.4, 125, 3725)] == ["?", "4 s", "2:05", "1:02:05"]

@@ -40,7 +40,10 @@ from core.base.units import JOULES_PER_WATT_HOUR, watt_hours
 #      an older document's config without node_meters read none ("", filled in on read).
 # 1.10: RunResult.host_load (optional, so older documents load without it): the host's load average at the
 #       window's start and end, its CPU count and the CPU time stolen by a hypervisor over the window.
-SCHEMA_VERSION = "1.10"
+# 1.11: RunResult.slurm (optional, so older documents load without it): the Slurm job a run ran in (job
+#       id, array job and task, node list, partition); a multi-node run records its nodes (RunResult.nodes,
+#       with host names) with no meter too.
+SCHEMA_VERSION = "1.11"
 # The error type of a document written by a newer core: ResultStore skips such a row with a warning.
 NEWER_SCHEMA_ERROR = "newer_schema"
 # A traceback kept in a result is cut to its end (where it broke) so a deep recursion stays small.
@@ -259,6 +262,18 @@ class NodeEnergy(BaseModel):
     devices: int = Field(default=0, description="devices of the run on this node (or instance)")
 
 
+class SlurmJob(BaseModel):
+    """The Slurm job a run ran in, as Slurm's environment told the run's main process."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    job_id: str = Field(description="SLURM_JOB_ID: the job's own id (an array task's too)")
+    array_job_id: str | None = Field(default=None, description="SLURM_ARRAY_JOB_ID: the array the job is a task of")
+    array_task_id: int | None = Field(default=None, description="SLURM_ARRAY_TASK_ID: its index in that array")
+    nodelist: str | None = Field(default=None, description="SLURM_JOB_NODELIST, compressed as Slurm writes it")
+    partition: str | None = Field(default=None, description="SLURM_JOB_PARTITION")
+
+
 class LoadGenFigures(BaseModel):
     """What MLPerf LoadGen said of an inference run under one of its scenarios, from its own logs."""
 
@@ -463,13 +478,14 @@ class RunResult(BaseModel):
     nodes: list[NodeEnergy] = Field(
         default_factory=list,
         description="a run over several nodes: each node's host and window energy (energy_joules is their sum, "
-        "None if any node's meter failed)",
+        "None if any node's meter failed); recorded with their hosts where no meter reads them too",
     )
     loadgen: LoadGenFigures | None = Field(
         default=None, description="an inference run under a LoadGen scenario: LoadGen's verdict and figures"
     )
 
     environment: EnvironmentInfo | None = None
+    slurm: SlurmJob | None = Field(default=None, description="the Slurm job the run ran in; None outside Slurm")
     process_start: ProcessStart | None = Field(
         default=None, description="a sweep's run: forked from a warm parent or a fresh interpreter (and why)"
     )

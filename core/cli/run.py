@@ -1,4 +1,4 @@
-"""``core run``: one run, its progress on the terminal, its result printed, written to ``--output``
+"""``core run``: one run, its progress on stderr, its result printed, written to ``--output``
 and stored in ``--database``; a bad path is refused before the run, so it costs nothing measured."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def command_run(args: argparse.Namespace) -> int:
             return error(str(problem))
     from core.running.progress import ProgressLine
 
-    line = ProgressLine()
+    line = ProgressLine(enabled=not args.quiet)
     try:
         return _run_and_show(args, options, line)
     finally:
@@ -41,7 +41,7 @@ def command_run(args: argparse.Namespace) -> int:
 
 
 def _progress(args: argparse.Namespace, options: dict[str, Any], line: ProgressLine) -> RunProgress | None:
-    """The run's progress on ``line``, where it is a terminal."""
+    """The run's progress on ``line`` (on stderr: a terminal's status line, or a log's lines), unless --quiet."""
     if not line.enabled:
         return None
     from core.base.config import RunConfig

@@ -67,7 +67,7 @@ RUN_GROUPS: dict[str, tuple[str, ...]] = {
         "threads_per_replica",
         "timeout_seconds",
     ),
-    "output": ("json", "output", "database", "dry_run", "machine"),
+    "output": ("json", "quiet", "output", "database", "dry_run", "machine"),
 }
 
 #: commands from the README, shown under ``core run --help`` (tests/test_cli_parser.py parses each
@@ -153,6 +153,9 @@ def add_run_arguments(run: argparse.ArgumentParser, machine_help: str) -> None:
         "measured before",
     )
     group("json").add_argument("--json", action="store_true", help="print the result as JSON")
+    group("quiet").add_argument(
+        "--quiet", action="store_true", help="no progress on stderr (a line per phase, the steps and the time left)"
+    )
     group("output").add_argument("--output", type=Path, help="also write the result JSON to this file")
     group("database").add_argument(
         "--database",

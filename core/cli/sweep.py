@@ -196,7 +196,7 @@ def _run(args: argparse.Namespace, plan: SweepPlan, database: Path, site: Site |
         raise KeyboardInterrupt
 
     previous_handler = signal.signal(signal.SIGTERM, stop)
-    display = SweepDisplay()
+    display = SweepDisplay(quiet=args.quiet)
     try:
         outcome = run_sweep(
             plan,

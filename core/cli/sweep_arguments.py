@@ -33,6 +33,7 @@ RESUMED_FLAGS = {
     "timeout_seconds": "--timeout-seconds",
     "workers": "--workers",
     "site": "--site",  # the site file found, by its absolute path (core/cli/sweep.py sets it)
+    "quiet": "--quiet",
 }
 #: options a resume command leaves out: it resumes (--resume), runs (not --dry-run, so no --machine,
 #: no --print-site)
@@ -57,6 +58,12 @@ def add_sweep_arguments(sweep: argparse.ArgumentParser, machine_help: str) -> No
     sweep.add_argument("--repeats", type=int, help="runs per cell (overrides the file; default 3)")
     sweep.add_argument("--timeout-seconds", type=float, help="time limit of one repeat (overrides the file)")
     sweep.add_argument("--skip-invalid", action="store_true", help="run the valid cells when some are invalid")
+    sweep.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress on stderr (the status line, or in a log a status line every 30 s); "
+        "the line per finished run still prints",
+    )
     sweep.add_argument(
         "--workers",
         choices=("warm", "fresh"),

@@ -1,5 +1,6 @@
 """What ``core sweep`` shows: the cells of a plan (``--dry-run``), and, while it runs, the progress
-line on stderr (terminals only) and one line per finished run on stdout."""
+on stderr (a status line on a terminal, a plain line every 30 s in a log; a Slurm sweep's queued,
+running, done and failed jobs) and one line per finished run on stdout."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from core.sweep.loop import SweepObserver
 
 if TYPE_CHECKING:
     from core.base.results import RunResult
+    from core.running.progress import ProgressLine
+    from core.sweep.loop import JobCounts
     from core.sweep.plan import Cell, SweepPlan
 
 
@@ -36,13 +39,16 @@ _QUEUE_REASONS = {
 class SweepDisplay(SweepObserver):
     """The sweep's progress line and a line per finished run: a sweep observer (core.sweep.SweepObserver)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, quiet: bool = False, line: ProgressLine | None = None) -> None:
+        """:param quiet: no progress on stderr (``--quiet``); the line per finished run still prints.
+        :param line: where the progress goes (a test's, with its own stream and clock)."""
         from core.running.progress import ProgressLine
 
-        self.line = ProgressLine()
+        self.line = line if line is not None else ProgressLine(enabled=not quiet)
         self._position = ""
         self._cells = 0
         self._told_pending: dict[str, str] = {}  # job -> the reason last printed for it
+        self._counts = ""  # a cluster's last poll: queued, running, done, failed
 
     def started(self, plan: SweepPlan, runs_total: int, runs_finished: int, runs_recorded: int | None = None) -> None:
         self._cells = len(plan.valid_cells)
@@ -62,7 +68,9 @@ class SweepDisplay(SweepObserver):
         self._position = (
             f"[{runs_done + 1}/{runs_total}] cell {cell.index + 1}/{self._cells} {cell.label} repeat {repeat + 1}"
         )
-        self.line.show(f"{self._position} | ~{format_duration(seconds_left)} left")
+        # A cluster's jobs run side by side: no time left to estimate, its counts say how far it is.
+        tail = f"~{format_duration(seconds_left)} left" if seconds_left is not None else self._counts
+        self.line.show(f"{self._position} | {tail}" if tail else self._position)
 
     def waiting(self, cell: Cell, repeat: int, elapsed_seconds: float, seconds_left: float | None) -> None:
         from core.running.progress import format_duration
@@ -70,6 +78,12 @@ class SweepDisplay(SweepObserver):
         self.line.show(
             f"{self._position} | {format_duration(elapsed_seconds)} in this run | ~{format_duration(seconds_left)} left"
         )
+
+    def jobs_counted(self, counts: JobCounts) -> None:
+        """The status line (a log's every 30 s) says how many of the sweep's jobs wait, run, are done."""
+        failed = f" ({counts.failed} failed)" if counts.failed else ""
+        self._counts = f"{counts.done}/{counts.total} done{failed}, {counts.running} running, {counts.queued} queued"
+        self.line.show(f"sweep: {self._counts}")
 
     def queued(self, cell: Cell, repeat: int, job: str, reason: str) -> None:
         """The progress line says which job waits and why; a reason past the queue's ordinary

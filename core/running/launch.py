@@ -34,6 +34,7 @@ from core.running.observe import Observer, tell_phase
 from core.running.planning import PlannedRun, RunPlan
 from core.running.runner import execute, new_result
 from core.running.slurm import SlurmAllocation
+from core.running.step_progress import ProgressFile, progress_path
 
 _POLL_SECONDS = 0.2  # how often the launch looks for the launcher's end and the main process's progress
 _WORK_DIRECTORY_PREFIX = "core-launch-"
@@ -171,6 +172,15 @@ class ResultFile:
         return True
 
 
+def _tell_steps(observer: Observer | None, steps: ProgressFile) -> None:
+    """Tell ``observer`` of the step progress another process wrote since the last look, if any."""
+    if observer is None:
+        return
+    progress = steps.refresh()
+    if progress is not None:
+        observer.steps_progress(progress)
+
+
 def run_here(plan: RunPlan, observer: Observer | None = None, *, timeout_seconds: float | None = None) -> RunResult:
     """Run a validated plan from this process: in it, or as the processes of its launcher.
 
@@ -212,11 +222,13 @@ def launch(
             plan.context(SINGLE_PROCESS), worker_command(plan_path, result_path, launcher), launcher_work
         )
         callback_warnings: list[str] = []
+        steps = ProgressFile(progress_path(result_path))
 
         def watch(_elapsed: float) -> None:
             if main.refresh() and observer is not None:
                 # The warnings are kept apart: the next read of the main result replaces it.
                 tell_phase(observer, main.result, callback_warnings)
+            _tell_steps(observer, steps)
 
         ended = processes.supervise(
             processes.guarded_command(command, remove_when_orphaned=work),
@@ -330,11 +342,14 @@ def run_in_child(
         stale.unlink(missing_ok=True)
     write_request(request, planned, parent_pid=os.getpid())
     partial = ResultFile(partial_path, RunResult.of_config(config, world_size=config.replicas))
+    steps = ProgressFile(progress_path(partial_path))
+    steps.path.unlink(missing_ok=True)
     callback_warnings: list[str] = []
 
     def wait(elapsed: float) -> None:
         if observer is not None and partial.refresh():
             tell_phase(observer, partial.result, callback_warnings)
+        _tell_steps(observer, steps)
         if on_wait is not None:
             on_wait(elapsed)
 

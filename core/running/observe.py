@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from core.base.config import RunConfig
     from core.base.results import RunResult
     from core.contract.manager import PluginManager
+    from core.running.step_progress import StepProgress
 
 
 class Observer:
@@ -40,6 +41,10 @@ class Observer:
         :param partial: the result so far; a warning appended to ``partial.warnings`` is kept in the
             run's final result.
         """
+
+    def steps_progress(self, progress: StepProgress) -> None:
+        """Within a phase of many steps (the warm-up, the window): how many are done, about once a
+        second (core.running.step_progress). Told from the step clock, never by waiting on the device."""
 
     def result_ready(self, result: RunResult) -> None:
         """The run is over, successfully or not, and ``result`` is final (its status says how it ended)."""
@@ -63,6 +68,9 @@ class ObserverGroup(Observer):
 
     def phase_ended(self, partial: RunResult) -> None:
         self.tell("phase_ended", partial)
+
+    def steps_progress(self, progress: StepProgress) -> None:
+        self.tell("steps_progress", progress)
 
     def result_ready(self, result: RunResult) -> None:
         self.tell("result_ready", result)
@@ -111,6 +119,16 @@ class ProgressCallbackObserver(Observer):
             if warning not in partial.warnings:
                 partial.warnings.append(warning)
 
+    def steps_progress(self, progress: StepProgress) -> None:
+        """Passed on to the callback's own ``steps_progress``, where it has one (the CLI's display)."""
+        method = getattr(self._callback, "steps_progress", None)
+        if method is None:
+            return
+        try:
+            method(progress)
+        except Exception:  # noqa: S110 - told inside the timed window: a display's fault must not end the run
+            pass
+
 
 def tell_phase(observer: Observer, partial: RunResult, kept: list[str]) -> None:
     """Tell ``observer`` of a phase's partial result read from another process, keeping in ``kept``
@@ -130,6 +148,11 @@ class ResultWriter(Observer):
 
     def phase_ended(self, partial: RunResult) -> None:
         self.save(partial)
+
+    def steps_progress(self, progress: StepProgress) -> None:
+        from core.running.step_progress import progress_path, write_progress
+
+        write_progress(progress_path(self.path), progress)
 
     def save(self, result: RunResult) -> None:
         from core.base.files import write_atomically

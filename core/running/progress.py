@@ -1,21 +1,26 @@
-"""A one-line progress display on a terminal: the current cell or phase and the time left; and
+"""Progress as a run or a sweep goes: the current phase or cell, its steps and the time left; and
 text printed safely (:func:`printable`, :class:`EscapingStream`).
 
-Silent when the stream is not a terminal (CI logs, pipes, files), so that nothing but results
-reaches them. The line is redrawn in place with a carriage return and cleared before any
-other output is printed.
+Two forms, one content (:class:`ProgressLine`): on a terminal, one status line redrawn in place and
+fitted to the terminal's width, cleared before any other output is printed; elsewhere (a batch job's
+log, nohup, a pipe) plain lines, no carriage return nor escape sequence, the status at most every
+``interval_seconds``. A line that marks a phase (:meth:`ProgressLine.note`) is printed in both.
+Progress goes to stderr: stdout keeps the results, whole.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TextIO
 
 from core.running.observe import Observer
+from core.running.step_progress import StepProgress
 
 _CLEAR_LINE = "\r\x1b[2K"
 
@@ -84,28 +89,97 @@ def format_duration(seconds: float | None) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
-class ProgressLine:
-    """A status line that rewrites itself; does nothing unless ``stream`` is a terminal."""
+#: how often a log (output that is no terminal) gets the status line: often enough to see a run
+#: move, seldom enough that a day-long sweep's log stays readable
+LOG_INTERVAL_SECONDS = 30.0
+#: the parts of a status line, the last one (the time left) kept whole when the line is cut
+SEPARATOR = " | "
 
-    def __init__(self, stream: TextIO | None = None, *, enabled: bool | None = None) -> None:
+
+def fit_line(text: str, width: int) -> str:
+    """``text`` cut to ``width`` characters, shortening its front parts, so that its last part (the
+    time left) stays whole where it fits."""
+    if len(text) <= width:
+        return text
+    head, separator, tail = text.rpartition(SEPARATOR)
+    room = width - len(separator) - len(tail) - 3
+    if separator and room >= 10:
+        return head[:room] + "..." + separator + tail
+    return text[: max(0, width - 3)] + "..."
+
+
+def terminal_width(stream: TextIO) -> int:
+    """The columns of the terminal ``stream`` writes to (its own, not stdout's, which may be a file);
+    $COLUMNS first, as shutil reads it."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, OSError, ValueError):
+        return shutil.get_terminal_size((100, 20)).columns
+
+
+class ProgressLine:
+    """A status line that rewrites itself on a terminal, and prints plain lines elsewhere.
+
+    :param enabled: False shows nothing (``--quiet``); permanent lines (:meth:`print`) still print.
+    :param interactive: whether ``stream`` is a terminal (default: ask it).
+    :param interval_seconds: off a terminal, the least time between two status lines.
+    :param clock: seconds, for the interval (a test's SimulatedClock.now).
+    :param width: the terminal's width (default: asked of the terminal at each redraw).
+    """
+
+    def __init__(
+        self,
+        stream: TextIO | None = None,
+        *,
+        enabled: bool = True,
+        interactive: bool | None = None,
+        interval_seconds: float = LOG_INTERVAL_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+        width: int | None = None,
+    ) -> None:
         self.stream = stream if stream is not None else sys.stderr
-        if enabled is None:
+        if interactive is None:
             isatty = getattr(self.stream, "isatty", None)
-            enabled = bool(isatty and isatty())
+            interactive = bool(isatty and isatty())
         self.enabled = enabled
+        self.interactive = interactive
+        self._interval, self._clock, self._width = interval_seconds, clock, width
         self._shown = False
+        self._last_logged: float | None = None
 
     def show(self, text: str) -> None:
+        """The status now: redrawn on a terminal; in a log, a line if none came for ``interval_seconds``."""
         if not self.enabled:
             return
-        width = max(20, shutil.get_terminal_size((100, 20)).columns - 1)
-        text = printable(text)
-        if len(text) > width:
-            text = text[: width - 3] + "..."
+        if not self.interactive:
+            now = self._clock()
+            if self._last_logged is None or now - self._last_logged >= self._interval:
+                self._log(text, now)
+            return
+        width = max(20, (self._width or terminal_width(self.stream)) - 1)
         _write_control(self.stream, _CLEAR_LINE)
-        self.stream.write(text)
+        self.stream.write(fit_line(printable(text), width))
         self.stream.flush()
         self._shown = True
+
+    def note(self, text: str) -> None:
+        """A line that stays, on the progress stream: a phase begun or ended. In a log it restarts the
+        interval, so that the next status line follows it by ``interval_seconds``."""
+        if not self.enabled:
+            return
+        self.clear()
+        if self.interactive:
+            print(printable(text), file=self.stream, flush=True)
+        else:
+            self._log(text, self._clock())
+
+    def _log(self, text: str, now: float) -> None:
+        # One plain line: what a terminal would act on (a carriage return included) is written out.
+        print(printable(text), file=self.stream, flush=True)
+        self._last_logged = now
 
     def clear(self) -> None:
         if self._shown:
@@ -119,37 +193,81 @@ class ProgressLine:
         print(printable(text), file=stream if stream is not None else sys.stdout, flush=True)
 
 
+_PHASE_NAMES = {"warmup": "warm-up", "window": "timed window"}
+
+
 class RunProgress(Observer):
-    """``core run``'s display: phases done so far, and the window's expected length after warm-up.
-    A run's observer; called, it is ``core.run``'s ``on_progress``."""
+    """``core run``'s display: a line as each phase ends (set-up, first step, warm-up, the window with
+    its energy, the accuracy pass), and within the warm-up and the window their steps done and the
+    time left, from the pace so far. A run's observer; called, it is ``core.run``'s ``on_progress``."""
 
     def __init__(self, line: ProgressLine, title: str, steps: int, warmup_steps: int) -> None:
         self._line, self._title, self._steps, self._warmup_steps = line, title, steps, warmup_steps
+        self._told: set[str] = set()
 
     def start(self) -> None:
-        self._line.show(f"{self._title}: setting up")
+        self._line.note(f"{self._title}: setting up")
 
     def __call__(self, result: Any) -> None:
         self.phase_ended(result)
 
     def phase_ended(self, result: Any) -> None:
-        done = [
-            f"{name} {seconds:.3g} s"
-            for name, seconds in (
-                ("setup", result.setup_seconds),
-                ("first step", result.first_step_seconds),
-                ("warm-up", result.warmup_seconds),
-            )
-            if seconds is not None
-        ]
+        for phase, line in self._phase_lines(result):
+            if phase not in self._told:
+                self._told.add(phase)
+                self._line.note(f"{self._title}: {line}")
         if result.window_seconds is not None or not result.status.ok:
-            self._line.clear()
             return
         if result.warmup_seconds is not None:
-            estimate = (result.warmup_seconds / self._warmup_steps * self._steps) if self._warmup_steps else None
-            doing = f"timed window of {self._steps} steps, ~{format_duration(estimate)} left"
+            estimate = result.warmup_seconds / self._warmup_steps * self._steps if self._warmup_steps else None
+            self._line.show(
+                f"{self._title}: timed window of {self._steps} steps{SEPARATOR}~{format_duration(estimate)} left"
+            )
         elif result.first_step_seconds is not None:
-            doing = f"warm-up ({self._warmup_steps} steps)"
+            self._line.show(f"{self._title}: warm-up ({self._warmup_steps} steps)")
         else:
-            doing = "first step (compilation happens here)"
-        self._line.show(f"{self._title}: {' | '.join(done)} | {doing}")
+            self._line.show(f"{self._title}: first step (compilation happens here)")
+
+    def _phase_lines(self, result: Any) -> list[tuple[str, str]]:
+        """(phase, its line) for each phase the partial result has ended."""
+        lines = []
+        if result.setup_seconds is not None:
+            lines.append(
+                ("setup", f"set-up {format_duration(result.setup_seconds)}; first step (compilation happens here)")
+            )
+        if result.first_step_seconds is not None:
+            lines.append(
+                (
+                    "first_step",
+                    f"first step {format_duration(result.first_step_seconds)}; warm-up of {self._warmup_steps} steps",
+                )
+            )
+        if result.warmup_seconds is not None:
+            lines.append(
+                ("warmup", f"warm-up {format_duration(result.warmup_seconds)}; timed window of {self._steps} steps")
+            )
+        if result.window_seconds is not None:
+            lines.append(("window", self._window_line(result)))
+        if not result.status.ok:
+            where = f" in {result.status.phase}" if result.status.phase else ""
+            lines.append(("status", f"{result.status.state.value}{where}"))
+        return lines
+
+    def _window_line(self, result: Any) -> str:
+        line = f"timed window {format_duration(result.window_seconds)} ({result.window_steps} steps)"
+        if result.energy_joules is not None:
+            line += f", energy {result.energy_joules:.4g} J"
+        if result.config.accuracy:
+            line += "; accuracy pass"
+        return line
+
+    def steps_progress(self, progress: StepProgress) -> None:
+        done, total = progress.steps_done, progress.steps_total
+        left = progress.seconds_left()
+        if progress.phase == "warmup" and left is not None and done:
+            left += progress.elapsed_seconds / done * self._steps  # the window to come, at the warm-up's pace
+        name = _PHASE_NAMES.get(progress.phase, progress.phase)
+        self._line.show(
+            f"{self._title}: {name} step {done}/{total}, {format_duration(progress.elapsed_seconds)} in"
+            f"{SEPARATOR}~{format_duration(left)} left"
+        )

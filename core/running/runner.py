@@ -27,12 +27,14 @@ from core.contract.manager import innermost_location
 from core.contract.meter import PowerMeter, PowerMeterFactory, UnavailableMeter, meter_for
 from core.data import loader_worker_death
 from core.energy.combined import MeterSet
-from core.executors.base import Executor
+from core.executors.base import Executor, StepClock
 from core.running.environment import collect_environment
 from core.running.exchange import gather_through_files
 from core.running.hostload import host_load, sample_host
 from core.running.observe import Observer
+from core.running.placement import slurm_job
 from core.running.planning import RunPlan, device_covers, node_covers
+from core.running.step_progress import ReportingStepClock, StepProgress
 
 # Above this share of the window spent waiting for data, the run measures storage, not the device.
 DATA_BOUND_FRACTION = 0.10
@@ -150,6 +152,7 @@ def new_result(plan: RunPlan, world_size: int) -> RunResult:
         workload_details=details,
         energy_unavailable_reason=plan.meter_unavailable_reason,
         warnings=warnings,
+        slurm=slurm_job(),
     )
 
 
@@ -159,9 +162,9 @@ class _Phase:
     def __init__(self, executor: Executor) -> None:
         self._executor = executor
 
-    def run(self, steps: int) -> float:
+    def run(self, steps: int, clock: StepClock | None = None) -> float:
         started = time.perf_counter()
-        self._executor.run_steps(steps)
+        self._executor.run_steps(steps, clock)
         self._executor.synchronize()
         elapsed = time.perf_counter() - started
         self._executor.check_finite()
@@ -190,6 +193,13 @@ def _execute(plan: RunPlan, process: ProcessContext, observer: Observer | None) 
     def report(partial: RunResult) -> None:
         if observer is not None and process.is_main:
             observer.phase_ended(partial)
+
+    def counted(inner: StepClock | None, phase: str, steps: int, before: int = 0) -> StepClock | None:
+        """``inner`` telling the observer of the phase's steps (rank 0's; the others' as they were)."""
+        if observer is None or not process.is_main:
+            return inner
+        tell: Callable[[StepProgress], None] = observer.steps_progress
+        return ReportingStepClock(inner, phase, steps, tell, marks_before_first_step=before)
 
     executor: Executor | None = None
     meter: PowerMeter | None = None  # the meter of the span config.energy_scope names
@@ -227,7 +237,10 @@ def _execute(plan: RunPlan, process: ProcessContext, observer: Observer | None) 
         report(result)
 
         phase = "warmup"
-        result.warmup_seconds = _Phase(executor).run(config.warmup_steps) if config.warmup_steps else 0.0
+        warmup_steps = config.warmup_steps
+        result.warmup_seconds = (
+            _Phase(executor).run(warmup_steps, counted(None, "warmup", warmup_steps)) if warmup_steps else 0.0
+        )
         report(result)
 
         phase = "window"
@@ -239,12 +252,11 @@ def _execute(plan: RunPlan, process: ProcessContext, observer: Observer | None) 
         if config.scenario in LOADGEN_SCENARIOS:
             energy = _loadgen_window(result, executor, window_meter, config)
         else:
-            energy = _loop_window(result, executor, window_meter, config)
+            energy = _loop_window(result, executor, window_meter, config, counted)
         result.host_load = host_load(host_before, sample_host())
         span_started = {"run": started, "steps": steps_started}.get(config.energy_scope)
         energy = _end_energy_span(result, executor, meter, span_started, energy)
-        measures = plan.meter_factory is not None or plan.node_meter_factories
-        if process.meter_readers_gathered and measures:  # every rank takes part
+        if process.meter_readers_gathered:  # every rank takes part, meter or not: the nodes are recorded
             energy = _energy_over_nodes(result, executor, process, energy)
         if result.flops_per_sample is not None and result.throughput_per_second is not None:
             result.flops_per_second = result.flops_per_sample * result.throughput_per_second
@@ -378,12 +390,22 @@ def _energy_over_nodes(
 
 
 def _loop_window(
-    result: RunResult, executor: Executor, meter: PowerMeter | None, config: RunConfig
+    result: RunResult,
+    executor: Executor,
+    meter: PowerMeter | None,
+    config: RunConfig,
+    counted: Callable[[StepClock | None, str, int, int], StepClock | None] | None = None,
 ) -> EnergyMeasurement | None:
-    """core's own steady window: ``config.steps`` steps back to back, timed at its two ends."""
+    """core's own steady window: ``config.steps`` steps back to back, timed at its two ends.
+
+    :param counted: wraps the window's step clock so that it tells its progress (the start's mark, then one per step).
+    """
     waited_before_window = executor.data_wait_seconds()
     steps = window_steps(config, result.warmup_seconds)
-    window_seconds, step_seconds, energy = _timed_window(executor, meter, steps)
+    clock: StepClock | None = executor.step_clock()
+    if counted is not None:
+        clock = counted(clock, "window", steps, 1)
+    window_seconds, step_seconds, energy = _timed_window(executor, meter, steps, clock)
     result.warnings.extend(executor.window_warnings())
     result.data_wait_seconds = executor.data_wait_seconds() - waited_before_window
     result.data_wait_fraction = result.data_wait_seconds / window_seconds
@@ -507,9 +529,9 @@ def window_steps(config: RunConfig, warmup_seconds: float | None) -> int:
 
 
 def _timed_window(
-    executor: Executor, meter: PowerMeter | None, steps: int
+    executor: Executor, meter: PowerMeter | None, steps: int, clock: StepClock | None = None
 ) -> tuple[float, list[float], EnergyMeasurement | None]:
-    clock = executor.step_clock()
+    clock = clock if clock is not None else executor.step_clock()
     executor.begin_window()
     # The previous phase ended with a synchronise and a barrier: the device is idle here.
     meter = _started(meter)

@@ -195,6 +195,11 @@ def _json_or_none(value: Any) -> str | None:
     return json.dumps(finite_json(dict(value)), sort_keys=True) if value else None
 
 
+def _hostnames(value: Any) -> str | None:
+    """A multi-node run's hosts (``result.nodes``), comma-separated by node rank; None for one node."""
+    return ",".join(node.hostname for node in value) if value else None
+
+
 def _count(value: Any) -> int:
     return len(value or ())
 
@@ -247,6 +252,7 @@ PRINTED_LINES: tuple[PrintedLine, ...] = (
     PrintedLine("meters", structural=True),
     PrintedLine("efficiency", "efficiency"),
     PrintedLine("nodes", structural=True),
+    PrintedLine("slurm", "slurm"),
     PrintedLine("epoch", "epoch", shown=_epoch_estimated, note="(estimate, extrapolated from the timed window)"),
     PrintedLine("error", structural=True),
     PrintedLine("warnings", structural=True),
@@ -719,6 +725,43 @@ METRICS: tuple[Metric, ...] = (
         "fraction",
         "share of the CPU time over the window a hypervisor gave to other guests",
         Summary.median,
+    ),
+    # --- where the run ran (schema 1.11): the Slurm job, and a multi-node run's hosts
+    Metric(
+        "slurm_job_id",
+        "slurm.job_id",
+        description="the Slurm job the run ran in (SLURM_JOB_ID)",
+        printed=(Printed("slurm", "job {value}"),),
+    ),
+    Metric(
+        "slurm_array_job_id",
+        "slurm.array_job_id",
+        description="the job array it was a task of (SLURM_ARRAY_JOB_ID)",
+        printed=(Printed("slurm", "array {value}"),),
+    ),
+    Metric(
+        "slurm_array_task_id",
+        "slurm.array_task_id",
+        description="its index in that array (SLURM_ARRAY_TASK_ID)",
+        printed=(Printed("slurm", "task {value}", attach=True),),
+    ),
+    Metric(
+        "slurm_nodelist",
+        "slurm.nodelist",
+        description="the job's nodes, as Slurm compresses them (SLURM_JOB_NODELIST)",
+        printed=(Printed("slurm", "on {value}"),),
+    ),
+    Metric(
+        "slurm_partition",
+        "slurm.partition",
+        description="the job's partition (SLURM_JOB_PARTITION)",
+        printed=(Printed("slurm", "partition {value}"),),
+    ),
+    Metric(
+        "node_hostnames",
+        "nodes",
+        description="a multi-node run's hosts, by node rank, comma-separated",
+        export=_hostnames,
     ),
 )
 

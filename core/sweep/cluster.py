@@ -32,7 +32,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from core.base.errors import CoreError
 from core.base.files import OutputError, describe_os_error, parse_json, write_atomically
@@ -376,6 +376,8 @@ class SlurmBackend(SweepBackend):
     ledger lists them for ``--resume``, and a line on stderr names them.
     """
 
+    reports_counts: ClassVar[bool] = True
+
     def __init__(
         self, spec: SweepSpec, database: Path, scheduler: Scheduler | None = None, site: Site | None = None
     ) -> None:
@@ -531,16 +533,20 @@ class SlurmBackend(SweepBackend):
         return bool(self.ledger.entries)
 
     def wait(
-        self, on_wait: Callable[[Repeat, float], None], on_queued: Callable[[Repeat, str, str], None] | None = None
+        self,
+        on_wait: Callable[[Repeat, float], None],
+        on_queued: Callable[[Repeat, str, str], None] | None = None,
+        on_counts: Callable[[int, int], None] | None = None,
     ) -> list[EndedRepeat]:
         """Ask Slurm every ``poll_seconds`` until a poll finds jobs ended; every one of them. A job
         pending for a reason that means it can never start is cancelled and ends there, as an error;
-        ``on_queued`` hears of every other pending job after each poll, with its id and Slurm's reason."""
+        ``on_queued`` hears of every other pending job after each poll, with its id and Slurm's reason,
+        and ``on_counts`` of how many jobs Slurm then listed as pending and as running."""
         while True:
             if self._polled:
                 self.scheduler.sleep(self.settings.poll_seconds)
             self._polled = True
-            ended = self._poll(on_queued)
+            ended = self._poll(on_queued, on_counts)
             if ended:
                 return ended
 
@@ -566,7 +572,11 @@ class SlurmBackend(SweepBackend):
             shutil.rmtree(self.ledger.entries.pop(key).folder, ignore_errors=True)
         self._save_ledger()
 
-    def _poll(self, on_queued: Callable[[Repeat, str, str], None] | None = None) -> list[EndedRepeat]:
+    def _poll(
+        self,
+        on_queued: Callable[[Repeat, str, str], None] | None = None,
+        on_counts: Callable[[int, int], None] | None = None,
+    ) -> list[EndedRepeat]:
         """Ask Slurm once: every job that ended, with how it is recorded (none when Slurm did not
         answer), and every pending job that can never start, cancelled."""
         try:
@@ -588,7 +598,12 @@ class SlurmBackend(SweepBackend):
                     Path(entry.folder), entry.job_id, state, repeat.cell.config, self.time_limit
                 )
                 ended.append(EndedRepeat(repeat, result, seconds))
-        return ended + self._never_starting(pending, on_queued)
+        never = self._never_starting(pending, on_queued)
+        if on_counts is not None:
+            states = [answer.get(entry.job_id) for entry in self.ledger.entries.values() if entry.job_id is not None]
+            running = sum(1 for state in states if state in ACTIVE_STATES and state != "PENDING")
+            on_counts(len(pending) - len(never), running)
+        return ended + never
 
     def _never_starting(
         self, pending: list[tuple[Repeat, str]], on_queued: Callable[[Repeat, str, str], None] | None

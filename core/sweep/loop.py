@@ -52,6 +52,19 @@ class SweepOutcome:
     skipped_rows: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class JobCounts:
+    """A cluster sweep's runs as its last poll found them: ``queued`` (pending in the scheduler),
+    ``running``, ``done`` (recorded, whichever way they ended; ``failed`` of them did not end ok) of
+    ``total`` asked for; runs not yet submitted are the rest."""
+
+    queued: int
+    running: int
+    done: int
+    failed: int
+    total: int
+
+
 class SweepObserver(Observer):
     """What a sweep tells whoever watches it (the CLI's progress line): the events of each run
     (:class:`core.running.observe.Observer`: the plugins' hooks hear of every repeat through them)
@@ -78,6 +91,11 @@ class SweepObserver(Observer):
         (Slurm's: ``Priority``, ``Resources``, ``JobHeldUser`` ...); told after every poll while it waits."""
         return None
 
+    def jobs_counted(self, counts: JobCounts) -> None:
+        """A cluster's poll (a Slurm sweep's): how many of the sweep's runs wait in the queue, run,
+        are done and failed; told after every poll."""
+        return None
+
     def run_finished(self, cell: Cell, repeat: int, result: RunResult, process_seconds: float) -> None:
         """A repeat ended and was recorded."""
         return None
@@ -102,6 +120,9 @@ class SweepObservers(ObserverGroup, SweepObserver):
 
     def queued(self, cell: Cell, repeat: int, job: str, reason: str) -> None:
         self.tell("queued", cell, repeat, job, reason)
+
+    def jobs_counted(self, counts: JobCounts) -> None:
+        self.tell("jobs_counted", counts)
 
     def run_finished(self, cell: Cell, repeat: int, result: RunResult, process_seconds: float) -> None:
         self.tell("run_finished", cell, repeat, result, process_seconds)
@@ -147,6 +168,8 @@ class SweepBackend(ABC):
     #: whether the mean duration of the finished runs times the runs left estimates the time left
     #: (true where repeats run one after another)
     estimates_time_left: ClassVar[bool] = False
+    #: whether :meth:`wait` takes ``on_counts``, told (queued, running) after each poll of a cluster
+    reports_counts: ClassVar[bool] = False
 
     @contextmanager
     def running(self, settled: Collection[RepeatKey], cells: Mapping[str, Cell]) -> Iterator[None]:
@@ -271,7 +294,10 @@ class _SweepLoop:
                 self._announce(taken, len(queue))
                 if not self.backend.in_flight():
                     break
-                ended = self.backend.wait(self._waiting, self._queued)
+                if self.backend.reports_counts:
+                    ended = self.backend.wait(self._waiting, self._queued, on_counts=self._counted)  # type: ignore[call-arg]
+                else:
+                    ended = self.backend.wait(self._waiting, self._queued)
                 failed = [item.repeat.cell.key for item in ended if not self._record(item)]
                 for cell_key in dict.fromkeys(failed):
                     self.backend.cancel_cell(cell_key)
@@ -311,6 +337,18 @@ class _SweepLoop:
 
     def _queued(self, repeat: Repeat, job: str, reason: str) -> None:
         self.observer.queued(repeat.cell, repeat.index, job, reason)
+
+    def _counted(self, queued: int, running: int) -> None:
+        """The backend's poll found ``queued`` and ``running`` jobs: the sweep's counts, told."""
+        ok = RunState.ok.value
+        asked = self.spec.repeats
+        mine = [
+            status for (cell_key, index), status in self.recorded.items() if cell_key in self.cells and index < asked
+        ]
+        done = len(mine)
+        total = done + len(self.announced) + len(self.pending())
+        failed = sum(1 for status in mine if status != ok)
+        self.observer.jobs_counted(JobCounts(queued, running, done, failed, total))
 
     def _record(self, ended: EndedRepeat) -> bool:
         """Record one ended repeat, then let the backend forget it; returns whether it was ok."""
