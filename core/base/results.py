@@ -256,6 +256,9 @@ class NodeEnergy(BaseModel):
 
     node_rank: int
     hostname: str
+    #: the node's name in Slurm (SLURMD_NODENAME) where the run was a Slurm job's: it tells apart
+    #: nodes that share a host name (several slurmd on one host) and is what squeue and sacct show
+    slurm_node: str | None = None
     energy_joules: float | None = None
     unavailable_reason: str | None = None
     meter: str | None = None

@@ -8,6 +8,7 @@ warm-up, steady window. The host waits for the device only at phase boundaries.
 from __future__ import annotations
 
 import math
+import os
 import socket
 import time
 from collections.abc import Callable
@@ -334,6 +335,7 @@ def _energy_over_nodes(
         record = NodeEnergy(
             node_rank=process.node_rank,
             hostname=socket.gethostname(),
+            slurm_node=os.environ.get("SLURMD_NODENAME") or None,
             energy_joules=energy.energy_joules if energy is not None else None,
             unavailable_reason=(energy.unavailable_reason if energy is not None else result.energy_unavailable_reason),
             meter=energy.meter if energy is not None else None,
