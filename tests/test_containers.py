@@ -233,7 +233,10 @@ CONTAINER_SKIP = _container_skip_reason()
 @pytest.mark.slow
 @pytest.mark.skipif(CONTAINER_SKIP is not None, reason=f"CONTAINER BUILD SKIPPED: {CONTAINER_SKIP}")
 def test_the_cpu_image_builds_and_runs_a_sweep_whose_results_core_reads_outside(tmp_path: Path) -> None:
-    wheels = ["--wheels", "/opt/wheels"] if any(Path("/opt/wheels").glob("torch-*.whl")) else []
+    # A machine's local PyTorch wheel (this project's CPU machines carry one) before PyPI's.
+    wheels = (
+        ["--wheels", "/opt/wheels", "--torch-index", "pypi"] if any(Path("/opt/wheels").glob("torch-*.whl")) else []
+    )
     done = subprocess.run(
         ["bash", str(BUILD), "--engine", "buildah", "--debian-base", *wheels, "--sweep", "--clean", "--tag",
          "localhost/core:test-cpu"],
