@@ -692,3 +692,44 @@ def test_loader_workers_leave_no_process_and_no_temporary_folder(broken: bool, t
     assert left == [], f"the loader's workers left {left}"
     assert list(temporary.glob("core-data-workers-*")) == []
     assert own_processes_with(marker) == []
+
+
+def test_a_batch_lost_with_its_killed_worker_is_reported_as_the_worker_s_death() -> None:
+    # Under load a worker can be killed after it queued a batch and before torch's check for dead
+    # workers runs: fetching the batch's shared memory from it then fails as ConnectionResetError.
+    import multiprocessing
+    import signal
+    import time
+    from types import SimpleNamespace
+
+    from core.data.loading import LoaderWorkers
+
+    worker = multiprocessing.get_context("fork").Process(target=time.sleep, args=(60,))
+    worker.start()
+    os.kill(worker.pid or 0, signal.SIGKILL)
+
+    def lost_batch() -> Any:
+        raise ConnectionResetError(104, "Connection reset by peer")
+
+    iterator = SimpleNamespace(_workers=[worker], __next__=lost_batch)
+    workers = LoaderWorkers.__new__(LoaderWorkers)
+    workers._source = "/data/images"
+    with pytest.raises(DataError) as raised:
+        workers.next(_Raising(iterator))
+    message = str(raised.value)
+    assert "reading /data/images: a data loader worker died" in message and "killed by signal: Killed" in message
+    assert "out-of-memory killer" in message
+
+
+class _Raising:
+    """An iterator whose next item is what ``namespace.__next__`` raises, with its ``_workers``."""
+
+    def __init__(self, namespace: Any) -> None:
+        self._workers = namespace._workers
+        self._next = namespace.__next__
+
+    def __iter__(self) -> _Raising:
+        return self
+
+    def __next__(self) -> Any:
+        return self._next()

@@ -132,7 +132,8 @@ class LoaderWorkers:
         try:
             return next(iterator, end)
         except Exception as error:
-            raise DataError(loader_failure(error, self._source)) from error
+            died = _worker_killed(iterator, error, self._source)
+            raise (died or DataError(loader_failure(error, self._source))) from error
 
     def close(self) -> None:
         # torch's own teardown, which its iterator's __del__ would call: each worker is told to stop,
@@ -239,6 +240,27 @@ def failure_message(error: BaseException, source: str, where: str = "the data lo
     if isinstance(error, MemoryError):
         return f"reading {source}: out of memory in {where} (MemoryError{': ' + text if text else ''})"
     return f"reading {source}: {type(error).__name__}: {text}"
+
+
+def _worker_killed(iterator: Iterator[Any], error: BaseException, source: str) -> DataError | None:
+    """The death of a worker that a lost connection stands for, or None.
+
+    A worker killed just after it queued a batch leaves the main process a batch whose shared
+    memory it must fetch from that worker: torch's check for dead workers has not run yet, and
+    the fetch fails as ConnectionResetError (or EOFError). The worker's exit status says what
+    happened, as torch's own message would."""
+    if not isinstance(error, (ConnectionError, EOFError)):
+        return None
+    for worker in getattr(iterator, "_workers", []):
+        worker.join(timeout=1.0)  # dead already where the connection broke: reaped at once
+        code = worker.exitcode
+        if code is not None and code < 0:
+            text = f"DataLoader worker (pid {worker.pid}) is killed by signal: {signal.strsignal(-code)}."
+            return loader_worker_death(RuntimeError(text), source)
+        if code:
+            text = f"DataLoader worker (pid {worker.pid}) exited unexpectedly with exit code {code}."
+            return loader_worker_death(RuntimeError(text), source)
+    return None
 
 
 def loader_failure(error: BaseException, source: str) -> str:
