@@ -24,8 +24,8 @@ if TYPE_CHECKING:
 
 #: what a Slurm sweep planned for this host adds to a cell whose accelerator is not available here
 PROFILE_HINT = (
-    "; a Slurm sweep's cells run on its compute nodes: name their machine profile with --machine NAME or the "
-    "sweep file's `machine` key (`core machines` lists the shipped ones; a .toml file describes another)"
+    "; to plan for the compute nodes, name their machine profile: --machine NAME or the sweep file's `machine` "
+    "key (see `core machines`)"
 )
 
 
