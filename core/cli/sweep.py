@@ -4,6 +4,7 @@ cell by cell into the results database; an interrupted or refused sweep prints i
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
     from core.machines import MachineProfile
     from core.sweep import SweepOutcome
     from core.sweep.plan import SweepPlan
+    from core.sweep.site import Site
     from core.sweep.spec import SweepSpec
 
 
@@ -67,15 +69,18 @@ def _describe_sweep_error(args: argparse.Namespace, problem: ConfigError) -> str
     return f"{args.file}: {described}"
 
 
-def _plan(args: argparse.Namespace) -> tuple[SweepPlan, MachineProfile | None]:
-    """The sweep file with the flags' overrides, planned for --machine (or the file's ``machine``,
-    in a dry run or for Slurm jobs: core.sweep.remote_plan) or this host; a toy sweep for this CPU."""
+def _plan(args: argparse.Namespace, site: Site | None = None) -> tuple[SweepPlan, MachineProfile | None]:
+    """The sweep file with the flags' overrides (and, for Slurm, the site's time limits), planned for
+    --machine (or the file's ``machine``, in a dry run or for Slurm jobs: core.sweep.remote_plan; a
+    site's profile by its name) or this host; a toy sweep for this CPU."""
     from core.sweep import load_sweep, make_sweep_spec, plan_sweep
 
     spec = load_sweep(args.file)
     overrides = sweep_overrides(args, spec)
     if overrides:
         spec = make_sweep_spec({**spec.model_dump(), **overrides})
+    if site is not None and args.executor == "slurm":
+        spec = site.applied_to(spec)
     for_jobs = args.executor == "slurm"
     from_file = args.machine is None and (args.dry_run or for_jobs) and not args.toy and spec.machine is not None
     if args.toy and args.machine is not None:
@@ -89,6 +94,7 @@ def _plan(args: argparse.Namespace) -> tuple[SweepPlan, MachineProfile | None]:
     machine = load_machine_argument(
         args,
         relative_to=Path(args.file).parent if from_file else None,
+        site_machines=site.machines if site is not None else None,
         name=spec.machine if from_file else None,
         runs_there=for_jobs,
     )
@@ -132,9 +138,21 @@ def sweep_dry_run(args: argparse.Namespace, plan: SweepPlan, machine: MachinePro
 def command_sweep(args: argparse.Namespace) -> int:
     from core.storage.store import default_database
     from core.sweep import SweepError
+    from core.sweep.site import describe_site
 
     try:
-        plan, machine = _plan(args)
+        site = _site(args)
+    except ConfigError as problem:
+        return error(describe_config_error(problem, lambda field: None))
+    except SweepError as problem:
+        return error(str(problem))
+    if args.print_site:
+        print("\n".join(describe_site(site)))
+        return 0
+    if args.file is None:
+        return error("core sweep: FILE is required (the sweep file), except with --print-site")
+    try:
+        plan, machine = _plan(args, site)
     except ConfigError as problem:
         return error(_describe_sweep_error(args, problem))
     except SweepError as problem:
@@ -147,10 +165,25 @@ def command_sweep(args: argparse.Namespace) -> int:
     database = args.database or default_database()
     if args.dry_run:
         return sweep_dry_run(args, plan, machine, database)
-    return _run(args, plan, database)
+    return _run(args, plan, database, site)
 
 
-def _run(args: argparse.Namespace, plan: SweepPlan, database: Path) -> int:
+def _site(args: argparse.Namespace) -> Site | None:
+    """The site file in force (--site, $CORE_SITE, the user's, the system's), validated; its
+    accelerator names checked against the plugins'. A resume command names it by its absolute
+    path, so a resume in another shell (without $CORE_SITE) uses the same file."""
+    from core.contract.manager import get_plugin_manager
+    from core.sweep.site import find_site
+
+    site = find_site(args.site)
+    if site is None:
+        return None
+    site.check_accelerators(get_plugin_manager().accelerators)
+    args.site = os.path.abspath(site.path)
+    return site
+
+
+def _run(args: argparse.Namespace, plan: SweepPlan, database: Path, site: Site | None = None) -> int:
     """Run the sweep with its progress shown; a result the database refused is printed, an interrupt
     or a refusal says how to resume."""
     import signal
@@ -182,6 +215,7 @@ def _run(args: argparse.Namespace, plan: SweepPlan, database: Path) -> int:
             observer=display,
             executor=args.executor,
             workers=args.workers or DEFAULT_WORKER_START,
+            site=site,
         )
     except UnsavedResultError as problem:  # mid-sweep, the database refused a result: keep what was measured
         display.line.clear()

@@ -32,14 +32,16 @@ RESUMED_FLAGS = {
     "repeats": "--repeats",
     "timeout_seconds": "--timeout-seconds",
     "workers": "--workers",
+    "site": "--site",  # the site file found, by its absolute path (core/cli/sweep.py sets it)
 }
-#: options a resume command leaves out: it resumes (--resume) and runs (not --dry-run)
-NOT_RESUMED = frozenset({"command", "debug", "dry_run", "resume"})
+#: options a resume command leaves out: it resumes (--resume) and runs (not --dry-run, so no
+#: --print-site)
+NOT_RESUMED = frozenset({"command", "debug", "dry_run", "resume", "print_site"})
 
 
 def add_sweep_arguments(sweep: argparse.ArgumentParser, machine_help: str) -> None:
     """The file, what to do with it (dry run, toy, resume), overrides of the file, and the Slurm jobs."""
-    sweep.add_argument("file", metavar="FILE", type=Path, help="grid file (.toml, .yaml, .yml or .json)")
+    sweep.add_argument("file", metavar="FILE", type=Path, nargs="?", help="grid file (.toml, .yaml, .yml or .json)")
     sweep.add_argument("--dry-run", action="store_true", help="list the cells and validate them; run nothing")
     sweep.add_argument(
         "--machine",
@@ -72,6 +74,15 @@ def add_sweep_arguments(sweep: argparse.ArgumentParser, machine_help: str) -> No
         default="local",
         help="local: one repeat after another on this machine (default); slurm: each repeat a Slurm job "
         "(docs/cluster.md#sweeps-on-a-cluster)",
+    )
+    sweep.add_argument(
+        "--site",
+        metavar="FILE",
+        help="the site file (default: $CORE_SITE, else $XDG_CONFIG_HOME/core/site.toml, else /etc/core/site.toml; "
+        "docs/cluster.md#site-file)",
+    )
+    sweep.add_argument(
+        "--print-site", action="store_true", help="say which site file is found and what it sets; run nothing"
     )
     slurm = sweep.add_argument_group("Slurm jobs (override the sweep file's [slurm] table)")
     for flag, kind, what in SLURM_FLAGS:

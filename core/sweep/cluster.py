@@ -41,6 +41,7 @@ from core.running import processes
 from core.sweep.loop import EndedRepeat, Repeat, RepeatKey, SweepBackend, SweepNotStarted
 from core.sweep.plan import Cell
 from core.sweep.remote_plan import write_job_request
+from core.sweep.site import JobLines, Site
 from core.sweep.slurm_jobs import (
     ACTIVE_STATES,
     Scheduler,
@@ -241,18 +242,20 @@ class JobLedger:
         write_atomically(self.path, json.dumps(document, indent=1) + "\n", "the sweep's job ledger")
 
 
-def batch_script(request: Path, result: Path, ended: Path) -> str:
+def batch_script(request: Path, result: Path, ended: Path, site: JobLines | None = None) -> str:
     """The job's script: the worker, then its exit code and seconds written beside the result.
 
     The interpreter is this process's: a cluster's nodes see the same installation (a shared
-    filesystem), as they see the job's folder.
+    filesystem), as they see the job's folder. A site file (core/sweep/site.py) adds its #SBATCH
+    and setup lines, and may run the worker inside a container, with the container's interpreter.
     """
-    python = shlex.quote(sys.executable)
+    site = site or JobLines()
     return (
         "#!/bin/bash\n"
         "# One repeat of a core sweep (core/sweep/cluster.py); the submitting sweep reads what it leaves.\n"
+        f"{site.header()}"
         "started=$(date +%s%N)\n"
-        f"{python} -m core.running.child {shlex.quote(str(request))} {shlex.quote(str(result))}\n"
+        f"{site.worker(['-m', 'core.running.child', str(request), str(result)])}\n"
         "code=$?\n"
         "ended=$(date +%s%N)\n"
         # A file the sweep reads only once it is whole: written aside, then renamed.
@@ -373,8 +376,10 @@ class SlurmBackend(SweepBackend):
     ledger lists them for ``--resume``, and a line on stderr names them.
     """
 
-    def __init__(self, spec: SweepSpec, database: Path, scheduler: Scheduler | None = None) -> None:
-        self.spec, self.database = spec, database
+    def __init__(
+        self, spec: SweepSpec, database: Path, scheduler: Scheduler | None = None, site: Site | None = None
+    ) -> None:
+        self.spec, self.database, self.site = spec, database, site
         self.settings = spec.slurm or SlurmSettings()
         self.scheduler = scheduler or make_scheduler()
         self.jobs_root = jobs_directory(database, self.settings)
@@ -388,7 +393,7 @@ class SlurmBackend(SweepBackend):
         self._unknown_since: dict[RepeatKey, float] = {}
 
     @classmethod
-    def checked(cls, spec: SweepSpec, database: Path) -> SlurmBackend:
+    def checked(cls, spec: SweepSpec, database: Path, site: Site | None = None) -> SlurmBackend:
         """The backend for a sweep this machine can submit, its jobs directory able to hold the jobs'
         folders; SweepError otherwise, before anything is written."""
         from core.sweep.slurm_jobs import unavailable_reason
@@ -397,7 +402,7 @@ class SlurmBackend(SweepBackend):
         if why is not None:
             raise SweepError(f"--executor slurm: this machine cannot submit Slurm jobs: {why}")
         check_jobs_directory(database, spec.slurm or SlurmSettings(), spec.name)
-        return cls(spec, database)
+        return cls(spec, database, site=site)
 
     @contextmanager
     def running(self, settled: Collection[RepeatKey], cells: Mapping[str, Cell]) -> Iterator[None]:
@@ -720,7 +725,8 @@ class SlurmBackend(SweepBackend):
             write_job_request(request, cell)  # with the cell's options, where it was planned for a profile
             script = folder / "job.sh"
             # surrogateescape: a folder's bytes that are not UTF-8 are written back as they were
-            script.write_text(batch_script(request, result, ended), encoding="utf-8", errors="surrogateescape")
+            site = self.site.job_lines(cell.planned.config.accelerator, self.spec.slurm) if self.site else None
+            script.write_text(batch_script(request, result, ended, site), encoding="utf-8", errors="surrogateescape")
             options = self.settings.sbatch_options(
                 nodes=cell.planned.config.nodes, timeout_seconds=self.spec.timeout_seconds
             )

@@ -35,6 +35,7 @@ from core.sweep.repeat import (
     run_in_process,
     warm_workers,
 )
+from core.sweep.site import Site
 from core.sweep.spec import SweepError, SweepSpec, load_sweep, make_sweep_spec
 
 __all__ = [
@@ -63,6 +64,7 @@ def run_sweep(
     observer: SweepObserver | None = None,
     executor: Executor = "local",
     workers: WorkerStart = DEFAULT_WORKER_START,
+    site: Site | None = None,
 ) -> SweepOutcome:
     """Run every cell of a sweep ``repeats`` times, each repeat in its own process, storing each result.
 
@@ -80,6 +82,8 @@ def run_sweep(
         interpreter. Each result's ``process_start`` says which it got, and why. The warm parent
         starts before the sweep plans; inside :func:`core.sweep.keep_warm_workers` it is shared by
         the block's sweeps.
+    :param site: a site file (core.sweep.site.find_site) whose defaults a Slurm sweep's jobs take
+        where the spec's ``[slurm]`` leaves them; a local sweep ignores it.
     :raises SweepError: before anything runs, when cells are invalid or the database disagrees.
     :returns: what ran, and a summary of every cell.
     """
@@ -107,6 +111,7 @@ def run_sweep(
             executor=executor,
             workers=workers,
             warm=warm,
+            site=site,
         )
 
 
@@ -123,15 +128,18 @@ def _run_sweep(
     executor: Executor,
     workers: WorkerStart,
     warm: WarmWorkers | None,
+    site: Site | None = None,
 ) -> SweepOutcome:
     plan = _plan_of(sweep, executor)
     if warm is not None:
         warm.drop_unless_needed(plan.valid_cells)
     spec = _spec_with(plan.spec, repeats=repeats, timeout_seconds=timeout_seconds)
+    if site is not None and executor == "slurm":
+        spec = site.applied_to(spec)  # ConfigError past the site's longest time limit, before anything runs
     _check_cells(plan, skip_invalid)
     database = Path(database) if database is not None else default_database()
     # SweepError: Slurm cannot be reached, its jobs directory
-    backend = _backend(executor, spec, database, workers, warm)
+    backend = _backend(executor, spec, database, workers, warm, site)
     if resume and not database.exists():
         raise SweepError(f"--resume: no results database at {database}, so no sweep {spec.name!r} to resume")
     from core.contract.manager import get_plugin_manager
@@ -225,7 +233,12 @@ def _check_cells(plan: SweepPlan, skip_invalid: bool) -> None:
 
 
 def _backend(
-    executor: Executor, spec: SweepSpec, database: Path, workers: WorkerStart, warm: WarmWorkers | None = None
+    executor: Executor,
+    spec: SweepSpec,
+    database: Path,
+    workers: WorkerStart,
+    warm: WarmWorkers | None = None,
+    site: Site | None = None,
 ) -> SweepBackend:
     """Where the repeats run; a Slurm sweep is refused here, before anything is written, where the
     machine cannot submit jobs or the jobs directory cannot hold them."""
@@ -233,7 +246,7 @@ def _backend(
         return LocalBackend(spec.timeout_seconds, workers, warm)
     from core.sweep.cluster import SlurmBackend
 
-    return SlurmBackend.checked(spec, database)
+    return SlurmBackend.checked(spec, database, site)
 
 
 def _refuse_slurm_jobs_in_flight(database: Path, spec: SweepSpec) -> None:
