@@ -171,6 +171,23 @@ def test_planning_for_the_profile_checks_what_it_says(
     assert simulated_slurm.jobs == {}  # refused before anything was submitted
 
 
+def test_a_site_files_profile_plans_a_slurm_sweep(
+    tmp_path: Path, simulated_slurm: SimulatedSlurm, capsys: pytest.CaptureFixture[str]
+) -> None:
+    site = tmp_path / "site.toml"
+    site.write_text(
+        "[machines.two-gpus]\ndescription = 'our nodes'\nsource = 'our inventory'\naccelerator = 'nvidia'\n"
+        "device = 'NVIDIA A100'\ndevices = 2\nprecisions = ['fp32']\n"
+    )
+    command = ["sweep", str(_nvidia_sweep(tmp_path)), "--executor", "slurm", "--dry-run", "--site", str(site)]
+
+    assert main([*command, "--machine", "two-gpus", "--database", str(tmp_path / "r.db")]) == 2
+
+    out = capsys.readouterr().out
+    assert "planned for machine 'two-gpus'" in out
+    assert "can place at most 2 on 'two-gpus'" in out and "precision = 'bf16'" in out
+
+
 def test_machine_outside_a_dry_run_stays_refused_for_local_sweeps_and_core_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
