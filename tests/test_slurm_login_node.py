@@ -187,6 +187,14 @@ def test_a_site_files_profile_plans_a_slurm_sweep(
     assert "planned for machine 'two-gpus'" in out
     assert "can place at most 2 on 'two-gpus'" in out and "precision = 'bf16'" in out
 
+    # Through the API, the file's own `machine` names the site's profile as well.
+    from core.sweep.site import find_site
+
+    named = _nvidia_sweep(tmp_path / "api", machine='machine = "two-gpus"')
+    with pytest.raises(SweepError, match="can place at most 2 on 'two-gpus'"):
+        run_sweep(named, database=tmp_path / "r.db", executor="slurm", site=find_site(str(site)))
+    assert simulated_slurm.jobs == {}
+
 
 def test_machine_outside_a_dry_run_stays_refused_for_local_sweeps_and_core_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -11,6 +11,7 @@ unable to run it records the run as refused there, with its reason, and the swee
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -36,14 +37,18 @@ def profile_hint(error: ConfigError, executor: str, machine: MachineProfile | No
     return PROFILE_HINT if executor == "slurm" and machine is None and unavailable else ""
 
 
-def machine_of_file(spec: SweepSpec, source: str | None) -> MachineProfile | None:
-    """The profile the sweep file's ``machine`` names (a relative path read from the file's folder),
-    for a Slurm sweep run through the API; None where the file names none."""
+def machine_of_file(
+    spec: SweepSpec, source: str | None, site_machines: Mapping[str, MachineProfile] | None = None
+) -> MachineProfile | None:
+    """The profile the sweep file's ``machine`` names (a site file's, a shipped one, or a path read
+    from the file's folder), for a Slurm sweep run through the API; None where the file names none."""
     if spec.machine is None:
         return None
-    from core.machines import load_machine
+    from core.machines import load_machine, shipped_machines
 
-    return load_machine(spec.machine, relative_to=Path(source).parent if source is not None else None)
+    shipped = {**shipped_machines(), **site_machines} if site_machines else None
+    relative_to = Path(source).parent if source is not None else None
+    return load_machine(spec.machine, relative_to=relative_to, shipped=shipped)
 
 
 def check_plan_runs_on(plan: SweepPlan, executor: str) -> None:

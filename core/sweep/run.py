@@ -130,7 +130,7 @@ def _run_sweep(
     warm: WarmWorkers | None,
     site: Site | None = None,
 ) -> SweepOutcome:
-    plan = _plan_of(sweep, executor)
+    plan = _plan_of(sweep, executor, site)
     if warm is not None:
         warm.drop_unless_needed(plan.valid_cells)
     spec = _spec_with(plan.spec, repeats=repeats, timeout_seconds=timeout_seconds)
@@ -184,7 +184,7 @@ def _run_sweep(
         store.close()
 
 
-def _plan_of(sweep: str | Path | SweepSpec | SweepPlan, executor: Executor) -> SweepPlan:
+def _plan_of(sweep: str | Path | SweepSpec | SweepPlan, executor: Executor, site: Site | None = None) -> SweepPlan:
     """The sweep's plan: each cell validated once, here, for every repeat to run as it is."""
     if isinstance(sweep, SweepPlan):
         check_plan_runs_on(sweep, executor)
@@ -193,7 +193,9 @@ def _plan_of(sweep: str | Path | SweepSpec | SweepPlan, executor: Executor) -> S
     spec = sweep if isinstance(sweep, SweepSpec) else load_sweep(sweep)
     source = None if isinstance(sweep, SweepSpec) else str(sweep)
     # A Slurm sweep is planned for the compute nodes the file names, where it names them.
-    machine = machine_of_file(spec, source) if executor == "slurm" else None
+    machine = (
+        machine_of_file(spec, source, site.machines if site is not None else None) if executor == "slurm" else None
+    )
     return plan_sweep(spec, source=source, machine=machine, executor=executor)
 
 
