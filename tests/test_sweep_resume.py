@@ -83,7 +83,7 @@ def _sweep_parser() -> Any:
 
 def test_every_sweep_option_is_either_resumed_or_deliberately_left_out() -> None:
     # A new `core sweep` option must be classified: repeated by the resume command, or not needed.
-    classified = {"help", "file", "database", "executor", "slurm_extra_options"}
+    classified = {"help", "file", "database", "executor", "machine", "slurm_extra_options"}
     classified |= set(core.cli._RESUMED_FLAGS) | core.cli._NOT_RESUMED
     classified |= {f"slurm_{name}" for name, _, _ in core.cli._SLURM_FLAGS}
     assert {action.dest for action in _sweep_parser()._actions} <= classified

@@ -28,22 +28,32 @@ MACHINE_HELP = (
 
 
 def load_machine_argument(
-    args: argparse.Namespace, relative_to: Path | None = None, site_machines: Mapping[str, MachineProfile] | None = None
+    args: argparse.Namespace,
+    relative_to: Path | None = None,
+    site_machines: Mapping[str, MachineProfile] | None = None,
+    *,
+    name: str | None = None,
+    runs_there: bool = False,
 ) -> MachineProfile | None:
-    """The --machine profile (None without one); ConfigError when it is unknown or used without --dry-run.
+    """The --machine profile (None without one); ConfigError when it is unknown, or used without
+    --dry-run where nothing runs on that machine.
 
     :param relative_to: where a relative profile path is read from (a sweep file's folder, for the
         file's own ``machine`` key); None: the working directory, as for any path on the command line.
     :param site_machines: the site file's profiles (core/sweep/site.py), looked up before the plugins'.
+    :param name: the profile to load instead of ``args.machine`` (the sweep file's ``machine``).
+    :param runs_there: the runs go to that machine (``core sweep --executor slurm``); False: only
+        a dry run may name a machine.
     """
-    if args.machine is None:
+    name = args.machine if name is None else name
+    if name is None:
         return None
-    if not args.dry_run:
-        raise ConfigError("--machine", args.machine, "plans for a machine not at hand: use it with --dry-run")
+    if not args.dry_run and not runs_there:
+        raise ConfigError("--machine", name, "plans for a machine not at hand: use it with --dry-run")
     from core.machines import load_machine, shipped_machines
 
     shipped = {**shipped_machines(), **site_machines} if site_machines else None
-    return load_machine(args.machine, relative_to=relative_to, shipped=shipped)
+    return load_machine(name, relative_to=relative_to, shipped=shipped)
 
 
 def command_run_dry(args: argparse.Namespace, options: dict[str, Any]) -> int:

@@ -34,11 +34,15 @@ def core_program() -> list[str]:
 
 def resume_command(args: argparse.Namespace, database: Path, spec: SweepSpec, *, resume: bool = True) -> str:
     """The shell command that resumes this sweep, word for word: the same file, database, executor
-    and every option that shapes the sweep, paths made absolute, each word quoted for a shell
+    and every option that shapes the sweep or names where its state lives (the database, the jobs
+    directory, the name; a Slurm sweep's --machine), paths made absolute, each word quoted for a shell
     (:func:`shell_word`). ``resume=False``: the command that starts it (a sweep stopped before it
     was recorded)."""
     words = [*core_program(), "sweep", os.path.abspath(args.file), *(["--resume"] if resume else [])]
     words += ["--database", os.path.abspath(database), "--executor", args.executor]
+    if args.executor == "slurm" and args.machine is not None:
+        # What the jobs' cells were planned for (core.sweep.remote_plan); a profile file made absolute.
+        words.append(f"--machine={_machine_word(args.machine)}")
     for dest, flag in RESUMED_FLAGS.items():
         if dest == "workers" and args.executor == "slurm":
             continue  # a Slurm job runs one repeat in its own interpreter: no fork server to choose
@@ -55,6 +59,12 @@ def resume_command(args: argparse.Namespace, database: Path, spec: SweepSpec, *,
             words.append(f"--slurm-{name.replace('_', '-')}={value}")
     words += [f"--slurm-option={option}" for option in args.slurm_extra_options or ()]
     return " ".join(shell_word(word) for word in words)
+
+
+def _machine_word(machine: str) -> str:
+    """``--machine``'s value for a resume from any folder: a profile file's absolute path; a
+    shipped profile's name as it is (find_machine reads a name that is no file as a profile's)."""
+    return os.path.abspath(machine) if machine.endswith(".toml") or os.path.exists(machine) else machine
 
 
 def shell_word(word: str) -> str:

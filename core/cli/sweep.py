@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from core.base.errors import ConfigError
 from core.cli.dry_run import load_machine_argument
-from core.cli.errors import FAULT, INTERRUPTED, TERMINATED, describe_config_error, error
+from core.cli.errors import BAD_INPUT, FAULT, INTERRUPTED, TERMINATED, describe_config_error, error
 from core.cli.resume import resume_command
 from core.cli.sweep_arguments import SLURM_FLAGS
 from core.cli.sweep_display import SweepDisplay, print_plan
@@ -71,8 +71,8 @@ def _describe_sweep_error(args: argparse.Namespace, problem: ConfigError) -> str
 
 def _plan(args: argparse.Namespace, site: Site | None = None) -> tuple[SweepPlan, MachineProfile | None]:
     """The sweep file with the flags' overrides (and, for Slurm, the site's time limits), planned for
-    --machine (or the file's ``machine`` in a dry run; a site's profile by its name) or this host; a
-    toy sweep for this CPU."""
+    --machine (or the file's ``machine``, in a dry run or for Slurm jobs: core.sweep.remote_plan; a
+    site's profile by its name) or this host; a toy sweep for this CPU."""
     from core.sweep import load_sweep, make_sweep_spec, plan_sweep
 
     spec = load_sweep(args.file)
@@ -81,15 +81,22 @@ def _plan(args: argparse.Namespace, site: Site | None = None) -> tuple[SweepPlan
         spec = make_sweep_spec({**spec.model_dump(), **overrides})
     if site is not None and args.executor == "slurm":
         spec = site.applied_to(spec)
-    machine_from_file = args.machine is None and args.dry_run and not args.toy and spec.machine is not None
-    if machine_from_file:
-        args.machine = spec.machine
+    for_jobs = args.executor == "slurm"
+    from_file = args.machine is None and (args.dry_run or for_jobs) and not args.toy and spec.machine is not None
     if args.toy and args.machine is not None:
         raise ConfigError("--machine", args.machine, "a toy sweep runs on this CPU: leave --machine out")
+    if args.machine is not None and not args.dry_run and not for_jobs:
+        raise ConfigError(
+            "--machine",
+            args.machine,
+            "plans for a machine not at hand: use it with --dry-run, or with --executor slurm (whose jobs run there)",
+        )
     machine = load_machine_argument(
         args,
-        relative_to=Path(args.file).parent if machine_from_file else None,
+        relative_to=Path(args.file).parent if from_file else None,
         site_machines=site.machines if site is not None else None,
+        name=spec.machine if from_file else None,
+        runs_there=for_jobs,
     )
     return plan_sweep(spec, source=str(args.file), machine=machine, toy=args.toy, executor=args.executor), machine
 
@@ -183,6 +190,7 @@ def _run(args: argparse.Namespace, plan: SweepPlan, database: Path, site: Site |
 
     from core.storage.store import StoreError
     from core.sweep import SweepError, UnsavedResultError, run_sweep
+    from core.sweep.cluster import SubmissionStopped, SubmissionStoppedByFault
     from core.sweep.repeat import DEFAULT_WORKER_START
     from core.sweep.run import sweep_in_database
 
@@ -216,6 +224,9 @@ def _run(args: argparse.Namespace, plan: SweepPlan, database: Path, site: Site |
 
             print(json_text(problem.document), flush=True)  # JSON any reader takes: null, never NaN
         return error(f"{problem}. Once the database can be written: {resume_command(args, database, spec)}", FAULT)
+    except (SubmissionStopped, SubmissionStoppedByFault) as problem:  # jobs that measured stay in Slurm
+        code = FAULT if isinstance(problem, SubmissionStoppedByFault) else BAD_INPUT
+        return error(f"{problem}. Continue with: {resume_command(args, database, spec)}", code)
     except (SweepError, StoreError) as problem:  # before anything ran: the grid, the database, its lock
         return error(str(problem))
     except KeyboardInterrupt:

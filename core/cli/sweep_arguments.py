@@ -22,8 +22,8 @@ SLURM_FLAGS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
 )
 
 #: ``core sweep`` options a resume command gives as they were given (dest -> flag); with ``file``,
-#: ``--database``, ``--executor``, the ``--slurm-*`` flags and those in NOT_RESUMED, every option
-#: of the command (tests/test_sweep_resume.py checks that none is forgotten)
+#: ``--database``, ``--executor``, a Slurm sweep's ``--machine``, the ``--slurm-*`` flags and those
+#: in NOT_RESUMED, every option of the command (tests/test_sweep_resume.py checks that none is forgotten)
 RESUMED_FLAGS = {
     "toy": "--toy",
     "retry_failed": "--retry-failed",
@@ -35,16 +35,20 @@ RESUMED_FLAGS = {
     "site": "--site",  # the site file found, by its absolute path (core/cli/sweep.py sets it)
     "quiet": "--quiet",
 }
-#: options a resume command leaves out: it resumes (--resume), runs (not --dry-run, so no --machine,
-#: no --print-site)
-NOT_RESUMED = frozenset({"command", "debug", "dry_run", "machine", "resume", "print_site"})
+#: options a resume command leaves out: it resumes (--resume) and runs (not --dry-run, so no
+#: --print-site)
+NOT_RESUMED = frozenset({"command", "debug", "dry_run", "resume", "print_site"})
 
 
 def add_sweep_arguments(sweep: argparse.ArgumentParser, machine_help: str) -> None:
     """The file, what to do with it (dry run, toy, resume), overrides of the file, and the Slurm jobs."""
     sweep.add_argument("file", metavar="FILE", type=Path, nargs="?", help="grid file (.toml, .yaml, .yml or .json)")
     sweep.add_argument("--dry-run", action="store_true", help="list the cells and validate them; run nothing")
-    sweep.add_argument("--machine", help=machine_help + "; default: the file's `machine`")
+    sweep.add_argument(
+        "--machine",
+        help=machine_help + "; with --executor slurm: plan the jobs for their compute nodes (docs/cluster.md"
+        "#submitting-from-a-login-node); default: the file's `machine`",
+    )
     sweep.add_argument(
         "--toy",
         action="store_true",

@@ -34,6 +34,7 @@ from core.base.errors import ConfigError, PluginError
 from core.base.files import parse_json, write_atomically
 from core.base.results import RunResult, RunState, Status
 from core.running import processes
+from core.running.node_plan import RefusedOnNode
 from core.running.observe import ResultWriter
 
 if TYPE_CHECKING:
@@ -43,15 +44,20 @@ PARTIAL_SUFFIX = ".partial"
 
 
 def _plan_of(request: dict[str, Any]) -> RunPlan:
-    """The request's plan, rebuilt in this process; planned here only for a request without one (a
-    Slurm job submitted by an older core and run by this one)."""
+    """The request's plan, rebuilt in this process; planned here for a request without one (a Slurm
+    job submitted by an older core and run by this one), and for a plan made for a machine profile
+    whose request asks for it (core.running.node_plan: a Slurm job submitted from a login node)."""
     from core.contract.manager import get_plugin_manager
+    from core.running.node_plan import PLAN_ON_NODE_KEY, plan_on_node
     from core.running.planning import PlannedRun, plan_run
 
     manager = get_plugin_manager()
     if request.get("plan") is not None:
         # Validated as JSON: the configuration's enums and tuples are JSON values there.
-        return PlannedRun.read(json.dumps(request["plan"])).rebuild(manager)
+        planned = PlannedRun.read(json.dumps(request["plan"]))
+        if planned.machine is not None and request.get(PLAN_ON_NODE_KEY) is not None:
+            return plan_on_node(manager, planned, request[PLAN_ON_NODE_KEY])  # a Slurm job planned for its profile
+        return planned.rebuild(manager)
     options = dict(request["options"])
     return plan_run(manager, options.pop("workload"), options.pop("accelerator"), options)
 
@@ -104,6 +110,10 @@ def main(argv: list[str]) -> int:
     partial = _PartialWriter(result_path)
     try:
         result = run_here(_plan_of(request), partial)
+    except RefusedOnNode as refusal:  # planned for a machine profile, and this node is not one such
+        print(f"core: error: the run was refused on this node: {refusal}", file=sys.stderr)
+        write_atomically(result_path, refusal.result.model_dump_json(), "the result")
+        return 1
     except ConfigError as error:
         # Validated before; refused here only if the machine or its plugins changed since.
         print(f"core: error: the run was refused: {error}", file=sys.stderr)

@@ -23,13 +23,14 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from core.base.distributed import SINGLE_PROCESS, ProcessContext
 from core.base.results import RunResult, RunState
 from core.contract.context import RunContext
 from core.contract.launcher import Launcher, launcher_path
 from core.running import processes
+from core.running.node_plan import PLAN_ON_NODE_KEY
 from core.running.observe import Observer, tell_phase
 from core.running.planning import PlannedRun, RunPlan
 from core.running.runner import execute, new_result
@@ -279,16 +280,22 @@ def child_command(request: Path, result_path: Path) -> list[str]:
     return [sys.executable, "-m", "core.running.child", str(request), str(result_path)]
 
 
-def write_request(path: Path, planned: PlannedRun, parent_pid: int | None) -> None:
+def write_request(
+    path: Path, planned: PlannedRun, parent_pid: int | None, plan_on_node: Mapping[str, Any] | None = None
+) -> None:
     """The child's request (core/running/child.py): the validated plan, and the process it must not outlive.
 
     ``options`` repeats the plan's configuration as RunConfig fields, for whoever reads a request
     without rebuilding its plan (a person looking into a job's folder, a test's stand-in worker).
+
+    :param plan_on_node: for a plan made for a machine profile, the cell's options, from which the
+        child plans the run again on its node (core.running.node_plan).
     """
     document = {
         "plan": planned.model_dump(mode="json"),
         "options": planned.config.model_dump(mode="json"),
         "parent_pid": parent_pid,
+        **({PLAN_ON_NODE_KEY: dict(plan_on_node)} if plan_on_node is not None else {}),
     }
     path.write_text(json.dumps(document), encoding="utf-8")
 

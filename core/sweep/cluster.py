@@ -38,9 +38,9 @@ from core.base.errors import CoreError
 from core.base.files import OutputError, describe_os_error, parse_json, write_atomically
 from core.base.results import RunResult, RunState, Status
 from core.running import processes
-from core.running.launch import write_request
 from core.sweep.loop import EndedRepeat, Repeat, RepeatKey, SweepBackend, SweepNotStarted
 from core.sweep.plan import Cell
+from core.sweep.remote_plan import write_job_request
 from core.sweep.site import JobLines, Site
 from core.sweep.slurm_jobs import (
     ACTIVE_STATES,
@@ -737,7 +737,7 @@ class SlurmBackend(SweepBackend):
         folder.mkdir(parents=True)
         try:
             request, result, ended = folder / "request.json", folder / "result.json", folder / ENDED_NAME
-            write_request(request, cell.planned, parent_pid=None)
+            write_job_request(request, cell)  # with the cell's options, where it was planned for a profile
             script = folder / "job.sh"
             # surrogateescape: a folder's bytes that are not UTF-8 are written back as they were
             site = self.site.job_lines(cell.planned.config.accelerator, self.spec.slurm) if self.site else None

@@ -153,7 +153,8 @@ def plan_sweep(
 ) -> SweepPlan:
     """Expand the grid and validate every cell against the plugins, touching no device.
 
-    :param machine: validate for the machine this profile describes instead of this host.
+    :param machine: validate for the machine this profile describes instead of this host; with
+        executor "slurm", the jobs then plan each run again on their node (core.sweep.remote_plan).
     :param toy: shrink the cells to toy scale, to run on this CPU (core.sweep.toy); the sweep's
         name gets the ``-toy`` suffix so that its results never mix with the file's own.
     :param executor: where the repeats will run (core.sweep.run.EXECUTORS): with "slurm" each
@@ -162,6 +163,7 @@ def plan_sweep(
     """
     from core.contract.manager import get_plugin_manager
     from core.running.planning import check_machine, plan_run
+    from core.sweep.remote_plan import profile_hint
 
     manager = manager if manager is not None else get_plugin_manager()
     if machine is not None:
@@ -187,7 +189,7 @@ def plan_sweep(
             ).document()
             check_duration_fits(options.get("duration_seconds"), spec.timeout_seconds, "the sweep's")
         except ConfigError as error:
-            cell.invalid_reason = describe_config_error(error)
+            cell.invalid_reason = describe_config_error(error) + profile_hint(error, executor, machine)
         except PluginError as fault:  # a plugin's own bug makes its cells invalid, not the sweep crash
             cell.invalid_reason = str(fault)
     return SweepPlan(spec=spec, cells=cells, source=source, executor=executor)

@@ -26,6 +26,7 @@ from core.sweep.loop import (
 )
 from core.sweep.loop import seconds_left as _seconds_left  # noqa: F401 - its name before the loop moved
 from core.sweep.plan import Cell, SweepPlan, plan_sweep
+from core.sweep.remote_plan import check_plan_runs_on, machine_of_file
 from core.sweep.repeat import (
     DEFAULT_WORKER_START,
     WORKER_STARTS,
@@ -129,7 +130,7 @@ def _run_sweep(
     warm: WarmWorkers | None,
     site: Site | None = None,
 ) -> SweepOutcome:
-    plan = _plan_of(sweep, executor)
+    plan = _plan_of(sweep, executor, site)
     if warm is not None:
         warm.drop_unless_needed(plan.valid_cells)
     spec = _spec_with(plan.spec, repeats=repeats, timeout_seconds=timeout_seconds)
@@ -183,19 +184,19 @@ def _run_sweep(
         store.close()
 
 
-def _plan_of(sweep: str | Path | SweepSpec | SweepPlan, executor: Executor) -> SweepPlan:
+def _plan_of(sweep: str | Path | SweepSpec | SweepPlan, executor: Executor, site: Site | None = None) -> SweepPlan:
     """The sweep's plan: each cell validated once, here, for every repeat to run as it is."""
     if isinstance(sweep, SweepPlan):
-        if any(cell.planned is not None and cell.planned.machine is not None for cell in sweep.valid_cells):
-            machine = next(cell.planned.machine for cell in sweep.valid_cells if cell.planned is not None)
-            raise SweepError(
-                f"this sweep's cells were planned for machine {machine!r}, not this host: such a plan is for "
-                "--dry-run only; plan it again without the machine to run it"
-            )
+        check_plan_runs_on(sweep, executor)
         _check_planned_for(sweep, executor)
         return sweep
     spec = sweep if isinstance(sweep, SweepSpec) else load_sweep(sweep)
-    return plan_sweep(spec, source=None if isinstance(sweep, SweepSpec) else str(sweep), executor=executor)
+    source = None if isinstance(sweep, SweepSpec) else str(sweep)
+    # A Slurm sweep is planned for the compute nodes the file names, where it names them.
+    machine = (
+        machine_of_file(spec, source, site.machines if site is not None else None) if executor == "slurm" else None
+    )
+    return plan_sweep(spec, source=source, machine=machine, executor=executor)
 
 
 def _check_planned_for(plan: SweepPlan, executor: Executor) -> None:
