@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 from slurm_support import SimulatedSlurm
+from test_slurm_sweep import _rows, _sweep_file, needs_slurm
 
 import core.sweep.cluster
 import core.sweep.slurm_jobs
@@ -435,3 +436,43 @@ def test_the_submit_benchmark_runs_against_counting_fakes(tmp_path: Path, capsys
     figures = {each["mode"]: each for each in json.loads(figures_path.read_text())}
     assert figures["arrays"]["sbatch_calls"] == 2 and figures["single"]["sbatch_calls"] == 5
     assert figures["arrays"]["jobs_in_ledger"] == figures["single"]["jobs_in_ledger"] == 5
+
+
+@pytest.mark.slow
+@needs_slurm
+def test_a_real_slurm_runs_a_throttled_array_and_records_each_task_once(tmp_path: Path) -> None:
+    # Three cells in one array of three tasks, at most two at once: squeue lists the third as
+    # pending with the others (ARRAYID_[2%2]) until it starts; each is recorded once, its log kept.
+    name = f"arrays-{os.getpid()}"
+    sweep = _sweep_file(tmp_path, name, steps="[2, 3, 4]", slurm="array_throttle = 2")
+    database = tmp_path / "results.db"
+
+    assert main(["sweep", str(sweep), "--executor", "slurm", "--database", str(database)]) == 0
+
+    assert sorted(status for _, _, status in _rows(database, name)) == ["ok", "ok", "ok"]
+    jobs = tmp_path / "results.db.jobs"
+    assert [path.name for path in (jobs / name).iterdir()] == [LEDGER_NAME]
+    kept = sorted(path.name for path in (jobs / LOGS_FOLDER / name).iterdir())
+    assert len(kept) == 3 and len({name.split("_")[0] for name in kept}) == 1, kept  # one array's tasks
+
+
+def test_the_ledger_is_written_once_for_every_job_a_poll_found_ended(
+    tmp_path: Path, slurm: SimulatedSlurm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A large grid's ledger is megabytes: written per recorded job, 19,440 jobs would write it
+    # 19,440 times. Each entry still goes after its repeat is recorded (a resume drops the others).
+    writes: list[int] = []
+    save = core.sweep.cluster.JobLedger.save
+
+    def counted(ledger: core.sweep.cluster.JobLedger) -> None:
+        writes.append(slurm.polls)
+        save(ledger)
+
+    monkeypatch.setattr(core.sweep.cluster.JobLedger, "save", counted)
+    slurm.on_poll = _end_pending
+    sweep, database = _sweep(tmp_path, cells=2, repeats=2), tmp_path / "results.db"
+
+    assert main(["sweep", str(sweep), "--executor", "slurm", "--database", str(database)]) == 0
+
+    assert len(_recorded(database)) == 4 and _ledger(tmp_path) == []
+    assert writes.count(1) == 1  # after the poll that found the four ended: once, as the sweep ends

@@ -4,7 +4,8 @@
 submitting process commits each result, once, as its job ends.
 
 The database stays the one record of results; the jobs in flight are listed in a ledger,
-``<jobs directory>/<sweep>/jobs.json`` (written atomically after every change), so the submitting
+``<jobs directory>/<sweep>/jobs.json`` (written atomically after every submission, and once for
+the jobs each poll found ended), so the submitting
 process may be killed: ``--resume`` waits for the jobs still queued or running, records those that
 ended, and submits again the repeats whose jobs were lost. A repeat is recorded before its ledger
 entry is dropped, and an entry for a repeat the database already holds is dropped unread, so a kill
@@ -403,6 +404,7 @@ class SlurmBackend(SweepBackend):
         #: since when (the scheduler's clock) Slurm has answered without each job, poll after poll
         self._unknown_since: dict[RepeatKey, float] = {}
         self._max_array_size: int | None = None  # the cluster's, asked at the first submission
+        self._ledger_behind = False  # entries forgotten since the ledger was last written
 
     @classmethod
     def checked(cls, spec: SweepSpec, database: Path) -> SlurmBackend:
@@ -443,17 +445,20 @@ class SlurmBackend(SweepBackend):
         except BaseException:  # Ctrl-C, SIGTERM, a result the database refused: the jobs go on
             self._tell_jobs_stay()
             raise
+        self._save_ledger_if_behind()
 
     def _tell_jobs_stay(self) -> None:
         """On the way out of a stopped sweep: the ledger written as it stands (a stop may land
         between a submission and the ledger's update), and a line naming the jobs that go on."""
-        if not self.ledger.entries:
+        if not self.ledger.entries and not self._ledger_behind:
             return
         try:
             self.ledger.save()
         except (OSError, CoreError) as error:
             _log.warning("core: warning: cannot write the sweep's job ledger %s: %s", self.ledger.path, error)
         entries = self.ledger.entries.values()
+        if not entries:
+            return
         print(
             f"core: {len(entries)} job(s) of sweep {self.spec.name} stay in Slurm "
             f"({', '.join(abridged([entry.described() for entry in entries]))}); --resume waits for them "
@@ -583,6 +588,7 @@ class SlurmBackend(SweepBackend):
         pending for a reason that means it can never start is cancelled and ends there, as an error;
         ``on_queued`` hears of every other pending job after each poll, with its id and Slurm's reason."""
         while True:
+            self._save_ledger_if_behind()
             if self._polled:
                 self.scheduler.sleep(self.settings.poll_seconds)
             self._polled = True
@@ -591,14 +597,22 @@ class SlurmBackend(SweepBackend):
                 return ended
 
     def forget(self, ended: EndedRepeat) -> None:
-        """Once its repeat is recorded, a job leaves the ledger and its folder goes (in this order:
-        a kill between the two leaves an entry the database holds, dropped unread on resume)."""
+        """Once its repeat is recorded, a job leaves the ledger (written before the next poll) and its
+        folder goes, its log kept: a kill before the ledger is written leaves an entry the database
+        holds, dropped unread on resume."""
         entry = self.ledger.entries[ended.repeat.key]
         if entry.job_id is not None and self.settings.log_retention_days > 0:
             keep_log(Path(entry.folder), entry.job_id, logs_folder(self.jobs_root, self.spec.name))
         self.ledger.entries.pop(ended.repeat.key)
-        self._save_ledger()
+        # Written once for all the jobs a poll found ended (before the next poll, or as the sweep
+        # ends), not per job: on a grid of thousands each write is megabytes. A kill before leaves
+        # entries of recorded repeats, which a resume drops unread.
+        self._ledger_behind = True
         self._remove_folders(entry)
+
+    def _save_ledger_if_behind(self) -> None:
+        if self._ledger_behind:
+            self._save_ledger()
 
     def _drop(self, key: RepeatKey) -> None:
         """Forget ``key``'s entry (the caller saves the ledger) and remove its folder, and its
@@ -762,6 +776,7 @@ class SlurmBackend(SweepBackend):
             _log.warning("core: warning: cannot cancel %s (%s): %s", what, ", ".join(job_ids), error)
 
     def _save_ledger(self) -> None:
+        self._ledger_behind = False
         try:
             self.ledger.save()
         except OSError as error:
@@ -872,7 +887,14 @@ class SlurmBackend(SweepBackend):
             for task, repeat in enumerate(batch):
                 folder = self._make_job_folder(repeat)
                 self.ledger.entries[repeat.key] = JobEntry(
-                    repeat.cell.key, repeat.index, None, str(folder), now, name, str(array_folder), task
+                    cell_key=repeat.cell.key,
+                    repeat=repeat.index,
+                    job_id=None,
+                    folder=str(folder),
+                    submitted_at=now,
+                    job_name=name,
+                    array_folder=str(array_folder),
+                    array_task=task,
                 )
                 keys.append(repeat.key)
                 self._write_job_files(repeat, folder)
