@@ -12,14 +12,22 @@ from typing import Any
 from core.base.config import RunConfig
 from core.base.results import RunResult, RunState, Status
 from core.sweep.cluster import ENDED_NAME
+from core.sweep.slurm_arrays import INDEX_NAME
 from core.sweep.slurm_jobs import ACTIVE_STATES, SlurmError
 
 
 class SimulatedSlurm:
-    """Answers as sbatch, sacct and scancel would; ``on_poll`` runs before each answer (jobs end there)."""
+    """Answers as sbatch, sacct and scancel would; ``on_poll`` runs before each answer (jobs end there).
 
-    def __init__(self, refuse_submission: int | None = None) -> None:
+    A job array (``--array=0-N%T``) is a job per task, ``ARRAYID_TASK``, whose folder is the one the
+    array's index names (core.sweep.slurm_arrays), as the array's script finds it.
+    """
+
+    def __init__(self, refuse_submission: int | None = None, max_array_size: int = 1001) -> None:
         self.jobs: dict[str, dict[str, Any]] = {}
+        self.submissions: list[dict[str, Any]] = []  # every sbatch: its job name, options and id
+        self.array_size = max_array_size  # the cluster's MaxArraySize
+        self.refuse_arrays = False  # sbatch refuses every --array, as a cluster that turned them off
         self.cancelled: list[str] = []
         self.polls = 0
         self.clock = 1_000_000.0
@@ -32,13 +40,38 @@ class SimulatedSlurm:
         self.on_poll: Callable[[SimulatedSlurm, int], None] = lambda slurm, poll: None
 
     def submit(self, script: Path, options: Sequence[str], *, job_name: str, log: str, directory: Path) -> str:
-        number = len(self.jobs) + 1
+        number = len(self.submissions) + 1
         self.on_submit(self, number)
+        array = next((option.split("=", 1)[1] for option in options if option.startswith("--array=")), None)
+        if array is not None and self.refuse_arrays:
+            raise SlurmError("sbatch refused the job: sbatch: error: Invalid job array specification", refused=True)
         if self.refuse_submission is not None and number == self.refuse_submission:
             raise SlurmError("sbatch refused the job: sbatch: error: invalid partition specified: nope", refused=True)
         job_id = str(100 + len(self.jobs))
-        self.jobs[job_id] = {"folder": directory, "name": job_name, "log": log, "state": "PENDING", "options": options}
-        assert script.parent == directory and (directory / "request.json").exists()
+        self.submissions.append({"name": job_name, "options": list(options), "id": job_id})
+        if array is None:
+            assert script.parent == directory and (directory / "request.json").exists()
+            self.jobs[job_id] = {
+                "folder": directory,
+                "name": job_name,
+                "log": log,
+                "state": "PENDING",
+                "options": options,
+            }
+        else:
+            tasks = (directory / INDEX_NAME).read_text().split()
+            assert array.split("%")[0] == f"0-{len(tasks) - 1}" and len(tasks) <= self.array_size, array
+            for task, folder_name in enumerate(tasks):
+                folder = directory.parent / folder_name
+                assert (folder / "request.json").exists() and (folder / "job.sh").exists()
+                self.jobs[f"{job_id}_{task}"] = {
+                    "folder": folder,
+                    "array_folder": directory,
+                    "name": job_name,
+                    "log": log,
+                    "state": "PENDING",
+                    "options": options,
+                }
         if number in self.lose_answer:
             raise self.lose_answer[number]
         return job_id
@@ -46,7 +79,11 @@ class SimulatedSlurm:
     def find(self, job_name: str, directory: Path) -> list[str]:
         if self.find_fails:
             raise SlurmError("squeue failed: slurm_load_jobs error: Unable to contact slurm controller")
-        return [job_id for job_id, job in self.jobs.items() if job["name"] == job_name and job["folder"] == directory]
+        found = []
+        for job_id, job in self.jobs.items():
+            if job["name"] == job_name and job.get("array_folder", job["folder"]) == directory:
+                found.append(job_id.split("_")[0])  # squeue's %F: an array's id
+        return list(dict.fromkeys(found))
 
     def states(self, job_ids: Sequence[str]) -> dict[str, str | None]:
         self.polls += 1
@@ -71,12 +108,17 @@ class SimulatedSlurm:
     def now(self) -> float:
         return self.clock
 
+    def max_array_size(self) -> int:
+        return self.array_size
+
     def sleep(self, seconds: float) -> None:
         self.clock += seconds
 
     def job(self, cell: int, repeat: int) -> str:
         """The id of cell ``cell``'s repeat ``repeat`` (both 1-based), as the sweep named its job."""
-        return next(job_id for job_id, job in self.jobs.items() if job["name"].endswith(f"-c{cell}r{repeat}"))
+        return next(
+            job_id for job_id, job in self.jobs.items() if job["folder"].name.startswith(f"cell{cell}-repeat{repeat}-")
+        )
 
     def end(self, job_id: str, state: str, *, result: str | None = None, exit_code: int | None = None) -> None:
         """End a job in ``state``, leaving what its worker wrote: a partial result (setup measured),

@@ -355,3 +355,35 @@ def test_the_site_account_partition_and_setup_reach_a_real_job(tmp_path: Path) -
     assert main([*command, "--site", str(site)]) == 0
     # The job's own environment: Slurm's account and partition, written by the site's setup line.
     assert marker.read_text().split() == ["core-site-test", partition]
+
+
+def test_a_job_array_carries_the_sites_sbatch_lines(
+    tmp_path: Path, simulated_slurm: SimulatedSlurm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # sbatch reads #SBATCH lines from the script it is given: an array's, not the job.sh each task runs.
+    submit, scripts = simulated_slurm.submit, []
+
+    def keep_script(script: Path, options: list[str], **named: object) -> str:
+        scripts.append((options, script.read_text()))
+        return submit(script, options, **named)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(simulated_slurm, "submit", keep_script)
+    simulated_slurm.on_poll = _complete
+    sweep = _sweep(tmp_path)
+    sweep.write_text(sweep.read_text().replace("repeats = 1", "repeats = 3"))
+    site = _site(tmp_path, _SETUP + _SLURM)
+    assert (
+        main(["sweep", str(sweep), "--executor", "slurm", "--database", str(tmp_path / "r.db"), "--site", str(site)])
+        == 0
+    )
+
+    ((options, script),) = scripts
+    assert any(option.startswith("--array=0-2") for option in options)
+    lines = script.splitlines()
+    sbatch = [line for line in lines if line.startswith("#SBATCH")]
+    assert sbatch == [
+        "#SBATCH --account=proj", "#SBATCH --partition=gpu", "#SBATCH --qos=normal", "#SBATCH --constraint=a100",
+        "#SBATCH --gpus-per-node=4", "#SBATCH --gpu-bind=closest",
+    ]  # fmt: skip
+    first_command = next(i for i, line in enumerate(lines) if line and not line.startswith("#"))
+    assert all(lines.index(line) < first_command for line in sbatch)

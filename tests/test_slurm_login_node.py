@@ -338,6 +338,7 @@ def test_a_sweep_that_stopped_submitting_prints_the_command_that_resumes_it(
     sweep = _nvidia_sweep(tmp_path)
     database = tmp_path / "r.db"
     command = ["sweep", str(sweep), "--executor", "slurm", "--machine", "a100-80gb-x4", "--database", str(database)]
+    command += ["--slurm-job-arrays", "no"]  # one sbatch per repeat: the second is the one refused
 
     assert main(command) == 2
     err = capsys.readouterr().err

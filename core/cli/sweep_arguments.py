@@ -7,6 +7,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+
+def _yes_or_no(value: str) -> bool:
+    """A flag's yes or no (``--slurm-job-arrays no``); argparse names the flag where it is neither."""
+    answers = {"yes": True, "true": True, "no": False, "false": False}
+    if value.lower() not in answers:
+        raise argparse.ArgumentTypeError(f"yes or no, not {value!r}")
+    return answers[value.lower()]
+
+
 DATABASE_HELP = "results database (default: $CORE_DATABASE, else results/core.db)"
 
 #: (field of the [slurm] table, type, help) for each ``--slurm-*`` flag
@@ -18,6 +27,9 @@ SLURM_FLAGS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
     ("cpus_per_task", int, "sbatch --cpus-per-task"),
     ("memory_megabytes", int, "sbatch --mem, in megabytes"),
     ("poll_seconds", float, "how often the sweep asks Slurm about its jobs (default 10)"),
+    ("job_arrays", _yes_or_no, "yes: submit the pending repeats as job arrays (default); no: one sbatch each"),
+    ("array_throttle", int, "at most this many tasks of each job array at once (sbatch --array=0-N%%T)"),
+    ("log_retention_days", float, "days each job's Slurm log is kept beside the database (default 14; 0: none)"),
     ("jobs_directory", str, "the jobs' folders, on a filesystem the nodes share (default: <database>.jobs)"),
 )
 

@@ -4,7 +4,8 @@
 submitting process commits each result, once, as its job ends.
 
 The database stays the one record of results; the jobs in flight are listed in a ledger,
-``<jobs directory>/<sweep>/jobs.json`` (written atomically after every change), so the submitting
+``<jobs directory>/<sweep>/jobs.json`` (written atomically after every submission, and once for
+the jobs each poll found ended), so the submitting
 process may be killed: ``--resume`` waits for the jobs still queued or running, records those that
 ended, and submits again the repeats whose jobs were lost. A repeat is recorded before its ledger
 entry is dropped, and an entry for a repeat the database already holds is dropped unread, so a kill
@@ -28,6 +29,7 @@ import shlex
 import shutil
 import sys
 import tempfile
+from collections import deque
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -42,6 +44,16 @@ from core.sweep.loop import EndedRepeat, Repeat, RepeatKey, SweepBackend, SweepN
 from core.sweep.plan import Cell
 from core.sweep.remote_plan import write_job_request
 from core.sweep.site import JobLines, Site
+from core.sweep.slurm_arrays import (
+    ARRAY_FOLDER,
+    abridged,
+    array_job_id,
+    array_option,
+    arrays_refused,
+    in_arrays,
+    task_job_id,
+    write_array_folder,
+)
 from core.sweep.slurm_jobs import (
     ACTIVE_STATES,
     Scheduler,
@@ -50,6 +62,7 @@ from core.sweep.slurm_jobs import (
     log_path_pattern,
     never_starts,
 )
+from core.sweep.slurm_logs import keep_log, logs_folder, prune_logs
 from core.sweep.slurm_settings import SlurmSettings
 from core.sweep.spec import SweepError, SweepSpec
 
@@ -190,6 +203,10 @@ class JobEntry:
     folder: str
     submitted_at: float  # seconds since the epoch (the scheduler's clock) at submission
     job_name: str | None = None  # absent from a ledger written by an older core
+    #: a task of a job array (core.sweep.slurm_arrays): the array's folder and the task's index;
+    #: ``job_id`` is then Slurm's ``ARRAYID_TASK``, ``job_name`` the array's
+    array_folder: str | None = None
+    array_task: int | None = None
 
     def described(self) -> str:
         """The job as a person finds it in squeue: its id, or its name while sbatch has not answered."""
@@ -393,6 +410,8 @@ class SlurmBackend(SweepBackend):
         self._polled = False
         #: since when (the scheduler's clock) Slurm has answered without each job, poll after poll
         self._unknown_since: dict[RepeatKey, float] = {}
+        self._max_array_size: int | None = None  # the cluster's, asked at the first submission
+        self._ledger_behind = False  # entries forgotten since the ledger was last written
 
     @classmethod
     def checked(cls, spec: SweepSpec, database: Path, site: Site | None = None) -> SlurmBackend:
@@ -417,6 +436,12 @@ class SlurmBackend(SweepBackend):
         self._make_folder()
         self._find_unanswered()
         self._remove_unlisted_folders()
+        prune_logs(
+            logs_folder(self.jobs_root, self.spec.name),
+            now=self.scheduler.now(),
+            retention_days=self.settings.log_retention_days,
+            in_flight={entry.job_id for entry in self.ledger.entries.values() if entry.job_id is not None},
+        )
         try:
             self._forget_settled(settled)
         except OutputError as error:  # the ledger cannot be written (a full disk): nothing was submitted
@@ -427,20 +452,23 @@ class SlurmBackend(SweepBackend):
         except BaseException:  # Ctrl-C, SIGTERM, a result the database refused: the jobs go on
             self._tell_jobs_stay()
             raise
+        self._save_ledger_if_behind()
 
     def _tell_jobs_stay(self) -> None:
         """On the way out of a stopped sweep: the ledger written as it stands (a stop may land
         between a submission and the ledger's update), and a line naming the jobs that go on."""
-        if not self.ledger.entries:
+        if not self.ledger.entries and not self._ledger_behind:
             return
         try:
             self.ledger.save()
         except (OSError, CoreError) as error:
             _log.warning("core: warning: cannot write the sweep's job ledger %s: %s", self.ledger.path, error)
         entries = self.ledger.entries.values()
+        if not entries:
+            return
         print(
             f"core: {len(entries)} job(s) of sweep {self.spec.name} stay in Slurm "
-            f"({', '.join(entry.described() for entry in entries)}); --resume waits for them "
+            f"({', '.join(abridged([entry.described() for entry in entries]))}); --resume waits for them "
             "and records their results, scancel stops them",
             file=sys.stderr,
         )
@@ -460,7 +488,7 @@ class SlurmBackend(SweepBackend):
                     f"{entry.folder}) was submitted: {error}; try again once Slurm answers"
                 ) from None
             if found is None:
-                shutil.rmtree(self.ledger.entries.pop(key).folder, ignore_errors=True)
+                self._drop(key)
             else:
                 entry.job_id = found
         if unanswered:
@@ -472,12 +500,14 @@ class SlurmBackend(SweepBackend):
         asked), or whose entry a refusal dropped. Each submission has a folder of its own, so
         these are never reused; only folders named as core names them go."""
         listed = {os.path.normpath(entry.folder) for entry in self.ledger.entries.values()}
+        listed |= {os.path.normpath(entry.array_folder) for entry in self.ledger.entries.values() if entry.array_folder}
         try:
             children = list(self.root.iterdir())
         except OSError:
             return
         for child in children:
-            if _JOB_FOLDER.fullmatch(child.name) and child.is_dir() and not child.is_symlink():
+            core_named = _JOB_FOLDER.fullmatch(child.name) or ARRAY_FOLDER.fullmatch(child.name)
+            if core_named and child.is_dir() and not child.is_symlink():
                 if os.path.normpath(child.resolve()) not in listed and os.path.normpath(child) not in listed:
                     shutil.rmtree(child, ignore_errors=True)
 
@@ -487,8 +517,11 @@ class SlurmBackend(SweepBackend):
         are submitted, so the last is this one."""
         if entry.job_name is None:
             return None
-        found = self.scheduler.find(entry.job_name, Path(entry.folder))
-        return max(found, key=int) if found else None
+        found = self.scheduler.find(entry.job_name, Path(entry.array_folder or entry.folder))
+        if not found:
+            return None
+        latest = max(found, key=int)
+        return latest if entry.array_task is None else task_job_id(latest, entry.array_task)
 
     def _make_folder(self) -> None:
         """The sweep's folder in the jobs directory (check_jobs_directory looked, this makes it)."""
@@ -509,25 +542,48 @@ class SlurmBackend(SweepBackend):
             gone = [key for key in stale if key not in settled]
             self._cancel(self._job_ids(gone), "jobs of cells this sweep no longer runs")
             for key in stale:
-                shutil.rmtree(self.ledger.entries.pop(key).folder, ignore_errors=True)
+                self._drop(key)
         self._save_ledger()
 
     def submit(self, repeats: Sequence[Repeat]) -> list[Repeat]:
         """Submit every repeat without a job (one listed in the ledger is waited for, not submitted
         again); on any failure, withdraw those this call submitted."""
         submitted: list[RepeatKey] = []
-        for repeat in repeats:
-            if repeat.key in self.ledger.entries:
-                continue
+        batches = deque(self._batches([repeat for repeat in repeats if repeat.key not in self.ledger.entries]))
+        while batches:
+            batch = batches.popleft()
             try:
-                self._submit_one(repeat)
-                submitted.append(repeat.key)
+                if len(batch) == 1:
+                    self._submit_one(batch[0])
+                else:
+                    self._submit_array(batch)
+                submitted += [repeat.key for repeat in batch]
             except (SlurmError, OSError, CoreError) as error:
-                if repeat.key in self.ledger.entries:  # sbatch's answer was lost and Slurm could not be asked
-                    submitted.append(repeat.key)
+                if len(batch) > 1 and isinstance(error, SlurmError) and error.refused and arrays_refused(str(error)):
+                    self._single_jobs_only(error)
+                    batches = deque([[repeat] for repeat in (*batch, *(r for rest in batches for r in rest))])
+                    continue
+                # where sbatch's answer was lost and Slurm could not be asked, the entries stay
+                submitted += [repeat.key for repeat in batch if repeat.key in self.ledger.entries]
                 kept = self._withdraw(submitted)
-                raise self._submission_error(error, repeat, len(submitted) - len(kept), kept) from None
+                raise self._submission_error(error, batch, len(submitted) - len(kept), kept) from None
         return list(repeats)
+
+    def _batches(self, repeats: list[Repeat]) -> list[list[Repeat]]:
+        """``repeats`` as core submits them: in job arrays of those asking for the same job, at most
+        the cluster's MaxArraySize tasks each; each alone where arrays are off (the table's
+        ``job_arrays``, MaxArraySize 0 or 1)."""
+        if not self.settings.job_arrays or len(repeats) < 2:
+            return [[repeat] for repeat in repeats]
+        if self._max_array_size is None:
+            self._max_array_size = self.scheduler.max_array_size()
+        if self._max_array_size < 2:
+            return [[repeat] for repeat in repeats]
+        return in_arrays(repeats, lambda repeat: tuple(self._sbatch_options(repeat)), self._max_array_size)
+
+    def _single_jobs_only(self, error: SlurmError) -> None:
+        _log.warning("core: warning: %s; submitting each repeat as a job of its own", error)
+        self._max_array_size = 0
 
     def in_flight(self) -> bool:
         return bool(self.ledger.entries)
@@ -543,6 +599,7 @@ class SlurmBackend(SweepBackend):
         ``on_queued`` hears of every other pending job after each poll, with its id and Slurm's reason,
         and ``on_counts`` of how many jobs Slurm then listed as pending and as running."""
         while True:
+            self._save_ledger_if_behind()
             if self._polled:
                 self.scheduler.sleep(self.settings.poll_seconds)
             self._polled = True
@@ -551,11 +608,33 @@ class SlurmBackend(SweepBackend):
                 return ended
 
     def forget(self, ended: EndedRepeat) -> None:
-        """Once its repeat is recorded, a job leaves the ledger and its folder goes (in this order:
-        a kill between the two leaves an entry the database holds, dropped unread on resume)."""
-        entry = self.ledger.entries.pop(ended.repeat.key)
-        self._save_ledger()
+        """Once its repeat is recorded, a job leaves the ledger (written before the next poll) and its
+        folder goes, its log kept: a kill before the ledger is written leaves an entry the database
+        holds, dropped unread on resume."""
+        entry = self.ledger.entries[ended.repeat.key]
+        if entry.job_id is not None and self.settings.log_retention_days > 0:
+            keep_log(Path(entry.folder), entry.job_id, logs_folder(self.jobs_root, self.spec.name))
+        self.ledger.entries.pop(ended.repeat.key)
+        # Written once for all the jobs a poll found ended (before the next poll, or as the sweep
+        # ends), not per job: on a grid of thousands each write is megabytes. A kill before leaves
+        # entries of recorded repeats, which a resume drops unread.
+        self._ledger_behind = True
+        self._remove_folders(entry)
+
+    def _save_ledger_if_behind(self) -> None:
+        if self._ledger_behind:
+            self._save_ledger()
+
+    def _drop(self, key: RepeatKey) -> None:
+        """Forget ``key``'s entry (the caller saves the ledger) and remove its folder, and its
+        array's folder once no entry of the ledger is a task of that array."""
+        self._remove_folders(self.ledger.entries.pop(key))
+
+    def _remove_folders(self, entry: JobEntry) -> None:
         shutil.rmtree(entry.folder, ignore_errors=True)
+        array = entry.array_folder
+        if array is not None and all(other.array_folder != array for other in self.ledger.entries.values()):
+            shutil.rmtree(array, ignore_errors=True)
 
     def cancel_cell(self, cell_key: str) -> None:
         """A failed repeat stops its cell: its jobs still running are cancelled and forgotten, never
@@ -569,7 +648,7 @@ class SlurmBackend(SweepBackend):
             return
         self._cancel(self._job_ids(doomed), "the failed cell's other jobs")
         for key in doomed:
-            shutil.rmtree(self.ledger.entries.pop(key).folder, ignore_errors=True)
+            self._drop(key)
         self._save_ledger()
 
     def _poll(
@@ -650,8 +729,13 @@ class SlurmBackend(SweepBackend):
             return now - entry.submitted_at >= window and now - since >= window
         return True
 
-    def _submission_error(self, error: Exception, repeat: Repeat, withdrawn: int, kept: list[JobEntry]) -> CoreError:
+    def _submission_error(
+        self, error: Exception, batch: Sequence[Repeat], withdrawn: int, kept: list[JobEntry]
+    ) -> CoreError:
+        repeat = batch[0]
         what = f"repeat {repeat.index + 1} of cell {repeat.cell.label!r}"
+        if len(batch) > 1:
+            what = f"a job array of {len(batch)} repeats, the first {what}"
         undone = ""
         if withdrawn:
             undone = f"; the {withdrawn} job(s) submitted before it were cancelled and their folders removed"
@@ -677,7 +761,7 @@ class SlurmBackend(SweepBackend):
         withdrawn = [key for key in keys if self.ledger.entries[key] not in kept]
         self._cancel(self._job_ids(withdrawn), "the jobs submitted before the refusal")
         for key in withdrawn:
-            shutil.rmtree(self.ledger.entries.pop(key).folder, ignore_errors=True)
+            self._drop(key)
         ledger_file = self.root / LEDGER_NAME
         try:
             if self.ledger.entries or ledger_file not in self.made:
@@ -712,12 +796,47 @@ class SlurmBackend(SweepBackend):
             _log.warning("core: warning: cannot cancel %s (%s): %s", what, ", ".join(job_ids), error)
 
     def _save_ledger(self) -> None:
+        self._ledger_behind = False
         try:
             self.ledger.save()
         except OSError as error:
             raise OutputError(
                 f"cannot write the sweep's job ledger {self.ledger.path}: {describe_os_error(error)}"
             ) from None
+
+    def _make_job_folder(self, repeat: Repeat) -> Path:
+        """A new folder for ``repeat``'s job. A folder of its own for each submission: an earlier job
+        of the same name (a sweep of the same name run again, its jobs directory removed) still
+        listed by squeue would otherwise be taken for this one where sbatch's answer is lost
+        (_lookup finds jobs by name and folder)."""
+        token = secrets.token_hex(3)
+        folder = (self.root / f"cell{repeat.cell.index + 1}-repeat{repeat.index + 1}-{token}").resolve()
+        folder.mkdir(parents=True)
+        return folder
+
+    def _write_job_files(self, repeat: Repeat, folder: Path) -> Path:
+        """``repeat``'s request and batch script in ``folder``; returns the script."""
+        assert repeat.cell.planned is not None, "only validated cells run"
+        request, result, ended = folder / "request.json", folder / "result.json", folder / ENDED_NAME
+        write_job_request(request, repeat.cell)  # with the cell's options, where it was planned for a profile
+        script = folder / "job.sh"
+        site = self._site_lines(repeat)
+        # surrogateescape: a folder's bytes that are not UTF-8 are written back as they were
+        script.write_text(batch_script(request, result, ended, site), encoding="utf-8", errors="surrogateescape")
+        return script
+
+    def _site_lines(self, repeat: Repeat) -> JobLines | None:
+        """The site file's lines for ``repeat``'s job (its ``#SBATCH`` defaults, setup, container)."""
+        assert repeat.cell.planned is not None, "only validated cells run"
+        if self.site is None:
+            return None
+        return self.site.job_lines(repeat.cell.planned.config.accelerator, self.spec.slurm)
+
+    def _sbatch_options(self, repeat: Repeat) -> list[str]:
+        assert repeat.cell.planned is not None, "only validated cells run"
+        return self.settings.sbatch_options(
+            nodes=repeat.cell.planned.config.nodes, timeout_seconds=self.spec.timeout_seconds
+        )
 
     def _submit_one(self, repeat: Repeat) -> None:
         """Write one repeat's folder (request, batch script), list it in the ledger and submit it.
@@ -728,23 +847,10 @@ class SlurmBackend(SweepBackend):
         leaves it listed for ``--resume``; not found, or refused, the entry and folder go.
         """
         cell = repeat.cell
-        assert cell.planned is not None, "only validated cells run"
-        # A folder of its own for each submission: an earlier job of the same name (a sweep of the
-        # same name run again, its jobs directory removed) still listed by squeue would otherwise be
-        # taken for this one where sbatch's answer is lost (_lookup finds jobs by name and folder).
-        token = secrets.token_hex(3)
-        folder = (self.root / f"cell{cell.index + 1}-repeat{repeat.index + 1}-{token}").resolve()
-        folder.mkdir(parents=True)
+        folder = self._make_job_folder(repeat)
         try:
-            request, result, ended = folder / "request.json", folder / "result.json", folder / ENDED_NAME
-            write_job_request(request, cell)  # with the cell's options, where it was planned for a profile
-            script = folder / "job.sh"
-            # surrogateescape: a folder's bytes that are not UTF-8 are written back as they were
-            site = self.site.job_lines(cell.planned.config.accelerator, self.spec.slurm) if self.site else None
-            script.write_text(batch_script(request, result, ended, site), encoding="utf-8", errors="surrogateescape")
-            options = self.settings.sbatch_options(
-                nodes=cell.planned.config.nodes, timeout_seconds=self.spec.timeout_seconds
-            )
+            script = self._write_job_files(repeat, folder)
+            options = self._sbatch_options(repeat)
             entry = JobEntry(
                 cell_key=cell.key,
                 repeat=repeat.index,
@@ -765,17 +871,18 @@ class SlurmBackend(SweepBackend):
                 script, options, job_name=entry.job_name, log=log_path_pattern(folder, "slurm-%j.out"), directory=folder
             )
         except BaseException as error:
-            if not self._adopt_unanswered(repeat.key, refused=isinstance(error, SlurmError) and error.refused):
+            if not self._adopt_unanswered([repeat.key], refused=isinstance(error, SlurmError) and error.refused):
                 raise
             if not isinstance(error, Exception):
                 raise  # stopped: the job found stays listed, and the sweep says so on its way out
         self._save_ledger()
 
-    def _adopt_unanswered(self, key: RepeatKey, *, refused: bool) -> bool:
-        """After sbatch gave no job id for ``key``'s entry: whether Slurm has the job anyway (then
-        the entry gets its id). Where it has none, or sbatch refused, the entry and folder go; where
-        Slurm cannot be asked, the entry stays without an id, for ``--resume`` to look up."""
-        entry = self.ledger.entries[key]
+    def _adopt_unanswered(self, keys: Sequence[RepeatKey], *, refused: bool) -> bool:
+        """After sbatch gave no job id for the entries of ``keys`` (one job, or one array's tasks):
+        whether Slurm has the job anyway (then the entries get their ids). Where it has none, or
+        sbatch refused, the entries and folders go; where Slurm cannot be asked, the entries stay
+        without an id, for ``--resume`` to look up."""
+        entry = self.ledger.entries[keys[0]]
         found: str | None = None
         if not refused:
             try:
@@ -783,10 +890,64 @@ class SlurmBackend(SweepBackend):
             except SlurmError as error:
                 _log.warning("core: warning: cannot ask Slurm for job %s: %s", entry.job_name, error)
                 return False
-        if found is None:
-            shutil.rmtree(self.ledger.entries.pop(key).folder, ignore_errors=True)
-            self._save_ledger()
-            return False
-        entry.job_id = found
+        for key in keys:
+            if found is None:
+                self._drop(key)
+            else:
+                task = self.ledger.entries[key].array_task
+                self.ledger.entries[key].job_id = found if task is None else task_job_id(array_job_id(found), task)
         self._save_ledger()
-        return True
+        return found is not None
+
+    def _submit_array(self, batch: Sequence[Repeat]) -> None:
+        """Submit ``batch`` (repeats asking for the same job) as one job array: each repeat's folder
+        as for a single job, the array's folder (its index of those folders, its script) and every
+        task's entry, all written before sbatch is asked; each task's id is then ``ARRAYID_TASK``. A
+        lost answer is handled as for a single job (:meth:`_submit_one`), the array found by its
+        name and folder."""
+        token = secrets.token_hex(3)
+        array_folder = (self.root / f"array-{token}").resolve()
+        name = f"core-{self.spec.name}"[:110] + f"-a{token}"
+        array_folder.mkdir(parents=True)
+        keys: list[RepeatKey] = []
+        try:
+            now = self.scheduler.now()
+            for task, repeat in enumerate(batch):
+                folder = self._make_job_folder(repeat)
+                self.ledger.entries[repeat.key] = JobEntry(
+                    cell_key=repeat.cell.key,
+                    repeat=repeat.index,
+                    job_id=None,
+                    folder=str(folder),
+                    submitted_at=now,
+                    job_name=name,
+                    array_folder=str(array_folder),
+                    array_task=task,
+                )
+                keys.append(repeat.key)
+                self._write_job_files(repeat, folder)
+            site = self._site_lines(batch[0])
+            script = write_array_folder(
+                array_folder,
+                [Path(self.ledger.entries[key].folder) for key in keys],
+                site.directives if site is not None else (),
+            )
+            self._save_ledger()
+        except BaseException:
+            for key in keys:
+                self._drop(key)
+            shutil.rmtree(array_folder, ignore_errors=True)
+            raise
+        options = [*self._sbatch_options(batch[0]), array_option(len(batch), self.settings.array_throttle)]
+        log = log_path_pattern(array_folder, "slurm-%A_%a.out")  # the task's own goes to its repeat's folder
+        try:
+            array_id = self.scheduler.submit(script, options, job_name=name, log=log, directory=array_folder)
+        except BaseException as error:
+            if not self._adopt_unanswered(keys, refused=isinstance(error, SlurmError) and error.refused):
+                raise
+            if not isinstance(error, Exception):
+                raise  # stopped: the array found stays listed, and the sweep says so on its way out
+        else:
+            for task, key in enumerate(keys):
+                self.ledger.entries[key].job_id = task_job_id(array_id, task)
+        self._save_ledger()

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from core.base.errors import CoreError
+from core.sweep.slurm_arrays import expand_job_ids, read_max_array_size
 
 _STATE_NAME = re.compile(r"[A-Z][A-Z_]*")  # how Slurm spells a job state (squeue %T, sacct State)
 #: states of a job that has not ended; any other state is final
@@ -298,7 +299,7 @@ def find(job_name: str, directory: Path) -> list[str]:
             "--states=all",
             f"--user={os.getuid()}",
             f"--name={job_name}",
-            "--format=%i|%j|%Z",
+            "--format=%F|%j|%Z",  # %F: an array's id (its tasks are ARRAYID_TASK); a job's own otherwise
         ]
     )
     if listed.returncode != 0:
@@ -308,7 +309,8 @@ def find(job_name: str, directory: Path) -> list[str]:
     for line in listed.stdout.splitlines():
         job_id, name, work_directory = (line.strip().split("|", 2) + ["", ""])[:3]
         if job_id.isdigit() and name == job_name and os.path.normpath(work_directory) == wanted:
-            found.append(job_id)
+            if job_id not in found:  # an array's tasks are a line each
+                found.append(job_id)
     return found
 
 
@@ -367,8 +369,7 @@ class JobStates:
         states: dict[str, str | None] = dict.fromkeys(job_ids)
         for line in listed.stdout.splitlines():
             job_id, _, state = line.partition("|")
-            if job_id in states:
-                states[job_id] = _state_name(state)
+            _note_states(states, job_id, state)
         return states
 
     def _squeue(self, job_ids: list[str]) -> dict[str, str | None]:
@@ -380,9 +381,16 @@ class JobStates:
             raise SlurmError(f"squeue failed: {listed.stderr.strip() or f'exit code {listed.returncode}'}")
         for line in listed.stdout.splitlines():
             job_id, _, state = line.strip().partition("|")
-            if job_id in states:
-                states[job_id] = _state_name(state)
+            _note_states(states, job_id, state)
         return states
+
+
+def _note_states(states: dict[str, str | None], listed: str, state: str) -> None:
+    """``state`` for each job of ``states`` that ``listed`` (a job, an array's task, or its tasks
+    still pending: ``123_[4-9%2]``) stands for."""
+    for job_id in expand_job_ids(listed):
+        if job_id in states:
+            states[job_id] = _state_name(state)
 
 
 def pending_reasons(job_ids: Sequence[str]) -> dict[str, str]:
@@ -406,8 +414,9 @@ def pending_reasons(job_ids: Sequence[str]) -> dict[str, str]:
             reason, partition, nodes = (
                 ("|".join(fields[:-2]), *fields[-2:]) if len(fields) >= 3 else ("".join(fields), "", "")
             )
-            if job_id in chunk and reason.strip():
-                reasons[job_id] = _with_down_nodes(reason.strip(), partition.strip(), nodes.strip(), partitions)
+            for each in expand_job_ids(job_id):  # an array's tasks still pending are one line
+                if each in chunk and reason.strip():
+                    reasons[each] = _with_down_nodes(reason.strip(), partition.strip(), nodes.strip(), partitions)
     return reasons
 
 
@@ -485,6 +494,10 @@ class Scheduler(Protocol):
         """Seconds since the epoch (``JobEntry.submitted_at`` is on this clock)."""
         ...
 
+    def max_array_size(self) -> int:
+        """How many tasks one job array may have (MaxArraySize; 0: arrays are off)."""
+        ...
+
     def sleep(self, seconds: float) -> None: ...
 
 
@@ -511,6 +524,9 @@ class SlurmScheduler:
 
     def now(self) -> float:
         return time.time()
+
+    def max_array_size(self) -> int:
+        return read_max_array_size()
 
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)

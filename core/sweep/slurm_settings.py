@@ -23,7 +23,8 @@ RESERVED_OPTIONS: dict[str, str] = {
     "chdir": "core runs each job in its own folder under the jobs directory",
     "job-name": "core names each job after its sweep, cell and repeat",
     "parsable": "core reads each job's id from sbatch's answer",
-    "array": "each repeat is a job of its own",
+    "array": "core puts the pending repeats in job arrays itself: the [slurm] table's job_arrays and "
+    "array_throttle (--slurm-job-arrays, --slurm-array-throttle) set them",
     "wrap": "each job runs core's batch script",
     "nodes": "each cell's nodes set its job's --nodes",
     "ntasks": "core runs one task per node (the run's launcher, --ntasks-per-node=1)",
@@ -129,6 +130,24 @@ class SlurmSettings(BaseModel):
         description="further sbatch options, each one argument such as '--qos=high' or '--constraint=a100'",
     )
     poll_seconds: float = Field(default=10.0, gt=0, le=3600, description="how often the sweep asks Slurm for its jobs")
+    job_arrays: bool = Field(
+        default=True,
+        description="submit the pending repeats that ask for the same job as job arrays (one sbatch each, at most "
+        "the cluster's MaxArraySize tasks); false: one sbatch per repeat",
+    )
+    array_throttle: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="sbatch --array=0-N%T: at most this many tasks of each array run at once; None: no limit",
+    )
+    log_retention_days: float = Field(
+        default=14.0,
+        ge=0,
+        le=3650,
+        description="how long each recorded job's Slurm log is kept in <jobs directory>/_logs/<sweep>/, in days; "
+        "0: not kept",
+    )
     jobs_directory: str | None = Field(
         default=None,
         min_length=1,
