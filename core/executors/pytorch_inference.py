@@ -166,7 +166,7 @@ class TorchInferenceExecutor(TorchModelExecutor):
         """``count`` forward passes in one entry of the contexts, the micro-batch fetched once where
         it stays on the device.
 
-        Which outputs are checked: where every pass runs the same model on the same micro-batch
+        Which outputs are checked: on an eager device, where every pass runs the same model on the same micro-batch
         (synthetic data on the device) and the model drew no random numbers in the previous phase
         (the first step's, which checks its one pass), each pass computes the same outputs, so a
         NaN/inf in any of them is in the last, and that one is checked. Otherwise (data copied or
@@ -177,7 +177,9 @@ class TorchInferenceExecutor(TorchModelExecutor):
         model, check = self._model, self._output_check.add
         random_before = _random_states(self.device)
         with self._forward_contexts():
-            if fixed is not None and self._repeats_itself:
+            # Not on a lazy device: there each pass's check is part of its one graph (checking the
+            # last only would make that pass a graph of its own, and the others another).
+            if fixed is not None and self._repeats_itself and cut is None:
                 outputs = None
                 for _ in range(count):
                     outputs = model(fixed)
