@@ -226,11 +226,32 @@ def test_a_run_tells_its_steps_and_keeps_its_figures(monkeypatch: pytest.MonkeyP
     ]
 
 
+def test_a_run_nobody_watches_step_by_step_counts_no_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A tiny model's step takes tens of microseconds: counting steps for no listener would cost
+    # about one per cent of it. A callback without steps_progress, and the plugins' hooks, do not listen.
+    import core.running.runner
+
+    made: list[str] = []
+
+    def recorded(inner: Any, phase: str, *arguments: Any, **named: Any) -> Any:
+        made.append(phase)
+        return ReportingStepClock(inner, phase, *arguments, **named)
+
+    monkeypatch.setattr(core.running.runner, "ReportingStepClock", recorded)
+    options: dict[str, Any] = {"steps": 3, "warmup_steps": 2, "micro_batch_size": 4}
+    options["workload_options"] = {"layers": 1, "hidden_width": 8}
+    assert core.run("fcnn", "cpu", on_progress=lambda partial: None, **options).status.ok
+    assert core.run("fcnn", "cpu", **options).status.ok
+    assert made == []
+    watched = core.run("fcnn", "cpu", on_progress=_Callback(lambda progress: None), **options)
+    assert watched.status.ok and made == ["warmup", "window"]
+
+
 class _Callback:
     """An on_progress callback with a steps_progress of its own, as the CLI's RunProgress has."""
 
     def __init__(self, watcher: Any) -> None:
-        self.steps_progress = watcher.steps_progress
+        self.steps_progress = getattr(watcher, "steps_progress", watcher)
 
     def __call__(self, partial: RunResult) -> None:
         pass

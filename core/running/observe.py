@@ -46,6 +46,11 @@ class Observer:
         """Within a phase of many steps (the warm-up, the window): how many are done, about once a
         second (core.running.step_progress). Told from the step clock, never by waiting on the device."""
 
+    def wants_steps_progress(self) -> bool:
+        """Whether :meth:`steps_progress` does anything: where nothing listens, the runner counts no
+        steps (a tiny model's step is tens of microseconds, and counting one costs a few tenths)."""
+        return type(self).steps_progress is not Observer.steps_progress
+
     def result_ready(self, result: RunResult) -> None:
         """The run is over, successfully or not, and ``result`` is final (its status says how it ended)."""
 
@@ -72,8 +77,19 @@ class ObserverGroup(Observer):
     def steps_progress(self, progress: StepProgress) -> None:
         self.tell("steps_progress", progress)
 
+    def wants_steps_progress(self) -> bool:
+        return any(_listens_to_steps(observer) for observer in self.observers)
+
     def result_ready(self, result: RunResult) -> None:
         self.tell("result_ready", result)
+
+
+def _listens_to_steps(observer: object) -> bool:
+    """An ObserverGroup member's interest in step progress: an Observer says; any other object
+    listens where it has the method."""
+    if isinstance(observer, Observer):
+        return observer.wants_steps_progress()
+    return callable(getattr(observer, "steps_progress", None))
 
 
 class PluginHooks(Observer):
@@ -118,6 +134,9 @@ class ProgressCallbackObserver(Observer):
             warning = f"on_progress callback failed: {type(exc).__name__}: {exc}"
             if warning not in partial.warnings:
                 partial.warnings.append(warning)
+
+    def wants_steps_progress(self) -> bool:
+        return callable(getattr(self._callback, "steps_progress", None))
 
     def steps_progress(self, progress: StepProgress) -> None:
         """Passed on to the callback's own ``steps_progress``, where it has one (the CLI's display)."""

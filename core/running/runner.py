@@ -197,7 +197,7 @@ def _execute(plan: RunPlan, process: ProcessContext, observer: Observer | None) 
 
     def counted(inner: StepClock | None, phase: str, steps: int, before: int = 0) -> StepClock | None:
         """``inner`` telling the observer of the phase's steps (rank 0's; the others' as they were)."""
-        if observer is None or not process.is_main:
+        if observer is None or not process.is_main or not observer.wants_steps_progress():
             return inner
         tell: Callable[[StepProgress], None] = observer.steps_progress
         return ReportingStepClock(inner, phase, steps, tell, marks_before_first_step=before)
