@@ -139,3 +139,17 @@ class SimulatedSlurm:
             (folder / ENDED_NAME).write_text(json.dumps({"exit_code": exit_code, "seconds": 2.5}))
         (folder / f"slurm-{job_id}.out").write_text(f"job {job_id}'s output\n")
         job["state"] = state
+
+
+def simulated_sweep_file(tmp_path: Path, *, cells: int, repeats: int, slurm_table: str = "") -> Path:
+    """A sweep file of ``cells`` tiny CPU cells (2, 3, ... steps) of ``repeats`` each, for a simulated
+    Slurm (``poll_seconds = 5`` of its clock); ``slurm_table``: more lines of its ``[slurm]`` table."""
+    steps = ", ".join(str(2 + index) for index in range(cells))
+    path = tmp_path / "sim.toml"
+    path.write_text(
+        f'name = "sim"\nrepeats = {repeats}\ntimeout_seconds = 60\n[grid]\nworkload = "fcnn"\n'
+        f'accelerator = "cpu"\nsteps = [{steps}]\nmicro_batch_size = 4\n'
+        "workload_options = {layers = 1, hidden_width = 8}\n"
+        f"[slurm]\npoll_seconds = 5\n{slurm_table}"
+    )
+    return path

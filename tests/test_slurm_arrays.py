@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
-from slurm_support import SimulatedSlurm
+from slurm_support import SimulatedSlurm, simulated_sweep_file
 from test_slurm_sweep import _rows, _sweep_file, needs_slurm
 
 import core.sweep.cluster
@@ -39,16 +39,7 @@ from core.sweep.slurm_settings import SlurmSettings
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
-def _sweep(tmp_path: Path, *, cells: int, repeats: int, slurm_table: str = "") -> Path:
-    steps = ", ".join(str(2 + index) for index in range(cells))
-    path = tmp_path / "sim.toml"
-    path.write_text(
-        f'name = "sim"\nrepeats = {repeats}\ntimeout_seconds = 60\n[grid]\nworkload = "fcnn"\n'
-        f'accelerator = "cpu"\nsteps = [{steps}]\nmicro_batch_size = 4\n'
-        "workload_options = {layers = 1, hidden_width = 8}\n"
-        f"[slurm]\npoll_seconds = 5\n{slurm_table}"
-    )
-    return path
+_sweep = simulated_sweep_file
 
 
 @pytest.fixture

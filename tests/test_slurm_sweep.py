@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
-from slurm_support import SimulatedSlurm
+from slurm_support import SimulatedSlurm, simulated_sweep_file
 
 import core.sweep.cluster
 import core.sweep.slurm_jobs
@@ -351,16 +351,7 @@ def test_a_job_slurm_forgot_without_an_end_is_an_error(tmp_path: Path) -> None:
 # --- the bookkeeping, against a simulated Slurm (tests/slurm_support.py) --------------------------
 
 
-def _simulated_sweep(tmp_path: Path, *, cells: int, repeats: int, slurm_table: str = "") -> Path:
-    steps = ", ".join(str(2 + index) for index in range(cells))
-    path = tmp_path / "sim.toml"
-    path.write_text(
-        f'name = "sim"\nrepeats = {repeats}\ntimeout_seconds = 60\n[grid]\nworkload = "fcnn"\n'
-        f'accelerator = "cpu"\nsteps = [{steps}]\nmicro_batch_size = 4\n'
-        "workload_options = {layers = 1, hidden_width = 8}\n"
-        f"[slurm]\npoll_seconds = 5\n{slurm_table}"
-    )
-    return path
+_simulated_sweep = simulated_sweep_file
 
 
 @pytest.fixture(params=[0, 1001], ids=["single-jobs", "arrays"])
