@@ -111,7 +111,7 @@ def _partial(**measured: Any) -> RunResult:
 def test_a_run_prints_a_line_per_phase_and_an_estimate_that_updates() -> None:
     clock, log = SimulatedClock(), io.StringIO()
     progress = RunProgress(_log_line(clock, log), "fcnn on cpu", steps=100, warmup_steps=10)
-    progress.start()
+    progress.run_starting(None)
     progress(_partial(setup_seconds=2.0))
     progress(_partial(setup_seconds=2.0, first_step_seconds=40.0))
     clock.advance(31)

@@ -50,9 +50,7 @@ def _progress(args: argparse.Namespace, options: dict[str, Any], line: ProgressL
     fields = RunConfig.model_fields  # their defaults where the flags were not given
     steps = options.get("steps", fields["steps"].default)
     warmup = options.get("warmup_steps", fields["warmup_steps"].default)
-    progress = RunProgress(line, f"{args.workload} on {args.accelerator}", steps, warmup)
-    progress.start()
-    return progress
+    return RunProgress(line, f"{args.workload} on {args.accelerator}", steps, warmup)
 
 
 def _run_and_show(args: argparse.Namespace, options: dict[str, Any], line: ProgressLine) -> int:

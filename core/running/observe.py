@@ -138,6 +138,17 @@ class ProgressCallbackObserver(Observer):
     def wants_steps_progress(self) -> bool:
         return callable(getattr(self._callback, "steps_progress", None))
 
+    def run_starting(self, config: RunConfig) -> None:
+        """Passed on to the callback's own ``run_starting``, where it has one (the CLI's display says
+        "setting up" once the configuration is valid, not before a refusal)."""
+        method = getattr(self._callback, "run_starting", None)
+        if method is None:
+            return
+        try:
+            method(config)
+        except Exception:  # noqa: S110 - a display's fault must not end the run
+            pass
+
     def steps_progress(self, progress: StepProgress) -> None:
         """Passed on to the callback's own ``steps_progress``, where it has one (the CLI's display)."""
         method = getattr(self._callback, "steps_progress", None)

@@ -205,7 +205,8 @@ class RunProgress(Observer):
         self._line, self._title, self._steps, self._warmup_steps = line, title, steps, warmup_steps
         self._told: set[str] = set()
 
-    def start(self) -> None:
+    def run_starting(self, config: Any) -> None:
+        """The configuration is valid and the run sets up its devices (a refusal prints no line)."""
         self._line.note(f"{self._title}: setting up")
 
     def __call__(self, result: Any) -> None:
