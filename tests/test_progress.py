@@ -355,7 +355,7 @@ def test_a_run_in_a_slurm_job_records_the_job_and_shows_it(
 
 
 def test_outside_slurm_a_run_records_no_job_and_an_odd_array_index_is_left_out() -> None:
-    from core.running.placement import slurm_job
+    from core.running.slurm import slurm_job
 
     assert slurm_job({}) is None
     odd = slurm_job({"SLURM_JOB_ID": "7", "SLURM_ARRAY_TASK_ID": "x", "SLURM_JOB_PARTITION": " "})

@@ -33,8 +33,8 @@ from core.running.environment import collect_environment
 from core.running.exchange import gather_through_files
 from core.running.hostload import host_load, sample_host
 from core.running.observe import Observer
-from core.running.placement import slurm_job
 from core.running.planning import RunPlan, device_covers, node_covers
+from core.running.slurm import slurm_job
 from core.running.step_progress import ReportingStepClock, StepProgress
 
 # Above this share of the window spent waiting for data, the run measures storage, not the device.

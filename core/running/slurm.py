@@ -1,4 +1,5 @@
-"""The Slurm allocation this process runs in, as its environment describes it.
+"""The Slurm allocation this process runs in, as its environment describes it: for launching a
+multi-node run (:class:`SlurmAllocation`) and for recording where a run ran (:func:`slurm_job`).
 
 Slurm sets ``SLURM_JOB_ID``, ``SLURM_JOB_NUM_NODES`` and ``SLURM_JOB_NODELIST`` (a compressed host
 list such as ``node[01-04]``) in every step of a job (sbatch, salloc, srun); ``scontrol show
@@ -14,6 +15,8 @@ import shutil
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from core.base.results import SlurmJob
 
 #: torchrun's own default rendezvous port
 DEFAULT_RENDEZVOUS_PORT = 29500
@@ -49,3 +52,25 @@ class SlurmAllocation:
     def rendezvous(self, port: int = DEFAULT_RENDEZVOUS_PORT) -> str:
         """The first node, where every node's torchrun agent meets."""
         return f"{self.hostnames()[0]}:{port}"
+
+
+def slurm_job(environ: Mapping[str, str] | None = None) -> SlurmJob | None:
+    """The job this process runs in (SLURM_JOB_ID, SLURM_ARRAY_JOB_ID, SLURM_ARRAY_TASK_ID,
+    SLURM_JOB_NODELIST, SLURM_JOB_PARTITION), or None outside Slurm. A variable Slurm left empty or
+    spelt oddly (an array index that is no number) is left out, never a reason to fail the run."""
+    env = os.environ if environ is None else environ
+    job_id = env.get("SLURM_JOB_ID", "").strip()
+    if not job_id:
+        return None
+
+    def text(*names: str) -> str | None:
+        return next((value.strip() for name in names if (value := env.get(name, "")).strip()), None)
+
+    task = text("SLURM_ARRAY_TASK_ID")
+    return SlurmJob(
+        job_id=job_id,
+        array_job_id=text("SLURM_ARRAY_JOB_ID"),
+        array_task_id=int(task) if task is not None and task.isdecimal() else None,
+        nodelist=text("SLURM_JOB_NODELIST", "SLURM_NODELIST"),
+        partition=text("SLURM_JOB_PARTITION"),
+    )
