@@ -518,11 +518,12 @@ def test_the_fcnn_sweep_completes_and_its_report_matches_the_database(fcnn_sweep
             (b, p) for b in (8, 32, 128) for p in ("fp32", "bf16")
         }
         report = fcnn_sweep["directory"] / "report"
-        # What the plots are depends on what this machine's results carry: an MFU plot where every
-        # run has a peak (the CPU's is derived from /proc/cpuinfo), else achieved FLOP/s; a roofline,
-        # its log-log FLOP/s plot and MFU heatmaps per precision whose runs have a peak and a memory
-        # bandwidth; energy plots where RAPL can be read.
-        with_peak = all(run.result.peak_flops_per_second for run in runs)
+        # What the plots are depends on what this machine's results carry: an MFU plot where any
+        # precision's runs have a peak (the CPU's is derived from /proc/cpuinfo: a CPU without bf16
+        # units has none for bf16), else achieved FLOP/s; a roofline, its log-log FLOP/s plot and
+        # MFU heatmaps per precision whose runs have a peak and a memory bandwidth; energy plots
+        # where RAPL can be read.
+        with_peak = any(run.result.peak_flops_per_second for run in runs)
         roofed = {
             run.result.config.precision.value
             for run in runs

@@ -15,14 +15,47 @@ from core.base.results import EnvironmentInfo
 CORE_PACKAGES = ("torch", "tensorflow", "tensorflow-cpu", "keras", "numpy", "pydantic", "pluggy")
 
 
-def _version(distribution: str) -> str | None:
+# What a fork server read before it forked its runs (read_before_forking, one of its preloads):
+# every run forked from it runs with the modules that server imported, on its machine. Reading a
+# package's version parses its METADATA file (about 1.5 ms each here) and platform.platform()
+# reads the interpreter's binary for its C library's version: together a tenth of a tiny forked
+# run. Any other process reads them afresh for each run.
+_versions_before_fork: dict[str, str | None] = {}
+_processor_before_fork: list[str | None] = []
+
+
+def _read_version(distribution: str) -> str | None:
     try:
         return metadata.version(distribution)
     except metadata.PackageNotFoundError:
         return None
 
 
+def _version(distribution: str) -> str | None:
+    if distribution in _versions_before_fork:
+        return _versions_before_fork[distribution]
+    return _read_version(distribution)
+
+
+def read_before_forking() -> None:
+    """Read now what each run records of its software and machine (core's packages and its own
+    version, the plugins' packages, the platform, the processor), so that this process and the
+    runs it forks answer from what was read: for a fork server, whose runs are forks of it."""
+    from core.contract.manager import get_plugin_manager
+
+    names = dict.fromkeys([*CORE_PACKAGES, "core", *get_plugin_manager().package_names()])
+    _versions_before_fork.update({name: _read_version(name) for name in names})
+    platform.platform()  # the platform module keeps its answer for the process (and its forks)
+    _processor_before_fork[:] = [_read_processor_name()]
+
+
 def processor_name() -> str | None:
+    if _processor_before_fork:
+        return _processor_before_fork[0]
+    return _read_processor_name()
+
+
+def _read_processor_name() -> str | None:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
             for line in cpuinfo:

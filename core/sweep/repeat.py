@@ -54,8 +54,11 @@ WARM_IMPORTS = (
     "core.running.runner",
     "core.executors.pytorch",
     "core.workloads",
+    "core.data.listing",  # planning's dataset checks, which a run's plan rebuilds
     # The plugins, loaded as the run would load them (their vendor SDKs stay unimported until used).
     "core.contract.manager:get_plugin_manager",
+    # What each result records of the software and machine: read once here, not in every forked run.
+    "core.running.environment:read_before_forking",
 )
 
 _log = logging.getLogger(__name__)
