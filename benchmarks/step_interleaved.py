@@ -153,8 +153,9 @@ def main() -> None:
             f"{name:14s} core / plain per update {f['core_over_plain_throughput_median']:.4f} "
             f"(quartiles {f['core_over_plain_throughput_quartiles'][0]:.4f}-"
             f"{f['core_over_plain_throughput_quartiles'][1]:.4f}, {f['pairs']} interleaved pairs); "
-            f"of medians {f['core_over_plain_throughput_of_medians']:.4f}; core {f['core_seconds_per_step_median'] * 1e3:.3f} "
-            f"ms, plain {f['plain_seconds_per_step_median'] * 1e3:.3f} ms, core's extra "
+            f"of medians {f['core_over_plain_throughput_of_medians']:.4f}; "
+            f"core {f['core_seconds_per_step_median'] * 1e3:.3f} ms, "
+            f"plain {f['plain_seconds_per_step_median'] * 1e3:.3f} ms, core's extra "
             f"{f['core_extra_seconds_per_step_median'] * 1e6:+.1f} us per update; target >= {f['target_at_least']:.3f}",
             flush=True,
         )

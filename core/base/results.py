@@ -43,7 +43,10 @@ from core.base.units import JOULES_PER_WATT_HOUR, watt_hours
 # 1.11: RunResult.slurm (optional, so older documents load without it): the Slurm job a run ran in (job
 #       id, array job and task, node list, partition); a multi-node run records its nodes (RunResult.nodes,
 #       with host names) with no meter too.
-SCHEMA_VERSION = "1.11"
+# 1.12: training to a target quality (RunConfig.target): RunResult.to_target (optional, so older
+#       documents load without it) with the quality curve, time, energy, epochs and samples to the
+#       target; RunState.target_not_reached for a run that ended without reaching it.
+SCHEMA_VERSION = "1.12"
 # The error type of a document written by a newer core: ResultStore skips such a row with a warning.
 NEWER_SCHEMA_ERROR = "newer_schema"
 # A traceback kept in a result is cut to its end (where it broke) so a deep recursion stays small.
@@ -57,6 +60,9 @@ class RunState(str, Enum):
     non_finite_loss = "non_finite_loss"
     killed = "killed"
     timeout = "timeout"  # a sweep cell that ran past its time limit and was stopped
+    # A run trained to a target quality that ended (its epoch or time budget spent) without reaching
+    # it: a measured outcome, everything kept, not a fault of the machinery (a sweep does not retry it).
+    target_not_reached = "target_not_reached"
 
 
 class Status(BaseModel):
@@ -263,6 +269,60 @@ class NodeEnergy(BaseModel):
     unavailable_reason: str | None = None
     meter: str | None = None
     devices: int = Field(default=0, description="devices of the run on this node (or instance)")
+
+
+class QualityPoint(BaseModel):
+    """One evaluation of a run trained to a target: how far training had gone and what it measured."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    epoch: float = Field(ge=0, description="epochs trained when evaluated: samples / samples_per_epoch")
+    samples: int = Field(ge=0, description="training samples processed since the clock started, every replica's")
+    seconds: float = Field(
+        ge=0, description="since the clock started (the first training step), evaluations before this one included"
+    )
+    joules: float | None = Field(
+        default=None, description="energy since the clock started, every device; None without a meter"
+    )
+    value: float = Field(description="the target's metric at this evaluation")
+    metrics: dict[str, float] = Field(
+        default_factory=dict, description="every metric the evaluation produced ('top1', 'loss', a workload's own)"
+    )
+    evaluation_seconds: float = Field(ge=0, description="this evaluation's own time, inside `seconds`")
+
+
+class TargetOutcome(BaseModel):
+    """A training run to a target quality, as MLPerf Training times it: the clock starts at the first
+    training step after initialisation (set-up, reported apart) and runs, evaluations included, to
+    the first evaluation that meets the target, or to the run's budget."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    metric: str = Field(description="what the target is of: 'top1', 'loss', or a workload's own metric")
+    target: float = Field(description="the value to reach")
+    higher_is_better: bool = Field(description="true: reached at value >= target; false: at value <= target")
+    reached: bool
+    stopped_by: Literal["target", "max_epochs", "max_seconds"] = Field(description="what ended training")
+    time_to_target_seconds: float | None = Field(
+        default=None, description="clock seconds at the first evaluation that met the target; None if not reached"
+    )
+    energy_to_target_joules: float | None = Field(
+        default=None,
+        description="energy from the clock's start to that evaluation's end; None if not reached or no meter",
+    )
+    epochs_to_target: float | None = None
+    samples_to_target: int | None = None
+    initialization_seconds: float | None = Field(
+        default=None, description="before the clock: building the model, placing it and the data (MLPerf's init)"
+    )
+    training_seconds: float = Field(ge=0, description="clock seconds in all, to the end of training")
+    training_joules: float | None = Field(
+        default=None, description="energy over training_seconds; None without a meter"
+    )
+    evaluation_seconds: float = Field(ge=0, description="every evaluation's time, inside training_seconds")
+    epochs: float = Field(ge=0, description="epochs trained in all")
+    samples: int = Field(ge=0, description="training samples processed in all")
+    curve: list[QualityPoint] = Field(default_factory=list, description="every evaluation, in order")
 
 
 class SlurmJob(BaseModel):
@@ -485,6 +545,11 @@ class RunResult(BaseModel):
     )
     loadgen: LoadGenFigures | None = Field(
         default=None, description="an inference run under a LoadGen scenario: LoadGen's verdict and figures"
+    )
+    to_target: TargetOutcome | None = Field(
+        default=None,
+        description="a training run to a target quality (config.target): its quality curve, and time, energy, "
+        "epochs and samples to the target",
     )
 
     environment: EnvironmentInfo | None = None
