@@ -214,13 +214,20 @@ def throughput_case(scenario: str, model: Model, args: argparse.Namespace) -> di
 
     core_rates, plain_rates = [], []
     settings = offline_settings(model, args) if scenario == "offline" else {}
-    for _ in range(args.repeats):
-        core_rates.append(core_run(model, scenario, args.steps, args.warmup, settings).throughput_per_second)
+
+    def plain_rate() -> float:
         if scenario == "loop":
-            plain_rates.append(plain_samples_per_second(model, args.steps, args.warmup))
-        else:
-            with tempfile.TemporaryDirectory() as log_dir:
-                plain_rates.append(PlainOfflineSut(model).samples_per_second(settings, log_dir))
+            return plain_samples_per_second(model, args.steps, args.warmup)
+        with tempfile.TemporaryDirectory() as log_dir:
+            return PlainOfflineSut(model).samples_per_second(settings, log_dir)
+
+    for pair in range(args.repeats):
+        # The order turns each pair, so neither side always runs right after the other's teardown.
+        if pair % 2:
+            plain_rates.append(plain_rate())
+        core_rates.append(core_run(model, scenario, args.steps, args.warmup, settings).throughput_per_second)
+        if pair % 2 == 0:
+            plain_rates.append(plain_rate())
     pair_ratios = [c / p for c, p in zip(core_rates, plain_rates)]
     plain_side = "plain loop" if scenario == "loop" else "plain SUT "
     print(f"[{scenario}] throughput, {args.model}, batch {model.batch}, {args.repeats} alternating pairs")

@@ -13,7 +13,7 @@ mark. It leaves out what the window does once (a synchronise at each end, the me
 ``overhead_cpu.py`` includes.
 
     .venv/bin/python benchmarks/step_interleaved.py [--case tiny|fcnn-bf16|resnet50-fp32|resnet50-bf16|all]
-        [--pairs N] [--json F]
+        [--pairs N] [--json F] [--smoke]
 
 Prints, per case, core / plain throughput per update: the median of the per-pair ratios (plain
 seconds / core seconds) with quartiles, the ratio of the two sides' median step times, and core's
@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from overhead_cpu import CASES, Case  # noqa: E402  (the same cases as the window benchmark)
+from overhead_cpu import Case, cases_to_run  # noqa: E402  (the same cases as the window benchmark)
 
 from core.base.distributed import SINGLE_PROCESS  # noqa: E402
 from core.base.precision import policy_in_force  # noqa: E402
@@ -139,15 +139,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--case", default="all", choices=[*TORCH_CASES, "all"])
     parser.add_argument("--pairs", type=int, help="interleaved pairs (default: the case's)")
+    parser.add_argument("--smoke", action="store_true", help="toy sizes and 3 pairs: the code paths only")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}", flush=True)
-    names = TORCH_CASES if args.case == "all" else (args.case,)
+    names = list(TORCH_CASES) if args.case == "all" else [args.case]
     figures = []
-    for name in names:
-        f = measure(name, CASES[name], args.pairs or PAIRS[name])
+    for name, case in cases_to_run(names, args.smoke, None, None).items():
+        f = measure(name, case, 3 if args.smoke else args.pairs or PAIRS[name])
         figures.append(f)
         print(
             f"{name:14s} core / plain per update {f['core_over_plain_throughput_median']:.4f} "

@@ -137,6 +137,25 @@ def test_overhead_benchmark_runs(case: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_step_interleaved_benchmark_runs(tmp_path: Path) -> None:
+    output = tmp_path / "interleaved.json"
+    command = [
+        sys.executable,
+        str(BENCHMARKS / "step_interleaved.py"),
+        "--case",
+        "tiny",
+        "--smoke",
+        "--json",
+        str(output),
+    ]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    (figures,) = json.loads(output.read_text())
+    assert figures["case"] == "tiny" and figures["pairs"] == 3
+    assert figures["core_seconds_per_step_median"] > 0 and figures["plain_seconds_per_step_median"] > 0
+
+
+@pytest.mark.slow
 @pytest.mark.tensorflow
 def test_overhead_benchmark_runs_its_tensorflow_case(tmp_path: Path) -> None:
     pytest.importorskip("tensorflow")
