@@ -247,6 +247,33 @@ def test_a_run_nobody_watches_step_by_step_counts_no_steps(monkeypatch: pytest.M
     assert watched.status.ok and made == ["warmup", "window"]
 
 
+def test_a_run_in_a_child_process_counts_steps_only_where_its_parent_listens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A sweep's runs and a run with a time limit run in a child, which used to count steps always
+    # (its result writer listened) though no one read them: the request now says whether anyone does.
+    import core.running.launch
+    from core.running.child import _PartialWriter
+    from core.running.step_progress import STEPS_PROGRESS_KEY
+
+    asked: list[bool] = []
+    real = core.running.launch.write_request
+
+    def recorded(path: Path, planned: Any, parent_pid: int | None, **named: Any) -> None:
+        real(path, planned, parent_pid, **named)
+        asked.append(json.loads(path.read_text())[STEPS_PROGRESS_KEY])
+
+    monkeypatch.setattr(core.running.launch, "write_request", recorded)
+    options: dict[str, Any] = {"steps": 2, "warmup_steps": 1, "micro_batch_size": 4, "timeout_seconds": 120}
+    options["workload_options"] = {"layers": 1, "hidden_width": 8}
+    assert core.run("fcnn", "cpu", **options).status.ok
+    assert core.run("fcnn", "cpu", on_progress=_Callback(lambda progress: None), **options).status.ok
+    assert asked == [False, True]
+    # The child's side: a request without the key (an older core's parent) is read as listening.
+    assert not _PartialWriter(tmp_path / "result.json", steps_progress=False).wants_steps_progress()
+    assert _PartialWriter(tmp_path / "result.json").wants_steps_progress()
+
+
 class _Callback:
     """An on_progress callback with a steps_progress of its own, as the CLI's RunProgress has."""
 

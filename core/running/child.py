@@ -65,8 +65,8 @@ def _plan_of(request: dict[str, Any]) -> RunPlan:
 class _PartialWriter(ResultWriter):
     """RESULT.partial after each phase, and the latest partial result kept for an interrupted run."""
 
-    def __init__(self, result_path: Path) -> None:
-        super().__init__(result_path.with_name(result_path.name + PARTIAL_SUFFIX), "the partial result")
+    def __init__(self, result_path: Path, steps_progress: bool = True) -> None:
+        super().__init__(result_path.with_name(result_path.name + PARTIAL_SUFFIX), "the partial result", steps_progress)
         self.latest: RunResult | None = None
 
     def phase_ended(self, partial: RunResult) -> None:
@@ -106,8 +106,10 @@ def main(argv: list[str]) -> int:
         processes.die_with_parent(parent_pid, signal.SIGTERM)
 
     from core.running.launch import run_here
+    from core.running.step_progress import STEPS_PROGRESS_KEY
 
-    partial = _PartialWriter(result_path)
+    # A request of an older core has no such key: its parent may read the steps.
+    partial = _PartialWriter(result_path, steps_progress=request.get(STEPS_PROGRESS_KEY) is not False)
     try:
         result = run_here(_plan_of(request), partial)
     except RefusedOnNode as refusal:  # planned for a machine profile, and this node is not one such

@@ -35,7 +35,7 @@ from core.running.observe import Observer, tell_phase
 from core.running.planning import PlannedRun, RunPlan
 from core.running.runner import execute, new_result
 from core.running.slurm import SlurmAllocation
-from core.running.step_progress import ProgressFile, progress_path
+from core.running.step_progress import STEPS_PROGRESS_KEY, ProgressFile, progress_path
 
 _POLL_SECONDS = 0.2  # how often the launch looks for the launcher's end and the main process's progress
 _WORK_DIRECTORY_PREFIX = "core-launch-"
@@ -281,7 +281,11 @@ def child_command(request: Path, result_path: Path) -> list[str]:
 
 
 def write_request(
-    path: Path, planned: PlannedRun, parent_pid: int | None, plan_on_node: Mapping[str, Any] | None = None
+    path: Path,
+    planned: PlannedRun,
+    parent_pid: int | None,
+    plan_on_node: Mapping[str, Any] | None = None,
+    steps_progress: bool = True,
 ) -> None:
     """The child's request (core/running/child.py): the validated plan, and the process it must not outlive.
 
@@ -290,11 +294,15 @@ def write_request(
 
     :param plan_on_node: for a plan made for a machine profile, the cell's options, from which the
         child plans the run again on its node (core.running.node_plan).
+    :param steps_progress: whether the child writes its steps' progress for this process to read:
+        only where something here listens (a sweep's runs count no steps; on a tiny model counting
+        costs a few tenths of a microsecond a step). A request without the key (an older core's) does.
     """
     document = {
         "plan": planned.model_dump(mode="json"),
         "options": planned.config.model_dump(mode="json"),
         "parent_pid": parent_pid,
+        STEPS_PROGRESS_KEY: steps_progress,
         **({PLAN_ON_NODE_KEY: dict(plan_on_node)} if plan_on_node is not None else {}),
     }
     path.write_text(json.dumps(document), encoding="utf-8")
@@ -347,7 +355,8 @@ def run_in_child(
     partial_path = result_path.with_name(result_path.name + ".partial")
     for stale in (result_path, partial_path):
         stale.unlink(missing_ok=True)
-    write_request(request, planned, parent_pid=os.getpid())
+    listens = observer is not None and observer.wants_steps_progress()
+    write_request(request, planned, parent_pid=os.getpid(), steps_progress=listens)
     partial = ResultFile(partial_path, RunResult.of_config(config, world_size=config.replicas))
     steps = ProgressFile(progress_path(partial_path))
     steps.path.unlink(missing_ok=True)

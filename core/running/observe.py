@@ -172,9 +172,12 @@ class ResultWriter(Observer):
     """Writes each phase's result to a file, whole (atomically), for the process that watches it: how
     a child process or a rank passes its phases to the process that owns the run."""
 
-    def __init__(self, path: Path, what: str) -> None:
+    def __init__(self, path: Path, what: str, steps_progress: bool = True) -> None:
+        """:param steps_progress: whether the watching process reads the steps' progress (written
+        beside ``path``); without it the run counts no steps."""
         self.path = path
         self.what = what
+        self._steps_progress = steps_progress
 
     def phase_ended(self, partial: RunResult) -> None:
         self.save(partial)
@@ -183,6 +186,9 @@ class ResultWriter(Observer):
         from core.running.step_progress import progress_path, write_progress
 
         write_progress(progress_path(self.path), progress)
+
+    def wants_steps_progress(self) -> bool:
+        return self._steps_progress
 
     def save(self, result: RunResult) -> None:
         from core.base.files import write_atomically

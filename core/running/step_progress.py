@@ -22,6 +22,11 @@ from core.executors.base import StepClock
 REPORT_SECONDS = 1.0
 
 
+#: A child's request (core.running.launch.write_request) says under this key whether the process
+#: that started it reads its steps' progress; where nothing does, the child counts no steps.
+STEPS_PROGRESS_KEY = "steps_progress"
+
+
 @dataclass(frozen=True)
 class StepProgress:
     """``steps_done`` of the ``steps_total`` of ``phase`` ('warmup', 'window'), ``elapsed_seconds`` in."""

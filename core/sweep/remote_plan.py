@@ -76,4 +76,5 @@ def write_job_request(path: Path, cell: Cell) -> None:
     planned = cell.planned
     assert planned is not None, "only validated cells run"
     plan_on_node = dict(cell.options) if planned.machine is not None else None
-    write_request(path, planned, parent_pid=None, plan_on_node=plan_on_node)
+    # No one reads a Slurm job's progress: its run counts no steps.
+    write_request(path, planned, parent_pid=None, plan_on_node=plan_on_node, steps_progress=False)
