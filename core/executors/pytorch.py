@@ -365,7 +365,6 @@ class TorchModelExecutor(Executor):
         self._copy_each_step = on_host or self._files is not None
         self._details["data"] = config.data if config.data in SYNTHETIC_SOURCES else "files"
 
-        self._non_finite = NonFiniteFlag(self.device)
         self._details.update(
             {
                 "framework": "torch",
@@ -426,17 +425,6 @@ class TorchModelExecutor(Executor):
         if self._placement.device_timing_events and self.device.type != "cpu":  # the CPU may stand in (core.testing)
             return DeviceEventStepClock(self.device)
         return HostStepClock()
-
-    def _any_rank_raised(self) -> bool:
-        """Read and clear the non-finite flag; True when it was raised on any rank."""
-        found = self._non_finite.take()
-        self._hooks.cut_graph()  # the flag's reset apart from the next update's graph
-        if self._process.is_distributed:
-            # A NaN on one rank only must fail every rank alike, or the others would go on
-            # to wait at the next barrier for a rank that has stopped.
-            found = (found != 0).to(device=self._collective_device(), dtype=torch.float32)
-            torch.distributed.all_reduce(found, op=torch.distributed.ReduceOp.MAX, group=self._host_group)
-        return bool(found.item() != 0)
 
     def _collective_device(self) -> torch.device:
         on_device = self._placement.distributed_backend == "nccl" and self._host_group is None

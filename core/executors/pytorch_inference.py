@@ -128,6 +128,8 @@ class TorchInferenceExecutor(TorchModelExecutor):
         self._query_sizes = self._hooks.query_sizes(config.micro_batch_size or 1)
         self._cut_graph = overridden_hook(self._hooks, "cut_graph")  # None on an eager device
         lazy_or_compiled = self._cut_graph is not None or config.compile
+        # Raised on the device by a NaN/inf output, read at each phase's end (check_finite).
+        self._non_finite = NonFiniteFlag(self.device)
         self._output_check = DeferredOutputCheck(self._non_finite, 1 if lazy_or_compiled else OUTPUTS_PER_CHECK)
         # The thread inside answering(): its contexts are entered, infer() enters none of its own.
         self._answering_thread: int | None = None
@@ -212,6 +214,17 @@ class TorchInferenceExecutor(TorchModelExecutor):
                 yield
             finally:
                 self._answering_thread = None
+
+    def _any_rank_raised(self) -> bool:
+        """Read and clear the non-finite flag; True when it was raised on any rank."""
+        found = self._non_finite.take()
+        self._hooks.cut_graph()  # the flag's reset apart from the next update's graph
+        if self._process.is_distributed:
+            # A NaN on one rank only must fail every rank alike, or the others would go on
+            # to wait at the next barrier for a rank that has stopped.
+            found = (found != 0).to(device=self._collective_device(), dtype=torch.float32)
+            torch.distributed.all_reduce(found, op=torch.distributed.ReduceOp.MAX, group=self._host_group)
+        return bool(found.item() != 0)
 
     def check_finite(self) -> None:
         if self._any_rank_raised():
