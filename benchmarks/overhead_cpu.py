@@ -103,6 +103,11 @@ def _timed(step: Callable[[], None], case: Case, synchronize: Callable[[], None]
 
 
 def plain_torch_seconds_per_step(case: Case) -> float:
+    return _timed(plain_torch_step(case), case)
+
+
+def plain_torch_step(case: Case) -> Callable[[], None]:
+    """The plain loop's update: a model of its own, built from the same seed as core's."""
     workload = get_plugin_manager().workload(case.workload)
     spec: TorchTrainingSpec = workload.build_torch(workload.parse_options(dict(case.options)), 0)
     model, loss_fn = spec.model, spec.loss_fn
@@ -118,7 +123,7 @@ def plain_torch_seconds_per_step(case: Case) -> float:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    return _timed(one_step, case)
+    return one_step
 
 
 def plain_tensorflow_seconds_per_step(case: Case) -> float:

@@ -34,13 +34,12 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from overhead_cpu import Case, cases_to_run  # noqa: E402  (the same cases as the window benchmark)
+from overhead_cpu import Case, cases_to_run, plain_torch_step  # noqa: E402  (the same cases as the window benchmark)
 
 from core.base.distributed import SINGLE_PROCESS  # noqa: E402
 from core.base.precision import policy_in_force  # noqa: E402
 from core.contract.accelerator import executor_for  # noqa: E402
 from core.contract.manager import get_plugin_manager  # noqa: E402
-from core.contract.workload import TorchTrainingSpec  # noqa: E402
 from core.executors.base import HostStepClock  # noqa: E402
 from core.running.planning import plan_run  # noqa: E402
 
@@ -78,29 +77,9 @@ def core_step(case: Case) -> tuple[Any, Any]:
     return executor, step
 
 
-def plain_step(case: Case) -> Any:
-    """The plain loop's update (overhead_cpu.py's), on a model of its own built from the same seed."""
-    workload = get_plugin_manager().workload(case.workload)
-    spec: TorchTrainingSpec = workload.build_torch(workload.parse_options(dict(case.options)), 0)
-    model, loss_fn = spec.model, spec.loss_fn
-    optimizer = spec.make_optimizer(model.parameters())
-    indices = torch.arange(case.batch) % len(spec.inputs)
-    inputs, targets = spec.inputs.index_select(0, indices), spec.targets.index_select(0, indices)
-    autocast = case.precision == "bf16"
-
-    def step() -> None:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            loss = loss_fn(model(inputs), targets)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    return step
-
-
 def measure(name: str, case: Case, pairs: int) -> dict[str, Any]:
     executor, core = core_step(case)
-    plain = plain_step(case)
+    plain = plain_torch_step(case)
     for _ in range(max(3, case.warmup + 1)):  # first steps (allocations, lazy imports) apart
         core()
         plain()

@@ -454,37 +454,31 @@ def test_a_forked_run_leaves_the_server_s_finalizers_and_runs_its_own(
     # forked run's exit took 40 to 55 ms of a tiny run. A finalizer the server's imports made is the
     # server's (here it would remove the server's folder); the run's own still runs at its exit.
     server_folder, run_folder = tmp_path / "server-owned", tmp_path / "run-owned"
-    (tmp_path / "core_test_finalizer_import.py").write_text(
-        textwrap.dedent(
-            f"""
-            import pathlib, shutil, weakref
-            pathlib.Path({str(server_folder)!r}).mkdir()
-            class Holder:
-                pass
-            holder = Holder()
-            weakref.finalize(holder, shutil.rmtree, {str(server_folder)!r})
-            """
-        )
-    )
+    (tmp_path / "core_test_finalizer_import.py").write_text(_folder_with_a_finalizer(server_folder))
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     server = forkserver.start_fork_server(["core_test_finalizer_import"], tmp_path / "server.log", ready_timeout=60)
     try:
-        program = textwrap.dedent(
-            f"""
-            import pathlib, shutil, weakref
-            pathlib.Path({str(run_folder)!r}).mkdir()
-            class Holder:
-                pass
-            holder = Holder()
-            weakref.finalize(holder, shutil.rmtree, {str(run_folder)!r})
-            """
-        )
+        program = _folder_with_a_finalizer(run_folder)
         ended = processes.supervise([sys.executable, "-c", program], tmp_path / "out.log", starter=server)
         assert ended.returncode == 0, (tmp_path / "out.log").read_text()
         assert server_folder.is_dir(), "a forked run ran a finalizer of the server's imports at its exit"
         assert not run_folder.exists(), "a forked run's own finalizer did not run at its exit"
     finally:
         server.close()
+
+
+def _folder_with_a_finalizer(folder: Path) -> str:
+    """Python that makes ``folder`` and registers a finalizer that removes it (at exit, at the latest)."""
+    return textwrap.dedent(
+        f"""
+        import pathlib, shutil, weakref
+        pathlib.Path({str(folder)!r}).mkdir()
+        class Holder:
+            pass
+        holder = Holder()
+        weakref.finalize(holder, shutil.rmtree, {str(folder)!r})
+        """
+    )
 
 
 def test_a_forked_run_records_the_versions_and_machine_a_fresh_one_reads() -> None:
