@@ -231,15 +231,15 @@ def target_pair(text: str) -> tuple[str, Any]:
 
 def _add_target_flags(group: Callable[[str], argparse._ArgumentGroup]) -> None:
     """``--target METRIC=VALUE`` and the target's interval and budget (docs/to-target.md)."""
-    from core.base.config import TargetConfig
+    from core.base.config import RunConfig, TargetConfig
 
     group("target").add_argument(
         "--target",
         dest="target",
         type=target_pair,
         metavar="METRIC=VALUE",
-        help="train to this quality on the workload's held-out split, timed as MLPerf Training times it "
-        "(e.g. --target top1=0.95 or --target loss=0.2); needs --max-epochs or --max-seconds",
+        help=f"{RunConfig.model_fields['target'].description}: METRIC=VALUE on the workload's held-out split "
+        "(e.g. --target top1=0.95 or --target loss=0.2), with --max-epochs or --max-seconds",
     )
     for key, flag in TARGET_FLAGS.items():
         kind, text = _flag_help(TargetConfig.model_fields[key])
