@@ -109,6 +109,67 @@ def canonical_node_meters(value: Any, sort: bool = False) -> str:
     return ",".join(sorted(names) if sort else names)
 
 
+#: metrics whose better values are higher, among those core's evaluations produce ('loss' is lower-better)
+HIGHER_IS_BETTER_METRICS = {"top1": True, "loss": False}
+
+
+class TargetConfig(BaseModel):
+    """Train to a target quality (docs/to-target.md): real epochs over the training split, evaluated on
+    the held-out split every ``evaluate_every_epochs`` epochs (or ``evaluate_every_samples`` samples),
+    until an evaluation meets ``value`` or the budget (``max_epochs``, ``max_seconds``) is spent."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    metric: str = Field(
+        min_length=1, description="what the target is of: 'top1', 'loss', or a metric the workload's evaluation gives"
+    )
+    value: float = Field(description="the value to reach: top1 >= value, loss <= value (a workload's own: its rule)")
+    evaluate_every_epochs: int | None = Field(
+        default=None,
+        ge=1,
+        le=1 << 20,
+        description="evaluate on the held-out split every this many epochs (default 1, unless "
+        "evaluate_every_samples is set)",
+    )
+    evaluate_every_samples: int | None = Field(
+        default=None, ge=1, le=1 << 40, description="evaluate every this many training samples (every replica's)"
+    )
+    max_epochs: int | None = Field(
+        default=None, ge=1, le=1 << 20, description="budget: stop after this many epochs without reaching the target"
+    )
+    max_seconds: float | None = Field(
+        default=None,
+        gt=0.0,
+        le=30 * 24 * 3600.0,
+        description="budget: stop at the first evaluation after this many clock seconds without reaching the target",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> TargetConfig:
+        if self.max_epochs is None and self.max_seconds is None:
+            raise ConfigError(
+                "target.max_epochs", None, "a budget: max_epochs, max_seconds or both (a target may never be reached)"
+            )
+        if self.evaluate_every_epochs is not None and self.evaluate_every_samples is not None:
+            raise ConfigError(
+                "target.evaluate_every_samples",
+                self.evaluate_every_samples,
+                f"one interval only: evaluate_every_epochs is {self.evaluate_every_epochs}; unset one of them",
+            )
+        if self.metric == "top1" and not 0.0 <= self.value <= 1.0:
+            raise ConfigError("target.value", self.value, "a top1 target is a fraction from 0 to 1 (0.95 for 95%)")
+        if self.metric == "loss" and self.value < 0:
+            raise ConfigError("target.value", self.value, "a loss target of 0 or more")
+        return self
+
+    @property
+    def epochs_between_evaluations(self) -> int | None:
+        """Epochs between evaluations; None where they are counted in samples."""
+        if self.evaluate_every_samples is not None:
+            return None
+        return self.evaluate_every_epochs or 1
+
+
 class RunConfig(BaseModel):
     """One run. Field names are what the CLI flags, the sweep files and the result use."""
 
@@ -265,6 +326,11 @@ class RunConfig(BaseModel):
         default=False,
         description="with mode 'inference' and labelled image data (--data FOLDER): top-1 accuracy over the "
         "whole folder, measured after the timed window",
+    )
+    target: TargetConfig | None = Field(
+        default=None,
+        description="train to a target quality instead of timing a steady window: metric, value, evaluation "
+        "interval and budget (docs/to-target.md); None: the steady window",
     )
     workload_options: Options = Field(
         default_factory=dict, description="workload hyper-parameters, validated by the workload"
@@ -526,6 +592,12 @@ def config_errors(
         if not error.get("loc") and (across := _validator_error(error, model, prefix)) is not None:
             errors.append(across)
             continue
+        raised = (error.get("ctx") or {}).get("error")
+        if error.get("loc") and isinstance(raised, ConfigError):
+            # A nested model's validator (RunConfig.target's) names its own field and value.
+            field = f"{prefix}.{raised.field}" if prefix else raised.field
+            errors.append(ConfigError(field, raised.value, raised.allowed))
+            continue
         where = ".".join(str(part) for part in error.get("loc", ())) or nameless
         value = error.get("input")
         if error.get("type") == "extra_forbidden":
@@ -670,6 +742,25 @@ def check_mode_options(config: RunConfig) -> None:
             config.duration_seconds,
             "a window of fixed duration is sized from the warm-up's pace: set warmup_steps to 1 or more, or "
             "leave duration_seconds unset",
+        )
+    if config.target is not None and config.mode != "train":
+        raise ConfigError(
+            "target",
+            config.target.model_dump(exclude_none=True),
+            "a target quality is reached by training; with mode 'inference': none",
+        )
+    if config.target is not None and config.energy_scope != "window":
+        raise ConfigError(
+            "energy_scope",
+            config.energy_scope,
+            "a run to a target measures energy over its clock (first training step to the last evaluation), "
+            "as MLPerf Training times it; allowed with a target: 'window' (the default)",
+        )
+    if config.target is not None and config.duration_seconds is not None:
+        raise ConfigError(
+            "duration_seconds",
+            config.duration_seconds,
+            "a run to a target has no steady window; its time budget is target.max_seconds: leave it unset",
         )
     if config.accuracy and config.mode != "inference":
         raise ConfigError(

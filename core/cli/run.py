@@ -22,7 +22,10 @@ def command_run(args: argparse.Namespace) -> int:
     from core.base.files import OutputError, check_writable
     from core.cli.dry_run import command_run_dry
 
-    options = run_options(args)
+    try:
+        options = run_options(args)
+    except ConfigError as problem:
+        return config_error(problem)
     if args.dry_run or args.machine is not None:
         return command_run_dry(args, options)
     if args.output is not None:

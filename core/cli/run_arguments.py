@@ -30,6 +30,14 @@ _OWN_SYNTAX = {
     "workload_options": "-o",
     "accelerator_options": "-a",
     "loadgen": "-l",
+    "target": "--target",
+}
+#: the flags of ``target``'s other keys (``--target METRIC=VALUE`` sets its metric and value)
+TARGET_FLAGS = {
+    "max_epochs": "--max-epochs",
+    "max_seconds": "--max-seconds",
+    "evaluate_every_epochs": "--evaluate-every-epochs",
+    "evaluate_every_samples": "--evaluate-every-samples",
 }
 
 #: ``core run --help``'s groups in order: title -> the RunConfig fields and other arguments (by
@@ -58,6 +66,7 @@ RUN_GROUPS: dict[str, tuple[str, ...]] = {
     "data": ("data", "data_format", "data_workers", "epoch_definition"),
     "energy": ("power_meter", "node_meters", "energy_scope", "power_sample_interval_seconds", "power_timeline_points"),
     "inference and LoadGen": ("scenario", "loadgen", "accuracy"),
+    "training to a target": ("target", *TARGET_FLAGS),
     "processes and nodes": (
         "replicas",
         "devices_per_replica",
@@ -80,6 +89,7 @@ RUN_EXAMPLES = (
     "core run resnet50 -o variant=small --mode inference --scenario single-stream",
     "core run fcnn --accelerator amd --replicas 4 -a mode=package",
     "core run resnet50 --accelerator nvidia --nodes 2 --replicas 8",
+    "core run digits --target top1=0.95 --max-epochs 30",
 )
 
 
@@ -88,7 +98,10 @@ def run_flags() -> dict[str, str]:
     from core.base.config import RunConfig
 
     flags = {name: _FLAG_NAMES.get(name, "--" + name.replace("_", "-")) for name in RunConfig.model_fields}
-    return {**flags, **_OWN_SYNTAX}
+    target = {
+        f"target.{key}": flag for key, flag in {"metric": "--target", "value": "--target", **TARGET_FLAGS}.items()
+    }
+    return {**flags, **_OWN_SYNTAX, **target}
 
 
 def _flag_help(info: FieldInfo) -> tuple[Any, str]:
@@ -145,6 +158,7 @@ def add_run_arguments(run: argparse.ArgumentParser, machine_help: str) -> None:
     )
     _add_config_flags(group)
     _add_option_pairs(group)
+    _add_target_flags(group)
     group("timeout_seconds").add_argument(
         "--timeout-seconds",
         type=float,
@@ -207,6 +221,49 @@ def _add_option_pairs(group: Callable[[str], argparse._ArgumentGroup]) -> None:
         )
 
 
+def target_pair(text: str) -> tuple[str, Any]:
+    """``--target METRIC=VALUE``: the metric's name and the value to reach, a number."""
+    metric, value = option_pair(text)
+    if not metric or isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise argparse.ArgumentTypeError(f"expected METRIC=NUMBER (e.g. top1=0.95), got {text!r}")
+    return metric, float(value)
+
+
+def _add_target_flags(group: Callable[[str], argparse._ArgumentGroup]) -> None:
+    """``--target METRIC=VALUE`` and the target's interval and budget (docs/to-target.md)."""
+    from core.base.config import RunConfig, TargetConfig
+
+    group("target").add_argument(
+        "--target",
+        dest="target",
+        type=target_pair,
+        metavar="METRIC=VALUE",
+        help=f"{RunConfig.model_fields['target'].description}: METRIC=VALUE on the workload's held-out split "
+        "(e.g. --target top1=0.95 or --target loss=0.2), with --max-epochs or --max-seconds",
+    )
+    for key, flag in TARGET_FLAGS.items():
+        kind, text = _flag_help(TargetConfig.model_fields[key])
+        group(key).add_argument(flag, dest=key, type=kind, default=None, metavar=key.upper(), help=text)
+
+
+def target_options(args: argparse.Namespace) -> dict[str, Any] | None:
+    """``target`` as the flags give it; None without any target flag."""
+    from core.base.errors import ConfigError
+
+    given = {key: getattr(args, key, None) for key in TARGET_FLAGS}
+    given = {key: value for key, value in given.items() if value is not None}
+    pair = getattr(args, "target", None)
+    if pair is None:
+        if given:
+            key = next(iter(given))
+            raise ConfigError(
+                f"target.{key}", given[key], "a target to train to: add --target METRIC=VALUE (e.g. top1=0.95)"
+            )
+        return None
+    metric, value = pair
+    return {"metric": metric, "value": value, **given}
+
+
 def run_examples() -> str:
     """The epilog of ``core run --help``."""
     return "examples:\n" + "\n".join(f"  {example}" for example in RUN_EXAMPLES)
@@ -214,9 +271,12 @@ def run_examples() -> str:
 
 def run_options(args: argparse.Namespace) -> dict[str, Any]:
     """The RunConfig options the user typed (only those: RunConfig keeps its own defaults)."""
-    fields = [name for name in run_flags() if name not in _OWN_SYNTAX]
+    fields = [name for name in run_flags() if name not in _OWN_SYNTAX and "." not in name]
     options = {name: getattr(args, name) for name in fields if getattr(args, name) is not None}
     for dest in ("workload_options", "accelerator_options", "loadgen"):
         if getattr(args, dest):
             options[dest] = dict(getattr(args, dest))
+    target = target_options(args)
+    if target is not None:
+        options["target"] = target
     return options

@@ -83,6 +83,49 @@ def _loadgen_lines(result: RunResult) -> list[str]:
     return [f"  loadgen         {figures.scenario}, {verdict}" + (f" ({', '.join(own)})" if own else "")]
 
 
+#: evaluations ``core run`` lists one per line; a longer curve shows its first and last ones
+_CURVE_LINES = 12
+
+
+def _to_target_lines(result: RunResult) -> list[str]:
+    """A run to a target: whether and when it reached it (time, epochs, samples, energy), then its curve."""
+    outcome = result.to_target
+    if outcome is None or not outcome.curve:
+        return []
+    unit = result.sample_unit or "samples"
+    rule = ">=" if outcome.higher_is_better else "<="
+    aim = f"{outcome.metric} {rule} {outcome.target:g}"
+    if outcome.reached and outcome.time_to_target_seconds is not None:
+        reached = (
+            f"{aim} reached in {outcome.time_to_target_seconds:.4g} s, {outcome.epochs_to_target or 0:.3g} epochs "
+            f"({outcome.samples_to_target or 0:,} {unit})"
+        )
+    else:
+        reached = f"{aim} not reached: {outcome.stopped_by} spent after {outcome.training_seconds:.4g} s, "
+        reached += f"{outcome.epochs:.3g} epochs"
+    energy = (
+        f"energy {_joules_and_watt_hours(outcome.training_joules)}"
+        if outcome.training_joules is not None
+        else "no energy"
+    )
+    lines = [
+        f"  to target       {reached}; {energy}",
+        f"  clock           {outcome.training_seconds:.4g} s from the first step, evaluations "
+        f"{outcome.evaluation_seconds:.4g} s of it; initialisation {_format_seconds(outcome.initialization_seconds)} "
+        "before it",
+    ]
+    curve = outcome.curve
+    shown = curve if len(curve) <= _CURVE_LINES else [*curve[: _CURVE_LINES // 2], *curve[-_CURVE_LINES // 2 :]]
+    for point in shown:
+        if point is curve[-1] and len(curve) > len(shown):
+            lines.append(f"{'':<18}... {len(curve) - len(shown)} more")
+        lines.append(
+            f"  {'curve' if point is curve[0] else '':<15} epoch {point.epoch:<6.3g} {point.seconds:>8.4g} s  "
+            + ", ".join(f"{name} {value:.4g}" for name, value in point.metrics.items())
+        )
+    return lines
+
+
 def _node_lines(result: RunResult) -> list[str]:
     if not result.nodes:
         return []
@@ -118,6 +161,7 @@ def status_lines(status: Status) -> list[str]:
 # The lines of `core run`'s text that show the result's structure rather than declared figures.
 _STRUCTURAL_LINES: dict[str, Callable[[RunResult], list[str]]] = {
     "loadgen": _loadgen_lines,
+    "to_target": _to_target_lines,
     "components": _component_lines,
     "meters": _meter_lines,
     "nodes": _node_lines,

@@ -10,8 +10,9 @@ import importlib.util
 import json
 import sys
 from abc import ABC
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -78,6 +79,11 @@ class TorchTrainingSpec:
     #: where the inputs are token ids, the vocabulary size: ids read from a token file are checked
     #: against it, so an id the model cannot embed is a data error naming the file
     vocabulary: int | None = None
+    #: a labelled held-out split, the same for every seed (a run to a target evaluates on it: the
+    #: executor's ``evaluate``); None where the workload has none. With it, ``inputs``/``targets``
+    #: are the training split, which a run to a target reads in real, shuffled epochs
+    evaluation_inputs: Any = None  # torch.Tensor [held-out samples, ...]
+    evaluation_targets: Any = None  # torch.Tensor [held-out samples]: class indices
 
 
 @dataclass
@@ -108,6 +114,10 @@ class Workload(ABC):
     #: samples fit this workload's inputs; () takes synthetic data only. None (not declared) lets
     #: any format through planning, to fail when the data is loaded if the shapes do not fit.
     data_formats: ClassVar[tuple[str, ...] | None] = None
+    #: the metrics its held-out evaluation gives, each with whether higher is better (``{"top1": True,
+    #: "loss": False}``), where build_torch gives a labelled held-out split (``evaluation_inputs``)
+    #: of real data: what ``target.metric`` may name. Empty: no such split, so no run to a target
+    evaluation_metrics: ClassVar[Mapping[str, bool]] = MappingProxyType({})
 
     def data_formats_for(self, framework: Framework) -> tuple[str, ...] | None:
         """The ``data_formats`` this workload reads with ``framework`` (planning also keeps to the

@@ -76,6 +76,19 @@ class Executor(ABC):
         this executor does not measure accuracy."""
         return None
 
+    def evaluate(self) -> dict[str, float] | None:
+        """The model's quality now, over the workload's labelled held-out split: a run to a target
+        (``RunConfig.target``) calls it at each evaluation, inside its clock.
+
+        A plugin's executor must: evaluate the current weights without changing them or the order
+        training reads its data in (eval mode, no gradients, the run's precision's forward context);
+        shard the split over the run's processes and add their counts and sums, so that every process
+        returns the same figures and they equal one process's; return when the device has finished.
+        Returns the metrics by name: ``"top1"`` (a fraction of 1), ``"loss"`` (the mean over the split)
+        and any the workload declares in ``Workload.evaluation_metrics``; None where this executor
+        does not evaluate (planning refuses a target then only where the framework has none)."""
+        return None
+
     def data_wait_seconds(self) -> float:
         """Seconds, since setup, that step() spent blocked waiting for input data."""
         return 0.0

@@ -22,6 +22,7 @@ from core.contract.workload import TorchTrainingSpec
 from core.data import SYNTHETIC_ON_HOST, SYNTHETIC_SOURCES
 from core.executors import stand_in
 from core.executors.base import Executor, HostStepClock, StepClock
+from core.executors.torch_epochs import ShuffledEpochs, held_out_sums, metrics_of
 
 if TYPE_CHECKING:
     from core.data.loading import FileBatches
@@ -514,6 +515,26 @@ class TorchExecutor(TorchModelExecutor):
         self._updates = 0  # updates run, on the host: the check names the one whose loss was NaN/inf
         self._updates_checked = 0  # updates run up to the last check
         self._details["ddp"] = self._ddp is not None
+        # A run to a target reads the training split in real epochs and evaluates on the held-out split.
+        self._spec = spec
+        self._epochs: ShuffledEpochs | None = None
+        if config.target is not None:
+            if spec.evaluation_inputs is None:
+                raise ValueError("a run to a target needs the workload's held-out split (evaluation_inputs)")
+            replicas_here = self._hooks.replicas_in_process
+            assert config.micro_batch_size is not None
+            self._epochs = ShuffledEpochs(
+                spec.inputs,
+                spec.targets,
+                config.seed,
+                config.micro_batch_size,
+                config.gradient_accumulation,
+                config.replicas,
+                process.rank * replicas_here,
+                replicas_here,
+            )
+            self._copy_each_step = True
+            self._details["epoch_order"] = "shuffled per epoch (seeded), last partial global batch dropped"
 
     def step(self) -> None:
         accumulation = self._config.gradient_accumulation
@@ -541,6 +562,35 @@ class TorchExecutor(TorchModelExecutor):
         self._updates += 1
         # A lazy device compiles the update, every micro-step of it, as one graph.
         self._hooks.cut_graph()
+
+    def _micro_batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._epochs is None:
+            return super()._micro_batch(index)
+        return self._to_device(*self._epochs.micro_batch(self._updates, index), non_blocking=True)
+
+    def dataset_samples(self) -> int | None:
+        return self._epochs.samples if self._epochs is not None else super().dataset_samples()
+
+    def evaluate(self) -> dict[str, float] | None:
+        spec = self._spec
+        if spec.evaluation_inputs is None:
+            return None
+        world = max(self._process.world_size, 1)
+        sums = held_out_sums(
+            self._placed_model,
+            spec.evaluation_inputs,
+            spec.evaluation_targets,
+            self._loss_fn,
+            (self._process.rank, world),
+            lambda inputs, targets: self._to_device(inputs, targets, non_blocking=False),
+            self.precision.forward_context,
+            self._hooks.no_grad,
+        )
+        self._hooks.cut_graph()
+        if self._process.is_distributed:
+            sums = sums.to(self._collective_device())
+            torch.distributed.all_reduce(sums, op=torch.distributed.ReduceOp.SUM, group=self._host_group)
+        return metrics_of(sums)
 
     def check_finite(self) -> None:
         first_update = self._updates_checked + 1  # the first update since the last check, counting from 1

@@ -29,7 +29,7 @@ from core.contract.manager import PluginManager
 from core.contract.meter import PowerMeterFactory
 from core.contract.pipeline import PipelineLayout
 from core.contract.workload import FRAMEWORK_LIBRARIES, Workload, module_installed
-from core.data import validate_data
+from core.data import SYNTHETIC_SOURCES, validate_data
 from core.energy.combined import Covers, device_meter_counted, devices_unmeasured
 
 
@@ -281,6 +281,8 @@ def plan_run(
         _check_weights(manager, config, workload_obj, workload_options)
     if config.micro_batch_size is None:
         config = config.model_copy(update={"micro_batch_size": workload_obj.default_micro_batch_size})
+    with guard(workload_obj, f"{type(workload_obj).__name__}.samples_per_epoch()"):
+        _check_target(config, workload_obj, workload_options)
     if config.scenario in LOADGEN_SCENARIOS:
         _check_loadgen(config, machine, warnings)
     _check_dataset_size(manager, workload_obj, accelerator_obj, workload_options, config, data_format, warnings)
@@ -574,6 +576,48 @@ def _check_mode(config: RunConfig, accelerator: Accelerator) -> None:
             "accuracy",
             True,
             f"top-1 accuracy is measured by the PyTorch inference executor; framework {Framework.torch.value}",
+        )
+
+
+def _check_target(config: RunConfig, workload: Workload, options: BaseModel) -> None:
+    """A target must be judgeable: a workload whose held-out split is labelled real data, a metric its
+    evaluation gives, the PyTorch executor (the one that evaluates so far), a global batch the
+    training split holds."""
+    target = config.target
+    if target is None:
+        return
+    declared = dict(workload.evaluation_metrics)
+    if not declared:
+        raise ConfigError(
+            "target",
+            target.model_dump(exclude_none=True),
+            f"a workload with a labelled held-out split of real data (e.g. digits); workload {workload.name!r} "
+            "has none: its data is synthetic, with random labels, and a target on it cannot be judged",
+        )
+    if config.data not in SYNTHETIC_SOURCES:
+        raise ConfigError(
+            "data",
+            config.data,
+            f"a run to a target reads workload {workload.name!r}'s own training and held-out splits; reading them "
+            "from --data is not supported yet: leave data unset",
+        )
+    if target.metric not in declared:
+        raise ConfigError(
+            "target.metric", target.metric, f"a metric workload {workload.name!r} evaluates: {', '.join(declared)}"
+        )
+    if config.framework is not Framework.torch:
+        raise ConfigError(
+            "framework",
+            config.framework.value,
+            f"runs to a target are evaluated by the PyTorch executor so far; with a target: {Framework.torch.value}",
+        )
+    training_samples = workload.samples_per_epoch(options)
+    if training_samples is not None and config.samples_per_update > training_samples:
+        raise ConfigError(
+            "micro_batch_size",
+            config.micro_batch_size,
+            f"a global batch ({config.samples_per_update} samples: micro-batch x accumulation x replicas) the "
+            f"training split of {training_samples} samples holds",
         )
 
 

@@ -36,6 +36,7 @@ from core.running.observe import Observer
 from core.running.planning import RunPlan, device_covers, node_covers
 from core.running.slurm import slurm_job
 from core.running.step_progress import ReportingStepClock, StepProgress
+from core.running.to_target import record_target_energy, train_to_target
 
 # Above this share of the window spent waiting for data, the run measures storage, not the device.
 DATA_BOUND_FRACTION = 0.10
@@ -228,49 +229,50 @@ def _execute(plan: RunPlan, process: ProcessContext, observer: Observer | None) 
         )
         report(result)
 
-        phase = "first_step"
-        # After set-up's synchronise and barrier, as the window's meter starts after warm-up's.
-        meter = _first(meter, _span_meter("steps", plan, lambda: result.devices, result, process))
-        steps_started = time.perf_counter()
-        result.first_step_seconds = _Phase(executor).run(1)
-        # Executors that compile lazily record what compiling took (e.g. compile_seconds) here.
-        result.executor_details = executor.details()
-        report(result)
-
-        phase = "warmup"
-        warmup_steps = config.warmup_steps
-        result.warmup_seconds = (
-            _Phase(executor).run(warmup_steps, counted(None, "warmup", warmup_steps)) if warmup_steps else 0.0
-        )
-        report(result)
-
-        phase = "window"
-        if process.reads_node_meter:
-            # Also under a longer scope, whose meter is running: the epoch estimate needs the window's.
-            window_meter = _open_meters(plan, result.devices, result, process)
-        meter = _first(meter, window_meter)
-        host_before = sample_host()  # how busy the host was over the window: a wide spread's likely cause
-        if config.scenario in LOADGEN_SCENARIOS:
-            energy = _loadgen_window(result, executor, window_meter, config)
+        if config.target is not None:
+            phase = "training"
+            _to_target(result, executor, plan, process, report)
         else:
-            energy = _loop_window(result, executor, window_meter, config, counted)
-        result.host_load = host_load(host_before, sample_host())
-        span_started = {"run": started, "steps": steps_started}.get(config.energy_scope)
-        energy = _end_energy_span(result, executor, meter, span_started, energy)
-        if process.meter_readers_gathered:  # every rank takes part, meter or not: the nodes are recorded
-            energy = _energy_over_nodes(result, executor, process, energy)
-        if result.flops_per_sample is not None and result.throughput_per_second is not None:
-            result.flops_per_second = result.flops_per_sample * result.throughput_per_second
-            _record_utilization(result, plan)
-        _record_bandwidth(result, plan)
-        if energy is not None:
-            _record_energy(result, energy)
-        _record_epoch(result, plan, executor.dataset_samples())
+            phase = "first_step"
+            # After set-up's synchronise and barrier, as the window's meter starts after warm-up's.
+            meter = _first(meter, _span_meter("steps", plan, lambda: result.devices, result, process))
+            steps_started = time.perf_counter()
+            result.first_step_seconds = _Phase(executor).run(1)
+            # Executors that compile lazily record what compiling took (e.g. compile_seconds) here.
+            result.executor_details = executor.details()
+            report(result)
 
-        if config.accuracy:
-            report(result)  # the window's figures, before the accuracy pass
-            phase = "accuracy"
-            _record_accuracy(result, executor)
+            phase = "warmup"
+            warmup_steps = config.warmup_steps
+            result.warmup_seconds = (
+                _Phase(executor).run(warmup_steps, counted(None, "warmup", warmup_steps)) if warmup_steps else 0.0
+            )
+            report(result)
+
+            phase = "window"
+            if process.reads_node_meter:
+                # Also under a longer scope, whose meter is running: the epoch estimate needs the window's.
+                window_meter = _open_meters(plan, result.devices, result, process)
+            meter = _first(meter, window_meter)
+            host_before = sample_host()  # how busy the host was over the window: a wide spread's likely cause
+            if config.scenario in LOADGEN_SCENARIOS:
+                energy = _loadgen_window(result, executor, window_meter, config)
+            else:
+                energy = _loop_window(result, executor, window_meter, config, counted)
+            result.host_load = host_load(host_before, sample_host())
+            span_started = {"run": started, "steps": steps_started}.get(config.energy_scope)
+            energy = _end_energy_span(result, executor, meter, span_started, energy)
+            if process.meter_readers_gathered:  # every rank takes part, meter or not: the nodes are recorded
+                energy = _energy_over_nodes(result, executor, process, energy)
+            _record_device_figures(result, plan)
+            if energy is not None:
+                _record_energy(result, energy)
+            _record_epoch(result, plan, executor.dataset_samples())
+
+            if config.accuracy:
+                report(result)  # the window's figures, before the accuracy pass
+                phase = "accuracy"
+                _record_accuracy(result, executor)
     except BaseException as exc:
         if not isinstance(exc, Exception):
             # Ctrl-C (KeyboardInterrupt) or an exit request (SystemExit, SIGTERM under a launcher)
@@ -290,6 +292,28 @@ def _execute(plan: RunPlan, process: ProcessContext, observer: Observer | None) 
             _close_quietly(executor.close)
     report(result)
     return result
+
+
+def _to_target(
+    result: RunResult, executor: Executor, plan: RunPlan, process: ProcessContext, report: Callable[[RunResult], None]
+) -> None:
+    """Train to ``config.target`` (core.running.to_target), the energy over its clock: the meter opens
+    before the clock starts and stops when it ends; every node's where several read one."""
+    meter = _open_meters(plan, result.devices, result, process) if process.reads_node_meter else None
+    try:
+        energy = train_to_target(
+            result, executor, plan.config, dict(plan.workload.evaluation_metrics), meter, _stopped, report
+        )
+    finally:
+        _close_meters(meter)
+    result.energy_seconds = result.to_target.training_seconds if result.to_target else None
+    result.energy_samples = result.to_target.samples if result.to_target else None
+    if process.meter_readers_gathered:
+        energy = _energy_over_nodes(result, executor, process, energy)
+    if energy is not None:
+        _record_energy(result, energy)
+    if result.to_target is not None:
+        record_target_energy(result.to_target, result.energy_joules)
 
 
 def _open_meter(factory: PowerMeterFactory, devices: list[DeviceRecord], context: RunContext) -> PowerMeter:
@@ -587,6 +611,14 @@ def _record_epoch(result: RunResult, plan: RunPlan, dataset_samples: int | None)
         result.energy_joules_per_epoch = (
             result.energy_joules + beyond * result.window_energy_joules / result.window_samples
         )
+
+
+def _record_device_figures(result: RunResult, plan: RunPlan) -> None:
+    """FLOP/s and MFU where the window's throughput and the FLOPs are known; the memory bandwidth."""
+    if result.flops_per_sample is not None and result.throughput_per_second is not None:
+        result.flops_per_second = result.flops_per_sample * result.throughput_per_second
+        _record_utilization(result, plan)
+    _record_bandwidth(result, plan)
 
 
 def _record_utilization(result: RunResult, plan: RunPlan) -> None:

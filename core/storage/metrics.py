@@ -241,6 +241,7 @@ PRINTED_LINES: tuple[PrintedLine, ...] = (
     PrintedLine("tokens", "tokens", shown=_throughput_measured),
     PrintedLine("latency", _latency_label, shown=_latency_shown, always=True),
     PrintedLine("loadgen", structural=True),
+    PrintedLine("to_target", structural=True),
     PrintedLine("phases", "phases", always=True),
     PrintedLine("data wait", "data wait"),
     PrintedLine("achieved", "achieved"),

@@ -21,7 +21,8 @@ from core.sweep.slurm_settings import SlurmSettings
 
 DEFAULT_REPEATS = 3
 DEFAULT_TIMEOUT_SECONDS = 3600.0  # per repeat; an IPU's first compilation alone can take tens of minutes
-_DICT_FIELDS = ("workload_options", "accelerator_options", "loadgen")
+# RunConfig fields that are tables of keys (each key an axis of its own: target.value = [0.9, 0.95])
+_DICT_FIELDS = ("workload_options", "accelerator_options", "loadgen", "target")
 _NAME_PUNCTUATION = "._-"
 _NAME_RULE = (
     "a sweep name is letters and digits of any script, '.', '_' and '-', starting with a letter or "

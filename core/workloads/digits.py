@@ -1,0 +1,156 @@
+"""scikit-learn's handwritten digits: a small real data set that installs from the package index.
+
+1,797 greyscale images of 8x8 pixels (values 0 to 16), ten classes, shipped inside scikit-learn
+(nothing is downloaded). It is what a run to a target quality (docs/to-target.md) trains on in tests
+and in the README: a small MLP or CNN reaches 95% top-1 on the held-out split in seconds on a CPU.
+
+The held-out split is stratified and drawn with a fixed seed (:data:`SPLIT_SEED`), not the run's:
+runs with different seeds are judged on the same images. The run's seed sets the weights (and the
+order a run to a target reads the training split in).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from core.base.config import Framework
+from core.contract.workload import TorchTrainingSpec, Workload, module_installed
+
+#: the held-out split's seed: the same split whatever the run's seed
+SPLIT_SEED = 0
+DIGITS_SAMPLES = 1797
+CLASSES = 10
+PIXELS = 64  # 8 x 8
+MAX_PIXEL = 16.0
+MOMENTUM = 0.9
+
+
+class DigitsOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    model: Literal["mlp", "cnn"] = Field(
+        default="mlp", description="'mlp' (one hidden layer) or 'cnn' (two 3x3 convolutions, then a linear layer)"
+    )
+    hidden_width: int = Field(default=64, ge=1, le=1 << 14, description="the MLP's hidden units; the CNN's channels")
+    learning_rate: float = Field(default=0.05, gt=0.0, le=10.0, description="SGD's learning rate (momentum 0.9)")
+    held_out_fraction: float = Field(
+        default=0.2, gt=0.0, lt=1.0, description="the share of the images held out for evaluation (stratified)"
+    )
+
+
+def held_out_samples(options: DigitsOptions) -> int:
+    """Images in the held-out split (scikit-learn's train_test_split rounds the test share up)."""
+    import math
+
+    return math.ceil(DIGITS_SAMPLES * options.held_out_fraction)
+
+
+def split_digits(options: DigitsOptions) -> tuple[Any, Any, Any, Any]:
+    """(train inputs, train labels, held-out inputs, held-out labels) as numpy arrays, pixels in [0, 1]."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    images = (digits.data / MAX_PIXEL).astype("float32")
+    train_x, test_x, train_y, test_y = train_test_split(
+        images,
+        digits.target,
+        test_size=held_out_samples(options),
+        stratify=digits.target,
+        random_state=SPLIT_SEED,
+    )
+    return train_x, train_y, test_x, test_y
+
+
+def mlp_weights(options: DigitsOptions) -> int:
+    return PIXELS * options.hidden_width + options.hidden_width * CLASSES
+
+
+class Digits(Workload):
+    name: ClassVar[str] = "digits"
+    description: ClassVar[str] = "scikit-learn's 8x8 handwritten digits (real data, held-out split): MLP or CNN"
+    task: ClassVar[str] = "classification"
+    sample_unit: ClassVar[str] = "images"
+    default_micro_batch_size: ClassVar[int] = 32
+    options_model: ClassVar[type[BaseModel]] = DigitsOptions
+    #: the images are in memory, from scikit-learn: no files are read
+    data_formats: ClassVar[tuple[str, ...] | None] = ()
+    evaluation_metrics: ClassVar[Mapping[str, bool]] = MappingProxyType({"top1": True, "loss": False})
+
+    def missing_library(self, framework: Framework) -> str | None:
+        return None if module_installed("sklearn") else "scikit-learn (pip install 'core[digits]')"
+
+    def parameter_count(self, options: BaseModel) -> int | None:
+        assert isinstance(options, DigitsOptions)
+        return mlp_weights(options) if options.model == "mlp" else None
+
+    def optimizer_state_per_parameter(self, options: BaseModel) -> int:
+        return 1  # SGD with momentum
+
+    def flops_per_sample(self, options: BaseModel) -> float | None:
+        assert isinstance(options, DigitsOptions)
+        # 2 forward and 4 backward FLOPs per weight per sample, as the FCNN counts them.
+        return 6.0 * mlp_weights(options) if options.model == "mlp" else None
+
+    def samples_per_epoch(self, options: BaseModel) -> int:
+        assert isinstance(options, DigitsOptions)
+        return DIGITS_SAMPLES - held_out_samples(options)
+
+    def evaluation_samples(self, options: BaseModel) -> int:
+        assert isinstance(options, DigitsOptions)
+        return held_out_samples(options)
+
+    def details(self, options: BaseModel) -> dict[str, Any]:
+        assert isinstance(options, DigitsOptions)
+        return {
+            "data": "scikit-learn digits",
+            "training_samples": self.samples_per_epoch(options),
+            "held_out_samples": held_out_samples(options),
+            "split_seed": SPLIT_SEED,
+        }
+
+    def build_torch(self, options: BaseModel, seed: int) -> TorchTrainingSpec:
+        import torch
+
+        assert isinstance(options, DigitsOptions)
+        train_x, train_y, test_x, test_y = split_digits(options)
+        torch.manual_seed(seed)
+        width = options.hidden_width
+        model: torch.nn.Module
+        if options.model == "mlp":
+            model = torch.nn.Sequential(
+                torch.nn.Linear(PIXELS, width), torch.nn.ReLU(), torch.nn.Linear(width, CLASSES)
+            )
+            shape: tuple[int, ...] = (PIXELS,)
+        else:
+            model = torch.nn.Sequential(
+                torch.nn.Conv2d(1, width // 2 or 1, 3, padding=1),
+                torch.nn.ReLU(),
+                torch.nn.Conv2d(width // 2 or 1, width, 3, padding=1),
+                torch.nn.ReLU(),
+                torch.nn.MaxPool2d(2),
+                torch.nn.Flatten(),
+                torch.nn.Linear(width * 16, CLASSES),
+            )
+            shape = (1, 8, 8)
+
+        def tensors(images: Any, labels: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            inputs = torch.from_numpy(images).reshape(len(images), *shape)
+            return inputs, torch.from_numpy(labels).to(torch.int64)
+
+        inputs, targets = tensors(train_x, train_y)
+        held_out_inputs, held_out_targets = tensors(test_x, test_y)
+        rate = options.learning_rate
+        return TorchTrainingSpec(
+            model=model,
+            loss_fn=torch.nn.functional.cross_entropy,
+            make_optimizer=lambda parameters: torch.optim.SGD(parameters, lr=rate, momentum=MOMENTUM),
+            inputs=inputs,
+            targets=targets,
+            evaluation_inputs=held_out_inputs,
+            evaluation_targets=held_out_targets,
+        )
