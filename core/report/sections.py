@@ -49,6 +49,8 @@ from core.report.plots import (
 from core.report.references import reference_blocks
 from core.report.roofline import roofline_blocks
 from core.report.scaling import scaling_blocks
+from core.report.to_target import TITLE as TO_TARGET_TITLE
+from core.report.to_target import to_target_blocks
 from core.report.tables import (
     _option_text,
     batch_table,
@@ -648,7 +650,10 @@ def sweep_section(
         blocks.append(_modes_note(training, inference))
     blocks += reference_blocks(sweep.spec, sweep.planned, sweep.cells, sweep.slug, references)
     if training.cells:
-        blocks += _table_blocks(training) + _plot_blocks(training, _PLOT_PARTS)
+        blocks += _table_blocks(training)
+        if any(cell.trained_to_target for cell in training.cells):  # runs trained to a target quality
+            blocks += _guarded(TO_TARGET_TITLE, to_target_blocks, training)
+        blocks += _plot_blocks(training, _PLOT_PARTS)
     if inference.cells:
         blocks += _inference_table_blocks(inference) + _plot_blocks(inference, _INFERENCE_PARTS)
     blocks += _failure_blocks(sweep) + _refused_blocks(sweep)
