@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,9 @@ from core.storage.summary import CellSummary, olympic_mean, summarise
 SWEEP = "digits"
 
 
-def _outcome(seconds: float | None, *, epochs_per_second: float = 0.5, joules_per_second: float | None = 20.0) -> TargetOutcome:
+def _outcome(
+    seconds: float | None, *, epochs_per_second: float = 0.5, joules_per_second: float | None = 20.0
+) -> TargetOutcome:
     """A run to top1 >= 0.9 that reached it after ``seconds`` (None: it did not, stopped after 10 s);
     an evaluation each 0.5 epoch whose accuracy rises linearly to 0.9 at the target."""
     reached = seconds is not None
@@ -202,7 +205,10 @@ def test_core_run_prints_the_outcome() -> None:
     reached = format_result(_target_result(64, 4.0))
     assert "to target       top1 >= 0.9 reached in 4 s, 80 J = 0.02222 Wh, 2 epochs, 2,000 samples" in reached
     assert "(evaluations 0.04 s inside, initialisation 0.5 s before the clock)" in reached
-    assert "trained         top1 0.9 after 2 epochs, 2,000 samples, 4 s, 80 J (4 evaluations, stopped by target)" in reached
+    assert (
+        "trained         top1 0.9 after 2 epochs, 2,000 samples, 4 s, 80 J (4 evaluations, stopped by target)"
+        in reached
+    )
     missed = format_result(_target_result(64, None))
     assert ": target_not_reached" in missed.splitlines()[0]
     assert "to target       top1 >= 0.9 not reached (stopped by max_seconds)" in missed
@@ -232,7 +238,7 @@ def test_the_report_has_a_time_to_target_part(target_store: ResultStore, tmp_pat
                 for run in target_store.runs(sweep=SWEEP)
                 if run.cell_key == key and run.result.to_target is not None and run.result.to_target.reached
             ]
-            assert float(row[f"{name}_median"][1]) == pytest.approx(sorted(values)[len(values) // 2] if len(values) % 2 else (sorted(values)[len(values) // 2 - 1] + sorted(values)[len(values) // 2]) / 2)
+            assert float(row[f"{name}_median"][1]) == pytest.approx(statistics.median(values))
             assert float(row[f"{name}_olympic_mean"][1]) == pytest.approx(figure.olympic_mean)
     assert float(rows["b256"]["time_to_target_seconds_olympic_mean"][1]) == 7.5
     assert rows["b64"]["time_to_target_seconds_min"] == ("3 s", "3.0")
@@ -290,3 +296,15 @@ def test_a_sweep_without_targets_is_unchanged(tmp_path: Path) -> None:
     markdown = files.markdown.read_text(encoding="utf-8")
     assert "Time to target" not in markdown and "quality" not in markdown.lower().replace("quality-of", "")
     assert not [path for path in (tmp_path / "report" / "plots").glob("*target*")]
+
+
+def test_single_runs_show_their_own_figures_to_target(tmp_path: Path) -> None:
+    with ResultStore(tmp_path / "r.db") as store:
+        store.add(_target_result(64, 4.0))
+        store.add(_target_result(64, None))
+        store.add(synthetic_result())
+        files = write_report(store, tmp_path / "report")
+    rows = [row for _, row in parse_html(files.html).tables["single-runs-to-target"]]
+    assert [row["reached"][0] for row in rows] == ["yes", "no (max_seconds)"]
+    assert rows[0]["time_to_target_seconds"] == ("4 s", "4.0") and rows[1]["time_to_target_seconds"][1] is None
+    assert float(rows[1]["target_final_value"][1]) == pytest.approx(0.8)

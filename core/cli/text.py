@@ -116,7 +116,11 @@ def _target_lines(result: RunResult) -> list[str]:
     if outcome.initialization_seconds is not None:
         timing.append(f"initialisation {_format_seconds(outcome.initialization_seconds)} before the clock")
     lines = [f"  to target       {first}", f"{'':<18}({', '.join(timing)})"]
-    trained = [f"{outcome.epochs:.4g} epochs", f"{outcome.samples:,} samples", _format_seconds(outcome.training_seconds)]
+    trained = [
+        f"{outcome.epochs:.4g} epochs",
+        f"{outcome.samples:,} samples",
+        _format_seconds(outcome.training_seconds),
+    ]
     if outcome.training_joules is not None:
         trained.append(f"{outcome.training_joules:.4g} J")
     final = f"{outcome.metric} {outcome.curve[-1].value:.4g} after " if outcome.curve else "no evaluation; "

@@ -49,8 +49,6 @@ from core.report.plots import (
 from core.report.references import reference_blocks
 from core.report.roofline import roofline_blocks
 from core.report.scaling import scaling_blocks
-from core.report.to_target import TITLE as TO_TARGET_TITLE
-from core.report.to_target import to_target_blocks
 from core.report.tables import (
     _option_text,
     batch_table,
@@ -59,6 +57,8 @@ from core.report.tables import (
     latency_milliseconds,
     sample_unit,
 )
+from core.report.to_target import TITLE as TO_TARGET_TITLE
+from core.report.to_target import to_target_blocks
 from core.storage.store import SweepRecord
 from core.storage.summary import SPREAD_FLAG_FRACTION, CellSummary
 from core.sweep.reference import Reference

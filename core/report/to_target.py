@@ -168,7 +168,9 @@ def _range_of(name: str, scale: float = 1.0) -> Callable[[CellSummary], tuple[fl
     return read
 
 
-def _against_blocks(sweep: SweepData, cells: Sequence[CellSummary], name: str, words: str, ylabel: str, scale: float) -> list[Block]:
+def _against_blocks(
+    sweep: SweepData, cells: Sequence[CellSummary], name: str, words: str, ylabel: str, scale: float
+) -> list[Block]:
     read = _median_of(name, scale)
     if not any(read(cell) is not None for cell in cells):
         return []
@@ -197,7 +199,9 @@ def _against_blocks(sweep: SweepData, cells: Sequence[CellSummary], name: str, w
         xlabel=axes.axis_label(axis) if axis != sweep.x_axis else sweep.batch_label,
         x_of=x_of,
     )
-    data = against_batch_table(cells, series, read, ylabel + ", median", f"{kind}-data-{sweep.slug}", (axis, x_name, x_of))
+    data = against_batch_table(
+        cells, series, read, ylabel + ", median", f"{kind}-data-{sweep.slug}", (axis, x_name, x_of)
+    )
     caption = f"{words.capitalize()} against {x_name}, log-log: {caption_tail}"
     return [
         Heading(4, f"{words.capitalize()} against {x_name}"),
@@ -306,3 +310,44 @@ def to_target_blocks(sweep: SweepData) -> list[Block]:
         sweep, cells, "energy_to_target_joules", "energy to target", "energy to target (Wh)", 1 / JOULES_PER_WATT_HOUR
     )
     return blocks + _curve_blocks(sweep, cells)
+
+
+# --- single runs ----------------------------------------------------------------------------------
+
+
+def single_runs_target_table(cells: Sequence[CellSummary], identifier: str) -> Table | None:
+    """Single runs trained to a target, one row each: its own time, energy, epochs and samples to the
+    target (no repeats, so no olympic mean), whether it reached it and the metric where it ended."""
+    rows = []
+    keys = []
+    for cell in cells:
+        for _, outcome in _outcomes(cell):
+            run = cell.runs[0]
+            final = outcome.curve[-1].value if outcome.curve else None
+            joules = outcome.energy_to_target_joules
+            rows.append(
+                [
+                    Value(str(run.run_id), run.run_id),
+                    Value(shorten(one_line(target_text(outcome)))),
+                    Value("yes" if outcome.reached else f"no ({outcome.stopped_by})", int(outcome.reached)),
+                    Value(format_duration(outcome.time_to_target_seconds), outcome.time_to_target_seconds),
+                    Value(format_number(joules), joules),
+                    Value(format_number(outcome.epochs_to_target), outcome.epochs_to_target),
+                    Value(format_number(outcome.samples_to_target), outcome.samples_to_target),
+                    Value(format_number(final), final),
+                ]
+            )
+            keys.append(cell.cell_key)
+    if not rows:
+        return None
+    columns = [
+        ("run_id", "run"),
+        ("target", "target"),
+        ("reached", "reached"),
+        ("time_to_target_seconds", "time to target"),
+        ("energy_to_target_joules", "energy to target (J)"),
+        ("epochs_to_target", "epochs to target"),
+        ("samples_to_target", "samples to target"),
+        ("target_final_value", "final metric"),
+    ]
+    return without_empty_columns(Table(columns=columns, rows=rows, identifier=identifier, row_keys=keys))

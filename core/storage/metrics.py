@@ -50,7 +50,7 @@ class Summary(str, Enum):
     # (core.storage.summary.olympic_mean: the fastest and slowest dropped, a run that missed the target
     # the slowest); the report shows its median, min, max and how many repeats reached it beside it.
     olympic_mean = "olympic mean"
-    count = "count"  # a yes/no figure: the successful repeats where it holds (the target reached)
+    holds = "holds"  # a yes/no figure: the successful repeats where it holds (the target reached)
 
 
 # Where the figure is read. ``row.NAME``: the database row (sweep, cell, repeat, run id); anything
@@ -793,7 +793,9 @@ METRICS: tuple[Metric, ...] = (
         export=_hostnames,
     ),
     # --- training to a target quality (schema 1.12): empty for a run without config.target
-    Metric("target_metric", "to_target.metric", description="what the target is of: top1, loss...", summary=Summary.first),
+    Metric(
+        "target_metric", "to_target.metric", description="what the target is of: top1, loss...", summary=Summary.first
+    ),
     Metric("target_value", "to_target.target", description="the value to reach", summary=Summary.first),
     Metric(
         "target_higher_is_better",
@@ -805,10 +807,12 @@ METRICS: tuple[Metric, ...] = (
         "target_reached",
         "to_target.reached",
         description="whether the run reached its target (a cell: how many repeats did)",
-        summary=Summary.count,
+        summary=Summary.holds,
         reported=Reported(frozenset({RESULTS}), "reached", optional=True),
     ),
-    Metric("target_stopped_by", "to_target.stopped_by", description="what ended training: target, max_epochs, max_seconds"),
+    Metric(
+        "target_stopped_by", "to_target.stopped_by", description="what ended training: target, max_epochs, max_seconds"
+    ),
     _to_target(
         "time_to_target_seconds",
         "s",
@@ -823,7 +827,9 @@ METRICS: tuple[Metric, ...] = (
         "energy to target (J, olympic mean)",
         "to target J",
     ),
-    _to_target("epochs_to_target", "epochs", "epochs trained to that evaluation", "epochs to target (olympic mean)", "epochs"),
+    _to_target(
+        "epochs_to_target", "epochs", "epochs trained to that evaluation", "epochs to target (olympic mean)", "epochs"
+    ),
     _to_target(
         "samples_to_target",
         "samples",

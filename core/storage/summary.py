@@ -169,7 +169,7 @@ class CellSummary:
             )
         if metric.summary is Summary.olympic_mean:
             return self.to_target(name).olympic_mean if self.trained_to_target else None
-        if metric.summary is Summary.count:
+        if metric.summary is Summary.holds:
             flags = [value for value in (metric.value_of_run(run) for run in self._ok_runs) if isinstance(value, bool)]
             return sum(flags) if flags else None
         return None
