@@ -137,6 +137,41 @@ def _node_lines(result: RunResult) -> list[str]:
     return [f"  nodes           {len(result.nodes)}: {each}"]
 
 
+def _target_lines(result: RunResult) -> list[str]:
+    """A run trained to a target: whether it reached it, and in what time, energy, epochs and samples
+    (MLPerf's clock: from the first step, evaluations included); then where training ended."""
+    outcome = result.to_target
+    if outcome is None:
+        return []
+    goal = f"{outcome.metric} {'>=' if outcome.higher_is_better else '<='} {outcome.target:g}"
+    if outcome.reached:
+        figures = [f"in {_format_seconds(outcome.time_to_target_seconds)}"]
+        if outcome.energy_to_target_joules is not None:
+            figures.append(_joules_and_watt_hours(outcome.energy_to_target_joules))
+        if outcome.epochs_to_target is not None:
+            figures.append(f"{outcome.epochs_to_target:.4g} epochs")
+        if outcome.samples_to_target is not None:
+            figures.append(f"{outcome.samples_to_target:,} samples")
+        first = f"{goal} reached " + ", ".join(figures)
+    else:
+        first = f"{goal} not reached (stopped by {outcome.stopped_by})"
+    timing = [f"evaluations {_format_seconds(outcome.evaluation_seconds)} inside"]
+    if outcome.initialization_seconds is not None:
+        timing.append(f"initialisation {_format_seconds(outcome.initialization_seconds)} before the clock")
+    lines = [f"  to target       {first}", f"{'':<18}({', '.join(timing)})"]
+    trained = [
+        f"{outcome.epochs:.4g} epochs",
+        f"{outcome.samples:,} samples",
+        _format_seconds(outcome.training_seconds),
+    ]
+    if outcome.training_joules is not None:
+        trained.append(f"{outcome.training_joules:.4g} J")
+    final = f"{outcome.metric} {outcome.curve[-1].value:.4g} after " if outcome.curve else "no evaluation; "
+    evaluations = f"{len(outcome.curve)} evaluation{'' if len(outcome.curve) == 1 else 's'}"
+    lines.append(f"  trained         {final}{', '.join(trained)} ({evaluations}, stopped by {outcome.stopped_by})")
+    return lines
+
+
 def _warning_lines(result: RunResult) -> list[str]:
     """Every warning the result holds (recompilation, meter cross-check, deprecations), one line each."""
     from core.report.document import one_line
@@ -146,7 +181,9 @@ def _warning_lines(result: RunResult) -> list[str]:
 
 def status_lines(status: Status) -> list[str]:
     """What went wrong, where: the parts the status knows (a killed process may name no phase)."""
-    if status.ok:
+    from core.base.results import RunState
+
+    if status.ok or status.state is RunState.target_not_reached:  # an outcome, which the target line says
         return []
     from core.report.document import clean_text
 
@@ -167,6 +204,7 @@ _STRUCTURAL_LINES: dict[str, Callable[[RunResult], list[str]]] = {
     "nodes": _node_lines,
     "error": lambda result: status_lines(result.status),
     "warnings": _warning_lines,
+    "target": _target_lines,
 }
 
 
@@ -285,7 +323,13 @@ def format_cells(cells: Sequence[CellSummary], sweep_column: bool | None = None)
     if sweep_column is None:
         sweep_column = len({cell.sweep for cell in cells}) > 1
     unit = _common_unit(cells)
-    figures = reported(RESULTS)
+    # An optional figure (the epoch estimate, those to a target) only where some cell has it.
+    figures = [
+        metric
+        for metric in reported(RESULTS)
+        if not (metric.reported is not None and metric.reported.optional)
+        or any(cell.figure(metric.name) is not None for cell in cells)
+    ]
     header: list[str] = ["sweep"] * sweep_column + ["cell", "status", "ok/runs"]
     for metric in figures:
         header.append(metric_header(metric, unit, short=True))

@@ -339,3 +339,73 @@ def plot_power_traces(traces: Sequence[PowerTrace]) -> bytes:
         "Power over the timed window",
         "x-small",
     )
+
+
+def plot_by_cell(
+    cells: Sequence[CellSummary],
+    figure_of: Callable[[CellSummary], float | None],
+    spread_of: Callable[[CellSummary], tuple[float, float] | None],
+    ylabel: str,
+    title: str,
+) -> bytes:
+    """One bar per cell (a sweep over an axis that is no number, as precision), bars spanning the
+    repeats; a cell without a figure keeps its place, empty."""
+    pyplot = _pyplot()
+    figure, axis = pyplot.subplots(figsize=(7.0, 4.4))
+    labels = [plot_text(cell.label) for cell in cells]
+    heights = [value if _plottable(value := figure_of(cell), False) else 0.0 for cell in cells]
+    low, high = [], []
+    for cell, height in zip(cells, heights):
+        bounds = spread_of(cell) if height else None
+        low.append(max(0.0, height - bounds[0]) if bounds else 0.0)
+        high.append(max(0.0, bounds[1] - height) if bounds else 0.0)
+    positions = list(range(len(cells)))
+    axis.bar(positions, heights, yerr=[low, high], capsize=3, color=[f"C{i % 10}" for i in positions])
+    axis.set_xticks(positions)
+    axis.set_xticklabels(labels, rotation=30, ha="right", fontsize="small")
+    return _finish_from_zero(figure, axis, "cell", ylabel, title, "small")
+
+
+def plot_quality_curves(
+    curves: Sequence[tuple[str, Sequence[tuple[int, Any]]]],
+    x_of: Callable[[Any], float | None],
+    targets: Sequence[float],
+    xlabel: str,
+    ylabel: str,
+    title: str,
+) -> bytes:
+    """Quality curves: each cell a colour, each of its repeats a thin line of its evaluations
+    (``outcome.curve``, read on x by ``x_of``); each target a dashed horizontal line.
+
+    :param curves: (cell label, [(repeat, TargetOutcome)]) per cell, in order.
+    """
+    pyplot = _pyplot()
+    figure, axis = pyplot.subplots(figsize=(7.0, 4.4))
+    for index, (label, outcomes) in enumerate(curves):
+        color = f"C{index % 10}"
+        named = False
+        for _, outcome in outcomes:
+            points = [(x, point.value) for point in outcome.curve if (x := x_of(point)) is not None]
+            if not points:
+                continue
+            axis.plot(
+                [point[0] for point in points],
+                [point[1] for point in points],
+                color=color,
+                linewidth=1.0,
+                alpha=0.7,
+                marker=".",
+                label=None if named else plot_text(label),
+            )
+            named = True
+    for target in targets:
+        axis.axhline(target, color="black", linestyle="--", linewidth=1)
+    if targets:
+        axis.plot([], [], color="black", linestyle="--", linewidth=1, label="target")
+    axis.set_xlabel(xlabel)
+    axis.set_ylabel(ylabel)
+    axis.set_title(title)
+    axis.set_xlim(left=0)
+    axis.grid(True, alpha=0.3)
+    _legend(axis, "small")
+    return _png(figure)

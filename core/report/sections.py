@@ -57,6 +57,8 @@ from core.report.tables import (
     latency_milliseconds,
     sample_unit,
 )
+from core.report.to_target import TITLE as TO_TARGET_TITLE
+from core.report.to_target import to_target_blocks
 from core.storage.store import SweepRecord
 from core.storage.summary import SPREAD_FLAG_FRACTION, CellSummary
 from core.sweep.reference import Reference
@@ -648,7 +650,10 @@ def sweep_section(
         blocks.append(_modes_note(training, inference))
     blocks += reference_blocks(sweep.spec, sweep.planned, sweep.cells, sweep.slug, references)
     if training.cells:
-        blocks += _table_blocks(training) + _plot_blocks(training, _PLOT_PARTS)
+        blocks += _table_blocks(training)
+        if any(cell.trained_to_target for cell in training.cells):  # runs trained to a target quality
+            blocks += _guarded(TO_TARGET_TITLE, to_target_blocks, training)
+        blocks += _plot_blocks(training, _PLOT_PARTS)
     if inference.cells:
         blocks += _inference_table_blocks(inference) + _plot_blocks(inference, _INFERENCE_PARTS)
     blocks += _failure_blocks(sweep) + _refused_blocks(sweep)

@@ -12,6 +12,8 @@ from core.report.analysis import is_inference
 from core.report.document import Block, Code, Heading, Paragraph
 from core.report.sections import SweepData, _failure_blocks, environment_table
 from core.report.tables import single_runs_table
+from core.report.to_target import TITLE as TO_TARGET_TITLE
+from core.report.to_target import single_runs_target_table
 from core.storage.summary import CellSummary
 
 SINGLE_RUNS_TITLE = "Single runs"
@@ -48,6 +50,9 @@ def single_runs_section(cells: Sequence[CellSummary], store_path: Path, suffix: 
             *([Heading(3, f"{SINGLE_RUNS_TITLE} (training)")] if both else []),
             single_runs_table(training, f"single-runs{suffix}"),
         ]
+    to_target = single_runs_target_table(training, f"single-runs-to-target{suffix}")
+    if to_target is not None:  # runs trained to a target quality
+        blocks += [Heading(3, f"{SINGLE_RUNS_TITLE}: {TO_TARGET_TITLE.lower()}"), to_target]
     if inference:
         blocks += [
             Heading(3, f"{SINGLE_RUNS_TITLE} (inference)"),

@@ -95,6 +95,8 @@ def metric_value(cell: CellSummary, metric: Metric) -> Value:
     number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
     if shown is not None and shown.percent:
         return Value(format_percent(number), number)
+    if metric.summary is Summary.holds and number is not None:
+        return Value(f"{number}/{cell.having(metric.name)}", number)
     if number is None and value is not None:
         return Value(_option_text(value))
     return _number(number, shown.scale if shown is not None else 1.0)

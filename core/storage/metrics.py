@@ -46,6 +46,11 @@ class Summary(str, Enum):
     total = "sum"  # over every recorded repeat that has it (time spent on the cell)
     first = "first"  # the same in every repeat (a unit, a datasheet source): the first successful one's
     none = "none"  # not summarised: the row's own identity or state
+    # A figure to a target quality: MLPerf Training's olympic mean over the repeats that trained to it
+    # (core.storage.summary.olympic_mean: the fastest and slowest dropped, a run that missed the target
+    # the slowest); the report shows its median, min, max and how many repeats reached it beside it.
+    olympic_mean = "olympic mean"
+    holds = "holds"  # a yes/no figure: the successful repeats where it holds (the target reached)
 
 
 # Where the figure is read. ``row.NAME``: the database row (sweep, cell, repeat, run id); anything
@@ -137,6 +142,8 @@ class Metric:
     :param export: how the value is written in a flat export (default: enums as their value, times
         in ISO 8601, anything else as it is).
     :param exported: whether it is a column of the flat export.
+    :param reading: turns what ``source`` holds into the figure (the last point of a quality curve);
+        None: the value there is the figure.
     """
 
     name: str
@@ -148,18 +155,22 @@ class Metric:
     exported: bool = True
     reported: Reported | None = None
     printed: tuple[Printed, ...] = field(default=())
+    reading: Callable[[Any], Any] | None = None
 
     def value(self, result: RunResult) -> Any:
         """The figure as the result holds it (a row's own column: None, the result does not know it)."""
         if self.source.startswith(ROW_PREFIX):
             return None
-        return read_path(result, self.source)
+        return self._read(read_path(result, self.source))
 
     def value_of_run(self, run: StoredRun) -> Any:
         """The figure of a stored run, its row's columns included."""
         if self.source.startswith(ROW_PREFIX):
             return getattr(run, self.source.removeprefix(ROW_PREFIX))
-        return read_path(run.result, self.source)
+        return self._read(read_path(run.result, self.source))
+
+    def _read(self, held: Any) -> Any:
+        return self.reading(held) if self.reading is not None and held is not None else held
 
     def exported_value(self, run: StoredRun) -> Any:
         value = self.value_of_run(run)
@@ -202,6 +213,23 @@ def _hostnames(value: Any) -> str | None:
 
 def _count(value: Any) -> int:
     return len(value or ())
+
+
+def _last_value(curve: Any) -> float | None:
+    """The metric at a quality curve's last evaluation: where training ended."""
+    return curve[-1].value if curve else None
+
+
+def _to_target(name: str, unit: str, description: str, header: str, short: str) -> Metric:
+    """A figure to the target quality: each run's own, MLPerf's olympic mean over a cell's repeats."""
+    return Metric(
+        name,
+        f"to_target.{name}",
+        unit,
+        description,
+        Summary.olympic_mean,
+        reported=Reported(frozenset({RESULTS}), header, short=short, optional=True),
+    )
 
 
 def _several_devices(result: RunResult) -> bool:
@@ -255,6 +283,7 @@ PRINTED_LINES: tuple[PrintedLine, ...] = (
     PrintedLine("nodes", structural=True),
     PrintedLine("slurm", "slurm"),
     PrintedLine("epoch", "epoch", shown=_epoch_estimated, note="(estimate, extrapolated from the timed window)"),
+    PrintedLine("target", structural=True),  # a run trained to a target: reached or not, time, energy, curve's end
     PrintedLine("error", structural=True),
     PrintedLine("warnings", structural=True),
 )
@@ -763,6 +792,83 @@ METRICS: tuple[Metric, ...] = (
         "nodes",
         description="a multi-node run's hosts, by node rank, comma-separated",
         export=_hostnames,
+    ),
+    # --- training to a target quality (schema 1.12): empty for a run without config.target
+    Metric(
+        "target_metric", "to_target.metric", description="what the target is of: top1, loss...", summary=Summary.first
+    ),
+    Metric("target_value", "to_target.target", description="the value to reach", summary=Summary.first),
+    Metric(
+        "target_higher_is_better",
+        "to_target.higher_is_better",
+        description="true: reached at value >= target; false: at value <= target",
+        summary=Summary.first,
+    ),
+    Metric(
+        "target_reached",
+        "to_target.reached",
+        description="whether the run reached its target (a cell: how many repeats did)",
+        summary=Summary.holds,
+        reported=Reported(frozenset({RESULTS}), "reached", optional=True),
+    ),
+    Metric(
+        "target_stopped_by", "to_target.stopped_by", description="what ended training: target, max_epochs, max_seconds"
+    ),
+    _to_target(
+        "time_to_target_seconds",
+        "s",
+        "clock seconds to the first evaluation that met the target, evaluations included",
+        "time to target (s, olympic mean)",
+        "to target s",
+    ),
+    _to_target(
+        "energy_to_target_joules",
+        "J",
+        "energy from the clock's start to that evaluation's end, every device",
+        "energy to target (J, olympic mean)",
+        "to target J",
+    ),
+    _to_target(
+        "epochs_to_target", "epochs", "epochs trained to that evaluation", "epochs to target (olympic mean)", "epochs"
+    ),
+    _to_target(
+        "samples_to_target",
+        "samples",
+        "training samples to that evaluation, every replica's",
+        "samples to target (olympic mean)",
+        "samples",
+    ),
+    Metric(
+        "target_initialization_seconds",
+        "to_target.initialization_seconds",
+        "s",
+        "before the clock: building the model, placing it and the data (MLPerf's init)",
+        Summary.median,
+    ),
+    Metric(
+        "target_training_seconds",
+        "to_target.training_seconds",
+        "s",
+        "clock seconds in all, to the end of training",
+        Summary.median,
+    ),
+    Metric("target_training_joules", "to_target.training_joules", "J", "energy over those seconds", Summary.median),
+    Metric(
+        "target_evaluation_seconds",
+        "to_target.evaluation_seconds",
+        "s",
+        "every evaluation's time, inside the training seconds",
+        Summary.median,
+    ),
+    Metric("target_epochs_trained", "to_target.epochs", "epochs", "epochs trained in all", Summary.median),
+    Metric("target_samples_trained", "to_target.samples", "samples", "training samples in all", Summary.median),
+    Metric("target_evaluations", "to_target.curve", description="evaluations on the quality curve", export=_count),
+    Metric(
+        "target_final_value",
+        "to_target.curve",
+        description="the target's metric at the last evaluation (where training ended)",
+        summary=Summary.median,
+        reading=_last_value,
     ),
 )
 
