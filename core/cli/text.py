@@ -87,35 +87,14 @@ def _loadgen_lines(result: RunResult) -> list[str]:
 _CURVE_LINES = 12
 
 
-def _to_target_lines(result: RunResult) -> list[str]:
-    """A run to a target: whether and when it reached it (time, epochs, samples, energy), then its curve."""
+def _curve_lines(result: RunResult) -> list[str]:
+    """A run trained to a target: its evaluations, one a line (a long curve's first and last ones)."""
     outcome = result.to_target
     if outcome is None or not outcome.curve:
         return []
-    unit = result.sample_unit or "samples"
-    rule = ">=" if outcome.higher_is_better else "<="
-    aim = f"{outcome.metric} {rule} {outcome.target:g}"
-    if outcome.reached and outcome.time_to_target_seconds is not None:
-        reached = (
-            f"{aim} reached in {outcome.time_to_target_seconds:.4g} s, {outcome.epochs_to_target or 0:.3g} epochs "
-            f"({outcome.samples_to_target or 0:,} {unit})"
-        )
-    else:
-        reached = f"{aim} not reached: {outcome.stopped_by} spent after {outcome.training_seconds:.4g} s, "
-        reached += f"{outcome.epochs:.3g} epochs"
-    energy = (
-        f"energy {_joules_and_watt_hours(outcome.training_joules)}"
-        if outcome.training_joules is not None
-        else "no energy"
-    )
-    lines = [
-        f"  to target       {reached}; {energy}",
-        f"  clock           {outcome.training_seconds:.4g} s from the first step, evaluations "
-        f"{outcome.evaluation_seconds:.4g} s of it; initialisation {_format_seconds(outcome.initialization_seconds)} "
-        "before it",
-    ]
     curve = outcome.curve
     shown = curve if len(curve) <= _CURVE_LINES else [*curve[: _CURVE_LINES // 2], *curve[-_CURVE_LINES // 2 :]]
+    lines = []
     for point in shown:
         if point is curve[-1] and len(curve) > len(shown):
             lines.append(f"{'':<18}... {len(curve) - len(shown)} more")
@@ -169,7 +148,7 @@ def _target_lines(result: RunResult) -> list[str]:
     final = f"{outcome.metric} {outcome.curve[-1].value:.4g} after " if outcome.curve else "no evaluation; "
     evaluations = f"{len(outcome.curve)} evaluation{'' if len(outcome.curve) == 1 else 's'}"
     lines.append(f"  trained         {final}{', '.join(trained)} ({evaluations}, stopped by {outcome.stopped_by})")
-    return lines
+    return lines + _curve_lines(result)
 
 
 def _warning_lines(result: RunResult) -> list[str]:
@@ -198,13 +177,12 @@ def status_lines(status: Status) -> list[str]:
 # The lines of `core run`'s text that show the result's structure rather than declared figures.
 _STRUCTURAL_LINES: dict[str, Callable[[RunResult], list[str]]] = {
     "loadgen": _loadgen_lines,
-    "to_target": _to_target_lines,
     "components": _component_lines,
     "meters": _meter_lines,
     "nodes": _node_lines,
     "error": lambda result: status_lines(result.status),
     "warnings": _warning_lines,
-    "target": _target_lines,
+    "to_target": _target_lines,
 }
 
 

@@ -269,6 +269,7 @@ PRINTED_LINES: tuple[PrintedLine, ...] = (
     PrintedLine("tokens", "tokens", shown=_throughput_measured),
     PrintedLine("latency", _latency_label, shown=_latency_shown, always=True),
     PrintedLine("loadgen", structural=True),
+    # A run trained to a target: reached or not, time, energy, epochs, where training ended, the curve.
     PrintedLine("to_target", structural=True),
     PrintedLine("phases", "phases", always=True),
     PrintedLine("data wait", "data wait"),
@@ -283,7 +284,6 @@ PRINTED_LINES: tuple[PrintedLine, ...] = (
     PrintedLine("nodes", structural=True),
     PrintedLine("slurm", "slurm"),
     PrintedLine("epoch", "epoch", shown=_epoch_estimated, note="(estimate, extrapolated from the timed window)"),
-    PrintedLine("target", structural=True),  # a run trained to a target: reached or not, time, energy, curve's end
     PrintedLine("error", structural=True),
     PrintedLine("warnings", structural=True),
 )
