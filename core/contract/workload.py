@@ -96,6 +96,10 @@ class KerasTrainingSpec:
     inputs: Any  # numpy array [pool, ...]
     targets: Any  # numpy array [pool, ...]
     details: dict[str, Any] = field(default_factory=dict)
+    #: a labelled held-out split, as ``TorchTrainingSpec.evaluation_inputs``: with it, ``inputs``/``targets``
+    #: are the training split, which a run to a target reads in real, shuffled epochs
+    evaluation_inputs: Any = None  # numpy array [held-out samples, ...]
+    evaluation_targets: Any = None  # numpy array [held-out samples]: class indices
 
 
 class Workload(ABC):
@@ -115,7 +119,7 @@ class Workload(ABC):
     #: any format through planning, to fail when the data is loaded if the shapes do not fit.
     data_formats: ClassVar[tuple[str, ...] | None] = None
     #: the metrics its held-out evaluation gives, each with whether higher is better (``{"top1": True,
-    #: "loss": False}``), where build_torch gives a labelled held-out split (``evaluation_inputs``)
+    #: "loss": False}``), where build_torch (and build_keras) give a labelled held-out split (``evaluation_inputs``)
     #: of real data: what ``target.metric`` may name. Empty: no such split, so no run to a target
     evaluation_metrics: ClassVar[Mapping[str, bool]] = MappingProxyType({})
 

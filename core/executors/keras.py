@@ -26,6 +26,7 @@ from core.base.errors import DataError, NonFiniteLossError
 from core.base.precision import PrecisionPolicy, policy_for
 from core.contract.workload import KerasTrainingSpec
 from core.executors.base import Executor, HostStepClock, StepClock
+from core.executors.epoch_order import EVALUATION_BATCH, EpochOrder, metrics_of, shard
 
 
 def quiet_tensorflow_startup() -> None:
@@ -307,6 +308,10 @@ class KerasExecutor(Executor):
         self._collectives = placement.collectives
         self._updates = 0  # updates run, on the host: the check names the one whose loss was NaN/inf
         self._updates_checked = 0  # updates run up to the last check
+        # A run to a target: the training split in real epochs, and the held-out split (host arrays).
+        self._epochs: EpochOrder | None = None
+        self._evaluation_split: tuple[Any, Any] | None = None
+        self._evaluation_step: Callable[[Any, Any, Any], Any] | None = None
         try:
             # Layers read the global policy when constructed, so it is set before make_model.
             self.precision.configure_keras(tf, keras)
@@ -321,6 +326,8 @@ class KerasExecutor(Executor):
             # Across processes (multi-worker strategies) the all-reduce spans every replica.
             self._global_replicas = strategy.num_replicas_in_sync
             loss_fn = self._build_model(spec)
+            self._loss_fn = loss_fn
+            self._local_devices = local_devices
             self._place_data(spec, config, local_devices)
             self._train_step = self._make_train_step(loss_fn, placement.jit_compile)
             self._details: dict[str, Any] = {
@@ -337,6 +344,9 @@ class KerasExecutor(Executor):
                 "jit_compile": placement.jit_compile,
                 "data": "synthetic" if self._files is None else "files",
             }
+            if self._epochs is not None:
+                self._details["data"] = "training split"
+                self._details["epoch_order"] = "shuffled per epoch (seeded), last partial global batch dropped"
             if self._files is not None:
                 self._details["data_format"] = "tfrecord"
             if placement.workers:
@@ -392,6 +402,15 @@ class KerasExecutor(Executor):
         inputs = np.asarray(spec.inputs)
         targets = np.asarray(spec.targets)
         pool = inputs.shape[0]
+        if config.target is not None:
+            # A run to a target reads the training split in real epochs: each update's samples are
+            # copied to the replicas as it runs (step()), and the held-out split stays on the host.
+            if spec.evaluation_inputs is None:
+                raise ValueError("a run to a target needs the workload's held-out split (evaluation_inputs)")
+            self._epochs = EpochOrder(pool, config.seed, micro, accumulation, global_replicas)
+            self._training_split = (inputs, targets)
+            self._evaluation_split = (np.asarray(spec.evaluation_inputs), np.asarray(spec.evaluation_targets))
+            return
 
         def per_replica(array: Any) -> Any:
             def value_fn(ctx: Any) -> Any:
@@ -516,6 +535,9 @@ class KerasExecutor(Executor):
     def step(self) -> None:
         # Dispatches the update; nothing here reads a value back to the host.
         self._updates += 1
+        if self._epochs is not None:
+            self._train_step(*self._epoch_update(self._epochs, self._updates - 1))
+            return
         if self._files is None:
             self._train_step(self._inputs, self._targets)
             return
@@ -528,6 +550,87 @@ class KerasExecutor(Executor):
             raise DataError(pipeline_failure(error, self._data_source)) from error
         self._data_wait_seconds += time.perf_counter() - started
         self._train_step(inputs, targets)
+
+    def _epoch_update(self, epochs: EpochOrder, update: int) -> tuple[Any, Any]:
+        """Every replica's samples of ``update`` (from 0), ``[accumulation, micro, ...]`` on its device,
+        in :class:`EpochOrder`'s order: the replica's number in the strategy is its global one."""
+        tf, strategy, devices = self._tf, self._strategy, self._local_devices
+        inputs, targets = self._training_split
+
+        def per_replica(array: Any) -> Any:
+            def value_fn(ctx: Any) -> Any:
+                replica = ctx.replica_id_in_sync_group
+                with tf.device(devices[replica % len(devices)]):
+                    return tf.convert_to_tensor(array[epochs.update(update, replica)])
+
+            return strategy.experimental_distribute_values_from_function(value_fn)
+
+        return per_replica(inputs), per_replica(targets)
+
+    def dataset_samples(self) -> int | None:
+        return self._epochs.samples if self._epochs is not None else None
+
+    def evaluate(self) -> dict[str, float] | None:
+        """Top-1 and the mean loss over the held-out split, with the current weights in inference mode
+        (``training=False``) under the run's precision policy. Global replica ``r`` of ``R`` takes
+        samples r, r + R, ... in batches of one fixed shape (padded, the padding weighted 0), so the
+        graph is traced once; the replicas' sums are added on the host, and over the workers of a
+        multi-worker run, so every process returns what one process would."""
+        if self._evaluation_split is None:
+            return None
+        import numpy as np
+
+        tf, strategy, devices = self._tf, self._strategy, self._local_devices
+        inputs, targets = self._evaluation_split
+        replicas, samples = self._global_replicas, len(inputs)
+        rows = min(EVALUATION_BATCH, max(1, math.ceil(samples / replicas)))
+        shards: dict[int, Any] = {}
+        step = self._evaluation_step or self._make_evaluation_step()
+        totals = np.zeros(3, dtype=np.float64)
+        for start in range(0, math.ceil(samples / replicas), rows):
+
+            def per_replica(part: str, start: int = start) -> Any:
+                def value_fn(ctx: Any) -> Any:
+                    replica = ctx.replica_id_in_sync_group
+                    if replica not in shards:
+                        shards[replica] = shard(samples, replica, replicas)
+                    chosen = shards[replica][start : start + rows]
+                    padded = np.zeros(rows, dtype=np.int64)
+                    padded[: len(chosen)] = chosen
+                    if part == "weights":
+                        value = (np.arange(rows) < len(chosen)).astype(np.float32)
+                    else:
+                        value = (inputs if part == "inputs" else targets)[padded]
+                    with tf.device(devices[replica % len(devices)]):
+                        return tf.convert_to_tensor(value)
+
+                return strategy.experimental_distribute_values_from_function(value_fn)
+
+            sums = step(per_replica("inputs"), per_replica("targets"), per_replica("weights"))
+            for local in strategy.experimental_local_results(sums):
+                totals += np.asarray(local.numpy(), dtype=np.float64)
+        if self._collectives is not None:
+            totals = np.sum([np.asarray(part) for part in self._collectives.gather_objects(totals.tolist())], axis=0)
+        return metrics_of(totals.tolist())
+
+    def _make_evaluation_step(self) -> Callable[[Any, Any, Any], Any]:
+        tf, strategy, loss_fn = self._tf, self._strategy, self._loss_fn
+
+        def replica_sums(xs: Any, ys: Any, weights: Any) -> Any:
+            # The loss and the prediction in fp32 whatever the policy computed the outputs in.
+            outputs = tf.cast(self.model(xs, training=False), tf.float32)
+            per_sample = tf.cast(loss_fn(ys, outputs), tf.float32)
+            correct = tf.cast(tf.equal(tf.argmax(outputs, axis=-1, output_type=ys.dtype), ys), tf.float32)
+            return tf.stack(
+                [tf.reduce_sum(correct * weights), tf.reduce_sum(per_sample * weights), tf.reduce_sum(weights)]
+            )
+
+        @tf.function
+        def evaluation_step(xs: Any, ys: Any, weights: Any) -> Any:
+            return strategy.run(replica_sums, args=(xs, ys, weights))
+
+        self._evaluation_step = evaluation_step
+        return evaluation_step
 
     def data_wait_seconds(self) -> float:
         return self._data_wait_seconds
@@ -613,6 +716,10 @@ class KerasExecutor(Executor):
         # Drop graphs, variables and device-resident data so memory can be reclaimed.
         for name in (
             "_train_step",
+            "_evaluation_step",
+            "_loss_fn",
+            "_training_split",
+            "_evaluation_split",
             "_inputs",
             "_targets",
             "_files",

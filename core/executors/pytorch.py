@@ -22,7 +22,8 @@ from core.contract.workload import TorchTrainingSpec
 from core.data import SYNTHETIC_ON_HOST, SYNTHETIC_SOURCES
 from core.executors import stand_in
 from core.executors.base import Executor, HostStepClock, StepClock
-from core.executors.torch_epochs import ShuffledEpochs, held_out_sums, metrics_of
+from core.executors.epoch_order import metrics_of
+from core.executors.torch_epochs import ShuffledEpochs, held_out_sums
 
 if TYPE_CHECKING:
     from core.data.loading import FileBatches
@@ -590,7 +591,7 @@ class TorchExecutor(TorchModelExecutor):
         if self._process.is_distributed:
             sums = sums.to(self._collective_device())
             torch.distributed.all_reduce(sums, op=torch.distributed.ReduceOp.SUM, group=self._host_group)
-        return metrics_of(sums)
+        return metrics_of(sums.tolist())
 
     def check_finite(self) -> None:
         first_update = self._updates_checked + 1  # the first update since the last check, counting from 1

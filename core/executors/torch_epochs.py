@@ -14,17 +14,13 @@ from typing import Any
 
 import torch
 
-#: held-out samples per forward pass of an evaluation (each process's shard): how the split is cut
-#: changes no count, only the rounding of the loss's sum
-EVALUATION_BATCH = 256
+from core.executors.epoch_order import EVALUATION_BATCH, EpochOrder
+from core.executors.epoch_order import shard as shard_indices
 
 
 class ShuffledEpochs:
-    """The training split in epochs: each epoch one permutation of the split, drawn from the run's
-    seed and the epoch's number (the same on every process), cut into global batches, the last partial
-    one dropped. Global batch ``k`` holds the permutation's samples ``[k G, (k+1) G)``; replica ``r``'s
-    micro-step ``m`` takes the ``micro_batch`` of them at ``(r x accumulation + m) x micro_batch``: one
-    process with the whole global batch sees the same samples per update as several replicas."""
+    """The training split in epochs, read in :class:`core.executors.epoch_order.EpochOrder`'s order
+    (the rule every framework's executor shares): this process's replicas' micro-batches as tensors."""
 
     def __init__(
         self,
@@ -38,36 +34,15 @@ class ShuffledEpochs:
         replicas_here: int = 1,
     ) -> None:
         self._inputs, self._targets = inputs, targets
-        self._seed = seed
-        self._micro_batch, self._accumulation = micro_batch, accumulation
+        self._order = EpochOrder(len(inputs), seed, micro_batch, accumulation, replicas)
         self._replicas_here = range(first_replica, first_replica + replicas_here)
-        self.samples = len(inputs)
-        self.global_batch = micro_batch * accumulation * replicas
-        self.updates_per_epoch = self.samples // self.global_batch
-        if self.updates_per_epoch < 1:
-            raise ValueError(
-                f"the training split's {self.samples} samples hold no global batch of {self.global_batch}: "
-                "lower the batch size"
-            )
-        self._epoch = -1
-        self._order = torch.empty(0, dtype=torch.int64)
-
-    def _order_of(self, epoch: int) -> torch.Tensor:
-        if epoch != self._epoch:
-            generator = torch.Generator().manual_seed(self._seed + (epoch << 32))
-            self._order, self._epoch = torch.randperm(self.samples, generator=generator), epoch
-        return self._order
+        self.samples = self._order.samples
+        self.global_batch = self._order.global_batch
+        self.updates_per_epoch = self._order.updates_per_epoch
 
     def micro_batch(self, update: int, micro_step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, targets) on the host of this process's ``micro_step`` of ``update`` (from 0)."""
-        epoch, position = divmod(update, self.updates_per_epoch)
-        order = self._order_of(epoch)
-        start = position * self.global_batch
-        pieces = []
-        for replica in self._replicas_here:
-            offset = start + (replica * self._accumulation + micro_step) * self._micro_batch
-            pieces.append(order[offset : offset + self._micro_batch])
-        indices = torch.cat(pieces)
+        indices = torch.from_numpy(self._order.micro_batch(update, micro_step, self._replicas_here))
         return self._inputs.index_select(0, indices), self._targets.index_select(0, indices)
 
 
@@ -86,8 +61,7 @@ def held_out_sums(
 
     :param shard: (rank, world size): this process takes samples rank, rank + world, ...
     """
-    rank, world = shard
-    indices = torch.arange(rank, len(inputs), world)
+    indices = torch.from_numpy(shard_indices(len(inputs), *shard))
     sums: torch.Tensor | None = None
     was_training = model.training
     model.eval()
@@ -112,11 +86,3 @@ def held_out_sums(
         device = next(model.parameters()).device
         sums = torch.zeros(3, dtype=torch.float64, device=device)
     return sums
-
-
-def metrics_of(sums: torch.Tensor) -> dict[str, float]:
-    """'top1' and 'loss' from the summed (correct, loss, samples)."""
-    correct, loss, samples = (float(value) for value in sums.tolist())
-    if samples == 0:
-        return {}
-    return {"top1": correct / samples, "loss": loss / samples}

@@ -579,10 +579,14 @@ def _check_mode(config: RunConfig, accelerator: Accelerator) -> None:
         )
 
 
+#: the frameworks whose core executor evaluates a run to a target (``Executor.evaluate``)
+TARGET_FRAMEWORKS = (Framework.torch, Framework.tensorflow)
+
+
 def _check_target(config: RunConfig, workload: Workload, options: BaseModel) -> None:
     """A target must be judgeable: a workload whose held-out split is labelled real data, a metric its
-    evaluation gives, the PyTorch executor (the one that evaluates so far), a global batch the
-    training split holds."""
+    evaluation gives, a framework whose executor evaluates (:data:`TARGET_FRAMEWORKS`), a global batch
+    the training split holds."""
     target = config.target
     if target is None:
         return
@@ -605,11 +609,12 @@ def _check_target(config: RunConfig, workload: Workload, options: BaseModel) -> 
         raise ConfigError(
             "target.metric", target.metric, f"a metric workload {workload.name!r} evaluates: {', '.join(declared)}"
         )
-    if config.framework is not Framework.torch:
+    if config.framework not in TARGET_FRAMEWORKS:
         raise ConfigError(
             "framework",
             config.framework.value,
-            f"runs to a target are evaluated by the PyTorch executor so far; with a target: {Framework.torch.value}",
+            "a framework whose core executor evaluates a run to a target: "
+            + ", ".join(framework.value for framework in TARGET_FRAMEWORKS),
         )
     training_samples = workload.samples_per_epoch(options)
     if training_samples is not None and config.samples_per_update > training_samples:

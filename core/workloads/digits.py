@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from core.base.config import Framework
-from core.contract.workload import TorchTrainingSpec, Workload, module_installed
+from core.contract.workload import KerasTrainingSpec, TorchTrainingSpec, Workload, module_installed
 
 #: the held-out split's seed: the same split whatever the run's seed
 SPLIT_SEED = 0
@@ -76,6 +76,7 @@ class Digits(Workload):
     task: ClassVar[str] = "classification"
     sample_unit: ClassVar[str] = "images"
     default_micro_batch_size: ClassVar[int] = 32
+    frameworks: ClassVar[tuple[Framework, ...]] = (Framework.torch, Framework.tensorflow)
     options_model: ClassVar[type[BaseModel]] = DigitsOptions
     #: the images are in memory, from scikit-learn: no files are read
     data_formats: ClassVar[tuple[str, ...] | None] = ()
@@ -153,4 +154,65 @@ class Digits(Workload):
             targets=targets,
             evaluation_inputs=held_out_inputs,
             evaluation_targets=held_out_targets,
+        )
+
+    def build_keras(self, options: BaseModel, seed: int) -> KerasTrainingSpec:
+        """The same model, split and optimizer as :meth:`build_torch`, in Keras: layers initialised
+        from PyTorch's default distributions (weights and biases uniform in +-1/sqrt(fan_in)), images
+        channels-last, SGD with the same momentum (Keras' form of it takes the same steps)."""
+        assert isinstance(options, DigitsOptions)
+        train_x, train_y, test_x, test_y = split_digits(options)
+        width = options.hidden_width
+        shape: tuple[int, ...] = (PIXELS,) if options.model == "mlp" else (8, 8, 1)
+
+        def make_model() -> Any:
+            from tensorflow import keras
+
+            keras.utils.set_random_seed(seed)
+
+            def torch_default(fan_in: int) -> dict[str, Any]:
+                # PyTorch's Linear and Conv2d defaults: kaiming_uniform(a=sqrt(5)) is U(+-1/sqrt(fan_in)).
+                bound = fan_in**-0.5
+                return {
+                    "kernel_initializer": keras.initializers.VarianceScaling(1 / 3, "fan_in", "uniform"),
+                    "bias_initializer": keras.initializers.RandomUniform(-bound, bound),
+                }
+
+            layers = keras.layers
+            model = keras.Sequential(name=f"digits_{options.model}")
+            model.add(keras.Input(shape=shape))
+            if options.model == "mlp":
+                model.add(layers.Dense(width, activation="relu", **torch_default(PIXELS)))
+                model.add(layers.Dense(CLASSES, **torch_default(width)))
+            else:
+                narrow = width // 2 or 1
+                model.add(layers.Conv2D(narrow, 3, padding="same", activation="relu", **torch_default(9)))
+                model.add(layers.Conv2D(width, 3, padding="same", activation="relu", **torch_default(9 * narrow)))
+                model.add(layers.MaxPooling2D(2))
+                model.add(layers.Flatten())
+                model.add(layers.Dense(CLASSES, **torch_default(width * 16)))
+            # Logits in float32 so mixed-precision policies keep a stable softmax.
+            model.add(layers.Activation("linear", dtype="float32"))
+            return model
+
+        def make_loss() -> Any:
+            from tensorflow import keras
+
+            return keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+
+        rate = options.learning_rate
+
+        def make_optimizer() -> Any:
+            from tensorflow import keras
+
+            return keras.optimizers.SGD(learning_rate=rate, momentum=MOMENTUM)
+
+        return KerasTrainingSpec(
+            make_model=make_model,
+            make_loss=make_loss,
+            make_optimizer=make_optimizer,
+            inputs=train_x.reshape(len(train_x), *shape),
+            targets=train_y.astype("int64"),
+            evaluation_inputs=test_x.reshape(len(test_x), *shape),
+            evaluation_targets=test_y.astype("int64"),
         )
