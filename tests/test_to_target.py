@@ -190,3 +190,19 @@ def test_gradient_accumulation_keeps_the_global_batch_and_the_curve() -> None:
     for ours, theirs in zip(accumulated, whole):
         assert abs(ours["top1"] - theirs["top1"]) <= 1 / 360 + 1e-12
         assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-2)
+
+
+def test_the_epoch_order_splits_one_global_batch_whatever_the_replicas_and_micro_steps() -> None:
+    import numpy as np
+
+    from core.executors.epoch_order import EpochOrder
+
+    whole = EpochOrder(100, seed=3, micro_batch=32, accumulation=1, replicas=1)
+    split = EpochOrder(100, seed=3, micro_batch=8, accumulation=2, replicas=2)
+    assert whole.updates_per_epoch == split.updates_per_epoch == 3  # the last 4 samples dropped
+    for update in range(7):  # across three epochs
+        pieces = [split.update(update, replica).ravel() for replica in range(2)]
+        assert np.array_equal(np.concatenate(pieces), whole.update(update, 0).ravel())
+    first, second = whole.permutation(0).copy(), whole.permutation(1)
+    assert sorted(first) == list(range(100)) and not np.array_equal(first, second)
+    assert np.array_equal(EpochOrder(100, 3, 32, 1, 1).permutation(0), first)  # from the seed alone
