@@ -113,8 +113,7 @@ def held_out_sums(
     rank, world = shard
     indices = torch.arange(rank, len(inputs), world)
     batches = (
-        (inputs.index_select(0, chosen), targets.index_select(0, chosen))
-        for chosen in indices.split(EVALUATION_BATCH)
+        (inputs.index_select(0, chosen), targets.index_select(0, chosen)) for chosen in indices.split(EVALUATION_BATCH)
     )
     return batch_sums(model, batches, loss_fn, to_device, forward_context, no_grad)
 

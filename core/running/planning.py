@@ -206,7 +206,7 @@ def _check_dataset_size(
     in ``warnings``. ``data_format``: None for synthetic data."""
     from core.data.listing import check_dataset_size, shard_files
 
-    if data_format is None:
+    if data_format is None or config.target is not None:  # a target's training split: against the global batch
         return
     if data_format == "webdataset" and (shards := len(shard_files(Path(config.data)))) < config.replicas:
         warnings.append(
@@ -260,10 +260,7 @@ def plan_run(
     precision_policy = resolve_precision(manager, accelerator_obj, config, machine)
     with guard(workload_obj, f"{type(workload_obj).__name__}.data_formats_for()"):
         readable = workload_obj.data_formats_for(framework)
-    if config.target is not None and config.data not in SYNTHETIC_SOURCES:
-        data_format = _check_target_data(config, framework, readable, workload_name)
-    else:
-        data_format = validate_data(config.data, config.data_format, framework, readable, workload_name)
+    data_format = _check_data(config, framework, readable, workload_name)
     with guard(workload_obj, f"{type(workload_obj).__name__}.parse_options()"):
         workload_options = workload_obj.parse_options(dict(config.workload_options))
     with guard(workload_obj, f"{type(workload_obj).__name__}.check_for_framework()"):
@@ -288,8 +285,7 @@ def plan_run(
         _check_target(config, workload_obj, workload_options)
     if config.scenario in LOADGEN_SCENARIOS:
         _check_loadgen(config, machine, warnings)
-    if config.target is None:  # a target's training split is checked against the global batch instead
-        _check_dataset_size(manager, workload_obj, accelerator_obj, workload_options, config, data_format, warnings)
+    _check_dataset_size(manager, workload_obj, accelerator_obj, workload_options, config, data_format, warnings)
 
     placing = RunContext(config, workload_options, accelerator_options, SINGLE_PROCESS, machine=machine)
     _check_placement_limits(manager, accelerator_obj, placing)
@@ -583,9 +579,14 @@ def _check_mode(config: RunConfig, accelerator: Accelerator) -> None:
         )
 
 
-def _check_target_data(
-    config: RunConfig, framework: Framework, readable: tuple[str, ...] | None, workload: str
-) -> str:
+def _check_data(config: RunConfig, framework: Framework, readable: tuple[str, ...] | None, workload: str) -> str | None:
+    """The data's format (None: synthetic), checked as the run will read it; ConfigError otherwise."""
+    if config.target is not None and config.data not in SYNTHETIC_SOURCES:
+        return _check_target_data(config, framework, readable, workload)
+    return validate_data(config.data, config.data_format, framework, readable, workload)
+
+
+def _check_target_data(config: RunConfig, framework: Framework, readable: tuple[str, ...] | None, workload: str) -> str:
     """A run to a target reads its splits from files only as an image folder split into train/ and
     val/ (core.data.listing.SPLIT_LAYOUT), each split a dataset the workload reads; returns the format.
     Shards, TFRecords, token files and the rest are refused naming ``data``: their splits are not
@@ -595,7 +596,11 @@ def _check_target_data(
 
     path = Path(config.data)
     if not path.exists():
-        raise ConfigError("data", config.data, f"no such folder; with a target: synthetic (the workload's own splits) or {SPLIT_LAYOUT}")
+        raise ConfigError(
+            "data",
+            config.data,
+            f"no such folder; with a target: synthetic (the workload's own splits) or {SPLIT_LAYOUT}",
+        )
     found = detect_format(path)
     if found != "image-folder" or config.data_format not in ("auto", "image-folder"):
         given = found if config.data_format == "auto" else config.data_format
