@@ -21,6 +21,10 @@ SYNTHETIC_ON_DEVICE = "synthetic"
 SYNTHETIC_ON_HOST = "synthetic-host"
 SYNTHETIC_SOURCES = (SYNTHETIC_ON_DEVICE, SYNTHETIC_ON_HOST)
 
+#: a run to a target reads an image folder split as torchvision's ImageNet is: DATA/train/<class>/...
+#: for training, DATA/val/<class>/... for evaluation (docs/to-target.md)
+TRAIN_SPLIT, HELD_OUT_SPLIT = "train", "val"
+
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 TOKEN_SUFFIXES = (".bin", ".npy")
 # A dataset that is one file, by its suffix.

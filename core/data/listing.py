@@ -21,7 +21,7 @@ from typing import Any, TypeGuard
 
 from core.base.errors import ConfigError
 from core.base.files import parse_json
-from core.data import IMAGE_SUFFIXES
+from core.data import HELD_OUT_SPLIT, IMAGE_SUFFIXES, TRAIN_SPLIT
 from core.data.files import file_problem
 
 SHARD_SUFFIXES = (".tar",)
@@ -82,6 +82,38 @@ def _image_samples(root: str, classes: tuple[str, ...], signature: tuple[int, ..
     if not samples:
         raise _refuse(root, f"no images ({', '.join(IMAGE_SUFFIXES)}) under {root}/<class>/")
     return tuple(samples)
+
+
+#: what a run to a target reads from files, said in its refusals
+SPLIT_LAYOUT = (
+    f"an image folder split into {TRAIN_SPLIT}/ and {HELD_OUT_SPLIT}/: DATA/{TRAIN_SPLIT}/<class>/<image> for "
+    f"training, DATA/{HELD_OUT_SPLIT}/<class>/<image> for evaluation, the same class folders in both"
+)
+
+
+def image_folder_splits(root: Path) -> tuple[Path, Path]:
+    """The (training, held-out) image folders of ``root``, each listed (:func:`image_folder`), with the
+    same classes: a class is numbered by its place among them, so a held-out folder with a class more
+    or less would label its images wrong. ConfigError naming ``data`` where a split is missing, holds
+    no class folders of images (no labels), or the classes differ."""
+    splits = []
+    for split, role in ((TRAIN_SPLIT, "training"), (HELD_OUT_SPLIT, "held-out")):
+        folder = root / split
+        if not folder.is_dir():
+            raise _refuse(root, f"no {split}/ folder (the {role} split); a run to a target reads {SPLIT_LAYOUT}")
+        if not any(entry.is_dir() for entry in os.scandir(folder)):
+            raise _refuse(folder, f"no class folders, so no labels; a run to a target reads {SPLIT_LAYOUT}")
+        splits.append((folder, image_folder(folder)[0]))
+    (train, train_classes), (held_out, held_out_classes) = splits
+    if train_classes != held_out_classes:
+        only_train = sorted(set(train_classes) - set(held_out_classes))
+        only_held_out = sorted(set(held_out_classes) - set(train_classes))
+        raise _refuse(
+            root,
+            f"the splits' classes differ (only in {TRAIN_SPLIT}/: {only_train or 'none'}; only in "
+            f"{HELD_OUT_SPLIT}/: {only_held_out or 'none'}); a run to a target reads {SPLIT_LAYOUT}",
+        )
+    return train, held_out
 
 
 def _is_image_name(name: str) -> bool:

@@ -20,16 +20,19 @@ import time
 from collections.abc import Generator, Iterator
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, Sampler, Subset, get_worker_info
 
 from core.base.config import RunConfig
 from core.base.distributed import ProcessContext
 from core.base.errors import DataError
 from core.data import detect_format, loader_worker_death
 from core.data.torch_datasets import torch_dataset
+
+if TYPE_CHECKING:
+    from core.executors.epoch_order import EpochOrder
 
 #: how long a loader worker has to end after it was told to stop (torch's own teardown joins each
 #: for 5 s, then sends SIGTERM) before it is killed
@@ -369,3 +372,126 @@ class FileBatches:
         """Stop the loader's workers and remove their temporary files; the executor's close calls it."""
         self._batches.close()
         self._workers.close()
+
+
+class _EpochBatches(Sampler[list[int]]):
+    """One epoch's micro-batches of this process's ``replicas``, as lists of indices in
+    :class:`EpochOrder`'s order: the DataLoader asks for it anew each epoch, in the main process,
+    after ``epoch`` is set."""
+
+    def __init__(self, order: EpochOrder, replicas: range) -> None:
+        self.order, self.replicas = order, replicas
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        return self.order.updates_per_epoch * self.order.accumulation
+
+    def __iter__(self) -> Iterator[list[int]]:
+        first = self.epoch * self.order.updates_per_epoch
+        for update in range(first, first + self.order.updates_per_epoch):
+            for micro_step in range(self.order.accumulation):
+                yield self.order.micro_batch(update, micro_step, self.replicas).tolist()
+
+
+class FileEpochs:
+    """A run to a target's training split read from an image folder by the loader's workers, in the
+    order the in-memory split is read (:class:`core.executors.epoch_order.EpochOrder`: each epoch
+    a permutation drawn from the run's seed and the epoch's number, cut into global batches, the
+    last partial one dropped), so the quality curve does not depend on the replicas.
+
+    :param replicas: the global numbers of this process's replicas, in order."""
+
+    def __init__(
+        self, dataset: Dataset, order: EpochOrder, replicas: range, workers: int, pin_memory: bool, source: str
+    ) -> None:
+        self.samples, self.updates_per_epoch = order.samples, order.updates_per_epoch
+        self._batches = _EpochBatches(order, replicas)
+        common: dict[str, Any] = {"prefetch_factor": 4} if workers > 0 else {}
+        loader = DataLoader(
+            ReportedDataset(dataset, source),
+            batch_sampler=self._batches,
+            num_workers=workers,
+            pin_memory=pin_memory,
+            persistent_workers=workers > 0,
+            **common,
+        )
+        self._workers, self._source = LoaderWorkers(loader, source), source
+        self._iterator: Iterator[Any] | None = None
+        self._next = (0, 0)  # the (update, micro-step) the next batch is
+        self.wait_seconds = 0.0
+
+    def micro_batch(self, update: int, micro_step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, targets) on the host of this process's ``micro_step`` of ``update`` (from 0): asked
+        for in order, as the training loop reads them."""
+        if (update, micro_step) != self._next:
+            raise ValueError(f"micro-batch {(update, micro_step)} asked for out of order; next is {self._next}")
+        started = time.perf_counter()
+        if self._iterator is None or (micro_step == 0 and update % self.updates_per_epoch == 0):
+            self._batches.epoch = update // self.updates_per_epoch
+            self._iterator = self._workers.iterate()
+        batch = self._workers.next(self._iterator)
+        self.wait_seconds += time.perf_counter() - started
+        if batch is None:
+            raise DataError(f"{self._source}: the epoch ended before its update {update}")
+        last = micro_step + 1 == self._batches.order.accumulation
+        self._next = (update + 1, 0) if last else (update, micro_step + 1)
+        return batch
+
+    def close(self) -> None:
+        self._iterator = None
+        self._workers.close()
+
+
+class HeldOutFiles:
+    """A run to a target's held-out split read from an image folder: this process's shard (every
+    world-size-th image from its rank, as the in-memory evaluation takes them) in batches of
+    :data:`core.executors.epoch_order.EVALUATION_BATCH`, by workers kept between evaluations."""
+
+    def __init__(self, dataset: Dataset, shard: tuple[int, int], workers: int, pin_memory: bool, source: str) -> None:
+        from core.executors.epoch_order import EVALUATION_BATCH
+
+        rank, world = shard
+        self.samples = len(dataset)  # type: ignore[arg-type]
+        mine = Subset(ReportedDataset(dataset, source), range(rank, self.samples, world))
+        loader = DataLoader(
+            mine,
+            batch_size=EVALUATION_BATCH,
+            shuffle=False,
+            num_workers=workers,
+            pin_memory=pin_memory,
+            persistent_workers=workers > 0,
+        )
+        self._workers = LoaderWorkers(loader, source)
+
+    def batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        iterator = self._workers.iterate()
+        while (batch := self._workers.next(iterator)) is not None:
+            yield batch
+
+    def close(self) -> None:
+        self._workers.close()
+
+
+def image_folder_split_readers(
+    config: RunConfig, image_shape: tuple[int, ...], process: ProcessContext, replicas_here: int, pin_memory: bool
+) -> tuple[FileEpochs, HeldOutFiles]:
+    """The readers of a run to a target's splits, ``config.data``'s train/ and val/ image folders
+    (core.data.listing.image_folder_splits); this process holds ``replicas_here`` replicas."""
+    from core.data.listing import image_folder_splits
+    from core.data.torch_datasets import ImageFolder
+    from core.executors.epoch_order import EpochOrder
+
+    assert config.micro_batch_size is not None
+    if len(image_shape) != 3:
+        raise ValueError(f"image data needs a workload whose inputs are images [C, H, W]; this one takes {image_shape}")
+    shape = (image_shape[0], image_shape[1], image_shape[2])
+    train, held_out = image_folder_splits(Path(config.data))
+    training_images = ImageFolder(train, shape)
+    order = EpochOrder(
+        len(training_images), config.seed, config.micro_batch_size, config.gradient_accumulation, config.replicas
+    )
+    replicas = range(process.rank * replicas_here, (process.rank + 1) * replicas_here)
+    training = FileEpochs(training_images, order, replicas, config.data_workers, pin_memory, str(train))
+    shard = (process.rank, max(process.world_size, 1))
+    evaluation = HeldOutFiles(ImageFolder(held_out, shape), shard, config.data_workers, pin_memory, str(held_out))
+    return training, evaluation

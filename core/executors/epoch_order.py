@@ -31,6 +31,7 @@ class EpochOrder:
         self.samples = samples
         self._seed = seed
         self._micro_batch, self._accumulation = micro_batch, accumulation
+        self.accumulation = accumulation
         self.global_batch = micro_batch * accumulation * replicas
         self.updates_per_epoch = samples // self.global_batch
         if self.updates_per_epoch < 1:

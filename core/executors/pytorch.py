@@ -23,10 +23,10 @@ from core.data import SYNTHETIC_ON_HOST, SYNTHETIC_SOURCES
 from core.executors import stand_in
 from core.executors.base import Executor, HostStepClock, StepClock
 from core.executors.epoch_order import metrics_of
-from core.executors.torch_epochs import ShuffledEpochs, held_out_sums
+from core.executors.torch_epochs import ShuffledEpochs, batch_sums, held_out_sums
 
 if TYPE_CHECKING:
-    from core.data.loading import FileBatches
+    from core.data.loading import FileBatches, FileEpochs, HeldOutFiles
 
 # A rank that dies must fail the run, not hang its peers for torch's default 30 minutes.
 DISTRIBUTED_TIMEOUT = datetime.timedelta(minutes=5)
@@ -359,12 +359,12 @@ class TorchModelExecutor(Executor):
                     self._micro_batches.append(tuple(t.pin_memory() if pin else t for t in batch))
                 else:
                     self._micro_batches.append(self._to_device(*batch, non_blocking=False))
-        else:
+        elif config.target is None:  # a run to a target reads its splits itself (TorchExecutor)
             from core.data.loading import FileBatches
 
             self._files = FileBatches(config, spec.inputs, process, pin_memory=pins, vocabulary=spec.vocabulary)
             self._details.update(self._files.details())
-        self._copy_each_step = on_host or self._files is not None
+        self._copy_each_step = on_host or config.data not in SYNTHETIC_SOURCES
         self._details["data"] = config.data if config.data in SYNTHETIC_SOURCES else "files"
 
         self._details.update(
@@ -518,11 +518,28 @@ class TorchExecutor(TorchModelExecutor):
         self._details["ddp"] = self._ddp is not None
         # A run to a target reads the training split in real epochs and evaluates on the held-out split.
         self._spec = spec
-        self._epochs: ShuffledEpochs | None = None
-        if config.target is not None:
+        self._epochs: ShuffledEpochs | FileEpochs | None = None
+        self._training_files: FileEpochs | None = None
+        self._held_out_files: HeldOutFiles | None = None
+        replicas_here = self._hooks.replicas_in_process
+        if config.target is not None and config.data not in SYNTHETIC_SOURCES:
+            from core.data.loading import image_folder_split_readers
+
+            self._training_files, self._held_out_files = image_folder_split_readers(
+                config, tuple(spec.inputs.shape[1:]), process, replicas_here, pin_memory=self.device.type == "cuda"
+            )
+            self._epochs = self._training_files
+            self._details.update(
+                {
+                    "data_format": "image-folder",
+                    "dataset_samples": self._epochs.samples,
+                    "held_out_samples": self._held_out_files.samples,
+                    "epoch_order": "shuffled per epoch (seeded), last partial global batch dropped",
+                }
+            )
+        elif config.target is not None:
             if spec.evaluation_inputs is None:
                 raise ValueError("a run to a target needs the workload's held-out split (evaluation_inputs)")
-            replicas_here = self._hooks.replicas_in_process
             assert config.micro_batch_size is not None
             self._epochs = ShuffledEpochs(
                 spec.inputs,
@@ -572,21 +589,40 @@ class TorchExecutor(TorchModelExecutor):
     def dataset_samples(self) -> int | None:
         return self._epochs.samples if self._epochs is not None else super().dataset_samples()
 
+    def data_wait_seconds(self) -> float:
+        if self._training_files is not None:
+            return self._training_files.wait_seconds
+        return super().data_wait_seconds()
+
     def evaluate(self) -> dict[str, float] | None:
         spec = self._spec
-        if spec.evaluation_inputs is None:
-            return None
         world = max(self._process.world_size, 1)
-        sums = held_out_sums(
-            self._placed_model,
-            spec.evaluation_inputs,
-            spec.evaluation_targets,
-            self._loss_fn,
-            (self._process.rank, world),
-            lambda inputs, targets: self._to_device(inputs, targets, non_blocking=False),
-            self.precision.forward_context,
-            self._hooks.no_grad,
-        )
+
+        def to_device(inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return self._to_device(inputs, targets, non_blocking=False)
+
+        if self._held_out_files is not None:
+            sums = batch_sums(
+                self._placed_model,
+                self._held_out_files.batches(),
+                self._loss_fn,
+                to_device,
+                self.precision.forward_context,
+                self._hooks.no_grad,
+            )
+        elif spec.evaluation_inputs is not None:
+            sums = held_out_sums(
+                self._placed_model,
+                spec.evaluation_inputs,
+                spec.evaluation_targets,
+                self._loss_fn,
+                (self._process.rank, world),
+                to_device,
+                self.precision.forward_context,
+                self._hooks.no_grad,
+            )
+        else:
+            return None
         self._hooks.cut_graph()
         if self._process.is_distributed:
             sums = sums.to(self._collective_device())
@@ -636,6 +672,15 @@ class TorchExecutor(TorchModelExecutor):
             torch.distributed.all_reduce(verdict, op=torch.distributed.ReduceOp.MIN, group=self._host_group)
         first, finite_everywhere = verdict.tolist()
         return int(first), bool(finite_everywhere)
+
+    def close(self) -> None:
+        # The split readers' worker processes first, on every way out, as the base class's loader's.
+        try:
+            for reader in (self._training_files, self._held_out_files):
+                if reader is not None:
+                    reader.close()
+        finally:
+            super().close()
 
     def model_state(self) -> dict[str, torch.Tensor]:
         """The trained weights on the host (tests compare them across placements)."""

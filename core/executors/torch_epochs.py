@@ -8,7 +8,7 @@ does not depend on how the global batch is split over replicas and micro-steps.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -19,8 +19,9 @@ from core.executors.epoch_order import shard as shard_indices
 
 
 class ShuffledEpochs:
-    """The training split in epochs, read in :class:`core.executors.epoch_order.EpochOrder`'s order
-    (the rule every framework's executor shares): this process's replicas' micro-batches as tensors."""
+    """The training split in memory, read in :class:`core.executors.epoch_order.EpochOrder`'s order
+    (the rule every framework's executor shares, and the image-folder reader too:
+    core.data.loading.FileEpochs): this process's replicas' micro-batches as tensors."""
 
     def __init__(
         self,
@@ -57,29 +58,46 @@ def held_out_sums(
     no_grad: Callable[[], AbstractContextManager[Any]],
 ) -> torch.Tensor:
     """(correct top-1 predictions, summed loss, samples) over this process's shard of the held-out
-    split, as a float64 tensor on the device: added over the processes, they give one process's.
+    split in memory, as a float64 tensor on the device: added over the processes, they give one
+    process's.
 
     :param shard: (rank, world size): this process takes samples rank, rank + world, ...
     """
     indices = torch.from_numpy(shard_indices(len(inputs), *shard))
+    batches = (
+        (inputs.index_select(0, chosen), targets.index_select(0, chosen)) for chosen in indices.split(EVALUATION_BATCH)
+    )
+    return batch_sums(model, batches, loss_fn, to_device, forward_context, no_grad)
+
+
+def batch_sums(
+    model: torch.nn.Module,
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    loss_fn: Callable[[Any, Any], Any],
+    to_device: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    forward_context: Callable[[], AbstractContextManager[Any]],
+    no_grad: Callable[[], AbstractContextManager[Any]],
+) -> torch.Tensor:
+    """(correct top-1 predictions, summed loss, samples) over ``batches`` of (inputs, targets) on the
+    host (this process's shard of the held-out split, in memory or read from files), as a float64
+    tensor on the device."""
     sums: torch.Tensor | None = None
     was_training = model.training
     model.eval()
     try:
         with no_grad():
-            for start in range(0, len(indices), EVALUATION_BATCH):
-                chosen = indices[start : start + EVALUATION_BATCH]
-                batch_inputs, labels = to_device(inputs.index_select(0, chosen), targets.index_select(0, chosen))
+            for host_inputs, host_targets in batches:
+                batch_inputs, labels = to_device(host_inputs, host_targets)
                 with forward_context():
                     outputs = model(batch_inputs)
                 # The loss and the prediction in fp32 whatever the precision computed the outputs in.
                 outputs = outputs.float()
                 loss_sum = loss_fn(outputs, labels).double() * labels.numel()
                 correct = (outputs.argmax(dim=-1) == labels).sum().double()
-                batch_sums = torch.stack(
+                these = torch.stack(
                     [correct, loss_sum, torch.tensor(float(labels.numel()), device=correct.device, dtype=torch.float64)]
                 )
-                sums = batch_sums if sums is None else sums + batch_sums
+                sums = these if sums is None else sums + these
     finally:
         model.train(was_training)
     if sums is None:  # a shard with no sample: a process beyond the split's size

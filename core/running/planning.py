@@ -206,7 +206,7 @@ def _check_dataset_size(
     in ``warnings``. ``data_format``: None for synthetic data."""
     from core.data.listing import check_dataset_size, shard_files
 
-    if data_format is None:
+    if data_format is None or config.target is not None:  # a target's training split: against the global batch
         return
     if data_format == "webdataset" and (shards := len(shard_files(Path(config.data)))) < config.replicas:
         warnings.append(
@@ -260,7 +260,7 @@ def plan_run(
     precision_policy = resolve_precision(manager, accelerator_obj, config, machine)
     with guard(workload_obj, f"{type(workload_obj).__name__}.data_formats_for()"):
         readable = workload_obj.data_formats_for(framework)
-    data_format = validate_data(config.data, config.data_format, framework, readable, workload_name)
+    data_format = _check_data(config, framework, readable, workload_name)
     with guard(workload_obj, f"{type(workload_obj).__name__}.parse_options()"):
         workload_options = workload_obj.parse_options(dict(config.workload_options))
     with guard(workload_obj, f"{type(workload_obj).__name__}.check_for_framework()"):
@@ -583,6 +583,42 @@ def _check_mode(config: RunConfig, accelerator: Accelerator) -> None:
 TARGET_FRAMEWORKS = (Framework.torch, Framework.tensorflow)
 
 
+def _check_data(config: RunConfig, framework: Framework, readable: tuple[str, ...] | None, workload: str) -> str | None:
+    """The data's format (None: synthetic), checked as the run will read it; ConfigError otherwise."""
+    if config.target is not None and config.data not in SYNTHETIC_SOURCES:
+        return _check_target_data(config, framework, readable, workload)
+    return validate_data(config.data, config.data_format, framework, readable, workload)
+
+
+def _check_target_data(config: RunConfig, framework: Framework, readable: tuple[str, ...] | None, workload: str) -> str:
+    """A run to a target reads its splits from files only as an image folder split into train/ and
+    val/ (core.data.listing.SPLIT_LAYOUT), each split a dataset the workload reads; returns the format.
+    Shards, TFRecords, token files and the rest are refused naming ``data``: their splits are not
+    read yet."""
+    from core.data import detect_format
+    from core.data.listing import SPLIT_LAYOUT, image_folder_splits
+
+    path = Path(config.data)
+    if not path.exists():
+        raise ConfigError(
+            "data",
+            config.data,
+            f"no such folder; with a target: synthetic (the workload's own splits) or {SPLIT_LAYOUT}",
+        )
+    found = detect_format(path)
+    if found != "image-folder" or config.data_format not in ("auto", "image-folder"):
+        given = found if config.data_format == "auto" else config.data_format
+        raise ConfigError(
+            "data",
+            config.data,
+            f"{given} data; a run to a target reads its splits from files only as {SPLIT_LAYOUT} "
+            "(WebDataset shards, TFRecords, token files, COCO and Cityscapes folders are not supported yet)",
+        )
+    for split in image_folder_splits(path):
+        validate_data(str(split), "image-folder", framework, readable, workload)
+    return found
+
+
 def _check_target(config: RunConfig, workload: Workload, options: BaseModel) -> None:
     """A target must be judgeable: a workload whose held-out split is labelled real data, a metric its
     evaluation gives, a framework whose executor evaluates (:data:`TARGET_FRAMEWORKS`), a global batch
@@ -598,13 +634,6 @@ def _check_target(config: RunConfig, workload: Workload, options: BaseModel) -> 
             f"a workload with a labelled held-out split of real data (e.g. digits); workload {workload.name!r} "
             "has none: its data is synthetic, with random labels, and a target on it cannot be judged",
         )
-    if config.data not in SYNTHETIC_SOURCES:
-        raise ConfigError(
-            "data",
-            config.data,
-            f"a run to a target reads workload {workload.name!r}'s own training and held-out splits; reading them "
-            "from --data is not supported yet: leave data unset",
-        )
     if target.metric not in declared:
         raise ConfigError(
             "target.metric", target.metric, f"a metric workload {workload.name!r} evaluates: {', '.join(declared)}"
@@ -617,6 +646,10 @@ def _check_target(config: RunConfig, workload: Workload, options: BaseModel) -> 
             + ", ".join(framework.value for framework in TARGET_FRAMEWORKS),
         )
     training_samples = workload.samples_per_epoch(options)
+    if config.data not in SYNTHETIC_SOURCES:
+        from core.data.listing import dataset_samples, image_folder_splits
+
+        training_samples = dataset_samples(image_folder_splits(Path(config.data))[0], "image-folder", None)
     if training_samples is not None and config.samples_per_update > training_samples:
         raise ConfigError(
             "micro_batch_size",

@@ -12,6 +12,7 @@ order a run to a target reads the training split in).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ClassVar, Literal
 
@@ -19,12 +20,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from core.base.config import Framework
 from core.contract.workload import KerasTrainingSpec, TorchTrainingSpec, Workload, module_installed
+from core.data import HELD_OUT_SPLIT, TRAIN_SPLIT
 
 #: the held-out split's seed: the same split whatever the run's seed
 SPLIT_SEED = 0
 DIGITS_SAMPLES = 1797
 CLASSES = 10
 PIXELS = 64  # 8 x 8
+#: one image as the models take it (channels, height, width): a greyscale image folder decodes to it
+IMAGE_SHAPE = (1, 8, 8)
 MAX_PIXEL = 16.0
 MOMENTUM = 0.9
 
@@ -66,6 +70,32 @@ def split_digits(options: DigitsOptions) -> tuple[Any, Any, Any, Any]:
     return train_x, train_y, test_x, test_y
 
 
+def write_image_folder(root: str | Path, options: DigitsOptions | None = None, per_split: int | None = None) -> Path:
+    """Write the digits as an image folder split as a run to a target reads it
+    (docs/to-target.md): ``root/train/<digit>/<index>.png`` and ``root/val/<digit>/<index>.png``, the
+    same stratified split as the in-memory workload (``options.held_out_fraction``, :data:`SPLIT_SEED`).
+
+    Each image is an 8x8 greyscale PNG whose pixel is ``round(value / 16 x 255)``: it decodes to
+    the in-memory pixel within half a grey level (1/510). ``<index>`` is the image's place in its
+    split, so a folder lists each class's images in the in-memory order.
+
+    :param per_split: keep only each split's first images (a small folder for tests); None keeps all
+    :returns: ``root``
+    """
+    import numpy as np
+    from PIL import Image
+
+    root = Path(root)
+    train_x, train_y, test_x, test_y = split_digits(options or DigitsOptions())
+    for split, images, labels in ((TRAIN_SPLIT, train_x, train_y), (HELD_OUT_SPLIT, test_x, test_y)):
+        for index, (image, label) in enumerate(zip(images[:per_split], labels[:per_split])):
+            folder = root / split / str(int(label))
+            folder.mkdir(parents=True, exist_ok=True)
+            grey = np.rint(image.reshape(8, 8) * 255.0).astype(np.uint8)
+            Image.fromarray(grey).save(folder / f"{index:04d}.png")
+    return root
+
+
 def mlp_weights(options: DigitsOptions) -> int:
     return PIXELS * options.hidden_width + options.hidden_width * CLASSES
 
@@ -78,8 +108,9 @@ class Digits(Workload):
     default_micro_batch_size: ClassVar[int] = 32
     frameworks: ClassVar[tuple[Framework, ...]] = (Framework.torch, Framework.tensorflow)
     options_model: ClassVar[type[BaseModel]] = DigitsOptions
-    #: the images are in memory, from scikit-learn: no files are read
-    data_formats: ClassVar[tuple[str, ...] | None] = ()
+    #: in memory from scikit-learn, or (a run to a target) from an image folder split into train/ and
+    #: val/ that :func:`write_image_folder` writes
+    data_formats: ClassVar[tuple[str, ...] | None] = ("image-folder",)
     evaluation_metrics: ClassVar[Mapping[str, bool]] = MappingProxyType({"top1": True, "loss": False})
 
     def missing_library(self, framework: Framework) -> str | None:
@@ -124,9 +155,8 @@ class Digits(Workload):
         model: torch.nn.Module
         if options.model == "mlp":
             model = torch.nn.Sequential(
-                torch.nn.Linear(PIXELS, width), torch.nn.ReLU(), torch.nn.Linear(width, CLASSES)
+                torch.nn.Flatten(), torch.nn.Linear(PIXELS, width), torch.nn.ReLU(), torch.nn.Linear(width, CLASSES)
             )
-            shape: tuple[int, ...] = (PIXELS,)
         else:
             model = torch.nn.Sequential(
                 torch.nn.Conv2d(1, width // 2 or 1, 3, padding=1),
@@ -137,10 +167,10 @@ class Digits(Workload):
                 torch.nn.Flatten(),
                 torch.nn.Linear(width * 16, CLASSES),
             )
-            shape = (1, 8, 8)
 
         def tensors(images: Any, labels: Any) -> tuple[torch.Tensor, torch.Tensor]:
-            inputs = torch.from_numpy(images).reshape(len(images), *shape)
+            # Images [1, 8, 8] for both models: what an image folder's greyscale PNGs decode to.
+            inputs = torch.from_numpy(images).reshape(len(images), *IMAGE_SHAPE)
             return inputs, torch.from_numpy(labels).to(torch.int64)
 
         inputs, targets = tensors(train_x, train_y)
