@@ -213,7 +213,25 @@ def test_core_run_prints_the_outcome() -> None:
     assert ": target_not_reached" in missed.splitlines()[0]
     assert "to target       top1 >= 0.9 not reached (stopped by max_seconds)" in missed
     assert "top1 0.8 after 5 epochs" in missed and "error" not in missed
+    # The phases a run to a target has: set-up, then the clock's training (no first step, no warm-up).
+    phases = next(line for line in reached.splitlines() if line.startswith("  phases"))
+    assert "training 4 s (first step and evaluations inside)" in phases
+    assert "first step" not in phases.split("training")[0] and "warm-up" not in phases
+    steady = next(line for line in format_result(synthetic_result()).splitlines() if line.startswith("  phases"))
+    assert "first step" in steady and "warm-up" in steady and "training" not in steady
     assert "to target" not in format_result(synthetic_result())
+
+
+def test_a_sweeps_run_line_says_the_time_to_target_not_a_throughput() -> None:
+    # A run to a target has no steady throughput: its line gives the time and epochs to the target.
+    from core.cli.sweep_display import SweepDisplay
+    from core.sweep.plan import Cell
+
+    cell = Cell(index=0, key="b64", label="micro_batch_size=64", options={})
+    reached = SweepDisplay._run_line(cell, 0, _target_result(64, 4.0), 6.5)
+    assert reached == "micro_batch_size=64 repeat 1: ok, top1 0.9 reached in 4 s, 2 epochs (6.5 s)"
+    missed = SweepDisplay._run_line(cell, 1, _target_result(64, None), 9.0)
+    assert missed.startswith("micro_batch_size=64 repeat 2: target_not_reached")
 
 
 # --- the report -----------------------------------------------------------------------------------
