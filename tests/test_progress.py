@@ -428,3 +428,50 @@ def test_a_multi_node_run_without_a_meter_records_its_nodes(monkeypatch: pytest.
         (1, "node-b", None),
     ]
     assert result.energy_joules is None and result.energy_unavailable_reason
+
+
+def test_a_run_to_a_target_says_its_evaluations_at_most_once_a_second_and_how_it_ended() -> None:
+    from core.base.config import make_config
+    from core.base.results import QualityPoint, TargetOutcome
+
+    clock, log = SimulatedClock(), io.StringIO()
+    progress = RunProgress(_log_line(clock, log), "digits on cpu", steps=100, warmup_steps=10, clock=clock.now)
+    target = {"metric": "top1", "value": 0.9, "max_epochs": 30}
+    result = RunResult.of_config(
+        make_config(workload="digits", accelerator="cpu", micro_batch_size=32, target=target), 1
+    )
+    progress.run_starting(None)
+    result.setup_seconds = 2.0
+    progress(result)
+    result.to_target = TargetOutcome(
+        metric="top1",
+        target=0.9,
+        higher_is_better=True,
+        reached=False,
+        stopped_by="max_epochs",
+        training_seconds=0.0,
+        evaluation_seconds=0.0,
+        epochs=0.0,
+        samples=0,
+    )
+    # Evaluations 0.3 s apart: a line for the first, then for the first a second after it, and the last.
+    for number, value in enumerate([0.5, 0.7, 0.8, 0.85, 0.88, 0.91], start=1):
+        clock.advance(0.3)
+        point = QualityPoint(
+            epoch=number, samples=1000 * number, seconds=0.3 * number, value=value, evaluation_seconds=0.01
+        )
+        result.to_target.curve.append(point)
+        if value >= 0.9:
+            result.to_target.reached, result.to_target.stopped_by = True, "target"
+            result.to_target.time_to_target_seconds, result.to_target.epochs = point.seconds, point.epoch
+        progress(result)
+    progress(result)  # the final report: nothing told twice
+    assert log.getvalue().splitlines() == [
+        "digits on cpu: setting up",
+        "digits on cpu: set-up 2 s; training to top1 >= 0.9, evaluating every epoch, at most 30 epochs",
+        "digits on cpu: evaluation 1: epoch 1, top1 0.5, 0 s in",
+        "digits on cpu: evaluation 5: epoch 5, top1 0.88, 2 s in",
+        "digits on cpu: evaluation 6: epoch 6, top1 0.91, 2 s in",
+        "digits on cpu: top1 >= 0.9 reached in 2 s, 6 epochs (6 evaluations)",
+    ]
+    assert "first step" not in log.getvalue() and "warm-up" not in log.getvalue()

@@ -213,7 +213,25 @@ def test_core_run_prints_the_outcome() -> None:
     assert ": target_not_reached" in missed.splitlines()[0]
     assert "to target       top1 >= 0.9 not reached (stopped by max_seconds)" in missed
     assert "top1 0.8 after 5 epochs" in missed and "error" not in missed
+    # The phases a run to a target has: set-up, then the clock's training (no first step, no warm-up).
+    phases = next(line for line in reached.splitlines() if line.startswith("  phases"))
+    assert "training 4 s (first step and evaluations inside)" in phases
+    assert "first step" not in phases.split("training")[0] and "warm-up" not in phases
+    steady = next(line for line in format_result(synthetic_result()).splitlines() if line.startswith("  phases"))
+    assert "first step" in steady and "warm-up" in steady and "training" not in steady
     assert "to target" not in format_result(synthetic_result())
+
+
+def test_a_sweeps_run_line_says_the_time_to_target_not_a_throughput() -> None:
+    # A run to a target has no steady throughput: its line gives the time and epochs to the target.
+    from core.cli.sweep_display import SweepDisplay
+    from core.sweep.plan import Cell
+
+    cell = Cell(index=0, key="b64", label="micro_batch_size=64", options={})
+    reached = SweepDisplay._run_line(cell, 0, _target_result(64, 4.0), 6.5)
+    assert reached == "micro_batch_size=64 repeat 1: ok, top1 0.9 reached in 4 s, 2 epochs (6.5 s)"
+    missed = SweepDisplay._run_line(cell, 1, _target_result(64, None), 9.0)
+    assert missed.startswith("micro_batch_size=64 repeat 2: target_not_reached")
 
 
 # --- the report -----------------------------------------------------------------------------------
@@ -308,3 +326,32 @@ def test_single_runs_show_their_own_figures_to_target(tmp_path: Path) -> None:
     assert [row["reached"][0] for row in rows] == ["yes", "no (max_seconds)"]
     assert rows[0]["time_to_target_seconds"] == ("4 s", "4.0") and rows[1]["time_to_target_seconds"][1] is None
     assert float(rows[1]["target_final_value"][1]) == pytest.approx(0.8)
+
+
+@pytest.mark.slow
+def test_a_tiny_batch_size_sweep_to_a_target_runs_and_the_report_draws_it(tmp_path: Path) -> None:
+    # examples/digits-to-target.toml, shrunk: two batch sizes, two repeats, an easier target.
+    from core.cli import main
+
+    sweep = tmp_path / "tiny.toml"
+    sweep.write_text(
+        'name = "digits-tiny"\nrepeats = 2\ntimeout_seconds = 300\n'
+        '[grid]\nworkload = "digits"\naccelerator = "cpu"\nmicro_batch_size = [32, 128]\n'
+        '[grid.target]\nmetric = "top1"\nvalue = 0.9\nevaluate_every_epochs = 1\nmax_epochs = 40\n',
+        encoding="utf-8",
+    )
+    database = tmp_path / "results.db"
+    assert main(["sweep", str(sweep), "--database", str(database)]) == 0
+    runs = ResultStore(database, create=False).runs(sweep="digits-tiny")
+    assert len(runs) == 4 and all(run.result.to_target is not None for run in runs)
+    assert all(run.result.to_target.reached for run in runs)  # type: ignore[union-attr]
+    out = tmp_path / "report"
+    assert main(["report", "--database", str(database), "--output", str(out)]) == 0
+    text = (out / "report.md").read_text(encoding="utf-8")
+    assert "### Time to target" in text and "| 32 | top1 &gt;= 0.9 | 2 of 2 |" in text
+    plots = {path.name for path in (out / "plots").glob("*.png")}
+    assert {
+        "digits-tiny-time-to-target-vs-micro-batch-size.png",
+        "digits-tiny-quality-vs-seconds.png",
+        "digits-tiny-quality-vs-samples.png",
+    } <= plots

@@ -110,8 +110,16 @@ class SweepDisplay(SweepObserver):
     def _run_line(cell: Cell, repeat: int, result: RunResult, process_seconds: float) -> str:
         from core.running.processes import summary_line
 
-        if result.status.ok:
+        outcome = result.to_target
+        if result.status.ok and outcome is not None:  # trained to a target: no steady throughput
+            time_to_target = outcome.time_to_target_seconds
+            what = f"ok, {outcome.metric} {outcome.target:g} reached" + (
+                f" in {time_to_target:.4g} s, {outcome.epochs:.4g} epochs" if time_to_target is not None else ""
+            )
+        elif result.status.ok and result.throughput_per_second is not None:
             what = f"ok, {result.throughput_per_second:.6g} {result.sample_unit or 'samples'}/s"
+        elif result.status.ok:
+            what = "ok"
         else:
             first_line = summary_line(result.status.message or "")
             where = f" in {result.status.phase}" if result.status.phase else ""

@@ -1,7 +1,9 @@
 """Power meters: the interface plugins implement, and the 'no meter' fallback.
 
 A meter reads exactly the steady window: the runner calls ``start`` right after the
-synchronisation that opens the window and ``stop`` right after the one that closes it.
+synchronisation that opens the window and ``stop`` right after the one that closes it. A run to a
+target quality also asks, at each evaluation, for the energy so far (``read_joules_so_far``), which a
+meter may decline.
 """
 
 from __future__ import annotations
@@ -29,6 +31,20 @@ class PowerMeter(ABC):
     @abstractmethod
     def stop(self) -> EnergyMeasurement:
         """End the window and return the energy spent in it, or why it is unknown."""
+
+    def read_joules_so_far(self) -> float | None:
+        """The energy spent since :meth:`start`, read without ending the window: a run to a target
+        quality reads it at each evaluation to draw its curve against energy.
+
+        A counter reads its counter; a sampler integrates up to a reading taken now. Return None
+        where the meter cannot tell before it stops, or the reading failed: the default, so a meter
+        that does not implement it is read as before, at :meth:`stop` only. May be called from the
+        run's thread while the meter's own threads sample; never before :meth:`start` or after
+        :meth:`stop`.
+
+        :returns: joules since :meth:`start`, covering what :meth:`stop` would (None: unknown now)
+        """
+        return None
 
     def close(self) -> None:
         """Release handles; called once, also after a failure."""

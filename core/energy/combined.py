@@ -165,6 +165,24 @@ class MeterSet(PowerMeter):
             except Exception as exc:  # a meter that cannot start costs its own figure
                 slot.meter = UnavailableMeter(slot.covers.name, f"meter failed to start: {type(exc).__name__}: {exc}")
 
+    def read_joules_so_far(self) -> float | None:
+        """The counted meters' energy so far, added as :meth:`stop` adds them; None where one of them
+        cannot tell now, or nothing measures the devices (the run's total would be None too)."""
+        if self._unmeasured:
+            return None
+        total = 0.0
+        for slot in self._slots:
+            if not slot.counted:
+                continue
+            try:
+                joules = slot.meter.read_joules_so_far()
+            except Exception:  # a meter that fails to read costs this reading only
+                return None
+            if joules is None:
+                return None
+            total += joules
+        return total
+
     def stop(self) -> EnergyMeasurement:
         readings = []
         for slot in self._slots:

@@ -166,6 +166,7 @@ class DeviceEnergyMeter(PowerMeter):
         self._stopping = False
         self._sampling = False
         self._lock = threading.Lock()
+        self._reading = threading.Lock()  # held while the counters are read between start and stop
         self._stop_polling = threading.Event()
         self._poller: threading.Thread | None = None
         self.poll_interval_seconds: float | None = None
@@ -210,16 +211,26 @@ class DeviceEnergyMeter(PowerMeter):
         gaps = [c.safe_gap_seconds for c in wrapping if c.safe_gap_seconds is not None]
         return min([self._max_poll_seconds, *(gap / 2 for gap in gaps)])
 
-    def poll(self) -> None:
-        """Read every counter now (the poller's step; tests call it): no wrap goes unseen."""
+    def poll(self) -> bool:
+        """Read every counter now (the poller's step; tests call it): no wrap goes unseen.
+
+        :returns: whether every counter read well (False also once stop() has begun)
+        """
+        # One reader at a time: a counter read by the poller before the run's thread read it, but
+        # counted after, would look like a step back.
+        with self._reading:
+            return self._read_counters()
+
+    def _read_counters(self) -> bool:
         t = self._clock.now()
+        good = True
         for source in self._sources:
             if source.key not in self._counted:
                 continue
             joules, error = self._read_source(source, first=False)
             with self._lock:
                 if self._stopping:
-                    return  # stop() takes the final reading
+                    return False  # stop() takes the final reading
                 if joules is None:
                     # The last good read stays: the next one still gives the right total, and the
                     # gap check at stop() catches a gap long enough to hide a wrap.
@@ -227,10 +238,12 @@ class DeviceEnergyMeter(PowerMeter):
                     message = f"{source.key}: {error}"
                     if message not in self._poll_errors and len(self._poll_errors) < 10:
                         self._poll_errors.append(message)
+                    good = False
                     continue
                 self._fold(source, t, joules)
         with self._lock:
             self._polls += 1
+        return good
 
     def _poll_loop(self) -> None:
         assert self.poll_interval_seconds is not None
@@ -264,6 +277,30 @@ class DeviceEnergyMeter(PowerMeter):
         if self._sampler is not None:
             self._sampler.start()
             self._sampling = True
+
+    def read_joules_so_far(self) -> float | None:
+        """The window's energy up to now, as :meth:`stop` would count it, without ending the window:
+        each counter read now, and the sampled integral up to a reading taken now for the sources
+        without one. None where a source's energy is unknown now (a failed read, a power trace with
+        a gap) or the window is not open."""
+        if self._started_at is None or self._stopping:
+            return None
+        sampled = self._sampler.joules_so_far() if self._sampler is not None and self._sampling else None
+        if not self.poll():
+            return None
+        with self._lock:
+            counted = dict(self._counted)
+        total = 0.0
+        for source in self._sources:
+            if source.key in counted:
+                joules: float | None = counted[source.key]
+            else:
+                joules = None if sampled is None else sampled.get(source.key)
+            if joules is None:
+                return None
+            if source.in_total:
+                total += joules
+        return total
 
     def stop(self) -> EnergyMeasurement:
         with self._lock:

@@ -421,17 +421,40 @@ class FixedRateSampler:
                 self._record_error(f"sampling thread still inside read_watts after {self._join_timeout} s")
             return self._result(t)
 
+    def joules_so_far(self) -> dict[str, float] | None:
+        """The integral from start to a reading taken now, per component integrated over all of that
+        time (the others are left out: a partial integral is an underestimate); the window goes on.
+        None once stop() has begun. Safe beside the sampling thread: a background reading taken
+        before this one but integrated after it is dropped as out of order, costing no energy."""
+        if not self._started:
+            raise RuntimeError("FixedRateSampler.joules_so_far() called before start()")
+        t, reading, error = self._take()
+        with self._lock:
+            if self._stopping:
+                return None
+            self._accept(t, reading, error)
+            now = self._last_t if self._last_t is not None else t
+            return {
+                name: comp.joules
+                for name, comp in self._components.items()
+                if self._coverage(comp, now - self._start_t) == 1.0
+            }
+
+    @staticmethod
+    def _coverage(comp: _Component, duration: float) -> float:
+        """The fraction of ``duration`` (from the start) the component was integrated over."""
+        if duration > 0:
+            frac = min(1.0, comp.covered_seconds / duration)
+            return 1.0 if frac >= 1.0 - _FULL else frac
+        return 1.0 if comp.last_watts is not None else 0.0  # zero-length: covered if the reading was valid
+
     def _result(self, stop_t: float) -> SampledEnergy:
         duration = stop_t - self._start_t
         joules: dict[str, float] = {}
         coverage: dict[str, float] = {}
         missing: list[str] = []
         for name, comp in self._components.items():
-            if duration > 0:
-                frac = min(1.0, comp.covered_seconds / duration)
-                frac = 1.0 if frac >= 1.0 - _FULL else frac
-            else:  # zero-length window: covered if the (only) reading was valid
-                frac = 1.0 if comp.last_watts is not None else 0.0
+            frac = self._coverage(comp, duration)
             if frac <= 0.0:
                 missing.append(name)
                 continue

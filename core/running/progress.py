@@ -195,15 +195,36 @@ class ProgressLine:
 
 _PHASE_NAMES = {"warmup": "warm-up", "window": "timed window"}
 
+#: the least time between two evaluations' lines of a run to a target (a line that stays); the
+#: evaluations between them redraw the status line on a terminal only
+EVALUATION_LINE_SECONDS = 1.0
+
 
 class RunProgress(Observer):
     """``core run``'s display: a line as each phase ends (set-up, first step, warm-up, the window with
     its energy, the accuracy pass), and within the warm-up and the window their steps done and the
-    time left, from the pace so far. A run's observer; called, it is ``core.run``'s ``on_progress``."""
+    time left, from the pace so far. A run to a target quality says its own phases instead: set-up,
+    then training to the target, an evaluation's epoch and metric at most every
+    ``EVALUATION_LINE_SECONDS`` (the last one always), and how training ended. A run's observer;
+    called, it is ``core.run``'s ``on_progress``.
 
-    def __init__(self, line: ProgressLine, title: str, steps: int, warmup_steps: int) -> None:
+    :param clock: seconds, for the evaluations' interval (a test's SimulatedClock.now).
+    """
+
+    def __init__(
+        self,
+        line: ProgressLine,
+        title: str,
+        steps: int,
+        warmup_steps: int,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._line, self._title, self._steps, self._warmup_steps = line, title, steps, warmup_steps
         self._told: set[str] = set()
+        self._clock = clock
+        self._evaluations_told = 0  # the curve's points seen
+        self._evaluation_noted_at: float | None = None
 
     def run_starting(self, config: Any) -> None:
         """The configuration is valid and the run sets up its devices (a refusal prints no line)."""
@@ -213,6 +234,9 @@ class RunProgress(Observer):
         self.phase_ended(result)
 
     def phase_ended(self, result: Any) -> None:
+        if result.config.target is not None:
+            self._target_progress(result)
+            return
         for phase, line in self._phase_lines(result):
             if phase not in self._told:
                 self._told.add(phase)
@@ -254,6 +278,47 @@ class RunProgress(Observer):
             lines.append(("status", f"{result.status.state.value}{where}"))
         return lines
 
+    def _target_progress(self, result: Any) -> None:
+        """A run to a target: set-up, its evaluations as they come, and how training ended."""
+        target, outcome = result.config.target, result.to_target
+        goal = f"{target.metric} {_direction(result)} {target.value:g}"
+        if result.setup_seconds is not None:
+            self._note_once(
+                "setup", f"set-up {format_duration(result.setup_seconds)}; training to {goal}, {_schedule(target)}"
+            )
+        ended = outcome is not None and (outcome.reached or result.status.state.value == "target_not_reached")
+        curve = outcome.curve if outcome is not None else []
+        for index in range(self._evaluations_told, len(curve)):
+            text = f"{self._title}: {_evaluation_line(index + 1, curve[index], target.metric)}"
+            now = self._clock()
+            last = ended and index == len(curve) - 1
+            noted = self._evaluation_noted_at
+            if last or noted is None or now - noted >= EVALUATION_LINE_SECONDS:
+                self._line.note(text)
+                self._evaluation_noted_at = now
+            else:
+                self._line.show(text)
+        self._evaluations_told = len(curve)
+        if ended:
+            assert outcome is not None
+            if outcome.reached:
+                how = (
+                    f"{goal} reached in {format_duration(outcome.time_to_target_seconds)}, {outcome.epochs:.4g} epochs"
+                )
+            else:
+                how = f"{goal} not reached after {outcome.epochs:.4g} epochs ({outcome.stopped_by} spent)"
+            self._note_once("training", f"{how} ({len(curve)} evaluation{'' if len(curve) == 1 else 's'})")
+        elif not result.status.ok:
+            where = f" in {result.status.phase}" if result.status.phase else ""
+            self._note_once("status", f"{result.status.state.value}{where}")
+        elif result.setup_seconds is not None and not curve:
+            self._line.show(f"{self._title}: training to {goal} (first step and first evaluation)")
+
+    def _note_once(self, phase: str, text: str) -> None:
+        if phase not in self._told:
+            self._told.add(phase)
+            self._line.note(f"{self._title}: {text}")
+
     def _window_line(self, result: Any) -> str:
         line = f"timed window {format_duration(result.window_seconds)} ({result.window_steps} steps)"
         if result.energy_joules is not None:
@@ -272,3 +337,33 @@ class RunProgress(Observer):
             f"{self._title}: {name} step {done}/{total}, {format_duration(progress.elapsed_seconds)} in"
             f"{SEPARATOR}~{format_duration(left)} left"
         )
+
+
+def _direction(result: Any) -> str:
+    """'>=' or '<=': how the target is met (the outcome's, once known; 'loss' goes down)."""
+    outcome = result.to_target
+    if outcome is not None:
+        return ">=" if outcome.higher_is_better else "<="
+    return "<=" if result.config.target.metric == "loss" else ">="
+
+
+def _schedule(target: Any) -> str:
+    """How often a run to a target evaluates, and its budget: 'evaluating every epoch, at most 30 epochs'."""
+    every = target.epochs_between_evaluations
+    if every is not None:
+        evaluate = "evaluating every epoch" if every == 1 else f"evaluating every {every} epochs"
+    else:
+        evaluate = f"evaluating every {target.evaluate_every_samples:,} samples"
+    budget = []
+    if target.max_epochs is not None:
+        budget.append(f"{target.max_epochs} epochs")
+    if target.max_seconds is not None:
+        budget.append(format_duration(target.max_seconds))
+    return f"{evaluate}, at most {' or '.join(budget)}" if budget else evaluate
+
+
+def _evaluation_line(number: int, point: Any, metric: str) -> str:
+    """One evaluation: 'evaluation 3: epoch 2.94, top1 0.875, 2 s in'."""
+    return (
+        f"evaluation {number}: epoch {point.epoch:.3g}, {metric} {point.value:.4g}, {format_duration(point.seconds)} in"
+    )

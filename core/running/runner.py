@@ -300,9 +300,20 @@ def _to_target(
     """Train to ``config.target`` (core.running.to_target), the energy over its clock: the meter opens
     before the clock starts and stops when it ends; every node's where several read one."""
     meter = _open_meters(plan, result.devices, result, process) if process.reads_node_meter else None
+
+    def joules_so_far() -> float | None:
+        return _joules_so_far(meter, executor, process)
+
     try:
         energy = train_to_target(
-            result, executor, plan.config, dict(plan.workload.evaluation_metrics), meter, _stopped, report
+            result,
+            executor,
+            plan.config,
+            dict(plan.workload.evaluation_metrics),
+            meter,
+            _stopped,
+            report,
+            joules_so_far,
         )
     finally:
         _close_meters(meter)
@@ -314,6 +325,27 @@ def _to_target(
         _record_energy(result, energy)
     if result.to_target is not None:
         record_target_energy(result.to_target, result.energy_joules)
+
+
+def _joules_so_far(meter: PowerMeter | None, executor: Executor, process: ProcessContext) -> float | None:
+    """The run's energy since its meter started, without stopping it: this process's reading, or
+    where several processes read a node's meter each, their sum (None if any could not tell). A
+    meter that cannot read before it stops, or fails to, gives None: the point is left without."""
+    own: float | None = None
+    if meter is not None:
+        try:
+            own = meter.read_joules_so_far()
+        except Exception:  # a failed reading costs this point's energy, not the run
+            own = None
+    if not process.meter_readers_gathered:
+        return own
+    if process.meter_per_process and process.exchange_dir is not None:
+        return None  # gathered through files at the end only: no reading at each evaluation
+    shares = executor.gather_objects({"reads": process.reads_node_meter, "joules": own})
+    readings = [share.get("joules") for share in shares if isinstance(share, dict) and share.get("reads")]
+    if not readings or any(not isinstance(joules, (int, float)) for joules in readings):
+        return None
+    return float(sum(readings))  # type: ignore[arg-type]
 
 
 def _open_meter(factory: PowerMeterFactory, devices: list[DeviceRecord], context: RunContext) -> PowerMeter:

@@ -63,12 +63,16 @@ def train_to_target(
     meter: PowerMeter | None,
     stop_meter: Callable[[PowerMeter], EnergyMeasurement],
     report: Callable[[RunResult], None],
+    joules_so_far: Callable[[], float | None] = lambda: None,
 ) -> EnergyMeasurement | None:
     """Train and evaluate until the target or the budget; fill ``result.to_target`` (and the status
     ``target_not_reached`` where the budget ended it). Every process calls it; the decisions are
     every process's alike (the metrics are summed over the processes, the times their maximum).
 
     :param meter: opened, not started: started with the clock, stopped at its end (None: no meter here)
+    :param joules_so_far: the run's energy since the clock started, read at the end of each evaluation
+        (every process calls it, so it may gather; None: unknown now); the last point's is the
+        meter's total, set by :func:`record_target_energy`
     :returns: the meter's measurement over the clock's span (None without a meter)
     """
     target = config.target
@@ -110,6 +114,7 @@ def train_to_target(
         executor.synchronize()
         executor.check_finite()  # outside no span: a NaN ends the run as it would end a window
         now = time.perf_counter()
+        joules = joules_so_far()  # at the evaluation's end, as its time is
         evaluation_seconds = executor.gather_max(now - evaluation_started)
         seconds = executor.gather_max(now - started)
         if metrics is None or target.metric not in metrics:
@@ -121,6 +126,7 @@ def train_to_target(
             epoch=samples / training_samples,
             samples=samples,
             seconds=seconds,
+            joules=joules,
             value=metrics[target.metric],
             metrics=metrics,
             evaluation_seconds=evaluation_seconds,
@@ -153,8 +159,9 @@ def train_to_target(
 
 def record_target_energy(outcome: TargetOutcome, joules: float | None) -> None:
     """The energy over the clock's span (every node's, where several read a meter): the last point's,
-    the training's, and, where the target was reached, the energy to it. Core's meters give a span's
-    total at its end only, so the curve's earlier points carry none (docs/to-target.md)."""
+    the training's, and, where the target was reached, the energy to it, which is the reading at the
+    evaluation that met it (training stops there). The earlier points keep what the meter read at
+    them, where it could (``PowerMeter.read_joules_so_far``; docs/to-target.md)."""
     if not outcome.curve:
         return
     outcome.curve[-1].joules = joules
