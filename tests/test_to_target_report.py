@@ -355,3 +355,23 @@ def test_a_tiny_batch_size_sweep_to_a_target_runs_and_the_report_draws_it(tmp_pa
         "digits-tiny-quality-vs-seconds.png",
         "digits-tiny-quality-vs-samples.png",
     } <= plots
+
+
+@pytest.mark.slow
+def test_a_sweep_cell_that_misses_its_target_runs_every_repeat(tmp_path: Path) -> None:
+    # A missed target is a measured outcome: the cell goes on to its next repeat (a fault would stop
+    # it), and `core sweep` counts no failure.
+    from core.cli import main
+
+    sweep = tmp_path / "missed.toml"
+    sweep.write_text(
+        'name = "digits-missed"\nrepeats = 2\ntimeout_seconds = 300\n'
+        '[grid]\nworkload = "digits"\naccelerator = "cpu"\nmicro_batch_size = 64\n'
+        '[grid.target]\nmetric = "loss"\nvalue = 0.0001\nmax_epochs = 1\n',
+        encoding="utf-8",
+    )
+    database = tmp_path / "results.db"
+    main(["sweep", str(sweep), "--database", str(database)])
+    runs = ResultStore(database, create=False).runs(sweep="digits-missed")
+    assert sorted(run.repeat for run in runs) == [0, 1]
+    assert {run.result.status.state.value for run in runs} == {"target_not_reached"}

@@ -36,6 +36,11 @@ if TYPE_CHECKING:
 RepeatKey = tuple[str, int]  # (cell key, repeat index from 0): a repeat's identity in the database
 
 
+#: the states of a repeat that ran to its end and measured what it set out to (a run to a target
+#: that spent its budget included): the cell goes on to its next repeat, and nothing is retried
+MEASURED = frozenset({RunState.ok.value, RunState.target_not_reached.value})
+
+
 @dataclass
 class SweepOutcome:
     """What a sweep did. ``cells`` summarises every cell of the sweep now in the database."""
@@ -252,10 +257,11 @@ class _SweepLoop:
         self.store, self.plan, self.spec, self.finished = store, plan, spec, finished
         self.observer, self.backend = observer, backend
         self.cells = {cell.key: cell for cell in plan.valid_cells}
-        ok = RunState.ok.value
         # What stays recorded: a failed repeat to retry is pending again (its row replaced).
-        self.recorded = {key: status for key, status in finished.items() if not (retry_failed and status != ok)}
-        self.stopped = {cell_key for (cell_key, _), status in self.recorded.items() if status != ok}
+        self.recorded = {
+            key: status for key, status in finished.items() if not (retry_failed and status not in MEASURED)
+        }
+        self.stopped = {cell_key for (cell_key, _), status in self.recorded.items() if status not in MEASURED}
         self.announced: dict[RepeatKey, int] = {}  # started, not yet ended -> the runs left when it started
         self.durations = store.process_seconds(spec.name) if backend.estimates_time_left else []
         self.runs_done = 0
@@ -340,14 +346,13 @@ class _SweepLoop:
 
     def _counted(self, queued: int, running: int) -> None:
         """The backend's poll found ``queued`` and ``running`` jobs: the sweep's counts, told."""
-        ok = RunState.ok.value
         asked = self.spec.repeats
         mine = [
             status for (cell_key, index), status in self.recorded.items() if cell_key in self.cells and index < asked
         ]
         done = len(mine)
         total = done + len(self.announced) + len(self.pending())
-        failed = sum(1 for status in mine if status != ok)
+        failed = sum(1 for status in mine if status not in MEASURED)
         self.observer.jobs_counted(JobCounts(queued, running, done, failed, total))
 
     def _record(self, ended: EndedRepeat) -> bool:
@@ -372,7 +377,7 @@ class _SweepLoop:
         self.backend.forget(ended)
         self.announced.pop(ended.repeat.key, None)
         self.recorded[ended.repeat.key] = result.status.state.value
-        if not result.status.ok:
+        if result.status.state.value not in MEASURED:
             self.stopped.add(cell.key)
         if ended.seconds is not None and self.backend.estimates_time_left:
             self.durations.append(ended.seconds)
