@@ -285,6 +285,11 @@ def test_a_sweep_interrupted_before_it_was_recorded_prints_the_command_that_star
 def test_the_command_printed_after_sigterm_run_in_a_shell_resumes_the_sweep(tmp_path: Path) -> None:
     folder = tmp_path / "it's $HOME"
     sweep = _sweep_file(folder)
+    # Runs of a few seconds: the SIGTERM, sent once the first run is recorded, must find the second
+    # one going (a forked run of two steps takes a tenth of a second, less than this test's poll
+    # and the signal's way: the second run could end first, and nothing would be left to resume).
+    sweep.write_text(sweep.read_text(encoding="utf-8").replace("\nsteps = 2\n", "\nsteps = 5000\n"), encoding="utf-8")
+    assert "steps = 5000" in sweep.read_text(encoding="utf-8")
     environment = {**os.environ, "CORE_DATABASE": str(folder / "env.db")}
     command = [sys.executable, "-m", "core.cli", "sweep", sweep.name, "--name", "real", "--repeats", "1"]
     started = subprocess.Popen(command, cwd=folder, env=environment, stderr=subprocess.PIPE, text=True)
