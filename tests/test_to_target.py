@@ -195,7 +195,7 @@ def test_gradient_accumulation_keeps_the_global_batch_and_the_curve() -> None:
 def test_the_epoch_order_splits_one_global_batch_whatever_the_replicas_and_micro_steps() -> None:
     import numpy as np
 
-    from core.executors.epoch_order import EpochOrder
+    from core.data.epoch_order import EpochOrder
 
     whole = EpochOrder(100, seed=3, micro_batch=32, accumulation=1, replicas=1)
     split = EpochOrder(100, seed=3, micro_batch=8, accumulation=2, replicas=2)

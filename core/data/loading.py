@@ -20,7 +20,7 @@ import time
 from collections.abc import Generator, Iterator
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, Sampler, Subset, get_worker_info
@@ -29,10 +29,8 @@ from core.base.config import RunConfig
 from core.base.distributed import ProcessContext
 from core.base.errors import DataError
 from core.data import detect_format, loader_worker_death
+from core.data.epoch_order import EVALUATION_BATCH, EpochOrder
 from core.data.torch_datasets import torch_dataset
-
-if TYPE_CHECKING:
-    from core.executors.epoch_order import EpochOrder
 
 #: how long a loader worker has to end after it was told to stop (torch's own teardown joins each
 #: for 5 s, then sends SIGTERM) before it is killed
@@ -395,7 +393,7 @@ class _EpochBatches(Sampler[list[int]]):
 
 class FileEpochs:
     """A run to a target's training split read from an image folder by the loader's workers, in the
-    order the in-memory split is read (:class:`core.executors.epoch_order.EpochOrder`: each epoch
+    order the in-memory split is read (:class:`core.data.epoch_order.EpochOrder`: each epoch
     a permutation drawn from the run's seed and the epoch's number, cut into global batches, the
     last partial one dropped), so the quality curve does not depend on the replicas.
 
@@ -445,11 +443,9 @@ class FileEpochs:
 class HeldOutFiles:
     """A run to a target's held-out split read from an image folder: this process's shard (every
     world-size-th image from its rank, as the in-memory evaluation takes them) in batches of
-    :data:`core.executors.epoch_order.EVALUATION_BATCH`, by workers kept between evaluations."""
+    :data:`core.data.epoch_order.EVALUATION_BATCH`, by workers kept between evaluations."""
 
     def __init__(self, dataset: Dataset, shard: tuple[int, int], workers: int, pin_memory: bool, source: str) -> None:
-        from core.executors.epoch_order import EVALUATION_BATCH
-
         rank, world = shard
         self.samples = len(dataset)  # type: ignore[arg-type]
         mine = Subset(ReportedDataset(dataset, source), range(rank, self.samples, world))
@@ -479,7 +475,6 @@ def image_folder_split_readers(
     (core.data.listing.image_folder_splits); this process holds ``replicas_here`` replicas."""
     from core.data.listing import image_folder_splits
     from core.data.torch_datasets import ImageFolder
-    from core.executors.epoch_order import EpochOrder
 
     assert config.micro_batch_size is not None
     if len(image_shape) != 3:

@@ -25,8 +25,8 @@ from core.base.distributed import ProcessContext
 from core.base.errors import DataError, NonFiniteLossError
 from core.base.precision import PrecisionPolicy, policy_for
 from core.contract.workload import KerasTrainingSpec
+from core.data.epoch_order import EVALUATION_BATCH, EpochOrder, metrics_of, shard
 from core.executors.base import Executor, HostStepClock, StepClock
-from core.executors.epoch_order import EVALUATION_BATCH, EpochOrder, metrics_of, shard
 
 
 def quiet_tensorflow_startup() -> None:

@@ -20,9 +20,9 @@ from core.base.errors import NonFiniteLossError
 from core.base.precision import PrecisionPolicy, policy_for
 from core.contract.workload import TorchTrainingSpec
 from core.data import SYNTHETIC_ON_HOST, SYNTHETIC_SOURCES
+from core.data.epoch_order import metrics_of
 from core.executors import stand_in
 from core.executors.base import Executor, HostStepClock, StepClock
-from core.executors.epoch_order import metrics_of
 from core.executors.torch_epochs import ShuffledEpochs, batch_sums, held_out_sums
 
 if TYPE_CHECKING:

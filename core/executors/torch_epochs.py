@@ -14,12 +14,12 @@ from typing import Any
 
 import torch
 
-from core.executors.epoch_order import EVALUATION_BATCH, EpochOrder
-from core.executors.epoch_order import shard as shard_indices
+from core.data.epoch_order import EVALUATION_BATCH, EpochOrder
+from core.data.epoch_order import shard as shard_indices
 
 
 class ShuffledEpochs:
-    """The training split in memory, read in :class:`core.executors.epoch_order.EpochOrder`'s order
+    """The training split in memory, read in :class:`core.data.epoch_order.EpochOrder`'s order
     (the rule every framework's executor shares, and the image-folder reader too:
     core.data.loading.FileEpochs): this process's replicas' micro-batches as tensors."""
 
