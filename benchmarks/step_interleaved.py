@@ -23,6 +23,7 @@ median extra time per update.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -48,7 +49,7 @@ PAIRS = {"tiny": 4000, "fcnn-bf16": 300, "resnet50-fp32": 150, "resnet50-bf16": 
 TORCH_CASES = ("tiny", "fcnn-bf16", "resnet50-fp32", "resnet50-bf16")
 
 
-def core_step(case: Case) -> tuple[Any, Any]:
+def core_step(case: Case, policies: contextlib.ExitStack) -> tuple[Any, Any]:
     """core's executor for the case, planned as ``core.run`` plans it, and its per-update call."""
     plan = plan_run(
         get_plugin_manager(),
@@ -65,8 +66,8 @@ def core_step(case: Case) -> tuple[Any, Any]:
         },
     )
     context = plan.context(SINGLE_PROCESS)
-    policy = policy_in_force(context.precision_policy)
-    policy.__enter__()  # for the executor's lifetime: its precision is looked up by name
+    # For the executor's lifetime (``policies`` closes it after): its precision is looked up by name.
+    policies.enter_context(policy_in_force(context.precision_policy))
     executor = executor_for(plan.accelerator, plan.workload, context)
     clock = HostStepClock()
 
@@ -78,7 +79,8 @@ def core_step(case: Case) -> tuple[Any, Any]:
 
 
 def measure(name: str, case: Case, pairs: int) -> dict[str, Any]:
-    executor, core = core_step(case)
+    policies = contextlib.ExitStack()
+    executor, core = core_step(case, policies)
     plain = plain_torch_step(case)
     for _ in range(max(3, case.warmup + 1)):  # first steps (allocations, lazy imports) apart
         core()
@@ -98,6 +100,7 @@ def measure(name: str, case: Case, pairs: int) -> dict[str, Any]:
         plain_seconds.append(b if first is core else a)
     executor.check_finite()  # the run's own end-of-phase check: the steps trained finite weights
     executor.close()
+    policies.close()
     ratios = [p / c for c, p in zip(core_seconds, plain_seconds)]
     quartiles = statistics.quantiles(ratios, n=4)
     extra = [c - p for c, p in zip(core_seconds, plain_seconds)]
