@@ -150,8 +150,8 @@ def _shards(folder: Path, tmp_path: Path) -> Path:
         (_without_val, {}, "data", "no val/ folder"),
         (_val_without_classes, {}, "data", "no class folders, so no labels"),
         (_val_missing_a_class, {}, "data", "classes differ"),
-        (_shards, {}, "data", "webdataset data; a run to a target reads its splits from files only as"),
-        (lambda folder, _: folder, {"data_format": "webdataset"}, "data", "not supported yet"),
+        (_shards, {}, "data", "no train/ folder (the training split)"),
+        (lambda folder, _: folder, {"data_format": "cityscapes"}, "data", "cityscapes splits; a run to a target reads"),
         (lambda folder, _: folder, {"micro_batch_size": 1500}, "micro_batch_size", "training split of 1437"),
     ],
 )

@@ -110,7 +110,7 @@ def canonical_node_meters(value: Any, sort: bool = False) -> str:
 
 
 #: metrics whose better values are higher, among those core's evaluations produce ('loss' is lower-better)
-HIGHER_IS_BETTER_METRICS = {"top1": True, "loss": False}
+HIGHER_IS_BETTER_METRICS = {"top1": True, "loss": False, "perplexity": False}
 
 
 class TargetConfig(BaseModel):
@@ -160,6 +160,8 @@ class TargetConfig(BaseModel):
             raise ConfigError("target.value", self.value, "a top1 target is a fraction from 0 to 1 (0.95 for 95%)")
         if self.metric == "loss" and self.value < 0:
             raise ConfigError("target.value", self.value, "a loss target of 0 or more")
+        if self.metric == "perplexity" and self.value < 1:
+            raise ConfigError("target.value", self.value, "a perplexity target of 1 or more (exp of the mean loss)")
         return self
 
     @property

@@ -102,6 +102,20 @@ class KerasTrainingSpec:
     evaluation_targets: Any = None  # numpy array [held-out samples]: class indices
 
 
+#: what a task's held-out evaluation gives on real data (``Workload.evaluation_metrics_for``), each
+#: metric with whether higher is better
+TASK_EVALUATION_METRICS: Mapping[str, Mapping[str, bool]] = MappingProxyType(
+    {
+        "classification": MappingProxyType({"top1": True, "loss": False}),
+        "language-modeling": MappingProxyType({"loss": False, "perplexity": False}),
+    }
+)
+#: the real-data formats whose labelled splits a task's evaluation reads
+TASK_EVALUATION_FORMATS: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {"classification": ("image-folder", "webdataset", "tfrecord"), "language-modeling": ("tokens",)}
+)
+
+
 class Workload(ABC):
     """A model and its data, buildable in one or more frameworks."""
 
@@ -122,6 +136,18 @@ class Workload(ABC):
     #: "loss": False}``), where build_torch (and build_keras) give a labelled held-out split (``evaluation_inputs``)
     #: of real data: what ``target.metric`` may name. Empty: no such split, so no run to a target
     evaluation_metrics: ClassVar[Mapping[str, bool]] = MappingProxyType({})
+
+    def evaluation_metrics_for(self, options: BaseModel, data_format: str | None) -> Mapping[str, bool]:
+        """What a run to a target may name as ``target.metric`` with this data, each with whether higher
+        is better: ``evaluation_metrics`` on the workload's own splits (``data_format`` None: synthetic
+        or built in, as digits'); on a real data set split into training and held-out parts
+        (``DATA/train``, ``DATA/val``), what the executors' evaluation gives for the task
+        (:data:`TASK_EVALUATION_METRICS`: a classifier's top-1 and loss over labelled images, a
+        language model's loss and perplexity over held-out tokens). Empty: no run to a target."""
+        if data_format is None:
+            return self.evaluation_metrics
+        formats = TASK_EVALUATION_FORMATS.get(self.task, ())
+        return TASK_EVALUATION_METRICS.get(self.task, MappingProxyType({})) if data_format in formats else {}
 
     def data_formats_for(self, framework: Framework) -> tuple[str, ...] | None:
         """The ``data_formats`` this workload reads with ``framework`` (planning also keeps to the

@@ -116,6 +116,37 @@ def image_folder_splits(root: Path) -> tuple[Path, Path]:
     return train, held_out
 
 
+#: the formats whose training and held-out splits a run to a target reads (:func:`target_splits`);
+#: each executor that evaluates says which of them it reads (planning refuses the rest)
+TARGET_SPLIT_FORMATS: tuple[str, ...] = ("image-folder",)
+
+
+def target_splits(root: Path, data_format: str) -> tuple[str, Path, Path]:
+    """(format, training split, held-out split) of a data set laid out for a run to a target:
+    ``root/train`` and ``root/val``, each a data set of one format (``data_format``, or the training
+    split's own where it is "auto"), the held-out one of the same. An image folder's splits are checked
+    as :func:`image_folder_splits` checks them. ConfigError naming ``data`` otherwise, saying the layout."""
+    from core.data import detect_format
+
+    training, held_out = root / TRAIN_SPLIT, root / HELD_OUT_SPLIT
+    for split, role in ((training, "training"), (held_out, "held-out")):
+        if not os.path.lexists(split):
+            raise _refuse(root, f"no {split.name}/ folder (the {role} split); a run to a target reads {SPLIT_LAYOUT}")
+    found = detect_format(training) if data_format == "auto" else data_format
+    if found not in TARGET_SPLIT_FORMATS:
+        raise _refuse(
+            root,
+            f"{found} splits; a run to a target reads its splits from files as {SPLIT_LAYOUT} "
+            f"(formats: {', '.join(TARGET_SPLIT_FORMATS)})",
+        )
+    if found == "image-folder":
+        return (found, *image_folder_splits(root))
+    held_out_format = detect_format(held_out)
+    if held_out_format != found:
+        raise _refuse(held_out, f"{held_out_format} data, not {found} as in {training}; the splits must be alike")
+    return found, training, held_out
+
+
 def _is_image_name(name: str) -> bool:
     return os.path.splitext(name)[1].lower() in IMAGE_SUFFIXES
 

@@ -282,7 +282,7 @@ def plan_run(
     if config.micro_batch_size is None:
         config = config.model_copy(update={"micro_batch_size": workload_obj.default_micro_batch_size})
     with guard(workload_obj, f"{type(workload_obj).__name__}.samples_per_epoch()"):
-        _check_target(config, workload_obj, workload_options)
+        _check_target(config, workload_obj, workload_options, data_format)
     if config.scenario in LOADGEN_SCENARIOS:
         _check_loadgen(config, machine, warnings)
     _check_dataset_size(manager, workload_obj, accelerator_obj, workload_options, config, data_format, warnings)
@@ -591,12 +591,10 @@ def _check_data(config: RunConfig, framework: Framework, readable: tuple[str, ..
 
 
 def _check_target_data(config: RunConfig, framework: Framework, readable: tuple[str, ...] | None, workload: str) -> str:
-    """A run to a target reads its splits from files only as an image folder split into train/ and
-    val/ (core.data.listing.SPLIT_LAYOUT), each split a dataset the workload reads; returns the format.
-    Shards, TFRecords, token files and the rest are refused naming ``data``: their splits are not
-    read yet."""
-    from core.data import detect_format
-    from core.data.listing import SPLIT_LAYOUT, image_folder_splits
+    """A run to a target reads its splits from files laid out as DATA/train and DATA/val, each a data
+    set of one format the run reads (core.data.listing.target_splits, TARGET_SPLIT_FORMATS); returns
+    the format. Others are refused naming ``data``."""
+    from core.data.listing import SPLIT_LAYOUT, target_splits
 
     path = Path(config.data)
     if not path.exists():
@@ -605,28 +603,20 @@ def _check_target_data(config: RunConfig, framework: Framework, readable: tuple[
             config.data,
             f"no such folder; with a target: synthetic (the workload's own splits) or {SPLIT_LAYOUT}",
         )
-    found = detect_format(path)
-    if found != "image-folder" or config.data_format not in ("auto", "image-folder"):
-        given = found if config.data_format == "auto" else config.data_format
-        raise ConfigError(
-            "data",
-            config.data,
-            f"{given} data; a run to a target reads its splits from files only as {SPLIT_LAYOUT} "
-            "(WebDataset shards, TFRecords, token files, COCO and Cityscapes folders are not supported yet)",
-        )
-    for split in image_folder_splits(path):
-        validate_data(str(split), "image-folder", framework, readable, workload)
+    found, *splits = target_splits(path, config.data_format)
+    for split in splits:
+        validate_data(str(split), found, framework, readable, workload)
     return found
 
 
-def _check_target(config: RunConfig, workload: Workload, options: BaseModel) -> None:
+def _check_target(config: RunConfig, workload: Workload, options: BaseModel, data_format: str | None) -> None:
     """A target must be judgeable: a workload whose held-out split is labelled real data, a metric its
     evaluation gives, a framework whose executor evaluates (:data:`TARGET_FRAMEWORKS`), a global batch
     the training split holds."""
     target = config.target
     if target is None:
         return
-    declared = dict(workload.evaluation_metrics)
+    declared = dict(workload.evaluation_metrics_for(options, data_format))
     if not declared:
         raise ConfigError(
             "target",
@@ -647,9 +637,10 @@ def _check_target(config: RunConfig, workload: Workload, options: BaseModel) -> 
         )
     training_samples = workload.samples_per_epoch(options)
     if config.data not in SYNTHETIC_SOURCES:
-        from core.data.listing import dataset_samples, image_folder_splits
+        from core.data.listing import dataset_samples, target_splits
 
-        training_samples = dataset_samples(image_folder_splits(Path(config.data))[0], "image-folder", None)
+        found, training, _ = target_splits(Path(config.data), config.data_format)
+        training_samples = dataset_samples(training, found, workload.tokens_per_sample(options))
     if training_samples is not None and config.samples_per_update > training_samples:
         raise ConfigError(
             "micro_batch_size",
