@@ -52,6 +52,9 @@ from core.report.document import Block, Code, Figure, Heading, Paragraph, Prefor
 from core.running.environment import processor_name
 
 if TYPE_CHECKING:
+    from core.data.epoch_order import EpochOrder
+    from core.data.epoch_order import metrics_of as metrics_from_sums
+    from core.data.epoch_order import shard as held_out_shard
     from core.data.torch_datasets import torch_dataset
     from core.executors.keras import (
         KerasExecutor,
@@ -63,6 +66,7 @@ if TYPE_CHECKING:
         split_host_cpu,
     )
     from core.executors.pytorch import TorchDeviceHooks, TorchExecutor, TorchPlacement, torch_executor
+    from core.executors.torch_epochs import outcome_sums
     from core.running.launch import TorchrunLauncher
 
 # Names whose modules import a framework (or change its start-up): loaded when first used.
@@ -80,16 +84,24 @@ _LAZY = {
     "quiet_tensorflow_startup": "core.executors.keras",
     # core's readers of real datasets as PyTorch datasets (imports torch)
     "torch_dataset": "core.data.torch_datasets",
+    # runs to a target: the epoch order and the held-out shards (numpy), a batch's sums (torch)
+    "EpochOrder": "core.data.epoch_order",
+    "held_out_shard": "core.data.epoch_order",
+    "metrics_from_sums": "core.data.epoch_order",
+    "outcome_sums": "core.executors.torch_epochs",
     # Not a framework, but the whole of core's running machinery: loaded when a plugin needs it.
     "TorchrunLauncher": "core.running.launch",
 }
+
+#: lazy names whose attribute in their module is called otherwise
+_RENAMED = {"held_out_shard": "shard", "metrics_from_sums": "metrics_of"}
 
 
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'core.plugin' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    value = getattr(importlib.import_module(module), _RENAMED.get(name, name))
     globals()[name] = value  # later lookups skip this function
     return value
 
@@ -149,6 +161,12 @@ __all__ = [
     "tfrecord_image_dataset",
     "torch_dataset",
     "detect_data_format",
+    # runs to a target (docs/to-target.md): the training split's epoch order, the held-out split's
+    # shards and the sums an evaluation adds up
+    "EpochOrder",
+    "held_out_shard",
+    "outcome_sums",
+    "metrics_from_sums",
     # launching a run's processes (torchrun; the Graphcore plugin's poprun)
     "Launcher",
     "TorchrunLauncher",

@@ -90,13 +90,7 @@ def batch_sums(
                 batch_inputs, labels = to_device(host_inputs, host_targets)
                 with forward_context():
                     outputs = model(batch_inputs)
-                # The loss and the prediction in fp32 whatever the precision computed the outputs in.
-                outputs = outputs.float()
-                loss_sum = loss_fn(outputs, labels).double() * labels.numel()
-                correct = (outputs.argmax(dim=-1) == labels).sum().double()
-                these = torch.stack(
-                    [correct, loss_sum, torch.tensor(float(labels.numel()), device=correct.device, dtype=torch.float64)]
-                )
+                these = outcome_sums(outputs, labels, loss_fn)
                 sums = these if sums is None else sums + these
     finally:
         model.train(was_training)
@@ -104,3 +98,15 @@ def batch_sums(
         device = next(model.parameters()).device
         sums = torch.zeros(3, dtype=torch.float64, device=device)
     return sums
+
+
+def outcome_sums(outputs: torch.Tensor, labels: torch.Tensor, loss_fn: Callable[[Any, Any], Any]) -> torch.Tensor:
+    """(correct top-1 predictions, summed loss, samples) of one batch's model outputs against its labels,
+    as a float64 tensor on the outputs' device: what every evaluation adds up, whichever device ran the
+    forward pass (``loss_fn`` gives the batch's mean, as a workload's loss does)."""
+    # The loss and the prediction in fp32 whatever the precision computed the outputs in.
+    outputs = outputs.float()
+    loss_sum = loss_fn(outputs, labels).double() * labels.numel()
+    correct = (outputs.argmax(dim=-1) == labels).sum().double()
+    samples = torch.tensor(float(labels.numel()), device=correct.device, dtype=torch.float64)
+    return torch.stack([correct, loss_sum, samples])

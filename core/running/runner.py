@@ -317,6 +317,8 @@ def _to_target(
         )
     finally:
         _close_meters(meter)
+    # Executors that compile lazily record what compiling took (the first step's, the first evaluation's).
+    result.executor_details = executor.details()
     result.energy_seconds = result.to_target.training_seconds if result.to_target else None
     result.energy_samples = result.to_target.samples if result.to_target else None
     if process.meter_readers_gathered:

@@ -282,6 +282,8 @@ class GraphcoreAccelerator(Accelerator):
                 "an IPU answers fixed-size host calls of one compiled shape, not LoadGen's variable queries; "
                 "on graphcore: loop",
             )
+        if config.target is not None:
+            _check_target(config, options)
         if config.framework is Framework.torch:
             _check_data(config)
             _check_numerics(config, options, context.precision_policy)
@@ -623,4 +625,46 @@ def _check_data(config: RunConfig) -> None:
             config.data,
             f"a {found} dataset has samples of different shapes and PopTorch compiles one shape per input; "
             f"on IPUs: {', '.join(IPU_TORCH_FORMATS)} or {', '.join(SYNTHETIC_SOURCES)}",
+        )
+
+
+def _check_target(config: RunConfig, options: GraphcoreOptions) -> None:
+    """What a run to a target (docs/to-target.md) can be on IPUs: PopTorch, reading the workload's own
+    splits, one process, a replica per IPU, an update per host call. Everything else is refused here,
+    naming the field, rather than failing once the IPUs are compiled for."""
+    if config.framework is not Framework.torch:
+        raise ConfigError(
+            "framework",
+            config.framework.value,
+            "a run to a target on graphcore is PopTorch's (torch): the IPU Keras executor does not evaluate "
+            "a held-out split yet",
+        )
+    if config.data not in SYNTHETIC_SOURCES:
+        raise ConfigError(
+            "data",
+            config.data,
+            "on graphcore a run to a target reads the workload's own training and held-out splits: "
+            + ", ".join(SYNTHETIC_SOURCES)
+            + " (image folders split into train/ and val/ are read by the CPU and GPU executors)",
+        )
+    instances, _ = resolve_instances(options)
+    if instances > 1:
+        raise ConfigError(
+            "accelerator_options.instances",
+            instances,
+            "1 for a run to a target: poprun's instances would each evaluate a share of the held-out split with "
+            "no way to add their counts before the next update",
+        )
+    if config.devices_per_replica > 1:
+        raise ConfigError(
+            "devices_per_replica",
+            config.devices_per_replica,
+            "1 for a run to a target on graphcore: the evaluation's inference model is not pipelined yet",
+        )
+    if config.device_iterations > 1:
+        raise ConfigError(
+            "device_iterations",
+            config.device_iterations,
+            "1 for a run to a target: it evaluates between weight updates, and a host call of several device "
+            "iterations would run past an epoch's end or an evaluation",
         )

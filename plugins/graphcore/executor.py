@@ -37,16 +37,20 @@ from core.plugin import (
     RunConfig,
     StepClock,
     TorchTrainingSpec,
+    metrics_from_sums,
+    outcome_sums,
 )
 
 from .data import HostCallFiles
 from .options import OptionSettings, build_options, numerics_summary, options_summary
 from .pipeline import DEFAULT_SPLIT, SplitChoice, StagePlan, assign_blocks, plan_stages
-from .placement import IpuPlacement, host_call_samples
+from .placement import IpuPlacement, host_call_samples, plan_placement
+from .to_target import HeldOutHostCalls, HostCallEpochs
 
 
 class ModelWithLoss(torch.nn.Module):
-    """What ``poptorch.trainingModel`` wants: a model that returns its loss."""
+    """What ``poptorch.trainingModel`` wants: a model that returns its loss; in eval mode, as a run to a
+    target's ``poptorch.inferenceModel`` of this same module calls it, the model's outputs."""
 
     def __init__(self, model: torch.nn.Module, loss_fn: Any, identity_loss: Any) -> None:
         super().__init__()
@@ -54,7 +58,9 @@ class ModelWithLoss(torch.nn.Module):
         self._loss_fn = loss_fn
         self._identity_loss = identity_loss
 
-    def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def forward(self, inputs: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        if not self.training:
+            return self.model(inputs)
         # identity_loss marks the (already reduced) loss as where backpropagation starts, whatever
         # the workload computes it with (graphcore/poptorch python/ops.py).
         return self._identity_loss(self._loss_fn(self.model(inputs), targets), reduction="none")
@@ -272,17 +278,115 @@ class PopTorchExecutor(_PopTorchExecutorBase):
             layout=layout,
             details=details or {},
         )
-        wrapped = ModelWithLoss(self._user_model, spec.loss_fn, poptorch.identity_loss)
-        wrapped.train()
+        self._wrapped = ModelWithLoss(self._user_model, spec.loss_fn, poptorch.identity_loss)
+        self._wrapped.train()
         optimizer = poptorch_optimizer(poptorch, spec.make_optimizer(self._user_model.parameters()), settings)
-        self.training_model = poptorch.trainingModel(wrapped, self.options, optimizer=optimizer)
+        self.training_model = poptorch.trainingModel(self._wrapped, self.options, optimizer=optimizer)
         self._last_loss: torch.Tensor | None = None
+        self._loss_fn = spec.loss_fn
+        self._settings = settings
+        self._updates = 0
+        self._epochs: HostCallEpochs | None = None
+        self._held_out: HeldOutHostCalls | None = None
+        self.evaluation_model: Any = None
+        if config.target is not None:
+            self._prepare_target(spec, config, placement)
+
+    def _prepare_target(self, spec: TorchTrainingSpec, config: RunConfig, placement: IpuPlacement) -> None:
+        """A run to a target: the workload's training split in real epochs, its held-out split for evaluate()
+        (planning has refused what this cannot run: files, several instances, pipelines, device iterations)."""
+        if spec.evaluation_inputs is None or spec.evaluation_targets is None:
+            raise ValueError("a run to a target needs the workload's held-out split (evaluation_inputs)")
+        self._epochs = HostCallEpochs(
+            spec.inputs,
+            spec.targets,
+            config.seed,
+            placement.micro_batch_size,
+            placement.gradient_accumulation,
+            placement.replicas,
+        )
+        self._held_out = HeldOutHostCalls(
+            spec.evaluation_inputs, spec.evaluation_targets, placement.replicas, placement.micro_batch_size
+        )
+        self._details.update(
+            {
+                "data": "the workload's training split",
+                "dataset_samples": self._epochs.samples,
+                "held_out_samples": self._held_out.samples,
+                "epoch_order": "shuffled per epoch (seeded), last partial global batch dropped",
+                "evaluation": "on the IPUs: a poptorch.inferenceModel of the training model's module (PopTorch "
+                "copies the trained weights to it), the held-out split sharded over the replicas",
+            }
+        )
 
     def step(self) -> None:
         self._compile_once(lambda: self.training_model.compile(self._inputs, self._targets))
-        inputs, targets = self._host_call()
+        if self._epochs is not None:
+            inputs, targets = self._epochs.host_call(self._updates)
+            inputs = self._precision.convert_input(inputs)
+        else:
+            inputs, targets = self._host_call()
         # Returns once the IPUs have run device_iterations updates and the final loss is on the host.
         self._last_loss = self.training_model(inputs, targets)
+        self._updates += self.updates_per_step
+
+    def dataset_samples(self) -> int | None:
+        return self._epochs.samples if self._epochs is not None else super().dataset_samples()
+
+    def evaluate(self) -> dict[str, float] | None:
+        """The held-out split through a ``poptorch.inferenceModel`` of the module the training model wraps.
+
+        PopTorch keeps the two in step itself (graphcore/poptorch sdk/poptorch/3.3.0
+        ``python/_poplar_executor.py``: trainingModel turns the module it is given into a ``PoptorchModel``
+        whose ``copyWeightsToHostIfNeeded`` reads the trained weights back, and an inference model's call
+        of that same module compares ``_host_weights_version`` and calls ``copyWeightsToDevice``; the user
+        guide's "PopTorch implicit copies", ``docs/user_guide/precompilation.py``). The training model is
+        detached first (``detachFromDevice`` reads its weights to the host), so both fit on the run's
+        IPUs; its next call attaches it again (``attachToDevice`` writes the host's weights back, unchanged).
+        Every replica takes every replica-count-th held-out sample; every output comes back to the host
+        (``OutputMode.All``), where the counts and the loss's sum are added in float64.
+        """
+        if self._held_out is None:
+            return None
+        if self.training_model.isAttachedToDevice():
+            self.training_model.detachFromDevice()
+        sums = torch.zeros(3, dtype=torch.float64)
+        # The inference model is traced in eval mode (the flag of its own shallow copy is set when it is made;
+        # its submodules' flags are shared with the training model's, which is compiled already).
+        self._wrapped.eval()
+        try:
+            if self.evaluation_model is None:
+                self.evaluation_model = self._poptorch.inferenceModel(self._wrapped, self._evaluation_options())
+            for inputs, targets, valid in self._held_out:
+                outputs = self._evaluate_host_call(self._precision.convert_input(inputs))
+                sums += outcome_sums(outputs[valid], targets[valid], self._loss_fn)
+        finally:
+            self._wrapped.train()
+        self.evaluation_model.detachFromDevice()  # the IPUs back to the training model
+        return metrics_from_sums(sums.tolist())
+
+    def _evaluate_host_call(self, inputs: torch.Tensor) -> torch.Tensor:
+        if not self.evaluation_model.isCompiled():
+            started = time.perf_counter()
+            self.evaluation_model.compile(inputs)
+            self._details["evaluation_compile_seconds"] = time.perf_counter() - started
+        # Returns once the IPUs have run and every replica's outputs are on the host.
+        return torch.as_tensor(self.evaluation_model(inputs))
+
+    def _evaluation_options(self) -> Any:
+        """The training placement's replicas, as inference: one device iteration, no accumulation."""
+        training = self._placement
+        placement = plan_placement(
+            micro_batch_size=training.micro_batch_size,
+            gradient_accumulation=1,
+            replicas=training.replicas,
+            ipus_per_replica=training.ipus_per_replica,
+            device_iterations=1,
+            instances=training.instances,
+            training=False,
+            auto_round_num_ipus=training.auto_round_num_ipus,
+        )
+        return build_options(self._poptorch, placement, self._settings)
 
     def check_finite(self) -> None:
         loss = self._last_loss
@@ -295,12 +399,16 @@ class PopTorchExecutor(_PopTorchExecutorBase):
     def model_state(self) -> dict[str, torch.Tensor]:
         """The trained weights on the host (tests compare them across placements)."""
         if self.training_model.isCompiled():
-            self.training_model.copyWeightsToHost()
+            # Reads the device's weights where they changed since the last read (a detached model's
+            # were read as it detached).
+            self.training_model.copyWeightsToHostIfNeeded()
         return {name: t.detach().cpu().clone() for name, t in self._user_model.state_dict().items()}
 
     def close(self) -> None:
-        # Releases the IPUs and the executable (and copies the weights back to the host).
+        # Releases the IPUs and the executables (and copies the weights back to the host).
         try:
+            if self.evaluation_model is not None:
+                self.evaluation_model.destroy()
             self.training_model.destroy()
         finally:
             self._close_files()

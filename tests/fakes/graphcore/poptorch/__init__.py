@@ -21,17 +21,27 @@ Mirrors what the Graphcore plugin touches, by the real names:
   ``[device_iterations, gradient_accumulation, replicas, micro_batch]`` (PopART's input layout),
   each device iteration is one weight update of the mean loss gradient over its micro-batches and
   replicas, and the final micro-batch's loss of each replica comes back (``OutputMode.Final``).
+- Weights live on the device apart from the host model (``python/_poplar_executor.py``): written to
+  the device when an executable attaches (``_on_device_attach``), trained there, and read back by
+  ``copyWeightsToHost`` (or implicitly: ``copyWeightsToHostIfNeeded``, on ``detachFromDevice``,
+  ``destroy`` and on reading the wrapped model's parameters). ``trainingModel`` runs a shallow copy
+  and turns the model it was given into a ``PoptorchModel``, through which an ``inferenceModel`` of
+  that same model copies the trained weights to its own device before each call; an inference model
+  of any other module (a submodule included) keeps the weights it attached with. Calling a detached
+  model attaches it again. Attaching needs the IPUs free (``fake_hardware.attached``).
 - ``DataLoader`` with PopTorch's combined batch size and per-process partitioning.
 - ``Error`` / ``RecoverableError`` / ``UnrecoverableError`` from ``poptorch.poptorch_core``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import enum
 import os
+import weakref
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any, Dict, List, Optional
 
@@ -569,6 +579,7 @@ class PoplarExecutor:
         options: Options | None,
         training: bool,
         optimizer: torch.optim.Optimizer | None = None,
+        user_model: torch.nn.Module | None = None,
     ) -> None:
         if options:
             if not isinstance(options, Options):
@@ -579,13 +590,19 @@ class PoplarExecutor:
             options = options.clone()
         else:
             options = Options()
-        self._user_model = model
+        # python/_poplar_executor.py: ``self._user_model = user_model or model``; ``self._model = model``
+        # (trainingModel passes a shallow copy as ``model`` and the original as ``user_model``).
+        self._user_model = user_model or model
+        self._model = model
         self._training = training
+        self._device_weights: dict[str, torch.Tensor] | None = None
+        self._dirty_host_weights = False
+        self._host_weights_version = 0
         if training:
             if options.defaultOutputMode():
                 options.outputMode(OutputMode.Final)
             if optimizer is None:
-                optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+                optimizer = torch.optim.SGD(self._user_model.parameters(), lr=0.01)
         else:
             if options.defaultOutputMode():
                 options.outputMode(OutputMode.All)
@@ -608,6 +625,8 @@ class PoplarExecutor:
         self._is_attached = False
         self.compile_count = 0
         self.execute_count = 0
+        if training:
+            _wrap_user_model(self)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -663,16 +682,16 @@ class PoplarExecutor:
             module.register_forward_pre_hook(
                 lambda module, inputs, name=name: tracker.module_ipus.__setitem__(name, tracker.current_ipu)
             )
-            for name, module in self._user_model.named_modules()
+            for name, module in self._model.named_modules()
         ]
         try:
             with torch.no_grad():
-                self._user_model(*narrowed)
+                self._model(*narrowed)
         finally:
             Block._stages_manager = None
             for handle in placements:
                 handle.remove()
-        _refuse_weights_shared_across_ipus(self._user_model, tracker.module_ipus)
+        _refuse_weights_shared_across_ipus(self._model, tracker.module_ipus)
         ipu_ids = [ipu for _, ipu in tracker.blocks if ipu is not None]
         ipus_per_replica = (max(ipu_ids) + 1) if ipu_ids else 1
         strategy = o._execution_strategy
@@ -718,10 +737,8 @@ class PoplarExecutor:
                     "popart_compiler/source/Compiler.cpp",
                 )
         use_model = o.exists("use_model") and o.use_model
-        if not use_model:
-            if fake_hardware.ipus < num_ipus:
-                raise poptorch_core.raise_compiler_error(f"Failed to acquire {num_ipus} IPU(s)", _CPP_COMPILER)
-            fake_hardware.attached.append(num_ipus)
+        if not use_model and fake_hardware.ipus < num_ipus:
+            raise poptorch_core.raise_compiler_error(f"Failed to acquire {num_ipus} IPU(s)", _CPP_COMPILER)
         self._executable = {
             "num_ipus": num_ipus,
             "ipus_per_replica": ipus_per_replica,
@@ -730,8 +747,47 @@ class PoplarExecutor:
             "module_ipus": dict(tracker.module_ipus),
             "use_model": use_model,
         }
-        self._is_attached = True
+        # ConnectionType.Always: the executable attaches as it compiles, and _on_device_attach writes
+        # the host's weights to the device (python/_poplar_executor.py, _compile).
+        self._attach()
         self.compile_count += 1
+
+    def _weights(self) -> dict[str, torch.Tensor]:
+        # copyWeightsToHost / copyWeightsToDevice: ``{**named_parameters(), **named_buffers()}`` of _model.
+        return {**dict(self._model.named_parameters()), **dict(self._model.named_buffers())}
+
+    def _attach(self) -> None:
+        assert self._executable is not None
+        if not self._executable["use_model"]:
+            num_ipus = self._executable["num_ipus"]
+            if fake_hardware.ipus - sum(fake_hardware.attached) < num_ipus:
+                raise poptorch_core.raise_compiler_error(f"Failed to acquire {num_ipus} IPU(s)", _CPP_COMPILER)
+            fake_hardware.attached.append(num_ipus)
+        self._is_attached = True
+        self.copyWeightsToDevice()  # _on_device_attach
+
+    def _release(self) -> None:
+        if self._is_attached and self._executable and not self._executable["use_model"]:
+            fake_hardware.attached.remove(self._executable["num_ipus"])
+        self._is_attached = False
+
+    @contextlib.contextmanager
+    def _on_device(self) -> Iterator[None]:
+        """Run the model on the device's weights: the host's are set aside and put back after, so the
+        host model keeps what it had until the weights are copied to it."""
+        assert self._device_weights is not None
+        weights = self._weights()
+        host = {name: tensor.detach().clone() for name, tensor in weights.items()}
+        with torch.no_grad():
+            for name, tensor in weights.items():
+                tensor.copy_(self._device_weights[name])
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for name, tensor in weights.items():
+                    self._device_weights[name] = tensor.detach().clone()
+                    tensor.copy_(host[name])
 
     def compilationTime(self) -> timedelta:
         if not self.isCompiled():
@@ -741,6 +797,24 @@ class PoplarExecutor:
     def __call__(self, *args: torch.Tensor) -> Any:
         if not self.isCompiled():
             self._compile(args)
+        if not self._is_attached:
+            self.attachToDevice()
+        if not self._training:
+            # python/_poplar_executor.py, __call__: an inference model of a model that a training model
+            # wraps reads the trained weights to the host if they changed, and writes them to its device.
+            copy_if_needed = getattr(self._user_model, "copyWeightsToHostIfNeeded", None)
+            if callable(copy_if_needed):
+                copy_if_needed()
+                if self._host_weights_version != self._user_model._host_weights_version:
+                    self.copyWeightsToDevice()
+                    self._host_weights_version = self._user_model._host_weights_version
+        with self._on_device():
+            outputs = self._execute(args)
+        if self._training:
+            self._dirty_host_weights = True
+        return outputs
+
+    def _execute(self, args: tuple[torch.Tensor, ...]) -> Any:
         o = self._options
         replicas = o.replication_factor
         accumulation = o.Training.gradient_accumulation
@@ -763,7 +837,7 @@ class PoplarExecutor:
                 for r in range(replicas):
                     micro_args = [b[d, a, r] for b in batches]
                     if self._training:
-                        loss = self._user_model(*micro_args)
+                        loss = self._model(*micro_args)
                         scale = (
                             1.0 / (accumulation * replicas)
                             if (o.Training.accumulation_and_replication_reduction_type == ReductionType.Mean)
@@ -774,7 +848,7 @@ class PoplarExecutor:
                             last.append(loss.detach())
                     else:
                         with torch.no_grad():
-                            last.append(self._user_model(*micro_args))
+                            last.append(self._model(*micro_args))
             if self._training:
                 self._optimizer.step()
             outputs = last[0] if len(last) == 1 else torch.stack(last)
@@ -790,36 +864,94 @@ class PoplarExecutor:
         per_iteration = []
         for d in range(iterations):
             with torch.no_grad():
-                per_iteration.append(
-                    torch.cat([self._user_model(*[b[d, 0, r] for b in batches]) for r in range(replicas)])
-                )
+                per_iteration.append(torch.cat([self._model(*[b[d, 0, r] for b in batches]) for r in range(replicas)]))
         self.execute_count += 1
         if self._options.output_mode == OutputMode.Final:
             return per_iteration[-1]
         return torch.cat(per_iteration)
 
+    def copyWeightsToHostIfNeeded(self) -> bool:
+        if self._dirty_host_weights:
+            self.copyWeightsToHost()
+            return True
+        return False
+
     def copyWeightsToHost(self) -> None:
         if not self.isCompiled():
             raise createPoptorchError("Model has not been compiled or has been destroyed.")
+        self._dirty_host_weights = False
+        if self._device_weights is not None:
+            with torch.no_grad():
+                for name, tensor in self._weights().items():
+                    tensor.copy_(self._device_weights[name])
+        self._host_weights_version += 1
 
     def copyWeightsToDevice(self) -> None:
         if not self.isCompiled():
             raise createPoptorchError("Model has not been compiled or has been destroyed.")
+        self._dirty_host_weights = False
+        self._device_weights = {name: tensor.detach().clone() for name, tensor in self._weights().items()}
 
     def detachFromDevice(self) -> None:
         if not self.isCompiled():
             raise createPoptorchError("Model has not been compiled or has been destroyed.")
         if not self._is_attached:
             raise createPoptorchError("Device is not attached")
-        self._is_attached = False
+        if self._training:
+            self.copyWeightsToHostIfNeeded()  # "Read all the states back before detaching"
+        self._release()
+
+    def attachToDevice(self) -> None:
+        if not self.isCompiled():
+            raise createPoptorchError("Model has not been compiled or has been destroyed.")
+        if self._is_attached:
+            raise createPoptorchError("Device is already attached")
+        self._attach()
 
     def destroy(self) -> None:
         if not self.isCompiled():
             return
-        if self._executable and not self._executable["use_model"]:
-            fake_hardware.attached.remove(self._executable["num_ipus"])
+        if self._training:
+            self.copyWeightsToHostIfNeeded()
+        self._release()
         self._executable = None
-        self._is_attached = False
+        self._device_weights = None
+        if self._training:
+            _unwrap_user_model(self._user_model)
+
+
+def _wrap_user_model(executor: PoplarExecutor) -> None:
+    """What trainingModel does to the model it was given (python/_poplar_executor.py, PoplarExecutor's
+    constructor): its class becomes a ``PoptorchModel`` that reads the trained weights to the host
+    before its parameters, buffers or forward are used, and tells an inference model of it which
+    version of the weights the host holds (``_host_weights_version``). A weak reference, as there."""
+    parent = weakref.ref(executor)
+    model = executor._user_model
+    original = type(model)
+
+    class PoptorchModel(original):  # type: ignore[valid-type, misc]
+        def copyWeightsToHostIfNeeded(self) -> bool:
+            p = parent()
+            return p.copyWeightsToHostIfNeeded() if p is not None else False
+
+        def __getattribute__(self, name: str) -> Any:
+            if name == "_host_weights_version":
+                p = parent()
+                return None if p is None else p._host_weights_version
+            if name in ("_buffers", "_parameters", "forward"):
+                object.__getattribute__(self, "copyWeightsToHostIfNeeded")()
+            return object.__getattribute__(self, name)
+
+    PoptorchModel.__name__ = f"Poptorch{original.__name__}"
+    PoptorchModel._poptorch_original_class = original  # type: ignore[attr-defined]
+    model.__class__ = PoptorchModel
+
+
+def _unwrap_user_model(model: torch.nn.Module) -> None:
+    """destroy() of a training model gives the model its own class back (_impl.unwrapModelIfNecessary)."""
+    original = getattr(type(model), "_poptorch_original_class", None)
+    if original is not None:
+        model.__class__ = original
 
 
 def trainingModel(
@@ -827,7 +959,8 @@ def trainingModel(
 ) -> PoplarExecutor:
     if isinstance(model, PoplarExecutor):
         model = model._user_model
-    return PoplarExecutor(model, options, training=True, optimizer=optimizer)
+    # python/__init__.py: the executor runs a shallow copy and wraps the original (user_model).
+    return PoplarExecutor(copy.copy(model), options, training=True, optimizer=optimizer, user_model=model)
 
 
 def inferenceModel(model: torch.nn.Module, options: Options | None = None) -> PoplarExecutor:
