@@ -170,3 +170,24 @@ def test_a_folder_without_splits_is_refused_naming_data(digits_folder: Path) -> 
     with pytest.raises(ConfigError, match="no train/ folder") as refused:
         run_here("digits", "cpu", power_meter="none", data=str(digits_folder / "train"), target=TARGET)
     assert refused.value.field == "data"
+
+
+@pytest.mark.slow
+def test_two_replicas_reading_the_folder_give_one_process_curve(digits_folder: Path) -> None:
+    # The whole path: `core.run` launches 2 processes (torchrun, gloo), each reading its share of every
+    # global batch through its own loader workers, the held-out split sharded and all-reduced.
+    from core import run
+
+    target = {"metric": "top1", "value": 1.0, "max_epochs": 3}  # never reached: three points each
+    common = {"power_meter": "none", "data": str(digits_folder), "target": target}
+    replicated = run("digits", "cpu", replicas=2, micro_batch_size=16, **common)
+    whole = run_here("digits", "cpu", replicas=1, micro_batch_size=32, **common)
+    for result in (replicated, whole):
+        assert result.status.state is RunState.target_not_reached and result.to_target is not None
+        assert [point.samples for point in result.to_target.curve] == [44 * 32, 88 * 32, 132 * 32]
+    assert replicated.world_size == 2
+    # The same samples per update in the same order: DDP's averaged gradients differ from one process's
+    # by rounding only (tests/test_to_target.py), so each point is within one held-out image and 1 %.
+    for ours, theirs in zip(replicated.to_target.curve, whole.to_target.curve):  # type: ignore[union-attr]
+        assert abs(ours.metrics["top1"] - theirs.metrics["top1"]) <= 1 / HELD_OUT + 1e-12
+        assert ours.metrics["loss"] == pytest.approx(theirs.metrics["loss"], rel=1e-2)

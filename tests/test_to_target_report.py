@@ -345,6 +345,20 @@ def test_a_tiny_batch_size_sweep_to_a_target_runs_and_the_report_draws_it(tmp_pa
     runs = ResultStore(database, create=False).runs(sweep="digits-tiny")
     assert len(runs) == 4 and all(run.result.to_target is not None for run in runs)
     assert all(run.result.to_target.reached for run in runs)  # type: ignore[union-attr]
+    # Each repeat trains from a seed of its own (MLPerf's runs do): the cell's seed plus the repeat.
+    assert sorted((run.result.config.micro_batch_size, run.repeat, run.result.config.seed) for run in runs) == [
+        (32, 0, 0),
+        (32, 1, 1),
+        (128, 0, 0),
+        (128, 1, 1),
+    ]
+    for batch in (32, 128):
+        first, second = (
+            [point.value for point in run.result.to_target.curve]
+            for run in runs  # type: ignore[union-attr]
+            if run.result.config.micro_batch_size == batch
+        )
+        assert first != second  # other weights and another epoch order: another curve
     out = tmp_path / "report"
     assert main(["report", "--database", str(database), "--output", str(out)]) == 0
     text = (out / "report.md").read_text(encoding="utf-8")

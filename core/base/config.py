@@ -141,7 +141,8 @@ class TargetConfig(BaseModel):
         default=None,
         gt=0.0,
         le=30 * 24 * 3600.0,
-        description="budget: stop at the first evaluation after this many clock seconds without reaching the target",
+        description="budget: stop training within about a second of this many clock seconds without reaching the "
+        "target, and evaluate once more",
     )
 
     @model_validator(mode="after")

@@ -45,7 +45,8 @@ from core.base.units import JOULES_PER_WATT_HOUR, watt_hours
 #       with host names) with no meter too.
 # 1.12: training to a target quality (RunConfig.target): RunResult.to_target (optional, so older
 #       documents load without it) with the quality curve, time, energy, epochs and samples to the
-#       target; RunState.target_not_reached for a run that ended without reaching it.
+#       target; RunState.target_not_reached for a run that ended without reaching it. Later in 1.12,
+#       TargetOutcome.paused_seconds and .paused_joules (defaults: earlier 1.12 documents load).
 SCHEMA_VERSION = "1.12"
 # The error type of a document written by a newer core: ResultStore skips such a row with a warning.
 NEWER_SCHEMA_ERROR = "newer_schema"
@@ -320,6 +321,18 @@ class TargetOutcome(BaseModel):
         default=None, description="energy over training_seconds; None without a meter"
     )
     evaluation_seconds: float = Field(ge=0, description="every evaluation's time, inside training_seconds")
+    paused_seconds: float = Field(
+        default=0.0,
+        ge=0,
+        description="time the clock left out after the evaluations that did not end training: the partial "
+        "result told to the run's observers (written where a run keeps one), every process waiting for it",
+    )
+    paused_joules: float | None = Field(
+        default=None,
+        description="the meter's energy over those pauses, taken out of training_joules and the curve's; None "
+        "without pauses or a meter, or where the meter cannot read before it stops (then they are left in, said "
+        "in the result's warnings)",
+    )
     epochs: float = Field(ge=0, description="epochs trained in all")
     samples: int = Field(ge=0, description="training samples processed in all")
     curve: list[QualityPoint] = Field(default_factory=list, description="every evaluation, in order")

@@ -319,14 +319,17 @@ def _to_target(
         _close_meters(meter)
     # Executors that compile lazily record what compiling took (the first step's, the first evaluation's).
     result.executor_details = executor.details()
-    result.energy_seconds = result.to_target.training_seconds if result.to_target else None
+    # the meter's span: the clock's and its pauses (result.to_target's figures leave the pauses out)
+    result.energy_seconds = (
+        result.to_target.training_seconds + result.to_target.paused_seconds if result.to_target else None
+    )
     result.energy_samples = result.to_target.samples if result.to_target else None
     if process.meter_readers_gathered:
         energy = _energy_over_nodes(result, executor, process, energy)
     if energy is not None:
         _record_energy(result, energy)
     if result.to_target is not None:
-        record_target_energy(result.to_target, result.energy_joules)
+        result.warnings.extend(record_target_energy(result.to_target, result.energy_joules))
 
 
 def _joules_so_far(meter: PowerMeter | None, executor: Executor, process: ProcessContext) -> float | None:

@@ -99,24 +99,23 @@ def train_to_target(
     result.samples_per_epoch = training_samples
 
     updates = 0
+    clock = _Clock(executor, joules_so_far)
     if meter is not None:
         meter.start()
-    started = time.perf_counter()
+    clock.start()
     while True:
         steps = schedule.updates_between_evaluations
         if schedule.max_updates is not None:
             steps = min(steps, schedule.max_updates - updates)
-        executor.run_steps(steps)
-        executor.synchronize()
-        updates += steps
+        updates += _train(executor, steps, clock, target.max_seconds)
         evaluation_started = time.perf_counter()
         metrics = executor.evaluate()
         executor.synchronize()
         executor.check_finite()  # outside no span: a NaN ends the run as it would end a window
         now = time.perf_counter()
-        joules = joules_so_far()  # at the evaluation's end, as its time is
+        joules = clock.joules_so_far()  # at the evaluation's end, as its time is
         evaluation_seconds = executor.gather_max(now - evaluation_started)
-        seconds = executor.gather_max(now - started)
+        seconds = executor.gather_max(clock.seconds(now))
         if metrics is None or target.metric not in metrics:
             raise ValueError(
                 f"the executor's evaluation gave {sorted(metrics or {})}, not target.metric {target.metric!r}"
@@ -136,7 +135,10 @@ def train_to_target(
         outcome.training_seconds, outcome.epochs, outcome.samples = seconds, point.epoch, samples
         stopped_by = _stopped_by(point, target, higher, updates, schedule)
         if stopped_by is None:
-            report(result)  # the curve so far: a crash later loses none of it
+            # The curve so far, told (a crash later loses none of it) with the clock paused: every
+            # process waits for it, and its time and energy are taken out of the clock's.
+            clock.pause(lambda: report(result), joules)
+            outcome.paused_seconds, outcome.paused_joules = clock.paused_seconds, clock.paused_joules
             continue
         outcome.stopped_by = stopped_by
         outcome.reached = stopped_by == "target"
@@ -157,16 +159,98 @@ def train_to_target(
     return energy
 
 
-def record_target_energy(outcome: TargetOutcome, joules: float | None) -> None:
-    """The energy over the clock's span (every node's, where several read a meter): the last point's,
-    the training's, and, where the target was reached, the energy to it, which is the reading at the
-    evaluation that met it (training stops there). The earlier points keep what the meter read at
-    them, where it could (``PowerMeter.read_joules_so_far``; docs/to-target.md)."""
+#: with a time budget, training between evaluations checks the clock about this often (a host sync
+#: and, over several processes, one exchange each time), so a budget ends training within about it
+BUDGET_CHECK_SECONDS = 1.0
+
+
+class _Clock:
+    """MLPerf's clock for this run: seconds since the first step, less the pauses (the partial reports
+    after evaluations); energy so far, less the pauses' where the meter can read so far."""
+
+    def __init__(self, executor: Executor, joules_so_far: Callable[[], float | None]) -> None:
+        self._executor, self._joules_so_far = executor, joules_so_far
+        self._started = 0.0
+        self.paused_seconds = 0.0
+        self._paused_joules: float | None = 0.0  # None: a pause's energy could not be read
+
+    def start(self) -> None:
+        self._started = time.perf_counter()
+
+    def seconds(self, now: float | None = None) -> float:
+        return (time.perf_counter() if now is None else now) - self._started - self.paused_seconds
+
+    def joules_so_far(self) -> float | None:
+        joules = self._joules_so_far()
+        if joules is None or self._paused_joules is None:
+            return None
+        return joules - self._paused_joules
+
+    def pause(self, work: Callable[[], None], joules_before: float | None) -> None:
+        """Do ``work`` outside the clock. The pause ends for every process alike, after an exchange
+        that waits for the slowest (the one that reports), so every process's clock leaves out the same."""
+        paused = time.perf_counter()
+        work()
+        self._executor.gather_max(0.0)
+        self.paused_seconds += time.perf_counter() - paused
+        joules_after = self.joules_so_far()
+        if joules_before is None or joules_after is None or self._paused_joules is None:
+            self._paused_joules = None
+        else:
+            self._paused_joules += joules_after - joules_before
+
+    @property
+    def paused_joules(self) -> float | None:
+        """The pauses' energy, to take out of the meter's total (None: unknown, so the total cannot be)."""
+        return self._paused_joules
+
+
+def _train(executor: Executor, updates: int, clock: _Clock, max_seconds: float | None) -> int:
+    """``updates`` updates, waited for; with a time budget in chunks of about :data:`BUDGET_CHECK_SECONDS`,
+    stopping after the chunk that spends it. Returns the updates made. Every process takes the same
+    decisions: they are made on the clock's maximum over the processes."""
+    if max_seconds is None or updates == 0:
+        executor.run_steps(updates)
+        executor.synchronize()
+        return updates
+    done, chunk = 0, 1
+    checked = executor.gather_max(clock.seconds())
+    while done < updates:
+        size = min(chunk, updates - done)
+        executor.run_steps(size)
+        executor.synchronize()
+        done += size
+        elapsed = executor.gather_max(clock.seconds())
+        if elapsed >= max_seconds:
+            break
+        per_update = max(elapsed - checked, 1e-9) / size
+        chunk = max(1, min(int(BUDGET_CHECK_SECONDS / per_update), 2 * size + 1))  # grows at most two-fold
+        checked = elapsed
+    return done
+
+
+def record_target_energy(outcome: TargetOutcome, joules: float | None) -> list[str]:
+    """The energy over the clock's span (every node's, where several read a meter), from the meter's
+    total over its span (``joules``), which holds the pauses the clock leaves out: less their energy.
+    Set on the last point, the training, and, where the target was reached, the energy to it, which
+    is the reading at the evaluation that met it (training stops there). The earlier points keep
+    what the meter read at them, where it could (``PowerMeter.read_joules_so_far``; docs/to-target.md).
+    Returns warnings for the result: where the pauses' energy could not be read, it is left in."""
     if not outcome.curve:
-        return
+        return []
+    warnings = []
+    if joules is not None and outcome.paused_seconds > 0:
+        if outcome.paused_joules is None:
+            warnings.append(
+                f"the energy to target includes the {outcome.paused_seconds:.3g} s of partial reports after "
+                "evaluations, which the clock leaves out: the meter cannot read before it stops"
+            )
+        else:
+            joules -= outcome.paused_joules
     outcome.curve[-1].joules = joules
     outcome.training_joules = joules
     outcome.energy_to_target_joules = joules if outcome.reached else None
+    return warnings
 
 
 StoppedBy = Literal["target", "max_epochs", "max_seconds"]

@@ -818,7 +818,8 @@ class SlurmBackend(SweepBackend):
         """``repeat``'s request and batch script in ``folder``; returns the script."""
         assert repeat.cell.planned is not None, "only validated cells run"
         request, result, ended = folder / "request.json", folder / "result.json", folder / ENDED_NAME
-        write_job_request(request, repeat.cell)  # with the cell's options, where it was planned for a profile
+        # with the cell's options, where it was planned for a profile; the repeat's seed (Cell.for_repeat)
+        write_job_request(request, repeat.cell.for_repeat(repeat.index))
         script = folder / "job.sh"
         site = self._site_lines(repeat)
         # surrogateescape: a folder's bytes that are not UTF-8 are written back as they were

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
     from core.running.planning import PlannedRun
 
 _LABEL_VALUE_CHARS = 60  # of one value in a cell's label
+SEED_MAX = 2**32 - 1  # RunConfig.seed's largest
 
 
 @dataclass
@@ -48,6 +50,21 @@ class Cell:
     def warnings(self) -> tuple[str, ...]:
         """What planning warned of (a dry run for a machine shows them)."""
         return self.planned.warnings if self.planned is not None else ()
+
+    def for_repeat(self, repeat: int) -> Cell:
+        """The cell as repeat ``repeat`` (from 0) runs it. A run to a target trains from seed + repeat:
+        MLPerf Training's runs each take a seed of their own, so the spread of time to target over
+        the repeats is that of the training, not only the timing's. Every other run keeps the seed.
+        The key, the cell's identity in the database, is the cell's."""
+        config = self.config
+        if repeat == 0 or config is None or config.target is None:
+            return self
+        assert self.planned is not None
+        seed = config.seed + repeat
+        if seed > SEED_MAX:
+            seed -= SEED_MAX + 1  # seeds wrap, as they must stay in RunConfig's range
+        planned = self.planned.model_copy(update={"config": config.model_copy(update={"seed": seed})})
+        return dataclasses.replace(self, planned=planned, options={**self.options, "seed": seed})
 
     def describe(self) -> dict[str, Any]:
         return {

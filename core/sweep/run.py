@@ -392,7 +392,7 @@ class LocalBackend(SweepBackend):
         repeat, self._next = self._next, None
         assert repeat is not None and self._scratch is not None, "wait() follows submit(), while running()"
         result, seconds = run_in_process(
-            repeat.cell,
+            repeat.cell.for_repeat(repeat.index),
             timeout_seconds=self.timeout_seconds,
             work_dir=self._scratch / f"cell-{repeat.cell.index}-repeat-{repeat.index}",
             on_wait=lambda elapsed: on_wait(repeat, elapsed),
