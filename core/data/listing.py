@@ -15,6 +15,7 @@ import functools
 import math
 import os
 import stat
+from array import array
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any, TypeGuard
@@ -86,8 +87,10 @@ def _image_samples(root: str, classes: tuple[str, ...], signature: tuple[int, ..
 
 #: what a run to a target reads from files, said in its refusals
 SPLIT_LAYOUT = (
-    f"an image folder split into {TRAIN_SPLIT}/ and {HELD_OUT_SPLIT}/: DATA/{TRAIN_SPLIT}/<class>/<image> for "
-    f"training, DATA/{HELD_OUT_SPLIT}/<class>/<image> for evaluation, the same class folders in both"
+    f"a data set split into {TRAIN_SPLIT}/ and {HELD_OUT_SPLIT}/ (training, evaluation): an image folder "
+    f"(DATA/{TRAIN_SPLIT}/<class>/<image>, DATA/{HELD_OUT_SPLIT}/<class>/<image>, the same class folders in both), "
+    f"WebDataset shards (DATA/{TRAIN_SPLIT}/*.tar, DATA/{HELD_OUT_SPLIT}/*.tar) or TFRecord files "
+    f"(DATA/{TRAIN_SPLIT}/*.tfrecord, DATA/{HELD_OUT_SPLIT}/*.tfrecord)"
 )
 
 
@@ -117,8 +120,9 @@ def image_folder_splits(root: Path) -> tuple[Path, Path]:
 
 
 #: the formats whose training and held-out splits a run to a target reads (:func:`target_splits`);
-#: each executor that evaluates says which of them it reads (planning refuses the rest)
-TARGET_SPLIT_FORMATS: tuple[str, ...] = ("image-folder",)
+#: the frameworks whose executor reads each are core.data.FORMAT_FRAMEWORKS' (image folders and shards
+#: PyTorch's, TFRecord files Keras'): planning refuses the rest, naming ``data``
+TARGET_SPLIT_FORMATS: tuple[str, ...] = ("image-folder", "webdataset", "tfrecord")
 
 
 def target_splits(root: Path, data_format: str) -> tuple[str, Path, Path]:
@@ -161,11 +165,11 @@ def shard_files(path: Path) -> list[Path]:
 
 def record_files(path: Path) -> list[Path]:
     """The TFRecord files at ``path``: the file itself, or a folder's ``*.tfrecord``/``*.tfrecords``,
-    each framed as records that fit the file (:func:`check_record_framing`)."""
+    each framed as records that fit the file (:func:`record_frames`)."""
     files = _data_files(path, RECORD_SUFFIXES, "a TFRecord file")
     for file in files:
         info = os.stat(file)
-        _check_record_framing(str(file), info.st_mtime_ns, info.st_size)
+        _record_frames(str(file), info.st_mtime_ns, info.st_size)
     return files
 
 
@@ -173,15 +177,24 @@ def record_files(path: Path) -> list[Path]:
 _RECORD_HEADER_BYTES, _RECORD_CRC_BYTES = 12, 4
 
 
+def record_frames(file: Path) -> tuple[array[int], array[int]]:
+    """(each record's data offset, its length in bytes) of a TFRecord file, from its framing
+    (:func:`_record_frames`): the records counted and found without reading one."""
+    info = os.stat(file)
+    return _record_frames(str(file), info.st_mtime_ns, info.st_size)
+
+
 @functools.lru_cache(maxsize=8192)  # a sweep plans each cell: ImageNet has 1,024 train files
-def _check_record_framing(file_text: str, modified: int, size: int) -> None:
-    """Every record of a TFRecord file fits what is left of the file after its header.
+def _record_frames(file_text: str, modified: int, size: int) -> tuple[array[int], array[int]]:
+    """Every record of a TFRecord file fits what is left of the file after its header: (data offsets,
+    lengths) of its records.
 
     TensorFlow's reader allocates a record's declared length before reading it: a length field of
     a terabyte (a damaged or hostile file) crashed the process with a segmentation fault, losing
     the run. Only the 12-byte headers are read, one per record (a few seconds for ImageNet's
     1.28 million); the CRCs are TensorFlow's to check."""
     file = Path(file_text)
+    offsets, lengths = array("q"), array("q")
     try:
         descriptor = os.open(file, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError as error:
@@ -200,11 +213,14 @@ def _check_record_framing(file_text: str, modified: int, size: int) -> None:
                     f"the record at byte {offset:,} declares {length:,} bytes, but only {max(left, 0):,} follow it: "
                     "not a TFRecord file, or a damaged or cut-off one",
                 )
+            offsets.append(offset + _RECORD_HEADER_BYTES)
+            lengths.append(length)
             offset += _RECORD_HEADER_BYTES + length + _RECORD_CRC_BYTES
     except OSError as error:
         raise _refuse(file, f"cannot read it: {error.strerror or error}") from None
     finally:
         os.close(descriptor)
+    return offsets, lengths
 
 
 def _data_files(path: Path, suffixes: tuple[str, ...], what: str) -> list[Path]:

@@ -392,7 +392,7 @@ class _EpochBatches(Sampler[list[int]]):
 
 
 class FileEpochs:
-    """A run to a target's training split read from an image folder by the loader's workers, in the
+    """A run to a target's training split read from files (an image folder, shards) by the loader's workers, in the
     order the in-memory split is read (:class:`core.data.epoch_order.EpochOrder`: each epoch
     a permutation drawn from the run's seed and the epoch's number, cut into global batches, the
     last partial one dropped), so the quality curve does not depend on the replicas.
@@ -441,7 +441,7 @@ class FileEpochs:
 
 
 class HeldOutFiles:
-    """A run to a target's held-out split read from an image folder: this process's shard (every
+    """A run to a target's held-out split read from files (an image folder, shards): this process's shard (every
     world-size-th image from its rank, as the in-memory evaluation takes them) in batches of
     :data:`core.data.epoch_order.EVALUATION_BATCH`, by workers kept between evaluations."""
 
@@ -468,25 +468,36 @@ class HeldOutFiles:
         self._workers.close()
 
 
-def image_folder_split_readers(
+def target_split_readers(
     config: RunConfig, image_shape: tuple[int, ...], process: ProcessContext, replicas_here: int, pin_memory: bool
-) -> tuple[FileEpochs, HeldOutFiles]:
-    """The readers of a run to a target's splits, ``config.data``'s train/ and val/ image folders
-    (core.data.listing.image_folder_splits); this process holds ``replicas_here`` replicas."""
-    from core.data.listing import image_folder_splits
-    from core.data.torch_datasets import ImageFolder
+) -> tuple[str, FileEpochs, HeldOutFiles]:
+    """(format, training reader, held-out reader) of a run to a target's splits, ``config.data``'s
+    train/ and val/ (core.data.listing.target_splits): image folders, or WebDataset shards read sample
+    by sample at their members' offsets (core.data.split_index); this process holds ``replicas_here``
+    replicas. Both are read in the order an in-memory split is (:class:`FileEpochs`, :class:`HeldOutFiles`)."""
+    from core.data.listing import target_splits
+    from core.data.torch_datasets import ImageFolder, IndexedShards
 
     assert config.micro_batch_size is not None
     if len(image_shape) != 3:
         raise ValueError(f"image data needs a workload whose inputs are images [C, H, W]; this one takes {image_shape}")
     shape = (image_shape[0], image_shape[1], image_shape[2])
-    train, held_out = image_folder_splits(Path(config.data))
-    training_images = ImageFolder(train, shape)
+    found, train, held_out = target_splits(Path(config.data), config.data_format)
+    dataset: type[ImageFolder] | type[IndexedShards]
+    if found == "image-folder":
+        dataset = ImageFolder
+    elif found == "webdataset":
+        dataset = IndexedShards
+    else:
+        raise ValueError(
+            f"the PyTorch executor reads a run to a target's splits as image folders or shards, not {found}"
+        )
+    training_samples = dataset(train, shape)
     order = EpochOrder(
-        len(training_images), config.seed, config.micro_batch_size, config.gradient_accumulation, config.replicas
+        len(training_samples), config.seed, config.micro_batch_size, config.gradient_accumulation, config.replicas
     )
     replicas = range(process.rank * replicas_here, (process.rank + 1) * replicas_here)
-    training = FileEpochs(training_images, order, replicas, config.data_workers, pin_memory, str(train))
+    training = FileEpochs(training_samples, order, replicas, config.data_workers, pin_memory, str(train))
     shard = (process.rank, max(process.world_size, 1))
-    evaluation = HeldOutFiles(ImageFolder(held_out, shape), shard, config.data_workers, pin_memory, str(held_out))
-    return training, evaluation
+    evaluation = HeldOutFiles(dataset(held_out, shape), shard, config.data_workers, pin_memory, str(held_out))
+    return found, training, evaluation

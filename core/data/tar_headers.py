@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import re
 import tarfile
+from pathlib import Path
 from typing import IO, Any
+
+from core.base.errors import DataError
 
 # Real extended headers hold a path or link of at most a few KiB, times and ids, perhaps a few
 # extended attributes: 64 KiB is ample, and small enough that nothing in it is slow to parse.
@@ -114,3 +117,13 @@ class _Replayed:
             offset, whence = self.tell() + offset, 0
         self._replay = b""
         return self._stream.seek(offset, whence)
+
+
+def check_archive_end(shard: Path, archive: tarfile.TarFile, last: str) -> None:
+    """tarfile ends an archive quietly at a damaged or cut-off header after the first: where the next
+    header would be, there must be the end-of-archive marker (zeros) or the end of the file."""
+    fileobj = archive.fileobj
+    assert fileobj is not None
+    fileobj.seek(archive.offset)
+    if fileobj.read(tarfile.BLOCKSIZE).strip(b"\0"):
+        raise DataError(f"{shard}: damaged or cut off after member {last!r} (no tar header at byte {archive.offset:,})")

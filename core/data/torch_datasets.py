@@ -4,6 +4,8 @@ so a model runs unchanged on either."""
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import tarfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,7 +27,8 @@ from core.data.files import (
     read_data_file,
 )
 from core.data.listing import image_folder, shard_files
-from core.data.tar_headers import BoundedTarInfo, ExtendedHeaderError
+from core.data.split_index import IMAGE_MEMBER_EXTENSIONS, LABEL_MEMBER_EXTENSION, split_shards
+from core.data.tar_headers import BoundedTarInfo, ExtendedHeaderError, check_archive_end
 
 # ImageNet channel statistics: the normalisation every ImageNet-trained vision model expects.
 _MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
@@ -120,18 +123,56 @@ class WebDatasetShards(IterableDataset):
             yield self._sample(shard, current_key, parts)
 
     def _sample(self, shard: Path, key: str | None, parts: dict[str, bytes]) -> tuple[torch.Tensor, torch.Tensor]:
-        image_extension = next((e for e in ("jpg", "jpeg", "png", "webp") if e in parts), None)
-        label = parts.get("cls")
+        image_extension = next((e for e in IMAGE_MEMBER_EXTENSIONS if e in parts), None)
+        label = parts.get(LABEL_MEMBER_EXTENSION)
         if image_extension is None or label is None:
             raise DataError(
                 f"{shard}: sample {key!r} needs an image (.jpg/.png) and a .cls label; found {sorted(parts)}"
             )
-        try:
-            target = int(label.decode("ascii").strip())
-        except ValueError:  # UnicodeDecodeError included
-            raise DataError(f"{shard}: member '{key}.cls': {label[:40]!r} is not a whole-number class label") from None
+        target = class_label(label, f"{shard}: member '{key}.cls'")
         image = decode_image(parts[image_extension], *self.image_shape, f"{shard}: member '{key}.{image_extension}'")
         return image, torch.tensor(target)
+
+
+def class_label(text: bytes, source: str) -> int:
+    """A ``.cls`` member's class: a whole number in decimal text; DataError naming ``source`` otherwise."""
+    try:
+        return int(text.decode("ascii").strip())
+    except ValueError:  # UnicodeDecodeError included
+        raise DataError(f"{source}: {text[:40]!r} is not a whole-number class label") from None
+
+
+class IndexedShards(Dataset):
+    """The samples of a split's tar shards, read one by one at the offsets their member headers give
+    (core.data.split_index: indexed once, cached): a run to a target reads them in
+    :class:`core.data.epoch_order.EpochOrder`'s order, as it reads an image folder. Sample ``i`` is
+    the ``i``-th of the shards in name order, each in member order."""
+
+    def __init__(self, split: Path, image_shape: tuple[int, int, int]) -> None:
+        self.shards = split_shards(split)
+        self.image_shape = image_shape
+        self._starts = list(itertools.accumulate((len(shard) for shard in self.shards), initial=0))
+
+    def __len__(self) -> int:
+        return self._starts[-1]
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        which = bisect.bisect_right(self._starts, index) - 1
+        shard, position = self.shards[which], index - self._starts[which]
+        where = f"{shard.shard}: sample {position} (the member at byte {shard.image_offsets[position]:,})"
+        with opened_data_file(shard.shard, "a shard") as (stream, _):
+            image = _read_at(stream, shard.image_offsets[position], shard.image_sizes[position], where)
+            label = _read_at(stream, shard.label_offsets[position], shard.label_sizes[position], where)
+        return decode_image(image, *self.image_shape, where), torch.tensor(class_label(label, f"{where}'s label"))
+
+
+def _read_at(stream: IO[bytes], offset: int, size: int, where: str) -> bytes:
+    """``size`` bytes at ``offset`` (sizes were bounded when the shard was indexed)."""
+    stream.seek(offset)
+    data = stream.read(size)
+    if len(data) != size:
+        raise DataError(f"{where}: the shard ends {size - len(data):,} bytes early (changed since it was indexed?)")
+    return data
 
 
 def _shard_members(shard: Path, admit: Callable[[str, int], None] | None = None) -> Iterator[tuple[str, bytes]]:
@@ -166,7 +207,7 @@ def _tar_members(
                     admit(name, member.size)
                 reader = archive.extractfile(member)
                 yield name, reader.read() if reader is not None else b""
-            _check_archive_end(shard, archive, name)
+            check_archive_end(shard, archive, name)
     except DataError:
         raise
     except ExtendedHeaderError as error:
@@ -177,16 +218,6 @@ def _tar_members(
     except Exception as error:  # tarfile.ReadError, and what a damaged compressed stream raises
         problem = f"{type(error).__name__}: {error}"
         raise DataError(f"{shard}: not a readable tar file at member {name!r}: {problem}") from None
-
-
-def _check_archive_end(shard: Path, archive: tarfile.TarFile, last: str) -> None:
-    """tarfile ends an archive quietly at a damaged or cut-off header after the first: where the next
-    header would be, there must be the end-of-archive marker (zeros) or the end of the file."""
-    fileobj = archive.fileobj
-    assert fileobj is not None
-    fileobj.seek(archive.offset)
-    if fileobj.read(tarfile.BLOCKSIZE).strip(b"\0"):
-        raise DataError(f"{shard}: damaged or cut off after member {last!r} (no tar header at byte {archive.offset:,})")
 
 
 class TokenFile(Dataset):

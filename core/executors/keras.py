@@ -18,14 +18,16 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from core.base.config import RunConfig
 from core.base.distributed import ProcessContext
 from core.base.errors import DataError, NonFiniteLossError
 from core.base.precision import PrecisionPolicy, policy_for
 from core.contract.workload import KerasTrainingSpec
+from core.data import SYNTHETIC_SOURCES
 from core.data.epoch_order import EVALUATION_BATCH, EpochOrder, metrics_of, shard
+from core.data.tf_records import RecordSplit
 from core.executors.base import Executor, HostStepClock, StepClock
 
 
@@ -278,6 +280,54 @@ def _any_non_finite(tf: Any, tensors: list[Any]) -> Any:
     return tf.cast(tf.logical_not(finite), tf.float32)
 
 
+class Split(Protocol):
+    """A run to a target's split as the Keras executor reads it: samples by index, on the host."""
+
+    def __len__(self) -> int: ...
+
+    def take(self, indices: Any) -> tuple[Any, Any]:
+        """(inputs, targets) of samples ``indices`` (a 1-D integer array), as numpy arrays."""
+        ...
+
+
+class ArraySplit:
+    """A split held in memory (the workload's own: ``KerasTrainingSpec``'s arrays)."""
+
+    def __init__(self, inputs: Any, targets: Any) -> None:
+        import numpy as np
+
+        self.inputs, self.targets = np.asarray(inputs), np.asarray(targets)
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+    def take(self, indices: Any) -> tuple[Any, Any]:
+        return self.inputs[indices], self.targets[indices]
+
+
+def _target_splits(spec: KerasTrainingSpec, config: RunConfig) -> tuple[Split, Split]:
+    """(training, held-out) splits of a run to a target: the workload's arrays, or ``config.data``'s
+    train/ and val/ TFRecord files (core.data.listing.target_splits), read by offset in the same order."""
+    if config.data in SYNTHETIC_SOURCES:
+        if spec.evaluation_inputs is None:
+            raise ValueError("a run to a target needs the workload's held-out split (evaluation_inputs)")
+        return ArraySplit(spec.inputs, spec.targets), ArraySplit(spec.evaluation_inputs, spec.evaluation_targets)
+    from pathlib import Path
+
+    from core.data.listing import target_splits
+
+    found, training, held_out = target_splits(Path(config.data), config.data_format)
+    if found != "tfrecord":
+        raise ValueError(f"the Keras executor reads a run to a target's splits as TFRecord files, not {found}")
+    shape = tuple(spec.inputs.shape[1:])
+    if len(shape) != 3:
+        raise ValueError(
+            f"TFRecord image data needs a workload whose inputs are images [H, W, C]; this one takes {shape}"
+        )
+    image_shape = (int(shape[0]), int(shape[1]), int(shape[2]))
+    return RecordSplit(training, image_shape), RecordSplit(held_out, image_shape)
+
+
 class KerasExecutor(Executor):
     """One weight update per ``step()``: GA accumulated micro-steps on every replica, one apply.
 
@@ -310,7 +360,8 @@ class KerasExecutor(Executor):
         self._updates_checked = 0  # updates run up to the last check
         # A run to a target: the training split in real epochs, and the held-out split (host arrays).
         self._epochs: EpochOrder | None = None
-        self._evaluation_split: tuple[Any, Any] | None = None
+        self._training_split: Split | None = None
+        self._evaluation_split: Split | None = None
         self._evaluation_step: Callable[[Any, Any, Any], Any] | None = None
         try:
             # Layers read the global policy when constructed, so it is set before make_model.
@@ -349,6 +400,15 @@ class KerasExecutor(Executor):
                 self._details["epoch_order"] = "shuffled per epoch (seeded), last partial global batch dropped"
             if self._files is not None:
                 self._details["data_format"] = "tfrecord"
+            if isinstance(self._training_split, RecordSplit):
+                self._details.update(
+                    {
+                        "data": "files",
+                        "data_format": "tfrecord",
+                        "dataset_samples": len(self._training_split),
+                        "held_out_samples": len(self._evaluation_split) if self._evaluation_split is not None else 0,
+                    }
+                )
             if placement.workers:
                 self._details.update(
                     {
@@ -405,11 +465,9 @@ class KerasExecutor(Executor):
         if config.target is not None:
             # A run to a target reads the training split in real epochs: each update's samples are
             # copied to the replicas as it runs (step()), and the held-out split stays on the host.
-            if spec.evaluation_inputs is None:
-                raise ValueError("a run to a target needs the workload's held-out split (evaluation_inputs)")
-            self._epochs = EpochOrder(pool, config.seed, micro, accumulation, global_replicas)
-            self._training_split = (inputs, targets)
-            self._evaluation_split = (np.asarray(spec.evaluation_inputs), np.asarray(spec.evaluation_targets))
+            self._training_split, self._evaluation_split = _target_splits(spec, config)
+            samples = len(self._training_split)
+            self._epochs = EpochOrder(samples, config.seed, micro, accumulation, global_replicas)
             return
 
         def per_replica(array: Any) -> Any:
@@ -554,18 +612,25 @@ class KerasExecutor(Executor):
     def _epoch_update(self, epochs: EpochOrder, update: int) -> tuple[Any, Any]:
         """Every replica's samples of ``update`` (from 0), ``[accumulation, micro, ...]`` on its device,
         in :class:`EpochOrder`'s order: the replica's number in the strategy is its global one."""
-        tf, strategy, devices = self._tf, self._strategy, self._local_devices
-        inputs, targets = self._training_split
+        tf, strategy, devices, split = self._tf, self._strategy, self._local_devices, self._training_split
+        assert split is not None
+        taken: dict[int, tuple[Any, Any]] = {}
 
-        def per_replica(array: Any) -> Any:
+        def per_replica(part: int) -> Any:
             def value_fn(ctx: Any) -> Any:
                 replica = ctx.replica_id_in_sync_group
+                if replica not in taken:
+                    indices = epochs.update(update, replica)  # [accumulation, micro]
+                    started = time.perf_counter()
+                    inputs, targets = split.take(indices.reshape(-1))
+                    self._data_wait_seconds += time.perf_counter() - started
+                    taken[replica] = (inputs.reshape(*indices.shape, *inputs.shape[1:]), targets.reshape(indices.shape))
                 with tf.device(devices[replica % len(devices)]):
-                    return tf.convert_to_tensor(array[epochs.update(update, replica)])
+                    return tf.convert_to_tensor(taken[replica][part])
 
             return strategy.experimental_distribute_values_from_function(value_fn)
 
-        return per_replica(inputs), per_replica(targets)
+        return per_replica(0), per_replica(1)
 
     def dataset_samples(self) -> int | None:
         return self._epochs.samples if self._epochs is not None else None
@@ -580,33 +645,32 @@ class KerasExecutor(Executor):
             return None
         import numpy as np
 
-        tf, strategy, devices = self._tf, self._strategy, self._local_devices
-        inputs, targets = self._evaluation_split
-        replicas, samples = self._global_replicas, len(inputs)
+        tf, strategy, devices, split = self._tf, self._strategy, self._local_devices, self._evaluation_split
+        replicas, samples = self._global_replicas, len(split)
         rows = min(EVALUATION_BATCH, max(1, math.ceil(samples / replicas)))
         shards: dict[int, Any] = {}
         step = self._evaluation_step or self._make_evaluation_step()
         totals = np.zeros(3, dtype=np.float64)
         for start in range(0, math.ceil(samples / replicas), rows):
+            taken: dict[int, tuple[Any, Any, Any]] = {}
 
-            def per_replica(part: str, start: int = start) -> Any:
+            def per_replica(part: int, start: int = start, taken: dict[int, tuple[Any, Any, Any]] = taken) -> Any:
                 def value_fn(ctx: Any) -> Any:
                     replica = ctx.replica_id_in_sync_group
                     if replica not in shards:
                         shards[replica] = shard(samples, replica, replicas)
-                    chosen = shards[replica][start : start + rows]
-                    padded = np.zeros(rows, dtype=np.int64)
-                    padded[: len(chosen)] = chosen
-                    if part == "weights":
-                        value = (np.arange(rows) < len(chosen)).astype(np.float32)
-                    else:
-                        value = (inputs if part == "inputs" else targets)[padded]
+                    if replica not in taken:
+                        chosen = shards[replica][start : start + rows]
+                        padded = np.zeros(rows, dtype=np.int64)
+                        padded[: len(chosen)] = chosen
+                        weights = (np.arange(rows) < len(chosen)).astype(np.float32)
+                        taken[replica] = (*split.take(padded), weights)
                     with tf.device(devices[replica % len(devices)]):
-                        return tf.convert_to_tensor(value)
+                        return tf.convert_to_tensor(taken[replica][part])
 
                 return strategy.experimental_distribute_values_from_function(value_fn)
 
-            sums = step(per_replica("inputs"), per_replica("targets"), per_replica("weights"))
+            sums = step(per_replica(0), per_replica(1), per_replica(2))
             for local in strategy.experimental_local_results(sums):
                 totals += np.asarray(local.numpy(), dtype=np.float64)
         if self._collectives is not None:

@@ -523,15 +523,15 @@ class TorchExecutor(TorchModelExecutor):
         self._held_out_files: HeldOutFiles | None = None
         replicas_here = self._hooks.replicas_in_process
         if config.target is not None and config.data not in SYNTHETIC_SOURCES:
-            from core.data.loading import image_folder_split_readers
+            from core.data.loading import target_split_readers
 
-            self._training_files, self._held_out_files = image_folder_split_readers(
+            data_format, self._training_files, self._held_out_files = target_split_readers(
                 config, tuple(spec.inputs.shape[1:]), process, replicas_here, pin_memory=self.device.type == "cuda"
             )
             self._epochs = self._training_files
             self._details.update(
                 {
-                    "data_format": "image-folder",
+                    "data_format": data_format,
                     "dataset_samples": self._epochs.samples,
                     "held_out_samples": self._held_out_files.samples,
                     "epoch_order": "shuffled per epoch (seeded), last partial global batch dropped",

@@ -29,7 +29,7 @@ from core.contract.manager import PluginManager
 from core.contract.meter import PowerMeterFactory
 from core.contract.pipeline import PipelineLayout
 from core.contract.workload import FRAMEWORK_LIBRARIES, Workload, module_installed
-from core.data import SYNTHETIC_SOURCES, validate_data
+from core.data import FORMAT_FRAMEWORKS, SYNTHETIC_SOURCES, validate_data
 from core.energy.combined import Covers, device_meter_counted, devices_unmeasured
 
 
@@ -594,7 +594,8 @@ def _check_target_data(config: RunConfig, framework: Framework, readable: tuple[
     """A run to a target reads its splits from files laid out as DATA/train and DATA/val, each a data
     set of one format the run reads (core.data.listing.target_splits, TARGET_SPLIT_FORMATS); returns
     the format. Others are refused naming ``data``."""
-    from core.data.listing import SPLIT_LAYOUT, target_splits
+    from core.data.listing import SPLIT_LAYOUT, TARGET_SPLIT_FORMATS, target_splits
+    from core.data.split_index import split_samples
 
     path = Path(config.data)
     if not path.exists():
@@ -604,8 +605,20 @@ def _check_target_data(config: RunConfig, framework: Framework, readable: tuple[
             f"no such folder; with a target: synthetic (the workload's own splits) or {SPLIT_LAYOUT}",
         )
     found, *splits = target_splits(path, config.data_format)
+    if framework not in FORMAT_FRAMEWORKS[found]:
+        readers = ", ".join(f.value for f in FORMAT_FRAMEWORKS[found])
+        instead = [name for name in TARGET_SPLIT_FORMATS if framework in FORMAT_FRAMEWORKS[name]]
+        raise ConfigError(
+            "data",
+            config.data,
+            f"{found} splits, which a run to a target reads with {readers} only; with {framework.value} it reads "
+            f"{' or '.join(instead) or 'no'} splits",
+        )
     for split in splits:
         validate_data(str(split), found, framework, readable, workload)
+        # Indexed now (shards' member headers, records' framing), so a split that cannot be read by
+        # offset is refused here; setup in this process reuses the cached index.
+        split_samples(split, found)
     return found
 
 
@@ -637,10 +650,11 @@ def _check_target(config: RunConfig, workload: Workload, options: BaseModel, dat
         )
     training_samples = workload.samples_per_epoch(options)
     if config.data not in SYNTHETIC_SOURCES:
-        from core.data.listing import dataset_samples, target_splits
+        from core.data.listing import target_splits
+        from core.data.split_index import split_samples
 
         found, training, _ = target_splits(Path(config.data), config.data_format)
-        training_samples = dataset_samples(training, found, workload.tokens_per_sample(options))
+        training_samples = split_samples(training, found)
     if training_samples is not None and config.samples_per_update > training_samples:
         raise ConfigError(
             "micro_batch_size",

@@ -11,7 +11,7 @@ order a run to a target reads the training split in).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ClassVar, Literal
@@ -82,18 +82,98 @@ def write_image_folder(root: str | Path, options: DigitsOptions | None = None, p
     :param per_split: keep only each split's first images (a small folder for tests); None keeps all
     :returns: ``root``
     """
+    root = Path(root)
+    for split, index, png, label in _split_pngs(options, per_split):
+        folder = root / split / str(label)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{index:04d}.png").write_bytes(png)
+    return root
+
+
+def write_shards(
+    root: str | Path, options: DigitsOptions | None = None, per_split: int | None = None, shards: int = 4
+) -> Path:
+    """Write the digits as WebDataset shards split as a run to a target reads them:
+    ``root/train/digits-<n>.tar`` and ``root/val/digits-<n>.tar``, ``shards`` of each split (the last
+    may hold fewer samples). Each sample is ``<index>.png`` (the PNG :func:`write_image_folder`
+    writes) and ``<index>.cls`` (the digit as text), the members core's shard reader groups by key;
+    the split's samples run through the shards in the in-memory order.
+
+    :param per_split: keep only each split's first images; None keeps all
+    :returns: ``root``
+    """
+    import io
+    import tarfile
+
+    root = Path(root)
+    by_split = _by_split(options, per_split)
+    for split, samples in by_split.items():
+        folder = root / split
+        folder.mkdir(parents=True, exist_ok=True)
+        per_shard = -(-len(samples) // shards)
+        for number in range(shards):
+            with tarfile.open(folder / f"digits-{number:04d}.tar", "w", format=tarfile.USTAR_FORMAT) as archive:
+                for index, png, label in samples[number * per_shard : (number + 1) * per_shard]:
+                    for extension, payload in (("png", png), ("cls", str(label).encode("ascii"))):
+                        member = tarfile.TarInfo(f"{index:06d}.{extension}")
+                        member.size = len(payload)
+                        archive.addfile(member, io.BytesIO(payload))
+    return root
+
+
+def write_records(
+    root: str | Path, options: DigitsOptions | None = None, per_split: int | None = None, files: int = 4
+) -> Path:
+    """Write the digits as TFRecord files split as a run to a target reads them:
+    ``root/train/digits-<n>.tfrecord`` and ``root/val/digits-<n>.tfrecord``, ``files`` of each split.
+    Each record is a ``tf.train.Example`` with the PNG (as :func:`write_image_folder` writes it) under
+    ``image/encoded`` and the digit under ``image/class/label`` (ImageNet's TFRecord convention, which
+    core's record reader reads); the split's samples run through the files in the in-memory order.
+    Needs TensorFlow (to frame the records and their CRCs as TensorFlow checks them).
+
+    :param per_split: keep only each split's first images; None keeps all
+    :returns: ``root``
+    """
+    import tensorflow as tf
+
+    root = Path(root)
+    for split, samples in _by_split(options, per_split).items():
+        folder = root / split
+        folder.mkdir(parents=True, exist_ok=True)
+        per_file = -(-len(samples) // files)
+        for number in range(files):
+            with tf.io.TFRecordWriter(str(folder / f"digits-{number:04d}.tfrecord")) as writer:
+                for _, png, label in samples[number * per_file : (number + 1) * per_file]:
+                    feature = {
+                        "image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(value=[png])),
+                        "image/class/label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
+                    }
+                    writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+    return root
+
+
+def _split_pngs(options: DigitsOptions | None, per_split: int | None) -> Iterator[tuple[str, int, bytes, int]]:
+    """(split, index in the split, PNG, label) of every image, in the in-memory split's order: an 8x8
+    greyscale PNG whose pixel is ``round(value / 16 x 255)``."""
+    import io
+
     import numpy as np
     from PIL import Image
 
-    root = Path(root)
     train_x, train_y, test_x, test_y = split_digits(options or DigitsOptions())
     for split, images, labels in ((TRAIN_SPLIT, train_x, train_y), (HELD_OUT_SPLIT, test_x, test_y)):
         for index, (image, label) in enumerate(zip(images[:per_split], labels[:per_split])):
-            folder = root / split / str(int(label))
-            folder.mkdir(parents=True, exist_ok=True)
             grey = np.rint(image.reshape(8, 8) * 255.0).astype(np.uint8)
-            Image.fromarray(grey).save(folder / f"{index:04d}.png")
-    return root
+            buffer = io.BytesIO()
+            Image.fromarray(grey).save(buffer, format="PNG")
+            yield split, index, buffer.getvalue(), int(label)
+
+
+def _by_split(options: DigitsOptions | None, per_split: int | None) -> dict[str, list[tuple[int, bytes, int]]]:
+    samples: dict[str, list[tuple[int, bytes, int]]] = {TRAIN_SPLIT: [], HELD_OUT_SPLIT: []}
+    for split, index, png, label in _split_pngs(options, per_split):
+        samples[split].append((index, png, label))
+    return samples
 
 
 def mlp_weights(options: DigitsOptions) -> int:
@@ -108,9 +188,10 @@ class Digits(Workload):
     default_micro_batch_size: ClassVar[int] = 32
     frameworks: ClassVar[tuple[Framework, ...]] = (Framework.torch, Framework.tensorflow)
     options_model: ClassVar[type[BaseModel]] = DigitsOptions
-    #: in memory from scikit-learn, or (a run to a target) from an image folder split into train/ and
-    #: val/ that :func:`write_image_folder` writes
-    data_formats: ClassVar[tuple[str, ...] | None] = ("image-folder",)
+    #: in memory from scikit-learn, or (a run to a target) from a data set split into train/ and val/:
+    #: an image folder or shards (PyTorch), TFRecord files (Keras), as :func:`write_image_folder`,
+    #: :func:`write_shards` and :func:`write_records` write them
+    data_formats: ClassVar[tuple[str, ...] | None] = ("image-folder", "webdataset", "tfrecord")
     evaluation_metrics: ClassVar[Mapping[str, bool]] = MappingProxyType({"top1": True, "loss": False})
 
     def missing_library(self, framework: Framework) -> str | None:
@@ -189,11 +270,13 @@ class Digits(Workload):
     def build_keras(self, options: BaseModel, seed: int) -> KerasTrainingSpec:
         """The same model, split and optimizer as :meth:`build_torch`, in Keras: layers initialised
         from PyTorch's default distributions (weights and biases uniform in +-1/sqrt(fan_in)), images
-        channels-last, SGD with the same momentum (Keras' form of it takes the same steps)."""
+        channels-last [8, 8, 1] for both models (what a TFRecord's greyscale PNG decodes to; the MLP
+        flattens them first, as PyTorch's does), SGD with the same momentum (Keras' form of it takes
+        the same steps)."""
         assert isinstance(options, DigitsOptions)
         train_x, train_y, test_x, test_y = split_digits(options)
         width = options.hidden_width
-        shape: tuple[int, ...] = (PIXELS,) if options.model == "mlp" else (8, 8, 1)
+        shape = (8, 8, 1)
 
         def make_model() -> Any:
             from tensorflow import keras
@@ -212,6 +295,7 @@ class Digits(Workload):
             model = keras.Sequential(name=f"digits_{options.model}")
             model.add(keras.Input(shape=shape))
             if options.model == "mlp":
+                model.add(layers.Flatten())
                 model.add(layers.Dense(width, activation="relu", **torch_default(PIXELS)))
                 model.add(layers.Dense(CLASSES, **torch_default(width)))
             else:
