@@ -317,6 +317,9 @@ def _to_target(
         )
     finally:
         _close_meters(meter)
+    # What lazily compiling executors counted over the clock (XLA's compilations, per evaluation).
+    result.executor_details = executor.details()
+    result.warnings.extend(executor.window_warnings())
     result.energy_seconds = result.to_target.training_seconds if result.to_target else None
     result.energy_samples = result.to_target.samples if result.to_target else None
     if process.meter_readers_gathered:
