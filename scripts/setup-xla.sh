@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Creates .venv-xla: torch-xla with the one PyTorch release it loads under, and core (editable)
-# with the `xla`, `zoo` and `inference` extras and pytest, every other package at the version constraints.txt
+# with the `xla`, `zoo`, `inference` and `digits` extras and pytest, every other package at the version constraints.txt
 # pins. The XLA plugin's tests and benchmark run there, on XLA's CPU device (PJRT_DEVICE=CPU);
 # the main .venv keeps its own PyTorch. Safe to run again: pip only installs what is missing.
 #
@@ -72,6 +72,6 @@ if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(not torch.__version__.st
 fi
 pip_install --constraint constraints.txt setuptools wheel
 # The `xla` extra is what `pip install 'core[xla]'` brings: torch-xla and the torch it needs.
-pip_install --constraint constraints.txt --no-build-isolation -e ".[xla,zoo,inference]" pytest
+pip_install --constraint constraints.txt --no-build-isolation -e ".[xla,zoo,inference,digits]" pytest
 installed=$("$VENV/bin/python" -c "from importlib.metadata import version as v; print(v('torch'), v('torch-xla'))")
 echo "setup-xla: $VENV has torch and torch-xla $installed, built in $(( $(date +%s) - started ))s" >&2

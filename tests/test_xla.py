@@ -832,3 +832,130 @@ def test_the_benchmark_script_runs_and_writes_its_figures(tmp_path: Path) -> Non
         figures["core_samples_per_second"] / figures["plain_samples_per_second"]
     )
     assert figures["device"].startswith("XLA CPU device") and figures["core_warnings"] == []
+
+
+# --- runs to a target quality (docs/to-target.md) on XLA's CPU device ---------------------------
+
+#: digits' training split (1437 images) in global batches of 32: updates per epoch, the last partial batch dropped
+DIGITS_UPDATES_PER_EPOCH = 1437 // 32
+DIGITS_HELD_OUT = 360
+
+
+def digits_target_plan(tmp_path: Path | None = None, **options: Any) -> Any:
+    settings: dict[str, Any] = {"target": {"metric": "top1", "value": 0.9, "max_epochs": 20}, "power_meter": "none"}
+    settings.update(options)
+    return plan_run(get_plugin_manager(), "digits", "xla", settings)
+
+
+def test_a_target_run_on_xla_is_planned_and_spmd_replicas_of_a_folder_are_refused(
+    torch_xla_present: None, tmp_path: Path
+) -> None:
+    pytest.importorskip("sklearn", reason="digits needs scikit-learn (core[digits])")
+    assert digits_target_plan().config.target is not None
+    assert isinstance(digits_target_plan(replicas=2, micro_batch_size=16).launcher, XlaSpmdLauncher)
+    for split in ("train", "val"):  # a global batch of images in each split (listed, not read)
+        (tmp_path / split / "0").mkdir(parents=True)
+        for image in range(32):
+            (tmp_path / split / "0" / f"{image}.png").write_bytes(b"")
+    # Refused before any device, naming the field: an SPMD process holds every replica's share and
+    # the split readers deal one process's.
+    with pytest.raises(ConfigError) as refused:
+        digits_target_plan(replicas=2, micro_batch_size=16, data=str(tmp_path))
+    assert refused.value.field == "data" and "SPMD replicas" in str(refused.value)
+
+
+def digits_executor_curve(accelerator: str, epochs: int, **settings: Any) -> list[dict[str, float]]:
+    """digits' metrics before training and after each epoch, through core's executor on ``accelerator``
+    (``xla``: the plugin's, in this process; ``cpu``: eager PyTorch), seed 0, global batch 32."""
+    from core.base.distributed import SINGLE_PROCESS
+    from core.executors.pytorch import TorchExecutor, TorchPlacement
+    from core.workloads.digits import Digits, DigitsOptions
+
+    target = {"metric": "top1", "value": 1.0, "max_epochs": epochs}
+    config = make_config(workload="digits", accelerator=accelerator, micro_batch_size=32, target=target, **settings)
+    executor: Any
+    if accelerator == "xla":
+        xla = XlaAccelerator()
+        executor = xla.executor_for(Digits(), run_context(config, xla, Digits()))
+    else:
+        spec = Digits().build_torch(DigitsOptions(), seed=config.seed)
+        executor = TorchExecutor(spec, config, TorchPlacement(device="cpu"), SINGLE_PROCESS)
+    try:
+        points = [executor.evaluate()]
+        for _ in range(epochs):
+            executor.run_steps(DIGITS_UPDATES_PER_EPOCH)
+            points.append(executor.evaluate())
+        return points
+    finally:
+        executor.close()
+
+
+@requires_torch_xla
+def test_the_xla_curve_is_eager_pytorchs_on_the_same_seed() -> None:
+    pytest.importorskip("sklearn", reason="digits needs scikit-learn (core[digits])")
+    on_xla, eager = digits_executor_curve("xla", 3), digits_executor_curve("cpu", 3)
+    # The seeded weights before any update: the same counts, the loss to fp32 rounding.
+    assert on_xla[0]["top1"] == eager[0]["top1"]
+    assert on_xla[0]["loss"] == pytest.approx(eager[0]["loss"], rel=1e-5)
+    assert eager[-1]["top1"] > 0.9  # it trained
+    # The same batches in the same order: XLA's fused graph rounds differently from eager kernels
+    # (one update agrees to 1e-5), so after each epoch top-1 is within one held-out image and the loss
+    # within 1%.
+    for ours, theirs in zip(on_xla[1:], eager[1:]):
+        assert abs(ours["top1"] - theirs["top1"]) <= 1 / DIGITS_HELD_OUT + 1e-12
+        assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-2)
+
+
+@requires_torch_xla
+@pytest.mark.slow
+def test_digits_reaches_its_target_on_xla_and_later_evaluations_compile_nothing() -> None:
+    from core.base.results import RunState
+
+    pytest.importorskip("sklearn", reason="digits needs scikit-learn (core[digits])")
+
+    # A hidden width of its own: graphs new to this process (torch-xla keeps compiled graphs for the
+    # process's life), so the first evaluation compiles and the later ones are seen to reuse them.
+    # Evaluated every 14 updates: several evaluations before the target.
+    target = {"metric": "top1", "value": 0.9, "max_epochs": 20, "evaluate_every_samples": 448}
+    result = run("digits", "xla", workload_options={"hidden_width": 48}, power_meter="none", target=target)
+    outcome = result.to_target
+    assert result.status.state is RunState.ok and outcome is not None, result.status
+    assert outcome.reached and outcome.stopped_by == "target"
+    last = outcome.curve[-1]
+    assert last.value >= 0.9 and all(point.value < 0.9 for point in outcome.curve[:-1])
+    assert outcome.time_to_target_seconds == last.seconds and set(last.metrics) == {"top1", "loss"}
+    assert [point.samples for point in outcome.curve] == [448 * (k + 1) for k in range(len(outcome.curve))]
+    assert len(outcome.curve) >= 3
+    details = result.executor_details
+    evaluations, training = details["evaluation_compiled_graphs"], details["training_compiled_graphs"]
+    assert len(evaluations) == len(training) == len(outcome.curve)
+    # The first evaluation compiles its graphs (a batch of 256 and the split's last 104, each cut
+    # apart); every later one runs them again. The training steps compile their graphs before the
+    # first evaluation (the first update, then the first with SGD's momentum) and never again.
+    assert evaluations[0] >= 2 and evaluations[1:] == [0] * (len(evaluations) - 1), evaluations
+    assert training[0] >= 2 and training[1:] == [0] * (len(training) - 1), training
+    assert not [w for w in result.warnings if "compiled" in w], result.warnings
+    # The clock starts at the first step: its compilation is inside it, set-up's before it.
+    assert details["xla_compilations"] >= sum(evaluations) + sum(training)
+    assert outcome.initialization_seconds == result.setup_seconds
+
+
+@requires_torch_xla
+@pytest.mark.slow
+def test_two_spmd_replicas_give_one_process_curve_to_a_target() -> None:
+    pytest.importorskip("sklearn", reason="digits needs scikit-learn (core[digits])")
+    target = {"metric": "top1", "value": 1.0, "max_epochs": 3}  # unreachable: three evaluations each
+    replicated = run("digits", "xla", replicas=2, micro_batch_size=16, power_meter="none", target=target)
+    whole = run("digits", "xla", micro_batch_size=32, power_meter="none", target=target)
+    curves = []
+    for result in (replicated, whole):
+        assert result.to_target is not None and len(result.to_target.curve) == 3, result.status
+        assert result.to_target.stopped_by == "max_epochs"
+        curves.append([point.metrics for point in result.to_target.curve])
+    assert replicated.executor_details["parallelism"] == "spmd" and replicated.samples_per_update == 32
+    assert replicated.executor_details["evaluation_compiled_graphs"][1:] == [0, 0]
+    # The same global batches in the same order, the gradient all-reduced by XLA's partitioner: each
+    # epoch's top-1 within one held-out image and the loss within 1% of one process's.
+    for ours, theirs in zip(*curves):
+        assert abs(ours["top1"] - theirs["top1"]) <= 1 / DIGITS_HELD_OUT + 1e-12
+        assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-2)

@@ -23,7 +23,7 @@ from core.data import SYNTHETIC_ON_HOST, SYNTHETIC_SOURCES
 from core.data.epoch_order import metrics_of
 from core.executors import stand_in
 from core.executors.base import Executor, HostStepClock, StepClock
-from core.executors.torch_epochs import ShuffledEpochs, batch_sums, held_out_sums
+from core.executors.torch_epochs import CompilationsPerEvaluation, ShuffledEpochs, batch_sums, held_out_sums
 
 if TYPE_CHECKING:
     from core.data.loading import FileBatches, FileEpochs, HeldOutFiles
@@ -521,6 +521,7 @@ class TorchExecutor(TorchModelExecutor):
         self._epochs: ShuffledEpochs | FileEpochs | None = None
         self._training_files: FileEpochs | None = None
         self._held_out_files: HeldOutFiles | None = None
+        self._compilations = CompilationsPerEvaluation()
         replicas_here = self._hooks.replicas_in_process
         if config.target is not None and config.data not in SYNTHETIC_SOURCES:
             from core.data.loading import target_split_readers
@@ -555,6 +556,9 @@ class TorchExecutor(TorchModelExecutor):
             self._details["epoch_order"] = "shuffled per epoch (seeded), last partial global batch dropped"
 
     def step(self) -> None:
+        if self._epochs is not None and not self._compilations.training_open:
+            # A run to a target: the graphs compiled from here to the next evaluation are training's.
+            self._compilations.training_starts(self._hooks.compiled_graphs(self._config))
         accumulation = self._config.gradient_accumulation
         last = accumulation - 1
         losses: list[torch.Tensor] = []
@@ -601,6 +605,9 @@ class TorchExecutor(TorchModelExecutor):
         def to_device(inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             return self._to_device(inputs, targets, non_blocking=False)
 
+        # A lazy device ends a graph after each batch: an evaluation is a few graphs of one batch each.
+        after_batch = overridden_hook(self._hooks, "cut_graph")
+        graphs_before = self._hooks.compiled_graphs(self._config)
         if self._held_out_files is not None:
             sums = batch_sums(
                 self._placed_model,
@@ -609,6 +616,7 @@ class TorchExecutor(TorchModelExecutor):
                 to_device,
                 self.precision.forward_context,
                 self._hooks.no_grad,
+                after_batch,
             )
         elif spec.evaluation_inputs is not None:
             sums = held_out_sums(
@@ -620,6 +628,7 @@ class TorchExecutor(TorchModelExecutor):
                 to_device,
                 self.precision.forward_context,
                 self._hooks.no_grad,
+                after_batch,
             )
         else:
             return None
@@ -627,7 +636,15 @@ class TorchExecutor(TorchModelExecutor):
         if self._process.is_distributed:
             sums = sums.to(self._collective_device())
             torch.distributed.all_reduce(sums, op=torch.distributed.ReduceOp.SUM, group=self._host_group)
-        return metrics_of(sums.tolist())
+        metrics = metrics_of(sums.tolist())  # read on the host: the evaluation's graphs have run
+        self._compilations.evaluated(graphs_before, self._hooks.compiled_graphs(self._config))
+        return metrics
+
+    def window_warnings(self) -> list[str]:
+        return super().window_warnings() + self._compilations.warnings(self._hooks.compiler)
+
+    def details(self) -> dict[str, Any]:
+        return {**super().details(), **self._compilations.details()}
 
     def check_finite(self) -> None:
         first_update = self._updates_checked + 1  # the first update since the last check, counting from 1

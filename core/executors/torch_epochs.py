@@ -56,18 +56,20 @@ def held_out_sums(
     to_device: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
     forward_context: Callable[[], AbstractContextManager[Any]],
     no_grad: Callable[[], AbstractContextManager[Any]],
+    after_batch: Callable[[], None] | None = None,
 ) -> torch.Tensor:
     """(correct top-1 predictions, summed loss, samples) over this process's shard of the held-out
     split in memory, as a float64 tensor on the device: added over the processes, they give one
     process's.
 
     :param shard: (rank, world size): this process takes samples rank, rank + world, ...
+    :param after_batch: called after each batch's sums are added (see :func:`batch_sums`)
     """
     indices = torch.from_numpy(shard_indices(len(inputs), *shard))
     batches = (
         (inputs.index_select(0, chosen), targets.index_select(0, chosen)) for chosen in indices.split(EVALUATION_BATCH)
     )
-    return batch_sums(model, batches, loss_fn, to_device, forward_context, no_grad)
+    return batch_sums(model, batches, loss_fn, to_device, forward_context, no_grad, after_batch)
 
 
 def batch_sums(
@@ -77,10 +79,18 @@ def batch_sums(
     to_device: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
     forward_context: Callable[[], AbstractContextManager[Any]],
     no_grad: Callable[[], AbstractContextManager[Any]],
+    after_batch: Callable[[], None] | None = None,
 ) -> torch.Tensor:
     """(correct top-1 predictions, summed loss, samples) over ``batches`` of (inputs, targets) on the
     host (this process's shard of the held-out split, in memory or read from files), as a float64
-    tensor on the device."""
+    tensor on the device.
+
+    :param after_batch: called after each batch's sums are added: a lazy device's graph cut
+        (``TorchDeviceHooks.cut_graph``), so that an evaluation is a few graphs of one batch each,
+        whatever the split's size (one graph of every batch would grow with the split), compiled at
+        the first evaluation and run again at every later one (the batches' shapes are the same each
+        time: full ones and the split's last)
+    """
     sums: torch.Tensor | None = None
     was_training = model.training
     model.eval()
@@ -92,6 +102,8 @@ def batch_sums(
                     outputs = model(batch_inputs)
                 these = outcome_sums(outputs, labels, loss_fn)
                 sums = these if sums is None else sums + these
+                if after_batch is not None:
+                    after_batch()
     finally:
         model.train(was_training)
     if sums is None:  # a shard with no sample: a process beyond the split's size
@@ -110,3 +122,47 @@ def outcome_sums(outputs: torch.Tensor, labels: torch.Tensor, loss_fn: Callable[
     correct = (outputs.argmax(dim=-1) == labels).sum().double()
     samples = torch.tensor(float(labels.numel()), device=correct.device, dtype=torch.float64)
     return torch.stack([correct, loss_sum, samples])
+
+
+class CompilationsPerEvaluation:
+    """Graphs compiled by each evaluation of a run to a target, and by the training steps before it,
+    where the device counts them (``TorchDeviceHooks.compiled_graphs``: XLA's compilations, or
+    torch.compile's). An evaluation's batches have the same shapes every time, so only the first
+    should compile; and an evaluation must leave the training step's graph as it was, so training
+    after the first evaluation should compile nothing either. What runs between an evaluation's end
+    and the next step (the NaN/inf check) is counted in neither."""
+
+    def __init__(self) -> None:
+        self.training: list[int] = []  #: per evaluation: graphs the training steps since the last one compiled
+        self.evaluation: list[int] = []  #: per evaluation: graphs it compiled
+        self.training_open = False  #: whether steps ran since the last evaluation
+        self._training_started: int | None = None  # the count at the first of those steps
+
+    def training_starts(self, count: int | None) -> None:
+        """At the first step after an evaluation (or the run's first)."""
+        self.training_open, self._training_started = True, count
+
+    def evaluated(self, before: int | None, after: int | None) -> None:
+        """The counts when an evaluation began and ended."""
+        started, self.training_open = self._training_started, False
+        if before is None or after is None:
+            return
+        self.training.append(before - started if started is not None else 0)
+        self.evaluation.append(after - before)
+        self._training_started = None
+
+    def details(self) -> dict[str, list[int]]:
+        if not self.evaluation:
+            return {}
+        return {"training_compiled_graphs": self.training, "evaluation_compiled_graphs": self.evaluation}
+
+    def warnings(self, compiler: str) -> list[str]:
+        """A later evaluation that compiled: a graph of a shape or state the first did not see, whose
+        compilation each such evaluation pays inside the clock."""
+        later = self.evaluation[1:]
+        if not any(later):
+            return []
+        return [
+            f"{compiler} compiled {sum(later)} new graph(s) in evaluations after the first (evaluation_compiled_graphs "
+            f"{self.evaluation}): a recompilation inside the clock"
+        ]

@@ -317,8 +317,10 @@ def _to_target(
         )
     finally:
         _close_meters(meter)
-    # Executors that compile lazily record what compiling took (the first step's, the first evaluation's).
+    # What lazily compiling executors recorded over the clock (the first step's and first evaluation's
+    # compilation, XLA's compilations per evaluation).
     result.executor_details = executor.details()
+    result.warnings.extend(executor.window_warnings())
     # the meter's span: the clock's and its pauses (result.to_target's figures leave the pauses out)
     result.energy_seconds = (
         result.to_target.training_seconds + result.to_target.paused_seconds if result.to_target else None
