@@ -779,7 +779,10 @@ def test_core_run_prints_a_result_whose_first_step_carries_compilation() -> None
     # is the NaN/inf check's small graph, compiled at the phase's end, outside its timing).
     compiled = result["executor_details"]["xla_compile_seconds"]
     assert result["executor_details"]["xla_compilations"] >= 1
-    assert first >= 0.6 * compiled and first > 10 * step, (first, compiled, step)
+    # The set-up's graph is in that count too, and on a loaded host its share varies: a run that
+    # shared 2 cores with other tests gave 3.77 s of first step against 6.42 s compiled. A third
+    # still fails a first step that compiled nothing (it would be about one step's time).
+    assert first >= 0.3 * compiled and first > 10 * step, (first, compiled, step)
 
 
 @requires_torch_xla
