@@ -20,7 +20,7 @@ from core.base.errors import NonFiniteLossError
 from core.base.precision import PrecisionPolicy, policy_for
 from core.contract.workload import TorchTrainingSpec
 from core.data import SYNTHETIC_ON_HOST, SYNTHETIC_SOURCES
-from core.data.epoch_order import metrics_of
+from core.data.epoch_order import metrics_of, token_metrics_of
 from core.executors import stand_in
 from core.executors.base import Executor, HostStepClock, StepClock
 from core.executors.torch_epochs import ShuffledEpochs, batch_sums, held_out_sums
@@ -523,15 +523,20 @@ class TorchExecutor(TorchModelExecutor):
         self._held_out_files: HeldOutFiles | None = None
         replicas_here = self._hooks.replicas_in_process
         if config.target is not None and config.data not in SYNTHETIC_SOURCES:
-            from core.data.loading import image_folder_split_readers
+            from core.data.loading import target_split_readers
 
-            self._training_files, self._held_out_files = image_folder_split_readers(
-                config, tuple(spec.inputs.shape[1:]), process, replicas_here, pin_memory=self.device.type == "cuda"
+            data_format, self._training_files, self._held_out_files = target_split_readers(
+                config,
+                spec.inputs,
+                process,
+                replicas_here,
+                pin_memory=self.device.type == "cuda",
+                vocabulary=spec.vocabulary,
             )
             self._epochs = self._training_files
             self._details.update(
                 {
-                    "data_format": "image-folder",
+                    "data_format": data_format,
                     "dataset_samples": self._epochs.samples,
                     "held_out_samples": self._held_out_files.samples,
                     "epoch_order": "shuffled per epoch (seeded), last partial global batch dropped",
@@ -609,6 +614,7 @@ class TorchExecutor(TorchModelExecutor):
                 to_device,
                 self.precision.forward_context,
                 self._hooks.no_grad,
+                spec.token_loss_sums,
             )
         elif spec.evaluation_inputs is not None:
             sums = held_out_sums(
@@ -620,6 +626,7 @@ class TorchExecutor(TorchModelExecutor):
                 to_device,
                 self.precision.forward_context,
                 self._hooks.no_grad,
+                spec.token_loss_sums,
             )
         else:
             return None
@@ -627,7 +634,7 @@ class TorchExecutor(TorchModelExecutor):
         if self._process.is_distributed:
             sums = sums.to(self._collective_device())
             torch.distributed.all_reduce(sums, op=torch.distributed.ReduceOp.SUM, group=self._host_group)
-        return metrics_of(sums.tolist())
+        return metrics_of(sums.tolist()) if spec.token_loss_sums is None else token_metrics_of(sums.tolist())
 
     def check_finite(self) -> None:
         first_update = self._updates_checked + 1  # the first update since the last check, counting from 1

@@ -56,10 +56,11 @@ def held_out_sums(
     to_device: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
     forward_context: Callable[[], AbstractContextManager[Any]],
     no_grad: Callable[[], AbstractContextManager[Any]],
+    token_loss_sums: Callable[[Any, Any], tuple[Any, int]] | None = None,
 ) -> torch.Tensor:
     """(correct top-1 predictions, summed loss, samples) over this process's shard of the held-out
-    split in memory, as a float64 tensor on the device: added over the processes, they give one
-    process's.
+    split in memory, as a float64 tensor on the device (a language model's sums: :func:`batch_sums`):
+    added over the processes, they give one process's.
 
     :param shard: (rank, world size): this process takes samples rank, rank + world, ...
     """
@@ -67,7 +68,7 @@ def held_out_sums(
     batches = (
         (inputs.index_select(0, chosen), targets.index_select(0, chosen)) for chosen in indices.split(EVALUATION_BATCH)
     )
-    return batch_sums(model, batches, loss_fn, to_device, forward_context, no_grad)
+    return batch_sums(model, batches, loss_fn, to_device, forward_context, no_grad, token_loss_sums)
 
 
 def batch_sums(
@@ -77,10 +78,12 @@ def batch_sums(
     to_device: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
     forward_context: Callable[[], AbstractContextManager[Any]],
     no_grad: Callable[[], AbstractContextManager[Any]],
+    token_loss_sums: Callable[[Any, Any], tuple[Any, int]] | None = None,
 ) -> torch.Tensor:
     """(correct top-1 predictions, summed loss, samples) over ``batches`` of (inputs, targets) on the
     host (this process's shard of the held-out split, in memory or read from files), as a float64
-    tensor on the device."""
+    tensor on the device; a language model's (summed token loss, tokens predicted) instead where
+    ``token_loss_sums`` (``TorchTrainingSpec.token_loss_sums``) says how a batch's are counted."""
     sums: torch.Tensor | None = None
     was_training = model.training
     model.eval()
@@ -92,6 +95,12 @@ def batch_sums(
                     outputs = model(batch_inputs)
                 # The loss and the prediction in fp32 whatever the precision computed the outputs in.
                 outputs = outputs.float()
+                if token_loss_sums is not None:
+                    token_loss, tokens = token_loss_sums(outputs, labels)
+                    count = torch.tensor(float(tokens), device=token_loss.device, dtype=torch.float64)
+                    these = torch.stack([token_loss.double(), count])
+                    sums = these if sums is None else sums + these
+                    continue
                 loss_sum = loss_fn(outputs, labels).double() * labels.numel()
                 correct = (outputs.argmax(dim=-1) == labels).sum().double()
                 these = torch.stack(
@@ -102,5 +111,5 @@ def batch_sums(
         model.train(was_training)
     if sums is None:  # a shard with no sample: a process beyond the split's size
         device = next(model.parameters()).device
-        sums = torch.zeros(3, dtype=torch.float64, device=device)
+        sums = torch.zeros(3 if token_loss_sums is None else 2, dtype=torch.float64, device=device)
     return sums
