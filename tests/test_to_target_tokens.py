@@ -242,3 +242,14 @@ def test_the_model_s_own_vocabulary_takes_byte_ids(tokens: Path) -> None:
     options = {**QUIET, "data": str(tokens), "target": TARGET, "workload_options": {"variant": "small"}}
     planned = plan_run(get_plugin_manager(), "gpt2-124m", "cpu", options)
     assert planned.config.data == str(tokens)
+
+
+@pytest.mark.parametrize(("metric", "direction"), [("perplexity", "<="), ("loss", "<="), ("top1", ">=")])
+def test_the_set_up_line_says_which_way_the_metric_goes(metric: str, direction: str) -> None:
+    # Before the first evaluation there is no outcome yet: the direction is core's, perplexity's down.
+    from types import SimpleNamespace
+
+    from core.running.progress import _direction
+
+    result = SimpleNamespace(to_target=None, config=SimpleNamespace(target=SimpleNamespace(metric=metric)))
+    assert _direction(result) == direction
