@@ -84,6 +84,11 @@ class TorchTrainingSpec:
     #: are the training split, which a run to a target reads in real, shuffled epochs
     evaluation_inputs: Any = None  # torch.Tensor [held-out samples, ...]
     evaluation_targets: Any = None  # torch.Tensor [held-out samples]: class indices
+    #: a language model's held-out evaluation (a run to a target on token files): (logits, token ids)
+    #: -> (the summed loss of every token predicted, a 0-d tensor; how many tokens were predicted).
+    #: With it an evaluation gives the mean loss of a token and its perplexity, each token weighing
+    #: the same over every process's sequences; without it, top-1 and the mean loss of a sample
+    token_loss_sums: Callable[[Any, Any], tuple[Any, int]] | None = None
 
 
 @dataclass
@@ -205,6 +210,12 @@ class Workload(ABC):
 
         ``options`` is typed ``Any`` (not ``BaseModel``) so that a workload may declare its own
         options class here, as the built-in language models do."""
+        return None
+
+    def token_vocabulary(self, options: Any) -> int | None:
+        """The vocabulary of a workload whose inputs are token ids (language models): every id read from
+        a token file must lie below it. Planning checks a run to a target's token splits against it;
+        None, the default, checks nothing. ``options`` is typed as in :meth:`tokens_per_sample`."""
         return None
 
     def flops_per_sample(self, options: BaseModel) -> float | None:

@@ -8,6 +8,7 @@ numbers nor on how the global batch is split over replicas and micro-steps.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import numpy as np
@@ -78,3 +79,15 @@ def metrics_of(sums: Iterable[float]) -> dict[str, float]:
     if samples == 0:
         return {}
     return {"top1": correct / samples, "loss": loss / samples}
+
+
+def token_metrics_of(sums: Iterable[float]) -> dict[str, float]:
+    """A language model's 'loss' (the mean loss of a predicted token) and 'perplexity' (its exp) from
+    the (summed token loss, tokens predicted) of every shard added together: each token weighs the
+    same, wherever its sequence was evaluated. Empty where no token was evaluated."""
+    loss, tokens = (float(value) for value in sums)
+    if tokens == 0:
+        return {}
+    mean = loss / tokens
+    # exp overflows a float past 709 nats: a model that far off has an infinite perplexity to say.
+    return {"loss": mean, "perplexity": math.exp(mean) if mean < 709 else math.inf}

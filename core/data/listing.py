@@ -22,7 +22,7 @@ from typing import Any, TypeGuard
 
 from core.base.errors import ConfigError
 from core.base.files import parse_json
-from core.data import HELD_OUT_SPLIT, IMAGE_SUFFIXES, TRAIN_SPLIT
+from core.data import HELD_OUT_SPLIT, IMAGE_SUFFIXES, TOKEN_SUFFIXES, TRAIN_SPLIT
 from core.data.files import file_problem
 
 SHARD_SUFFIXES = (".tar",)
@@ -89,8 +89,9 @@ def _image_samples(root: str, classes: tuple[str, ...], signature: tuple[int, ..
 SPLIT_LAYOUT = (
     f"a data set split into {TRAIN_SPLIT}/ and {HELD_OUT_SPLIT}/ (training, evaluation): an image folder "
     f"(DATA/{TRAIN_SPLIT}/<class>/<image>, DATA/{HELD_OUT_SPLIT}/<class>/<image>, the same class folders in both), "
-    f"WebDataset shards (DATA/{TRAIN_SPLIT}/*.tar, DATA/{HELD_OUT_SPLIT}/*.tar) or TFRecord files "
-    f"(DATA/{TRAIN_SPLIT}/*.tfrecord, DATA/{HELD_OUT_SPLIT}/*.tfrecord)"
+    f"WebDataset shards (DATA/{TRAIN_SPLIT}/*.tar, DATA/{HELD_OUT_SPLIT}/*.tar), TFRecord files "
+    f"(DATA/{TRAIN_SPLIT}/*.tfrecord, DATA/{HELD_OUT_SPLIT}/*.tfrecord), or token files (nanoGPT's layout: "
+    f"DATA/{TRAIN_SPLIT}.bin and DATA/{HELD_OUT_SPLIT}.bin, or .npy)"
 )
 
 
@@ -120,22 +121,42 @@ def image_folder_splits(root: Path) -> tuple[Path, Path]:
 
 
 #: the formats whose training and held-out splits a run to a target reads (:func:`target_splits`);
-#: the frameworks whose executor reads each are core.data.FORMAT_FRAMEWORKS' (image folders and shards
-#: PyTorch's, TFRecord files Keras'): planning refuses the rest, naming ``data``
-TARGET_SPLIT_FORMATS: tuple[str, ...] = ("image-folder", "webdataset", "tfrecord")
+#: the frameworks whose executor reads each are core.data.FORMAT_FRAMEWORKS' (image folders, shards
+#: and token files PyTorch's, TFRecord files Keras'): planning refuses the rest, naming ``data``
+TARGET_SPLIT_FORMATS: tuple[str, ...] = ("image-folder", "webdataset", "tfrecord", "tokens")
+
+
+def split_path(root: Path, split: str) -> Path | None:
+    """Where ``root``'s split ``split`` ("train", "val") is: the folder ``root/split``, or a token file
+    ``root/split.bin`` or ``root/split.npy`` (nanoGPT's prepare scripts write train.bin and val.bin);
+    None where there is none. ConfigError naming ``data`` where two are there: which one is meant is
+    not for core to guess."""
+    found = [
+        path
+        for path in (root / split, *(root / f"{split}{suffix}" for suffix in TOKEN_SUFFIXES))
+        if os.path.lexists(path)
+    ]
+    if len(found) > 1:
+        names = ", ".join(path.name for path in found)
+        raise _refuse(root, f"{names}: one {split} split, a folder or a token file, not {len(found)}")
+    return found[0] if found else None
 
 
 def target_splits(root: Path, data_format: str) -> tuple[str, Path, Path]:
     """(format, training split, held-out split) of a data set laid out for a run to a target:
     ``root/train`` and ``root/val``, each a data set of one format (``data_format``, or the training
-    split's own where it is "auto"), the held-out one of the same. An image folder's splits are checked
-    as :func:`image_folder_splits` checks them. ConfigError naming ``data`` otherwise, saying the layout."""
+    split's own where it is "auto"), the held-out one of the same; or token files ``root/train.bin`` and
+    ``root/val.bin`` (:func:`split_path`). An image folder's splits are checked as
+    :func:`image_folder_splits` checks them. ConfigError naming ``data`` otherwise, saying the layout."""
     from core.data import detect_format
 
-    training, held_out = root / TRAIN_SPLIT, root / HELD_OUT_SPLIT
-    for split, role in ((training, "training"), (held_out, "held-out")):
-        if not os.path.lexists(split):
-            raise _refuse(root, f"no {split.name}/ folder (the {role} split); a run to a target reads {SPLIT_LAYOUT}")
+    splits = []
+    for split, role in ((TRAIN_SPLIT, "training"), (HELD_OUT_SPLIT, "held-out")):
+        path = split_path(root, split)
+        if path is None:
+            raise _refuse(root, f"no {split}/ folder (the {role} split); a run to a target reads {SPLIT_LAYOUT}")
+        splits.append(path)
+    training, held_out = splits
     found = detect_format(training) if data_format == "auto" else data_format
     if found not in TARGET_SPLIT_FORMATS:
         raise _refuse(
@@ -260,6 +281,50 @@ def check_token_file(path: Path) -> None:
     if not isinstance(tokens, np.ndarray) or tokens.ndim != 1 or tokens.dtype.kind not in "iu":
         shape = getattr(tokens, "shape", "?")
         raise _refuse(path, f"an array of {getattr(tokens, 'dtype', '?')} {shape}: a 1-D array of integer token ids")
+
+
+#: token ids read at a time when a token file's ids are checked: 64 MiB of int64 at most
+_TOKEN_CHUNK = 1 << 23
+
+
+def check_token_vocabulary(path: Path, vocabulary: int, workload: str) -> None:
+    """Every token id of the token file at ``path`` lies in [0, ``vocabulary``): ConfigError naming
+    ``data`` (the file, the first id outside and where it is) otherwise. A run to a target reads every
+    id of its splits, so an id the model cannot embed would stop it at some later epoch or evaluation;
+    here it is refused before anything runs. The file is read once (about a second a GB), then cached
+    while it is unchanged."""
+    info = os.stat(path)
+    outside = _first_id_outside(str(path), info.st_mtime_ns, info.st_size, vocabulary)
+    if outside is not None:
+        offset, token = outside
+        raise _refuse(
+            path,
+            f"token id {token:,} at token offset {offset:,} is outside workload {workload!r}'s vocabulary of "
+            f"{vocabulary:,} (allowed: 0 to {vocabulary - 1:,}); a GPT's is set with -o vocabulary=N",
+        )
+
+
+@functools.lru_cache(maxsize=16)
+def _first_id_outside(path_text: str, modified: int, size: int, vocabulary: int) -> tuple[int, int] | None:
+    """(offset, id) of the first token id outside [0, vocabulary) in a token file, or None."""
+    import numpy as np
+
+    tokens = _token_array(Path(path_text))
+    for start in range(0, len(tokens), _TOKEN_CHUNK):
+        chunk = np.asarray(tokens[start : start + _TOKEN_CHUNK])
+        if chunk.size and (chunk.min() < 0 or chunk.max() >= vocabulary):
+            position = int(np.argmax((chunk < 0) | (chunk >= vocabulary)))
+            return start + position, int(chunk[position])
+    return None
+
+
+def _token_array(path: Path) -> Any:
+    """The token ids of a file :func:`check_token_file` accepted, memory-mapped."""
+    import numpy as np
+
+    if path.suffix == ".npy":
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    return np.memmap(path, dtype=np.uint16, mode="r")
 
 
 # --- COCO ------------------------------------------------------------------------------------------

@@ -441,17 +441,25 @@ class FileEpochs:
 
 
 class HeldOutFiles:
-    """A run to a target's held-out split read from files (an image folder, shards): this process's shard (every
-    world-size-th image from its rank, as the in-memory evaluation takes them) in batches of
-    :data:`core.data.epoch_order.EVALUATION_BATCH`, by workers kept between evaluations."""
+    """A run to a target's held-out split read from files (an image folder, shards, a token file): this
+    process's shard (every world-size-th sample from its rank, as the in-memory evaluation takes them)
+    in batches of ``batch`` samples, by workers kept between evaluations."""
 
-    def __init__(self, dataset: Dataset, shard: tuple[int, int], workers: int, pin_memory: bool, source: str) -> None:
+    def __init__(
+        self,
+        dataset: Dataset,
+        shard: tuple[int, int],
+        workers: int,
+        pin_memory: bool,
+        source: str,
+        batch: int = EVALUATION_BATCH,
+    ) -> None:
         rank, world = shard
         self.samples = len(dataset)  # type: ignore[arg-type]
         mine = Subset(ReportedDataset(dataset, source), range(rank, self.samples, world))
         loader = DataLoader(
             mine,
-            batch_size=EVALUATION_BATCH,
+            batch_size=batch,
             shuffle=False,
             num_workers=workers,
             pin_memory=pin_memory,
@@ -469,35 +477,58 @@ class HeldOutFiles:
 
 
 def target_split_readers(
-    config: RunConfig, image_shape: tuple[int, ...], process: ProcessContext, replicas_here: int, pin_memory: bool
+    config: RunConfig,
+    pool_inputs: torch.Tensor,
+    process: ProcessContext,
+    replicas_here: int,
+    pin_memory: bool,
+    vocabulary: int | None = None,
 ) -> tuple[str, FileEpochs, HeldOutFiles]:
-    """(format, training reader, held-out reader) of a run to a target's splits, ``config.data``'s
-    train/ and val/ (core.data.listing.target_splits): image folders, or WebDataset shards read sample
-    by sample at their members' offsets (core.data.split_index); this process holds ``replicas_here``
-    replicas. Both are read in the order an in-memory split is (:class:`FileEpochs`, :class:`HeldOutFiles`)."""
+    """(format, training reader, held-out reader) of a run to a target's splits in ``config.data``
+    (core.data.listing.target_splits): an image folder's train/ and val/, WebDataset shards' (read sample
+    by sample at their members' offsets, core.data.split_index), or token files' train.bin and val.bin
+    cut into sequences of the workload's length. This process holds ``replicas_here``
+    replicas; ``pool_inputs`` are the workload's synthetic inputs, which the samples are shaped after;
+    ``vocabulary``: token ids are checked against it as they are read (``TorchTrainingSpec.vocabulary``)."""
     from core.data.listing import target_splits
-    from core.data.torch_datasets import ImageFolder, IndexedShards
+    from core.data.torch_datasets import ImageFolder, IndexedShards, TokenFile
 
     assert config.micro_batch_size is not None
-    if len(image_shape) != 3:
-        raise ValueError(f"image data needs a workload whose inputs are images [C, H, W]; this one takes {image_shape}")
-    shape = (image_shape[0], image_shape[1], image_shape[2])
-    found, train, held_out = target_splits(Path(config.data), config.data_format)
-    dataset: type[ImageFolder] | type[IndexedShards]
-    if found == "image-folder":
-        dataset = ImageFolder
-    elif found == "webdataset":
-        dataset = IndexedShards
+    data_format, train, held_out = target_splits(Path(config.data), config.data_format)
+    sample_shape = tuple(pool_inputs.shape[1:])
+    if data_format == "tokens":
+        if pool_inputs.dtype not in (torch.int64, torch.int32) or len(sample_shape) != 1:
+            raise ValueError(f"token data needs a workload whose inputs are token ids; this one takes {sample_shape}")
+        training_set: Dataset = TokenFile(train, sample_shape[0], vocabulary=vocabulary)
+        held_out_set: Dataset = TokenFile(held_out, sample_shape[0], vocabulary=vocabulary)
+        # A sequence's logits are its length x the vocabulary: evaluated a micro-batch at a time, which
+        # training showed fits the device, not EVALUATION_BATCH sequences (GPT-2's 256 would take 52 GB).
+        evaluation_batch = config.micro_batch_size
+    elif data_format in ("image-folder", "webdataset"):
+        if len(sample_shape) != 3:
+            raise ValueError(
+                f"image data needs a workload whose inputs are images [C, H, W]; this one takes {sample_shape}"
+            )
+        shape = (sample_shape[0], sample_shape[1], sample_shape[2])
+        images = ImageFolder if data_format == "image-folder" else IndexedShards
+        training_set, held_out_set = images(train, shape), images(held_out, shape)
+        evaluation_batch = EVALUATION_BATCH
     else:
         raise ValueError(
-            f"the PyTorch executor reads a run to a target's splits as image folders or shards, not {found}"
+            f"the PyTorch executor reads a run to a target's splits as image folders, shards or token files, "
+            f"not {data_format}"
         )
-    training_samples = dataset(train, shape)
     order = EpochOrder(
-        len(training_samples), config.seed, config.micro_batch_size, config.gradient_accumulation, config.replicas
+        len(training_set),  # type: ignore[arg-type]
+        config.seed,
+        config.micro_batch_size,
+        config.gradient_accumulation,
+        config.replicas,
     )
     replicas = range(process.rank * replicas_here, (process.rank + 1) * replicas_here)
-    training = FileEpochs(training_samples, order, replicas, config.data_workers, pin_memory, str(train))
+    training = FileEpochs(training_set, order, replicas, config.data_workers, pin_memory, str(train))
     shard = (process.rank, max(process.world_size, 1))
-    evaluation = HeldOutFiles(dataset(held_out, shape), shard, config.data_workers, pin_memory, str(held_out))
-    return found, training, evaluation
+    evaluation = HeldOutFiles(
+        held_out_set, shard, config.data_workers, pin_memory, str(held_out), batch=evaluation_batch
+    )
+    return data_format, training, evaluation

@@ -20,7 +20,7 @@ from core.base.errors import NonFiniteLossError
 from core.base.precision import PrecisionPolicy, policy_for
 from core.contract.workload import TorchTrainingSpec
 from core.data import SYNTHETIC_ON_HOST, SYNTHETIC_SOURCES
-from core.data.epoch_order import metrics_of
+from core.data.epoch_order import metrics_of, token_metrics_of
 from core.executors import stand_in
 from core.executors.base import Executor, HostStepClock, StepClock
 from core.executors.torch_epochs import CompilationsPerEvaluation, ShuffledEpochs, batch_sums, held_out_sums
@@ -527,7 +527,12 @@ class TorchExecutor(TorchModelExecutor):
             from core.data.loading import target_split_readers
 
             data_format, self._training_files, self._held_out_files = target_split_readers(
-                config, tuple(spec.inputs.shape[1:]), process, replicas_here, pin_memory=self.device.type == "cuda"
+                config,
+                spec.inputs,
+                process,
+                replicas_here,
+                pin_memory=self.device.type == "cuda",
+                vocabulary=spec.vocabulary,
             )
             self._epochs = self._training_files
             self._details.update(
@@ -616,7 +621,8 @@ class TorchExecutor(TorchModelExecutor):
                 to_device,
                 self.precision.forward_context,
                 self._hooks.no_grad,
-                after_batch,
+                after_batch=after_batch,
+                token_loss_sums=spec.token_loss_sums,
             )
         elif spec.evaluation_inputs is not None:
             sums = held_out_sums(
@@ -628,7 +634,8 @@ class TorchExecutor(TorchModelExecutor):
                 to_device,
                 self.precision.forward_context,
                 self._hooks.no_grad,
-                after_batch,
+                after_batch=after_batch,
+                token_loss_sums=spec.token_loss_sums,
             )
         else:
             return None
@@ -636,7 +643,9 @@ class TorchExecutor(TorchModelExecutor):
         if self._process.is_distributed:
             sums = sums.to(self._collective_device())
             torch.distributed.all_reduce(sums, op=torch.distributed.ReduceOp.SUM, group=self._host_group)
-        metrics = metrics_of(sums.tolist())  # read on the host: the evaluation's graphs have run
+        # read on the host: the evaluation's graphs have run
+        sums_read = sums.tolist()
+        metrics = metrics_of(sums_read) if spec.token_loss_sums is None else token_metrics_of(sums_read)
         self._compilations.evaluated(graphs_before, self._hooks.compiled_graphs(self._config))
         return metrics
 

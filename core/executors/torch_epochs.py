@@ -57,10 +57,11 @@ def held_out_sums(
     forward_context: Callable[[], AbstractContextManager[Any]],
     no_grad: Callable[[], AbstractContextManager[Any]],
     after_batch: Callable[[], None] | None = None,
+    token_loss_sums: Callable[[Any, Any], tuple[Any, int]] | None = None,
 ) -> torch.Tensor:
     """(correct top-1 predictions, summed loss, samples) over this process's shard of the held-out
-    split in memory, as a float64 tensor on the device: added over the processes, they give one
-    process's.
+    split in memory, as a float64 tensor on the device (a language model's sums: :func:`batch_sums`):
+    added over the processes, they give one process's.
 
     :param shard: (rank, world size): this process takes samples rank, rank + world, ...
     :param after_batch: called after each batch's sums are added (see :func:`batch_sums`)
@@ -69,7 +70,16 @@ def held_out_sums(
     batches = (
         (inputs.index_select(0, chosen), targets.index_select(0, chosen)) for chosen in indices.split(EVALUATION_BATCH)
     )
-    return batch_sums(model, batches, loss_fn, to_device, forward_context, no_grad, after_batch)
+    return batch_sums(
+        model,
+        batches,
+        loss_fn,
+        to_device,
+        forward_context,
+        no_grad,
+        after_batch=after_batch,
+        token_loss_sums=token_loss_sums,
+    )
 
 
 def batch_sums(
@@ -80,10 +90,12 @@ def batch_sums(
     forward_context: Callable[[], AbstractContextManager[Any]],
     no_grad: Callable[[], AbstractContextManager[Any]],
     after_batch: Callable[[], None] | None = None,
+    token_loss_sums: Callable[[Any, Any], tuple[Any, int]] | None = None,
 ) -> torch.Tensor:
     """(correct top-1 predictions, summed loss, samples) over ``batches`` of (inputs, targets) on the
     host (this process's shard of the held-out split, in memory or read from files), as a float64
-    tensor on the device.
+    tensor on the device; a language model's (summed token loss, tokens predicted) instead where
+    ``token_loss_sums`` (``TorchTrainingSpec.token_loss_sums``) says how a batch's are counted.
 
     :param after_batch: called after each batch's sums are added: a lazy device's graph cut
         (``TorchDeviceHooks.cut_graph``), so that an evaluation is a few graphs of one batch each,
@@ -100,7 +112,13 @@ def batch_sums(
                 batch_inputs, labels = to_device(host_inputs, host_targets)
                 with forward_context():
                     outputs = model(batch_inputs)
-                these = outcome_sums(outputs, labels, loss_fn)
+                if token_loss_sums is not None:
+                    # The loss in fp32 whatever the precision computed the outputs in.
+                    token_loss, tokens = token_loss_sums(outputs.float(), labels)
+                    count = torch.tensor(float(tokens), device=token_loss.device, dtype=torch.float64)
+                    these = torch.stack([token_loss.double(), count])
+                else:
+                    these = outcome_sums(outputs, labels, loss_fn)
                 sums = these if sums is None else sums + these
                 if after_batch is not None:
                     after_batch()
@@ -108,7 +126,7 @@ def batch_sums(
         model.train(was_training)
     if sums is None:  # a shard with no sample: a process beyond the split's size
         device = next(model.parameters()).device
-        sums = torch.zeros(3, dtype=torch.float64, device=device)
+        sums = torch.zeros(3 if token_loss_sums is None else 2, dtype=torch.float64, device=device)
     return sums
 
 

@@ -650,11 +650,21 @@ def _check_target(config: RunConfig, workload: Workload, options: BaseModel, dat
         )
     training_samples = workload.samples_per_epoch(options)
     if config.data not in SYNTHETIC_SOURCES:
-        from core.data.listing import target_splits
+        from core.data.listing import check_token_vocabulary, dataset_samples, target_splits
         from core.data.split_index import split_samples
 
-        found, training, _ = target_splits(Path(config.data), config.data_format)
-        training_samples = split_samples(training, found)
+        found, training, held_out = target_splits(Path(config.data), config.data_format)
+        if found == "tokens":
+            tokens_per_sample = workload.tokens_per_sample(options)
+            training_samples = dataset_samples(training, found, tokens_per_sample)
+            # A held-out token file shorter than one sequence holds nothing to evaluate: refused, naming it.
+            dataset_samples(held_out, found, tokens_per_sample)
+            vocabulary = workload.token_vocabulary(options)
+            if vocabulary is not None:
+                for split in (training, held_out):
+                    check_token_vocabulary(split, vocabulary, workload.name)
+        else:
+            training_samples = split_samples(training, found)
     if training_samples is not None and config.samples_per_update > training_samples:
         raise ConfigError(
             "micro_batch_size",

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TextIO
 
+from core.base.config import HIGHER_IS_BETTER_METRICS
 from core.running.observe import Observer
 from core.running.step_progress import StepProgress
 
@@ -340,11 +341,12 @@ class RunProgress(Observer):
 
 
 def _direction(result: Any) -> str:
-    """'>=' or '<=': how the target is met (the outcome's, once known; 'loss' goes down)."""
+    """'>=' or '<=': how the target is met (the outcome's, once known; before it, core's own metrics'
+    direction: 'loss' and 'perplexity' go down)."""
     outcome = result.to_target
     if outcome is not None:
         return ">=" if outcome.higher_is_better else "<="
-    return "<=" if result.config.target.metric == "loss" else ">="
+    return ">=" if HIGHER_IS_BETTER_METRICS.get(result.config.target.metric, True) else "<="
 
 
 def _schedule(target: Any) -> str:

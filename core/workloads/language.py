@@ -54,6 +54,16 @@ class LanguageOptions(ZooOptions):
     )
 
 
+class GptOptions(LanguageOptions):
+    vocabulary: int | None = Field(
+        default=None,
+        ge=2,
+        le=1 << 20,
+        description="token ids the model embeds (a byte-level text: 256); None: the model's own",
+    )
+    learning_rate: float = Field(default=ADAMW_LEARNING_RATE, gt=0, le=1, description="AdamW's learning rate")
+
+
 class MaskedLanguageOptions(LanguageOptions):
     dataset: TokenDatasetName = Field(
         default="wikipedia-bookcorpus", description=LanguageOptions.model_fields["dataset"].description
@@ -77,6 +87,17 @@ class LanguageWorkload(ZooWorkload):
     def dimensions(self, o: LanguageOptions) -> tuple[int, int, int, int]:
         return self.small if o.variant == "small" else self.full
 
+    def vocabulary_of(self, o: LanguageOptions) -> int:
+        """The vocabulary the model embeds: the options' (a GPT's ``vocabulary``), else its own."""
+        chosen = getattr(o, "vocabulary", None)
+        return self.vocabulary if chosen is None else chosen
+
+    def token_vocabulary(self, options: Any) -> int | None:
+        return self.vocabulary_of(options)
+
+    def learning_rate(self, o: LanguageOptions) -> float:
+        return getattr(o, "learning_rate", ADAMW_LEARNING_RATE)
+
     def tokens_per_sample(self, o: LanguageOptions) -> int:
         if o.sequence_length is not None:
             return o.sequence_length
@@ -97,7 +118,7 @@ class LanguageWorkload(ZooWorkload):
         return {
             "dataset": o.dataset,
             "tokens_per_sample": self.tokens_per_sample(o),
-            "vocabulary": self.vocabulary,
+            "vocabulary": self.vocabulary_of(o),
             "hidden_size": hidden,
             "layers": layers,
             "attention_heads": heads,
@@ -107,7 +128,7 @@ class LanguageWorkload(ZooWorkload):
 
     def non_embedding_parameters(self, o: LanguageOptions) -> int:
         hidden, _, _, _ = self.dimensions(o)
-        return self.parameter_count(o) - (self.vocabulary + self.positions(o)) * hidden
+        return self.parameter_count(o) - (self.vocabulary_of(o) + self.positions(o)) * hidden
 
     def encoder_layers(self, t: Tally, o: LanguageOptions) -> None:
         """Attention and MLP of every layer, over the whole sequence (attention scores are not
@@ -127,7 +148,7 @@ class LanguageWorkload(ZooWorkload):
 
         generator = torch.Generator().manual_seed(seed + 1)
         return torch.randint(
-            0, self.vocabulary, (o.synthetic_pool_samples, self.tokens_per_sample(o)), generator=generator
+            0, self.vocabulary_of(o), (o.synthetic_pool_samples, self.tokens_per_sample(o)), generator=generator
         )
 
     def loss(self) -> Any:
@@ -141,14 +162,21 @@ class LanguageWorkload(ZooWorkload):
         model = seeded(seed, lambda: self.torch_model(options))
         model.train()
         tokens = self.token_pool(options, seed)
+        learning_rate = self.learning_rate(options)
         return TorchTrainingSpec(
             model=model,
             loss_fn=self.loss(),
-            make_optimizer=lambda params: torch.optim.AdamW(params, lr=ADAMW_LEARNING_RATE),
+            make_optimizer=lambda params: torch.optim.AdamW(params, lr=learning_rate),
             inputs=tokens,
             targets=tokens.clone(),
-            vocabulary=self.vocabulary,
+            vocabulary=self.vocabulary_of(options),
+            token_loss_sums=self.token_loss_sums(),
         )
+
+    def token_loss_sums(self) -> Any:
+        """(logits, token ids) -> (summed loss, tokens predicted) for a held-out evaluation; None
+        where the task's evaluation is not a language model's (``TorchTrainingSpec.token_loss_sums``)."""
+        return None
 
 
 # --- GPT-2 -----------------------------------------------------------------------------------
@@ -162,11 +190,29 @@ def causal_lm_loss(logits: Any, tokens: Any) -> Any:
     return functional.cross_entropy(logits[:, :-1].reshape(-1, vocabulary), tokens[:, 1:].reshape(-1))
 
 
+def causal_lm_loss_sums(logits: Any, tokens: Any) -> tuple[Any, int]:
+    """(summed cross-entropy, tokens predicted) of :func:`causal_lm_loss`'s predictions: every token
+    after a sequence's first, predicted from those before it."""
+    from torch.nn import functional
+
+    vocabulary = logits.shape[-1]
+    predicted = tokens[:, 1:]
+    total = functional.cross_entropy(logits[:, :-1].reshape(-1, vocabulary), predicted.reshape(-1), reduction="sum")
+    return total, predicted.numel()
+
+
+def gpt_token_ids(vocabulary: int) -> dict[str, int]:
+    """transformers' configurations name GPT-2's end-of-text token (50256) as the first and last; a
+    smaller vocabulary (``-o vocabulary``) has no such id, and transformers warns of it: its last."""
+    return {} if vocabulary > 50256 else {"bos_token_id": vocabulary - 1, "eos_token_id": vocabulary - 1}
+
+
 class Gpt2(LanguageWorkload):
     """GPT-2 style decoder (transformers' GPT2LMHeadModel): learned positions, pre-norm layers, MLP 4x
     hidden, output layer tied to the token embeddings."""
 
     task: ClassVar[str] = "language-modeling"
+    options_model: ClassVar[type[BaseModel]] = GptOptions
     vocabulary: ClassVar[int] = GPT2_VOCABULARY
     sources: ClassVar[dict[Framework, Source]] = {Framework.torch: transformers_source("GPT2LMHeadModel")}
     frameworks: ClassVar[tuple[Framework, ...]] = tuple(sources)
@@ -187,27 +233,31 @@ class Gpt2(LanguageWorkload):
         hidden, _, _, _ = self.dimensions(o)
         tokens = self.tokens_per_sample(o)
         t = Tally()
-        t.params((self.vocabulary + self.positions(o)) * hidden)  # token and position embeddings
+        t.params((self.vocabulary_of(o) + self.positions(o)) * hidden)  # token and position embeddings
         self.encoder_layers(t, o)
         t.params(2 * hidden)  # final layer norm
-        t.matmul(hidden * self.vocabulary * tokens)  # output layer, its weights are the token embeddings
+        t.matmul(hidden * self.vocabulary_of(o) * tokens)  # output layer, its weights are the token embeddings
         return t
 
     def torch_model(self, o: LanguageOptions) -> Any:
         transformers = self.load(Framework.torch)
         hidden, layers, heads, intermediate = self.dimensions(o)
         config = transformers.GPT2Config(
-            vocab_size=self.vocabulary,
+            vocab_size=self.vocabulary_of(o),
             n_positions=self.positions(o),
             n_embd=hidden,
             n_layer=layers,
             n_head=heads,
             n_inner=intermediate,
+            **gpt_token_ids(self.vocabulary_of(o)),
         )
         return token_logits_module(transformers.GPT2LMHeadModel(config))
 
     def loss(self) -> Any:
         return causal_lm_loss
+
+    def token_loss_sums(self) -> Any:
+        return causal_lm_loss_sums
 
 
 class Gpt2Small(Gpt2):
@@ -245,6 +295,7 @@ class GptCaraml800m(LanguageWorkload):
         "Megatron GPT 800M: 16 layers, hidden 2048, 8 heads, MLP 8192, rotary, tied output, vocabulary 50304"
     )
     task: ClassVar[str] = "language-modeling"
+    options_model: ClassVar[type[BaseModel]] = GptOptions
     vocabulary: ClassVar[int] = MEGATRON_GPT2_VOCABULARY
     full: ClassVar[tuple[int, int, int, int]] = (2048, 16, 8, 8192)
     sequence_length: ClassVar[int] = 2048
@@ -262,17 +313,17 @@ class GptCaraml800m(LanguageWorkload):
         hidden, _, _, _ = self.dimensions(o)
         tokens = self.tokens_per_sample(o)
         t = Tally()
-        t.params(self.vocabulary * hidden)  # token embeddings, also the output layer
+        t.params(self.vocabulary_of(o) * hidden)  # token embeddings, also the output layer
         self.encoder_layers(t, o)
         t.params(2 * hidden)  # final layer norm
-        t.matmul(hidden * self.vocabulary * tokens)  # output layer
+        t.matmul(hidden * self.vocabulary_of(o) * tokens)  # output layer
         return t
 
     def torch_model(self, o: LanguageOptions) -> Any:
         transformers = self.load(Framework.torch)
         hidden, layers, heads, intermediate = self.dimensions(o)
         config = transformers.GPTNeoXConfig(
-            vocab_size=self.vocabulary,
+            vocab_size=self.vocabulary_of(o),
             hidden_size=hidden,
             num_hidden_layers=layers,
             num_attention_heads=heads,
@@ -290,6 +341,9 @@ class GptCaraml800m(LanguageWorkload):
 
     def loss(self) -> Any:
         return causal_lm_loss
+
+    def token_loss_sums(self) -> Any:
+        return causal_lm_loss_sums
 
 
 class Gpt2Caraml800m(Gpt2):
