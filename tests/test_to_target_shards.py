@@ -219,7 +219,7 @@ def _records(shards: Path, tmp_path: Path) -> Path:
             {},
             "data",
             "tfrecord splits, which a run to a target reads with tensorflow only; with torch it "
-            "reads image-folder or webdataset splits",
+            "reads image-folder, webdataset or tokens splits",
         ),
         (_gzipped_shard, {}, "data", "not an uncompressed tar file"),
         (_sample_without_label, {}, "data", "sample '000001' needs an image"),

@@ -174,7 +174,7 @@ def test_the_sharded_evaluation_is_one_process_s_on_the_same_weights(tokens: Pat
                     lambda x, y: (x, y),
                     contextlib.nullcontext,
                     torch.no_grad,
-                    spec.token_loss_sums,
+                    token_loss_sums=spec.token_loss_sums,
                 )
             finally:
                 shard.close()

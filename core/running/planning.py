@@ -612,14 +612,22 @@ def _check_target_data(config: RunConfig, framework: Framework, readable: tuple[
             "data",
             config.data,
             f"{found} splits, which a run to a target reads with {readers} only; with {framework.value} it reads "
-            f"{' or '.join(instead) or 'no'} splits",
+            f"{_either(instead)} splits",
         )
     for split in splits:
         validate_data(str(split), found, framework, readable, workload)
         # Indexed now (shards' member headers, records' framing), so a split that cannot be read by
         # offset is refused here; setup in this process reuses the cached index.
-        split_samples(split, found)
+        if found != "tokens":  # a token file is counted in sequences of the workload's length (_check_target)
+            split_samples(split, found)
     return found
+
+
+def _either(names: list[str]) -> str:
+    """'a', 'a or b', 'a, b or c' ('no' for none)."""
+    if not names:
+        return "no"
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
 def _check_target(config: RunConfig, workload: Workload, options: BaseModel, data_format: str | None) -> None:
