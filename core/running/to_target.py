@@ -95,6 +95,7 @@ def train_to_target(
         epochs=0.0,
         samples=0,
     )
+    outcome.epoch_samples = schedule.updates_per_epoch * samples_per_update
     result.to_target = outcome
     result.samples_per_epoch = training_samples
 
@@ -106,9 +107,7 @@ def train_to_target(
         steps = schedule.updates_between_evaluations
         if schedule.max_updates is not None:
             steps = min(steps, schedule.max_updates - updates)
-        executor.run_steps(steps)
-        executor.synchronize()
-        updates += steps
+        updates = _train(executor, updates, steps, schedule.updates_per_epoch, outcome, started)
         evaluation_started = time.perf_counter()
         metrics = executor.evaluate()
         executor.synchronize()
@@ -155,6 +154,24 @@ def train_to_target(
             f"{outcome.training_seconds:.4g} s: target {target.value:g} not reached ({outcome.stopped_by} spent)",
         )
     return energy
+
+
+def _train(executor: Executor, updates: int, steps: int, per_epoch: int, outcome: TargetOutcome, started: float) -> int:
+    """Run ``steps`` updates from update ``updates``, stopping the devices at each epoch's end on the
+    way to append that epoch's training time to ``outcome.epoch_seconds`` (the clock there, less the
+    evaluations so far and the epochs before: ACES's first-epoch and per-epoch times from real
+    epochs). Returns the updates done in all, the devices synchronised."""
+    while steps > 0:
+        chunk = min(steps, per_epoch - updates % per_epoch)
+        executor.run_steps(chunk)
+        executor.synchronize()
+        updates += chunk
+        steps -= chunk
+        if updates % per_epoch == 0:
+            clock = executor.gather_max(time.perf_counter() - started)
+            training = clock - outcome.evaluation_seconds
+            outcome.epoch_seconds.append(max(0.0, training - sum(outcome.epoch_seconds)))
+    return updates
 
 
 def record_target_energy(outcome: TargetOutcome, joules: float | None) -> None:

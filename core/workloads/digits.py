@@ -70,7 +70,9 @@ def split_digits(options: DigitsOptions) -> tuple[Any, Any, Any, Any]:
     return train_x, train_y, test_x, test_y
 
 
-def write_image_folder(root: str | Path, options: DigitsOptions | None = None, per_split: int | None = None) -> Path:
+def write_image_folder(
+    root: str | Path, options: DigitsOptions | None = None, per_split: int | None = None, per_class: int | None = None
+) -> Path:
     """Write the digits as an image folder split as a run to a target reads it
     (docs/to-target.md): ``root/train/<digit>/<index>.png`` and ``root/val/<digit>/<index>.png``, the
     same stratified split as the in-memory workload (``options.held_out_fraction``, :data:`SPLIT_SEED`).
@@ -80,6 +82,8 @@ def write_image_folder(root: str | Path, options: DigitsOptions | None = None, p
     split, so a folder lists each class's images in the in-memory order.
 
     :param per_split: keep only each split's first images (a small folder for tests); None keeps all
+    :param per_class: keep only each class's first images in each split (a tiny folder whose splits
+        still hold every class: ``core sweep --toy``'s runs to a target); None keeps all
     :returns: ``root``
     """
     import numpy as np
@@ -88,7 +92,11 @@ def write_image_folder(root: str | Path, options: DigitsOptions | None = None, p
     root = Path(root)
     train_x, train_y, test_x, test_y = split_digits(options or DigitsOptions())
     for split, images, labels in ((TRAIN_SPLIT, train_x, train_y), (HELD_OUT_SPLIT, test_x, test_y)):
+        kept: dict[int, int] = {}
         for index, (image, label) in enumerate(zip(images[:per_split], labels[:per_split])):
+            kept[int(label)] = kept.get(int(label), 0) + 1
+            if per_class is not None and kept[int(label)] > per_class:
+                continue
             folder = root / split / str(int(label))
             folder.mkdir(parents=True, exist_ok=True)
             grey = np.rint(image.reshape(8, 8) * 255.0).astype(np.uint8)
