@@ -45,9 +45,12 @@ from core.base.units import JOULES_PER_WATT_HOUR, watt_hours
 #       with host names) with no meter too.
 # 1.12: training to a target quality (RunConfig.target): RunResult.to_target (optional, so older
 #       documents load without it) with the quality curve, time, energy, epochs and samples to the
-#       target; RunState.target_not_reached for a run that ended without reaching it. Later in 1.12,
-#       TargetOutcome.paused_seconds and .paused_joules (defaults: earlier 1.12 documents load).
-SCHEMA_VERSION = "1.12"
+#       target; RunState.target_not_reached for a run that ended without reaching it.
+# 1.13: TargetOutcome.epoch_seconds and epoch_samples (defaults: none, so 1.12 documents load
+#       without them): each whole epoch's training time on the clock, evaluations taken out (ACES's
+#       first-epoch and per-epoch times from real epochs); TargetOutcome.paused_seconds and
+#       .paused_joules (defaults 0 and None): the partial reports the clock leaves out.
+SCHEMA_VERSION = "1.13"
 # The error type of a document written by a newer core: ResultStore skips such a row with a warning.
 NEWER_SCHEMA_ERROR = "newer_schema"
 # A traceback kept in a result is cut to its end (where it broke) so a deep recursion stays small.
@@ -336,6 +339,16 @@ class TargetOutcome(BaseModel):
     epochs: float = Field(ge=0, description="epochs trained in all")
     samples: int = Field(ge=0, description="training samples processed in all")
     curve: list[QualityPoint] = Field(default_factory=list, description="every evaluation, in order")
+    epoch_seconds: list[float] = Field(
+        default_factory=list,
+        description="each whole epoch's training time on the clock, in order, the evaluations inside it taken "
+        "out; the first holds the first step (its compilation). Empty in documents before schema 1.13",
+    )
+    epoch_samples: int | None = Field(
+        default=None,
+        ge=0,
+        description="training samples in one whole epoch: its global batches, the last partial one dropped",
+    )
 
 
 class SlurmJob(BaseModel):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -260,7 +262,11 @@ def plan_run(
     precision_policy = resolve_precision(manager, accelerator_obj, config, machine)
     with guard(workload_obj, f"{type(workload_obj).__name__}.data_formats_for()"):
         readable = workload_obj.data_formats_for(framework)
-    data_format = _check_data(config, framework, readable, workload_name)
+    config, supplied_later = _resolve_data_variable(config, machine, warnings)
+    if supplied_later:  # planned for another machine, its folder named by a variable unset here
+        data_format: str | None = _user_data_format(config, readable)
+    else:
+        data_format = _check_data(config, framework, readable, workload_name)
     with guard(workload_obj, f"{type(workload_obj).__name__}.parse_options()"):
         workload_options = workload_obj.parse_options(dict(config.workload_options))
     with guard(workload_obj, f"{type(workload_obj).__name__}.check_for_framework()"):
@@ -579,6 +585,47 @@ def _check_mode(config: RunConfig, accelerator: Accelerator) -> None:
         )
 
 
+#: ``data`` naming an environment variable, ``$NAME`` or ``${NAME}``: a data set the user supplies (a
+#: paper's images that are not public, or too large to ship: docs/seeds.md), read from the variable
+DATA_VARIABLE = re.compile(r"^\$(?:\{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)\}|(?P<plain>[A-Za-z_][A-Za-z0-9_]*))$")
+
+
+def _resolve_data_variable(
+    config: RunConfig, machine: MachineProfile | None, warnings: list[str]
+) -> tuple[RunConfig, bool]:
+    """``data = "$NAME"``: the path in the environment variable NAME, checked as any path is; unset
+    here, a refusal naming ``data``, except where the run is planned for another machine (a dry run:
+    the folder is on that machine), which warns and leaves it to be checked there. Returns the config
+    (with the path in ``data`` where the variable is set) and whether the data is left unchecked."""
+    match = DATA_VARIABLE.match(config.data)
+    if match is None:
+        return config, False
+    name = match.group("braced") or match.group("plain")
+    value = os.environ.get(name, "")
+    if value:
+        return config.model_copy(update={"data": value}), False
+    if machine is None:
+        raise ConfigError(
+            "data",
+            config.data,
+            f"the environment variable {name} is not set: set it to the path of your data set "
+            f"(a run to a target reads one split into train/ and val/; docs/seeds.md#data-you-supply)",
+        )
+    warnings.append(
+        f"not checked here, needed on {machine.name!r}: data {config.data} ({name} is not set on this host; "
+        "set it to your data set's path where the sweep runs)"
+    )
+    return config, True
+
+
+def _user_data_format(config: RunConfig, readable: tuple[str, ...] | None) -> str:
+    """The format data the user supplies later is planned as: the one given, else the first the workload
+    reads (an image folder for the zoo's classifiers)."""
+    if config.data_format != "auto":
+        return config.data_format
+    return readable[0] if readable else "image-folder"
+
+
 #: the frameworks whose core executor evaluates a run to a target (``Executor.evaluate``)
 TARGET_FRAMEWORKS = (Framework.torch, Framework.tensorflow)
 
@@ -657,7 +704,7 @@ def _check_target(config: RunConfig, workload: Workload, options: BaseModel, dat
             + ", ".join(framework.value for framework in TARGET_FRAMEWORKS),
         )
     training_samples = workload.samples_per_epoch(options)
-    if config.data not in SYNTHETIC_SOURCES:
+    if config.data not in SYNTHETIC_SOURCES and not DATA_VARIABLE.match(config.data):
         from core.data.listing import check_token_vocabulary, dataset_samples, target_splits
         from core.data.split_index import split_samples
 

@@ -95,6 +95,7 @@ def train_to_target(
         epochs=0.0,
         samples=0,
     )
+    outcome.epoch_samples = schedule.updates_per_epoch * samples_per_update
     result.to_target = outcome
     result.samples_per_epoch = training_samples
 
@@ -107,7 +108,7 @@ def train_to_target(
         steps = schedule.updates_between_evaluations
         if schedule.max_updates is not None:
             steps = min(steps, schedule.max_updates - updates)
-        updates += _train(executor, steps, clock, target.max_seconds)
+        updates = _train(executor, updates, steps, schedule.updates_per_epoch, outcome, clock, target.max_seconds)
         evaluation_started = time.perf_counter()
         metrics = executor.evaluate()
         executor.synchronize()
@@ -205,28 +206,50 @@ class _Clock:
         return self._paused_joules
 
 
-def _train(executor: Executor, updates: int, clock: _Clock, max_seconds: float | None) -> int:
-    """``updates`` updates, waited for; with a time budget in chunks of about :data:`BUDGET_CHECK_SECONDS`,
-    stopping after the chunk that spends it. Returns the updates made. Every process takes the same
-    decisions: they are made on the clock's maximum over the processes."""
-    if max_seconds is None or updates == 0:
-        executor.run_steps(updates)
+def _train(
+    executor: Executor,
+    updates: int,
+    steps: int,
+    per_epoch: int,
+    outcome: TargetOutcome,
+    clock: _Clock,
+    max_seconds: float | None,
+) -> int:
+    """Run ``steps`` updates from update ``updates``; returns the updates done in all, the devices
+    synchronised. Two things cut them into chunks, each waited for:
+
+    - each epoch's end, where that epoch's training time is appended to ``outcome.epoch_seconds`` (the
+      clock there, less the evaluations so far and the epochs before: ACES's first-epoch and per-epoch
+      times from real epochs);
+    - with a time budget, about every :data:`BUDGET_CHECK_SECONDS`: training stops after the chunk
+      that spends it.
+
+    Every process takes the same decisions: they are made on the clock's maximum over the processes."""
+    budget_chunk = 1  # updates between budget checks: grows to about a check's worth
+    checked = executor.gather_max(clock.seconds()) if max_seconds is not None and steps > 0 else 0.0
+    while steps > 0:
+        chunk = min(steps, per_epoch - updates % per_epoch)
+        if max_seconds is not None:
+            chunk = min(chunk, budget_chunk)
+        executor.run_steps(chunk)
         executor.synchronize()
-        return updates
-    done, chunk = 0, 1
-    checked = executor.gather_max(clock.seconds())
-    while done < updates:
-        size = min(chunk, updates - done)
-        executor.run_steps(size)
-        executor.synchronize()
-        done += size
-        elapsed = executor.gather_max(clock.seconds())
-        if elapsed >= max_seconds:
-            break
-        per_update = max(elapsed - checked, 1e-9) / size
-        chunk = max(1, min(int(BUDGET_CHECK_SECONDS / per_update), 2 * size + 1))  # grows at most two-fold
-        checked = elapsed
-    return done
+        updates += chunk
+        steps -= chunk
+        elapsed: float | None = None
+        if updates % per_epoch == 0:
+            elapsed = executor.gather_max(clock.seconds())
+            training = elapsed - outcome.evaluation_seconds
+            outcome.epoch_seconds.append(max(0.0, training - sum(outcome.epoch_seconds)))
+        if max_seconds is not None:
+            if elapsed is None:
+                elapsed = executor.gather_max(clock.seconds())
+            if elapsed >= max_seconds:
+                break
+            per_update = max(elapsed - checked, 1e-9) / chunk
+            # grows at most two-fold a check, so a first slow update does not make the next chunk long
+            budget_chunk = max(1, min(int(BUDGET_CHECK_SECONDS / per_update), 2 * chunk + 1))
+            checked = elapsed
+    return updates
 
 
 def record_target_energy(outcome: TargetOutcome, joules: float | None) -> list[str]:

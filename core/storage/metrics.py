@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 import types
 import typing
 from collections.abc import Callable, Iterable
@@ -230,6 +231,24 @@ def _to_target(name: str, unit: str, description: str, header: str, short: str) 
         Summary.olympic_mean,
         reported=Reported(frozenset({RESULTS}), header, short=short, optional=True),
     )
+
+
+def _first_epoch(seconds: Any) -> float | None:
+    """The first whole epoch's training time (``TargetOutcome.epoch_seconds``): None before one ended."""
+    return seconds[0] if seconds else None
+
+
+def _later_epoch(seconds: Any) -> float | None:
+    """The median of the whole epochs after the first: the steady epoch (None with fewer than two)."""
+    return statistics.median(seconds[1:]) if len(seconds or ()) >= 2 else None
+
+
+def _epoch_rate(outcome: Any, epoch: Callable[[Any], float | None]) -> float | None:
+    """An epoch's samples (its whole global batches) per second of its training time."""
+    seconds = epoch(outcome.epoch_seconds)
+    if not seconds or outcome.epoch_samples is None:
+        return None
+    return float(outcome.epoch_samples / seconds)
 
 
 def _several_devices(result: RunResult) -> bool:
@@ -888,6 +907,48 @@ METRICS: tuple[Metric, ...] = (
         description="the target's metric at the last evaluation (where training ended)",
         summary=Summary.median,
         reading=_last_value,
+    ),
+    # --- a run to a target's real epochs (schema 1.13): each whole epoch's training time, evaluations out
+    Metric(
+        "target_first_epoch_seconds",
+        "to_target.epoch_seconds",
+        "s",
+        "the first whole epoch's training time on the clock, its first step's compilation inside, evaluations out",
+        Summary.median,
+        reading=_first_epoch,
+    ),
+    Metric(
+        "target_epoch_seconds",
+        "to_target.epoch_seconds",
+        "s",
+        "a later epoch's training time on the clock (the median over the run's epochs after the first), "
+        "evaluations out",
+        Summary.median,
+        reading=_later_epoch,
+    ),
+    Metric(
+        "target_first_epoch_throughput_per_second",
+        "to_target",
+        "samples/s",
+        "the first whole epoch's samples / its training time (ACES Table 1's 1st epoch, from a real epoch)",
+        Summary.median,
+        reading=lambda outcome: _epoch_rate(outcome, _first_epoch),
+    ),
+    Metric(
+        "target_epoch_throughput_per_second",
+        "to_target",
+        "samples/s",
+        "a later epoch's samples / its training time (the median epoch after the first: ACES's 2nd epoch)",
+        Summary.median,
+        reading=lambda outcome: _epoch_rate(outcome, _later_epoch),
+    ),
+    Metric(
+        "target_final_top1",
+        "to_target.curve",
+        "fraction",
+        "top-1 on the held-out split at the last evaluation (where training ended), whatever the target's metric",
+        Summary.median,
+        reading=lambda curve: curve[-1].metrics.get("top1") if curve else None,
     ),
 )
 

@@ -19,6 +19,12 @@ the report) before its machine is booked, and in CI. What a toy cell keeps and c
   and at least 20 queries, whether or not the file gives ``loadgen`` settings, at a server rate of
   at most 100 samples/s, with the offline rate and single-stream latency measured (not the file's,
   which are its machine's);
+- a cell trained to a target (``target``: a paper's study to a quality, on data the user supplies)
+  reads scikit-learn's digits written as a tiny image folder split into train/ and val/
+  (:data:`TOY_TARGET_IMAGES_PER_CLASS` of each class in each split, in core's cache) instead, its model
+  given their 10 classes, its target kept and its budget 2 epochs, evaluated after each: the whole
+  path of a run to a target (real epochs, per-epoch times, evaluation) in seconds, whether or not the
+  toy reaches the file's quality (``target_not_reached`` is a measured outcome);
 - cells that become equal are run once, and at most ``TOY_MAX_CELLS`` of them, spread over the grid.
 
 The toy sweep is stored under ``<name>-toy``, never beside the file's real results.
@@ -26,6 +32,10 @@ The toy sweep is stored under ``<name>-toy``, never beside the file's real resul
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from core.base.config import LOADGEN_SCENARIOS
@@ -40,6 +50,10 @@ TOY_GRADIENT_ACCUMULATION = 2
 TOY_SUFFIX = "-toy"
 TOY_LOADGEN_SECONDS = 0.3
 TOY_LOADGEN_QUERIES = 20
+#: a toy run to a target: each class's images in each split of the digits folder (train, val), epochs
+TOY_TARGET_IMAGES_PER_CLASS = (2, 1)
+TOY_TARGET_EPOCHS = 2
+TOY_TARGET_CLASSES = 10
 
 # Fields a toy fixes, whatever the file says.
 _TOY_FIXED: dict[str, Any] = {
@@ -97,7 +111,58 @@ def toy_cell_options(options: dict[str, Any], manager: PluginManager) -> dict[st
     if toy.get("scenario") in LOADGEN_SCENARIOS:
         # Also without the file's settings: LoadGen's own minimum is 10 s.
         toy["loadgen"] = _toy_loadgen(dict(toy.get("loadgen") or {}))
+    if isinstance(toy.get("target"), dict):
+        _toy_target(toy, workload)
     return toy
+
+
+def _toy_target(toy: dict[str, Any], workload: Any) -> None:
+    """A run to a target at toy scale: the digits folder for the user's data, their 10 classes for the
+    model's head (where the workload takes ``num_classes``), the file's target on a budget of
+    :data:`TOY_TARGET_EPOCHS` epochs, evaluated after each."""
+    target = toy["target"]
+    toy["target"] = {key: value for key, value in target.items() if key in ("metric", "value")} | {
+        "evaluate_every_epochs": 1,
+        "max_epochs": TOY_TARGET_EPOCHS,
+    }
+    toy["data"] = str(toy_target_folder())
+    if "num_classes" in workload.options_model.model_fields:
+        toy["workload_options"] = {**toy["workload_options"], "num_classes": TOY_TARGET_CLASSES}
+
+
+def toy_target_folder() -> Path:
+    """scikit-learn's digits as a tiny image folder split into train/ and val/, written once into
+    core's cache (``$XDG_CACHE_HOME/core``) whole or not at all (a temporary folder renamed into place)."""
+    from core.roofs.cache import cache_directory  # core/roofs: its parent is core's own
+
+    train, held_out = TOY_TARGET_IMAGES_PER_CLASS
+    folder = cache_directory().parent / f"toy-target-digits-{train}-{held_out}"
+    if folder.is_dir():
+        return folder
+    try:
+        from core.workloads.digits import write_image_folder
+
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".toy-target-", dir=folder.parent))
+        try:
+            for split, count in (("train", train), ("val", held_out)):
+                write_image_folder(staging / "whole", per_class=count)
+                shutil.move(str(staging / "whole" / split), str(staging / split))
+                shutil.rmtree(staging / "whole")
+            os.replace(staging, folder)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    except ImportError as error:
+        raise ConfigError(
+            "target",
+            "toy",
+            f"a toy run to a target reads scikit-learn's digits as an image folder ({error}): "
+            "pip install 'core[digits]'",
+        ) from error
+    except OSError as error:
+        if not folder.is_dir():  # another toy sweep may have written it first
+            raise ConfigError("data", str(folder), f"a toy run to a target's image folder: {error}") from error
+    return folder
 
 
 def _toy_loadgen(settings: dict[str, Any]) -> dict[str, Any]:

@@ -70,7 +70,9 @@ def split_digits(options: DigitsOptions) -> tuple[Any, Any, Any, Any]:
     return train_x, train_y, test_x, test_y
 
 
-def write_image_folder(root: str | Path, options: DigitsOptions | None = None, per_split: int | None = None) -> Path:
+def write_image_folder(
+    root: str | Path, options: DigitsOptions | None = None, per_split: int | None = None, per_class: int | None = None
+) -> Path:
     """Write the digits as an image folder split as a run to a target reads it
     (docs/to-target.md): ``root/train/<digit>/<index>.png`` and ``root/val/<digit>/<index>.png``, the
     same stratified split as the in-memory workload (``options.held_out_fraction``, :data:`SPLIT_SEED`).
@@ -80,10 +82,12 @@ def write_image_folder(root: str | Path, options: DigitsOptions | None = None, p
     split, so a folder lists each class's images in the in-memory order.
 
     :param per_split: keep only each split's first images (a small folder for tests); None keeps all
+    :param per_class: keep only each class's first images in each split (a tiny folder whose splits
+        still hold every class: ``core sweep --toy``'s runs to a target); None keeps all
     :returns: ``root``
     """
     root = Path(root)
-    for split, index, png, label in _split_pngs(options, per_split):
+    for split, index, png, label in _split_pngs(options, per_split, per_class):
         folder = root / split / str(label)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"{index:04d}.png").write_bytes(png)
@@ -152,9 +156,12 @@ def write_records(
     return root
 
 
-def _split_pngs(options: DigitsOptions | None, per_split: int | None) -> Iterator[tuple[str, int, bytes, int]]:
+def _split_pngs(
+    options: DigitsOptions | None, per_split: int | None, per_class: int | None = None
+) -> Iterator[tuple[str, int, bytes, int]]:
     """(split, index in the split, PNG, label) of every image, in the in-memory split's order: an 8x8
-    greyscale PNG whose pixel is ``round(value / 16 x 255)``."""
+    greyscale PNG whose pixel is ``round(value / 16 x 255)``; with ``per_class``, each class's first
+    that many of each split only."""
     import io
 
     import numpy as np
@@ -162,7 +169,11 @@ def _split_pngs(options: DigitsOptions | None, per_split: int | None) -> Iterato
 
     train_x, train_y, test_x, test_y = split_digits(options or DigitsOptions())
     for split, images, labels in ((TRAIN_SPLIT, train_x, train_y), (HELD_OUT_SPLIT, test_x, test_y)):
+        kept: dict[int, int] = {}
         for index, (image, label) in enumerate(zip(images[:per_split], labels[:per_split])):
+            kept[int(label)] = kept.get(int(label), 0) + 1
+            if per_class is not None and kept[int(label)] > per_class:
+                continue
             grey = np.rint(image.reshape(8, 8) * 255.0).astype(np.uint8)
             buffer = io.BytesIO()
             Image.fromarray(grey).save(buffer, format="PNG")
