@@ -34,8 +34,8 @@ class _Time:
 class _Executor(Executor):
     """Ten updates an epoch; top-1 rises 0.1 an epoch; every call advances the simulated time."""
 
-    def __init__(self, clock: _Time) -> None:
-        self.clock, self.updates, self.exchanges = clock, 0, 0
+    def __init__(self, clock: _Time, samples: int = TRAINING_SAMPLES) -> None:
+        self.clock, self.updates, self.exchanges, self.samples = clock, 0, 0, samples
 
     def step(self) -> None:
         self.run_steps(1)
@@ -54,7 +54,7 @@ class _Executor(Executor):
         pass
 
     def dataset_samples(self) -> int | None:
-        return TRAINING_SAMPLES
+        return self.samples
 
     def evaluate(self) -> dict[str, float] | None:
         self.clock.now += EVALUATION_SECONDS
@@ -109,6 +109,7 @@ def test_the_reports_after_evaluations_are_left_out_of_the_clock_and_its_energy(
     assert [point.seconds for point in outcome.curve] == pytest.approx([epoch, 2 * epoch, 3 * epoch])
     assert outcome.time_to_target_seconds == pytest.approx(3 * epoch)
     assert outcome.paused_seconds == pytest.approx(2 * REPORT_SECONDS)
+    assert outcome.epoch_seconds == pytest.approx([10 * UPDATE_SECONDS] * 3)  # neither evaluations nor pauses
     # Energy: the points' and the total's leave the pauses' out, as the clock does.
     assert [point.joules for point in outcome.curve] == pytest.approx(
         [epoch * WATTS, 2 * epoch * WATTS, 3 * epoch * WATTS]
@@ -140,8 +141,9 @@ def test_a_pauses_energy_that_cannot_be_read_is_left_in_and_said(simulated: tupl
 
 
 def test_a_time_budget_ends_training_between_evaluations(simulated: tuple[_Time, _Executor]) -> None:
-    clock, executor = simulated
-    # An evaluation every 1,000 epochs (100 s of updates): the budget of 3 s is spent long before.
+    clock, _ = simulated
+    executor = _Executor(clock, samples=32_000)  # 1,000 updates an epoch: no epoch ends within the budget
+    # An evaluation every 1,000 epochs (10,000 s of updates): the budget of 3 s is spent long before.
     # The simulated loss stays 1: the target is never met.
     target = {"metric": "loss", "value": 0.5, "evaluate_every_epochs": 1000, "max_seconds": 3.0}
     result, _ = _run(clock, executor, target)
@@ -153,12 +155,12 @@ def test_a_time_budget_ends_training_between_evaluations(simulated: tuple[_Time,
     # grows at most two-fold from one update), so at most one check's interval past it.
     training = point.seconds - point.evaluation_seconds
     assert 3.0 <= training <= 3.0 + to_target.BUDGET_CHECK_SECONDS + UPDATE_SECONDS
-    assert point.samples < 1000 * TRAINING_SAMPLES
+    assert point.samples < 32_000 and outcome.epoch_seconds == []
     # A check is one exchange between processes: about one a second, not one an update.
     assert executor.exchanges < 3.0 / to_target.BUDGET_CHECK_SECONDS + 20
 
 
-def test_without_a_time_budget_training_runs_to_the_evaluation_in_one_call(simulated: tuple[_Time, _Executor]) -> None:
+def test_without_a_time_budget_training_runs_an_epoch_a_call_and_times_each(simulated: tuple[_Time, _Executor]) -> None:
     clock, executor = simulated
     calls: list[int] = []
     run_steps = executor.run_steps
@@ -169,8 +171,13 @@ def test_without_a_time_budget_training_runs_to_the_evaluation_in_one_call(simul
 
     executor.run_steps = counted  # type: ignore[method-assign]
     result, _ = _run(clock, executor, {"metric": "top1", "value": 0.2, "max_epochs": 10, "evaluate_every_epochs": 2})
-    assert calls == [20]  # the two epochs to the first evaluation, which meets the target
-    assert result.to_target is not None and result.to_target.reached
+    outcome = result.to_target
+    assert outcome is not None and outcome.reached
+    # The two epochs to the first evaluation (which meets the target): one call each, waited for at
+    # the epoch's end to time it; no check in between.
+    assert calls == [10, 10]
+    assert outcome.epoch_seconds == pytest.approx([10 * UPDATE_SECONDS, 10 * UPDATE_SECONDS])
+    assert outcome.epoch_samples == TRAINING_SAMPLES
 
 
 def test_a_sweep_repeat_of_a_run_to_a_target_takes_its_own_seed_and_others_keep_theirs() -> None:
