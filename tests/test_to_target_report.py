@@ -372,7 +372,9 @@ def test_a_tiny_batch_size_sweep_to_a_target_runs_and_the_report_draws_it(tmp_pa
 
 
 @pytest.mark.slow
-def test_a_sweep_cell_that_misses_its_target_runs_every_repeat(tmp_path: Path) -> None:
+def test_a_sweep_cell_that_misses_its_target_runs_every_repeat(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # A missed target is a measured outcome: the cell goes on to its next repeat (a fault would stop
     # it), and `core sweep` counts no failure.
     from core.cli import main
@@ -386,6 +388,8 @@ def test_a_sweep_cell_that_misses_its_target_runs_every_repeat(tmp_path: Path) -
     )
     database = tmp_path / "results.db"
     main(["sweep", str(sweep), "--database", str(database)])
+    printed = capsys.readouterr().out
+    assert "1 cell, 0 failed, 1 missed their target, 0 flagged" in printed, printed
     runs = ResultStore(database, create=False).runs(sweep="digits-missed")
     assert sorted(run.repeat for run in runs) == [0, 1]
     assert {run.result.status.state.value for run in runs} == {"target_not_reached"}

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from core.base.errors import ConfigError
+from core.base.results import RunState
 from core.cli.dry_run import load_machine_argument
 from core.cli.errors import BAD_INPUT, FAULT, INTERRUPTED, TERMINATED, describe_config_error, error
 from core.cli.resume import resume_command
@@ -261,9 +262,12 @@ def _print_outcome(outcome: SweepOutcome) -> None:
         )
     print()
     print(format_cells(outcome.cells))
-    failed = sum(1 for cell in outcome.cells if cell.status != "ok")
+    # A cell none of whose repeats reached its target measured that: it is counted apart, not as failed.
+    missed = sum(1 for cell in outcome.cells if cell.status == RunState.target_not_reached.value)
+    failed = sum(1 for cell in outcome.cells if cell.status not in ("ok", RunState.target_not_reached.value))
     print(
         f"sweep {outcome.name}: {count(outcome.runs_done, 'run')} now, {outcome.runs_already_finished} before; "
-        f"{count(len(outcome.cells), 'cell')}, {failed} failed, {sum(c.flagged for c in outcome.cells)} flagged; "
-        f"results in {outcome.database}"
+        f"{count(len(outcome.cells), 'cell')}, {failed} failed, "
+        + (f"{missed} missed their target, " if missed else "")
+        + f"{sum(c.flagged for c in outcome.cells)} flagged; results in {outcome.database}"
     )
