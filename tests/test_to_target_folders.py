@@ -191,3 +191,26 @@ def test_two_replicas_reading_the_folder_give_one_process_curve(digits_folder: P
     for ours, theirs in zip(replicated.to_target.curve, whole.to_target.curve):  # type: ignore[union-attr]
         assert abs(ours.metrics["top1"] - theirs.metrics["top1"]) <= 1 / HELD_OUT + 1e-12
         assert ours.metrics["loss"] == pytest.approx(theirs.metrics["loss"], rel=1e-2)
+
+
+def test_a_folder_with_more_classes_than_the_head_predicts_is_refused_before_running(
+    digits_folder: Path, tmp_path: Path
+) -> None:
+    # Ten class folders against a head of five: a label of 5..9 would break the loss mid-run.
+    with pytest.raises(ConfigError) as refused:
+        run_here(
+            "resnet50",
+            "cpu",
+            power_meter="none",
+            data=str(digits_folder),
+            target=TARGET,
+            workload_options={"variant": "small", "num_classes": 5},
+        )
+    assert refused.value.field == "workload_options.num_classes" and "holds 10 class folders" in str(refused.value)
+    # digits' head is its ten digits: an eleventh class folder cannot be predicted.
+    copy = _copy(digits_folder, tmp_path)
+    for split in ("train", "val"):
+        shutil.copytree(copy / split / "9", copy / split / "z-extra")
+    with pytest.raises(ConfigError) as refused:
+        run_here("digits", "cpu", power_meter="none", data=str(copy), target=TARGET)
+    assert refused.value.field == "data" and "holds 11" in str(refused.value)

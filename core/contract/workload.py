@@ -212,6 +212,13 @@ class Workload(ABC):
         options class here, as the built-in language models do."""
         return None
 
+    def head_classes(self, options: Any) -> int | None:
+        """The classes a classifier's output layer predicts: planning checks that a run to a target's
+        labelled image folder has no more class folders than that (a label the head cannot predict
+        would break the loss mid-run). None, the default, checks nothing. ``options`` is typed as in
+        :meth:`tokens_per_sample`."""
+        return None
+
     def token_vocabulary(self, options: Any) -> int | None:
         """The vocabulary of a workload whose inputs are token ids (language models): every id read from
         a token file must lie below it. Planning checks a run to a target's token splits against it;

@@ -670,6 +670,27 @@ def _check_target_data(config: RunConfig, framework: Framework, readable: tuple[
     return found
 
 
+def _check_head_classes(workload: Workload, options: BaseModel, training: Path) -> None:
+    """An image folder's classes (its class folders, numbered in sorted order) fit the classifier's
+    head: a label past it would break the loss mid-run. Shards and records carry their labels inside
+    their samples, read as they are trained on (a label past the head then ends the run as a fault)."""
+    from core.data.listing import image_folder
+
+    head = workload.head_classes(options)
+    classes = len(image_folder(training)[0])
+    if head is not None and classes > head:
+        field = "workload_options.num_classes" if "num_classes" in type(options).model_fields else "data"
+        value = getattr(options, "num_classes", None) if field != "data" else str(training)
+        raise ConfigError(
+            field,
+            value,
+            f"a head of at least {classes} classes: {training} holds {classes} class folders, and workload "
+            f"{workload.name!r} predicts {head} (set workload_options.num_classes, or its dataset)"
+            if field != "data"
+            else f"at most {head} class folders, which workload {workload.name!r} predicts; {training} holds {classes}",
+        )
+
+
 def _either(names: list[str]) -> str:
     """'a', 'a or b', 'a, b or c' ('no' for none)."""
     if not names:
@@ -720,6 +741,8 @@ def _check_target(config: RunConfig, workload: Workload, options: BaseModel, dat
                     check_token_vocabulary(split, vocabulary, workload.name)
         else:
             training_samples = split_samples(training, found)
+        if found == "image-folder":
+            _check_head_classes(workload, options, training)
     if training_samples is not None and config.samples_per_update > training_samples:
         raise ConfigError(
             "micro_batch_size",

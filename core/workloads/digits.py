@@ -220,6 +220,9 @@ class Digits(Workload):
         # 2 forward and 4 backward FLOPs per weight per sample, as the FCNN counts them.
         return 6.0 * mlp_weights(options) if options.model == "mlp" else None
 
+    def head_classes(self, options: Any) -> int | None:
+        return CLASSES
+
     def samples_per_epoch(self, options: BaseModel) -> int:
         assert isinstance(options, DigitsOptions)
         return DIGITS_SAMPLES - held_out_samples(options)

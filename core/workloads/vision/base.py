@@ -76,6 +76,10 @@ class VisionWorkload(ZooWorkload):
     def num_classes(self, o: VisionOptions) -> int:
         return o.num_classes or IMAGE_DATASETS[o.dataset].num_classes
 
+    def head_classes(self, options: Any) -> int | None:
+        assert isinstance(options, VisionOptions)
+        return self.num_classes(options)
+
     def samples_per_epoch(self, options: BaseModel) -> int:
         assert isinstance(options, VisionOptions)
         return IMAGE_DATASETS[options.dataset].samples_per_epoch
