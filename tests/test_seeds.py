@@ -132,7 +132,7 @@ def test_a_seed_runs_at_toy_scale_on_this_cpu(path: Path, tmp_path: Path) -> Non
 @pytest.mark.parametrize("path", [p for p in SEEDS if "to-target" in p.stem], ids=lambda p: p.stem)
 def test_a_to_target_seed_names_the_data_the_user_supplies(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Its data is an environment variable: unset, a dry run for the file's machine warns and plans
-    # (tests/test_to_target_papers.py: a run here is refused); its toy reads the digits folder.
+    # (tests/test_to_target_papers.py: a run here is refused); its toy reads the digits.
     spec = load_sweep(path)
     cells = expand_cells(spec)
     variables = {cell.options["data"] for cell in cells}
@@ -143,5 +143,7 @@ def test_a_to_target_seed_names_the_data_the_user_supplies(path: Path, monkeypat
     plan = plan_sweep(spec, machine=load_machine(spec.machine))
     assert all(any("is not set on this host" in warning for warning in cell.warnings) for cell in plan.valid_cells)
     toy = plan_sweep(spec, toy=True)
-    assert {cell.options["data"] for cell in toy.cells} == {str(toy_target_folder())}
+    # the digits in the format the cells read: TFRecord files for a Keras cell, else an image folder
+    read = {"tfrecord" if cell.options.get("framework") == "tensorflow" else "image-folder" for cell in toy.cells}
+    assert {cell.options["data"] for cell in toy.cells} == {str(toy_target_folder(name)) for name in read}
     assert all(cell.options["target"]["max_epochs"] == TOY_TARGET_EPOCHS for cell in toy.cells)

@@ -20,7 +20,8 @@ the report) before its machine is booked, and in CI. What a toy cell keeps and c
   at most 100 samples/s, with the offline rate and single-stream latency measured (not the file's,
   which are its machine's);
 - a cell trained to a target (``target``: a paper's study to a quality, on data the user supplies)
-  reads scikit-learn's digits written as a tiny image folder split into train/ and val/
+  reads scikit-learn's digits written as tiny train/ and val/ splits (an image folder, or the shards or
+  TFRecord files the cell's data format or framework reads)
   (:data:`TOY_TARGET_IMAGES_PER_CLASS` of each class in each split, in core's cache) instead, its model
   given their 10 classes, its target kept and its budget 2 epochs, evaluated after each: the whole
   path of a run to a target (real epochs, per-epoch times, evaluation) in seconds, whether or not the
@@ -54,6 +55,8 @@ TOY_LOADGEN_QUERIES = 20
 TOY_TARGET_IMAGES_PER_CLASS = (2, 1)
 TOY_TARGET_EPOCHS = 2
 TOY_TARGET_CLASSES = 10
+#: the formats a toy run to a target's digits are written in, each by its writer in core.workloads.digits
+TOY_TARGET_FORMATS = {"image-folder": "write_image_folder", "webdataset": "write_shards", "tfrecord": "write_records"}
 
 # Fields a toy fixes, whatever the file says.
 _TOY_FIXED: dict[str, Any] = {
@@ -125,28 +128,35 @@ def _toy_target(toy: dict[str, Any], workload: Any) -> None:
         "evaluate_every_epochs": 1,
         "max_epochs": TOY_TARGET_EPOCHS,
     }
-    toy["data"] = str(toy_target_folder())
+    framework = toy.get("framework", "torch")
+    data_format = toy.get("data_format", "auto")
+    if data_format not in TOY_TARGET_FORMATS:  # "auto" and the rest: what the framework reads
+        data_format = "tfrecord" if framework == "tensorflow" else "image-folder"
+    toy["data"] = str(toy_target_folder(data_format))
     if "num_classes" in workload.options_model.model_fields:
         toy["workload_options"] = {**toy["workload_options"], "num_classes": TOY_TARGET_CLASSES}
 
 
-def toy_target_folder() -> Path:
-    """scikit-learn's digits as a tiny image folder split into train/ and val/, written once into
-    core's cache (``$XDG_CACHE_HOME/core``) whole or not at all (a temporary folder renamed into place)."""
+def toy_target_folder(data_format: str = "image-folder") -> Path:
+    """scikit-learn's digits split into train/ and val/ in ``data_format`` (an image folder, WebDataset
+    shards or TFRecord files: :data:`TOY_TARGET_FORMATS`), each class's first images of each split only,
+    written once into core's cache (``$XDG_CACHE_HOME/core``) whole or not at all (a temporary folder
+    renamed into place)."""
     from core.roofs.cache import cache_directory  # core/roofs: its parent is core's own
 
     train, held_out = TOY_TARGET_IMAGES_PER_CLASS
-    folder = cache_directory().parent / f"toy-target-digits-{train}-{held_out}"
+    folder = cache_directory().parent / f"toy-target-digits-{data_format}-{train}-{held_out}"
     if folder.is_dir():
         return folder
     try:
-        from core.workloads.digits import write_image_folder
+        from core.workloads import digits
 
+        writer = TOY_TARGET_FORMATS[data_format]
         folder.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".toy-target-", dir=folder.parent))
         try:
             for split, count in (("train", train), ("val", held_out)):
-                write_image_folder(staging / "whole", per_class=count)
+                getattr(digits, writer)(staging / "whole", per_class=count)
                 shutil.move(str(staging / "whole" / split), str(staging / split))
                 shutil.rmtree(staging / "whole")
             os.replace(staging, folder)
@@ -156,12 +166,12 @@ def toy_target_folder() -> Path:
         raise ConfigError(
             "target",
             "toy",
-            f"a toy run to a target reads scikit-learn's digits as an image folder ({error}): "
-            "pip install 'core[digits]'",
+            f"a toy run to a target reads scikit-learn's digits as {data_format} splits ({error}): "
+            "pip install 'core[digits]'" + (" and TensorFlow" if data_format == "tfrecord" else ""),
         ) from error
     except OSError as error:
         if not folder.is_dir():  # another toy sweep may have written it first
-            raise ConfigError("data", str(folder), f"a toy run to a target's image folder: {error}") from error
+            raise ConfigError("data", str(folder), f"a toy run to a target's {data_format} splits: {error}") from error
     return folder
 
 

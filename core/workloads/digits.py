@@ -95,7 +95,11 @@ def write_image_folder(
 
 
 def write_shards(
-    root: str | Path, options: DigitsOptions | None = None, per_split: int | None = None, shards: int = 4
+    root: str | Path,
+    options: DigitsOptions | None = None,
+    per_split: int | None = None,
+    shards: int = 4,
+    per_class: int | None = None,
 ) -> Path:
     """Write the digits as WebDataset shards split as a run to a target reads them:
     ``root/train/digits-<n>.tar`` and ``root/val/digits-<n>.tar``, ``shards`` of each split (the last
@@ -104,13 +108,14 @@ def write_shards(
     the split's samples run through the shards in the in-memory order.
 
     :param per_split: keep only each split's first images; None keeps all
+    :param per_class: keep only each class's first images in each split; None keeps all
     :returns: ``root``
     """
     import io
     import tarfile
 
     root = Path(root)
-    by_split = _by_split(options, per_split)
+    by_split = _by_split(options, per_split, per_class)
     for split, samples in by_split.items():
         folder = root / split
         folder.mkdir(parents=True, exist_ok=True)
@@ -126,7 +131,11 @@ def write_shards(
 
 
 def write_records(
-    root: str | Path, options: DigitsOptions | None = None, per_split: int | None = None, files: int = 4
+    root: str | Path,
+    options: DigitsOptions | None = None,
+    per_split: int | None = None,
+    files: int = 4,
+    per_class: int | None = None,
 ) -> Path:
     """Write the digits as TFRecord files split as a run to a target reads them:
     ``root/train/digits-<n>.tfrecord`` and ``root/val/digits-<n>.tfrecord``, ``files`` of each split.
@@ -136,12 +145,13 @@ def write_records(
     Needs TensorFlow (to frame the records and their CRCs as TensorFlow checks them).
 
     :param per_split: keep only each split's first images; None keeps all
+    :param per_class: keep only each class's first images in each split; None keeps all
     :returns: ``root``
     """
     import tensorflow as tf
 
     root = Path(root)
-    for split, samples in _by_split(options, per_split).items():
+    for split, samples in _by_split(options, per_split, per_class).items():
         folder = root / split
         folder.mkdir(parents=True, exist_ok=True)
         per_file = -(-len(samples) // files)
@@ -180,9 +190,11 @@ def _split_pngs(
             yield split, index, buffer.getvalue(), int(label)
 
 
-def _by_split(options: DigitsOptions | None, per_split: int | None) -> dict[str, list[tuple[int, bytes, int]]]:
+def _by_split(
+    options: DigitsOptions | None, per_split: int | None, per_class: int | None = None
+) -> dict[str, list[tuple[int, bytes, int]]]:
     samples: dict[str, list[tuple[int, bytes, int]]] = {TRAIN_SPLIT: [], HELD_OUT_SPLIT: []}
-    for split, index, png, label in _split_pngs(options, per_split):
+    for split, index, png, label in _split_pngs(options, per_split, per_class):
         samples[split].append((index, png, label))
     return samples
 
