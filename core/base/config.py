@@ -71,6 +71,9 @@ EnergyScope = Literal["window", "steps", "run"]
 #: (one process per replica under torchrun, MultiWorkerMirroredStrategy), "auto" (mirrored on one node,
 #: multi-worker over several)
 TensorflowStrategy = Literal["auto", "mirrored", "multi-worker"]
+Sharding = Literal["none", "fsdp", "fsdp-offload"]
+Recompute = Literal["none", "selective", "full"]
+PipelineSchedule = Literal["gpipe", "1f1b"]
 LOADGEN_SCENARIOS = ("offline", "single-stream", "server")
 
 
@@ -228,7 +231,33 @@ class RunConfig(BaseModel):
         "'auto' (mirrored on one node, multi-worker over several)",
     )
     devices_per_replica: int = Field(
-        default=1, ge=1, le=1 << 10, description="devices one copy of the model spans (pipelined over them)"
+        default=1,
+        ge=1,
+        le=1 << 10,
+        description="devices one copy of the model spans: pipeline stages x tensor_parallel (on IPUs, pipeline stages)",
+    )
+    tensor_parallel: int = Field(
+        default=1,
+        ge=1,
+        le=1 << 10,
+        description="devices each layer is split over (tensor and sequence parallelism, PyTorch's DTensor); it "
+        "divides devices_per_replica, and the rest are pipeline stages",
+    )
+    sharding: Sharding = Field(
+        default="none",
+        description="'fsdp': weights, gradients and optimizer state sharded over the replicas (PyTorch's "
+        "fully_shard, FSDP2); 'fsdp-offload': the same, kept in host memory between uses; 'none': each replica "
+        "holds them whole",
+    )
+    recompute: Recompute = Field(
+        default="none",
+        description="activation recomputation: 'selective' (the attention's, as Megatron's), 'full' (each "
+        "layer's), 'none'",
+    )
+    pipeline_schedule: PipelineSchedule | None = Field(
+        default=None,
+        description="with pipeline stages: 'gpipe' (all forwards, then all backwards) or '1f1b' (one forward, "
+        "one backward); the micro-batches are gradient_accumulation's. None: the accelerator's own",
     )
     device_iterations: int = Field(
         default=1,
@@ -365,6 +394,22 @@ class RunConfig(BaseModel):
                 f"global_batch_size {global_batch} sets it: {accumulation} here (leave it unset)",
             )
         return {**data, "micro_batch_size": micro_batch, "gradient_accumulation": accumulation}
+
+    @model_validator(mode="after")
+    def _placement(self) -> RunConfig:
+        if self.devices_per_replica % self.tensor_parallel:
+            raise ConfigError(
+                "tensor_parallel",
+                self.tensor_parallel,
+                f"a divisor of devices_per_replica {self.devices_per_replica} (the devices of a replica are "
+                "pipeline stages x tensor_parallel)",
+            )
+        return self
+
+    @property
+    def pipeline_parallel(self) -> int:
+        """Pipeline stages of a replica: devices_per_replica / tensor_parallel."""
+        return self.devices_per_replica // self.tensor_parallel
 
     @field_validator("epoch_definition", mode="before")
     @classmethod

@@ -70,6 +70,10 @@ RUN_GROUPS: dict[str, tuple[str, ...]] = {
     "processes and nodes": (
         "replicas",
         "devices_per_replica",
+        "tensor_parallel",
+        "sharding",
+        "recompute",
+        "pipeline_schedule",
         "nodes",
         "rendezvous",
         "tensorflow_strategy",

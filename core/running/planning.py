@@ -949,6 +949,37 @@ def _check_framework(
         )
 
 
+#: how a replica may be split and its memory saved, where no executor does it yet (issue 32: PyTorch's
+#: FSDP2, DTensor and pipelining): refused in planning, never ignored
+_NOT_PLACED_YET = {"tensor_parallel": 1, "sharding": "none", "recompute": "none"}
+
+
+def _check_parallelism(config: RunConfig, accelerator: Accelerator) -> None:
+    """Tensor parallelism, sharding and recomputation: refused until an executor applies them, so a
+    run never silently trains as a plain data-parallel one. A pipeline schedule is for pipelines only."""
+    for field, plain in _NOT_PLACED_YET.items():
+        value = getattr(config, field)
+        if value != plain:
+            raise ConfigError(
+                field,
+                value,
+                f"{plain!r} (accelerator {accelerator.name!r}, framework {config.framework.value}, does not apply "
+                f"{field.replace('_', ' ')} yet)",
+            )
+    if config.pipeline_schedule is not None and config.pipeline_parallel == 1:
+        raise ConfigError(
+            "pipeline_schedule",
+            config.pipeline_schedule,
+            "unset (None) without pipeline stages (devices_per_replica / tensor_parallel is 1)",
+        )
+    if config.pipeline_schedule is not None:
+        raise ConfigError(
+            "pipeline_schedule",
+            config.pipeline_schedule,
+            f"unset (None): accelerator {accelerator.name!r} pipelines with its own schedule",
+        )
+
+
 def _check_placement_limits(manager: PluginManager, accelerator: Accelerator, context: RunContext) -> None:
     config, machine = context.config, context.machine
     if machine is None:
@@ -975,6 +1006,7 @@ def _check_placement_limits(manager: PluginManager, accelerator: Accelerator, co
             f"accelerator {accelerator.name!r} places at most {accelerator.max_devices_per_replica} "
             "device(s) per replica",
         )
+    _check_parallelism(config, accelerator)
     if config.threads_per_replica is not None and not accelerator.applies_threads_per_replica:
         raise ConfigError(
             "threads_per_replica",
