@@ -31,6 +31,7 @@ from core.contract.manager import PluginManager
 from core.contract.meter import PowerMeterFactory
 from core.contract.pipeline import PipelineLayout
 from core.contract.workload import FRAMEWORK_LIBRARIES, Workload, module_installed
+from core.running.replica_checks import check_torch_replica
 from core.data import FORMAT_FRAMEWORKS, SYNTHETIC_SOURCES, validate_data
 from core.energy.combined import Covers, device_meter_counted, devices_unmeasured
 
@@ -300,6 +301,8 @@ def plan_run(
     if config.devices_per_replica > 1:
         with guard(workload_obj, f"{type(workload_obj).__name__}.pipeline_layout()"):
             layout = workload_obj.pipeline_layout(workload_options, framework)
+    if accelerator_obj.applies_torch_parallelism and framework is Framework.torch:
+        check_torch_replica(config, workload_obj, workload_options, layout)
     plan = RunPlan(config, workload_obj, workload_options, accelerator_obj, accelerator_options, None, None)
     plan = dataclasses.replace(
         plan,
@@ -955,8 +958,12 @@ _NOT_PLACED_YET = {"tensor_parallel": 1, "sharding": "none", "recompute": "none"
 
 
 def _check_parallelism(config: RunConfig, accelerator: Accelerator) -> None:
-    """Tensor parallelism, sharding and recomputation: refused until an executor applies them, so a
-    run never silently trains as a plain data-parallel one. A pipeline schedule is for pipelines only."""
+    """Tensor parallelism, sharding and recomputation: refused where no executor applies them, so a
+    run never silently trains as a plain data-parallel one. A pipeline schedule is for pipelines only.
+    Core's PyTorch executor applies them (``applies_torch_parallelism``): checked with the workload
+    then (core.running.replica_checks)."""
+    if accelerator.applies_torch_parallelism and config.framework is Framework.torch:
+        return
     for field, plain in _NOT_PLACED_YET.items():
         value = getattr(config, field)
         if value != plain:

@@ -1,0 +1,127 @@
+"""A replica over several processes (tensor, pipeline parallelism) and sharded replicas (FSDP2) on
+CPU/gloo train the same weights as one process with the whole global batch."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from launching import torchrun_ranks
+
+from core.base.config import make_config
+from core.base.distributed import SINGLE_PROCESS
+from core.contract.workload import TorchTrainingSpec
+from core.executors.pytorch import TorchExecutor, TorchPlacement
+from core.workloads.language import GptCaraml800m, GptOptions
+
+# A tiny GPT-NeoX (CARAML's GPT, small variant): 2 layers, hidden 64, 2 heads, MLP 256.
+OPTIONS = {"variant": "small", "vocabulary": 96, "sequence_length": 16, "synthetic_pool_samples": 32}
+UPDATES = 3
+#: largest difference of a weight after the updates, relative to that weight's largest value: the
+#: split runs sum the same products in another order (all-reduce, reduce-scatter), so fp32 rounding
+#: differs; every run tried stayed below a tenth of this
+TOLERANCE = 1e-4
+
+
+def single_process_state(micro_batch_size: int, gradient_accumulation: int) -> dict[str, torch.Tensor]:
+    config = make_config(
+        workload="gpt-800m",
+        accelerator="cpu",
+        workload_options=OPTIONS,
+        micro_batch_size=micro_batch_size,
+        gradient_accumulation=gradient_accumulation,
+    )
+    spec = sgd(GptCaraml800m().build_torch(GptOptions(**OPTIONS), seed=0))
+    executor = TorchExecutor(spec, config, TorchPlacement(device="cpu"), SINGLE_PROCESS)
+    for _ in range(UPDATES):
+        executor.step()
+    return executor.model_state()
+
+
+def sgd(spec: TorchTrainingSpec) -> TorchTrainingSpec:
+    """The spec with plain SGD: AdamW divides each gradient by its running size, so rounding in a
+    gradient near zero would move a weight by a whole learning rate; SGD keeps the comparison linear."""
+    spec.make_optimizer = lambda parameters: torch.optim.SGD(parameters, lr=0.5)
+    return spec
+
+
+def largest_relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).abs().max() / b[k].abs().max()) for k in b)
+
+
+WORKER = textwrap.dedent("""
+    import json, sys, torch
+    from core.base.config import make_config
+    from core.base.distributed import ProcessContext
+    from core.executors.pytorch import TorchExecutor, TorchPlacement
+    from core.workloads.language import GptCaraml800m, GptOptions
+    options = {options!r}
+    settings = {settings!r}
+    process = ProcessContext.from_environment()
+    config = make_config(workload="gpt-800m", accelerator="cpu", workload_options=options, **settings)
+    spec = GptCaraml800m().build_torch(GptOptions(**options), seed=0)
+    spec.make_optimizer = lambda parameters: torch.optim.SGD(parameters, lr=0.5)
+    executor = TorchExecutor(spec, config,
+                             TorchPlacement(device="cpu", distributed_backend="gloo"), process)
+    for _ in range({updates}):
+        executor.step()
+    executor.check_finite()
+    state = executor.model_state()  # a collective: every rank gathers
+    if process.rank == 0:
+        torch.save(state, sys.argv[1])
+        details = {{k: v for k, v in executor.details().items() if k in ("device_mesh", "sharding", "pipeline")}}
+        sys.argv[1] and open(sys.argv[1] + ".json", "w").write(json.dumps(details))
+    executor.close()
+""")
+
+
+def run_split(tmp_path: Path, ranks: int, **settings: object) -> tuple[dict[str, torch.Tensor], dict[str, object]]:
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER.format(options=OPTIONS, settings=settings, updates=UPDATES))
+    out = tmp_path / "state.pt"
+    completed = torchrun_ranks(script, out, tmp_path / "torchelastic", ranks)
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    return torch.load(out), json.loads(Path(f"{out}.json").read_text())
+
+
+@pytest.mark.slow
+def test_fsdp_over_two_replicas_equals_one_process(tmp_path: Path) -> None:
+    state, details = run_split(tmp_path, 2, replicas=2, sharding="fsdp", micro_batch_size=4, gradient_accumulation=2)
+    whole = single_process_state(micro_batch_size=16, gradient_accumulation=1)
+    assert details["device_mesh"] == {"data": 2, "pipeline": 1, "tensor": 1} and details["sharding"] == "fsdp"
+    initial = GptCaraml800m().build_torch(GptOptions(**OPTIONS), seed=0).model.state_dict()
+    assert largest_relative_difference(whole, dict(initial)) > 100 * TOLERANCE  # the updates moved the weights
+    assert largest_relative_difference(state, whole) < TOLERANCE
+
+
+@pytest.mark.slow
+def test_tensor_parallel_two_equals_one_process(tmp_path: Path) -> None:
+    state, details = run_split(
+        tmp_path, 2, devices_per_replica=2, tensor_parallel=2, micro_batch_size=8, gradient_accumulation=2
+    )
+    whole = single_process_state(micro_batch_size=16, gradient_accumulation=1)
+    assert details["device_mesh"] == {"data": 1, "pipeline": 1, "tensor": 2}
+    assert largest_relative_difference(state, whole) < TOLERANCE
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_two_pipeline_stages_equal_one_process(tmp_path: Path, schedule: str) -> None:
+    state, details = run_split(
+        tmp_path,
+        2,
+        devices_per_replica=2,
+        pipeline_schedule=schedule,
+        micro_batch_size=4,
+        gradient_accumulation=4,
+    )
+    whole = single_process_state(micro_batch_size=16, gradient_accumulation=1)
+    assert details["device_mesh"] == {"data": 1, "pipeline": 2, "tensor": 1}
+    pipeline = details["pipeline"]
+    assert pipeline["schedule"] == schedule and pipeline["layers_per_stage"] == [1, 1]
+    assert pipeline[f"bubble_fraction_{schedule}"] == pytest.approx(1 / 5)
+    assert largest_relative_difference(state, whole) < TOLERANCE
