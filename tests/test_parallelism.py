@@ -125,3 +125,77 @@ def test_two_pipeline_stages_equal_one_process(tmp_path: Path, schedule: str) ->
     assert pipeline["schedule"] == schedule and pipeline["layers_per_stage"] == [1, 1]
     assert pipeline[f"bubble_fraction_{schedule}"] == pytest.approx(1 / 5)
     assert largest_relative_difference(state, whole) < TOLERANCE
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sharding", ["none", "fsdp"])
+def test_two_replicas_of_two_tensor_parallel_devices_equal_one_process(tmp_path: Path, sharding: str) -> None:
+    # the 2 x 2 mesh: data 2 x tensor 2, four processes
+    state, details = run_split(
+        tmp_path,
+        4,
+        replicas=2,
+        devices_per_replica=2,
+        tensor_parallel=2,
+        sharding=sharding,
+        micro_batch_size=4,
+        gradient_accumulation=2,
+    )
+    whole = single_process_state(micro_batch_size=16, gradient_accumulation=1)
+    assert details["device_mesh"] == {"data": 2, "pipeline": 1, "tensor": 2}
+    assert largest_relative_difference(state, whole) < TOLERANCE
+
+
+TINY_GPT = {"workload_options": OPTIONS, "power_meter": "none", "micro_batch_size": 4}
+
+
+@pytest.mark.parametrize(
+    ("workload", "options", "field"),
+    [
+        # GPT-2's fused Conv1D attention has no plan: its q, k and v would not split head by head
+        ("gpt2-124m", {"devices_per_replica": 2, "tensor_parallel": 2}, "tensor_parallel"),
+        ("gpt-800m", {"devices_per_replica": 4, "tensor_parallel": 4}, "tensor_parallel"),  # 2 heads
+        ("gpt-800m", {"devices_per_replica": 2, "gradient_accumulation": 1}, "gradient_accumulation"),
+        ("gpt-800m", {"devices_per_replica": 4, "gradient_accumulation": 4}, "devices_per_replica"),  # 2 layers
+        ("gpt-800m", {"devices_per_replica": 4, "tensor_parallel": 2, "gradient_accumulation": 2}, "tensor_parallel"),
+        ("gpt-800m", {"replicas": 2, "sharding": "fsdp-offload"}, "sharding"),  # cpu: nothing to offload to
+        ("gpt-800m", {"devices_per_replica": 2, "tensor_parallel": 2, "precision": "fp16"}, "precision"),
+        ("gpt-800m", {"devices_per_replica": 2, "tensor_parallel": 2, "compile": True}, "compile"),
+        ("gpt-800m", {"devices_per_replica": 2, "tensor_parallel": 2, "recompute": "full"}, "recompute"),
+        ("gpt-800m", {"devices_per_replica": 2, "tensor_parallel": 2, "pipeline_schedule": "gpipe"}, "pipeline_schedule"),
+    ],
+)
+def test_what_the_mesh_cannot_apply_is_refused_naming_its_field(
+    workload: str, options: dict[str, object], field: str
+) -> None:
+    from core.api import run_here
+    from core.base.errors import ConfigError
+
+    settings = {**TINY_GPT, **options}
+    if workload != "gpt-800m":
+        settings["workload_options"] = {"variant": "small"}
+    with pytest.raises(ConfigError) as refused:
+        run_here(workload, "cpu", **settings)
+    assert refused.value.field == field
+
+
+@pytest.mark.slow
+def test_core_run_places_one_replica_over_two_tensor_parallel_processes() -> None:
+    import subprocess
+    import sys
+
+    from launching import ROOT
+
+    from core.base.results import RunResult
+
+    command = [sys.executable, "-m", "core.cli", "run", "gpt-800m", "--accelerator", "cpu"]
+    command += ["--devices-per-replica", "2", "--tensor-parallel", "2", "--batch-size", "4", "--steps", "2"]
+    command += ["--warmup-steps", "1", "-o", "variant=small", "-o", "vocabulary=96", "-o", "sequence_length=16"]
+    completed = subprocess.run([*command, "--json"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    result = RunResult.model_validate_json(completed.stdout)
+    assert result.status.ok and result.world_size == 2  # one process per device of the replica
+    assert result.samples_per_update == 4 and result.window_samples == 8  # one replica: its batch once
+    details = result.executor_details
+    assert details["device_mesh"] == {"data": 1, "pipeline": 1, "tensor": 2} and details["ddp"] is False
+    assert details["tensor_parallel_modules"] == 4

@@ -84,6 +84,14 @@ class CpuAccelerator(Accelerator):
                 f"threads_per_replica x replicas x devices_per_replica ({config.threads_per_replica} x "
                 f"{config.replicas} x {config.devices_per_replica}) must not exceed the {cores} usable cores",
             )
+        if config.sharding == "fsdp-offload":
+            # Checked on torch 2.13 (CPU build): fully_shard with CPUOffloadPolicy fails with "Cannot
+            # access accelerator device when none is available"; and a CPU's weights are on the host already.
+            raise ConfigError(
+                "sharding",
+                config.sharding,
+                "'fsdp' or 'none' on the cpu accelerator (offloading to host memory needs an accelerator device)",
+            )
         if config.compile and config.framework is Framework.tensorflow:
             return  # XLA jit of the train step
         if config.compile and config.replicas > 1:
