@@ -22,8 +22,8 @@ OPTIONS = {"variant": "small", "vocabulary": 96, "sequence_length": 16, "synthet
 UPDATES = 3
 #: largest difference of a weight after the updates, relative to that weight's largest value: the
 #: split runs sum the same products in another order (all-reduce, reduce-scatter), so fp32 rounding
-#: differs; every run tried stayed below a tenth of this
-TOLERANCE = 1e-4
+#: differs; every placement measured 4.8e-7 to 5.4e-7 (torch 2.13, CPU), a twentieth of this
+TOLERANCE = 1e-5
 
 
 def single_process_state(micro_batch_size: int, gradient_accumulation: int) -> dict[str, torch.Tensor]:
@@ -94,7 +94,8 @@ def test_fsdp_over_two_replicas_equals_one_process(tmp_path: Path) -> None:
     whole = single_process_state(micro_batch_size=16, gradient_accumulation=1)
     assert details["device_mesh"] == {"data": 2, "pipeline": 1, "tensor": 1} and details["sharding"] == "fsdp"
     initial = GptCaraml800m().build_torch(GptOptions(**OPTIONS), seed=0).model.state_dict()
-    assert largest_relative_difference(whole, dict(initial)) > 100 * TOLERANCE  # the updates moved the weights
+    moved = max(float((whole[name] - initial[name]).abs().max()) for name in initial)
+    assert moved > 1e-2  # the updates moved the weights far beyond the tolerance
     assert largest_relative_difference(state, whole) < TOLERANCE
 
 
@@ -162,7 +163,11 @@ TINY_GPT = {"workload_options": OPTIONS, "power_meter": "none", "micro_batch_siz
         ("gpt-800m", {"devices_per_replica": 2, "tensor_parallel": 2, "precision": "fp16"}, "precision"),
         ("gpt-800m", {"devices_per_replica": 2, "tensor_parallel": 2, "compile": True}, "compile"),
         ("gpt-800m", {"devices_per_replica": 2, "tensor_parallel": 2, "recompute": "full"}, "recompute"),
-        ("gpt-800m", {"devices_per_replica": 2, "tensor_parallel": 2, "pipeline_schedule": "gpipe"}, "pipeline_schedule"),
+        (
+            "gpt-800m",
+            {"devices_per_replica": 2, "tensor_parallel": 2, "pipeline_schedule": "gpipe"},
+            "pipeline_schedule",
+        ),
     ],
 )
 def test_what_the_mesh_cannot_apply_is_refused_naming_its_field(

@@ -91,8 +91,12 @@ def _check_pipeline(config: RunConfig, workload: Workload, layout: PipelineLayou
             "and fewer leave a stage with nothing to do",
         )
     if config.tensor_parallel > 1 or config.sharding != "none":
-        field, value = ("tensor_parallel", config.tensor_parallel) if config.tensor_parallel > 1 else (
-            "sharding",
-            config.sharding,
+        field, value = (
+            ("tensor_parallel", config.tensor_parallel)
+            if config.tensor_parallel > 1
+            else (
+                "sharding",
+                config.sharding,
+            )
         )
         raise ConfigError(field, value, "1 / 'none' with pipeline stages (not composed with pipelining yet)")
