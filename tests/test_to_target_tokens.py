@@ -253,3 +253,21 @@ def test_the_set_up_line_says_which_way_the_metric_goes(metric: str, direction: 
 
     result = SimpleNamespace(to_target=None, config=SimpleNamespace(target=SimpleNamespace(metric=metric)))
     assert _direction(result) == direction
+
+
+@pytest.mark.slow
+def test_a_seed_repeats_the_dropout_draws_and_another_seed_does_not(tokens: Path) -> None:
+    # GPT-2's dropout (0.1) draws from the training generator, which the executor seeds from the run's
+    # seed and its rank: the same seed gives the same curve to the last digit, another seed another.
+    target = {"metric": "loss", "value": 0.0, "max_epochs": 1, "evaluate_every_samples": 800}
+
+    def curve(seed: int) -> list[float]:
+        result = run_here(
+            "gpt2-124m", "cpu", data=str(tokens), target=target, workload_options=TINY_GPT, seed=seed, **QUIET
+        )
+        assert result.to_target is not None and result.executor_details["training_draws_seed"] == seed << 20
+        return [point.value for point in result.to_target.curve]
+
+    first = curve(0)
+    assert len(first) >= 2 and curve(0) == first
+    assert curve(1) != first

@@ -488,6 +488,27 @@ class TorchModelExecutor(Executor):
             release_finished_collectives()
 
 
+#: the training draws' seed of rank r: the run's seed times this, plus r (distinct for every rank
+#: and every seed below 2**32, and a generator's seed whatever the seed)
+_DRAWS_PER_SEED = 1 << 20
+
+
+def seed_training_draws(seed: int, rank: int, device: torch.device) -> int:
+    """Seed the generator that dropout and the other random layers draw from while training (the
+    device's default one: the host's, and a CUDA or ROCm device's own), so that a run with a seed is
+    repeated draw for draw; each rank its own draws (replicas drop different units, as one process
+    of the whole batch would draw different masks for its halves). Returns the seed. Models are built
+    apart from it (``core.workloads.zoo.seeded``: from ``seed`` itself). Only the CPU generator and the
+    run's CUDA device are seeded: ``torch.manual_seed`` would also queue every CUDA device's lazy seeding
+    (and a stack trace of it), a few milliseconds of every run."""
+    draws = seed * _DRAWS_PER_SEED + rank
+    torch.default_generator.manual_seed(draws)
+    if device.type == "cuda":
+        with torch.cuda.device(device):
+            torch.cuda.manual_seed(draws)  # this device's generator: the run's
+    return draws
+
+
 class TorchExecutor(TorchModelExecutor):
     """Training: one ``step()`` is one weight update (gradient accumulation, DDP across replicas)."""
 
@@ -510,6 +531,10 @@ class TorchExecutor(TorchModelExecutor):
             self._ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
             model = self._ddp
         self._model = compile_model(model, self._hooks) if config.compile else model
+        # The devices of one replica draw alike: a tensor-parallel replica's whole activations are the
+        # same on each of its devices, and a dropout mask on them must be too.
+        draws_rank = data_rank(config, process.rank) if self._replica is not None else process.rank
+        self._details["training_draws_seed"] = seed_training_draws(config.seed, draws_rank, self.device)
         self._after_backward = overridden_after_backward(self._hooks)
         self._optimizer = spec.make_optimizer(model.parameters())
         self._loss_fn = spec.loss_fn
