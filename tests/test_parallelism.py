@@ -195,7 +195,7 @@ def test_core_run_places_one_replica_over_two_tensor_parallel_processes() -> Non
 
     command = [sys.executable, "-m", "core.cli", "run", "gpt-800m", "--accelerator", "cpu"]
     command += ["--devices-per-replica", "2", "--tensor-parallel", "2", "--batch-size", "4", "--steps", "2"]
-    command += ["--warmup-steps", "1", "-o", "variant=small", "-o", "vocabulary=96", "-o", "sequence_length=16"]
+    command += ["--warmup-steps", "1", *[f"-o{key}={value}" for key, value in OPTIONS.items()]]
     completed = subprocess.run([*command, "--json"], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert completed.returncode == 0, completed.stderr[-3000:]
     result = RunResult.model_validate_json(completed.stdout)
@@ -204,3 +204,7 @@ def test_core_run_places_one_replica_over_two_tensor_parallel_processes() -> Non
     details = result.executor_details
     assert details["device_mesh"] == {"data": 1, "pipeline": 1, "tensor": 2} and details["ddp"] is False
     assert details["tensor_parallel_modules"] == 4
+    # each device holds the embeddings and norms whole and half of each split layer's weights
+    whole = 4 * sum(p.numel() for p in GptCaraml800m().build_torch(GptOptions(**OPTIONS), seed=0).model.parameters())
+    held = details["parameter_bytes_per_rank"]
+    assert len(held) == 2 and held[0] == held[1] and whole / 2 < held[0] < whole

@@ -54,6 +54,15 @@ def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
+def parameter_bytes_per_rank(model: torch.nn.Module) -> list[int]:
+    """The bytes of weights each process of the run holds (its shards, its stage), rank by rank: one
+    gather of a number per process, once (a collective: every process calls it)."""
+    held = sum(local_tensor(p.detach()).numel() * p.element_size() for p in model.parameters())
+    gathered: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, held)
+    return [int(value) for value in gathered]
+
+
 def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The model's whole weights on the host, gathered from every shard (a collective: every process
     of the run calls it)."""

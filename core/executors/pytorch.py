@@ -23,7 +23,13 @@ from core.data import SYNTHETIC_ON_HOST, SYNTHETIC_SOURCES
 from core.data.epoch_order import metrics_of, token_metrics_of
 from core.executors import stand_in
 from core.executors.base import Executor, HostStepClock, StepClock
-from core.executors.parallel import ReplicaPlacement, data_rank, local_tensor, uses_replica_placement
+from core.executors.parallel import (
+    ReplicaPlacement,
+    data_rank,
+    local_tensor,
+    parameter_bytes_per_rank,
+    uses_replica_placement,
+)
 from core.executors.torch_epochs import CompilationsPerEvaluation, ShuffledEpochs, batch_sums, held_out_sums
 
 if TYPE_CHECKING:
@@ -526,6 +532,7 @@ class TorchExecutor(TorchModelExecutor):
             self._replica = ReplicaPlacement(config, self.device, spec.tensor_parallel_plan)
             model = self._replica.place(model, spec.pipeline_layout, spec.pipeline_stage, spec.loss_fn)
             self._details.update(self._replica.details())
+            self._details["parameter_bytes_per_rank"] = parameter_bytes_per_rank(model)
         elif process.is_distributed and not self._hooks.reduces_gradients:
             device_ids = [self.device.index] if self.device.type != "cpu" and self.device.index is not None else None
             self._ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
