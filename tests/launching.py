@@ -80,3 +80,24 @@ class LimitOnceWritten:
         if not self._leap and self._written():
             self._leap = self.LEAP_SECONDS
         return time.monotonic() + self._leap
+
+
+def torchrun_ranks(script: Path, argument: Path, log_dir: Path, ranks: int) -> subprocess.CompletedProcess[str]:
+    """Run ``script ARGUMENT`` as ``ranks`` gloo ranks under torchrun, from the repository root."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={ranks}",
+            f"--log-dir={log_dir}",
+            str(script),
+            str(argument),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )

@@ -39,7 +39,7 @@ def test_pipeline_stages_are_the_devices_of_a_replica_over_its_tensor_parallel_o
 @pytest.mark.parametrize(
     ("options", "field"),
     [
-        ({"sharding": "fsdp"}, "sharding"),
+        ({"sharding": "fsdp", "framework": "tensorflow"}, "sharding"),
         ({"recompute": "full"}, "recompute"),
         ({"pipeline_schedule": "gpipe"}, "pipeline_schedule"),  # no pipeline stages
     ],

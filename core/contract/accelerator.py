@@ -92,6 +92,10 @@ class Accelerator(ABC):
     # Pipelining a replica over several devices and running several updates per host call are
     # placement features only some accelerators have (Graphcore IPUs); the rest refuse them.
     max_devices_per_replica: ClassVar[int] = 1
+    #: whether ``executor_for`` builds core's PyTorch executor (``core.executors.pytorch.torch_executor``)
+    #: for PyTorch runs, one process per device under torchrun: it then applies the device mesh
+    #: (``sharding``, ``tensor_parallel``, pipeline stages, ``recompute``), and planning lets them through
+    applies_torch_parallelism: ClassVar[bool] = False
     supports_device_iterations: ClassVar[bool] = False
     #: whether this accelerator's data loader reads a whole host call's samples at once
     #: (``samples_per_host_call``) and drops a partial one, as PopTorch's DataLoader does; planning
@@ -180,7 +184,7 @@ class Accelerator(ABC):
         started process runs its share of the run, whatever this says).
         """
         config = context.config
-        several = config.replicas > 1 or config.nodes > 1
+        several = config.replicas > 1 or config.nodes > 1 or config.devices_per_replica > 1
         per_process = config.framework is Framework.torch or config.tensorflow_multi_worker
         if self.launcher == "torchrun" and several and per_process:
             # At call time: core's torchrun launcher is part of the running layer above the contract

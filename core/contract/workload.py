@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from core.base.config import Framework, RunConfig, config_errors
+from core.contract.parallel import TensorParallelPlan
 from core.contract.pipeline import PipelineLayout
 
 
@@ -89,6 +90,17 @@ class TorchTrainingSpec:
     #: With it an evaluation gives the mean loss of a token and its perplexity, each token weighing
     #: the same over every process's sequences; without it, top-1 and the mean loss of a sample
     token_loss_sums: Callable[[Any, Any], tuple[Any, int]] | None = None
+    #: how ``model``'s layers split over a tensor-parallel group (``Workload.tensor_parallel_plan``);
+    #: None where the workload has none
+    tensor_parallel_plan: TensorParallelPlan | None = None
+    #: where ``model`` may be cut into pipeline stages (``Workload.pipeline_layout``); None where it
+    #: names none
+    pipeline_layout: PipelineLayout | None = None
+    #: one pipeline stage of ``model``: (model, indices of the ``pipeline_layout`` blocks the stage
+    #: holds, whether it is the first stage, the last) -> the stage's module, which keeps the model's
+    #: parameter names and drops what other stages hold; its forward takes the previous stage's
+    #: output (the first: the inputs) and returns the next stage's input (the last: the outputs)
+    pipeline_stage: Callable[[Any, range, bool, bool], Any] | None = None
 
 
 @dataclass
@@ -290,6 +302,12 @@ class Workload(ABC):
         devices): its blocks (PyTorch: module paths; Keras: the layer each block begins with), and
         split points known to balance. None, the default: the accelerator falls back to its own
         rule (Graphcore: the outermost layers, or every layer with Keras)."""
+        return None
+
+    def tensor_parallel_plan(self, options: BaseModel) -> TensorParallelPlan | None:
+        """How the PyTorch model's layers split over ``tensor_parallel`` devices (module paths of
+        ``build_torch``'s model, colwise or rowwise, and the sizes the degree must divide). None, the
+        default: the workload cannot run with ``tensor_parallel > 1`` (planning refuses it)."""
         return None
 
     def details(self, options: BaseModel) -> dict[str, Any]:

@@ -47,6 +47,9 @@ class TorchGpuAccelerator(Accelerator):
     torch_build_attribute: ClassVar[str] = "cuda"
     # The host threads that feed a GPU (data, the CPU side of each step): set where --threads asks.
     applies_threads_per_replica: ClassVar[bool] = True
+    # core's PyTorch executor places a replica over several GPUs (FSDP2, DTensor, pipelining), NCCL between them.
+    applies_torch_parallelism: ClassVar[bool] = True
+    max_devices_per_replica: ClassVar[int] = 1 << 10
 
     @abstractmethod
     def visible_devices(self) -> list[DeviceRecord]:
@@ -66,7 +69,7 @@ class TorchGpuAccelerator(Accelerator):
         return ALL_PRECISIONS
 
     def max_replicas_for(self, context: RunContext) -> int:
-        return len(self.visible_devices())
+        return len(self.visible_devices()) // context.config.devices_per_replica
 
     def max_replicas(self, config: RunConfig) -> int:
         # Kept for subclasses written before the run context that call it through super(); goes in 0.3.
@@ -81,7 +84,7 @@ class TorchGpuAccelerator(Accelerator):
     def devices_for(self, config: RunConfig, process: ProcessContext) -> list[DeviceRecord]:
         # The form before the run context, which this class's devices_used calls: a subclass written
         # before it overrides this one (or calls it through super()); goes in 0.3.
-        return self.visible_devices()[: config.replicas_per_node]
+        return self.visible_devices()[: config.replicas_per_node * config.devices_per_replica]
 
     def executor_for(self, workload: Workload, context: RunContext) -> Executor:
         config, options, process = context.config, context.workload_options, context.process

@@ -23,6 +23,13 @@ from core.data import SYNTHETIC_ON_HOST, SYNTHETIC_SOURCES
 from core.data.epoch_order import metrics_of, token_metrics_of
 from core.executors import stand_in
 from core.executors.base import Executor, HostStepClock, StepClock
+from core.executors.parallel import (
+    ReplicaPlacement,
+    data_rank,
+    local_tensor,
+    parameter_bytes_per_rank,
+    uses_replica_placement,
+)
 from core.executors.torch_epochs import CompilationsPerEvaluation, ShuffledEpochs, batch_sums, held_out_sums
 
 if TYPE_CHECKING:
@@ -350,9 +357,11 @@ class TorchModelExecutor(Executor):
         pin = on_host and pins
         self._micro_batches = []
         replicas_here = self._hooks.replicas_in_process
+        # The devices of one replica (tensor-parallel, pipelined) read that replica's samples.
+        replica = data_rank(config, process.rank) if uses_replica_placement(config) else process.rank
         if config.data in SYNTHETIC_SOURCES:
             for indices in replicas_micro_batch_indices(
-                process.rank * replicas_here, replicas_here, config.micro_batch_size, micro_steps, len(spec.inputs)
+                replica * replicas_here, replicas_here, config.micro_batch_size, micro_steps, len(spec.inputs)
             ):
                 batch = (spec.inputs.index_select(0, indices), spec.targets.index_select(0, indices))
                 if on_host:
@@ -517,12 +526,22 @@ class TorchExecutor(TorchModelExecutor):
         super().__init__(spec, config, placement, process, micro_steps=config.gradient_accumulation)
         model = self._placed_model
         self._ddp: torch.nn.parallel.DistributedDataParallel | None = None
-        if process.is_distributed and not self._hooks.reduces_gradients:
+        #: the device mesh of a replica over several devices or of sharded replicas (no DDP then)
+        self._replica: ReplicaPlacement | None = None
+        if uses_replica_placement(config):
+            self._replica = ReplicaPlacement(config, self.device, spec.tensor_parallel_plan)
+            model = self._replica.place(model, spec.pipeline_layout, spec.pipeline_stage, spec.loss_fn)
+            self._details.update(self._replica.details())
+            self._details["parameter_bytes_per_rank"] = parameter_bytes_per_rank(model)
+        elif process.is_distributed and not self._hooks.reduces_gradients:
             device_ids = [self.device.index] if self.device.type != "cpu" and self.device.index is not None else None
             self._ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
             model = self._ddp
         self._model = compile_model(model, self._hooks) if config.compile else model
-        self._details["training_draws_seed"] = seed_training_draws(config.seed, process.rank, self.device)
+        # The devices of one replica draw alike: a tensor-parallel replica's whole activations are the
+        # same on each of its devices, and a dropout mask on them must be too.
+        draws_rank = data_rank(config, process.rank) if self._replica is not None else process.rank
+        self._details["training_draws_seed"] = seed_training_draws(config.seed, draws_rank, self.device)
         self._after_backward = overridden_after_backward(self._hooks)
         self._optimizer = spec.make_optimizer(model.parameters())
         self._loss_fn = spec.loss_fn
@@ -582,7 +601,26 @@ class TorchExecutor(TorchModelExecutor):
             self._copy_each_step = True
             self._details["epoch_order"] = "shuffled per epoch (seeded), last partial global batch dropped"
 
+    def _pipelined_step(self) -> None:
+        """One update of a pipelined replica: its micro-batches through the schedule, one after the other."""
+        assert self._replica is not None and self._replica.pipeline is not None
+        pipeline = self._replica.pipeline
+        batches = [self._micro_batch(index) for index in range(self._config.gradient_accumulation)]
+        inputs = torch.cat([inputs for inputs, _ in batches])
+        targets = torch.cat([targets for _, targets in batches])
+        losses = pipeline.step(inputs, targets)
+        if not losses:  # only the last stage computes the loss; the others record finite zeros
+            losses = [torch.zeros((), device=self.device)] * self._config.gradient_accumulation
+        self._replica.reduce_gradients(self._trained_parameters)
+        self.precision.optimizer_step(self._optimizer)
+        self._optimizer.zero_grad(set_to_none=True)
+        self._losses.record([loss.detach() for loss in losses])
+        self._updates += 1
+
     def step(self) -> None:
+        if self._replica is not None and self._replica.pipeline is not None:
+            self._pipelined_step()
+            return
         if self._epochs is not None and not self._compilations.training_open:
             # A run to a target: the graphs compiled from here to the next evaluation are training's.
             self._compilations.training_starts(self._hooks.compiled_graphs(self._config))
@@ -593,6 +631,8 @@ class TorchExecutor(TorchModelExecutor):
             inputs, targets = self._micro_batch(index)
             # DDP all-reduces gradients only on the final micro-step of an update.
             sync_context = self._ddp.no_sync() if (self._ddp is not None and index < last) else contextlib.nullcontext()
+            if self._replica is not None:
+                self._replica.micro_step(last=index == last)
             with sync_context:
                 with self.precision.forward_context():
                     loss = self._loss_fn(self._model(inputs), targets)
@@ -605,6 +645,8 @@ class TorchExecutor(TorchModelExecutor):
             losses.append(loss.detach())
         # Where the device averages the gradients itself (no DDP), it does so once per update.
         self._hooks.reduce_gradients(self._optimizer)
+        if self._replica is not None:
+            self._replica.reduce_gradients(self._trained_parameters)
         self.precision.optimizer_step(self._optimizer)
         self._optimizer.zero_grad(set_to_none=True)
         self._losses.record(losses)
@@ -684,7 +726,9 @@ class TorchExecutor(TorchModelExecutor):
         # A NaN/inf in loss-scaled gradients is loss scaling at work: the policy skips that step
         # and lowers the scale, leaving the weights as they were. Losses only then.
         weights = updated and not self.precision.scales_loss
-        weights_finite = all_finite([p.detach() for p in self._trained_parameters]) if weights else None
+        # A sharded or split weight is checked where it lies: each process its own part.
+        trained = [local_tensor(p.detach()) for p in self._trained_parameters]
+        weights_finite = all_finite(trained) if weights else None
         first_loss, weights_finite_everywhere = self._first_faults_on_every_rank(self._losses.take(), weights_finite)
         self._hooks.cut_graph()  # the record's reset apart from the next update's graph
         accumulation = self._config.gradient_accumulation
@@ -731,7 +775,10 @@ class TorchExecutor(TorchModelExecutor):
             super().close()
 
     def model_state(self) -> dict[str, torch.Tensor]:
-        """The trained weights on the host (tests compare them across placements)."""
+        """The trained weights on the host (tests compare them across placements). With a device mesh
+        they are gathered from every shard: every process of the run calls it."""
+        if self._replica is not None:
+            return self._replica.full_state(self._model)
         wrapped = self._ddp.module if self._ddp is not None else self._model
         # torch.compile wraps the module; its weights are the original module's.
         module = cast(torch.nn.Module, getattr(wrapped, "_orig_mod", wrapped))

@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+from core.base.config import RunConfig
 from core.base.distributed import SINGLE_PROCESS, ProcessContext
 from core.base.results import RunResult, RunState
 from core.contract.context import RunContext
@@ -42,8 +43,9 @@ _WORK_DIRECTORY_PREFIX = "core-launch-"
 
 
 class TorchrunLauncher(Launcher):
-    """``torch.distributed.run``: one worker process per replica on this node, or, for several nodes,
-    one torchrun agent per node meeting at a c10d rendezvous.
+    """``torch.distributed.run``: one worker process per device on this node (a replica's
+    ``devices_per_replica`` processes each), or, for several nodes, one torchrun agent per node
+    meeting at a c10d rendezvous.
 
     Inside a Slurm allocation ``srun`` starts the agents, one per node, and the first node is the
     rendezvous (unless the run names one); the launch's files must then be on a filesystem every
@@ -57,7 +59,10 @@ class TorchrunLauncher(Launcher):
     def command(self, context: RunContext, worker: Sequence[str], work: Path) -> list[str]:
         config = context.config
         if config.nodes == 1:
-            return [sys.executable, *torchrun_arguments(config.replicas, list(worker[1:]), work / "torchelastic")]
+            return [
+                sys.executable,
+                *torchrun_arguments(processes_per_node(config), list(worker[1:]), work / "torchelastic"),
+            ]
         allocation = SlurmAllocation.from_environment()
         rendezvous = config.rendezvous or (allocation.rendezvous() if allocation is not None else None)
         if rendezvous is None:
@@ -66,7 +71,7 @@ class TorchrunLauncher(Launcher):
             sys.executable,
             *multinode_torchrun_arguments(
                 config.nodes,
-                config.replicas_per_node,
+                processes_per_node(config),
                 rendezvous,
                 run_id=f"core-{allocation.job_id}" if allocation is not None else f"core-{rendezvous}",
                 worker_module=list(worker[1:]),
@@ -97,6 +102,11 @@ class TorchrunLauncher(Launcher):
     def killed_inside(self, output: str) -> bool:
         """torchrun exits with code 1 when a worker dies; its report names a SIGKILL."""
         return "Signal 9" in output or "SIGKILL" in output or "exitcode  : -9" in output
+
+
+def processes_per_node(config: RunConfig) -> int:
+    """One process per device: each replica of the node spans ``devices_per_replica`` of them."""
+    return config.replicas_per_node * config.devices_per_replica
 
 
 def torchrun_arguments(replicas: int, worker_module: Sequence[str], log_dir: Path | None = None) -> list[str]:

@@ -33,6 +33,7 @@ from core.contract.pipeline import PipelineLayout
 from core.contract.workload import FRAMEWORK_LIBRARIES, Workload, module_installed
 from core.data import FORMAT_FRAMEWORKS, SYNTHETIC_SOURCES, validate_data
 from core.energy.combined import Covers, device_meter_counted, devices_unmeasured
+from core.running.replica_checks import check_torch_replica
 
 
 @dataclass(frozen=True)
@@ -296,10 +297,7 @@ def plan_run(
     placing = RunContext(config, workload_options, accelerator_options, SINGLE_PROCESS, machine=machine)
     _check_placement_limits(manager, accelerator_obj, placing)
     _check_processes(accelerator_obj, config, machine, in_slurm_job)
-    layout = None
-    if config.devices_per_replica > 1:
-        with guard(workload_obj, f"{type(workload_obj).__name__}.pipeline_layout()"):
-            layout = workload_obj.pipeline_layout(workload_options, framework)
+    layout = _replica_layout(manager, workload_obj, workload_options, accelerator_obj, config)
     plan = RunPlan(config, workload_obj, workload_options, accelerator_obj, accelerator_options, None, None)
     plan = dataclasses.replace(
         plan,
@@ -955,8 +953,12 @@ _NOT_PLACED_YET = {"tensor_parallel": 1, "sharding": "none", "recompute": "none"
 
 
 def _check_parallelism(config: RunConfig, accelerator: Accelerator) -> None:
-    """Tensor parallelism, sharding and recomputation: refused until an executor applies them, so a
-    run never silently trains as a plain data-parallel one. A pipeline schedule is for pipelines only."""
+    """Tensor parallelism, sharding and recomputation: refused where no executor applies them, so a
+    run never silently trains as a plain data-parallel one. A pipeline schedule is for pipelines only.
+    Core's PyTorch executor applies them (``applies_torch_parallelism``): checked with the workload
+    then (core.running.replica_checks)."""
+    if accelerator.applies_torch_parallelism and config.framework is Framework.torch:
+        return
     for field, plain in _NOT_PLACED_YET.items():
         value = getattr(config, field)
         if value != plain:
@@ -978,6 +980,21 @@ def _check_parallelism(config: RunConfig, accelerator: Accelerator) -> None:
             config.pipeline_schedule,
             f"unset (None): accelerator {accelerator.name!r} pipelines with its own schedule",
         )
+
+
+def _replica_layout(
+    manager: PluginManager, workload: Workload, options: BaseModel, accelerator: Accelerator, config: RunConfig
+) -> PipelineLayout | None:
+    """The workload's pipeline layout where a replica spans several devices (else None), and the
+    checks of core's PyTorch device mesh where the accelerator's executor is core's."""
+    layout = None
+    if config.devices_per_replica > 1:
+        with manager.plugin_code(workload, f"{type(workload).__name__}.pipeline_layout()"):
+            layout = workload.pipeline_layout(options, config.framework)
+    if accelerator.applies_torch_parallelism and config.framework is Framework.torch:
+        with manager.plugin_code(workload, f"{type(workload).__name__}.tensor_parallel_plan()"):
+            check_torch_replica(config, workload, options, layout)
+    return layout
 
 
 def _check_placement_limits(manager: PluginManager, accelerator: Accelerator, context: RunContext) -> None:

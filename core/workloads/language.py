@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, Field
 
 from core.base.config import Framework
+from core.contract.parallel import TensorParallelPlan
 from core.contract.pipeline import RecommendedSplit
 from core.contract.workload import TorchTrainingSpec
 from core.workloads.counting import Tally
@@ -171,7 +172,14 @@ class LanguageWorkload(ZooWorkload):
             targets=tokens.clone(),
             vocabulary=self.vocabulary_of(options),
             token_loss_sums=self.token_loss_sums(),
+            tensor_parallel_plan=self.tensor_parallel_plan(options),
+            pipeline_layout=self.pipeline_layout(options),
+            pipeline_stage=self.pipeline_stage(),
         )
+
+    def pipeline_stage(self) -> Any:
+        """``TorchTrainingSpec.pipeline_stage`` of the model; None where it cannot be cut by hand."""
+        return None
 
     def token_loss_sums(self) -> Any:
         """(logits, token ids) -> (summed loss, tokens predicted) for a held-out evaluation; None
@@ -309,6 +317,28 @@ class GptCaraml800m(LanguageWorkload):
     def positions(self, o: LanguageOptions) -> int:
         return 0  # rotary: no position table
 
+    def pipeline_stage(self) -> Any:
+        return gpt_neox_stage
+
+    def tensor_parallel_plan(self, options: BaseModel) -> TensorParallelPlan:
+        # Megatron's split of a GPT-NeoX layer: the fused query/key/value projection by output
+        # features (its rows are head after head, each head's q, k and v together, so a device
+        # holds whole heads) and the attention's output by input features; the MLP likewise. The
+        # attention reshapes by the tensor's width (view(..., -1, 3 x head size)), so no head count
+        # is stored per device. Embeddings, norms and the tied output layer stay whole on every device.
+        assert isinstance(options, LanguageOptions)
+        _, _, heads, intermediate = self.dimensions(options)
+        layer = "model.gpt_neox.layers.*"
+        return TensorParallelPlan(
+            styles={
+                f"{layer}.attention.query_key_value": "colwise",
+                f"{layer}.attention.dense": "rowwise",
+                f"{layer}.mlp.dense_h_to_4h": "colwise",
+                f"{layer}.mlp.dense_4h_to_h": "rowwise",
+            },
+            divided={"attention heads": heads, "MLP width": intermediate},
+        )
+
     def tally(self, o: Any, framework: Framework) -> Tally:
         hidden, _, _, _ = self.dimensions(o)
         tokens = self.tokens_per_sample(o)
@@ -344,6 +374,54 @@ class GptCaraml800m(LanguageWorkload):
 
     def token_loss_sums(self) -> Any:
         return causal_lm_loss_sums
+
+
+def gpt_neox_stage(model: Any, blocks: range, first: bool, last: bool) -> Any:
+    """One pipeline stage of :func:`token_logits_module`'s GPT-NeoX: the token embeddings (first stage),
+    the decoder layers ``blocks``, the final norm and output layer (last stage), as GPTNeoXModel's
+    forward runs them. What other stages hold is replaced by ``nn.Identity``, so the stage keeps the
+    model's parameter names and only its own weights; the output layer, tied to the embeddings, is the
+    last stage's copy of that weight (the executor sums the two copies' gradients)."""
+    import torch
+    from torch import nn
+    from transformers.masking_utils import create_causal_mask
+
+    causal_lm = model.model
+    neox = causal_lm.gpt_neox
+    for index in range(len(neox.layers)):
+        if index not in blocks:
+            neox.layers[index] = nn.Identity()
+    if not first:
+        neox.embed_in = nn.Identity()
+    if not last:
+        neox.final_layer_norm = nn.Identity()
+        causal_lm.lm_head = nn.Identity()
+
+    class GptNeoXStage(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = causal_lm  # the name token_logits_module gives it: parameter names unchanged
+
+        def forward(self, inputs: Any) -> Any:
+            hidden = neox.emb_dropout(neox.embed_in(inputs)) if first else inputs
+            positions = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
+            mask = create_causal_mask(
+                config=neox.config,
+                inputs_embeds=hidden,
+                attention_mask=None,
+                past_key_values=None,
+                position_ids=positions,
+            )
+            embeddings = neox.rotary_emb(hidden, position_ids=positions)
+            for index in blocks:
+                hidden = neox.layers[index](
+                    hidden, attention_mask=mask, position_ids=positions, position_embeddings=embeddings
+                )
+            if not last:
+                return hidden
+            return causal_lm.lm_head(neox.final_layer_norm(hidden))
+
+    return GptNeoXStage()
 
 
 class Gpt2Caraml800m(Gpt2):

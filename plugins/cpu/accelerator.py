@@ -57,6 +57,9 @@ class CpuAccelerator(Accelerator):
     forks_from_warm_parent: ClassVar[bool] = True
     # torch.set_num_threads in each replica's process; TensorFlow's intra-op pool for all replicas.
     applies_threads_per_replica: ClassVar[bool] = True
+    # core's PyTorch executor: a replica over several processes (a "device" each), gloo between them
+    applies_torch_parallelism: ClassVar[bool] = True
+    max_devices_per_replica: ClassVar[int] = 1 << 10
 
     def availability(self) -> Availability:
         return Availability.yes()
@@ -66,19 +69,28 @@ class CpuAccelerator(Accelerator):
         return _PRECISIONS
 
     def max_replicas_for(self, context: RunContext) -> int:
-        return usable_cores()
+        return max(usable_cores() // context.config.devices_per_replica, 1)
 
     def validate_run(self, context: RunContext) -> None:
         config = context.config
         # Planning for a profile counts its cores; this host's otherwise.
         cores = context.machine.host_cores if context.machine is not None else usable_cores()
         threads = config.threads_per_replica
-        if cores is not None and threads is not None and threads * config.replicas > cores:
+        processes = config.replicas * config.devices_per_replica
+        if cores is not None and threads is not None and threads * processes > cores:
             raise ConfigError(
                 "threads_per_replica",
                 config.threads_per_replica,
-                f"threads_per_replica x replicas ({config.threads_per_replica} x {config.replicas}) "
-                f"must not exceed the {cores} usable cores",
+                f"threads_per_replica x replicas x devices_per_replica ({config.threads_per_replica} x "
+                f"{config.replicas} x {config.devices_per_replica}) must not exceed the {cores} usable cores",
+            )
+        if config.sharding == "fsdp-offload":
+            # Checked on torch 2.13 (CPU build): fully_shard with CPUOffloadPolicy fails with "Cannot
+            # access accelerator device when none is available"; and a CPU's weights are on the host already.
+            raise ConfigError(
+                "sharding",
+                config.sharding,
+                "'fsdp' or 'none' on the cpu accelerator (offloading to host memory needs an accelerator device)",
             )
         if config.compile and config.framework is Framework.tensorflow:
             return  # XLA jit of the train step
@@ -88,7 +100,8 @@ class CpuAccelerator(Accelerator):
             )
 
     def threads_per_replica(self, config: RunConfig) -> int:
-        return config.threads_per_replica or max(1, usable_cores() // config.replicas)
+        # threads of each process: a replica over several devices is that many processes
+        return config.threads_per_replica or max(1, usable_cores() // (config.replicas * config.devices_per_replica))
 
     def devices(self) -> list[DeviceRecord]:
         from core.plugin import processor_name

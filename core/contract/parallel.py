@@ -1,0 +1,36 @@
+"""How a workload's PyTorch model splits its layers over the devices of a tensor-parallel group.
+
+Tensor parallelism is Megatron-LM's: a block's first linear layer split by output features
+("colwise"), its second by input features ("rowwise"), so each device holds whole attention heads
+and a slice of the MLP and one all-reduce per pair joins them. The workload knows its module paths;
+core's PyTorch executor turns the plan into ``torch.distributed.tensor.parallel.parallelize_module``
+styles. A workload without a plan cannot run with ``tensor_parallel > 1`` (planning refuses it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+#: how one linear layer is split: by output features (its outputs stay sharded) or by input
+#: features (its outputs are summed over the group)
+TensorParallelStyle = Literal["colwise", "rowwise"]
+
+
+@dataclass(frozen=True)
+class TensorParallelPlan:
+    """Module paths (``fnmatch`` patterns over ``model.named_modules()`` of ``build_torch``'s model,
+    ``*`` for a layer's index) and how each is split."""
+
+    styles: Mapping[str, TensorParallelStyle]
+    #: module path pattern -> attributes holding a head count that is per device once split (a model
+    #: that reshapes by its stored head count needs them divided by the tensor degree); none where
+    #: the model infers the heads from the tensor's width
+    head_count_attributes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    #: sizes the tensor degree must divide, by name ("attention heads": 8, "MLP width": 8192)
+    divided: Mapping[str, int] = field(default_factory=dict)
+
+    def indivisible(self, tensor_parallel: int) -> list[str]:
+        """The sizes ``tensor_parallel`` does not divide, as 'attention heads 8' (empty: it divides all)."""
+        return [f"{name} {size}" for name, size in self.divided.items() if size % tensor_parallel]

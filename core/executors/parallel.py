@@ -1,0 +1,294 @@
+"""One replica over several devices, and sharded replicas, with PyTorch's own engines.
+
+The run's processes form a device mesh ``data x pipeline x tensor`` (``replicas x
+pipeline_parallel x tensor_parallel``; global rank = ``(data x pipeline + stage) x tensor +
+tensor rank``), one process per device under core's torchrun launch. On it:
+
+- tensor parallelism: ``parallelize_module`` over the ``tensor`` dimension with the workload's
+  :class:`core.contract.parallel.TensorParallelPlan` (Megatron's colwise/rowwise pairs);
+- sharded data parallelism: ``fully_shard`` (FSDP2) over the ``data`` dimension, each transformer
+  layer (every member of an ``nn.ModuleList``) a unit of its own, then the root; "fsdp-offload"
+  keeps the shards in host memory (``CPUOffloadPolicy``);
+- plain data parallelism of a tensor-parallel replica: its gradients (the local shards of DTensor
+  ones) averaged over the ``data`` dimension after the last micro-step.
+
+The processes of one replica read the same samples: the data-parallel rank is
+``rank // devices_per_replica``. The executor (core.executors.pytorch) calls this module only where
+``uses_replica_placement`` holds; plain DDP stays as it was.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from typing import Any
+
+import torch
+
+from core.base.config import RunConfig
+from core.contract.parallel import TensorParallelPlan
+from core.contract.pipeline import PipelineLayout
+
+#: the mesh's dimensions, outermost first
+MESH_DIMENSIONS = ("data", "pipeline", "tensor")
+
+
+def uses_replica_placement(config: RunConfig) -> bool:
+    """Whether the run needs the device mesh: a replica over several devices, or sharded weights."""
+    return config.devices_per_replica > 1 or config.sharding != "none"
+
+
+def mesh_shape(config: RunConfig) -> tuple[int, int, int]:
+    """(data, pipeline, tensor): replicas, pipeline stages, tensor-parallel degree."""
+    return config.replicas, config.pipeline_parallel, config.tensor_parallel
+
+
+def data_rank(config: RunConfig, rank: int) -> int:
+    """The replica a process belongs to: every device of a replica reads the replica's samples."""
+    return rank // config.devices_per_replica
+
+
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """This process's part of ``tensor`` (a DTensor's local shard), or ``tensor`` itself."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def parameter_bytes_per_rank(model: torch.nn.Module) -> list[int]:
+    """The bytes of weights each process of the run holds (its shards, its stage), rank by rank: one
+    gather of a number per process, once (a collective: every process calls it)."""
+    held = sum(local_tensor(p.detach()).numel() * p.element_size() for p in model.parameters())
+    gathered: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, held)
+    return [int(value) for value in gathered]
+
+
+def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's whole weights on the host, gathered from every shard (a collective: every process
+    of the run calls it)."""
+    from torch.distributed.tensor import DTensor
+
+    state = {}
+    for name, tensor in model.state_dict().items():
+        whole = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+        state[name] = whole.detach().cpu().clone()
+    return state
+
+
+class ReplicaPlacement:
+    """The device mesh of a run, and what it does to the model and its gradients."""
+
+    def __init__(self, config: RunConfig, device: torch.device, plan: TensorParallelPlan | None) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        self._config = config
+        self._plan = plan
+        self._device = device
+        self.mesh = init_device_mesh(device.type, mesh_shape(config), mesh_dim_names=MESH_DIMENSIONS)
+        self._fsdp: list[Any] = []  # the fully_shard modules, whose gradient sync the micro-steps switch
+        #: this process's stage of a pipelined replica (None: the replica is not pipelined)
+        self.pipeline: PipelinedReplica | None = None
+
+    @property
+    def tensor_parallel(self) -> int:
+        return self._config.tensor_parallel
+
+    @property
+    def sharded(self) -> bool:
+        return self._config.sharding != "none"
+
+    def place(
+        self,
+        model: torch.nn.Module,
+        layout: PipelineLayout | None = None,
+        make_stage: Any = None,
+        loss_fn: Any = None,
+    ) -> torch.nn.Module:
+        """Split ``model`` over the tensor dimension, then shard it over the data dimension; or cut
+        it into pipeline stages (``layout``'s blocks, each stage's module built by ``make_stage``)
+        and return this process's stage."""
+        if self._config.pipeline_parallel > 1:
+            if layout is None or make_stage is None or loss_fn is None:
+                raise ValueError("pipeline stages need the workload's pipeline_layout and pipeline_stage, and the loss")
+            self.pipeline = PipelinedReplica(self._config, self.mesh, model, layout, make_stage, loss_fn, self._device)
+            return self.pipeline.module
+        if self.tensor_parallel > 1:
+            self._parallelize(model)
+        if self.sharded:
+            self._shard(model)
+        return model
+
+    def _parallelize(self, model: torch.nn.Module) -> None:
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+        if self._plan is None:  # planning refuses it; a direct caller learns why here
+            raise ValueError("tensor_parallel > 1 needs the workload's tensor_parallel_plan")
+        styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+        names = [name for name, _ in model.named_modules()]
+        plan = {}
+        for pattern, style in self._plan.styles.items():
+            matched = fnmatch.filter(names, pattern)
+            if not matched:
+                raise ValueError(f"the tensor-parallel plan names {pattern!r}, which is no module of the model")
+            plan.update({name: styles[style]() for name in matched})
+        parallelize_module(model, self.mesh["tensor"], plan)
+        for pattern, attributes in self._plan.head_count_attributes.items():
+            for name in fnmatch.filter(names, pattern):
+                module = model.get_submodule(name)
+                for attribute in attributes:
+                    setattr(module, attribute, getattr(module, attribute) // self.tensor_parallel)
+
+    def _shard(self, model: torch.nn.Module) -> None:
+        from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+
+        policy = CPUOffloadPolicy() if self._config.sharding == "fsdp-offload" else OffloadPolicy()
+        mesh = self.mesh["data"]
+        # Each layer of a stack is a unit of its own: its weights are gathered just before it runs
+        # and freed after, so no device holds more than a layer's whole weights at once.
+        layers = [layer for module in model.modules() if isinstance(module, torch.nn.ModuleList) for layer in module]
+        for layer in layers:
+            self._fsdp.append(fully_shard(layer, mesh=mesh, offload_policy=policy))
+        self._fsdp.append(fully_shard(model, mesh=mesh, offload_policy=policy))
+
+    def micro_step(self, last: bool) -> None:
+        """Before a micro-step's backward: sharded gradients are reduced on the last one only."""
+        if self.sharded:
+            self._fsdp[-1].set_requires_gradient_sync(last)
+
+    def reduce_gradients(self, parameters: list[torch.nn.Parameter]) -> None:
+        """After an update's last backward: average the gradients of a replica that is not sharded
+        over the replicas (FSDP has reduced a sharded one already)."""
+        replicas = self._config.replicas
+        if self.sharded or replicas == 1:
+            return
+        group = self.mesh["data"].get_group()
+        for parameter in parameters:
+            if parameter.grad is None:
+                continue
+            gradient = local_tensor(parameter.grad)
+            torch.distributed.all_reduce(gradient, group=group)
+            gradient.div_(replicas)
+
+    def full_state(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """The whole model's weights on the host: gathered from the shards, and from every stage (a
+        collective: every process of the run calls it)."""
+        state = full_state(model)
+        if self.pipeline is None:
+            return state
+        stages: list[Any] = [None] * self._config.pipeline_parallel
+        torch.distributed.all_gather_object(stages, state, group=self.mesh["pipeline"].get_group())
+        return {name: tensor for stage in stages for name, tensor in stage.items()}
+
+    def details(self) -> dict[str, Any]:
+        data, pipeline, tensor = mesh_shape(self._config)
+        return {
+            "device_mesh": {"data": data, "pipeline": pipeline, "tensor": tensor},
+            "sharding": self._config.sharding,
+            "tensor_parallel_modules": len(self._plan.styles) if self._plan is not None and tensor > 1 else 0,
+            "pipeline": self.pipeline.details() if self.pipeline is not None else None,
+        }
+
+
+def balanced_layers(layers: int, stages: int) -> tuple[int, ...]:
+    """Whole layers per stage, as even as they go (the first stages take one more)."""
+    return tuple(layers // stages + (1 if stage < layers % stages else 0) for stage in range(stages))
+
+
+def tied_parameters(model: torch.nn.Module) -> list[tuple[str, ...]]:
+    """Names of each weight that several modules share (an output layer tied to the embeddings)."""
+    names: dict[int, list[str]] = {}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(parameter), []).append(name)
+    return [tuple(group) for group in names.values() if len(group) > 1]
+
+
+#: the schedule of ``pipeline_schedule`` None
+DEFAULT_PIPELINE_SCHEDULE = "1f1b"
+
+
+def bubble_fraction(stages: int, micro_batches: int) -> float:
+    """The idle share of a GPipe or 1F1B pipeline: (stages - 1) / (micro-batches + stages - 1)."""
+    return (stages - 1) / (micro_batches + stages - 1)
+
+
+class PipelinedReplica:
+    """One stage of a replica cut into ``pipeline_parallel`` stages of whole layers, run by
+    ``torch.distributed.pipelining``'s GPipe or 1F1B schedule over the update's micro-batches
+    (``gradient_accumulation``; the schedule averages their gradients). The workload builds the
+    stage's module (``TorchTrainingSpec.pipeline_stage``): ``torch.distributed.pipelining.pipeline``
+    traces a GPT-NeoX with torch.export, but its stage modules then miss the rotary embedding's
+    no-grad region's input (torch 2.13: "Expected positional argument for parameter
+    unsqueeze_default"), so the stages are cut by hand.
+
+    A weight tied over stages (GPT's output layer and token embeddings) is a copy on each stage that
+    holds it: their gradients are summed over the pipeline after backward, so every copy takes the
+    same step and the copies stay one weight.
+    """
+
+    def __init__(
+        self,
+        config: RunConfig,
+        mesh: Any,
+        model: torch.nn.Module,
+        layout: PipelineLayout,
+        make_stage: Any,
+        loss_fn: Any,
+        device: torch.device,
+    ) -> None:
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+        self.stages = config.pipeline_parallel
+        self.micro_batches = config.gradient_accumulation
+        self.schedule_name = config.pipeline_schedule or DEFAULT_PIPELINE_SCHEDULE
+        parameters = dict(model.named_parameters(remove_duplicate=False))
+        self._tied = [(names, tuple(parameters[names[0]].shape)) for names in tied_parameters(model)]
+        self._device = device
+        self.layers = balanced_layers(len(layout.blocks), self.stages)
+        self._group = mesh["pipeline"].get_group()
+        self.stage_index = mesh["pipeline"].get_local_rank()
+        self.is_first = self.stage_index == 0
+        self.is_last = self.stage_index == self.stages - 1
+        first_block = sum(self.layers[: self.stage_index])
+        blocks = range(first_block, first_block + self.layers[self.stage_index])
+        self.module: torch.nn.Module = make_stage(model, blocks, self.is_first, self.is_last)
+        stage = PipelineStage(self.module, self.stage_index, self.stages, device, group=self._group)
+        schedule = ScheduleGPipe if self.schedule_name == "gpipe" else Schedule1F1B
+        self._schedule = schedule(stage, n_microbatches=self.micro_batches, loss_fn=loss_fn)
+
+    def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> list[torch.Tensor]:
+        """Forward and backward of the update's micro-batches (``inputs`` holds them one after the
+        other); the last stage returns each micro-batch's loss, the others none."""
+        losses: list[torch.Tensor] = []
+        if self.is_first and self.is_last:
+            raise ValueError("a pipeline needs two stages or more")
+        if self.is_first:
+            self._schedule.step(inputs)
+        elif self.is_last:
+            self._schedule.step(target=targets, losses=losses)
+        else:
+            self._schedule.step()
+        self._sum_tied_gradients()
+        return losses
+
+    def _sum_tied_gradients(self) -> None:
+        parameters = dict(self.module.named_parameters(remove_duplicate=False))
+        for names, shape in self._tied:
+            # by identity: a stage may hold one copy under both names
+            held = list({id(p): p for p in (parameters[name] for name in names if name in parameters)}.values())
+            grads = [p.grad for p in held if p.grad is not None]
+            # Every stage joins each all-reduce, with zeros where it holds no copy: one collective per tie.
+            total = torch.stack(grads).sum(0) if grads else torch.zeros(shape, device=self._device)
+            torch.distributed.all_reduce(total, group=self._group)
+            for parameter in held:  # a copy the stage holds but does not use takes the same step
+                parameter.grad = total.clone()
+
+    def details(self) -> dict[str, Any]:
+        return {
+            "stages": self.stages,
+            "stage": self.stage_index,
+            "layers_per_stage": list(self.layers),
+            "schedule": self.schedule_name,
+            "micro_batches": self.micro_batches,
+            # the schedule's own idle share, not a measurement
+            f"bubble_fraction_{self.schedule_name}": round(bubble_fraction(self.stages, self.micro_batches), 6),
+        }

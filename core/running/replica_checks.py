@@ -1,0 +1,102 @@
+"""Planning's checks of a PyTorch replica over several devices, or of sharded replicas, on the
+accelerators whose executor is core's (``Accelerator.applies_torch_parallelism``): what
+core.executors.parallel applies, and the field to change where it cannot."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from core.base.config import Precision, RunConfig
+from core.base.errors import ConfigError
+from core.contract.pipeline import PipelineLayout
+from core.contract.workload import Workload
+from core.data import SYNTHETIC_SOURCES
+
+
+def check_torch_replica(config: RunConfig, workload: Workload, options: Any, layout: PipelineLayout | None) -> None:
+    """ConfigError naming the field for what core's PyTorch executor does not apply."""
+    if config.pipeline_schedule is not None and config.pipeline_parallel == 1:
+        raise ConfigError(
+            "pipeline_schedule",
+            config.pipeline_schedule,
+            "unset (None) without pipeline stages (devices_per_replica / tensor_parallel is 1)",
+        )
+    if config.recompute != "none":
+        raise ConfigError("recompute", config.recompute, "'none' (core's PyTorch executor does not recompute yet)")
+    if config.devices_per_replica == 1 and config.sharding == "none":
+        return  # plain data parallelism (DDP), as before
+    _check_plain_training(config)
+    if config.tensor_parallel > 1:
+        _check_tensor_plan(config, workload, options)
+    if config.pipeline_parallel > 1:
+        _check_pipeline(config, workload, layout)
+
+
+def _check_plain_training(config: RunConfig) -> None:
+    """What the device mesh is not built for yet: the step loop of synthetic training only."""
+    why = "with devices_per_replica > 1 or sharding (core's device mesh)"
+    if config.mode != "train":
+        raise ConfigError("mode", config.mode, f"'train' {why}")
+    if config.data not in SYNTHETIC_SOURCES:
+        raise ConfigError("data", config.data, f"one of {', '.join(sorted(SYNTHETIC_SOURCES))} {why}")
+    if config.target is not None:
+        raise ConfigError("target", config.target, f"unset (None) {why}")
+    if config.compile:
+        raise ConfigError("compile", True, f"False {why}")
+    if config.weights is not None:
+        raise ConfigError("weights", config.weights, f"unset (None) {why}")
+    if config.precision is Precision.fp16:
+        # GradScaler's unscale is not the sharded one (ShardedGradScaler), nor split over stages.
+        raise ConfigError("precision", config.precision.value, f"fp32, tf32, bf16 or default {why}")
+
+
+def _check_tensor_plan(config: RunConfig, workload: Workload, options: Any) -> None:
+    plan = workload.tensor_parallel_plan(options)
+    if plan is None:
+        raise ConfigError(
+            "tensor_parallel",
+            config.tensor_parallel,
+            f"1 (workload {workload.name!r} gives no tensor-parallel plan: Workload.tensor_parallel_plan)",
+        )
+    indivisible = plan.indivisible(config.tensor_parallel)
+    if indivisible:
+        raise ConfigError(
+            "tensor_parallel",
+            config.tensor_parallel,
+            f"a divisor of the model's {', '.join(indivisible)} (each device holds an equal part)",
+        )
+
+
+def _check_pipeline(config: RunConfig, workload: Workload, layout: PipelineLayout | None) -> None:
+    stages = config.pipeline_parallel
+    if layout is None:
+        raise ConfigError(
+            "devices_per_replica",
+            config.devices_per_replica,
+            f"tensor_parallel ({config.tensor_parallel}): workload {workload.name!r} names no pipeline stages "
+            "(Workload.pipeline_layout)",
+        )
+    if not layout.repeated_layers or stages > len(layout.blocks):
+        raise ConfigError(
+            "devices_per_replica",
+            config.devices_per_replica,
+            f"at most {len(layout.blocks)} pipeline stages x tensor_parallel {config.tensor_parallel}: each stage "
+            f"holds whole {layout.unit}s, of which the model has {len(layout.blocks)}",
+        )
+    if config.gradient_accumulation < stages:
+        raise ConfigError(
+            "gradient_accumulation",
+            config.gradient_accumulation,
+            f"at least the {stages} pipeline stages: the micro-batches of an update are its gradient_accumulation, "
+            "and fewer leave a stage with nothing to do",
+        )
+    if config.tensor_parallel > 1 or config.sharding != "none":
+        field, value = (
+            ("tensor_parallel", config.tensor_parallel)
+            if config.tensor_parallel > 1
+            else (
+                "sharding",
+                config.sharding,
+            )
+        )
+        raise ConfigError(field, value, "1 / 'none' with pipeline stages (not composed with pipelining yet)")
