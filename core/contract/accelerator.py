@@ -92,6 +92,11 @@ class Accelerator(ABC):
     # Pipelining a replica over several devices and running several updates per host call are
     # placement features only some accelerators have (Graphcore IPUs); the rest refuse them.
     max_devices_per_replica: ClassVar[int] = 1
+    #: whether a plan for a machine profile of this accelerator (``--dry-run --machine``) takes a replica
+    #: split over several devices (``tensor_parallel``, pipeline stages, ``sharding``, ``recompute``,
+    #: ``pipeline_schedule``) that its executor applies on that machine (issue 32: GPUs, through
+    #: PyTorch's engines): planning checks the split's rules and memory instead of refusing it
+    plans_replica_split: ClassVar[bool] = False
     supports_device_iterations: ClassVar[bool] = False
     #: whether this accelerator's data loader reads a whole host call's samples at once
     #: (``samples_per_host_call``) and drops a partial one, as PopTorch's DataLoader does; planning

@@ -47,6 +47,9 @@ class TorchGpuAccelerator(Accelerator):
     torch_build_attribute: ClassVar[str] = "cuda"
     # The host threads that feed a GPU (data, the CPU side of each step): set where --threads asks.
     applies_threads_per_replica: ClassVar[bool] = True
+    # A replica over several GPUs (tensor and pipeline parallelism, FSDP, recomputation) is PyTorch's
+    # own engines' (issue 32): a dry run for a GPU machine plans it, its rules and memory checked.
+    plans_replica_split: ClassVar[bool] = True
 
     @abstractmethod
     def visible_devices(self) -> list[DeviceRecord]:

@@ -33,6 +33,7 @@ from core.contract.pipeline import PipelineLayout
 from core.contract.workload import FRAMEWORK_LIBRARIES, Workload, module_installed
 from core.data import FORMAT_FRAMEWORKS, SYNTHETIC_SOURCES, validate_data
 from core.energy.combined import Covers, device_meter_counted, devices_unmeasured
+from core.running.replica_plan import RECOMPUTE_CHOICES, ReplicaMemory, check_replica_split, replica_memory
 
 
 @dataclass(frozen=True)
@@ -295,6 +296,14 @@ def plan_run(
 
     placing = RunContext(config, workload_options, accelerator_options, SINGLE_PROCESS, machine=machine)
     _check_placement_limits(manager, accelerator_obj, placing)
+    # The split of a replica over devices, checked against the model's shape for every accelerator,
+    # before whether this accelerator applies it: what the model cannot take is named first.
+    with guard(workload_obj, f"{type(workload_obj).__name__}.transformer_shape()"):
+        shape = workload_obj.transformer_shape(workload_options)
+    warnings.extend(check_replica_split(shape, config, workload_name))
+    _check_parallelism(
+        config, accelerator_obj, planned_there=machine is not None and accelerator_obj.plans_replica_split
+    )
     _check_processes(accelerator_obj, config, machine, in_slurm_job)
     layout = None
     if config.devices_per_replica > 1:
@@ -326,7 +335,7 @@ def plan_run(
         for message in old_form_warnings(factory, METER_OLD_FORMS) if factory is not None else ():
             context.warn(message)
     else:
-        _check_memory_fit(workload_obj, workload_options, config, machine, context)
+        _check_memory_fit(workload_obj, workload_options, config, machine, context, precision_policy)
         factory, meter_reason = None, f"planned for machine {machine.name!r}: its power meter is chosen there"
     node_meters = choose_node_meters(manager, config, factory, check_available=machine is None)
     if node_meters and machine is None and not config.node_meters_auto:
@@ -842,41 +851,24 @@ def _runs_with(policy: type[PrecisionPolicy] | None, framework: Framework) -> bo
     return policy is not None and (framework is not Framework.tensorflow or policy.keras_policy is not None)
 
 
-# Bytes per parameter that training keeps on the device whatever the precision policy: fp32
-# weights and gradients (autocast keeps fp32 master weights); the optimizer adds 4 bytes per fp32
-# value it keeps (SGD's momentum: one, Adam's moments: two).
-_WEIGHTS_AND_GRADIENTS_BYTES = 8
-_WEIGHT_BYTES = 4
-_OPTIMIZER_VALUE_BYTES = 4
-_ADAM_STATE_VALUES = 2
-
-
-def memory_estimate(workload: Workload, options: Any, config: RunConfig) -> dict[str, Any] | None:
-    """What a run keeps per device for the model alone (activations not counted), or None where
-    the workload does not know its parameter count. Inference keeps the fp32 weights only."""
+def memory_estimate(
+    workload: Workload,
+    options: Any,
+    config: RunConfig,
+    precision_policy: type[PrecisionPolicy] | None = None,
+    machine: MachineProfile | None = None,
+) -> ReplicaMemory | None:
+    """What one device of the run keeps (core.running.replica_plan: the model's state, and where the
+    workload gives its transformer shape, its activations), or None where the workload does not know
+    its parameter count. Inference keeps the fp32 weights only."""
     parameters = workload.parameter_count(options)
     if not parameters:
         return None
-    per_device = parameters / config.devices_per_replica
-    if config.mode == "inference":
-        return {
-            "parameters": parameters,
-            "kept": "fp32 weights",
-            "weights_and_gradients_bytes": int(per_device * _WEIGHT_BYTES),
-            "optimizer_state_bytes": 0,
-            "optimizer_state_values_per_parameter": 0,
-            "optimizer_state_assumed": False,
-        }
-    declared = workload.optimizer_state_per_parameter(options)
-    state_values = _ADAM_STATE_VALUES if declared is None else declared
-    return {
-        "parameters": parameters,
-        "kept": "fp32 weights and gradients",
-        "weights_and_gradients_bytes": int(per_device * _WEIGHTS_AND_GRADIENTS_BYTES),
-        "optimizer_state_bytes": int(per_device * state_values * _OPTIMIZER_VALUE_BYTES),
-        "optimizer_state_values_per_parameter": state_values,
-        "optimizer_state_assumed": declared is None,
-    }
+    shape = workload.transformer_shape(options)
+    declared = None if config.mode == "inference" else workload.optimizer_state_per_parameter(options)
+    activation_bytes = precision_policy.activation_bytes() if precision_policy is not None else 4
+    device = machine.memory_bytes_per_device if machine is not None else None
+    return replica_memory(parameters, shape, config, declared, activation_bytes, device)
 
 
 def _size_field(config: RunConfig) -> tuple[str, Any]:
@@ -886,37 +878,101 @@ def _size_field(config: RunConfig) -> tuple[str, Any]:
     return "workload", config.workload
 
 
-def _check_memory_fit(
-    workload: Workload, options: Any, config: RunConfig, machine: MachineProfile, context: RunContext
-) -> None:
-    """Refuse a model whose weights and gradients alone exceed a device's memory; warn when the
-    optimizer's state would. Activations are not counted (they depend on the framework's memory planning)."""
+def _memory_fix(
+    workload: Workload, options: Any, config: RunConfig, policy: type[PrecisionPolicy] | None, machine: MachineProfile
+) -> tuple[str, Any] | None:
+    """The first of the run's own fields that, changed alone, makes it fit (recomputation, sharding,
+    a smaller micro-batch), as (field, value); None where none does."""
     memory = machine.memory_bytes_per_device
-    estimate = memory_estimate(workload, options, config)
+    assert memory is not None
+    tries: list[tuple[str, Any]] = [("recompute", "selective"), ("recompute", "full")]
+    if config.replicas > 1:
+        tries.append(("sharding", "fsdp"))
+    tries.append(("sharding", "fsdp-offload"))
+    micro = config.micro_batch_size or 1
+    tries += [("micro_batch_size", micro // 2**k) for k in range(1, micro.bit_length()) if micro // 2**k >= 1]
+    order = {"recompute": RECOMPUTE_CHOICES, "sharding": ("none", "fsdp", "fsdp-offload")}
+    for field, value in tries:
+        current = getattr(config, field)
+        if field in order and order[field].index(value) <= order[field].index(current):
+            continue  # no saving over what the run already asks
+        if field == "micro_batch_size" and value >= current:
+            continue
+        changed = config.model_copy(update={field: value})
+        estimate = memory_estimate(workload, options, changed, policy, machine)
+        if estimate is not None and estimate.total_bytes <= memory:
+            return field, value
+    return None
+
+
+def _check_memory_fit(
+    workload: Workload,
+    options: Any,
+    config: RunConfig,
+    machine: MachineProfile,
+    context: RunContext,
+    policy: type[PrecisionPolicy] | None = None,
+) -> None:
+    """Refuse a model whose weights and gradients alone exceed a device's memory. Where the workload
+    gives its transformer shape, the activations are counted too, and a run that does not fit is
+    refused naming the field that would make it fit; without one, the optimizer's state is warned of."""
+    memory = machine.memory_bytes_per_device
+    estimate = memory_estimate(workload, options, config, policy, machine)
     if memory is None or estimate is None:
         return
     gib = 1024**3
-    parameters = estimate["parameters"]
-    needed = estimate["weights_and_gradients_bytes"]
-    if needed > memory:
+    parameters = estimate.parameters
+    needed = estimate.weights_bytes + estimate.gradients_bytes
+    on = f"{machine.name!r}, {memory / gib:.1f} GiB per device"
+    if needed > memory and estimate.activation_bytes is None:
         field, value = _size_field(config)
         raise ConfigError(
             field,
             value,
             f"a model that fits {machine.name!r}: these {parameters:,} parameters need {needed / gib:.1f} GiB per "
-            f"device for {estimate['kept']} alone, and it has {memory / gib:.1f} GiB per device",
+            f"device for {estimate.kept} alone, and it has {memory / gib:.1f} GiB per device",
         )
-    with_state = needed + estimate["optimizer_state_bytes"]
+    if estimate.activation_bytes is not None:
+        if estimate.total_bytes <= memory:
+            return
+        fix = _memory_fix(workload, options, config, policy, machine)
+        what = f"{estimate.total_bytes / gib:.1f} GiB per device ({_memory_parts(estimate)}), more than the {on}"
+        if fix is not None:
+            field, value = fix
+            raise ConfigError(field, getattr(config, field), f"{value!r} (which fits; the run as planned needs {what})")
+        raise ConfigError(
+            "devices_per_replica",
+            config.devices_per_replica,
+            f"more devices per replica (tensor_parallel or pipeline stages), or more replicas with sharding: "
+            f"the run as planned needs {what}, and neither recomputation, sharding nor a smaller micro-batch "
+            "alone makes it fit",
+        )
+    with_state = needed + estimate.optimizer_state_bytes
     if with_state > memory:
         optimizer = (
             "an optimizer state like Adam's (the workload does not declare its own)"
-            if estimate["optimizer_state_assumed"]
-            else f"the optimizer's state ({estimate['optimizer_state_values_per_parameter']} value(s) per parameter)"
+            if estimate.optimizer_state_assumed
+            else f"the optimizer's state ({estimate.optimizer_state_values_per_parameter} value(s) per parameter)"
         )
         context.warn(
             f"{parameters:,} parameters need {with_state / gib:.1f} GiB per device with {optimizer}, more than the "
             f"{memory / gib:.1f} GiB of {machine.name!r} (activations not counted)"
         )
+
+
+def _memory_parts(estimate: ReplicaMemory) -> str:
+    gib = 1024**3
+    parts = [
+        f"weights {estimate.weights_bytes / gib:.1f} GiB",
+        f"gradients {estimate.gradients_bytes / gib:.1f} GiB",
+        f"optimizer state {estimate.optimizer_state_bytes / gib:.1f} GiB",
+    ]
+    if estimate.activation_bytes is not None:
+        parts.append(
+            f"activations {estimate.activation_bytes / gib:.1f} GiB with recompute {estimate.recompute!r} and "
+            f"{estimate.micro_batches_in_flight} micro-batch(es) in flight"
+        )
+    return ", ".join(parts) + f"; pipeline stage {estimate.stage + 1}"
 
 
 def _check_framework(
@@ -954,10 +1010,13 @@ def _check_framework(
 _NOT_PLACED_YET = {"tensor_parallel": 1, "sharding": "none", "recompute": "none"}
 
 
-def _check_parallelism(config: RunConfig, accelerator: Accelerator) -> None:
+def _check_parallelism(config: RunConfig, accelerator: Accelerator, planned_there: bool = False) -> None:
     """Tensor parallelism, sharding and recomputation: refused until an executor applies them, so a
-    run never silently trains as a plain data-parallel one. A pipeline schedule is for pipelines only."""
-    for field, plain in _NOT_PLACED_YET.items():
+    run never silently trains as a plain data-parallel one. A pipeline schedule is for pipelines only.
+
+    :param planned_there: a plan for a machine profile whose accelerator declares
+        ``plans_replica_split``: its split is checked (the rules, the memory), not refused."""
+    for field, plain in {} if planned_there else _NOT_PLACED_YET.items():
         value = getattr(config, field)
         if value != plain:
             raise ConfigError(
@@ -972,11 +1031,25 @@ def _check_parallelism(config: RunConfig, accelerator: Accelerator) -> None:
             config.pipeline_schedule,
             "unset (None) without pipeline stages (devices_per_replica / tensor_parallel is 1)",
         )
-    if config.pipeline_schedule is not None:
+    if config.pipeline_schedule is not None and not planned_there:
         raise ConfigError(
             "pipeline_schedule",
             config.pipeline_schedule,
             f"unset (None): accelerator {accelerator.name!r} pipelines with its own schedule",
+        )
+
+
+def _check_devices_fit_nodes(config: RunConfig, machine: MachineProfile) -> None:
+    """A replica larger than a node: replicas x devices_per_replica fit nodes x the machine's devices
+    (replicas within a node are counted against its devices as before)."""
+    devices = config.replicas * config.devices_per_replica
+    if config.devices_per_replica > machine.devices and devices > config.nodes * machine.devices:
+        nodes_needed = -(-devices // machine.devices)
+        raise ConfigError(
+            "nodes",
+            config.nodes,
+            f"at least {nodes_needed}: {config.replicas} replica(s) x {config.devices_per_replica} device(s) are "
+            f"{devices} devices, and {machine.name!r} has {machine.devices} per node",
         )
 
 
@@ -990,7 +1063,9 @@ def _check_placement_limits(manager: PluginManager, accelerator: Accelerator, co
     else:
         max_replicas = machine.devices // config.devices_per_replica
         where = f"on {machine.name!r} ({machine.devices} devices, {config.devices_per_replica} per replica)"
-    if config.replicas_per_node > max_replicas:
+        _check_devices_fit_nodes(config, machine)
+    spans_nodes = machine is not None and config.devices_per_replica > machine.devices
+    if config.replicas_per_node > max_replicas and not spans_nodes:
         per_node = (
             f" per node ({config.replicas_per_node} of them on each of {config.nodes})" if config.nodes > 1 else ""
         )
@@ -999,14 +1074,14 @@ def _check_placement_limits(manager: PluginManager, accelerator: Accelerator, co
             config.replicas,
             f"accelerator {accelerator.name!r} can place at most {max_replicas} {where}{per_node}",
         )
-    if config.devices_per_replica > accelerator.max_devices_per_replica:
+    planned_there = machine is not None and accelerator.plans_replica_split
+    if config.devices_per_replica > accelerator.max_devices_per_replica and not planned_there:
         raise ConfigError(
             "devices_per_replica",
             config.devices_per_replica,
             f"accelerator {accelerator.name!r} places at most {accelerator.max_devices_per_replica} "
             "device(s) per replica",
         )
-    _check_parallelism(config, accelerator)
     if config.threads_per_replica is not None and not accelerator.applies_threads_per_replica:
         raise ConfigError(
             "threads_per_replica",
