@@ -16,8 +16,11 @@ from core.cli.text import count
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from core.base.config import RunConfig
+    from core.base.precision import PrecisionPolicy
+    from core.contract.workload import Workload
     from core.machines import MachineProfile
-    from core.running.planning import RunPlan
+    from core.running.planning import PlannedRun, RunPlan
 
 _GIB = 1024**3
 
@@ -101,38 +104,9 @@ def _check_database_for_dry_run(database: Path | None) -> None:
 def describe_plan(plan: RunPlan, extra_placement: dict[str, Any] | None = None) -> dict[str, Any]:
     """What a dry run of one run shows, as data (``--json``): where it was planned for, its
     placement, a memory estimate where the model's size is known, and what it warns of."""
-    from core.running.planning import memory_estimate
-
     config = plan.config
     machine = plan.machine
-    estimate = memory_estimate(plan.workload, plan.workload_options, config, plan.precision_policy, machine)
-    memory: dict[str, Any] | None = None
-    if estimate is not None:
-        counted = estimate.activation_bytes is not None
-        memory = {
-            "kept": estimate.kept,
-            "model_state_gib": _gib(estimate.weights_bytes + estimate.gradients_bytes),
-            "optimizer_state_gib": _gib(estimate.optimizer_state_bytes),
-            "optimizer_state_assumed": estimate.optimizer_state_assumed,
-            "weights_gib": _gib(estimate.weights_bytes),
-            "gradients_gib": _gib(estimate.gradients_bytes),
-            "sharding": estimate.sharding,
-            "pipeline_stage": estimate.stage + 1,
-            "layers_per_stage": list(estimate.layers_per_stage),
-            "activations": f"recompute {estimate.recompute!r}" if counted else "not counted",
-            "activations_gib": _gib(estimate.activation_bytes) if counted else None,
-            "activations_gib_by_recompute": {
-                recompute: _gib(size) for recompute, size in estimate.activations_by_recompute.items()
-            },
-            "micro_batches_in_flight": estimate.micro_batches_in_flight,
-            "total_gib": _gib(estimate.total_bytes),
-            "total_gib_by_recompute": {
-                recompute: _gib(total)
-                for recompute in estimate.activations_by_recompute
-                if (total := estimate.total_with(recompute)) is not None
-            },
-            "device_memory_gib": machine.memory_gib_per_device if machine is not None else None,
-        }
+    memory = memory_summary(plan.workload, plan.workload_options, config, plan.precision_policy, machine)
     split = {}
     if config.devices_per_replica > 1 or config.tensor_parallel > 1:
         split = {"tensor_parallel": config.tensor_parallel, "pipeline_stages": config.pipeline_parallel}
@@ -157,7 +131,7 @@ def describe_plan(plan: RunPlan, extra_placement: dict[str, Any] | None = None) 
         },
         "precision": config.precision.value,
         "launcher": plan.launcher.name if plan.launcher is not None else None,
-        "parameters": estimate.parameters if estimate is not None else None,
+        "parameters": memory["parameters"] if memory is not None else None,
         "memory_per_device": memory,
         "power_meter": plan.meter_factory.name if plan.meter_factory is not None else None,
         "energy_unavailable_reason": None if plan.meter_factory is not None else plan.meter_unavailable_reason,
@@ -165,6 +139,69 @@ def describe_plan(plan: RunPlan, extra_placement: dict[str, Any] | None = None) 
         "warnings": list(plan.warnings),
         "config": config.model_dump(mode="json"),
     }
+
+
+def memory_summary(
+    workload: Workload,
+    options: Any,
+    config: RunConfig,
+    policy: type[PrecisionPolicy] | None,
+    machine: MachineProfile | None,
+) -> dict[str, Any] | None:
+    """One device's memory for the run as data (``memory_per_device`` of ``--json``), None where the
+    workload does not know its parameter count."""
+    from core.running.planning import memory_estimate
+
+    estimate = memory_estimate(workload, options, config, policy, machine)
+    if estimate is None:
+        return None
+    counted = estimate.activation_bytes is not None
+    return {
+        "parameters": estimate.parameters,
+        "kept": estimate.kept,
+        "model_state_gib": _gib(estimate.weights_bytes + estimate.gradients_bytes),
+        "optimizer_state_gib": _gib(estimate.optimizer_state_bytes),
+        "optimizer_state_assumed": estimate.optimizer_state_assumed,
+        "weights_gib": _gib(estimate.weights_bytes),
+        "gradients_gib": _gib(estimate.gradients_bytes),
+        "replicas": config.replicas,
+        "devices_per_replica": config.devices_per_replica,
+        "tensor_parallel": config.tensor_parallel,
+        "sharding": estimate.sharding,
+        "pipeline_stage": estimate.stage + 1,
+        "layers_per_stage": list(estimate.layers_per_stage),
+        "activations": f"recompute {estimate.recompute!r}" if counted else "not counted",
+        "activations_gib": _gib(estimate.activation_bytes) if estimate.activation_bytes is not None else None,
+        "activations_gib_by_recompute": {
+            recompute: _gib(size) for recompute, size in estimate.activations_by_recompute.items()
+        },
+        "micro_batches_in_flight": estimate.micro_batches_in_flight,
+        "total_gib": _gib(estimate.total_bytes),
+        "total_gib_by_recompute": {
+            recompute: _gib(total)
+            for recompute in estimate.activations_by_recompute
+            if (total := estimate.total_with(recompute)) is not None
+        },
+        "device_memory_gib": machine.memory_gib_per_device if machine is not None else None,
+    }
+
+
+def cell_memory_lines(planned: PlannedRun, machine: MachineProfile) -> list[str]:
+    """A sweep cell's memory table for ``core sweep --dry-run`` on a machine (empty where the
+    workload does not know its size)."""
+    from core.contract.manager import get_plugin_manager
+    from core.running.planning import rebuild_policy
+
+    workload = get_plugin_manager().workload(planned.config.workload)
+    options = workload.parse_options(dict(planned.config.workload_options))
+    policy = rebuild_policy(planned.precision_policy) if planned.precision_policy is not None else None
+    memory = memory_summary(workload, options, planned.config, policy, machine)
+    if memory is None:
+        return []
+    lines = [f"memory: {_memory_text(memory)}"]
+    if memory["activations_gib"] is not None:
+        lines.extend(_memory_table(memory))
+    return lines
 
 
 def plan_lines(described: dict[str, Any]) -> list[tuple[str, str]]:
@@ -218,13 +255,17 @@ def _gib(size: int) -> float:
 def _memory_table(memory: dict[str, Any]) -> list[str]:
     """The memory of the heaviest device, row by row, and the activations under each recompute choice."""
     stages = memory["layers_per_stage"]
+    placement = (
+        f"{count(memory['replicas'], 'replica')} x {count(memory['devices_per_replica'], 'device')}: tensor "
+        f"parallel {memory['tensor_parallel']} x {count(max(len(stages), 1), 'pipeline stage')}"
+    )
     where = (
-        f"pipeline stage {memory['pipeline_stage']} of {len(stages)} (layers {', '.join(map(str, stages))})"
+        f"pipeline stage {memory['pipeline_stage']} (layers per stage {', '.join(map(str, stages))})"
         if len(stages) > 1
-        else "one stage"
+        else "its one stage"
     )
     rows = [
-        f"heaviest device: {where}, sharding {memory['sharding']}",
+        f"heaviest device of {placement}: {where}, sharding {memory['sharding']}",
         f"  {'weights':<17}{memory['weights_gib']:>10.2f} GiB",
         f"  {'gradients':<17}{memory['gradients_gib']:>10.2f} GiB",
         f"  {'optimizer state':<17}{memory['optimizer_state_gib']:>10.2f} GiB",

@@ -147,7 +147,7 @@ class PlannedRun(BaseModel):
             warnings=self.warnings,
             pipeline_layout=self.pipeline_layout,
             node_meter_factories=tuple(_registered_meter(manager, name, "node_meters") for name in self.node_meters),
-            precision_policy=_rebuild_policy(self.precision_policy) if self.precision_policy is not None else None,
+            precision_policy=rebuild_policy(self.precision_policy) if self.precision_policy is not None else None,
             packages=self.packages,
         )
 
@@ -177,7 +177,7 @@ def _registered_meter(manager: PluginManager, name: str, field: str) -> PowerMet
     return manager.power_meters[name].item
 
 
-def _rebuild_policy(path: str) -> type[PrecisionPolicy]:
+def rebuild_policy(path: str) -> type[PrecisionPolicy]:
     try:
         policy = load_class(path)
     except (ImportError, AttributeError, ValueError) as exc:
