@@ -87,8 +87,9 @@ class LanguageWorkload(ZooWorkload):
     small: ClassVar[tuple[int, int, int, int]] = (64, 2, 2, 256)
 
     #: attention runs in PyTorch's fused kernel (SDPA), which keeps no attention scores for the
-    #: backward (TransformerShape.fused_attention)
-    fused_attention: ClassVar[bool] = False
+    #: backward (TransformerShape.fused_attention): transformers builds its models with
+    #: attn_implementation "sdpa" where none is named (tests/test_replica_plan.py checks each)
+    fused_attention: ClassVar[bool] = True
 
     def dimensions(self, o: LanguageOptions) -> tuple[int, int, int, int]:
         return self.small if o.variant == "small" else self.full
@@ -318,7 +319,6 @@ class GptCaraml800m(LanguageWorkload):
     full: ClassVar[tuple[int, int, int, int]] = (2048, 16, 8, 8192)
     sequence_length: ClassVar[int] = 2048
     default_micro_batch_size: ClassVar[int] = 4
-    fused_attention: ClassVar[bool] = True  # attn_implementation="sdpa"
     sources: ClassVar[dict[Framework, Source]] = {Framework.torch: transformers_source("GPTNeoXForCausalLM")}
     frameworks: ClassVar[tuple[Framework, ...]] = tuple(sources)
     pipeline_blocks: ClassVar[str | None] = r"\.gpt_neox\.layers\.\d+$"

@@ -29,8 +29,9 @@ class VisionTransformer(VisionWorkload):
         hidden, layers, heads, intermediate = self.dimensions(options)
         _, height, width = self.input_shape(options)
         patches = (height // self.patch_size) * (width // self.patch_size)
-        # the head classifies the CLS token alone: no per-token logits
-        return TransformerShape(layers, hidden, heads, patches + 1, intermediate)
+        # the head classifies the CLS token alone: no per-token logits; transformers builds ViT's
+        # attention with PyTorch's fused kernel (attn_implementation "sdpa", its default)
+        return TransformerShape(layers, hidden, heads, patches + 1, intermediate, fused_attention=True)
 
     def tally(self, o: Any, framework: Framework) -> Tally:
         hidden, layers, _, intermediate = self.dimensions(o)
