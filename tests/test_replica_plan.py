@@ -4,6 +4,7 @@ field) and each device's memory, activations included (Korthikanti et al. 2022).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -245,3 +246,50 @@ def test_a_run_here_is_still_refused_where_no_executor_applies_the_split() -> No
             {"recompute": "selective", "workload_options": {"variant": "small"}},
         )
     assert refused.value.field == "recompute"
+
+
+def narayanan_training_flops_per_sample(layers: int, hidden: int, sequence: int, vocabulary: int, factor: int) -> float:
+    """Narayanan et al. 2021, equation 3, per sequence: 24 x factor x s l h^2 (1 + s/(6h)) and the
+    output layer's 6 s h V, counted three times (forward, two backward) whatever the recomputation."""
+    return (
+        24 * factor * sequence * layers * hidden**2 * (1 + sequence / (6 * hidden)) + 6 * sequence * hidden * vocabulary
+    )
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_hfu_counts_the_recomputed_forward_and_mfu_the_models_flops(recompute: str) -> None:
+    from core.base.results import DeviceRecord, RunResult
+    from core.running.runner import _record_device_figures
+
+    options = {**CARAML_175B, "recompute": recompute}
+    planned = plan("gpt-175b", "h100-sxm-x4", **options)
+    model_flops = planned.workload.flops_per_sample(planned.workload_options)
+    assert model_flops == pytest.approx(narayanan_training_flops_per_sample(96, 12288, 2048, 50304, 3))
+
+    class Datasheet:
+        """Every device at 1 PFLOP/s, no bandwidth known."""
+
+        def peak_flops_per_second(self, device: DeviceRecord, precision: object) -> tuple[float, str]:
+            return 1e15, "test datasheet"
+
+        def memory_bandwidth(self, device: DeviceRecord) -> None:
+            return None
+
+    stub = dataclasses.replace(planned, accelerator=Datasheet(), machine=None)  # type: ignore[arg-type]
+    devices = [DeviceRecord(index=index, name=f"gpu {index}", kind="nvidia") for index in range(64)]
+    result = RunResult.of_config(
+        planned.config, 64, devices=devices, flops_per_sample=model_flops, throughput_per_second=100.0
+    )
+    _record_device_figures(result, stub)
+    assert result.model_flops_utilization == pytest.approx(model_flops * 100.0 / 64e15)
+    if recompute == "none":
+        assert result.hardware_flops_per_sample is None and result.hardware_flops_utilization is None
+        return
+    assert result.hardware_flops_per_sample is not None and result.hardware_flops_utilization is not None
+    assert result.hardware_flops_utilization == pytest.approx(result.hardware_flops_per_sample * 100.0 / 64e15)
+    assert result.hardware_flops_utilization > result.model_flops_utilization
+    if recompute == "full":  # Megatron's TFLOPs/GPU: equation 3 with its factor 4
+        expected = narayanan_training_flops_per_sample(96, 12288, 2048, 50304, 4)
+        assert result.hardware_flops_per_sample == pytest.approx(expected)
+    else:  # the attention scores and weighted values of every layer, once more: 4 s^2 h per layer
+        assert result.hardware_flops_per_sample - model_flops == pytest.approx(96 * 4 * 2048**2 * 12288)

@@ -279,3 +279,15 @@ def _stage_activations(
     kept = layers * layer_activation_bytes(shape, b, tensor, recompute, activation_bytes) * in_flight
     working = whole_layer if recompute == "full" else 0.0  # the layer being recomputed, whole
     return int(kept + working + logits * in_flight)
+
+
+def recomputed_forward_flops(shape: TransformerShape, recompute: str) -> float:
+    """Forward FLOPs per sample that recomputation computes a second time in the backward: every
+    layer's under "full", each layer's attention scores and weighted values under "selective"
+    (Korthikanti et al. 2022), none under "none". What a fused attention kernel recomputes inside its
+    own backward is the kernel's, not counted."""
+    if recompute == "full":
+        return shape.layers * shape.layer_forward_flops()
+    if recompute == "selective":
+        return shape.layers * shape.attention_score_forward_flops()
+    return 0.0
