@@ -40,6 +40,7 @@ from core.contract.launcher import Launcher
 from core.contract.meter import PowerMeter, PowerMeterFactory, UnavailableMeter
 from core.contract.pipeline import PipelineLayout, RecommendedSplit
 from core.contract.sdk import SharedLibrarySession
+from core.contract.shape import TransformerShape
 from core.contract.workload import KerasTrainingSpec, TorchTrainingSpec, Workload, parse_plugin_options
 from core.data import SYNTHETIC_SOURCES
 from core.data import detect_format as detect_data_format
@@ -174,6 +175,7 @@ __all__ = [
     "Workload",
     "PipelineLayout",
     "RecommendedSplit",
+    "TransformerShape",
     "TorchTrainingSpec",
     "KerasTrainingSpec",
     # observing runs (core_run_started, core_result_ready)

@@ -188,7 +188,8 @@ def memory_summary(
 
 def cell_memory_lines(planned: PlannedRun, machine: MachineProfile) -> list[str]:
     """A sweep cell's memory table for ``core sweep --dry-run`` on a machine (empty where the
-    workload does not know its size)."""
+    workload gives no transformer shape: its activations are not counted, and a grid of thousands of
+    such cells, AI4NP's FCNN, would print a line each for little)."""
     from core.contract.manager import get_plugin_manager
     from core.running.planning import rebuild_policy
 
@@ -196,12 +197,9 @@ def cell_memory_lines(planned: PlannedRun, machine: MachineProfile) -> list[str]
     options = workload.parse_options(dict(planned.config.workload_options))
     policy = rebuild_policy(planned.precision_policy) if planned.precision_policy is not None else None
     memory = memory_summary(workload, options, planned.config, policy, machine)
-    if memory is None:
+    if memory is None or memory["activations_gib"] is None:
         return []
-    lines = [f"memory: {_memory_text(memory)}"]
-    if memory["activations_gib"] is not None:
-        lines.extend(_memory_table(memory))
-    return lines
+    return [f"memory: {_memory_text(memory)}", *_memory_table(memory)]
 
 
 def plan_lines(described: dict[str, Any]) -> list[tuple[str, str]]:
