@@ -41,6 +41,7 @@ from core.contract.meter import PowerMeter, PowerMeterFactory, UnavailableMeter
 from core.contract.parallel import TensorParallelPlan
 from core.contract.pipeline import PipelineLayout, RecommendedSplit
 from core.contract.sdk import SharedLibrarySession
+from core.contract.shape import TransformerShape
 from core.contract.workload import KerasTrainingSpec, TorchTrainingSpec, Workload, parse_plugin_options
 from core.data import SYNTHETIC_SOURCES
 from core.data import detect_format as detect_data_format
@@ -176,6 +177,7 @@ __all__ = [
     "PipelineLayout",
     "TensorParallelPlan",
     "RecommendedSplit",
+    "TransformerShape",
     "TorchTrainingSpec",
     "KerasTrainingSpec",
     # observing runs (core_run_started, core_result_ready)

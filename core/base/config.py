@@ -721,8 +721,18 @@ def check_tensorflow_strategy(config: RunConfig) -> None:
 
 
 def check_nodes(config: RunConfig) -> None:
-    """The replicas fill whole nodes alike, and a rendezvous is an endpoint a node can reach."""
-    if config.replicas % config.nodes:
+    """The replicas fill whole nodes alike (a replica larger than a node spans whole nodes, the same
+    devices on each), and a rendezvous is an endpoint a node can reach."""
+    devices = config.replicas * config.devices_per_replica
+    if config.replicas < config.nodes and not devices % config.nodes:
+        if config.devices_per_replica % (devices // config.nodes):
+            raise ConfigError(
+                "devices_per_replica",
+                config.devices_per_replica,
+                f"whole nodes for a replica over several: a multiple of the {devices // config.nodes} devices each "
+                f"of the {config.nodes} nodes runs",
+            )
+    elif config.replicas % config.nodes:
         raise ConfigError(
             "replicas",
             config.replicas,

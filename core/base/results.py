@@ -50,7 +50,11 @@ from core.base.units import JOULES_PER_WATT_HOUR, watt_hours
 #       without them): each whole epoch's training time on the clock, evaluations taken out (ACES's
 #       first-epoch and per-epoch times from real epochs); TargetOutcome.paused_seconds and
 #       .paused_joules (defaults 0 and None): the partial reports the clock leaves out.
-SCHEMA_VERSION = "1.13"
+# 1.14: RunResult.hardware_flops_per_sample and .hardware_flops_utilization (optional, None by default, so
+#       older documents load without them): with activation recomputation (config.recompute), the FLOPs
+#       the devices compute with the recomputed forward counted (Megatron's "TFLOPs/GPU"), beside the
+#       model's FLOPs (flops_per_sample, model_flops_utilization), which recomputation does not change.
+SCHEMA_VERSION = "1.14"
 # The error type of a document written by a newer core: ResultStore skips such a row with a warning.
 NEWER_SCHEMA_ERROR = "newer_schema"
 # A traceback kept in a result is cut to its end (where it broke) so a deep recursion stays small.
@@ -524,6 +528,17 @@ class RunResult(BaseModel):
     )
     peak_flops_source: str | None = None
     model_flops_utilization: float | None = Field(default=None, description="flops_per_second / peak_flops_per_second")
+    hardware_flops_per_sample: float | None = Field(
+        default=None,
+        description="with activation recomputation: flops_per_sample plus the forward FLOPs recomputed (every "
+        "layer's under 'full', the attention scores' under 'selective'); None without recomputation, where the "
+        "devices compute the model's FLOPs",
+    )
+    hardware_flops_utilization: float | None = Field(
+        default=None,
+        description="hardware_flops_per_sample x throughput / peak_flops_per_second (Megatron's TFLOPs/GPU over "
+        "the peak); None without recomputation (it equals model_flops_utilization)",
+    )
     memory_bytes_per_sample: float | None = Field(
         default=None,
         description="bytes one device moves to and from its memory per sample, the workload's analytical "

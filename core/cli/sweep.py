@@ -19,9 +19,11 @@ from core.cli.sweep_display import SweepDisplay, print_plan
 from core.cli.text import count, format_cells
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from core.machines import MachineProfile
     from core.sweep import SweepOutcome
-    from core.sweep.plan import SweepPlan
+    from core.sweep.plan import Cell, SweepPlan
     from core.sweep.site import Site
     from core.sweep.spec import SweepSpec
 
@@ -128,12 +130,24 @@ def sweep_dry_run(args: argparse.Namespace, plan: SweepPlan, machine: MachinePro
         return error(str(problem))
     target = f", planned for machine {machine.name!r}" if machine is not None else ""
     print(f"sweep {spec.name} ({args.file}), database {database}{target}")
-    print_plan(plan, spec.repeats, finished)
+    print_plan(plan, spec.repeats, finished, _memory_lines(machine))
     if plan.invalid_cells and not args.skip_invalid:
         return error(
             f"{count(len(plan.invalid_cells), 'invalid cell')}: fix the grid, exclude them, or pass --skip-invalid"
         )
     return 0
+
+
+def _memory_lines(machine: MachineProfile | None) -> Callable[[Cell], list[str]] | None:
+    """A cell's memory table, where the dry run plans for a machine (its memory per device)."""
+    if machine is None or machine.memory_gib_per_device is None:
+        return None
+    from core.cli.dry_run import cell_memory_lines
+
+    def lines(cell: Cell) -> list[str]:
+        return cell_memory_lines(cell.planned, machine) if cell.planned is not None else []
+
+    return lines
 
 
 def command_sweep(args: argparse.Namespace) -> int:

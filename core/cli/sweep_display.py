@@ -5,6 +5,7 @@ running, done and failed jobs) and one line per finished run on stdout."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from core.cli.text import count
@@ -128,8 +129,14 @@ class SweepDisplay(SweepObserver):
         return f"{cell.label} repeat {repeat + 1}: {what}{took}"
 
 
-def print_plan(plan: SweepPlan, repeats: int, finished: dict[tuple[str, int], str]) -> None:
-    """Each cell of the plan with what the database holds of it, then the count of runs."""
+def print_plan(
+    plan: SweepPlan,
+    repeats: int,
+    finished: dict[tuple[str, int], str],
+    details: Callable[[Cell], list[str]] | None = None,
+) -> None:
+    """Each cell of the plan with what the database holds of it (and ``details`` of a valid one: a
+    dry run's memory table on a machine), then the count of runs."""
     width = len(str(len(plan.cells)))
     for cell in plan.cells:
         done = sum(1 for repeat in range(repeats) if (cell.key, repeat) in finished)
@@ -142,6 +149,8 @@ def print_plan(plan: SweepPlan, repeats: int, finished: dict[tuple[str, int], st
         if beyond and cell.valid:
             state += f", {beyond} more recorded beyond {repeats}"
         print(f"{cell.index + 1:>{width}}  {cell.label}  [{state}]")
+        for line in details(cell) if details is not None and cell.valid else ():
+            print(f"{'':>{width}}  {line}")
         for warning in cell.warnings:
             print(f"{'':>{width}}  warning: {warning}")
     valid = len(plan.valid_cells)

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from core.base.config import Framework, RunConfig, config_errors
 from core.contract.parallel import TensorParallelPlan
 from core.contract.pipeline import PipelineLayout
+from core.contract.shape import TransformerShape
 
 
 class NoOptions(BaseModel):
@@ -296,6 +297,15 @@ class Workload(ABC):
         except (RuntimeError, NotImplementedError, TypeError):
             model = self.build_torch(options, 0).model
         return dict(model.state_dict())
+
+    def transformer_shape(self, options: Any) -> TransformerShape | None:
+        """Layers, hidden size, attention heads, sequence length and vocabulary of a transformer (GPT,
+        BERT, ViT): planning checks a split of a replica over devices against it (tensor_parallel
+        divides the heads and the hidden size, no more pipeline stages than layers) and counts the
+        activation memory from it, without building the model. None, the default: not a stack of
+        identical transformer layers, so planning checks no split and counts no activations.
+        ``options`` is typed as in :meth:`tokens_per_sample`."""
+        return None
 
     def pipeline_layout(self, options: BaseModel, framework: Framework = Framework.torch) -> PipelineLayout | None:
         """Where ``framework``'s model may be cut into pipeline stages (a replica over several

@@ -34,6 +34,7 @@ from core.contract.workload import FRAMEWORK_LIBRARIES, Workload, module_install
 from core.data import FORMAT_FRAMEWORKS, SYNTHETIC_SOURCES, validate_data
 from core.energy.combined import Covers, device_meter_counted, devices_unmeasured
 from core.running.replica_checks import check_torch_replica
+from core.running.replica_plan import RECOMPUTE_CHOICES, ReplicaMemory, check_replica_split, replica_memory
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,7 @@ class PlannedRun(BaseModel):
             warnings=self.warnings,
             pipeline_layout=self.pipeline_layout,
             node_meter_factories=tuple(_registered_meter(manager, name, "node_meters") for name in self.node_meters),
-            precision_policy=_rebuild_policy(self.precision_policy) if self.precision_policy is not None else None,
+            precision_policy=rebuild_policy(self.precision_policy) if self.precision_policy is not None else None,
             packages=self.packages,
         )
 
@@ -177,7 +178,7 @@ def _registered_meter(manager: PluginManager, name: str, field: str) -> PowerMet
     return manager.power_meters[name].item
 
 
-def _rebuild_policy(path: str) -> type[PrecisionPolicy]:
+def rebuild_policy(path: str) -> type[PrecisionPolicy]:
     try:
         policy = load_class(path)
     except (ImportError, AttributeError, ValueError) as exc:
@@ -296,8 +297,14 @@ def plan_run(
 
     placing = RunContext(config, workload_options, accelerator_options, SINGLE_PROCESS, machine=machine)
     _check_placement_limits(manager, accelerator_obj, placing)
+    # The split of a replica over devices, checked against the model's shape for every accelerator,
+    # before whether this accelerator applies it: what the model cannot take is named first.
+    with guard(workload_obj, f"{type(workload_obj).__name__}.transformer_shape()"):
+        shape = workload_obj.transformer_shape(workload_options)
+    warnings.extend(check_replica_split(shape, config, workload_name))
+    _check_parallelism(config, accelerator_obj)
     _check_processes(accelerator_obj, config, machine, in_slurm_job)
-    layout = _replica_layout(manager, workload_obj, workload_options, accelerator_obj, config)
+    layout = _replica_layout(manager, workload_obj, workload_options, accelerator_obj, config, warnings, machine)
     plan = RunPlan(config, workload_obj, workload_options, accelerator_obj, accelerator_options, None, None)
     plan = dataclasses.replace(
         plan,
@@ -324,7 +331,7 @@ def plan_run(
         for message in old_form_warnings(factory, METER_OLD_FORMS) if factory is not None else ():
             context.warn(message)
     else:
-        _check_memory_fit(workload_obj, workload_options, config, machine, context)
+        _check_memory_fit(workload_obj, workload_options, config, machine, context, precision_policy)
         factory, meter_reason = None, f"planned for machine {machine.name!r}: its power meter is chosen there"
     node_meters = choose_node_meters(manager, config, factory, check_available=machine is None)
     if node_meters and machine is None and not config.node_meters_auto:
@@ -840,41 +847,24 @@ def _runs_with(policy: type[PrecisionPolicy] | None, framework: Framework) -> bo
     return policy is not None and (framework is not Framework.tensorflow or policy.keras_policy is not None)
 
 
-# Bytes per parameter that training keeps on the device whatever the precision policy: fp32
-# weights and gradients (autocast keeps fp32 master weights); the optimizer adds 4 bytes per fp32
-# value it keeps (SGD's momentum: one, Adam's moments: two).
-_WEIGHTS_AND_GRADIENTS_BYTES = 8
-_WEIGHT_BYTES = 4
-_OPTIMIZER_VALUE_BYTES = 4
-_ADAM_STATE_VALUES = 2
-
-
-def memory_estimate(workload: Workload, options: Any, config: RunConfig) -> dict[str, Any] | None:
-    """What a run keeps per device for the model alone (activations not counted), or None where
-    the workload does not know its parameter count. Inference keeps the fp32 weights only."""
+def memory_estimate(
+    workload: Workload,
+    options: Any,
+    config: RunConfig,
+    precision_policy: type[PrecisionPolicy] | None = None,
+    machine: MachineProfile | None = None,
+) -> ReplicaMemory | None:
+    """What one device of the run keeps (core.running.replica_plan: the model's state, and where the
+    workload gives its transformer shape, its activations), or None where the workload does not know
+    its parameter count. Inference keeps the fp32 weights only."""
     parameters = workload.parameter_count(options)
     if not parameters:
         return None
-    per_device = parameters / config.devices_per_replica
-    if config.mode == "inference":
-        return {
-            "parameters": parameters,
-            "kept": "fp32 weights",
-            "weights_and_gradients_bytes": int(per_device * _WEIGHT_BYTES),
-            "optimizer_state_bytes": 0,
-            "optimizer_state_values_per_parameter": 0,
-            "optimizer_state_assumed": False,
-        }
-    declared = workload.optimizer_state_per_parameter(options)
-    state_values = _ADAM_STATE_VALUES if declared is None else declared
-    return {
-        "parameters": parameters,
-        "kept": "fp32 weights and gradients",
-        "weights_and_gradients_bytes": int(per_device * _WEIGHTS_AND_GRADIENTS_BYTES),
-        "optimizer_state_bytes": int(per_device * state_values * _OPTIMIZER_VALUE_BYTES),
-        "optimizer_state_values_per_parameter": state_values,
-        "optimizer_state_assumed": declared is None,
-    }
+    shape = workload.transformer_shape(options)
+    declared = None if config.mode == "inference" else workload.optimizer_state_per_parameter(options)
+    activation_bytes = precision_policy.activation_bytes() if precision_policy is not None else 4
+    device = machine.memory_bytes_per_device if machine is not None else None
+    return replica_memory(parameters, shape, config, declared, activation_bytes, device)
 
 
 def _size_field(config: RunConfig) -> tuple[str, Any]:
@@ -884,37 +874,101 @@ def _size_field(config: RunConfig) -> tuple[str, Any]:
     return "workload", config.workload
 
 
-def _check_memory_fit(
-    workload: Workload, options: Any, config: RunConfig, machine: MachineProfile, context: RunContext
-) -> None:
-    """Refuse a model whose weights and gradients alone exceed a device's memory; warn when the
-    optimizer's state would. Activations are not counted (they depend on the framework's memory planning)."""
+def _memory_fix(
+    workload: Workload, options: Any, config: RunConfig, policy: type[PrecisionPolicy] | None, machine: MachineProfile
+) -> tuple[str, Any] | None:
+    """The first of the run's own fields that, changed alone, makes it fit (recomputation, sharding,
+    a smaller micro-batch), as (field, value); None where none does."""
     memory = machine.memory_bytes_per_device
-    estimate = memory_estimate(workload, options, config)
+    assert memory is not None
+    tries: list[tuple[str, Any]] = [("recompute", "selective"), ("recompute", "full")]
+    if config.replicas > 1:
+        tries.append(("sharding", "fsdp"))
+    tries.append(("sharding", "fsdp-offload"))
+    micro = config.micro_batch_size or 1
+    tries += [("micro_batch_size", micro // 2**k) for k in range(1, micro.bit_length()) if micro // 2**k >= 1]
+    order = {"recompute": RECOMPUTE_CHOICES, "sharding": ("none", "fsdp", "fsdp-offload")}
+    for field, value in tries:
+        current = getattr(config, field)
+        if field in order and order[field].index(value) <= order[field].index(current):
+            continue  # no saving over what the run already asks
+        if field == "micro_batch_size" and value >= current:
+            continue
+        changed = config.model_copy(update={field: value})
+        estimate = memory_estimate(workload, options, changed, policy, machine)
+        if estimate is not None and estimate.total_bytes <= memory:
+            return field, value
+    return None
+
+
+def _check_memory_fit(
+    workload: Workload,
+    options: Any,
+    config: RunConfig,
+    machine: MachineProfile,
+    context: RunContext,
+    policy: type[PrecisionPolicy] | None = None,
+) -> None:
+    """Refuse a model whose weights and gradients alone exceed a device's memory. Where the workload
+    gives its transformer shape, the activations are counted too, and a run that does not fit is
+    refused naming the field that would make it fit; without one, the optimizer's state is warned of."""
+    memory = machine.memory_bytes_per_device
+    estimate = memory_estimate(workload, options, config, policy, machine)
     if memory is None or estimate is None:
         return
     gib = 1024**3
-    parameters = estimate["parameters"]
-    needed = estimate["weights_and_gradients_bytes"]
-    if needed > memory:
+    parameters = estimate.parameters
+    needed = estimate.weights_bytes + estimate.gradients_bytes
+    on = f"{machine.name!r}, {memory / gib:.1f} GiB per device"
+    if needed > memory and estimate.activation_bytes is None:
         field, value = _size_field(config)
         raise ConfigError(
             field,
             value,
             f"a model that fits {machine.name!r}: these {parameters:,} parameters need {needed / gib:.1f} GiB per "
-            f"device for {estimate['kept']} alone, and it has {memory / gib:.1f} GiB per device",
+            f"device for {estimate.kept} alone, and it has {memory / gib:.1f} GiB per device",
         )
-    with_state = needed + estimate["optimizer_state_bytes"]
+    if estimate.activation_bytes is not None:
+        if estimate.total_bytes <= memory:
+            return
+        fix = _memory_fix(workload, options, config, policy, machine)
+        what = f"{estimate.total_bytes / gib:.1f} GiB per device ({_memory_parts(estimate)}), more than the {on}"
+        if fix is not None:
+            field, value = fix
+            raise ConfigError(field, getattr(config, field), f"{value!r} (which fits; the run as planned needs {what})")
+        raise ConfigError(
+            "devices_per_replica",
+            config.devices_per_replica,
+            f"more devices per replica (tensor_parallel or pipeline stages), or more replicas with sharding: "
+            f"the run as planned needs {what}, and neither recomputation, sharding nor a smaller micro-batch "
+            "alone makes it fit",
+        )
+    with_state = needed + estimate.optimizer_state_bytes
     if with_state > memory:
         optimizer = (
             "an optimizer state like Adam's (the workload does not declare its own)"
-            if estimate["optimizer_state_assumed"]
-            else f"the optimizer's state ({estimate['optimizer_state_values_per_parameter']} value(s) per parameter)"
+            if estimate.optimizer_state_assumed
+            else f"the optimizer's state ({estimate.optimizer_state_values_per_parameter} value(s) per parameter)"
         )
         context.warn(
             f"{parameters:,} parameters need {with_state / gib:.1f} GiB per device with {optimizer}, more than the "
             f"{memory / gib:.1f} GiB of {machine.name!r} (activations not counted)"
         )
+
+
+def _memory_parts(estimate: ReplicaMemory) -> str:
+    gib = 1024**3
+    parts = [
+        f"weights {estimate.weights_bytes / gib:.1f} GiB",
+        f"gradients {estimate.gradients_bytes / gib:.1f} GiB",
+        f"optimizer state {estimate.optimizer_state_bytes / gib:.1f} GiB",
+    ]
+    if estimate.activation_bytes is not None:
+        parts.append(
+            f"activations {estimate.activation_bytes / gib:.1f} GiB with recompute {estimate.recompute!r} and "
+            f"{estimate.micro_batches_in_flight} micro-batch(es) in flight"
+        )
+    return ", ".join(parts) + f"; pipeline stage {estimate.stage + 1}"
 
 
 def _check_framework(
@@ -983,18 +1037,42 @@ def _check_parallelism(config: RunConfig, accelerator: Accelerator) -> None:
 
 
 def _replica_layout(
-    manager: PluginManager, workload: Workload, options: BaseModel, accelerator: Accelerator, config: RunConfig
+    manager: PluginManager,
+    workload: Workload,
+    options: BaseModel,
+    accelerator: Accelerator,
+    config: RunConfig,
+    warnings: list[str],
+    machine: MachineProfile | None,
 ) -> PipelineLayout | None:
     """The workload's pipeline layout where a replica spans several devices (else None), and the
-    checks of core's PyTorch device mesh where the accelerator's executor is core's."""
+    checks of core's PyTorch device mesh where the accelerator's executor is core's: in a plan for a
+    machine profile, what the executor does not run yet is a warning (the split's rules and memory
+    are what such a plan is for), here a refusal."""
     layout = None
     if config.devices_per_replica > 1:
         with manager.plugin_code(workload, f"{type(workload).__name__}.pipeline_layout()"):
             layout = workload.pipeline_layout(options, config.framework)
     if accelerator.applies_torch_parallelism and config.framework is Framework.torch:
         with manager.plugin_code(workload, f"{type(workload).__name__}.tensor_parallel_plan()"):
-            check_torch_replica(config, workload, options, layout)
+            warnings.extend(
+                check_torch_replica(config, workload, options, layout, planned_elsewhere=machine is not None)
+            )
     return layout
+
+
+def _check_devices_fit_nodes(config: RunConfig, machine: MachineProfile) -> None:
+    """A replica larger than a node: replicas x devices_per_replica fit nodes x the machine's devices
+    (replicas within a node are counted against its devices as before)."""
+    devices = config.replicas * config.devices_per_replica
+    if config.devices_per_replica > machine.devices and devices > config.nodes * machine.devices:
+        nodes_needed = -(-devices // machine.devices)
+        raise ConfigError(
+            "nodes",
+            config.nodes,
+            f"at least {nodes_needed}: {config.replicas} replica(s) x {config.devices_per_replica} device(s) are "
+            f"{devices} devices, and {machine.name!r} has {machine.devices} per node",
+        )
 
 
 def _check_placement_limits(manager: PluginManager, accelerator: Accelerator, context: RunContext) -> None:
@@ -1007,7 +1085,9 @@ def _check_placement_limits(manager: PluginManager, accelerator: Accelerator, co
     else:
         max_replicas = machine.devices // config.devices_per_replica
         where = f"on {machine.name!r} ({machine.devices} devices, {config.devices_per_replica} per replica)"
-    if config.replicas_per_node > max_replicas:
+        _check_devices_fit_nodes(config, machine)
+    spans_nodes = machine is not None and config.devices_per_replica > machine.devices
+    if config.replicas_per_node > max_replicas and not spans_nodes:
         per_node = (
             f" per node ({config.replicas_per_node} of them on each of {config.nodes})" if config.nodes > 1 else ""
         )
@@ -1023,7 +1103,6 @@ def _check_placement_limits(manager: PluginManager, accelerator: Accelerator, co
             f"accelerator {accelerator.name!r} places at most {accelerator.max_devices_per_replica} "
             "device(s) per replica",
         )
-    _check_parallelism(config, accelerator)
     if config.threads_per_replica is not None and not accelerator.applies_threads_per_replica:
         raise ConfigError(
             "threads_per_replica",

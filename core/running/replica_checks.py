@@ -13,51 +13,77 @@ from core.contract.workload import Workload
 from core.data import SYNTHETIC_SOURCES
 
 
-def check_torch_replica(config: RunConfig, workload: Workload, options: Any, layout: PipelineLayout | None) -> None:
-    """ConfigError naming the field for what core's PyTorch executor does not apply."""
+def check_torch_replica(
+    config: RunConfig, workload: Workload, options: Any, layout: PipelineLayout | None, planned_elsewhere: bool = False
+) -> list[str]:
+    """ConfigError naming the field for what core's PyTorch executor cannot run: a rule of the split
+    (a schedule without stages, stages the model cannot take, too few micro-batches) always; what the
+    executor does not apply yet (recomputation, a pipeline composed with tensor parallelism or
+    sharding, a workload without a tensor-parallel plan, the step loop's limits) here, but as a warning
+    in a plan for a machine profile (``planned_elsewhere``: ``--dry-run --machine``, where the split's
+    rules and memory are what is asked). Returns those warnings."""
     if config.pipeline_schedule is not None and config.pipeline_parallel == 1:
         raise ConfigError(
             "pipeline_schedule",
             config.pipeline_schedule,
             "unset (None) without pipeline stages (devices_per_replica / tensor_parallel is 1)",
         )
-    if config.recompute != "none":
-        raise ConfigError("recompute", config.recompute, "'none' (core's PyTorch executor does not recompute yet)")
-    if config.devices_per_replica == 1 and config.sharding == "none":
-        return  # plain data parallelism (DDP), as before
-    _check_plain_training(config)
-    if config.tensor_parallel > 1:
-        _check_tensor_plan(config, workload, options)
     if config.pipeline_parallel > 1:
-        _check_pipeline(config, workload, layout)
+        _check_pipeline_rules(config, workload, layout)
+    not_yet: list[ConfigError] = []
+    if config.recompute != "none":
+        not_yet.append(
+            ConfigError("recompute", config.recompute, "'none' (core's PyTorch executor does not recompute yet)")
+        )
+    if config.devices_per_replica > 1 or config.sharding != "none":
+        not_yet.extend(_plain_training_limits(config))
+        if config.tensor_parallel > 1:
+            _check_tensor_plan(config, workload, options, not_yet)
+        if config.pipeline_parallel > 1 and (config.tensor_parallel > 1 or config.sharding != "none"):
+            field, value = (
+                ("tensor_parallel", config.tensor_parallel)
+                if config.tensor_parallel > 1
+                else ("sharding", config.sharding)
+            )
+            not_yet.append(
+                ConfigError(field, value, "1 / 'none' with pipeline stages (not composed with pipelining yet)")
+            )
+    if not_yet and not planned_elsewhere:
+        raise not_yet[0]
+    return [f"core's PyTorch executor does not run this yet (planned, not runnable): {error}" for error in not_yet]
 
 
-def _check_plain_training(config: RunConfig) -> None:
+def _plain_training_limits(config: RunConfig) -> list[ConfigError]:
     """What the device mesh is not built for yet: the step loop of synthetic training only."""
     why = "with devices_per_replica > 1 or sharding (core's device mesh)"
+    limits = []
     if config.mode != "train":
-        raise ConfigError("mode", config.mode, f"'train' {why}")
+        limits.append(ConfigError("mode", config.mode, f"'train' {why}"))
     if config.data not in SYNTHETIC_SOURCES:
-        raise ConfigError("data", config.data, f"one of {', '.join(sorted(SYNTHETIC_SOURCES))} {why}")
+        limits.append(ConfigError("data", config.data, f"one of {', '.join(sorted(SYNTHETIC_SOURCES))} {why}"))
     if config.target is not None:
-        raise ConfigError("target", config.target, f"unset (None) {why}")
+        limits.append(ConfigError("target", config.target, f"unset (None) {why}"))
     if config.compile:
-        raise ConfigError("compile", True, f"False {why}")
+        limits.append(ConfigError("compile", True, f"False {why}"))
     if config.weights is not None:
-        raise ConfigError("weights", config.weights, f"unset (None) {why}")
+        limits.append(ConfigError("weights", config.weights, f"unset (None) {why}"))
     if config.precision is Precision.fp16:
         # GradScaler's unscale is not the sharded one (ShardedGradScaler), nor split over stages.
-        raise ConfigError("precision", config.precision.value, f"fp32, tf32, bf16 or default {why}")
+        limits.append(ConfigError("precision", config.precision.value, f"fp32, tf32, bf16 or default {why}"))
+    return limits
 
 
-def _check_tensor_plan(config: RunConfig, workload: Workload, options: Any) -> None:
+def _check_tensor_plan(config: RunConfig, workload: Workload, options: Any, not_yet: list[ConfigError]) -> None:
     plan = workload.tensor_parallel_plan(options)
     if plan is None:
-        raise ConfigError(
-            "tensor_parallel",
-            config.tensor_parallel,
-            f"1 (workload {workload.name!r} gives no tensor-parallel plan: Workload.tensor_parallel_plan)",
+        not_yet.append(
+            ConfigError(
+                "tensor_parallel",
+                config.tensor_parallel,
+                f"1 (workload {workload.name!r} gives no tensor-parallel plan: Workload.tensor_parallel_plan)",
+            )
         )
+        return
     indivisible = plan.indivisible(config.tensor_parallel)
     if indivisible:
         raise ConfigError(
@@ -67,7 +93,7 @@ def _check_tensor_plan(config: RunConfig, workload: Workload, options: Any) -> N
         )
 
 
-def _check_pipeline(config: RunConfig, workload: Workload, layout: PipelineLayout | None) -> None:
+def _check_pipeline_rules(config: RunConfig, workload: Workload, layout: PipelineLayout | None) -> None:
     stages = config.pipeline_parallel
     if layout is None:
         raise ConfigError(
@@ -90,13 +116,3 @@ def _check_pipeline(config: RunConfig, workload: Workload, layout: PipelineLayou
             f"at least the {stages} pipeline stages: the micro-batches of an update are its gradient_accumulation, "
             "and fewer leave a stage with nothing to do",
         )
-    if config.tensor_parallel > 1 or config.sharding != "none":
-        field, value = (
-            ("tensor_parallel", config.tensor_parallel)
-            if config.tensor_parallel > 1
-            else (
-                "sharding",
-                config.sharding,
-            )
-        )
-        raise ConfigError(field, value, "1 / 'none' with pipeline stages (not composed with pipelining yet)")

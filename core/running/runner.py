@@ -34,6 +34,7 @@ from core.running.exchange import gather_through_files
 from core.running.hostload import host_load, sample_host
 from core.running.observe import Observer
 from core.running.planning import RunPlan, device_covers, node_covers
+from core.running.replica_plan import recomputed_forward_flops
 from core.running.slurm import slurm_job
 from core.running.step_progress import ReportingStepClock, StepProgress
 from core.running.to_target import record_target_energy, train_to_target
@@ -656,6 +657,7 @@ def _record_device_figures(result: RunResult, plan: RunPlan) -> None:
     """FLOP/s and MFU where the window's throughput and the FLOPs are known; the memory bandwidth."""
     if result.flops_per_sample is not None and result.throughput_per_second is not None:
         result.flops_per_second = result.flops_per_sample * result.throughput_per_second
+        _record_hardware_flops(result, plan)
         _record_utilization(result, plan)
     _record_bandwidth(result, plan)
 
@@ -671,6 +673,28 @@ def _record_utilization(result: RunResult, plan: RunPlan) -> None:
     result.peak_flops_per_second = sum(peak[0] for peak in peaks)
     result.peak_flops_source = "; ".join(sorted({peak[1] for peak in peaks}))
     result.model_flops_utilization = result.flops_per_second / result.peak_flops_per_second
+    if result.hardware_flops_per_sample is not None and result.throughput_per_second is not None:
+        hardware_flops_per_second = result.hardware_flops_per_sample * result.throughput_per_second
+        result.hardware_flops_utilization = hardware_flops_per_second / result.peak_flops_per_second
+
+
+def _record_hardware_flops(result: RunResult, plan: RunPlan) -> None:
+    """With activation recomputation, the FLOPs the devices compute: the model's and the recomputed
+    forward (core.running.replica_plan.recomputed_forward_flops), where the workload gives its
+    transformer shape; a workload plugin that raises leaves the figure out and says why."""
+    config = plan.config
+    if config.recompute == "none" or config.mode != "train" or result.flops_per_sample is None:
+        return
+    try:
+        shape = plan.workload.transformer_shape(plan.workload_options)
+    except Exception as exc:
+        result.warnings.append(
+            f"the workload plugin's transformer_shape raised {type(exc).__name__}: {exc}; no hardware FLOPs "
+            "with recomputation"
+        )
+        return
+    if shape is not None:
+        result.hardware_flops_per_sample = result.flops_per_sample + recomputed_forward_flops(shape, config.recompute)
 
 
 def _record_bandwidth(result: RunResult, plan: RunPlan) -> None:

@@ -950,6 +950,25 @@ METRICS: tuple[Metric, ...] = (
         Summary.median,
         reading=lambda curve: curve[-1].metrics.get("top1") if curve else None,
     ),
+    # --- activation recomputation (schema 1.14): the FLOPs the devices compute, the recomputed forward
+    # counted (Megatron's TFLOPs/GPU), beside the model's FLOPs (flops_per_sample, MFU); None without it
+    Metric(
+        "hardware_flops_per_sample",
+        "hardware_flops_per_sample",
+        "FLOP",
+        "with recomputation: flops_per_sample plus the forward FLOPs recomputed in the backward",
+        Summary.median,
+    ),
+    Metric(
+        "hardware_flops_utilization",
+        "hardware_flops_utilization",
+        "fraction",
+        "with recomputation: hardware_flops_per_sample x throughput / peak_flops_per_second (MFU counts the "
+        "model's FLOPs only)",
+        Summary.median,
+        reported=Reported(frozenset({TRAINING}), "HFU, recomputation counted (median)", percent=True),
+        printed=(Printed("achieved", "HFU {value:.2%} (recomputed forward counted)"),),
+    ),
 )
 
 METRICS_BY_NAME: dict[str, Metric] = {metric.name: metric for metric in METRICS}

@@ -8,7 +8,9 @@ the report) before its machine is booked, and in CI. What a toy cell keeps and c
   inputs; the FCNN's widths capped; see each workload's ``toy_options``) and the framework; the
   precision becomes fp32 where it is TF32 (a GPU mode), bf16 or fp16 (emulated on most CPUs, several
   times slower than fp32: :data:`TOY_PRECISIONS`), a plugin's precision is kept;
-- the CPU instead of the file's accelerator, one replica on one device of one node, no vendor
+- the CPU instead of the file's accelerator, one replica on one device of one node (a replica the file
+  splits over devices is whole on the toy's one: no tensor parallelism, pipeline stages, sharding,
+  recomputation or pipeline schedule; the file's split is checked by its dry run), no vendor
   options, no compilation, synthetic data, no energy meter; what only the file's machine or its
   files can honour is dropped: ``nodes`` and ``rendezvous`` (one node), ``weights`` (a file for the
   full-size model, which the toy's small variant cannot load), ``accuracy`` (it needs a labelled
@@ -64,6 +66,7 @@ _TOY_FIXED: dict[str, Any] = {
     "nodes": 1,
     "replicas": 1,
     "devices_per_replica": 1,
+    "tensor_parallel": 1,
     "device_iterations": 1,
     "steps": 2,
     "warmup_steps": 1,
@@ -84,6 +87,10 @@ _TOY_DROPPED = (
     "accuracy",  # top-1 over a labelled image folder; a toy reads synthetic data
     "duration_seconds",  # a window of the file's length (CARAML's 30 minutes); a toy's is its two steps
     "global_batch_size",  # the file's machine's batch (4096 is 1024 accumulated toy micro-batches)
+    # a replica split over the file's devices: the toy's replica is one device (its dry run checks the split)
+    "sharding",
+    "recompute",
+    "pipeline_schedule",
 )
 # Precisions a toy runs as fp32: TF32 is a GPU mode, and a CPU without AVX-512's BF16/FP16
 # instructions emulates 16-bit autocast (ResNet-50's small variant, micro-batch 4, on this project's

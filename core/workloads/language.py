@@ -8,6 +8,7 @@ the causal model shifts them inside its loss, the masked model masks them inside
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field
@@ -15,6 +16,7 @@ from pydantic import BaseModel, Field
 from core.base.config import Framework
 from core.contract.parallel import TensorParallelPlan
 from core.contract.pipeline import RecommendedSplit
+from core.contract.shape import TransformerShape
 from core.contract.workload import TorchTrainingSpec
 from core.workloads.counting import Tally
 from core.workloads.datasets import TOKEN_DATASETS, TokenDatasetName
@@ -85,8 +87,25 @@ class LanguageWorkload(ZooWorkload):
     full: ClassVar[tuple[int, int, int, int]]
     small: ClassVar[tuple[int, int, int, int]] = (64, 2, 2, 256)
 
+    #: attention runs in PyTorch's fused kernel (SDPA), which keeps no attention scores for the
+    #: backward (TransformerShape.fused_attention): transformers builds its models with
+    #: attn_implementation "sdpa" where none is named (tests/test_replica_plan.py checks each)
+    fused_attention: ClassVar[bool] = True
+
     def dimensions(self, o: LanguageOptions) -> tuple[int, int, int, int]:
         return self.small if o.variant == "small" else self.full
+
+    def transformer_shape(self, options: Any) -> TransformerShape:
+        hidden, layers, heads, intermediate = self.dimensions(options)
+        return TransformerShape(
+            layers=layers,
+            hidden=hidden,
+            attention_heads=heads,
+            sequence=self.tokens_per_sample(options),
+            intermediate=intermediate,
+            vocabulary=self.vocabulary_of(options),
+            fused_attention=self.fused_attention,
+        )
 
     def vocabulary_of(self, o: LanguageOptions) -> int:
         """The vocabulary the model embeds: the options' (a GPT's ``vocabulary``), else its own."""
@@ -424,6 +443,37 @@ def gpt_neox_stage(model: Any, blocks: range, first: bool, last: bool) -> Any:
     return GptNeoXStage()
 
 
+class GptCaraml13b(GptCaraml800m):
+    """CARAML's 13B GPT (llm_benchmark_nvidia_amd.yaml, model index 1): Megatron-LM's GPT of 40 layers,
+    hidden 5120, 32 heads (CARAML's ``nheads``; GPT-3's 13B has 40 of 128 wide, the same weights),
+    MLP 20480 (``--ffn-hidden-size``), sequence 2048, vocabulary 50304; the 800M's network otherwise.
+    CARAML trained it with tensor and pipeline parallelism 2 on 44 nodes of 4 GPUs, micro-batch 2,
+    64 micro-batches per update."""
+
+    name: ClassVar[str] = "gpt-13b"
+    description: ClassVar[str] = "CARAML's 13B GPT (Megatron-LM's sizes: 40 layers, hidden 5120), causal LM"
+    architecture: ClassVar[str] = (
+        "Megatron GPT 13B: 40 layers, hidden 5120, 32 heads, MLP 20480, rotary, tied output, vocabulary 50304"
+    )
+    full: ClassVar[tuple[int, int, int, int]] = (5120, 40, 32, 20480)
+    default_micro_batch_size: ClassVar[int] = 2
+
+
+class GptCaraml175b(GptCaraml800m):
+    """CARAML's 175B GPT (llm_benchmark_nvidia_amd.yaml, model index 2): GPT-3 175B's sizes as Megatron-LM
+    builds them (Narayanan et al. 2021, Table 1): 96 layers, hidden 12288, 96 heads, MLP 49152,
+    sequence 2048, vocabulary 50304. CARAML trained it with tensor and pipeline parallelism 8 on 16
+    nodes of 4 GPUs, micro-batch 2, 64 micro-batches per update, in bf16."""
+
+    name: ClassVar[str] = "gpt-175b"
+    description: ClassVar[str] = "CARAML's 175B GPT (GPT-3's sizes: 96 layers, hidden 12288), causal LM"
+    architecture: ClassVar[str] = (
+        "Megatron GPT 175B: 96 layers, hidden 12288, 96 heads, MLP 49152, rotary, tied output, vocabulary 50304"
+    )
+    full: ClassVar[tuple[int, int, int, int]] = (12288, 96, 96, 49152)
+    default_micro_batch_size: ClassVar[int] = 2
+
+
 class Gpt2Caraml800m(Gpt2):
     name: ClassVar[str] = "gpt2-800m"
     description: ClassVar[str] = (
@@ -603,6 +653,10 @@ class BertBaseSquad(BertFamily):
         t.linear(hidden, SQUAD_POSITIONS, tokens=self.tokens_per_sample(o))  # start and end scores
         return t
 
+    def transformer_shape(self, options: Any) -> TransformerShape:
+        # per token, a start and an end score instead of a vocabulary's
+        return dataclasses.replace(super().transformer_shape(options), vocabulary=SQUAD_POSITIONS)
+
     def torch_model(self, o: LanguageOptions) -> Any:
         transformers, config = self.bert_config(o, num_labels=SQUAD_POSITIONS)
         return answer_logits_module(transformers.BertForQuestionAnswering(config))
@@ -655,4 +709,13 @@ def answer_logits_module(model: Any) -> Any:
     return AnswerLogits()
 
 
-LANGUAGE_WORKLOADS = (BertBase, BertBaseSquad, Gpt2Small, Gpt2Caraml117m, GptCaraml800m, Gpt2Caraml800m)
+LANGUAGE_WORKLOADS = (
+    BertBase,
+    BertBaseSquad,
+    Gpt2Small,
+    Gpt2Caraml117m,
+    GptCaraml800m,
+    GptCaraml13b,
+    GptCaraml175b,
+    Gpt2Caraml800m,
+)

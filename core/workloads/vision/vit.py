@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, ClassVar, Literal
 
 from core.base.config import Framework
+from core.contract.shape import TransformerShape
 from core.workloads.counting import Tally
 from core.workloads.vision.base import VisionOptions, VisionWorkload
 from core.workloads.zoo import Source, logits_module, transformers_source
@@ -23,6 +24,14 @@ class VisionTransformer(VisionWorkload):
 
     def dimensions(self, o: VisionOptions) -> tuple[int, int, int, int]:
         return self.small if o.variant == "small" else self.full
+
+    def transformer_shape(self, options: Any) -> TransformerShape:
+        hidden, layers, heads, intermediate = self.dimensions(options)
+        _, height, width = self.input_shape(options)
+        patches = (height // self.patch_size) * (width // self.patch_size)
+        # the head classifies the CLS token alone: no per-token logits; transformers builds ViT's
+        # attention with PyTorch's fused kernel (attn_implementation "sdpa", its default)
+        return TransformerShape(layers, hidden, heads, patches + 1, intermediate, fused_attention=True)
 
     def tally(self, o: Any, framework: Framework) -> Tally:
         hidden, layers, _, intermediate = self.dimensions(o)
