@@ -37,7 +37,7 @@ BAD_CONFIGS = [
     (["fcnn", "--power-sample-interval", "0"], "power_sample_interval_seconds", "greater than 0"),
     (["fcnn", "--threads", "0"], "threads_per_replica", "greater than or equal to 1"),
     (["fcnn", "--threads", "4000"], "threads_per_replica", "usable cores"),
-    (["fcnn", "--devices-per-replica", "2"], "devices_per_replica", "at most 1 device"),
+    (["fcnn", "--devices-per-replica", "2"], "gradient_accumulation", "at least the 2 pipeline stages"),
     (["fcnn", "--device-iterations", "4"], "device_iterations", "allowed: 1"),
     (["fcnn", "-o", "layers=0"], "workload_options.layers", "greater than or equal to 1"),
     (["fcnn", "-o", "depth=3"], "workload_options.depth", "allowed: layers, hidden_width"),
