@@ -173,7 +173,12 @@ def test_every_evaluation_of_a_run_to_target_carries_the_energy_so_far() -> None
     joules = [point.joules for point in outcome.curve]
     assert None not in joules
     assert joules == sorted(joules) and len(set(joules)) == len(joules)  # increasing
-    assert joules[-1] == outcome.training_joules == outcome.energy_to_target_joules == result.energy_joules
+    assert joules[-1] == outcome.training_joules == outcome.energy_to_target_joules
+    # The meter's total (the result's energy) spans the clock and the partial reports' pauses, which the
+    # clock and the energy to target leave out (TargetOutcome.paused_joules, read from the same counter).
+    assert outcome.paused_seconds > 0 and outcome.paused_joules is not None
+    assert result.energy_joules == pytest.approx(outcome.training_joules + outcome.paused_joules)  # type: ignore[operator]
+    assert result.energy_seconds == pytest.approx(outcome.training_seconds + outcome.paused_seconds)
     # The meter's span holds the clock's, so each reading is at least the counter's rate times the
     # point's seconds (a lower bound that holds however busy the machine is).
     for point in outcome.curve:

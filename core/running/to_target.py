@@ -115,6 +115,7 @@ def train_to_target(
         executor.check_finite()  # outside no span: a NaN ends the run as it would end a window
         now = time.perf_counter()
         joules = clock.joules_so_far()  # at the evaluation's end, as its time is
+        read_at = time.perf_counter()  # a pause after this evaluation starts here, in time as in energy
         evaluation_seconds = executor.gather_max(now - evaluation_started)
         seconds = executor.gather_max(clock.seconds(now))
         if metrics is None or target.metric not in metrics:
@@ -138,7 +139,7 @@ def train_to_target(
         if stopped_by is None:
             # The curve so far, told (a crash later loses none of it) with the clock paused: every
             # process waits for it, and its time and energy are taken out of the clock's.
-            clock.pause(lambda: report(result), joules)
+            clock.pause(lambda: report(result), joules, read_at)
             outcome.paused_seconds, outcome.paused_joules = clock.paused_seconds, clock.paused_joules
             continue
         outcome.stopped_by = stopped_by
@@ -187,14 +188,15 @@ class _Clock:
             return None
         return joules - self._paused_joules
 
-    def pause(self, work: Callable[[], None], joules_before: float | None) -> None:
+    def pause(self, work: Callable[[], None], joules_before: float | None, read_at: float) -> None:
         """Do ``work`` outside the clock. The pause ends for every process alike, after an exchange
-        that waits for the slowest (the one that reports), so every process's clock leaves out the same."""
-        paused = time.perf_counter()
+        that waits for the slowest (the one that reports), so every process's clock leaves out the same.
+        It spans the same stretch in time and in energy: from the reading ``joules_before``, taken at
+        ``read_at``, to the reading taken as it ends."""
         work()
         self._executor.gather_max(0.0)
-        self.paused_seconds += time.perf_counter() - paused
         joules_after = self.joules_so_far()
+        self.paused_seconds += time.perf_counter() - read_at
         if joules_before is None or joules_after is None or self._paused_joules is None:
             self._paused_joules = None
         else:
