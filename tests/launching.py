@@ -18,23 +18,7 @@ def torchrun_two_ranks(script: Path, argument: Path, log_dir: Path) -> subproces
 
     torchrun keeps its logs in ``log_dir`` (without one it leaves a directory in /tmp each time).
     """
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node=2",
-            f"--log-dir={log_dir}",
-            str(script),
-            str(argument),
-        ],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
+    return torchrun_ranks(script, argument, log_dir, 2)
 
 
 # A tiny FCNN: the runs below are about processes, not the model.
@@ -83,7 +67,8 @@ class LimitOnceWritten:
 
 
 def torchrun_ranks(script: Path, argument: Path, log_dir: Path, ranks: int) -> subprocess.CompletedProcess[str]:
-    """Run ``script ARGUMENT`` as ``ranks`` gloo ranks under torchrun, from the repository root."""
+    """Run ``script ARGUMENT`` as ``ranks`` gloo ranks under torchrun, from the repository root, its
+    logs in ``log_dir``."""
     return subprocess.run(
         [
             sys.executable,

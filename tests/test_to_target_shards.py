@@ -17,17 +17,12 @@ from typing import Any
 import numpy as np
 import pytest
 from launching import torchrun_two_ranks
+from target_support import HELD_OUT, TARGET, TRAINING, assert_reached_from_files, digits_executor
 
 from core.api import run_here
-from core.base.config import make_config
-from core.base.distributed import SINGLE_PROCESS
 from core.base.errors import ConfigError
-from core.base.results import RunState
 
 pytest.importorskip("sklearn")
-
-TARGET = {"metric": "top1", "value": 0.9, "max_epochs": 20}
-TRAINING, HELD_OUT = 1437, 360  # the in-memory split's sizes (held_out_fraction 0.2)
 
 
 @pytest.fixture(scope="module")
@@ -59,27 +54,7 @@ def test_the_shards_are_indexed_from_their_headers_in_the_in_memory_order(digits
 @pytest.mark.slow
 def test_digits_reach_their_target_from_shards_with_the_curve(digits_shards: Path) -> None:
     result = run_here("digits", "cpu", power_meter="none", data=str(digits_shards), target=TARGET)
-    outcome = result.to_target
-    assert result.status.state is RunState.ok and outcome is not None
-    assert outcome.reached and outcome.stopped_by == "target"
-    last = outcome.curve[-1]
-    assert last.value >= 0.9 and all(point.value < 0.9 for point in outcome.curve[:-1])
-    assert outcome.samples_to_target == len(outcome.curve) * (TRAINING // 32) * 32
-    assert result.samples_per_epoch == TRAINING
-    details = result.executor_details
-    assert details["data"] == "files" and details["data_format"] == "webdataset"
-    assert (details["dataset_samples"], details["held_out_samples"]) == (TRAINING, HELD_OUT)
-    assert set(last.metrics) == {"top1", "loss"}
-
-
-def _executor(data: str, seed: int = 0) -> Any:
-    from core.executors.pytorch import TorchExecutor, TorchPlacement
-    from core.workloads.digits import Digits, DigitsOptions
-
-    config = make_config(workload="digits", accelerator="cpu", micro_batch_size=32, data=data, target=TARGET, seed=seed)
-    return TorchExecutor(
-        Digits().build_torch(DigitsOptions(), seed=seed), config, TorchPlacement("cpu"), SINGLE_PROCESS
-    )
+    assert_reached_from_files(result, "webdataset")
 
 
 @pytest.mark.slow
@@ -91,8 +66,8 @@ def test_the_shards_evaluation_is_the_in_memory_one_on_the_png_rounded_images(di
 
     from core.workloads.digits import DigitsOptions, split_digits
 
-    files = _executor(str(digits_shards))
-    memory = _executor("synthetic")
+    files = digits_executor(str(digits_shards))
+    memory = digits_executor("synthetic")
     try:
         files.run_steps(TRAINING // 32)
         memory._placed_model.load_state_dict(files.model_state())
