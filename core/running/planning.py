@@ -1011,6 +1011,12 @@ def _check_parallelism(config: RunConfig, accelerator: Accelerator) -> None:
     run never silently trains as a plain data-parallel one. A pipeline schedule is for pipelines only.
     Core's PyTorch executor applies them (``applies_torch_parallelism``): checked with the workload
     then (core.running.replica_checks)."""
+    if config.pipeline_schedule is not None and config.pipeline_parallel == 1:
+        raise ConfigError(
+            "pipeline_schedule",
+            config.pipeline_schedule,
+            "unset (None) without pipeline stages (devices_per_replica / tensor_parallel is 1)",
+        )
     if accelerator.applies_torch_parallelism and config.framework is Framework.torch:
         return
     for field, plain in _NOT_PLACED_YET.items():
@@ -1022,12 +1028,6 @@ def _check_parallelism(config: RunConfig, accelerator: Accelerator) -> None:
                 f"{plain!r} (accelerator {accelerator.name!r}, framework {config.framework.value}, does not apply "
                 f"{field.replace('_', ' ')} yet)",
             )
-    if config.pipeline_schedule is not None and config.pipeline_parallel == 1:
-        raise ConfigError(
-            "pipeline_schedule",
-            config.pipeline_schedule,
-            "unset (None) without pipeline stages (devices_per_replica / tensor_parallel is 1)",
-        )
     if config.pipeline_schedule is not None:
         raise ConfigError(
             "pipeline_schedule",

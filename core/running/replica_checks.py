@@ -16,20 +16,14 @@ from core.data import SYNTHETIC_SOURCES
 def check_torch_replica(
     config: RunConfig, workload: Workload, options: Any, layout: PipelineLayout | None, planned_elsewhere: bool = False
 ) -> list[str]:
-    """ConfigError naming the field for what core's PyTorch executor cannot run: a rule of the split
-    (a schedule without stages, stages the model cannot take, too few micro-batches) always; what the
-    executor does not apply yet (recomputation, a pipeline composed with tensor parallelism or
-    sharding, a workload without a tensor-parallel plan, the step loop's limits) here, but as a warning
-    in a plan for a machine profile (``planned_elsewhere``: ``--dry-run --machine``, where the split's
-    rules and memory are what is asked). Returns those warnings."""
-    if config.pipeline_schedule is not None and config.pipeline_parallel == 1:
-        raise ConfigError(
-            "pipeline_schedule",
-            config.pipeline_schedule,
-            "unset (None) without pipeline stages (devices_per_replica / tensor_parallel is 1)",
-        )
+    """ConfigError naming the field for what core's PyTorch executor cannot run: stages the workload's
+    layout cannot make, always; what the executor does not apply yet (recomputation, a pipeline
+    composed with tensor parallelism or sharding, a workload without a tensor-parallel plan, the step
+    loop's limits) here, but as a warning in a plan for a machine profile (``planned_elsewhere``:
+    ``--dry-run --machine``, where the split's rules and memory are what is asked). Returns those
+    warnings."""
     if config.pipeline_parallel > 1:
-        _check_pipeline_rules(config, workload, layout)
+        _check_pipeline_layout(config, workload, layout)
     not_yet: list[ConfigError] = []
     if config.recompute != "none":
         not_yet.append(
@@ -93,7 +87,9 @@ def _check_tensor_plan(config: RunConfig, workload: Workload, options: Any, not_
         )
 
 
-def _check_pipeline_rules(config: RunConfig, workload: Workload, layout: PipelineLayout | None) -> None:
+def _check_pipeline_layout(config: RunConfig, workload: Workload, layout: PipelineLayout | None) -> None:
+    """Stages of whole blocks the workload names (the micro-batches per stage and the layers of a
+    shaped model are checked for every accelerator: core.running.replica_plan.check_replica_split)."""
     stages = config.pipeline_parallel
     if layout is None:
         raise ConfigError(
@@ -108,11 +104,4 @@ def _check_pipeline_rules(config: RunConfig, workload: Workload, layout: Pipelin
             config.devices_per_replica,
             f"at most {len(layout.blocks)} pipeline stages x tensor_parallel {config.tensor_parallel}: each stage "
             f"holds whole {layout.unit}s, of which the model has {len(layout.blocks)}",
-        )
-    if config.gradient_accumulation < stages:
-        raise ConfigError(
-            "gradient_accumulation",
-            config.gradient_accumulation,
-            f"at least the {stages} pipeline stages: the micro-batches of an update are its gradient_accumulation, "
-            "and fewer leave a stage with nothing to do",
         )
