@@ -67,13 +67,21 @@ WORKER = textwrap.dedent("""
     spec.make_optimizer = lambda parameters: torch.optim.SGD(parameters, lr=0.5)
     executor = TorchExecutor(spec, config,
                              TorchPlacement(device="cpu", distributed_backend="gloo"), process)
+    norm_tokens = set()  # the sequence lengths the layer norms see: a slice under sequence parallelism
+    for name, module in executor._model.named_modules():
+        if name.endswith("input_layernorm"):
+            # after the style's own hook: a DTensor, whose local part is what this process holds
+            module.register_forward_pre_hook(
+                lambda _, args: norm_tokens.add(getattr(args[0], "to_local", lambda: args[0])().shape[1]))
     for _ in range({updates}):
         executor.step()
     executor.check_finite()
     state = executor.model_state()  # a collective: every rank gathers
     if process.rank == 0:
         torch.save(state, sys.argv[1])
-        details = {{k: v for k, v in executor.details().items() if k in ("device_mesh", "sharding", "pipeline")}}
+        details = {{k: v for k, v in executor.details().items()
+                    if k in ("device_mesh", "sharding", "pipeline", "sequence_parallel")}}
+        details["norm_tokens"] = sorted(norm_tokens)
         sys.argv[1] and open(sys.argv[1] + ".json", "w").write(json.dumps(details))
     executor.close()
 """)
@@ -106,6 +114,8 @@ def test_tensor_parallel_two_equals_one_process(tmp_path: Path) -> None:
     )
     whole = single_process_state(micro_batch_size=16, gradient_accumulation=1)
     assert details["device_mesh"] == {"data": 1, "pipeline": 1, "tensor": 2}
+    # sequence parallelism: the norms between the split layers see half of the 16 tokens
+    assert details["sequence_parallel"] is True and details["norm_tokens"] == [8]
     assert largest_relative_difference(state, whole) < TOLERANCE
 
 
@@ -144,6 +154,7 @@ def test_two_replicas_of_two_tensor_parallel_devices_equal_one_process(tmp_path:
     )
     whole = single_process_state(micro_batch_size=16, gradient_accumulation=1)
     assert details["device_mesh"] == {"data": 2, "pipeline": 1, "tensor": 2}
+    assert details["sequence_parallel"] is True and details["norm_tokens"] == [8]
     assert largest_relative_difference(state, whole) < TOLERANCE
 
 

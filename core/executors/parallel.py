@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from core.base.config import RunConfig
-from core.contract.parallel import TensorParallelPlan
+from core.contract.parallel import SequenceParallelPlan, TensorParallelPlan
 from core.contract.pipeline import PipelineLayout
 
 #: the mesh's dimensions, outermost first
@@ -119,19 +119,27 @@ class ReplicaPlacement:
         return model
 
     def _parallelize(self, model: torch.nn.Module) -> None:
+        from torch.distributed.tensor import Shard
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
         if self._plan is None:  # planning refuses it; a direct caller learns why here
             raise ValueError("tensor_parallel > 1 needs the workload's tensor_parallel_plan")
-        styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+        sequence = self._plan.sequence_parallel
         names = [name for name, _ in model.named_modules()]
-        plan = {}
+        plan: dict[str, Any] = {}
         for pattern, style in self._plan.styles.items():
-            matched = fnmatch.filter(names, pattern)
-            if not matched:
-                raise ValueError(f"the tensor-parallel plan names {pattern!r}, which is no module of the model")
-            plan.update({name: styles[style]() for name in matched})
-        parallelize_module(model, self.mesh["tensor"], plan)
+            made: Any
+            if style == "colwise":
+                made = ColwiseParallel()
+            else:  # with sequence parallelism the sum over the group is reduce-scattered over the sequence
+                made = RowwiseParallel(output_layouts=Shard(sequence.dimension)) if sequence else RowwiseParallel()
+            plan.update({name: made for name in _matching(names, pattern, "tensor-parallel")})
+        if sequence is not None:
+            plan.update(_sequence_parallel_styles(sequence, names))
+        mesh = self.mesh["tensor"]
+        parallelize_module(model, mesh, plan)
+        if sequence is not None:
+            _split_sequence_over_layer_stack(model, sequence, mesh)
         for pattern, attributes in self._plan.head_count_attributes.items():
             for name in fnmatch.filter(names, pattern):
                 module = model.get_submodule(name)
@@ -185,8 +193,59 @@ class ReplicaPlacement:
             "device_mesh": {"data": data, "pipeline": pipeline, "tensor": tensor},
             "sharding": self._config.sharding,
             "tensor_parallel_modules": len(self._plan.styles) if self._plan is not None and tensor > 1 else 0,
+            # the activations between the split layers sliced over the sequence (Megatron's)
+            "sequence_parallel": self._plan is not None and tensor > 1 and self._plan.sequence_parallel is not None,
             "pipeline": self.pipeline.details() if self.pipeline is not None else None,
         }
+
+
+def _matching(names: list[str], pattern: str, part: str) -> list[str]:
+    matched = fnmatch.filter(names, pattern)
+    if not matched:
+        raise ValueError(f"the {part} plan names {pattern!r}, which is no module of the model")
+    return matched
+
+
+def _sequence_parallel_styles(sequence: SequenceParallelPlan, names: list[str]) -> dict[str, Any]:
+    """The norms run on the sequence slice (their weights' gradients summed over the group by
+    DTensor); the split blocks gather their input whole first. Everything passes plain tensors
+    between modules (``use_local_output``), as the model's own code expects."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import PrepareModuleInput, SequenceParallel
+
+    split = Shard(sequence.dimension)
+    styles: dict[str, Any] = {}
+    for pattern in sequence.norms:
+        norm = SequenceParallel(sequence_dim=sequence.dimension, use_local_output=True)
+        styles.update({name: norm for name in _matching(names, pattern, "sequence-parallel")})
+    for pattern in sequence.gathered:
+        gather = PrepareModuleInput(input_layouts=(split,), desired_input_layouts=(Replicate(),), use_local_output=True)
+        styles.update({name: gather for name in _matching(names, pattern, "sequence-parallel")})
+    return styles
+
+
+def _split_sequence_over_layer_stack(model: torch.nn.Module, sequence: SequenceParallelPlan, mesh: Any) -> None:
+    """The stack's first layer takes a slice of the sequence (a local cut, no traffic; its backward
+    gathers the gradient) and its last gives the whole sequence back (an all-gather), so what runs
+    outside the stack (embeddings, the final norm, the output layer, another pipeline stage) sees
+    whole activations. Only the layers this process holds count: a pipeline stage's others are
+    ``nn.Identity``."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import PrepareModuleInput, PrepareModuleOutput, parallelize_module
+
+    split = Shard(sequence.dimension)
+    stack = model.get_submodule(sequence.layers)
+    if not isinstance(stack, torch.nn.ModuleList):
+        raise ValueError(f"the sequence-parallel plan's layers {sequence.layers!r} are no ModuleList of the model")
+    held = [layer for layer in stack if not isinstance(layer, torch.nn.Identity)]
+    if not held:
+        return
+    parallelize_module(
+        held[0],
+        mesh,
+        PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(split,), use_local_output=True),
+    )
+    parallelize_module(held[-1], mesh, PrepareModuleOutput(output_layouts=split, desired_output_layouts=Replicate()))
 
 
 def balanced_layers(layers: int, stages: int) -> tuple[int, ...]:
