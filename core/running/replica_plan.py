@@ -21,8 +21,9 @@ The memory of a device (:func:`replica_memory`) is that of the replica's heavies
   fused attention kernel keeps none either), ``2sbh/t`` with full recomputation (each layer's input;
   one layer's whole activations while it is recomputed); without sequence parallelism the norms',
   dropouts' and residuals' ``10sbh`` and a layer's input stay whole on every device
-  (``sbh(10 + 24/t + 5as/(ht))``, and ``2sbh`` under full recomputation). fp32 activations take twice the bytes. The last stage also
-  holds a micro-batch's logits (16-bit and the loss's fp32 copy);
+  (``sbh(10 + 24/t + 5as/(ht))``, and ``2sbh`` under full recomputation). fp32 activations take
+  twice the bytes. The last stage also holds a micro-batch's logits (16-bit and the loss's fp32
+  copy);
 - micro-batches in flight: one without a pipeline; under 1F1B (the default schedule) stage ``k`` of
   ``p`` holds up to ``p - k`` (the first stage the most); under GPipe all of them.
 """
