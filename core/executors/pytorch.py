@@ -716,6 +716,13 @@ class TorchExecutor(TorchModelExecutor):
     def window_warnings(self) -> list[str]:
         return super().window_warnings() + self._compilations.warnings(self._hooks.compiler)
 
+    def profile_communication(self) -> dict[str, Any] | None:
+        from core.executors.communication import profile_update
+
+        profile = profile_update(self.step, self.synchronize, self.device)
+        self.check_finite()  # the extra update is an update like the others: a NaN in it is reported
+        return profile.as_dict()
+
     def details(self) -> dict[str, Any]:
         return {**super().details(), **self._compilations.details()}
 
