@@ -967,7 +967,7 @@ METRICS: tuple[Metric, ...] = (
         "with recomputation: hardware_flops_per_sample x throughput / peak_flops_per_second (MFU counts the "
         "model's FLOPs only)",
         Summary.median,
-        reported=Reported(frozenset({TRAINING}), "HFU, recomputation counted (median)", percent=True),
+        reported=Reported(frozenset({TRAINING}), "HFU, recomputation counted (median)", percent=True, optional=True),
         printed=(Printed("achieved", "HFU {value:.2%} (recomputed forward counted)"),),
     ),
     # --- communication (schema 1.15): an update profiled after the window, its collectives' time

@@ -686,6 +686,7 @@ class BertBaseSquad(BertFamily):
             inputs=tokens,
             targets=torch.stack([starts, ends], dim=1),
             vocabulary=self.vocabulary,
+            pipeline_layout=self.pipeline_layout(options),  # its layers, for recomputation
         )
 
 
