@@ -16,8 +16,7 @@ from launching import torchrun_ranks
 from core.base.config import make_config
 from core.base.distributed import SINGLE_PROCESS
 from core.contract.parallel import TensorParallelPlan
-from core.contract.workload import Workload
-from core.contract.workload import TorchTrainingSpec
+from core.contract.workload import TorchTrainingSpec, Workload
 from core.executors.pytorch import TorchExecutor, TorchPlacement
 from core.executors.tensor_styles import deinterleaved, interleaved
 
