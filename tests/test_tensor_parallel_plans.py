@@ -75,7 +75,7 @@ WORKER = textwrap.dedent("""
     from core.executors.pytorch import TorchExecutor, TorchPlacement
     process = ProcessContext.from_environment()
     config = make_config(workload={workload!r}, accelerator="cpu", workload_options=FAMILIES[{workload!r}],
-                         devices_per_replica=2, tensor_parallel=2, micro_batch_size=8, gradient_accumulation=2)
+                         devices_per_replica=2, tensor_parallel=2, **{settings!r})
     executor = TorchExecutor(training_spec({workload!r}), config,
                              TorchPlacement(device="cpu", distributed_backend="gloo"), process)
     for _ in range({updates}):
@@ -84,6 +84,8 @@ WORKER = textwrap.dedent("""
     state = executor.model_state()  # a collective: every rank gathers
     if process.rank == 0:
         torch.save(state, sys.argv[1])
+        details = executor.details()
+        torch.save({{"device_mesh": details["device_mesh"], "sharding": details["sharding"]}}, sys.argv[1] + ".details")
     executor.close()
 """)
 
@@ -103,14 +105,31 @@ def largest_relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.T
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("workload", sorted(FAMILIES))
-def test_tensor_parallel_two_equals_one_process(tmp_path: Path, workload: str) -> None:
+@pytest.mark.parametrize(
+    ("workload", "replicas", "sharding"),
+    [(name, 1, "none") for name in sorted(FAMILIES)]
+    # GPT-2's own styles under FSDP2 too: data 2 x tensor 2, four processes
+    + [("gpt2-124m", 2, "fsdp")],
+)
+def test_tensor_parallel_two_equals_one_process(tmp_path: Path, workload: str, replicas: int, sharding: str) -> None:
+    settings = {
+        "replicas": replicas,
+        "sharding": sharding,
+        "micro_batch_size": 8 // replicas,
+        "gradient_accumulation": 2,
+    }
     script = tmp_path / "worker.py"
-    script.write_text(WORKER.format(tests=str(Path(__file__).parent), workload=workload, updates=UPDATES))
+    script.write_text(
+        WORKER.format(tests=str(Path(__file__).parent), workload=workload, settings=settings, updates=UPDATES)
+    )
     out = tmp_path / "state.pt"
-    completed = torchrun_ranks(script, out, tmp_path / "torchelastic", 2)
+    completed = torchrun_ranks(script, out, tmp_path / "torchelastic", 2 * replicas)
     assert completed.returncode == 0, completed.stderr[-4000:]
     split = torch.load(out)
+    assert torch.load(f"{out}.details") == {
+        "device_mesh": {"data": replicas, "pipeline": 1, "tensor": 2},
+        "sharding": sharding,
+    }
     whole = single_process_state(workload)
     initial = training_spec(workload).model.state_dict()
     moved = max(float((whole[name] - initial[name]).abs().max()) for name in initial)
