@@ -38,7 +38,7 @@ from core.contract.context import RunContext
 from core.contract.hookspecs import hookimpl
 from core.contract.launcher import Launcher
 from core.contract.meter import PowerMeter, PowerMeterFactory, UnavailableMeter
-from core.contract.parallel import TensorParallelPlan
+from core.contract.parallel import SequenceParallelPlan, TensorParallelPlan
 from core.contract.pipeline import PipelineLayout, RecommendedSplit
 from core.contract.sdk import SharedLibrarySession
 from core.contract.shape import TransformerShape
@@ -175,6 +175,7 @@ __all__ = [
     # workloads
     "Workload",
     "PipelineLayout",
+    "SequenceParallelPlan",
     "TensorParallelPlan",
     "RecommendedSplit",
     "TransformerShape",

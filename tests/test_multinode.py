@@ -159,6 +159,50 @@ def test_core_run_on_two_nodes_adds_up_each_nodes_energy(tmp_path: Path) -> None
     assert all("nodes           2: node 0 (" in node.stdout and "node 1 (" in node.stdout for node in nodes)
 
 
+SMALL_GPT = ["gpt-800m", "-o", "variant=small", "-o", "vocabulary=96", "-o", "sequence_length=16"]
+
+
+@pytest.mark.slow
+def test_one_replica_spans_two_nodes_one_device_each(tmp_path: Path) -> None:
+    """A replica larger than a node (tensor parallelism 2 over two one-device nodes): each node's
+    agent starts its share of the replica's processes, not its whole replicas (none here)."""
+    rendezvous = f"127.0.0.1:{free_port()}"
+    outputs = [tmp_path / f"node{i}.json" for i in range(2)]
+    commands = [
+        [sys.executable, "-m", "core.cli", "run", *SMALL_GPT, "--nodes", "2", "--rendezvous", rendezvous]
+        + ["--devices-per-replica", "2", "--tensor-parallel", "2", "--batch-size", "4", "--steps", "2"]
+        + ["--output", str(output)]
+        for output in outputs
+    ]
+    nodes = start_nodes(commands)
+    assert all(node.returncode == 0 for node in nodes), [node.stderr[-2000:] for node in nodes]
+    for output in outputs:
+        result = json.loads(output.read_text())
+        assert result["status"]["state"] == "ok" and result["world_size"] == 2 and result["samples_per_update"] == 4
+        assert [device["details"]["node_rank"] for device in result["devices"]] == [0, 1]
+        assert result["executor_details"]["device_mesh"] == {"data": 1, "pipeline": 1, "tensor": 2}
+
+
+def test_a_replica_spanning_nodes_starts_its_share_of_devices_on_each(tmp_path: Path) -> None:
+    planned = plan_run(
+        get_plugin_manager(),
+        "gpt-800m",
+        "cpu",
+        {
+            "workload_options": {"variant": "small"},
+            "nodes": 2,
+            "rendezvous": "a:1",
+            "devices_per_replica": 2,
+            "tensor_parallel": 2,
+        },
+    )
+    launcher = planned.launcher  # type: ignore[attr-defined]
+    context = planned.context(SINGLE_PROCESS)  # type: ignore[attr-defined]
+    assert context.config.replicas_per_node == 0 and context.config.devices_per_node == 1
+    command = launcher.command(context, [sys.executable, "-m", "core.running.worker", "c", "r"], tmp_path)
+    assert "--nproc-per-node=1" in command and "--nnodes=2" in command
+
+
 MIRRORED = {"tensorflow_strategy": "mirrored"}
 
 

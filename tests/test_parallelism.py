@@ -67,13 +67,21 @@ WORKER = textwrap.dedent("""
     spec.make_optimizer = lambda parameters: torch.optim.SGD(parameters, lr=0.5)
     executor = TorchExecutor(spec, config,
                              TorchPlacement(device="cpu", distributed_backend="gloo"), process)
+    norm_tokens = set()  # the sequence lengths the layer norms see: a slice under sequence parallelism
+    for name, module in executor._model.named_modules():
+        if name.endswith("input_layernorm"):
+            # after the style's own hook: a DTensor, whose local part is what this process holds
+            module.register_forward_pre_hook(
+                lambda _, args: norm_tokens.add(getattr(args[0], "to_local", lambda: args[0])().shape[1]))
     for _ in range({updates}):
         executor.step()
     executor.check_finite()
     state = executor.model_state()  # a collective: every rank gathers
     if process.rank == 0:
         torch.save(state, sys.argv[1])
-        details = {{k: v for k, v in executor.details().items() if k in ("device_mesh", "sharding", "pipeline")}}
+        kept = ("device_mesh", "sharding", "pipeline", "parameter_bytes_per_rank", "sequence_parallel")
+        details = {{k: v for k, v in executor.details().items() if k in kept}}
+        details["norm_tokens"] = sorted(norm_tokens)
         sys.argv[1] and open(sys.argv[1] + ".json", "w").write(json.dumps(details))
     executor.close()
 """)
@@ -106,6 +114,8 @@ def test_tensor_parallel_two_equals_one_process(tmp_path: Path) -> None:
     )
     whole = single_process_state(micro_batch_size=16, gradient_accumulation=1)
     assert details["device_mesh"] == {"data": 1, "pipeline": 1, "tensor": 2}
+    # sequence parallelism: the norms between the split layers see half of the 16 tokens
+    assert details["sequence_parallel"] is True and details["norm_tokens"] == [8]
     assert largest_relative_difference(state, whole) < TOLERANCE
 
 
@@ -144,7 +154,82 @@ def test_two_replicas_of_two_tensor_parallel_devices_equal_one_process(tmp_path:
     )
     whole = single_process_state(micro_batch_size=16, gradient_accumulation=1)
     assert details["device_mesh"] == {"data": 2, "pipeline": 1, "tensor": 2}
+    assert details["sequence_parallel"] is True and details["norm_tokens"] == [8]
     assert largest_relative_difference(state, whole) < TOLERANCE
+
+
+@pytest.mark.slow
+def test_two_pipeline_stages_of_two_tensor_parallel_devices_equal_one_process(tmp_path: Path) -> None:
+    # pipeline 2 x tensor 2, four processes: each stage's layer split over its two tensor ranks
+    state, details = run_split(
+        tmp_path, 4, devices_per_replica=4, tensor_parallel=2, micro_batch_size=4, gradient_accumulation=4
+    )
+    whole = single_process_state(micro_batch_size=16, gradient_accumulation=1)
+    assert details["device_mesh"] == {"data": 1, "pipeline": 2, "tensor": 2}
+    assert details["pipeline"]["layers_per_stage"] == [1, 1]  # type: ignore[index]
+    # ranks (stage, tensor rank): a stage's two tensor ranks hold equal halves of its split layer
+    # and the embeddings whole (the first), the norm and the output layer whole (the last)
+    held = details["parameter_bytes_per_rank"]
+    model = GptCaraml800m().build_torch(GptOptions(**OPTIONS), seed=0).model
+    layer = 4 * sum(p.numel() for p in model.model.gpt_neox.layers[0].parameters())
+    assert isinstance(held, list) and held[0] == held[1] and held[2] == held[3]
+    embeddings = 4 * model.model.gpt_neox.embed_in.weight.numel()
+    assert embeddings + layer / 2 < held[0] < embeddings + layer  # the layer's norms stay whole
+    # rank 0's stage slices the sequence inside its layer and passes the whole of it to the next
+    assert details["sequence_parallel"] is True and details["norm_tokens"] == [8]
+    assert largest_relative_difference(state, whole) < TOLERANCE
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sharding", ["none", "fsdp"])
+def test_two_replicas_of_two_pipeline_stages_equal_one_process(tmp_path: Path, sharding: str) -> None:
+    # data 2 x pipeline 2, four processes: each stage sharded over (fsdp) or averaged over the replicas
+    state, details = run_split(
+        tmp_path,
+        4,
+        replicas=2,
+        devices_per_replica=2,
+        sharding=sharding,
+        micro_batch_size=4,
+        gradient_accumulation=2,
+    )
+    whole = single_process_state(micro_batch_size=16, gradient_accumulation=1)
+    assert details["device_mesh"] == {"data": 2, "pipeline": 2, "tensor": 1} and details["sharding"] == sharding
+    held = details["parameter_bytes_per_rank"]
+    assert isinstance(held, list) and held[0] + held[1] == held[2] + held[3]  # ranks (replica, stage)
+    whole_bytes = 4 * sum(
+        p.numel() for p in GptCaraml800m().build_torch(GptOptions(**OPTIONS), seed=0).model.parameters()
+    )
+    halved = sum(held) < 2 * whole_bytes  # the two replicas hold the model once (its tied copy twice), not twice
+    assert halved == (sharding == "fsdp")
+    assert largest_relative_difference(state, whole) < TOLERANCE
+
+
+def test_pipeline_stages_run_with_tensor_parallelism_and_fsdp_but_not_offloaded_shards() -> None:
+    from core.base.errors import ConfigError
+    from core.running.replica_checks import check_torch_replica
+
+    workload, options = GptCaraml800m(), GptOptions(**OPTIONS)
+    layout = workload.pipeline_layout(options)
+
+    def config(**settings: object) -> object:
+        return make_config(
+            workload="gpt-800m", accelerator="cpu", workload_options=OPTIONS, micro_batch_size=4, **settings
+        )
+
+    runs = [
+        {"devices_per_replica": 4, "tensor_parallel": 2, "gradient_accumulation": 2},
+        {"replicas": 2, "devices_per_replica": 2, "sharding": "fsdp", "gradient_accumulation": 2},
+        {"replicas": 2, "devices_per_replica": 4, "tensor_parallel": 2, "sharding": "fsdp", "gradient_accumulation": 2},
+    ]
+    for settings in runs:
+        assert check_torch_replica(config(**settings), workload, options, layout) == []  # type: ignore[arg-type]
+    offloaded = config(replicas=2, devices_per_replica=2, sharding="fsdp-offload", gradient_accumulation=2)
+    with pytest.raises(ConfigError) as refused:
+        check_torch_replica(offloaded, workload, options, layout)  # type: ignore[arg-type]
+    assert refused.value.field == "sharding"
+    (warning,) = check_torch_replica(offloaded, workload, options, layout, planned_elsewhere=True)  # type: ignore[arg-type]
+    assert "planned, not runnable" in warning and "sharding" in warning
 
 
 TINY_GPT = {"workload_options": OPTIONS, "power_meter": "none", "micro_batch_size": 4}
@@ -158,7 +243,6 @@ TINY_GPT = {"workload_options": OPTIONS, "power_meter": "none", "micro_batch_siz
         ("gpt-800m", {"devices_per_replica": 4, "tensor_parallel": 4}, "tensor_parallel"),  # 2 heads
         ("gpt-800m", {"devices_per_replica": 2, "gradient_accumulation": 1}, "gradient_accumulation"),
         ("gpt-800m", {"devices_per_replica": 4, "gradient_accumulation": 4}, "devices_per_replica"),  # 2 layers
-        ("gpt-800m", {"devices_per_replica": 4, "tensor_parallel": 2, "gradient_accumulation": 2}, "tensor_parallel"),
         ("gpt-800m", {"replicas": 2, "sharding": "fsdp-offload"}, "sharding"),  # cpu: nothing to offload to
         ("gpt-800m", {"devices_per_replica": 2, "tensor_parallel": 2, "precision": "fp16"}, "precision"),
         ("gpt-800m", {"devices_per_replica": 2, "tensor_parallel": 2, "compile": True}, "compile"),

@@ -114,6 +114,35 @@ def test_the_activation_formulas_are_korthikantis() -> None:
     assert layer_activation_bytes(shape, b, 8, "selective", 4) == pytest.approx(2 * 34 * sbh / 8)  # fp32
     fused = TransformerShape(96, h, a, s, 4 * h, 50304, fused_attention=True)
     assert layer_activation_bytes(fused, b, 8, "none", 2) == layer_activation_bytes(shape, b, 8, "selective", 2)
+    # Table 2's rows without sequence parallelism: the norms', dropouts' and residuals' 10sbh whole
+    assert layer_activation_bytes(shape, b, 8, "none", 2, sequence_parallel=False) == pytest.approx(
+        sbh * (10 + 24 / 8 + 5 * a * s / (h * 8))
+    )
+    assert layer_activation_bytes(shape, b, 8, "full", 2, sequence_parallel=False) == pytest.approx(2 * sbh)
+    assert layer_activation_bytes(shape, b, 1, "none", 2, sequence_parallel=False) == pytest.approx(
+        layer_activation_bytes(shape, b, 1, "none", 2)
+    )
+
+
+def test_a_tensor_plan_without_sequence_parallelism_is_planned_with_whole_activations_between_layers() -> None:
+    from core.running.planning import memory_estimate
+    from core.workloads.language import GptCaraml13b, GptOptions
+
+    workload, options = GptCaraml13b(), GptOptions()
+    config = make_config(
+        workload="gpt-13b", accelerator="nvidia", devices_per_replica=2, tensor_parallel=2, micro_batch_size=1
+    )
+    split = memory_estimate(workload, options, config)
+    plan = workload.tensor_parallel_plan(options)
+    assert split is not None and plan.sequence_parallel is not None
+    workload.tensor_parallel_plan = lambda _: dataclasses.replace(plan, sequence_parallel=None)  # type: ignore[method-assign]
+    whole = memory_estimate(workload, options, config)
+    assert whole is not None and whole.activation_bytes is not None and split.activation_bytes is not None
+    shape = workload.transformer_shape(options)
+    assert shape is not None
+    # 10 + 24/2 against 34/2 per sbh: 5 sbh more per layer, at 4 bytes (fp32 activations)
+    extra = whole.activation_bytes - split.activation_bytes
+    assert extra == pytest.approx(shape.layers * 5 * shape.sequence * shape.hidden * 2, rel=1e-6)
 
 
 def test_a_pipelines_first_stage_holds_the_most_micro_batches_under_1f1b() -> None:

@@ -465,7 +465,14 @@ class RunConfig(BaseModel):
 
     @property
     def replicas_per_node(self) -> int:
+        """Whole replicas on each node: 0 where one replica spans several nodes."""
         return self.replicas // self.nodes
+
+    @property
+    def devices_per_node(self) -> int:
+        """The devices each node runs, one process each: its replicas' devices, or its share of a
+        replica that spans nodes (check_nodes: a whole number of nodes per replica, alike)."""
+        return self.replicas * self.devices_per_replica // self.nodes
 
     @property
     def samples_per_update(self) -> int:

@@ -213,8 +213,9 @@ class Accelerator(ABC):
 
     def devices_for(self, config: RunConfig, process: ProcessContext) -> list[DeviceRecord]:
         """The form of :meth:`devices_used` before the run context: by default the first
-        ``replicas_per_node x devices_per_replica`` of :meth:`devices`."""
-        return self.devices()[: config.replicas_per_node * config.devices_per_replica]
+        ``devices_per_node`` of :meth:`devices` (its replicas' devices, or its share of one that spans
+        nodes)."""
+        return self.devices()[: config.devices_per_node]
 
     def placement_summary(self, context: RunContext) -> dict[str, Any]:
         """What a dry run shows of this run's placement beyond replicas and devices per replica

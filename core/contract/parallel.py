@@ -25,6 +25,27 @@ TensorParallelStyle = Literal["colwise", "rowwise"]
 
 
 @dataclass(frozen=True)
+class SequenceParallelPlan:
+    """Megatron-LM's sequence parallelism (Korthikanti et al. 2022), with the tensor parallelism it
+    belongs to: between the split layers (layer norms, dropouts, residual sums) each device of the
+    tensor group holds a slice of the sequence instead of the whole of it. A split block's input is
+    gathered whole before its colwise layer, and its rowwise layer's output is reduce-scattered over
+    the sequence instead of all-reduced: the same traffic, and those activations take 1/t of the
+    memory."""
+
+    #: the layer stack (an ``nn.ModuleList``'s path): the input of its first layer is sliced, the
+    #: output of its last layer gathered whole again, for what runs outside the stack
+    layers: str
+    #: patterns of modules that run on the sequence slice as they are (layer norms)
+    norms: tuple[str, ...]
+    #: patterns of modules whose first input is gathered whole over the sequence (the blocks whose
+    #: first layer is colwise: attention, MLP)
+    gathered: tuple[str, ...]
+    #: the sequence dimension of the activations (batch first: 1)
+    dimension: int = 1
+
+
+@dataclass(frozen=True)
 class TensorParallelPlan:
     """Module paths (``fnmatch`` patterns over ``model.named_modules()`` of ``build_torch``'s model,
     ``*`` for a layer's index) and how each is split."""
@@ -36,6 +57,9 @@ class TensorParallelPlan:
     head_count_attributes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     #: sizes the tensor degree must divide, by name ("attention heads": 8, "MLP width": 8192)
     divided: Mapping[str, int] = field(default_factory=dict)
+    #: how the activations between the split layers are split over the sequence (None: they are
+    #: whole on every device of the group); every rowwise layer's output is then sequence-split
+    sequence_parallel: SequenceParallelPlan | None = None
     #: colwise module path pattern -> the equal parts its output features concatenate (3 for a fused
     #: query/key/value projection laid out [all q | all k | all v]): each part is split over the
     #: devices on its own, so a device holds its heads' q, k and v, laid out [q | k | v]

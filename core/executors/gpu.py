@@ -84,7 +84,7 @@ class TorchGpuAccelerator(Accelerator):
     def devices_for(self, config: RunConfig, process: ProcessContext) -> list[DeviceRecord]:
         # The form before the run context, which this class's devices_used calls: a subclass written
         # before it overrides this one (or calls it through super()); goes in 0.3.
-        return self.visible_devices()[: config.replicas_per_node * config.devices_per_replica]
+        return self.visible_devices()[: config.devices_per_node]
 
     def executor_for(self, workload: Workload, context: RunContext) -> Executor:
         config, options, process = context.config, context.workload_options, context.process

@@ -27,6 +27,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard, distribute_module, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+from torch.distributed.tensor.placement_types import Placement
 
 
 def interleaved(tensor: torch.Tensor, dim: int, parts: int, devices: int) -> torch.Tensor:
@@ -72,10 +73,11 @@ class LayoutColwiseParallel(ColwiseParallel):
 
 class LayoutRowwiseParallel(RowwiseParallel):
     """Rowwise for a weight whose input features are dimension ``input_dim`` (``nn.Linear``: 1,
-    ``Conv1D``: 0); the bias, added once to the sum, is replicated."""
+    ``Conv1D``: 0); the bias, added once to the sum, is replicated. ``output_layouts``: the sum's
+    (None: replicated; with sequence parallelism sharded over the sequence)."""
 
-    def __init__(self, input_dim: int) -> None:
-        super().__init__()
+    def __init__(self, input_dim: int, output_layouts: Placement | None = None) -> None:
+        super().__init__(output_layouts=output_layouts)
         self.input_dim = input_dim
         self.desired_input_layouts = (Shard(-1),)
 

@@ -105,8 +105,9 @@ class TorchrunLauncher(Launcher):
 
 
 def processes_per_node(config: RunConfig) -> int:
-    """One process per device: each replica of the node spans ``devices_per_replica`` of them."""
-    return config.replicas_per_node * config.devices_per_replica
+    """One process per device of the node: its replicas' ``devices_per_replica`` each, or its share
+    of a replica that spans several nodes."""
+    return config.devices_per_node
 
 
 def torchrun_arguments(replicas: int, worker_module: Sequence[str], log_dir: Path | None = None) -> list[str]:
@@ -131,7 +132,7 @@ NODE_RESULTS_VARIABLE = "CORE_NODE_RESULTS"
 
 def multinode_torchrun_arguments(
     nodes: int,
-    replicas_per_node: int,
+    processes_per_node: int,
     rendezvous: str,
     *,
     run_id: str,
@@ -144,7 +145,7 @@ def multinode_torchrun_arguments(
         "-m",
         "torch.distributed.run",
         f"--nnodes={nodes}",
-        f"--nproc-per-node={replicas_per_node}",
+        f"--nproc-per-node={processes_per_node}",
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint={rendezvous}",
         f"--rdzv-id={run_id}",

@@ -864,7 +864,9 @@ def memory_estimate(
     declared = None if config.mode == "inference" else workload.optimizer_state_per_parameter(options)
     activation_bytes = precision_policy.activation_bytes() if precision_policy is not None else 4
     device = machine.memory_bytes_per_device if machine is not None else None
-    return replica_memory(parameters, shape, config, declared, activation_bytes, device)
+    plan = workload.tensor_parallel_plan(options) if config.tensor_parallel > 1 else None
+    sequence_parallel = plan is not None and plan.sequence_parallel is not None
+    return replica_memory(parameters, shape, config, declared, activation_bytes, device, sequence_parallel)
 
 
 def _size_field(config: RunConfig) -> tuple[str, Any]:

@@ -17,11 +17,10 @@ def check_torch_replica(
     config: RunConfig, workload: Workload, options: Any, layout: PipelineLayout | None, planned_elsewhere: bool = False
 ) -> list[str]:
     """ConfigError naming the field for what core's PyTorch executor cannot run: stages the workload's
-    layout cannot make, always; what the executor does not apply yet (recomputation, a pipeline
-    composed with tensor parallelism or sharding, a workload without a tensor-parallel plan, the step
-    loop's limits) here, but as a warning in a plan for a machine profile (``planned_elsewhere``:
-    ``--dry-run --machine``, where the split's rules and memory are what is asked). Returns those
-    warnings."""
+    layout cannot make, always; what the executor does not apply yet (recomputation, pipeline stages
+    with offloaded shards, a workload without a tensor-parallel plan, the step loop's limits) here,
+    but as a warning in a plan for a machine profile (``planned_elsewhere``: ``--dry-run
+    --machine``, where the split's rules and memory are what is asked). Returns those warnings."""
     if config.pipeline_parallel > 1:
         _check_pipeline_layout(config, workload, layout)
     not_yet: list[ConfigError] = []
@@ -33,14 +32,13 @@ def check_torch_replica(
         not_yet.extend(_plain_training_limits(config))
         if config.tensor_parallel > 1:
             _check_tensor_plan(config, workload, options, not_yet)
-        if config.pipeline_parallel > 1 and (config.tensor_parallel > 1 or config.sharding != "none"):
-            field, value = (
-                ("tensor_parallel", config.tensor_parallel)
-                if config.tensor_parallel > 1
-                else ("sharding", config.sharding)
-            )
+        if config.pipeline_parallel > 1 and config.sharding == "fsdp-offload":
+            # The weights' shards and gradients on the host: a tied weight's gradients would be summed
+            # over the stages by a collective of the device's backend on host tensors.
             not_yet.append(
-                ConfigError(field, value, "1 / 'none' with pipeline stages (not composed with pipelining yet)")
+                ConfigError(
+                    "sharding", config.sharding, "'none' or 'fsdp' with pipeline stages (offload not composed yet)"
+                )
             )
     if not_yet and not planned_elsewhere:
         raise not_yet[0]

@@ -15,12 +15,15 @@ The memory of a device (:func:`replica_memory`) is that of the replica's heavies
   under ``"fsdp-offload"`` only those gathered layers (the rest waits in host memory);
 - activations per micro-batch, Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
   Transformer Models", Table 2), bytes per layer for 16-bit activations, tensor parallelism ``t``
-  with sequence parallelism (core's tensor parallelism splits the sequence between the layers too):
-  ``sbh(34/t + 5as/(ht))`` without recomputation (``sbh(34 + 5as/h)`` at ``t = 1``), ``34sbh/t`` with
-  selective recomputation (the attention scores are computed again; a fused attention kernel keeps
-  none either), ``2sbh/t`` with full recomputation (each layer's input; one layer's whole
-  activations while it is recomputed). fp32 activations take twice the bytes. The last stage also
-  holds a micro-batch's logits (16-bit and the loss's fp32 copy);
+  with sequence parallelism (where the workload's tensor plan splits the sequence between the
+  layers, as GPT's does): ``sbh(34/t + 5as/(ht))`` without recomputation (``sbh(34 + 5as/h)`` at
+  ``t = 1``), ``34sbh/t`` with selective recomputation (the attention scores are computed again; a
+  fused attention kernel keeps none either), ``2sbh/t`` with full recomputation (each layer's input;
+  one layer's whole activations while it is recomputed); without sequence parallelism the norms',
+  dropouts' and residuals' ``10sbh`` and a layer's input stay whole on every device
+  (``sbh(10 + 24/t + 5as/(ht))``, and ``2sbh`` under full recomputation). fp32 activations take
+  twice the bytes. The last stage also holds a micro-batch's logits (16-bit and the loss's fp32
+  copy);
 - micro-batches in flight: one without a pipeline; under 1F1B (the default schedule) stage ``k`` of
   ``p`` holds up to ``p - k`` (the first stage the most); under GPipe all of them.
 """
@@ -112,16 +115,22 @@ def micro_batches_in_flight(config: RunConfig, stage: int) -> int:
 
 
 def layer_activation_bytes(
-    shape: TransformerShape, micro_batch: int, tensor: int, recompute: str, activation_bytes: int
+    shape: TransformerShape,
+    micro_batch: int,
+    tensor: int,
+    recompute: str,
+    activation_bytes: int,
+    sequence_parallel: bool = True,
 ) -> float:
     """Bytes of activations one layer keeps for the backward, per micro-batch and device (Korthikanti
-    et al. 2022, Table 2, with sequence parallelism), scaled from their 16-bit constants."""
+    et al. 2022, Table 2, with sequence parallelism or without), scaled from their 16-bit constants."""
     s, b, h, a = shape.sequence, micro_batch, shape.hidden, shape.attention_heads
     scale = activation_bytes / _FORMULA_ACTIVATION_BYTES
     if recompute == "full":
-        return 2 * s * b * h / tensor * scale
+        return 2 * s * b * h / (tensor if sequence_parallel else 1) * scale
     scores = 0.0 if recompute == "selective" or shape.fused_attention else 5 * a * s / (h * tensor)
-    return s * b * h * (34 / tensor + scores) * scale
+    between_layers = 34 / tensor if sequence_parallel else 10 + 24 / tensor
+    return s * b * h * (between_layers + scores) * scale
 
 
 @dataclass(frozen=True)
@@ -185,9 +194,11 @@ def replica_memory(
     state_values: int | None,
     activation_bytes: int,
     device_memory_bytes: int | None = None,
+    sequence_parallel: bool = True,
 ) -> ReplicaMemory:
     """One device's memory for the run (see the module docstring). ``state_values``: the optimizer's
-    fp32 values per parameter, None where the workload does not declare them (Adam's assumed)."""
+    fp32 values per parameter, None where the workload does not declare them (Adam's assumed);
+    ``sequence_parallel``: whether tensor parallelism splits the sequence between the layers."""
     values = 0 if config.mode == "inference" else (ADAM_STATE_VALUES if state_values is None else state_values)
     tensor, stages = config.tensor_parallel, config.pipeline_parallel
     if shape is None:
@@ -200,7 +211,9 @@ def replica_memory(
             for stage, layers in enumerate(layers_per_stage)
         ]
     stages_memory = [
-        _stage_memory(parameters, shape, config, values, state_values is None, activation_bytes, *candidate)
+        _stage_memory(
+            parameters, shape, config, values, state_values is None, activation_bytes, sequence_parallel, *candidate
+        )
         for candidate in candidates
     ]
     heaviest = max(stages_memory, key=lambda memory: memory.total_bytes)
@@ -214,6 +227,7 @@ def _stage_memory(
     values: int,
     assumed: bool,
     activation_bytes: int,
+    sequence_parallel: bool,
     stage: int,
     on_device: float,
     per_layer: float,
@@ -239,7 +253,7 @@ def _stage_memory(
         last = stage == config.pipeline_parallel - 1
         for recompute in RECOMPUTE_CHOICES:
             activations[recompute] = _stage_activations(
-                shape, config, recompute, activation_bytes, layers, in_flight, last
+                shape, config, recompute, activation_bytes, sequence_parallel, layers, in_flight, last
             )
     return ReplicaMemory(
         parameters=parameters,
@@ -264,6 +278,7 @@ def _stage_activations(
     config: RunConfig,
     recompute: str,
     activation_bytes: int,
+    sequence_parallel: bool,
     layers: int,
     in_flight: int,
     last: bool,
@@ -272,11 +287,11 @@ def _stage_activations(
     backward, only the layer at work."""
     assert config.micro_batch_size is not None
     b, tensor = config.micro_batch_size, config.tensor_parallel
-    whole_layer = layer_activation_bytes(shape, b, tensor, "none", activation_bytes)
+    whole_layer = layer_activation_bytes(shape, b, tensor, "none", activation_bytes, sequence_parallel)
     logits = shape.sequence * b * shape.vocabulary / tensor * (activation_bytes + 4) if last else 0.0
     if config.mode == "inference":
         return int(whole_layer + logits)
-    kept = layers * layer_activation_bytes(shape, b, tensor, recompute, activation_bytes) * in_flight
+    kept = layers * layer_activation_bytes(shape, b, tensor, recompute, activation_bytes, sequence_parallel) * in_flight
     working = whole_layer if recompute == "full" else 0.0  # the layer being recomputed, whole
     return int(kept + working + logits * in_flight)
 

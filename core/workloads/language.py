@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, Field
 
 from core.base.config import Framework
-from core.contract.parallel import TensorParallelPlan, TensorParallelStyle
+from core.contract.parallel import SequenceParallelPlan, TensorParallelPlan, TensorParallelStyle
 from core.contract.pipeline import RecommendedSplit
 from core.contract.shape import TransformerShape
 from core.contract.workload import TorchTrainingSpec
@@ -380,6 +380,13 @@ class GptCaraml800m(LanguageWorkload):
                 f"{layer}.mlp.dense_4h_to_h": "rowwise",
             },
             divided={"attention heads": heads, "MLP width": intermediate},
+            # Megatron's sequence parallelism: the norms, dropouts and residual sums of a layer hold
+            # 1/t of the sequence; the attention and the MLP gather it whole first.
+            sequence_parallel=SequenceParallelPlan(
+                layers="model.gpt_neox.layers",
+                norms=(f"{layer}.input_layernorm", f"{layer}.post_attention_layernorm"),
+                gathered=(f"{layer}.attention", f"{layer}.mlp"),
+            ),
         )
 
     def tally(self, o: Any, framework: Framework) -> Tally:
