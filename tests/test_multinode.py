@@ -100,11 +100,16 @@ from core.plugin import EnergyMeasurement, PowerMeter
 
 class NodeMeter(PowerMeter):
     name = "node-meter"
+    def __init__(self, devices):
+        self.devices = devices
     def start(self):
         pass
     def stop(self):
-        return EnergyMeasurement(meter=self.name, method="counter",
-                                 energy_joules=10.0 * (int(os.environ.get("GROUP_RANK", 0)) + 1))
+        joules = 10.0 * (int(os.environ.get("GROUP_RANK", 0)) + 1)
+        # NODE_METER_BY_DEVICE: the node's joules by device, as a GPU meter gives them
+        by_device = {f"device{device.index}": joules / len(self.devices) for device in self.devices}
+        return EnergyMeasurement(meter=self.name, method="counter", energy_joules=joules,
+                                 components_joules=by_device if os.environ.get("NODE_METER_BY_DEVICE") else {})
 
 class NodeMeterFactory(PowerMeterFactory):
     name = "node-meter"
@@ -113,7 +118,7 @@ class NodeMeterFactory(PowerMeterFactory):
     def availability(self):
         return Availability.yes()
     def meter_for(self, devices, context):
-        return NodeMeter()
+        return NodeMeter(devices)
 
 @hookimpl
 def core_register_power_meters(register):
@@ -165,22 +170,26 @@ SMALL_GPT = ["gpt-800m", "-o", "variant=small", "-o", "vocabulary=96", "-o", "se
 @pytest.mark.slow
 def test_one_replica_spans_two_nodes_one_device_each(tmp_path: Path) -> None:
     """A replica larger than a node (tensor parallelism 2 over two one-device nodes): each node's
-    agent starts its share of the replica's processes, not its whole replicas (none here)."""
+    agent starts its share of the replica's processes, not its whole replicas (none here); each
+    node's meter reads its device, and the result keeps every device's energy."""
+    env = {**install_node_meter(tmp_path), "NODE_METER_BY_DEVICE": "1"}
     rendezvous = f"127.0.0.1:{free_port()}"
     outputs = [tmp_path / f"node{i}.json" for i in range(2)]
     commands = [
         [sys.executable, "-m", "core.cli", "run", *SMALL_GPT, "--nodes", "2", "--rendezvous", rendezvous]
         + ["--devices-per-replica", "2", "--tensor-parallel", "2", "--batch-size", "4", "--steps", "2"]
-        + ["--output", str(output)]
+        + ["--power-meter", "node-meter", "--output", str(output)]
         for output in outputs
     ]
-    nodes = start_nodes(commands)
+    nodes = start_nodes(commands, env)
     assert all(node.returncode == 0 for node in nodes), [node.stderr[-2000:] for node in nodes]
     for output in outputs:
         result = json.loads(output.read_text())
         assert result["status"]["state"] == "ok" and result["world_size"] == 2 and result["samples_per_update"] == 4
         assert [device["details"]["node_rank"] for device in result["devices"]] == [0, 1]
         assert result["executor_details"]["device_mesh"] == {"data": 1, "pipeline": 1, "tensor": 2}
+        assert result["energy"]["components_joules"] == {"node0/device0": 10.0, "node1/device0": 20.0}
+        assert result["energy_joules"] == 30.0 and result["energy_joules_per_device"] == 15.0
 
 
 def test_a_replica_spanning_nodes_starts_its_share_of_devices_on_each(tmp_path: Path) -> None:

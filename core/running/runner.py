@@ -409,6 +409,8 @@ def _energy_over_nodes(
             "node": record.model_dump(),
             "devices": [device.model_dump(mode="json") for device in result.devices],
             "window_energy_joules": result.window_energy_joules,  # under a longer scope: the window's own
+            # the node's figures by device (or meter component), where its meter gives them
+            "components_joules": dict(energy.components_joules) if energy is not None else {},
         }
     if process.meter_per_process and process.exchange_dir is not None:
         # No host-side process group (poprun's instances): through the launch's folder.
@@ -440,9 +442,7 @@ def _energy_over_nodes(
     combined = EnergyMeasurement(
         meter=", ".join(meters),
         method=energy.method if energy is not None else None,
-        components_joules={
-            f"{unit}{node.node_rank}": node.energy_joules for node in nodes if node.energy_joules is not None
-        },
+        components_joules=_components_over_nodes(pairs, unit),
         warnings=list(energy.warnings) if energy is not None else [],
     )
     if missing:
@@ -453,6 +453,19 @@ def _energy_over_nodes(
     else:
         combined.energy_joules = sum(node.energy_joules or 0.0 for node in nodes)
     return combined
+
+
+def _components_over_nodes(pairs: list[tuple[NodeEnergy, dict[str, Any]]], unit: str) -> dict[str, float]:
+    """Each node's energy by component ("node1/gpu0") where its meter gives components, else the
+    node's whole ("node1"): energy per device over every device of every node of the run."""
+    components: dict[str, float] = {}
+    for node, share in pairs:
+        own = share.get("components_joules") or {}
+        if own:
+            components.update({f"{unit}{node.node_rank}/{name}": joules for name, joules in own.items()})
+        elif node.energy_joules is not None:
+            components[f"{unit}{node.node_rank}"] = node.energy_joules
+    return components
 
 
 def _loop_window(
