@@ -21,6 +21,7 @@ partition of the weights differs.
 from __future__ import annotations
 
 from functools import partial
+from typing import Any
 
 import torch
 from torch import nn
@@ -62,13 +63,7 @@ class LayoutColwiseParallel(ColwiseParallel):
             module.register_parameter(parameter_name, nn.Parameter(split, requires_grad=parameter.requires_grad))
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        return distribute_module(
-            module,
-            device_mesh,
-            self._partition,
-            partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
-            partial(self._prepare_output_fn, self.output_layouts, self.use_local_output),
-        )
+        return _distribute_with(self, self._partition, module, device_mesh)
 
 
 class LayoutRowwiseParallel(RowwiseParallel):
@@ -88,10 +83,16 @@ class LayoutRowwiseParallel(RowwiseParallel):
             module.register_parameter(parameter_name, nn.Parameter(split, requires_grad=parameter.requires_grad))
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        return distribute_module(
-            module,
-            device_mesh,
-            self._partition,
-            partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
-            partial(self._prepare_output_fn, self.output_layouts, self.use_local_output),
-        )
+        return _distribute_with(self, self._partition, module, device_mesh)
+
+
+def _distribute_with(style: Any, partition: Any, module: nn.Module, mesh: DeviceMesh) -> nn.Module:
+    """``distribute_module`` as torch's colwise and rowwise styles call it, with ``partition`` (the
+    weights' layout) instead of theirs: the inputs and outputs are prepared as the style declares."""
+    return distribute_module(
+        module,
+        mesh,
+        partition,
+        partial(style._prepare_input_fn, style.input_layouts, style.desired_input_layouts),
+        partial(style._prepare_output_fn, style.output_layouts, style.use_local_output),
+    )
