@@ -46,7 +46,7 @@ class MeshGradScaler(ShardedGradScaler):
                 grouped.setdefault((gradient.device, gradient.dtype), []).append(gradient)
         # one flag per device, as GradScaler keeps them; a process without gradients still joins
         # the all-reduce with its flag at 0
-        found_per_device = {self._scale.device: found_inf}
+        found_per_device = {found_inf.device: found_inf}  # made on the scale's device
         with torch.no_grad():
             for (device, _), gradients in grouped.items():
                 found = found_per_device.setdefault(device, found_inf.to(device))

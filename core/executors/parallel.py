@@ -304,9 +304,7 @@ def _split_sequence_over_layer_stack(model: torch.nn.Module, sequence: SequenceP
     parallelize_module(held[-1], mesh, PrepareModuleOutput(output_layouts=split, desired_output_layouts=Replicate()))
 
 
-def _in_context(
-    forward: Callable[..., Any], context: Callable[[], AbstractContextManager[Any]]
-) -> Callable[..., Any]:
+def _in_context(forward: Callable[..., Any], context: Callable[[], AbstractContextManager[Any]]) -> Callable[..., Any]:
     def in_context(*args: Any, **kwargs: Any) -> Any:
         with context():
             return forward(*args, **kwargs)
