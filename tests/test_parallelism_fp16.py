@@ -37,7 +37,20 @@ PLACEMENTS: dict[str, dict[str, Any]] = {
     "fsdp": {"replicas": 2, "sharding": "fsdp", "micro_batch_size": 4, "gradient_accumulation": 2},
     "tensor": {"devices_per_replica": 2, "tensor_parallel": 2, "micro_batch_size": 8, "gradient_accumulation": 2},
     "pipeline": {"devices_per_replica": 2, "micro_batch_size": 4, "gradient_accumulation": 4},
+    # 2 stages, each split over 2 tensor-parallel processes (CARAML 13B's replica)
+    "pipeline-tensor": {
+        "devices_per_replica": 4,
+        "tensor_parallel": 2,
+        "micro_batch_size": 4,
+        "gradient_accumulation": 4,
+    },
 }
+
+
+def processes(placement: str) -> int:
+    settings = PLACEMENTS[placement]
+    return int(settings.get("replicas", 1)) * int(settings.get("devices_per_replica", 1))
+
 
 # Runs in each process (and, with a ProcessContext of one, as the one process): ``overflow_rank`` is the
 # rank whose own part of one gradient becomes inf before update OVERFLOW_UPDATE's optimizer step (None:
@@ -112,11 +125,12 @@ def split(tmp_path: Path, placement: str, overflow_rank: int | None) -> tuple[di
     script.write_text(WORKER)
     out = tmp_path / "state.pt"
     Path(f"{out}.in.json").write_text(json.dumps([PLACEMENTS[placement], overflow_rank]))
-    completed = torchrun_ranks(script, out, tmp_path / "torchelastic", 2)
+    ranks = processes(placement)
+    completed = torchrun_ranks(script, out, tmp_path / "torchelastic", ranks)
     assert completed.returncode == 0, completed.stderr[-4000:]
     every_rank = json.loads(Path(f"{out}.json").read_text())
     # every process computed its linear layers in float16 (a stage's forward too: autocast reaches it)
-    assert [seen["linear_outputs"] for seen in every_rank] == [["torch.float16"]] * 2
+    assert [seen["linear_outputs"] for seen in every_rank] == [["torch.float16"]] * ranks
     return torch.load(out), [seen["scales"] for seen in every_rank]
 
 
@@ -143,7 +157,7 @@ def test_the_one_process_reference_trains_in_fp16_on_the_cpu() -> None:
 def test_fp16_on_the_mesh_trains_as_one_process(tmp_path: Path, placement: str) -> None:
     state, scales = split(tmp_path, placement, overflow_rank=None)
     whole, whole_scales = one_process(overflow=False)
-    assert scales == [whole_scales, whole_scales] == [[INITIAL_SCALE] * UPDATES] * 2  # no step skipped anywhere
+    assert whole_scales == [INITIAL_SCALE] * UPDATES and scales == [whole_scales] * processes(placement)  # no skip
     initial = GptCaraml800m().build_torch(GptOptions(**OPTIONS), seed=0).model.state_dict()
     moved = max(float((whole[name] - initial[name]).abs().max()) for name in initial)
     assert moved > 1e-2  # the updates moved the weights far beyond the tolerance
@@ -155,12 +169,13 @@ def test_fp16_on_the_mesh_trains_as_one_process(tmp_path: Path, placement: str) 
 @pytest.mark.slow
 @pytest.mark.parametrize("placement", sorted(PLACEMENTS))
 def test_an_overflow_on_one_process_skips_the_step_on_every_process(tmp_path: Path, placement: str) -> None:
-    # rank 1: FSDP2's second shard, the second half of the split layers (and a copy of the whole
-    # norms only it sees as inf), the last pipeline stage (the first stage's gradients are finite)
-    state, scales = split(tmp_path, placement, overflow_rank=1)
+    # the last rank: FSDP2's second shard, the second half of the split layers (or a copy of the
+    # whole norms only it sees as inf), the last pipeline stage (the first stage's gradients are
+    # finite), the last stage's second tensor rank
+    state, scales = split(tmp_path, placement, overflow_rank=processes(placement) - 1)
     skipped, skipped_scales = one_process(overflow=True)
     halved = [INITIAL_SCALE, INITIAL_SCALE / 2, INITIAL_SCALE / 2]
-    assert scales == [halved, halved] and skipped_scales == halved  # every process skipped update 2 alone
+    assert skipped_scales == halved and scales == [halved] * processes(placement)  # all skipped update 2 alone
     assert largest_relative_difference(state, skipped) < TOLERANCE
     # taking the step on some process would have shown: the run that took it is far from this one
     stepped, _ = one_process(overflow=False)
