@@ -97,6 +97,26 @@ def test_recomputation_on_one_ipu_is_popart_standard(fake_sdk: Any) -> None:
         executor.close()
 
 
+def test_cores_full_recomputation_is_the_ipus_own(fake_sdk: Any) -> None:
+    # recompute = "full" means what the plugin's recomputation does: PopART's recomputation, per
+    # pipeline stage from its stashed input (Pipeline) or on one IPU (Standard)
+    pipelined = build(recompute="full", devices_per_replica=2, gradient_accumulation=4)
+    try:
+        assert pipelined.options._popart.options["autoRecomputation"] == 3
+    finally:
+        pipelined.close()
+    single = build(recompute="full")
+    try:
+        assert single.options._popart.options["autoRecomputation"] == 1
+    finally:
+        single.close()
+    plain = build()
+    try:
+        assert plain.options._popart.options.get("autoRecomputation") in (None, 0)
+    finally:
+        plain.close()
+
+
 def test_adamw_keeps_its_hyperparameters_as_poptorchs_own(fake_sdk: Any) -> None:
     weights = [torch.nn.Parameter(torch.zeros(3))]
     torch_adamw = torch.optim.AdamW(weights, lr=6e-5, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.01)
@@ -126,6 +146,9 @@ def test_adamw_keeps_its_hyperparameters_as_poptorchs_own(fake_sdk: Any) -> None
         ),
         ({"accelerator_options": {"partials_type": "bf16"}}, "accelerator_options.partials_type"),
         ({"accelerator_options": {"recomputation": 1}}, "accelerator_options.recomputation"),  # no int for a bool
+        ({"recompute": "selective"}, "recompute"),  # Megatron's selective has no PopART counterpart
+        ({"mode": "inference", "recompute": "full"}, "recompute"),
+        ({"tensor_parallel": 2, "devices_per_replica": 2}, "tensor_parallel"),
     ],
 )
 def test_options_that_mean_nothing_here_are_refused_naming_the_field(settings: dict, field: str) -> None:

@@ -264,16 +264,15 @@ def test_a_toy_of_a_split_replica_stays_a_toy() -> None:
         assert config.workload_options["variant"] == "small"
 
 
-def test_a_run_here_is_still_refused_where_no_executor_applies_the_split() -> None:
-    # Planning for this host (no machine profile): the GPU plugins' dry run takes the split, a run
-    # here is refused until an executor applies it (core.running.planning._NOT_PLACED_YET).
+def test_a_run_here_recomputes_only_a_model_with_a_layer_stack() -> None:
+    # Planning for this host (no machine profile): core's executor recomputes a transformer's layers
+    # (core.executors.recompute); a model that names none is refused before running.
+    planned = plan_run(
+        get_plugin_manager(), "gpt-800m", "cpu", {"recompute": "selective", "workload_options": {"variant": "small"}}
+    )
+    assert planned.config.recompute == "selective"
     with pytest.raises(ConfigError) as refused:
-        plan_run(
-            get_plugin_manager(),
-            "gpt-800m",
-            "cpu",
-            {"recompute": "selective", "workload_options": {"variant": "small"}},
-        )
+        plan_run(get_plugin_manager(), "fcnn", "cpu", {"recompute": "selective"})
     assert refused.value.field == "recompute"
 
 

@@ -259,6 +259,11 @@ class RunConfig(BaseModel):
         description="with pipeline stages: 'gpipe' (all forwards, then all backwards) or '1f1b' (one forward, "
         "one backward); the micro-batches are gradient_accumulation's. None: the accelerator's own",
     )
+    profile_communication: bool = Field(
+        default=False,
+        description="training: after the timed window, one more update under PyTorch's profiler, and the share of "
+        "it each process spends in collectives (communication_seconds_per_update, communication_fraction)",
+    )
     device_iterations: int = Field(
         default=1,
         ge=1,
@@ -826,6 +831,12 @@ def check_mode_options(config: RunConfig) -> None:
             "duration_seconds",
             config.duration_seconds,
             "a run to a target has no steady window; its time budget is target.max_seconds: leave it unset",
+        )
+    if config.profile_communication and (config.mode != "train" or config.target is not None):
+        raise ConfigError(
+            "profile_communication",
+            True,
+            "False outside a training run's steady window (mode 'train', no target): the profiled update follows it",
         )
     if config.accuracy and config.mode != "inference":
         raise ConfigError(

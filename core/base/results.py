@@ -54,7 +54,10 @@ from core.base.units import JOULES_PER_WATT_HOUR, watt_hours
 #       older documents load without them): with activation recomputation (config.recompute), the FLOPs
 #       the devices compute with the recomputed forward counted (Megatron's "TFLOPs/GPU"), beside the
 #       model's FLOPs (flops_per_sample, model_flops_utilization), which recomputation does not change.
-SCHEMA_VERSION = "1.14"
+# 1.15: RunResult.communication_seconds_per_update and .communication_fraction (optional, None by
+#       default, so older documents load without them): with config.profile_communication, the time
+#       an update profiled after the window spends in collectives, as PyTorch's profiler attributes it.
+SCHEMA_VERSION = "1.15"
 # The error type of a document written by a newer core: ResultStore skips such a row with a warning.
 NEWER_SCHEMA_ERROR = "newer_schema"
 # A traceback kept in a result is cut to its end (where it broke) so a deep recursion stays small.
@@ -538,6 +541,17 @@ class RunResult(BaseModel):
         default=None,
         description="hardware_flops_per_sample x throughput / peak_flops_per_second (Megatron's TFLOPs/GPU over "
         "the peak); None without recomputation (it equals model_flops_utilization)",
+    )
+    communication_seconds_per_update: float | None = Field(
+        default=None,
+        description="with profile_communication: the seconds of one update (profiled after the window) during "
+        "which a collective was in flight, the mean over the processes (executor_details['communication'] "
+        "holds each process's, by collective)",
+    )
+    communication_fraction: float | None = Field(
+        default=None,
+        description="with profile_communication: communication_seconds_per_update / the profiled update's wall "
+        "time, the mean over the processes",
     )
     memory_bytes_per_sample: float | None = Field(
         default=None,

@@ -74,6 +74,7 @@ RUN_GROUPS: dict[str, tuple[str, ...]] = {
         "sharding",
         "recompute",
         "pipeline_schedule",
+        "profile_communication",
         "nodes",
         "rendezvous",
         "tensorflow_strategy",

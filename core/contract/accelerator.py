@@ -96,6 +96,10 @@ class Accelerator(ABC):
     #: for PyTorch runs, one process per device under torchrun: it then applies the device mesh
     #: (``sharding``, ``tensor_parallel``, pipeline stages, ``recompute``), and planning lets them through
     applies_torch_parallelism: ClassVar[bool] = False
+    #: the ``recompute`` choices (beside "none") this accelerator's own executor applies where core's
+    #: PyTorch executor does not place the run (Graphcore: "full", its pipelined recomputation);
+    #: planning refuses the others, naming ``recompute``
+    own_recompute_choices: ClassVar[frozenset[str]] = frozenset()
     supports_device_iterations: ClassVar[bool] = False
     #: whether this accelerator's data loader reads a whole host call's samples at once
     #: (``samples_per_host_call``) and drops a partial one, as PopTorch's DataLoader does; planning

@@ -5,6 +5,12 @@ Tensor parallelism is Megatron-LM's: a block's first linear layer split by outpu
 and a slice of the MLP and one all-reduce per pair joins them. The workload knows its module paths;
 core's PyTorch executor turns the plan into ``torch.distributed.tensor.parallel.parallelize_module``
 styles. A workload without a plan cannot run with ``tensor_parallel > 1`` (planning refuses it).
+
+Two layouts need more than a module path and a style: a fused projection whose output features are
+equal parts one after the other (GPT-2's ``c_attn``: [all queries | all keys | all values]), which a
+plain colwise split would cut into one device's queries and another's keys (``fused_parts``), and a
+weight stored (input, output), transposed against ``nn.Linear``'s (output, input) (GPT-2's
+``Conv1D``: ``transposed``).
 """
 
 from __future__ import annotations
@@ -54,6 +60,23 @@ class TensorParallelPlan:
     #: how the activations between the split layers are split over the sequence (None: they are
     #: whole on every device of the group); every rowwise layer's output is then sequence-split
     sequence_parallel: SequenceParallelPlan | None = None
+    #: colwise module path pattern -> the equal parts its output features concatenate (3 for a fused
+    #: query/key/value projection laid out [all q | all k | all v]): each part is split over the
+    #: devices on its own, so a device holds its heads' q, k and v, laid out [q | k | v]
+    fused_parts: Mapping[str, int] = field(default_factory=dict)
+    #: module path patterns whose weight is stored (input features, output features), the transpose
+    #: of ``nn.Linear``'s (GPT-2's ``Conv1D``): colwise splits its second dimension, rowwise its first
+    transposed: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for pattern, parts in self.fused_parts.items():
+            if self.styles.get(pattern) != "colwise" or parts < 2:
+                raise ValueError(
+                    f"fused_parts names {pattern!r} ({parts}): a colwise pattern of styles, 2 parts or more"
+                )
+        for pattern in self.transposed:
+            if pattern not in self.styles:
+                raise ValueError(f"transposed names {pattern!r}, which styles does not")
 
     def indivisible(self, tensor_parallel: int) -> list[str]:
         """The sizes ``tensor_parallel`` does not divide, as 'attention heads 8' (empty: it divides all)."""

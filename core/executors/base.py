@@ -100,6 +100,13 @@ class Executor(ABC):
         """After the window: anything that makes its figures less clean (e.g. a recompilation)."""
         return []
 
+    def profile_communication(self) -> dict[str, Any] | None:
+        """Run one more update under the framework's profiler and return this process's share of it
+        spent in collectives (``update_seconds``, ``communication_seconds``, ``fraction``, ``source``,
+        ``collectives``: each kind's count and seconds); None where the executor cannot attribute
+        them. Called after the timed window, on every process, outside every timed span."""
+        return None
+
     def barrier(self) -> None:
         """Wait for every process of the run (no-op in a single process)."""
 

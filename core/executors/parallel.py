@@ -98,6 +98,9 @@ class ReplicaPlacement:
         self._device = device
         self.mesh = init_device_mesh(device.type, mesh_shape(config), mesh_dim_names=MESH_DIMENSIONS)
         self._fsdp: list[Any] = []  # the fully_shard modules, whose gradient sync the micro-steps switch
+        #: state names of fused weights split part by part -> (dimension, parts): their DTensors hold
+        #: the parts interleaved device by device (core.executors.tensor_styles)
+        self._fused: dict[str, tuple[int, int]] = {}
         #: this process's stage of a pipelined replica (None: the replica is not pipelined)
         self.pipeline: PipelinedReplica | None = None
 
@@ -166,21 +169,26 @@ class ReplicaPlacement:
     def _parallelize(self, model: torch.nn.Module, plan_modules: list[str]) -> None:
         """``plan_modules``: the modules the plan's patterns must match (the whole model's, for a
         stage); each is split where ``model`` holds it."""
-        from torch.distributed.tensor import Shard
-        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+        from torch.distributed.tensor.parallel import parallelize_module
 
         if self._plan is None:  # planning refuses it; a direct caller learns why here
             raise ValueError("tensor_parallel > 1 needs the workload's tensor_parallel_plan")
         sequence = self._plan.sequence_parallel
         held = [name for name, _ in model.named_modules()]
         plan: dict[str, Any] = {}
+        claimed: set[str] = set()
         for pattern, style in self._plan.styles.items():
-            made: Any
-            if style == "colwise":
-                made = ColwiseParallel()
-            else:  # with sequence parallelism the sum over the group is reduce-scattered over the sequence
-                made = RowwiseParallel(output_layouts=Shard(sequence.dimension)) if sequence else RowwiseParallel()
-            plan.update({name: made for name in _matching(plan_modules, pattern, "tensor-parallel") if name in held})
+            for name in _matching(plan_modules, pattern, "tensor-parallel"):
+                if name in claimed:
+                    raise ValueError(f"module {name!r} matches two patterns of the tensor-parallel plan")
+                claimed.add(name)
+                if name in held:
+                    plan[name] = self._style(pattern, style, model.get_submodule(name))
+        for pattern, parts in self._plan.fused_parts.items():
+            for name in fnmatch.filter(held, pattern):
+                for parameter_name, parameter in model.get_submodule(name).named_parameters(recurse=False):
+                    dim = plan[name].output_dim if parameter.ndim > 1 else 0
+                    self._fused[f"{name}.{parameter_name}"] = (dim, parts)
         if sequence is not None:
             plan.update(_sequence_parallel_styles(sequence, plan_modules, held))
         mesh = self.mesh["tensor"]
@@ -192,6 +200,28 @@ class ReplicaPlacement:
                 module = model.get_submodule(name)
                 for attribute in attributes:
                     setattr(module, attribute, getattr(module, attribute) // self.tensor_parallel)
+
+    def _style(self, pattern: str, style: str, module: torch.nn.Module) -> Any:
+        """torch's own style for an ``nn.Linear`` split as one block; core's for a transposed weight
+        or fused parts (core.executors.tensor_styles)."""
+        from torch.distributed.tensor import Replicate, Shard
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+        from core.executors.tensor_styles import LayoutColwiseParallel, LayoutRowwiseParallel
+
+        assert self._plan is not None
+        transposed = pattern in self._plan.transposed
+        parts = self._plan.fused_parts.get(pattern, 1)
+        if style == "colwise":
+            if isinstance(module, torch.nn.Linear) and not transposed and parts == 1:
+                return ColwiseParallel()
+            return LayoutColwiseParallel(output_dim=1 if transposed else 0, parts=parts)
+        # with sequence parallelism the sum over the group is reduce-scattered over the sequence
+        sequence = self._plan.sequence_parallel
+        summed = Shard(sequence.dimension) if sequence is not None else Replicate()
+        if isinstance(module, torch.nn.Linear) and not transposed:
+            return RowwiseParallel(output_layouts=summed)
+        return LayoutRowwiseParallel(input_dim=0 if transposed else 1, output_layouts=summed)
 
     def _shard(self, model: torch.nn.Module) -> None:
         from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
@@ -235,7 +265,12 @@ class ReplicaPlacement:
     def full_state(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         """The whole model's weights on the host: gathered from the shards, and from every stage (a
         collective: every process of the run calls it)."""
+        from core.executors.tensor_styles import deinterleaved
+
         state = full_state(model)
+        for name, (dim, parts) in self._fused.items():
+            if name in state:  # a pipeline stage holds its own layers only
+                state[name] = deinterleaved(state[name], dim, parts, self.tensor_parallel)
         if self.pipeline is None:
             return state
         stages: list[Any] = [None] * self._config.pipeline_parallel

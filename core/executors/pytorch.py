@@ -30,6 +30,7 @@ from core.executors.parallel import (
     parameter_bytes_per_rank,
     uses_replica_placement,
 )
+from core.executors.recompute import apply_recompute
 from core.executors.torch_epochs import CompilationsPerEvaluation, ShuffledEpochs, batch_sums, held_out_sums
 
 if TYPE_CHECKING:
@@ -528,6 +529,12 @@ class TorchExecutor(TorchModelExecutor):
         self._ddp: torch.nn.parallel.DistributedDataParallel | None = None
         #: the device mesh of a replica over several devices or of sharded replicas (no DDP then)
         self._replica: ReplicaPlacement | None = None
+        # Recomputation first: its hooks go with each layer into a pipeline stage, under fully_shard
+        # and tensor parallelism, and into torch.compile's graph.
+        #: what recomputation ran, counted on the host (None: recompute "none")
+        self.recompute_counts = apply_recompute(model, spec.pipeline_layout, config.recompute)
+        if self.recompute_counts is not None:
+            self._details["recompute"] = {"choice": config.recompute, "layers": self.recompute_counts.layers}
         if uses_replica_placement(config):
             self._replica = ReplicaPlacement(config, self.device, spec.tensor_parallel_plan)
             if self.precision.scales_loss:
@@ -720,6 +727,13 @@ class TorchExecutor(TorchModelExecutor):
 
     def window_warnings(self) -> list[str]:
         return super().window_warnings() + self._compilations.warnings(self._hooks.compiler)
+
+    def profile_communication(self) -> dict[str, Any] | None:
+        from core.executors.communication import profile_update
+
+        profile = profile_update(self.step, self.synchronize, self.device)
+        self.check_finite()  # the extra update is an update like the others: a NaN in it is reported
+        return profile.as_dict()
 
     def details(self) -> dict[str, Any]:
         return {**super().details(), **self._compilations.details()}

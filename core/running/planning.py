@@ -1023,6 +1023,8 @@ def _check_parallelism(config: RunConfig, accelerator: Accelerator) -> None:
         return
     for field, plain in _NOT_PLACED_YET.items():
         value = getattr(config, field)
+        if field == "recompute" and value in accelerator.own_recompute_choices:
+            continue
         if value != plain:
             raise ConfigError(
                 field,

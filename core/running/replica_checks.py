@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.base.config import Precision, RunConfig
+from core.base.config import Framework, Precision, RunConfig
 from core.base.errors import ConfigError
 from core.contract.pipeline import PipelineLayout
 from core.contract.workload import Workload
@@ -17,17 +17,16 @@ def check_torch_replica(
     config: RunConfig, workload: Workload, options: Any, layout: PipelineLayout | None, planned_elsewhere: bool = False
 ) -> list[str]:
     """ConfigError naming the field for what core's PyTorch executor cannot run: stages the workload's
-    layout cannot make, always; what the executor does not apply yet (recomputation, pipeline stages
-    with offloaded shards, a workload without a tensor-parallel plan, the step loop's limits) here,
-    but as a warning in a plan for a machine profile (``planned_elsewhere``: ``--dry-run
-    --machine``, where the split's rules and memory are what is asked). Returns those warnings."""
+    layout cannot make, recomputation of a model without named layers, always; what the executor does
+    not apply yet (pipeline stages with offloaded shards, a workload without a tensor-parallel plan,
+    the step loop's limits) here, but as a warning in a plan for a machine profile
+    (``planned_elsewhere``: ``--dry-run --machine``, where the split's rules and memory are what is
+    asked). Returns those warnings."""
     if config.pipeline_parallel > 1:
         _check_pipeline_layout(config, workload, layout)
     not_yet: list[ConfigError] = []
     if config.recompute != "none":
-        not_yet.append(
-            ConfigError("recompute", config.recompute, "'none' (core's PyTorch executor does not recompute yet)")
-        )
+        _check_recompute(config, workload, options, layout)
     if config.devices_per_replica > 1 or config.sharding != "none":
         not_yet.extend(_plain_training_limits(config))
         if config.tensor_parallel > 1:
@@ -43,6 +42,23 @@ def check_torch_replica(
     if not_yet and not planned_elsewhere:
         raise not_yet[0]
     return [f"core's PyTorch executor does not run this yet (planned, not runnable): {error}" for error in not_yet]
+
+
+def _check_recompute(config: RunConfig, workload: Workload, options: Any, layout: PipelineLayout | None) -> None:
+    """Recomputation works layer by layer (core.executors.recompute): the layers are the blocks the
+    workload names (``Workload.pipeline_layout``), a stack of identical transformer layers; it keeps
+    activations for a backward, so training only."""
+    if config.mode != "train":
+        raise ConfigError("recompute", config.recompute, "'none' for inference: no activations are kept for a backward")
+    if layout is None:  # one device per replica: planning has not read the layout
+        layout = workload.pipeline_layout(options, Framework.torch)
+    if layout is None or not layout.blocks or not layout.repeated_layers:
+        raise ConfigError(
+            "recompute",
+            config.recompute,
+            f"'none': workload {workload.name!r} names no stack of transformer layers to recompute "
+            "(Workload.pipeline_layout with repeated layers)",
+        )
 
 
 def _plain_training_limits(config: RunConfig) -> list[ConfigError]:

@@ -270,10 +270,10 @@ def _execute(plan: RunPlan, process: ProcessContext, observer: Observer | None) 
                 _record_energy(result, energy)
             _record_epoch(result, plan, executor.dataset_samples())
 
-            if config.accuracy:
-                report(result)  # the window's figures, before the accuracy pass
-                phase = "accuracy"
-                _record_accuracy(result, executor)
+            for pass_phase, record in _passes_after_window(config):
+                report(result)  # the window's figures, before the pass
+                phase = pass_phase  # a fault in the pass is reported as the pass's
+                record(result, executor)
     except BaseException as exc:
         if not isinstance(exc, Exception):
             # Ctrl-C (KeyboardInterrupt) or an exit request (SystemExit, SIGTERM under a launcher)
@@ -612,6 +612,30 @@ def _timed_window(
     executor.check_finite()
     step_seconds = clock.intervals_seconds()
     return executor.gather_max(elapsed), step_seconds, energy
+
+
+def _passes_after_window(config: RunConfig) -> list[tuple[str, Callable[[RunResult, Executor], None]]]:
+    """What runs after the window, outside it, each its own phase: the profiled update, the accuracy pass."""
+    passes: list[tuple[str, Callable[[RunResult, Executor], None]]] = []
+    if config.profile_communication:
+        passes.append(("communication", _record_communication))
+    if config.accuracy:
+        passes.append(("accuracy", _record_accuracy))
+    return passes
+
+
+def _record_communication(result: RunResult, executor: Executor) -> None:
+    """One more update under the profiler, after the window and its energy (outside both): each
+    process's time in collectives, gathered; the result's figures are their mean."""
+    profile = executor.profile_communication()
+    profiles = executor.gather_objects(profile)  # every process takes part, profiled or not
+    if profile is None or any(not isinstance(each, dict) for each in profiles):
+        result.warnings.append("communication: this executor does not profile its collectives; none recorded")
+        return
+    measured = [each for each in profiles if isinstance(each, dict)]
+    result.communication_seconds_per_update = sum(each["communication_seconds"] for each in measured) / len(measured)
+    result.communication_fraction = sum(each["fraction"] for each in measured) / len(measured)
+    result.executor_details["communication"] = {"per_rank": measured, "source": measured[0]["source"]}
 
 
 def _record_accuracy(result: RunResult, executor: Executor) -> None:

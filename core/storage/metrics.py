@@ -294,6 +294,7 @@ PRINTED_LINES: tuple[PrintedLine, ...] = (
     PrintedLine("data wait", "data wait"),
     PrintedLine("achieved", "achieved"),
     PrintedLine("roofline", "roofline"),
+    PrintedLine("communication", "communication", note="(one update profiled after the window, outside it)"),
     PrintedLine("accuracy", "top-1 accuracy"),
     # Always: a run without energy says why, or that it was not measured (never "unavailable: None").
     PrintedLine("energy", "energy", always=True),
@@ -966,8 +967,26 @@ METRICS: tuple[Metric, ...] = (
         "with recomputation: hardware_flops_per_sample x throughput / peak_flops_per_second (MFU counts the "
         "model's FLOPs only)",
         Summary.median,
-        reported=Reported(frozenset({TRAINING}), "HFU, recomputation counted (median)", percent=True),
+        reported=Reported(frozenset({TRAINING}), "HFU, recomputation counted (median)", percent=True, optional=True),
         printed=(Printed("achieved", "HFU {value:.2%} (recomputed forward counted)"),),
+    ),
+    # --- communication (schema 1.15): an update profiled after the window, its collectives' time
+    Metric(
+        "communication_seconds_per_update",
+        "communication_seconds_per_update",
+        "s",
+        "with profile_communication: seconds of a profiled update with a collective in flight (mean over processes)",
+        Summary.median,
+        printed=(Printed("communication", "{value:.4g} s of a profiled update", scale=1.0),),
+    ),
+    Metric(
+        "communication_fraction",
+        "communication_fraction",
+        "fraction",
+        "with profile_communication: communication_seconds_per_update / the profiled update's time",
+        Summary.median,
+        reported=Reported(frozenset({TRAINING}), "communication share of an update (median)", percent=True),
+        printed=(Printed("communication", "{value:.1%} in collectives", aside=True),),
     ),
 )
 

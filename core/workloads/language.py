@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, Field
 
 from core.base.config import Framework
-from core.contract.parallel import SequenceParallelPlan, TensorParallelPlan
+from core.contract.parallel import SequenceParallelPlan, TensorParallelPlan, TensorParallelStyle
 from core.contract.pipeline import RecommendedSplit
 from core.contract.shape import TransformerShape
 from core.contract.workload import TorchTrainingSpec
@@ -254,6 +254,30 @@ class Gpt2(LanguageWorkload):
             blocks,
             (0, 4, 4, 4),
             "graphcore/examples nlp/gpt2/pytorch/run/pretraining_small.sh (--layers-per-ipu 0 4 4 4)",
+        )
+
+    def tensor_parallel_plan(self, options: BaseModel) -> TensorParallelPlan:
+        # Megatron's split of a GPT-2 block. Its layers are transformers' Conv1D, weights stored
+        # (input, output): transposed. The fused c_attn's outputs are [all q | all k | all v], so
+        # each third is split on its own (fused_parts) and a device holds its heads' q, k and v. The
+        # attention splits c_attn's output by split_size (the hidden width): per device once split;
+        # its heads it infers from the width (view(..., -1, head size)), num_heads kept true anyway.
+        # Embeddings, norms and the tied output layer stay whole on every device.
+        assert isinstance(options, LanguageOptions)
+        _, _, heads, intermediate = self.dimensions(options)
+        layer = "model.transformer.h.*"
+        styles: dict[str, TensorParallelStyle] = {
+            f"{layer}.attn.c_attn": "colwise",
+            f"{layer}.attn.c_proj": "rowwise",
+            f"{layer}.mlp.c_fc": "colwise",
+            f"{layer}.mlp.c_proj": "rowwise",
+        }
+        return TensorParallelPlan(
+            styles=styles,
+            head_count_attributes={f"{layer}.attn": ("num_heads", "split_size")},
+            divided={"attention heads": heads, "MLP width": intermediate},
+            fused_parts={f"{layer}.attn.c_attn": 3},
+            transposed=tuple(styles),
         )
 
     def tally(self, o: Any, framework: Framework) -> Tally:
@@ -536,6 +560,29 @@ class BertFamily(LanguageWorkload):
     def positions(self, o: LanguageOptions) -> int:
         return max(self.tokens_per_sample(o), self.context)
 
+    def tensor_parallel_plan(self, options: BaseModel) -> TensorParallelPlan:
+        # Megatron's split of a BERT layer: query, key and value (three nn.Linear) by output
+        # features, the attention's output by input features; the MLP (intermediate, output)
+        # likewise. The attention reshapes by the tensor's width (view(..., -1, head size)); its
+        # stored head count and width are made per device anyway, so an attention implementation
+        # that reads them sees the device's heads. Embeddings, norms and the heads stay whole.
+        assert isinstance(options, LanguageOptions)
+        _, _, heads, intermediate = self.dimensions(options)
+        layer = "model.bert.encoder.layer.*"
+        return TensorParallelPlan(
+            styles={
+                f"{layer}.attention.self.query": "colwise",
+                f"{layer}.attention.self.key": "colwise",
+                f"{layer}.attention.self.value": "colwise",
+                f"{layer}.attention.output.dense": "rowwise",
+                f"{layer}.intermediate.dense": "colwise",
+                # the layer's own output (index then ".output"), not the attention's output above
+                f"{layer}[0-9].output.dense": "rowwise",
+            },
+            head_count_attributes={f"{layer}.attention.self": ("num_attention_heads", "all_head_size")},
+            divided={"attention heads": heads, "MLP width": intermediate},
+        )
+
     def non_embedding_parameters(self, o: LanguageOptions) -> int:
         hidden, _, _, _ = self.dimensions(o)
         return self.parameter_count(o) - (self.vocabulary + self.positions(o) + 2) * hidden
@@ -686,6 +733,8 @@ class BertBaseSquad(BertFamily):
             inputs=tokens,
             targets=torch.stack([starts, ends], dim=1),
             vocabulary=self.vocabulary,
+            pipeline_layout=self.pipeline_layout(options),  # its layers, for recomputation
+            tensor_parallel_plan=self.tensor_parallel_plan(options),
         )
 
 

@@ -188,6 +188,10 @@ def resolve_instances(options: GraphcoreOptions, environ: Any = None) -> tuple[i
 
 class GraphcoreAccelerator(Accelerator):
     name: ClassVar[str] = "graphcore"
+    # ``recompute = "full"`` is the IPU's own recomputation (``recomputation``): each pipeline stage's
+    # forward recomputed from the activations stashed at its start, PopART's standard recomputation on
+    # one IPU. Megatron's "selective" has no PopART counterpart.
+    own_recompute_choices: ClassVar[frozenset[str]] = frozenset({"full"})
     description: ClassVar[str] = (
         "Graphcore IPUs through PopTorch / TensorFlow-IPU: replicas, pipelining, "
         "gradient accumulation, device iterations; gcipuinfo power"
@@ -436,7 +440,7 @@ class GraphcoreAccelerator(Accelerator):
             process=poprun,
             available_memory_proportion=options.available_memory_proportion,
             partials_type=options.partials_type,
-            recomputation=options.recomputation,
+            recomputation=recomputes(config, options),
             loss_scaling=options.loss_scaling,
         )
         details: dict[str, Any] = {
@@ -593,6 +597,11 @@ def pipeline_split(context: RunContext, placement: IpuPlacement, workload: Workl
     return choice
 
 
+def recomputes(config: RunConfig, options: GraphcoreOptions) -> bool:
+    """The IPU's recomputation: its own option, or core's ``recompute = "full"``, which means the same."""
+    return options.recomputation or config.recompute == "full"
+
+
 def _check_numerics(config: RunConfig, options: GraphcoreOptions, policy: type[PrecisionPolicy]) -> None:
     """PopTorch options that mean nothing for this run are refused rather than silently ignored
     (the IPU TensorFlow path's: tensorflow_settings.ipu_keras_settings)."""
@@ -603,11 +612,14 @@ def _check_numerics(config: RunConfig, options: GraphcoreOptions, policy: type[P
             f"fp16 training only (loss scaling keeps fp16 gradients from underflowing); this run is "
             f"{config.precision.value} {config.mode}: leave it unset",
         )
-    if options.recomputation and config.mode != "train":
+    if recomputes(config, options) and config.mode != "train":
+        field, value = (
+            ("recompute", config.recompute)
+            if config.recompute != "none"
+            else ("accelerator_options.recomputation", True)
+        )
         raise ConfigError(
-            "accelerator_options.recomputation",
-            True,
-            "training only: it recomputes activations for the backward pass, which inference does not run",
+            field, value, "training only: it recomputes activations for the backward pass, which inference does not run"
         )
 
 

@@ -250,7 +250,7 @@ def ipu_keras_settings(
         static_loss_scale=options.loss_scaling,
         partials_type=options.partials_type,
         available_memory_proportion=options.available_memory_proportion,
-        recomputation=options.recomputation,
+        recomputation=options.recomputation or config.recompute == "full",
         batch_norm_span=options.batch_norm_span,
         pipeline_splits=splits,
         pipeline_rule=rule,

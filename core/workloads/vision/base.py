@@ -145,7 +145,12 @@ class VisionWorkload(ZooWorkload):
         else:
             make_optimizer = lambda params: torch.optim.SGD(params, lr=SGD_LEARNING_RATE, momentum=SGD_MOMENTUM)  # noqa: E731
         return TorchTrainingSpec(
-            model=model, loss_fn=nn.CrossEntropyLoss(), make_optimizer=make_optimizer, inputs=inputs, targets=targets
+            model=model,
+            loss_fn=nn.CrossEntropyLoss(),
+            make_optimizer=make_optimizer,
+            inputs=inputs,
+            targets=targets,
+            tensor_parallel_plan=self.tensor_parallel_plan(options),
         )
 
     def build_keras(self, options: BaseModel, seed: int) -> KerasTrainingSpec:

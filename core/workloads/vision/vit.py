@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
+from pydantic import BaseModel
+
 from core.base.config import Framework
+from core.contract.parallel import TensorParallelPlan
 from core.contract.shape import TransformerShape
 from core.workloads.counting import Tally
 from core.workloads.vision.base import VisionOptions, VisionWorkload
@@ -32,6 +35,27 @@ class VisionTransformer(VisionWorkload):
         # the head classifies the CLS token alone: no per-token logits; transformers builds ViT's
         # attention with PyTorch's fused kernel (attn_implementation "sdpa", its default)
         return TransformerShape(layers, hidden, heads, patches + 1, intermediate, fused_attention=True)
+
+    def tensor_parallel_plan(self, options: BaseModel) -> TensorParallelPlan:
+        # Megatron's split of a ViT layer: q, k and v projections (three nn.Linear) by output
+        # features, o_proj by input features; the MLP (fc1, fc2) likewise. The attention reshapes
+        # by the tensor's width (view(..., -1, head_dim)); its stored head count is made per device
+        # anyway. Patch embedding, norms and the classifier stay whole on every device.
+        assert isinstance(options, VisionOptions)
+        _, _, heads, intermediate = self.dimensions(options)
+        layer = "model.vit.layers.*"
+        return TensorParallelPlan(
+            styles={
+                f"{layer}.attention.q_proj": "colwise",
+                f"{layer}.attention.k_proj": "colwise",
+                f"{layer}.attention.v_proj": "colwise",
+                f"{layer}.attention.o_proj": "rowwise",
+                f"{layer}.mlp.fc1": "colwise",
+                f"{layer}.mlp.fc2": "rowwise",
+            },
+            head_count_attributes={f"{layer}.attention": ("num_attention_heads",)},
+            divided={"attention heads": heads, "MLP width": intermediate},
+        )
 
     def tally(self, o: Any, framework: Framework) -> Tally:
         hidden, layers, _, intermediate = self.dimensions(o)
