@@ -244,7 +244,6 @@ TINY_GPT = {"workload_options": OPTIONS, "power_meter": "none", "micro_batch_siz
         ("gpt-800m", {"devices_per_replica": 2, "gradient_accumulation": 1}, "gradient_accumulation"),
         ("gpt-800m", {"devices_per_replica": 4, "gradient_accumulation": 4}, "devices_per_replica"),  # 2 layers
         ("gpt-800m", {"replicas": 2, "sharding": "fsdp-offload"}, "sharding"),  # cpu: nothing to offload to
-        ("gpt-800m", {"devices_per_replica": 2, "tensor_parallel": 2, "precision": "fp16"}, "precision"),
         ("gpt-800m", {"devices_per_replica": 2, "tensor_parallel": 2, "compile": True}, "compile"),
         (
             "gpt-800m",

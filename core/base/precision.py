@@ -22,7 +22,7 @@ import re
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from core.base.deprecation import REMOVED_IN, warn_deprecated
 
@@ -236,9 +236,22 @@ class PrecisionPolicy:
         """A micro-batch's inputs as the model takes them (on the device, before the forward pass)."""
         return tensor
 
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """``loss`` as backward takes it (fp16's: multiplied by the loss scale); a pipeline's last
+        stage calls it inside the schedule's loss function, whose backward runs through every stage."""
+        return loss
+
     def backward(self, loss: torch.Tensor) -> None:
         """Accumulate the gradients of ``loss`` (one micro-step)."""
-        loss.backward()
+        self.scale_loss(loss).backward()
+
+    def scale_over_mesh(self, scaler: Any) -> None:
+        """Scale the loss with ``scaler`` (core.executors.parallel.MeshGradScaler) where the step is
+        spread over a device mesh: its inf check is one verdict of every process of the run, which
+        all skip the step on and lower the scale by alike. A policy that scales its loss otherwise
+        overrides this (its own scaler would skip a step on some processes only)."""
+        if self.scales_loss:
+            raise NotImplementedError(f"precision {self.name!r} scales its loss without a device mesh's scaler")
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Apply the accumulated gradients (one weight update)."""
@@ -364,8 +377,11 @@ class Fp16Policy(MixedPrecisionPolicy):
             return torch.amp.GradScaler(self.device.type)
         return torch.cuda.amp.GradScaler()
 
-    def backward(self, loss: torch.Tensor) -> None:
-        self.scaler.scale(loss).backward()
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        return cast("torch.Tensor", self.scaler.scale(loss))
+
+    def scale_over_mesh(self, scaler: Any) -> None:
+        self.scaler = scaler
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         # The scaler skips a step whose gradients hold a NaN/inf and lowers the scale: loss

@@ -18,6 +18,10 @@ tensor rank``), one process per device under core's torchrun launch. On it:
   stage's output is the same on each, and each tensor rank sends to the same tensor rank of the
   next stage (the ``pipeline`` group of its own ``data`` and ``tensor`` coordinates).
 
+fp16's dynamic loss scaling (core.executors.mesh_scaler, PyTorch's ``ShardedGradScaler``) checks each
+process's part of the gradients and all-reduces the verdict over every process of the run: all skip
+a step where any gradient anywhere was NaN/inf, and all lower (or raise) the scale alike.
+
 The processes of one replica read the same samples: the data-parallel rank is
 ``rank // devices_per_replica``. The executor (core.executors.pytorch) calls this module only where
 ``uses_replica_placement`` holds; plain DDP stays as it was.
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -113,10 +118,13 @@ class ReplicaPlacement:
         layout: PipelineLayout | None = None,
         make_stage: Any = None,
         loss_fn: Any = None,
+        precision: Any = None,
     ) -> torch.nn.Module:
         """Split ``model`` over the tensor dimension, then shard it over the data dimension; or cut
         it into pipeline stages (``layout``'s blocks, each stage's module built by ``make_stage``)
-        and return this process's stage, split and sharded the same way."""
+        and return this process's stage, split and sharded the same way; the stages run forward and
+        the loss in ``precision``'s context, the last scales the loss with it (a
+        :class:`core.base.precision.PrecisionPolicy`; None: fp32 as it is)."""
         if self._config.pipeline_parallel > 1:
             if layout is None or make_stage is None or loss_fn is None:
                 raise ValueError("pipeline stages need the workload's pipeline_layout and pipeline_stage, and the loss")
@@ -129,7 +137,7 @@ class ReplicaPlacement:
                 self._split_and_shard(stage, whole_model_modules)
 
             self.pipeline = PipelinedReplica(
-                self._config, self.mesh, model, layout, make_stage, loss_fn, self._device, split_and_shard
+                self._config, self.mesh, model, layout, make_stage, loss_fn, self._device, split_and_shard, precision
             )
             return self.pipeline.module
         self._split_and_shard(model, [name for name, _ in model.named_modules()])
@@ -331,6 +339,14 @@ def _split_sequence_over_layer_stack(model: torch.nn.Module, sequence: SequenceP
     parallelize_module(held[-1], mesh, PrepareModuleOutput(output_layouts=split, desired_output_layouts=Replicate()))
 
 
+def _in_context(forward: Callable[..., Any], context: Callable[[], AbstractContextManager[Any]]) -> Callable[..., Any]:
+    def in_context(*args: Any, **kwargs: Any) -> Any:
+        with context():
+            return forward(*args, **kwargs)
+
+    return in_context
+
+
 def balanced_layers(layers: int, stages: int) -> tuple[int, ...]:
     """Whole layers per stage, as even as they go (the first stages take one more)."""
     return tuple(layers // stages + (1 if stage < layers % stages else 0) for stage in range(stages))
@@ -366,6 +382,11 @@ class PipelinedReplica:
     holds it: their gradients are summed over the pipeline after backward, so every copy takes the
     same step and the copies stay one weight. ``prepare`` (tensor parallelism, FSDP2) transforms the
     stage's module before the schedule wraps it.
+
+    ``precision`` (the run's policy) gives the context a stage's forward and the loss run in
+    (autocast), and scales the loss inside the schedule's loss function on the last stage: the
+    schedule's backward carries the scale through every stage's gradients, and the losses reported
+    are the unscaled ones.
     """
 
     def __init__(
@@ -378,6 +399,7 @@ class PipelinedReplica:
         loss_fn: Any,
         device: torch.device,
         prepare: Callable[[torch.nn.Module], None] | None = None,
+        precision: Any = None,
     ) -> None:
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
@@ -399,9 +421,29 @@ class PipelinedReplica:
         self.module: torch.nn.Module = make_stage(model, blocks, self.is_first, self.is_last)
         if prepare is not None:
             prepare(self.module)
+        self._losses: list[torch.Tensor] = []  # the last stage's unscaled losses of the update
+        if precision is not None:
+            context = precision.forward_context
+            # the forward only: the schedule interleaves backward, which runs outside autocast
+            self.module.forward = _in_context(self.module.forward, context)
+            loss_fn = self._scaled_loss(loss_fn, context, precision.scale_loss)
         stage = PipelineStage(self.module, self.stage_index, self.stages, device, group=self._group)
         schedule = ScheduleGPipe if self.schedule_name == "gpipe" else Schedule1F1B
         self._schedule = schedule(stage, n_microbatches=self.micro_batches, loss_fn=loss_fn)
+
+    def _scaled_loss(
+        self,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        context: Callable[[], AbstractContextManager[Any]],
+        scale: Callable[[torch.Tensor], torch.Tensor],
+    ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        def scaled(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            with context():
+                loss = loss_fn(output, target)
+            self._losses.append(loss.detach())
+            return scale(loss)
+
+        return scaled
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> list[torch.Tensor]:
         """Forward and backward of the update's micro-batches (``inputs`` holds them one after the
@@ -409,6 +451,7 @@ class PipelinedReplica:
         losses: list[torch.Tensor] = []
         if self.is_first and self.is_last:
             raise ValueError("a pipeline needs two stages or more")
+        self._losses.clear()
         if self.is_first:
             self._schedule.step(inputs)
         elif self.is_last:
@@ -416,7 +459,9 @@ class PipelinedReplica:
         else:
             self._schedule.step()
         self._sum_tied_gradients()
-        return losses
+        # The schedule's are what backward took (scaled under fp16); the loss function kept the
+        # unscaled ones, the micro-batches' last (the first step's set-up also calls it, on no data).
+        return self._losses[-self.micro_batches :] if self._losses else losses
 
     def _sum_tied_gradients(self) -> None:
         """Each tie's gradient summed over the stages, in place, on this process's shard of it (FSDP's

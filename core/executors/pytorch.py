@@ -537,7 +537,12 @@ class TorchExecutor(TorchModelExecutor):
             self._details["recompute"] = {"choice": config.recompute, "layers": self.recompute_counts.layers}
         if uses_replica_placement(config):
             self._replica = ReplicaPlacement(config, self.device, spec.tensor_parallel_plan)
-            model = self._replica.place(model, spec.pipeline_layout, spec.pipeline_stage, spec.loss_fn)
+            if self.precision.scales_loss:
+                from core.executors.mesh_scaler import MeshGradScaler
+
+                # every process of the mesh skips a step, and moves its scale, on one verdict
+                self.precision.scale_over_mesh(MeshGradScaler(self.device))
+            model = self._replica.place(model, spec.pipeline_layout, spec.pipeline_stage, spec.loss_fn, self.precision)
             self._details.update(self._replica.details())
             self._details["parameter_bytes_per_rank"] = parameter_bytes_per_rank(model)
         elif process.is_distributed and not self._hooks.reduces_gradients:
