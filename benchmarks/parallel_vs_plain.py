@@ -25,6 +25,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -98,7 +99,7 @@ def measure(name: str, pairs: int) -> dict[str, Any] | None:
         core_times.append(seconds["core"])
         plain_times.append(seconds["plain"])
     executor.check_finite()
-    executor.close()  # ends the run's process group: the next case's executor starts its own
+    executor.close()
     if int(os.environ["RANK"]) != 0:
         return None
     quartiles = statistics.quantiles(ratios, n=4)
@@ -118,21 +119,32 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=200)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    if "RANK" not in os.environ:
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-        raise SystemExit(subprocess.call([*command, __file__, *sys.argv[1:]]))
-    figures = []
-    for name in CASES if args.case == "all" else [args.case]:
-        figure = measure(name, args.pairs)
+    if "RANK" in os.environ:  # one of the two processes of one case
+        figure = measure(args.case, args.pairs)
         if figure is not None:
-            figures.append(figure)
             print(
-                f"{name}: core / plain {figure['core_over_plain_median']} (quartiles {figure['quartiles']}, "
+                f"{args.case}: core / plain {figure['core_over_plain_median']} (quartiles {figure['quartiles']}, "
                 f"{figure['pairs']} pairs), median update {figure['core_update_seconds_median'] * 1e3:.2f} ms / "
                 f"{figure['plain_update_seconds_median'] * 1e3:.2f} ms",
                 flush=True,
             )
-    if args.json and int(os.environ["RANK"]) == 0:
+            if args.json:
+                with open(args.json, "w", encoding="utf-8") as out:
+                    json.dump(figure, out)
+        return
+    # Each case in two processes of its own: a run's process group is set up and ended once.
+    figures = []
+    with tempfile.TemporaryDirectory() as folder:
+        for name in CASES if args.case == "all" else [args.case]:
+            figure_file = os.path.join(folder, f"{name}.json")
+            command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+            command += [__file__, "--case", name, "--pairs", str(args.pairs), "--json", figure_file]
+            code = subprocess.call(command)
+            if code:
+                raise SystemExit(code)
+            with open(figure_file, encoding="utf-8") as figure:
+                figures.append(json.load(figure))
+    if args.json:
         with open(args.json, "w", encoding="utf-8") as out:
             json.dump(figures, out, indent=2)
 

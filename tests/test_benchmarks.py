@@ -156,6 +156,19 @@ def test_step_interleaved_benchmark_runs(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_parallel_benchmark_runs_both_cases_over_two_processes(tmp_path: Path) -> None:
+    output = tmp_path / "parallel.json"
+    command = [sys.executable, str(BENCHMARKS / "parallel_vs_plain.py"), "--pairs", "4", "--json", str(output)]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    figures = json.loads(output.read_text())
+    assert [figure["case"] for figure in figures] == ["tp2", "fsdp2"]
+    for figure in figures:
+        assert figure["pairs"] == 4 and figure["core_update_seconds_median"] > 0
+        assert figure["plain_update_seconds_median"] > 0 and figure["core_over_plain_median"] > 0
+
+
+@pytest.mark.slow
 @pytest.mark.tensorflow
 def test_overhead_benchmark_runs_its_tensorflow_case(tmp_path: Path) -> None:
     pytest.importorskip("tensorflow")
