@@ -407,7 +407,7 @@ class RunConfig(BaseModel):
                 "tensor_parallel",
                 self.tensor_parallel,
                 f"a divisor of devices_per_replica {self.devices_per_replica} (the devices of a replica are "
-                "pipeline stages x tensor_parallel)",
+                "pipeline stages x tensor_parallel: raise devices_per_replica to a multiple of it)",
             )
         return self
 

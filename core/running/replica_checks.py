@@ -41,7 +41,13 @@ def check_torch_replica(
             )
     if not_yet and not planned_elsewhere:
         raise not_yet[0]
-    return [f"core's PyTorch executor does not run this yet (planned, not runnable): {error}" for error in not_yet]
+    notes = [f"core's PyTorch executor does not run this yet (planned, not runnable): {error}" for error in not_yet]
+    if config.sharding != "none" and config.replicas == 1:
+        notes.append(
+            f"sharding {config.sharding!r} over 1 replica shards nothing: each device keeps the whole weights, "
+            "gradients and optimizer state (FSDP shards over the replicas)"
+        )
+    return notes
 
 
 def _check_recompute(config: RunConfig, workload: Workload, options: Any, layout: PipelineLayout | None) -> None:
@@ -56,8 +62,8 @@ def _check_recompute(config: RunConfig, workload: Workload, options: Any, layout
         raise ConfigError(
             "recompute",
             config.recompute,
-            f"'none': workload {workload.name!r} names no stack of transformer layers to recompute "
-            "(Workload.pipeline_layout with repeated layers)",
+            f"'none' (workload {workload.name!r} names no stack of transformer layers to recompute: "
+            "Workload.pipeline_layout with repeated layers)",
         )
 
 

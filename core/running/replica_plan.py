@@ -67,8 +67,8 @@ def check_replica_split(shape: TransformerShape | None, config: RunConfig, workl
         raise ConfigError(
             "tensor_parallel",
             tensor,
-            f"1: workload {workload!r} gives no transformer shape (Workload.transformer_shape), so no split of "
-            "its layers over devices is known",
+            f"1 (workload {workload!r} gives no transformer shape, Workload.transformer_shape, so no split of "
+            "its layers over devices is known)",
         )
     if shape is not None and (shape.attention_heads % tensor or shape.hidden % tensor):
         divisors = [d for d in range(1, shape.attention_heads + 1) if not shape.attention_heads % d]
