@@ -474,7 +474,15 @@ METRICS: tuple[Metric, ...] = (
         "flops_per_second / peak_flops_per_second",
         Summary.median,
         reported=Reported(frozenset({TRAINING}), "MFU (median)", percent=True),
-        printed=(Printed("achieved", "MFU {value:.2%}"),),
+        printed=(
+            Printed(
+                "achieved",
+                "MFU {value:.2%}",
+                # where FLOP/s are measured but no peak is known: say why there is no MFU (no HFU either)
+                missing="no MFU (no datasheet peak for these devices at this precision)",
+                shown=lambda result: result.flops_per_second is not None,
+            ),
+        ),
     ),
     # --- energy over the span config.energy_scope names (the window by default)
     Metric(
