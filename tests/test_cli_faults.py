@@ -147,3 +147,28 @@ def test_updates_and_host_calls_are_labelled_apart() -> None:
     # Four updates per host call (device iterations, as on an IPU): eight updates in two calls.
     ipu_like: RunResult = result.model_copy(update={"window_updates": 8, "window_steps": 2})
     assert "8 updates in 2 host calls" in format_result(ipu_like)
+
+
+def test_a_split_replica_prints_its_mesh_and_a_plain_one_none() -> None:
+    from core.base.config import make_config
+    from core.base.results import RunResult
+
+    plain = RunResult.of_config(make_config(workload="gpt-800m", accelerator="cpu", micro_batch_size=2), world_size=1)
+    assert "placement" not in format_result(plain)
+    config = make_config(
+        workload="gpt-800m",
+        accelerator="cpu",
+        replicas=2,
+        devices_per_replica=4,
+        tensor_parallel=2,
+        gradient_accumulation=4,
+        sharding="fsdp",
+        recompute="selective",
+        micro_batch_size=2,
+    )
+    split = RunResult.of_config(config, world_size=8)
+    split.executor_details = {"sequence_parallel": True, "pipeline": {"schedule": "1f1b"}}
+    assert (
+        "  placement       data 2 x pipeline 2 x tensor 2 (8 processes), sequence parallel, sharding fsdp, "
+        "recompute selective, schedule 1f1b"
+    ) in format_result(split)

@@ -262,6 +262,27 @@ def _batch_line(result: RunResult) -> str:
     )
 
 
+def _placement_lines(result: RunResult) -> list[str]:
+    """Where a replica spans several devices, is sharded or recomputes: the mesh and what runs on it."""
+    c = result.config
+    if c.devices_per_replica == 1 and c.sharding == "none" and c.recompute == "none":
+        return []
+    parts = [
+        f"data {c.replicas} x pipeline {c.pipeline_parallel} x tensor {c.tensor_parallel} "
+        f"({result.world_size} process{'es' if result.world_size != 1 else ''})"
+    ]
+    if result.executor_details.get("sequence_parallel"):
+        parts.append("sequence parallel")
+    if c.sharding != "none":
+        parts.append(f"sharding {c.sharding}")
+    if c.recompute != "none":
+        parts.append(f"recompute {c.recompute}")
+    schedule = (result.executor_details.get("pipeline") or {}).get("schedule")
+    if schedule:
+        parts.append(f"schedule {schedule}")
+    return ["  placement       " + ", ".join(parts)]
+
+
 def format_result(result: RunResult) -> str:
     """`core run`'s text: a header, the batch arithmetic, then each figure as core.storage.metrics
     declares it (PRINTED_LINES and each metric's Printed), line by line."""
@@ -273,6 +294,7 @@ def format_result(result: RunResult) -> str:
         + (", inference" if c.mode == "inference" else "")
         + f"): {result.status.state.value}",
         _batch_line(result),
+        *_placement_lines(result),
     ]
     context = text_context(result)
     for line in PRINTED_LINES:
