@@ -246,7 +246,7 @@ class PrecisionPolicy:
         self.scale_loss(loss).backward()
 
     def scale_over_mesh(self, scaler: Any) -> None:
-        """Scale the loss with ``scaler`` (core.executors.parallel.MeshGradScaler) where the step is
+        """Scale the loss with ``scaler`` (core.executors.mesh_scaler.MeshGradScaler) where the step is
         spread over a device mesh: its inf check is one verdict of every process of the run, which
         all skip the step on and lower the scale by alike. A policy that scales its loss otherwise
         overrides this (its own scaler would skip a step on some processes only)."""

@@ -623,10 +623,18 @@ class TorchExecutor(TorchModelExecutor):
         losses = pipeline.step(inputs, targets)
         if not losses:  # only the last stage computes the loss; the others record finite zeros
             losses = [torch.zeros((), device=self.device)] * self._config.gradient_accumulation
-        self._replica.reduce_gradients(self._trained_parameters)
+        self._apply_update([loss.detach() for loss in losses])
+
+    def _apply_update(self, losses: list[torch.Tensor]) -> None:
+        """After an update's last backward: the gradients averaged where the device or the mesh does
+        it, the optimizer's step, the update's (detached) losses recorded."""
+        # Where the device averages the gradients itself (no DDP), it does so once per update.
+        self._hooks.reduce_gradients(self._optimizer)
+        if self._replica is not None:
+            self._replica.reduce_gradients(self._trained_parameters)
         self.precision.optimizer_step(self._optimizer)
         self._optimizer.zero_grad(set_to_none=True)
-        self._losses.record([loss.detach() for loss in losses])
+        self._losses.record(losses)
         self._updates += 1
 
     def step(self) -> None:
@@ -655,14 +663,7 @@ class TorchExecutor(TorchModelExecutor):
                     self._after_backward()
             # Detached: a held loss must not keep its update's autograd graph alive until the fold.
             losses.append(loss.detach())
-        # Where the device averages the gradients itself (no DDP), it does so once per update.
-        self._hooks.reduce_gradients(self._optimizer)
-        if self._replica is not None:
-            self._replica.reduce_gradients(self._trained_parameters)
-        self.precision.optimizer_step(self._optimizer)
-        self._optimizer.zero_grad(set_to_none=True)
-        self._losses.record(losses)
-        self._updates += 1
+        self._apply_update(losses)
         # A lazy device compiles the update, every micro-step of it, as one graph.
         self._hooks.cut_graph()
 
@@ -746,8 +747,7 @@ class TorchExecutor(TorchModelExecutor):
         # and lowers the scale, leaving the weights as they were. Losses only then.
         weights = updated and not self.precision.scales_loss
         # A sharded or split weight is checked where it lies: each process its own part.
-        trained = [local_tensor(p.detach()) for p in self._trained_parameters]
-        weights_finite = all_finite(trained) if weights else None
+        weights_finite = all_finite([local_tensor(p.detach()) for p in self._trained_parameters]) if weights else None
         first_loss, weights_finite_everywhere = self._first_faults_on_every_rank(self._losses.take(), weights_finite)
         self._hooks.cut_graph()  # the record's reset apart from the next update's graph
         accumulation = self._config.gradient_accumulation
